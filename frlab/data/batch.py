@@ -1,0 +1,164 @@
+"""Trajectory records and the padded `RolloutBatch` the learner consumes.
+
+A `Trajectory` is one finished rollout (all agent turns) of one prompt. Token-aligned lists
+share one index: `token_ids[t]`, `action_mask[t]` (True iff the policy sampled that token),
+`behavior_log_probs[t]` (the sampler's own log-prob of that token, 0.0 elsewhere) and
+`token_versions[t]` (the policy version that sampled it, -1 elsewhere). The first token is
+always a prompt token, so a sampled token always has a context to be predicted from.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import torch
+
+
+class TrajectoryError(ValueError):
+    """A trajectory record that breaks the contract (misaligned, empty, non-finite)."""
+
+
+@dataclass
+class Trajectory:
+    """One finished rollout; validated on construction."""
+
+    token_ids: list[int]
+    action_mask: list[bool]
+    behavior_log_probs: list[float]
+    token_versions: list[int]
+    reward: float
+    prompt_id: int
+    failure: bool = False
+    truncated: bool = False
+    turn_boundaries: list[int] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        n = len(self.token_ids)
+        for name in ("action_mask", "behavior_log_probs", "token_versions"):
+            if len(getattr(self, name)) != n:
+                raise TrajectoryError(
+                    f"Trajectory.{name} has length {len(getattr(self, name))}, token_ids has {n}"
+                )
+        if n == 0:
+            raise TrajectoryError("Trajectory.token_ids is empty")
+        if self.action_mask[0]:
+            raise TrajectoryError("Trajectory.action_mask[0] is True: the first token must be prompt")
+        if not any(self.action_mask):
+            raise TrajectoryError("Trajectory has zero action tokens (action_mask all False)")
+        if not math.isfinite(float(self.reward)):
+            raise TrajectoryError(f"Trajectory.reward is not finite: {self.reward}")
+        for t, (a, lp, v) in enumerate(
+            zip(self.action_mask, self.behavior_log_probs, self.token_versions, strict=True)
+        ):
+            if a and not (math.isfinite(lp) and lp <= 0.0):
+                raise TrajectoryError(f"Trajectory.behavior_log_probs[{t}]={lp} is not a log-prob")
+            if a and v < 0:
+                raise TrajectoryError(f"Trajectory.token_versions[{t}]={v} on an action token")
+        if any(b < 0 or b > n for b in self.turn_boundaries):
+            raise TrajectoryError("Trajectory.turn_boundaries out of range")
+
+    @property
+    def num_action_tokens(self) -> int:
+        return sum(self.action_mask)
+
+    @property
+    def min_version(self) -> int:
+        return min(v for v, a in zip(self.token_versions, self.action_mask, strict=True) if a)
+
+    @property
+    def max_version(self) -> int:
+        return max(v for v, a in zip(self.token_versions, self.action_mask, strict=True) if a)
+
+
+@dataclass
+class RolloutBatch:
+    """Right-padded tensors for B trajectories, all of width T.
+
+    input_ids/position_ids/token_versions: long [B,T]; attention_mask/action_mask: bool [B,T];
+    behavior_log_probs: float [B,T] (0 off-action); rewards: float [B]; failures/truncated:
+    bool [B]; prompt_ids: long [B] (group ids for group baselines).
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    position_ids: torch.Tensor
+    action_mask: torch.Tensor
+    behavior_log_probs: torch.Tensor
+    token_versions: torch.Tensor
+    rewards: torch.Tensor
+    failures: torch.Tensor
+    truncated: torch.Tensor
+    prompt_ids: torch.Tensor
+    infos: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    def tensor_fields(self) -> dict[str, torch.Tensor]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "infos"}
+
+    def to(self, device: torch.device | str) -> RolloutBatch:
+        moved = {k: v.to(device) for k, v in self.tensor_fields().items()}
+        return RolloutBatch(**moved, infos=self.infos)
+
+    def select(self, index: torch.Tensor | slice) -> RolloutBatch:
+        """Rows `index` (a slice or a long index tensor) as a new batch."""
+        rows = {k: v[index] for k, v in self.tensor_fields().items()}
+        if isinstance(index, slice):
+            infos = self.infos[index]
+        else:
+            infos = [self.infos[i] for i in index.tolist()] if self.infos else []
+        return RolloutBatch(**rows, infos=infos)
+
+    def split(self, micro_batch_size: int) -> list[RolloutBatch]:
+        """Consecutive micro-batches of at most `micro_batch_size` rows."""
+        if micro_batch_size <= 0:
+            raise ValueError(f"micro_batch_size must be positive, got {micro_batch_size}")
+        b = self.batch_size
+        return [self.select(slice(i, min(i + micro_batch_size, b))) for i in range(0, b, micro_batch_size)]
+
+    def trim(self) -> RolloutBatch:
+        """Drop trailing columns that are padding in every row."""
+        width = int(self.attention_mask.sum(dim=1).max().item())
+        rows = {
+            k: (v[:, :width] if v.dim() == 2 else v) for k, v in self.tensor_fields().items()
+        }
+        return RolloutBatch(**rows, infos=self.infos)
+
+
+def collate(trajectories: list[Trajectory], pad_token_id: int = 0) -> RolloutBatch:
+    """Right-pad finished trajectories into one `RolloutBatch`."""
+    if not trajectories:
+        raise ValueError("collate needs at least one trajectory")
+    b = len(trajectories)
+    width = max(len(tr.token_ids) for tr in trajectories)
+    input_ids = torch.full((b, width), pad_token_id, dtype=torch.long)
+    attention = torch.zeros((b, width), dtype=torch.bool)
+    action = torch.zeros((b, width), dtype=torch.bool)
+    behavior = torch.zeros((b, width), dtype=torch.float32)
+    versions = torch.full((b, width), -1, dtype=torch.long)
+    for i, tr in enumerate(trajectories):
+        n = len(tr.token_ids)
+        input_ids[i, :n] = torch.tensor(tr.token_ids, dtype=torch.long)
+        attention[i, :n] = True
+        action[i, :n] = torch.tensor(tr.action_mask, dtype=torch.bool)
+        behavior[i, :n] = torch.tensor(tr.behavior_log_probs, dtype=torch.float32)
+        versions[i, :n] = torch.tensor(tr.token_versions, dtype=torch.long)
+    positions = (attention.long().cumsum(dim=1) - 1).clamp_min(0)
+    return RolloutBatch(
+        input_ids=input_ids,
+        attention_mask=attention,
+        position_ids=positions,
+        action_mask=action,
+        behavior_log_probs=behavior,
+        token_versions=versions,
+        rewards=torch.tensor([float(tr.reward) for tr in trajectories], dtype=torch.float32),
+        failures=torch.tensor([bool(tr.failure) for tr in trajectories], dtype=torch.bool),
+        truncated=torch.tensor([bool(tr.truncated) for tr in trajectories], dtype=torch.bool),
+        prompt_ids=torch.tensor([int(tr.prompt_id) for tr in trajectories], dtype=torch.long),
+        infos=[dict(tr.info) for tr in trajectories],
+    )

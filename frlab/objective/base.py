@@ -1,0 +1,76 @@
+"""Call signatures shared by every component of a kind, and their registries.
+
+One signature per kind; components receive tensors plus their own hyperparameters (given to
+the constructor), never a whole config.
+
+- Baseline:     (rewards [B], group_ids [B]) -> advantages [B] (detached)
+- TrustRegion:  (log_probs [B,T], behavior_log_probs [B,T], advantages [B], action_mask [B,T])
+                -> TrustRegionOutput(weights [B,T], admitted [B], diagnostics)
+- TokenFilter:  (action_mask [B,T], entropies [B,T] | None, failures [B] | None) -> keep [B,T]
+- Aggregation:  (token_terms [B,T], keep [B,T], action_mask [B,T], *, num_sequences, num_tokens)
+                -> scalar loss, normalised by the GLOBAL batch (num_sequences = global B,
+                num_tokens = global policy-token count) so micro-batch losses sum to the
+                full-batch loss.
+
+The per-token loss term is `-weights * A_i * log_probs`; `weights` are detached, so the
+gradient per kept token is `-weights * A_i / normaliser`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from frlab.registry import Registry
+
+
+@dataclass
+class TrustRegionOutput:
+    """Detached per-token weights (rho or a corrected ratio), the admission mask, diagnostics."""
+
+    weights: torch.Tensor
+    admitted: torch.Tensor
+    diagnostics: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+class Baseline(Protocol):
+    def __call__(self, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor: ...
+
+
+class TrustRegion(Protocol):
+    def __call__(
+        self,
+        log_probs: torch.Tensor,
+        behavior_log_probs: torch.Tensor,
+        advantages: torch.Tensor,
+        action_mask: torch.Tensor,
+    ) -> TrustRegionOutput: ...
+
+
+class TokenFilter(Protocol):
+    def __call__(
+        self,
+        action_mask: torch.Tensor,
+        entropies: torch.Tensor | None,
+        failures: torch.Tensor | None,
+    ) -> torch.Tensor: ...
+
+
+class Aggregation(Protocol):
+    def __call__(
+        self,
+        token_terms: torch.Tensor,
+        keep: torch.Tensor,
+        action_mask: torch.Tensor,
+        *,
+        num_sequences: int,
+        num_tokens: int,
+    ) -> torch.Tensor: ...
+
+
+BASELINES: Registry[type] = Registry("baseline")
+TRUST_REGIONS: Registry[type] = Registry("trust_region")
+AGGREGATIONS: Registry[type] = Registry("aggregation")
+TOKEN_FILTERS: Registry[type] = Registry("token_filter")
