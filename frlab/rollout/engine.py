@@ -1,0 +1,159 @@
+"""The inference-engine interface shared by the rollout pool and the agent loop.
+
+An engine turns prompt token ids into sampled token ids (token in, token out: no
+re-tokenisation between turns) and records, for every sampled token, the log-prob of the
+distribution it was actually drawn from and the weight version that drew it. FlashREINFORCE
+(SPEC §3) needs the sampler's own probabilities: recomputing an "old" log-prob later does not
+reproduce what the engine used. Importance sampling also needs the full support, so with
+off-policy correction on, top-p / top-k truncation is refused at start.
+
+Implementations: `torch` (frlab.rollout.torch_engine, CPU/CUDA, test default) and `vllm`
+(frlab.rollout.vllm_engine, GPU only, imported lazily so `import frlab` never imports vllm).
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one turn. `top_k=0` and `top_p=1.0` mean "off" (full support)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 16
+    stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
+
+    def validate(self, off_policy_correction: bool) -> None:
+        """Raise ValueError naming the config key of the first invalid field."""
+        t = float(self.temperature)
+        if not (math.isfinite(t) and t > 0.0):
+            raise ValueError(f"rollout.sampling.temperature must be > 0, got {self.temperature}")
+        if not (0.0 < float(self.top_p) <= 1.0):
+            raise ValueError(f"rollout.sampling.top_p must be in (0, 1], got {self.top_p}")
+        if int(self.top_k) < 0:
+            raise ValueError(f"rollout.sampling.top_k must be >= 0 (0 = off), got {self.top_k}")
+        if int(self.max_new_tokens) < 1:
+            raise ValueError(
+                f"rollout.sampling.max_new_tokens must be >= 1, got {self.max_new_tokens}"
+            )
+        if off_policy_correction and float(self.top_p) < 1.0:
+            raise ValueError(
+                f"rollout.sampling.top_p={self.top_p} < 1 is refused with off-policy correction: "
+                "importance sampling needs the full support (set top_p=1.0)"
+            )
+        if off_policy_correction and int(self.top_k) > 0:
+            raise ValueError(
+                f"rollout.sampling.top_k={self.top_k} is refused with off-policy correction: "
+                "importance sampling needs the full support (set top_k=0)"
+            )
+
+    def with_max_new_tokens(self, n: int) -> SamplingParams:
+        """A copy with another per-turn token budget."""
+        return SamplingParams(
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            max_new_tokens=int(n),
+            stop_token_ids=tuple(self.stop_token_ids),
+        )
+
+    @classmethod
+    def from_mapping(cls, cfg: Mapping[str, Any] | None) -> SamplingParams:
+        """Build from a config mapping (`rollout.sampling`); unknown keys raise ValueError."""
+        cfg = dict(cfg or {})
+        known = {"temperature", "top_p", "top_k", "max_new_tokens", "stop_token_ids"}
+        unknown = sorted(set(cfg) - known)
+        if unknown:
+            raise ValueError(f"unknown key(s) in rollout.sampling: {', '.join(unknown)}")
+        if "stop_token_ids" in cfg:
+            cfg["stop_token_ids"] = tuple(int(i) for i in (cfg["stop_token_ids"] or ()))
+        return cls(**cfg)
+
+
+@dataclass
+class GenerationResult:
+    """One generate call: the sampled tokens, the sampler's log-probs and weight versions."""
+
+    token_ids: list[int]
+    log_probs: list[float]
+    versions: list[int]
+    finish_reason: str  # "stop" | "length"
+
+    def __post_init__(self) -> None:
+        n = len(self.token_ids)
+        if len(self.log_probs) != n or len(self.versions) != n:
+            raise ValueError(
+                f"GenerationResult lengths differ: token_ids {n}, log_probs "
+                f"{len(self.log_probs)}, versions {len(self.versions)}"
+            )
+        if self.finish_reason not in ("stop", "length"):
+            raise ValueError(f"GenerationResult.finish_reason must be stop|length, got {self.finish_reason!r}")
+
+
+class EngineError(RuntimeError):
+    """An engine request that could not be served (engine stopped, bad input, backend error)."""
+
+
+class Engine(abc.ABC):
+    """Asynchronous token-in/token-out sampler with versioned weights."""
+
+    @property
+    @abc.abstractmethod
+    def version(self) -> int:
+        """The current weight version (bumped by update_weights)."""
+
+    @abc.abstractmethod
+    def start(self) -> None:
+        """Start background workers (idempotent)."""
+
+    @abc.abstractmethod
+    def shutdown(self) -> None:
+        """Stop, fail pending requests and join every thread this engine started."""
+
+    @abc.abstractmethod
+    async def generate(self, prompt_token_ids: list[int], params: SamplingParams) -> GenerationResult:
+        """Sample a continuation of `prompt_token_ids`; safe to call concurrently from one loop."""
+
+    @abc.abstractmethod
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        """Pause decoding, load `state_dict`, set the version to `version`, resume."""
+
+    @abc.abstractmethod
+    def pause(self) -> None:
+        """Stop taking decode steps after the current one (requests stay queued)."""
+
+    @abc.abstractmethod
+    def resume(self) -> None:
+        """Continue decoding after pause()."""
+
+    def __enter__(self) -> Engine:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+
+ENGINE_KINDS = ("torch", "vllm")
+
+
+def build_engine(kind: str, **kwargs: Any) -> Engine:
+    """Build an engine by name: "torch" (TorchEngine) or "vllm" (VLLMEngine, lazy import)."""
+    if kind == "torch":
+        from frlab.rollout.torch_engine import TorchEngine
+
+        return TorchEngine(**kwargs)
+    if kind == "vllm":
+        from frlab.rollout.vllm_engine import VLLMEngine
+
+        return VLLMEngine(**kwargs)
+    raise ValueError(f"unknown rollout.engine {kind!r}; choose one of: {', '.join(ENGINE_KINDS)}")
