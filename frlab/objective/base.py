@@ -28,11 +28,23 @@ from frlab.registry import Registry
 
 @dataclass
 class TrustRegionOutput:
-    """Detached per-token weights (rho or a corrected ratio), the admission mask, diagnostics."""
+    """Detached per-token weights (rho or a corrected ratio), the admission mask, diagnostics.
+
+    `admitted [B]` is the sequence-level decision. A token-level gate also sets
+    `token_admitted [B,T]` (bool); when it is None the gate is `admitted[:, None]`.
+    """
 
     weights: torch.Tensor
     admitted: torch.Tensor
     diagnostics: dict[str, torch.Tensor] = field(default_factory=dict)
+    token_admitted: torch.Tensor | None = None
+
+
+def compute_dtype(*tensors: torch.Tensor | None) -> torch.dtype:
+    """float64 if any given tensor is float64, else float32 (SPEC §2 rule 6: bf16/fp16 -> fp32)."""
+    if any(t is not None and t.dtype == torch.float64 for t in tensors):
+        return torch.float64
+    return torch.float32
 
 
 class Baseline(Protocol):

@@ -56,16 +56,6 @@ class SamplingParams:
                 "importance sampling needs the full support (set top_k=0)"
             )
 
-    def with_max_new_tokens(self, n: int) -> SamplingParams:
-        """A copy with another per-turn token budget."""
-        return SamplingParams(
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k,
-            max_new_tokens=int(n),
-            stop_token_ids=tuple(self.stop_token_ids),
-        )
-
     @classmethod
     def from_mapping(cls, cfg: Mapping[str, Any] | None) -> SamplingParams:
         """Build from a config mapping (`rollout.sampling`); unknown keys raise ValueError."""

@@ -1,0 +1,50 @@
+"""The environment interface the agent loop drives (one instance per episode).
+
+An environment opens an episode from a task (`reset` -> the initial chat messages), takes
+the policy's action text each turn (`step` -> observation, reward, done, info) and samples
+tasks for the rollout pool (`sample_task`). Instances hold per-episode state: build a fresh
+one per rollout. `step` may be slow (tools, games): the agent loop runs it off the event loop.
+Rewards are summed over the episode; `failure` labels failed trajectories for the entropy
+filter (SPEC §2 rule 4: explicit labels, never the advantage sign).
+"""
+
+from __future__ import annotations
+
+import abc
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class StepResult:
+    """One environment step: the next observation (None when the episode ends), its reward."""
+
+    observation: str | None
+    reward: float
+    done: bool
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class Env(abc.ABC):
+    """A text environment for an LLM agent."""
+
+    @abc.abstractmethod
+    def reset(self, task: Mapping[str, Any]) -> list[dict[str, str]]:
+        """Start an episode for `task`; return the initial chat messages ({role, content})."""
+
+    @abc.abstractmethod
+    def step(self, action_text: str) -> StepResult:
+        """Apply the policy's action text (one assistant turn) and return the outcome."""
+
+    @abc.abstractmethod
+    def sample_task(self, rng: random.Random) -> dict[str, Any]:
+        """Draw one task (a plain dict; the pool assigns prompt ids)."""
+
+    def failure(self, reward: float) -> bool:
+        """Whether an episode with total `reward` counts as failed (default: reward <= 0)."""
+        return float(reward) <= 0.0
+
+    def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
+        """Release resources (subprocesses, files); the default holds none."""

@@ -1,0 +1,12 @@
+"""Toy environments that a tiny random-init policy learns in minutes on CPU.
+
+`toy_single` (ParityEnv): one turn, is the last digit shown odd (1) or even (0)?
+`toy_multi` (KeyParityEnv): two turns, the parity of a key revealed only by an observation.
+"""
+
+from envs.toy.multi import KeyParityEnv
+from envs.toy.single import ParityEnv
+
+TOY_ENVS = {"toy_single": ParityEnv, "toy_multi": KeyParityEnv}
+
+__all__ = ["TOY_ENVS", "KeyParityEnv", "ParityEnv"]

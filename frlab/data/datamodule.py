@@ -1,0 +1,166 @@
+"""`RolloutDataModule`: the rollout pool as a Lightning data source of `RolloutBatch`es.
+
+FlashREINFORCE's learner (SPEC §3) takes the next B finished trajectories, makes one update
+and never replays them. The DataModule starts a `RolloutPool` in `setup`, and its train
+dataloader yields one collated `RolloutBatch` per optimizer step, each row carrying its policy
+lag (`infos[i]["policy_lag_min"/"policy_lag_max"]`, `"learner_version"`). The loader is built
+with `batch_size=None` and `num_workers=0` (the pool already yields whole batches, in this
+process) and reports a length of `trainer.max_steps` batches: a sized loader stops Lightning
+from pre-fetching the next batch before the current optimizer step and weight sync, which
+would add one version of lag and, in sync mode, collect a batch before the update it must
+follow (collect, then train).
+
+Teardown stops the pool and joins every thread it started, also when training raises
+(Lightning calls `on_exception`, not `teardown`, on that path).
+
+Distributed data parallel: each rank runs its own pool and engine and consumes B/W
+trajectories of the global batch B. `pool_factory` is called with per-rank keyword arguments
+`batch_size=B // W, seed=seed + rank, prompt_id_offset=rank, prompt_id_stride=W`, so prompt
+ids stay distinct across ranks. Centring rewards over the GLOBAL batch (SPEC §2 rule 1) is
+the learner's job (an all-gather of rewards before the per-rank split).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import lightning as L
+from torch.utils.data import DataLoader, IterableDataset
+
+from frlab.data.batch import RolloutBatch, collate
+
+log = logging.getLogger(__name__)
+
+UNBOUNDED_BATCHES = 2**62
+
+
+class PoolBatches(IterableDataset):
+    """An iterable of `RolloutBatch`es drawn from a running pool (length = planned steps)."""
+
+    def __init__(
+        self, pool: Any, pad_token_id: int, length: int, timeout_s: float | None = None
+    ) -> None:
+        super().__init__()
+        self.pool, self.pad_token_id, self.length, self.timeout_s = (
+            pool,
+            int(pad_token_id),
+            int(length),
+            timeout_s,
+        )
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __iter__(self) -> Iterator[RolloutBatch]:
+        for _ in range(self.length):
+            yield collate(self.pool.next_batch(self.timeout_s), self.pad_token_id)
+
+
+def _as_is(batch: RolloutBatch) -> RolloutBatch:
+    return batch
+
+
+class RolloutDataModule(L.LightningDataModule):
+    """Starts the rollout pool in `setup`; yields `RolloutBatch`es; stops it on teardown."""
+
+    def __init__(
+        self,
+        pool_factory: Callable[..., Any],
+        *,
+        batch_size: int,
+        seed: int = 0,
+        pad_token_id: int | None = None,
+        batch_timeout_s: float | None = None,
+        num_batches: int | None = None,
+    ) -> None:
+        super().__init__()
+        if int(batch_size) < 1:
+            raise ValueError(f"data.batch_size must be >= 1, got {batch_size}")
+        self.pool_factory = pool_factory
+        self.batch_size, self.seed = int(batch_size), int(seed)
+        self.pad_token_id, self.batch_timeout_s = pad_token_id, batch_timeout_s
+        self.num_batches = num_batches
+        self.pool: Any = None
+        self._restored: dict[str, Any] | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def setup(self, stage: str | None = None) -> None:
+        if self.pool is not None:
+            return
+        rank, world = self._rank_and_world()
+        if self.batch_size % world:
+            raise ValueError(
+                f"data.batch_size={self.batch_size} must be divisible by the world size {world}"
+            )
+        self.pool = self.pool_factory(
+            batch_size=self.batch_size // world,
+            seed=self.seed + rank,
+            prompt_id_offset=rank,
+            prompt_id_stride=world,
+        )
+        try:
+            if self._restored is not None:
+                self.pool.load_state_dict(self._restored)
+            self.pool.start()
+        except BaseException:
+            self._stop_pool()
+            raise
+
+    def teardown(self, stage: str | None = None) -> None:
+        self._stop_pool()
+
+    def on_exception(self, exception: BaseException) -> None:
+        log.info("stopping the rollout pool after %r", exception)
+        self._stop_pool()
+
+    def _stop_pool(self) -> None:
+        pool, self.pool = self.pool, None
+        if pool is not None:
+            pool.stop()
+
+    def _rank_and_world(self) -> tuple[int, int]:
+        trainer = self.trainer
+        if trainer is None:
+            return 0, 1
+        return int(trainer.global_rank), int(trainer.world_size)
+
+    # -- data --------------------------------------------------------------------------------
+    def train_dataloader(self) -> DataLoader:
+        if self.pool is None:
+            raise RuntimeError("RolloutDataModule.train_dataloader() before setup()")
+        dataset = PoolBatches(self.pool, self._pad_id(), self._length(), self.batch_timeout_s)
+        return DataLoader(dataset, batch_size=None, num_workers=0, collate_fn=_as_is)
+
+    def _pad_id(self) -> int:
+        if self.pad_token_id is not None:
+            return int(self.pad_token_id)
+        tok = getattr(self.pool, "tokenizer", None)
+        for name in ("pad_token_id", "eos_token_id"):
+            value = getattr(tok, name, None)
+            if value is not None:
+                return int(value)
+        return 0
+
+    def _length(self) -> int:
+        if self.num_batches is not None:
+            return int(self.num_batches)
+        trainer = self.trainer
+        steps = int(getattr(trainer, "max_steps", -1) or -1) if trainer is not None else -1
+        if steps > 0:
+            return steps * int(getattr(trainer, "accumulate_grad_batches", 1) or 1)
+        return UNBOUNDED_BATCHES
+
+    # -- checkpointing -----------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"pool": self.pool.state_dict()} if self.pool is not None else {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        pool_state = state_dict.get("pool")
+        if pool_state is None:
+            return
+        if self.pool is not None:
+            self.pool.load_state_dict(pool_state)
+        else:
+            self._restored = dict(pool_state)

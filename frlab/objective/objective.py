@@ -1,0 +1,339 @@
+"""`Objective`: one baseline, trust region, aggregation and token filter, composed by name.
+
+The FlashREINFORCE loss (SPEC §2) is the `flashreinforce` preset:
+    A_i = R_i - mean R,  rho = exp(log pi - log mu) on policy tokens,  admit row i iff its mean
+    Bernoulli KL <= delta,  loss = -(1/B) sum_i (1/T_i) sum_t rho A_i log pi.
+Every other preset swaps components: `pg_is` (no gate), `grpo`, `dr_grpo`, `rloo`.
+
+Usage in a learner: `A = objective.advantages(rewards, prompt_ids)` ONCE on the full learner
+batch, then for each micro-batch `loss, diag = objective(log_probs, behaviour, A[rows], mask,
+num_sequences=B, num_tokens=global_policy_tokens)`; the micro-batch losses (and gradients) sum
+to the full-batch ones. Numerics (SPEC §2 rule 6): float64 stays float64, every other dtype is
+computed in float32; masked slots are replaced with `torch.where` before any arithmetic, so
+NaN/inf there never reaches the loss or the gradient; behaviour log-probs and rewards get no
+gradient. Validation (rule 7) costs a few fused reductions and ONE host sync per call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from frlab.objective import aggregations as _aggregations  # noqa: F401  (registers components)
+from frlab.objective import baselines as _baselines  # noqa: F401
+from frlab.objective import token_filters as _token_filters  # noqa: F401
+from frlab.objective import trust_regions as _trust_regions  # noqa: F401
+from frlab.objective.base import (
+    AGGREGATIONS,
+    BASELINES,
+    TOKEN_FILTERS,
+    TRUST_REGIONS,
+    compute_dtype,
+)
+from frlab.objective.validation import (
+    ValueChecks,
+    check_loss_structure,
+    check_rewards,
+    check_row_tensor,
+    check_token_tensors,
+)
+from frlab.registry import Registry, RegistryError, unknown_name_message
+
+KINDS: dict[str, Registry[type]] = {
+    "baseline": BASELINES,
+    "trust_region": TRUST_REGIONS,
+    "aggregation": AGGREGATIONS,
+    "token_filter": TOKEN_FILTERS,
+}
+
+DEFAULTS: dict[str, str] = {
+    "baseline": "batch_mean",
+    "trust_region": "sequence_bernoulli_kl",
+    "aggregation": "sample_mean",
+    "token_filter": "none",
+}
+
+
+def _preset(baseline: str, trust_region: str, aggregation: str) -> dict[str, str]:
+    return {
+        "baseline": baseline,
+        "trust_region": trust_region,
+        "aggregation": aggregation,
+        "token_filter": "none",
+    }
+
+
+PRESETS: dict[str, dict[str, str]] = {
+    "flashreinforce": _preset("batch_mean", "sequence_bernoulli_kl", "sample_mean"),
+    "pg_is": _preset("batch_mean", "none", "sample_mean"),
+    "grpo": _preset("group_mean_std", "ppo_clip", "sample_mean"),
+    "dr_grpo": _preset("group_mean", "ppo_clip", "constant_length"),
+    "rloo": _preset("rloo", "none", "sample_mean"),
+}
+
+
+def _build(kind: str, name: object, params: Mapping[str, Any], key: str | None) -> Any:
+    """Instantiate component `name` of `kind` with params[name] as its keyword arguments."""
+    if not isinstance(name, str):
+        raise ValueError(f"{key or kind} must be a component name (str), got {name!r}")
+    cls: Any = KINDS[kind].get(name, key=key)
+    kwargs = params.get(name)
+    kwargs = {} if kwargs is None else kwargs
+    if not isinstance(kwargs, Mapping):
+        where = f"{key.rsplit('.', 1)[0]}.{name}" if key and "." in key else f"params[{name!r}]"
+        raise ValueError(f"{where} must be a mapping of keyword arguments, got {kwargs!r}")
+    try:
+        return cls(**{str(k): v for k, v in kwargs.items()})
+    except TypeError as exc:
+        raise ValueError(f"bad arguments for {kind} {name!r}: {exc}") from exc
+
+
+def _component_names() -> set[str]:
+    return {n for registry in KINDS.values() for n in registry.names()}
+
+
+class Objective:
+    """A policy-gradient objective composed of one component of each kind, chosen by name.
+
+    `params` holds per-component keyword arguments keyed by COMPONENT NAME (for example
+    `{"sequence_bernoulli_kl": {"delta": 1e-3}}`); only the chosen components' entries are
+    read, so switching a component never leaks another component's settings.
+    """
+
+    def __init__(
+        self,
+        baseline: str = "batch_mean",
+        trust_region: str = "sequence_bernoulli_kl",
+        aggregation: str = "sample_mean",
+        token_filter: str = "none",
+        params: Mapping[str, Mapping[str, Any]] | None = None,
+        validate: bool = True,
+        *,
+        _key_prefix: str | None = None,
+    ) -> None:
+        params = {} if params is None else params
+        if not isinstance(params, Mapping):
+            raise ValueError(f"params must be a mapping keyed by component name, got {params!r}")
+        chosen = {
+            "baseline": baseline,
+            "trust_region": trust_region,
+            "aggregation": aggregation,
+            "token_filter": token_filter,
+        }
+        built = {
+            kind: _build(kind, name, params, f"{_key_prefix}.{kind}" if _key_prefix else None)
+            for kind, name in chosen.items()
+        }
+        self.baseline = built["baseline"]
+        self.trust_region = built["trust_region"]
+        self.aggregation = built["aggregation"]
+        self.token_filter = built["token_filter"]
+        self._names: dict[str, str] = dict(chosen)
+        self.validate = bool(validate)
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def from_config(cls, node: Mapping[str, Any], validate: bool = True) -> Objective:
+        """From the `objective` config node: names under the kind keys, kwargs under names.
+
+        A key that is neither a kind nor a registered component name raises (a misspelt
+        kwargs key would otherwise be ignored silently).
+        """
+        if not isinstance(node, Mapping):
+            raise ValueError(f"objective config must be a mapping, got {type(node).__name__}")
+        known = _component_names()
+        for key in node:
+            if key not in KINDS and key not in known:
+                choices = sorted(set(KINDS) | known)
+                raise ValueError(
+                    unknown_name_message(
+                        "objective config key", str(key), choices, f"objective.{key}"
+                    )
+                )
+        names = {kind: node.get(kind, default) for kind, default in DEFAULTS.items()}
+        params = {k: v for k, v in node.items() if k not in KINDS}
+        return cls(**names, params=params, validate=validate, _key_prefix="objective")
+
+    @classmethod
+    def from_preset(
+        cls, name: str, params: Mapping[str, Mapping[str, Any]] | None = None, validate: bool = True
+    ) -> Objective:
+        """A named preset (see `PRESETS`) with optional per-component kwargs."""
+        if name not in PRESETS:
+            raise RegistryError(unknown_name_message("objective preset", name, list(PRESETS)))
+        return cls(**PRESETS[name], params=params, validate=validate)
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def names(self) -> dict[str, str]:
+        """kind -> chosen component name."""
+        return dict(self._names)
+
+    @property
+    def needs_entropies(self) -> bool:
+        """True when the token filter needs entropies [B,T] and failures [B]."""
+        return bool(self.token_filter.needs_entropies)
+
+    @property
+    def is_group_baseline(self) -> bool:
+        """True when the baseline needs > 1 sample per prompt (group ids)."""
+        return bool(self.baseline.is_group)
+
+    @property
+    def uses_off_policy_correction(self) -> bool:
+        """False only for `no_is` (no ratio against the behaviour policy)."""
+        return bool(self.trust_region.off_policy_correction)
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{k}={v!r}" for k, v in self._names.items())
+        return f"Objective({inner})"
+
+    # ------------------------------------------------------------------ maths
+
+    def advantages(self, rewards: Tensor, group_ids: Tensor | None = None) -> Tensor:
+        """Detached advantages [B]; call ONCE on the full learner batch, before any split."""
+        if self.validate:
+            check_rewards(rewards)
+        return self.baseline(rewards.detach(), group_ids).detach()
+
+    def __call__(
+        self,
+        log_probs: Tensor,
+        behavior_log_probs: Tensor,
+        advantages: Tensor,
+        action_mask: Tensor,
+        *,
+        entropies: Tensor | None = None,
+        failures: Tensor | None = None,
+        num_sequences: int | None = None,
+        num_tokens: int | Tensor | None = None,
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """(loss, diagnostics) of one (micro-)batch; None normalisers mean 'this batch only'."""
+        return self._loss(
+            log_probs,
+            behavior_log_probs,
+            advantages,
+            action_mask,
+            entropies=entropies,
+            failures=failures,
+            num_sequences=num_sequences,
+            num_tokens=num_tokens,
+            rewards=None,
+        )
+
+    def loss_from_rewards(
+        self,
+        log_probs: Tensor,
+        behavior_log_probs: Tensor,
+        rewards: Tensor,
+        action_mask: Tensor,
+        *,
+        group_ids: Tensor | None = None,
+        entropies: Tensor | None = None,
+        failures: Tensor | None = None,
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """Advantages from `rewards` (this batch IS the learner batch), then the loss.
+
+        Rewards are validated inside the same fused check as the token tensors (one sync).
+        """
+        if self.validate:
+            check_token_tensors(log_probs, behavior_log_probs, action_mask)
+            check_row_tensor(rewards, "rewards", log_probs, kind="real")
+        dtype = compute_dtype(log_probs, behavior_log_probs, rewards)
+        rewards = rewards.detach().to(dtype)
+        advantages = self.baseline(rewards, group_ids).detach()
+        return self._loss(
+            log_probs,
+            behavior_log_probs,
+            advantages,
+            action_mask,
+            entropies=entropies,
+            failures=failures,
+            num_sequences=None,
+            num_tokens=None,
+            rewards=rewards,
+        )
+
+    def _loss(
+        self,
+        log_probs: Tensor,
+        behavior_log_probs: Tensor,
+        advantages: Tensor,
+        action_mask: Tensor,
+        *,
+        entropies: Tensor | None,
+        failures: Tensor | None,
+        num_sequences: int | None,
+        num_tokens: int | Tensor | None,
+        rewards: Tensor | None,
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        filter_name = self._names["token_filter"] if self.needs_entropies else None
+        if self.validate:
+            check_loss_structure(
+                log_probs,
+                behavior_log_probs,
+                advantages,
+                action_mask,
+                entropies=entropies,
+                failures=failures,
+                filter_name=filter_name,
+                num_sequences=num_sequences,
+                num_tokens=num_tokens,
+            )
+        mask = action_mask
+        dtype = compute_dtype(log_probs, behavior_log_probs, advantages)
+        lp = torch.where(mask, log_probs.to(dtype), 0.0)  # carries the gradient, NaN-free
+        behavior = torch.where(mask, behavior_log_probs.detach().to(dtype), 0.0)
+        a = advantages.detach().to(dtype)
+        policy_tokens = mask.sum(dim=1)
+        ent = None
+        if filter_name is not None and entropies is not None:
+            ent = entropies.detach().to(dtype)
+        if self.validate:  # one fused device reduction, one host sync
+            checks = ValueChecks()
+            checks.empty_rows(policy_tokens)
+            if rewards is not None:
+                checks.finite_rows(rewards, "rewards")
+            checks.finite_rows(a, "advantages")
+            checks.log_probs(log_probs, lp, mask, "log_probs")
+            checks.log_probs(behavior_log_probs, behavior, mask, "behavior_log_probs")
+            if ent is not None:
+                checks.entropies(ent, mask)
+            if num_tokens is not None:
+                checks.token_count(policy_tokens, num_tokens)
+            checks.raise_first()
+
+        tr = self.trust_region(lp, behavior, a, mask)
+        keep = self.token_filter(mask, ent, failures)
+        coef = tr.weights * a.neg().unsqueeze(1)  # detached: -w_{i,t} A_i
+        num_sequences = mask.shape[0] if num_sequences is None else num_sequences
+        num_tokens = policy_tokens.sum() if num_tokens is None else num_tokens
+        loss = self.aggregation(
+            coef * lp, keep, mask, num_sequences=num_sequences, num_tokens=num_tokens
+        )
+        return loss, self._diagnostics(tr, keep, mask, a, policy_tokens)
+
+    @staticmethod
+    def _diagnostics(
+        tr: Any, keep: Tensor, mask: Tensor, a: Tensor, policy_tokens: Tensor
+    ) -> dict[str, Tensor]:
+        if keep is mask and tr.token_admitted is None:
+            retained = torch.where(tr.admitted, policy_tokens, 0)
+        else:
+            gate = tr.token_admitted if tr.token_admitted is not None else tr.admitted.unsqueeze(1)
+            retained = (keep & gate).sum(dim=1)
+        diagnostics = {k: v.detach() for k, v in tr.diagnostics.items()}
+        diagnostics.update(
+            advantages=a,
+            sequence_kl=tr.diagnostics["sequence_kl"].detach(),
+            admitted=tr.admitted.detach(),
+            acceptance_rate=tr.admitted.to(a.dtype).mean(),
+            policy_tokens=policy_tokens,
+            retained_tokens=retained,
+        )
+        return diagnostics

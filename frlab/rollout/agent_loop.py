@@ -1,0 +1,221 @@
+"""The multi-turn agent loop: one environment episode -> one `Trajectory` (token in, token out).
+
+The chat template is applied ONCE, to the environment's initial messages. Each turn then
+samples from the engine with the per-turn budget min(max_new_tokens, max_len - used), appends
+the sampled ids verbatim (action mask True, with the engine's own log-probs and weight
+versions: FlashREINFORCE's behaviour log-probs, SPEC §2-3), steps the environment off the
+event loop, and appends the observation as a chat turn whose text is encoded on its own with
+the template's turn pieces (action mask False). Earlier tokens are never decoded and
+re-encoded, so the learner scores exactly the tokens the sampler produced.
+
+An episode that ends on the turn cap or the length budget before the environment says done
+is marked truncated. A failing environment step or engine request raises `RolloutError`,
+which the rollout pool counts by `reason` (it fails that rollout, not the run).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from envs.base import Env, StepResult
+from frlab.data.batch import Trajectory, TrajectoryError
+from frlab.rollout.engine import Engine, GenerationResult, SamplingParams
+
+_ACTION_SENTINEL = "FRLABACTIONSENTINEL"
+_OBSERVATION_SENTINEL = "FRLABOBSERVATIONSENTINEL"
+
+
+class RolloutError(RuntimeError):
+    """One rollout failed; `reason` is a short countable label (e.g. "env_step", "engine")."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass
+class AgentLoopConfig:
+    """Episode limits: turn cap, total token budget (prompt + all turns), per-turn sampling."""
+
+    max_turns: int = 1
+    max_len: int = 64
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    observation_role: str = "user"
+
+    def __post_init__(self) -> None:
+        if int(self.max_turns) < 1:
+            raise ValueError(f"rollout.max_turns must be >= 1, got {self.max_turns}")
+        if int(self.max_len) < 2:
+            raise ValueError(f"rollout.max_len must be >= 2, got {self.max_len}")
+        if not isinstance(self.sampling, SamplingParams):
+            raise TypeError(f"rollout.sampling must be SamplingParams, got {type(self.sampling)}")
+
+
+@dataclass
+class _Stream:
+    """The growing token stream of one episode."""
+
+    token_ids: list[int] = field(default_factory=list)
+    action_mask: list[bool] = field(default_factory=list)
+    log_probs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+
+    def add_context(self, ids: list[int]) -> None:
+        self.token_ids += ids
+        self.action_mask += [False] * len(ids)
+        self.log_probs += [0.0] * len(ids)
+        self.versions += [-1] * len(ids)
+
+    def add_action(self, gen: GenerationResult) -> None:
+        self.token_ids += gen.token_ids
+        self.action_mask += [True] * len(gen.token_ids)
+        self.log_probs += gen.log_probs
+        self.versions += gen.versions
+
+
+def template_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    """Token ids of the chat template applied to `messages`, with the generation prompt."""
+    out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    ids = out["input_ids"] if isinstance(out, Mapping) else out
+    if ids and isinstance(ids[0], list):  # a batch of one
+        ids = ids[0]
+    return [int(t) for t in ids]
+
+
+def observation_ids(
+    tokenizer: Any,
+    messages: list[dict[str, str]],
+    observation: str,
+    last_action_ids: list[int],
+    role: str = "user",
+) -> list[int]:
+    """Ids that close the assistant turn, add `observation` as a `role` turn and reopen the
+    assistant turn, rendered from the template's own pieces (found with sentinel messages).
+    If the action already ended with the template's end-of-turn text, it is not repeated."""
+    convo = [
+        *messages,
+        {"role": "assistant", "content": _ACTION_SENTINEL},
+        {"role": role, "content": _OBSERVATION_SENTINEL},
+    ]
+    text = tokenizer.apply_chat_template(convo, add_generation_prompt=True, tokenize=False)
+    a_end = text.find(_ACTION_SENTINEL) + len(_ACTION_SENTINEL)
+    o_start = text.find(_OBSERVATION_SENTINEL, a_end)
+    if a_end < len(_ACTION_SENTINEL) or o_start < 0:
+        raise RolloutError("chat_template", "the template drops assistant or observation content")
+    between, after = text[a_end:o_start], text[o_start + len(_OBSERVATION_SENTINEL) :]
+    if last_action_ids:
+        last_text = tokenizer.decode(last_action_ids[-1:], skip_special_tokens=False)
+        if last_text and between.startswith(last_text):
+            between = between[len(last_text) :]
+    return list(tokenizer.encode(between + observation + after, add_special_tokens=False))
+
+
+async def _off_loop(
+    executor: concurrent.futures.Executor | None, fn: Callable[..., Any], *args: Any
+) -> Any:
+    return await asyncio.get_running_loop().run_in_executor(executor, fn, *args)
+
+
+async def run_episode(
+    engine: Engine,
+    env: Env,
+    task: Mapping[str, Any],
+    tokenizer: Any,
+    cfg: AgentLoopConfig,
+    *,
+    prompt_id: int,
+    executor: concurrent.futures.Executor | None = None,
+) -> Trajectory:
+    """Play one episode of `env` on `task` with `engine`; return its finished trajectory."""
+    try:
+        messages = await _off_loop(executor, env.reset, task)
+    except Exception as exc:
+        raise RolloutError("env_reset", repr(exc)) from exc
+    try:
+        prompt = template_ids(tokenizer, list(messages))
+    except Exception as exc:
+        raise RolloutError("chat_template", repr(exc)) from exc
+    stop_ids = _stop_ids(tokenizer, cfg.sampling)
+    stream, boundaries, finish, tool_calls = _Stream(), [], [], 0
+    stream.add_context(prompt)
+    reward, done, info = 0.0, False, {}
+    while len(boundaries) < cfg.max_turns:
+        budget = min(cfg.sampling.max_new_tokens, cfg.max_len - len(stream.token_ids))
+        if budget < 1:
+            break
+        params = _turn_params(cfg.sampling, budget, stop_ids)
+        try:
+            gen = await engine.generate(list(stream.token_ids), params)
+        except Exception as exc:
+            raise RolloutError("engine", repr(exc)) from exc
+        boundaries.append(len(stream.token_ids))
+        stream.add_action(gen)
+        finish.append(gen.finish_reason)
+        action_text = tokenizer.decode(gen.token_ids, skip_special_tokens=True)
+        step = await _step(env, action_text, executor)
+        reward, info = reward + float(step.reward), dict(step.info)
+        tool_calls += int(info.get("tool_calls", 0) or 0)
+        done = bool(step.done)
+        if done or len(boundaries) >= cfg.max_turns:
+            break
+        obs = observation_ids(
+            tokenizer, list(messages), step.observation or "", gen.token_ids, cfg.observation_role
+        )
+        if len(stream.token_ids) + len(obs) >= cfg.max_len:
+            break  # no room left for another action token
+        stream.add_context(obs)
+    if not any(stream.action_mask):
+        raise RolloutError("zero_action_tokens", f"prompt of {len(prompt)} tokens, max_len {cfg.max_len}")
+    episode_info = {
+        "turns": len(boundaries),
+        "tool_calls": tool_calls,
+        "finish_reasons": finish,
+        "response_tokens": sum(stream.action_mask),
+        "env": info,
+    }
+    try:
+        return Trajectory(
+            token_ids=stream.token_ids,
+            action_mask=stream.action_mask,
+            behavior_log_probs=stream.log_probs,
+            token_versions=stream.versions,
+            reward=reward,
+            prompt_id=int(prompt_id),
+            failure=bool(env.failure(reward)),
+            truncated=not done,
+            turn_boundaries=boundaries,
+            info=episode_info,
+        )
+    except TrajectoryError as exc:
+        raise RolloutError("bad_trajectory", str(exc)) from exc
+
+
+async def _step(
+    env: Env, action_text: str, executor: concurrent.futures.Executor | None
+) -> StepResult:
+    try:
+        step = await _off_loop(executor, env.step, action_text)
+    except Exception as exc:
+        raise RolloutError("env_step", repr(exc)) from exc
+    if not isinstance(step, StepResult):
+        raise RolloutError("env_step", f"step returned {type(step).__name__}, not StepResult")
+    return step
+
+
+def _stop_ids(tokenizer: Any, sampling: SamplingParams) -> tuple[int, ...]:
+    """The configured stop ids plus the tokenizer's eos (the end of an assistant turn)."""
+    ids = list(sampling.stop_token_ids)
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if eos is not None and eos not in ids:
+        ids.append(int(eos))
+    return tuple(ids)
+
+
+def _turn_params(sampling: SamplingParams, budget: int, stop_ids: tuple[int, ...]) -> SamplingParams:
+    return dataclasses.replace(sampling, max_new_tokens=int(budget), stop_token_ids=stop_ids)

@@ -1,0 +1,72 @@
+"""`WeightSyncCallback`: keep the rollout engine's weights and version in step with the learner.
+
+FlashREINFORCE (SPEC §3) measures policy lag as the learner version at the update minus the
+version that sampled each token, so the engine must carry the learner's version. The learner
+module exposes `policy` (the trained model) and `policy_version` (completed optimizer steps).
+After every `sync_every` optimizer steps this callback pushes `policy.state_dict()` to the pool
+(`pool.update_weights(state_dict, version)`: the engine pauses, loads, bumps its version,
+resumes, and the pool checks the version it reports); on other steps it only tells the pool the
+learner version. It also syncs once at train start, so a resumed run's engine starts from the
+restored weights and version. Keep `sync_every <= rollout.max_policy_lag`, or the pool's
+admission control can never admit new rollouts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+
+
+class WeightSyncCallback(L.Callback):
+    """Push learner weights to the rollout pool every `sync_every` optimizer steps."""
+
+    def __init__(self, sync_every: int = 1, pool: Any = None) -> None:
+        if int(sync_every) < 1:
+            raise ValueError(f"rollout.sync_every must be >= 1, got {sync_every}")
+        self.sync_every = int(sync_every)
+        self._pool = pool
+        self._last_seen: int | None = None
+        self.syncs = 0
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._push(trainer, pl_module, _version(pl_module))
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+        batch_idx: int,
+    ) -> None:
+        version = _version(pl_module)
+        if version == self._last_seen:
+            return  # no optimizer step this batch (gradient accumulation)
+        if version % self.sync_every == 0:
+            self._push(trainer, pl_module, version)
+        else:
+            self._pool_of(trainer).set_learner_version(version)
+            self._last_seen = version
+
+    def _push(self, trainer: L.Trainer, pl_module: L.LightningModule, version: int) -> None:
+        policy = getattr(pl_module, "policy", None)
+        if policy is None:
+            raise AttributeError("WeightSyncCallback needs the learner module's `policy` model")
+        self._pool_of(trainer).update_weights(policy.state_dict(), version)
+        self._last_seen = version
+        self.syncs += 1
+
+    def _pool_of(self, trainer: L.Trainer) -> Any:
+        if self._pool is not None:
+            return self._pool
+        pool = getattr(getattr(trainer, "datamodule", None), "pool", None)
+        if pool is None:
+            raise RuntimeError(
+                "WeightSyncCallback found no rollout pool: pass pool=... or train with a "
+                "RolloutDataModule (trainer.datamodule.pool)"
+            )
+        return pool
+
+
+def _version(pl_module: L.LightningModule) -> int:
+    version = getattr(pl_module, "policy_version", None)
+    if version is None:
+        raise AttributeError("WeightSyncCallback needs the learner module's int `policy_version`")
+    return int(version)

@@ -1,0 +1,647 @@
+"""The rollout pool: one rollout per prompt, first B finishers out, staleness bounded by admission.
+
+FlashREINFORCE (SPEC §1, §3) trains on a batch of B finished trajectories of B distinct prompts
+as soon as they exist: the pool keeps up to `max_in_flight` rollouts running on an asyncio loop
+in a background thread, hands out the first B that finish and carries the rest over (no drain
+between steps). Finished trajectories are never dropped for being slow (that would bias
+training toward short rollouts); staleness is bounded by ADMISSION CONTROL instead.
+
+Lag bookkeeping. Learner version L = optimizer steps completed; the batch handed out next is
+trained at `next_consume_version` (one batch = one optimizer step). A rollout admitted while
+the engine is at version E samples tokens of version >= E, so it must be consumed by learner
+version `due = E + max_policy_lag`. The pool keeps the earliest-deadline invariant
+
+    for every d >= L:  #{outstanding rollouts with due <= d} <= (d - L + 1) * B,
+
+admits new work only if the invariant still holds with it (otherwise it pauses, counted in
+`paused_for_lag`), and builds each batch from finished rollouts: first the earliest-due ones the
+invariant requires (waiting for them if they are still running), the rest in finish order. So
+every trajectory satisfies `learner_version - min token version <= max_policy_lag` at
+consumption, and the per-trajectory lag is written into `Trajectory.info`.
+
+`mode="sync"` (collect, then train) uses the same code: `next_batch` requests exactly B/G
+prompts x G samples, which run together and are handed out together; nothing else starts until
+the next request. A failed sample fails its whole group (the finished siblings are counted in
+`rejected_by_reason["incomplete_group"]`) and a replacement group starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import copy
+import dataclasses
+import logging
+import random
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from frlab.data.batch import Trajectory
+from frlab.rollout.agent_loop import AgentLoopConfig, RolloutError, run_episode
+from frlab.rollout.engine import Engine
+
+log = logging.getLogger(__name__)
+
+MODES = ("async", "sync")
+REJECT_REASONS = frozenset({"zero_action_tokens", "bad_trajectory"})
+EpisodeFn = Callable[..., Awaitable[Trajectory]]
+
+
+@dataclass(eq=False)
+class _Group:
+    """The G samples of one prompt (G = 1 in async mode)."""
+
+    prompt_id: int
+    task: dict[str, Any]
+    members: list[_Rollout] = field(default_factory=list)
+    unresolved: int = 0
+    failed: bool = False
+
+
+@dataclass(eq=False)
+class _Rollout:
+    seq: int
+    group: _Group
+    start_version: int
+    due: int
+    trajectory: Trajectory | None = None
+    finish_seq: int = -1
+
+
+def admission_feasible(
+    dues: list[int], new_due: int, new_count: int, learner_version: int, batch_size: int
+) -> bool:
+    """Whether `new_count` rollouts due at `new_due` keep the earliest-deadline invariant."""
+    if new_due < learner_version:
+        return False
+    for d in sorted({x for x in dues if x >= new_due} | {new_due}):
+        count = sum(1 for x in dues if x <= d) + new_count
+        if count > (d - learner_version + 1) * batch_size:
+            return False
+    return True
+
+
+def required_early(dues: list[int], learner_version: int, batch_size: int) -> dict[int, int]:
+    """For each due d: how many rollouts with due <= d the next batch must contain."""
+    need: dict[int, int] = {}
+    for d in sorted(set(dues)):
+        excess = sum(1 for x in dues if x <= d) - (d - learner_version) * batch_size
+        if excess > 0:
+            need[d] = excess
+    return need
+
+
+def select_batch(
+    ready: list[_Rollout], dues: list[int], learner_version: int, batch_size: int
+) -> list[_Rollout] | None:
+    """B finished rollouts that keep every deadline, else None (wait for more to finish)."""
+    if len(ready) < batch_size:
+        return None
+    need = required_early(dues, learner_version, batch_size)
+    for d, n in need.items():
+        if sum(1 for ro in ready if ro.due <= d) < min(n, batch_size):
+            return None
+    n_early = min(batch_size, max(need.values(), default=0))
+    early = sorted(ready, key=lambda ro: (ro.due, ro.finish_seq))[:n_early]
+    taken = {id(ro) for ro in early}
+    rest = [ro for ro in ready if id(ro) not in taken][: batch_size - n_early]
+    return sorted(early + rest, key=lambda ro: ro.finish_seq)
+
+
+class RolloutPool:
+    """Runs rollouts in the background and hands out batches of B finished trajectories."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        env_factory: Callable[[], Any],
+        tokenizer: Any,
+        loop_cfg: AgentLoopConfig,
+        *,
+        batch_size: int,
+        max_in_flight: int,
+        max_policy_lag: int,
+        mode: str = "async",
+        samples_per_prompt: int = 1,
+        seed: int = 0,
+        num_env_workers: int = 4,
+        prompt_id_offset: int = 0,
+        prompt_id_stride: int = 1,
+        episode_fn: EpisodeFn | None = None,
+    ) -> None:
+        _validate(
+            batch_size, max_in_flight, max_policy_lag, mode, samples_per_prompt, num_env_workers
+        )
+        if prompt_id_stride < 1 or not 0 <= prompt_id_offset < prompt_id_stride:
+            raise ValueError("need 0 <= prompt_id_offset < prompt_id_stride (rank sharding)")
+        self.engine, self.env_factory, self.tokenizer, self.loop_cfg = (
+            engine,
+            env_factory,
+            tokenizer,
+            loop_cfg,
+        )
+        self.batch_size, self.max_in_flight, self.max_policy_lag = (
+            int(batch_size),
+            int(max_in_flight),
+            int(max_policy_lag),
+        )
+        self.mode, self.samples_per_prompt, self.num_env_workers = (
+            mode,
+            int(samples_per_prompt),
+            int(num_env_workers),
+        )
+        self._id_offset, self._id_stride = int(prompt_id_offset), int(prompt_id_stride)
+        self._episode_fn = episode_fn or run_episode
+        self._cond = threading.Condition()
+        self._rng = random.Random(seed)
+        self._prompt_counter = 0
+        self._pending: deque[tuple[int, dict[str, Any]]] = deque()
+        self._reset_queues()
+        self._learner_version = 0
+        self._next_consume_version = 0
+        self._counts: Counter[str] = Counter()
+        self._failed: Counter[str] = Counter()
+        self._rejected: Counter[str] = Counter()
+        self._lag_paused = False
+        self._lag_max_seen = 0
+        self._started = self._stopping = self._stopped = self._loading = False
+        self._error: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._task_env: Any = None
+        self._wake: asyncio.Event | None = None
+        self._tasks: set[asyncio.Task] = set()
+
+    def _reset_queues(self) -> None:
+        self._outstanding: dict[int, _Rollout] = {}
+        self._ready: list[_Rollout] = []
+        self._seq = self._finish_seq = 0
+        self._sync_need = 0
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the engine, the env executor and the event-loop thread (idempotent)."""
+        with self._cond:
+            if self._stopped or self._stopping:
+                raise RuntimeError("RolloutPool was stopped; build a new pool")
+            if self._started:
+                return
+            self._started = True
+        self.engine.start()
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            self.num_env_workers, thread_name_prefix="frlab-env"
+        )
+        self._task_env = self.env_factory()
+        self._loop = asyncio.new_event_loop()
+        ready = threading.Event()
+        self._thread = threading.Thread(
+            target=self._thread_main, args=(ready,), name="frlab-rollout-loop", daemon=True
+        )
+        self._thread.start()
+        ready.wait()
+
+    def stop(self) -> None:
+        """Cancel in-flight work; join the loop thread, env threads and engine (idempotent)."""
+        with self._cond:
+            if self._stopped or self._stopping:
+                return
+            self._stopping = True
+            self._cond.notify_all()
+        try:
+            if self._thread is not None:
+                self._notify_loop()
+                self._thread.join()
+        finally:
+            try:
+                if self._started:
+                    self.engine.shutdown()
+            finally:
+                if self._executor is not None:
+                    self._executor.shutdown(wait=True)
+                _close_env(self._task_env)
+                if self._loop is not None:
+                    self._loop.close()
+                with self._cond:
+                    self._stopped = True
+                    self._cond.notify_all()
+
+    def _thread_main(self, ready: threading.Event) -> None:
+        assert self._loop is not None
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._loop.run_until_complete(self._main(ready))
+        except BaseException as exc:  # a bug in the pool itself: surface it in next_batch
+            log.exception("rollout pool loop crashed")
+            with self._cond:
+                self._error = exc
+                self._cond.notify_all()
+        finally:
+            ready.set()
+            self._loop.run_until_complete(self._loop.shutdown_asyncgens())
+
+    async def _main(self, ready: threading.Event) -> None:
+        self._wake = asyncio.Event()
+        ready.set()
+        try:
+            while not self._stopping:
+                self._admit()
+                await self._wake.wait()
+                self._wake.clear()
+        finally:
+            await self._cancel_all()
+
+    async def _cancel_all(self) -> None:
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _notify_loop(self) -> None:
+        loop, wake = self._loop, self._wake
+        if loop is not None and wake is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(wake.set)
+
+    # -- admission (loop thread) -------------------------------------------------------------
+    def _admit(self) -> None:
+        with self._cond:
+            g = self.samples_per_prompt
+            while not (self._stopping or self._loading):
+                in_flight = sum(1 for ro in self._outstanding.values() if ro.trajectory is None)
+                if in_flight + g > self.max_in_flight:
+                    return
+                if self.mode == "sync" and self._sync_need <= 0:
+                    return
+                version = int(self.engine.version)
+                dues = [ro.due for ro in self._outstanding.values()]
+                due = version + self.max_policy_lag
+                if not admission_feasible(
+                    dues, due, g, self._next_consume_version, self.batch_size
+                ):
+                    if not self._lag_paused:
+                        self._lag_paused = True
+                        self._counts["paused_for_lag"] += 1
+                    return
+                self._lag_paused = False
+                self._launch_group(version, due)
+
+    def _launch_group(self, version: int, due: int) -> None:
+        if self._pending:
+            prompt_id, task = self._pending.popleft()
+        else:
+            prompt_id = self._id_offset + self._prompt_counter * self._id_stride
+            self._prompt_counter += 1
+            task = dict(self._task_env.sample_task(self._rng))
+        group = _Group(prompt_id, task, unresolved=self.samples_per_prompt)
+        assert self._loop is not None
+        for _ in range(self.samples_per_prompt):
+            ro = _Rollout(self._seq, group, version, due)
+            self._seq += 1
+            group.members.append(ro)
+            self._outstanding[ro.seq] = ro
+            t = self._loop.create_task(self._run(ro))
+            self._tasks.add(t)
+            t.add_done_callback(self._tasks.discard)
+        self._counts["started"] += self.samples_per_prompt
+        if self.mode == "sync":
+            self._sync_need -= 1
+
+    async def _run(self, ro: _Rollout) -> None:
+        assert self._executor is not None
+        built = self._executor.submit(self.env_factory)
+        try:
+            env = await asyncio.wrap_future(built)
+        except asyncio.CancelledError:
+            built.add_done_callback(_close_built_env)
+            raise
+        except Exception as exc:
+            self._resolve(ro, None, ("failed", "env_factory", exc))
+            return
+        try:
+            traj = await self._episode_fn(
+                self.engine,
+                env,
+                copy.deepcopy(ro.group.task),
+                self.tokenizer,
+                self.loop_cfg,
+                prompt_id=ro.group.prompt_id,
+                executor=self._executor,
+            )
+            if not isinstance(traj, Trajectory):
+                raise TypeError(f"episode returned {type(traj).__name__}, not Trajectory")
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._resolve(ro, None, _classify(exc))
+        else:
+            self._resolve(ro, traj, None)
+        finally:
+            self._close_later(env)
+
+    def _close_later(self, env: Any) -> None:
+        try:
+            assert self._executor is not None
+            self._executor.submit(_close_env, env)
+        except RuntimeError:  # executor already shut down
+            _close_env(env)
+
+    def _resolve(
+        self, ro: _Rollout, traj: Trajectory | None, failure: tuple[str, str, Exception] | None
+    ) -> None:
+        with self._cond:
+            group = ro.group
+            group.unresolved -= 1
+            if failure is not None:
+                kind, reason, exc = failure
+                (self._failed if kind == "failed" else self._rejected)[reason] += 1
+                log.warning("rollout of prompt %d %s (%s): %s", group.prompt_id, kind, reason, exc)
+                self._outstanding.pop(ro.seq, None)
+                group.failed = True
+            else:
+                ro.trajectory, ro.finish_seq = traj, self._finish_seq
+                self._finish_seq += 1
+                self._counts["finished"] += 1
+            if group.unresolved == 0:
+                self._close_group(group)
+            self._cond.notify_all()
+        if self._wake is not None:
+            self._wake.set()
+
+    def _close_group(self, group: _Group) -> None:
+        done = [ro for ro in group.members if ro.trajectory is not None]
+        if not group.failed:
+            self._ready.extend(sorted(done, key=lambda ro: ro.finish_seq))
+            return
+        for ro in done:
+            self._outstanding.pop(ro.seq, None)
+            self._rejected["incomplete_group"] += 1
+        if self.mode == "sync":
+            self._sync_need += 1
+
+    # -- consumer side -----------------------------------------------------------------------
+    def next_batch(self, timeout: float | None = None) -> list[Trajectory]:
+        """Block until B finished trajectories can be handed out; annotate their lag."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            self._request_sync_batch()
+            while True:
+                self._raise_if_unusable()
+                dues = [ro.due for ro in self._outstanding.values()]
+                chosen = select_batch(
+                    self._ready, dues, self._next_consume_version, self.batch_size
+                )
+                if chosen is not None:
+                    break
+                if not self._outstanding and not self._admissible_at_all():
+                    raise RuntimeError(self._stall_message())
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError(
+                        f"no batch of {self.batch_size} within {timeout}s: {self.stats()}"
+                    )
+                self._cond.wait(left)
+            batch = self._hand_out(chosen)
+        self._notify_loop()
+        return batch
+
+    def _request_sync_batch(self) -> None:
+        if self.mode != "sync" or self._sync_need > 0:
+            return
+        groups = {id(ro.group) for ro in self._outstanding.values()}
+        self._sync_need = self.batch_size // self.samples_per_prompt - len(groups)
+        self._notify_loop()
+
+    def _raise_if_unusable(self) -> None:
+        if self._error is not None:
+            raise RuntimeError(f"rollout pool loop crashed: {self._error!r}") from self._error
+        if not self._started or self._stopping or self._stopped:
+            raise RuntimeError("RolloutPool is not running: call start() (and not after stop())")
+
+    def _admissible_at_all(self) -> bool:
+        return int(self.engine.version) + self.max_policy_lag >= self._next_consume_version
+
+    def _stall_message(self) -> str:
+        return (
+            f"rollout pool stalled: engine version {self.engine.version} + rollout.max_policy_lag "
+            f"{self.max_policy_lag} < learner version {self._next_consume_version}, so no rollout "
+            "may start; push weights to the engine (WeightSyncCallback with rollout.sync_every "
+            "<= rollout.max_policy_lag)"
+        )
+
+    def _hand_out(self, chosen: list[_Rollout]) -> list[Trajectory]:
+        version = self._next_consume_version
+        taken = {id(ro) for ro in chosen}
+        self._ready = [ro for ro in self._ready if id(ro) not in taken]
+        batch = []
+        for ro in chosen:
+            self._outstanding.pop(ro.seq, None)
+            traj = ro.trajectory
+            assert traj is not None
+            lag_max, lag_min = version - traj.min_version, version - traj.max_version
+            self._lag_max_seen = max(self._lag_max_seen, lag_max)
+            self._counts["lag_violations"] += int(lag_max > self.max_policy_lag)
+            traj.info.update(
+                learner_version=version,
+                start_version=ro.start_version,
+                min_version=traj.min_version,
+                max_version=traj.max_version,
+                policy_lag_min=lag_min,
+                policy_lag_max=lag_max,
+            )
+            batch.append(traj)
+        self._next_consume_version += 1
+        self._counts["consumed"] += len(batch)
+        self._counts["batches"] += 1
+        return batch
+
+    # -- learner side ------------------------------------------------------------------------
+    def set_learner_version(self, version: int) -> None:
+        """The learner has completed `version` optimizer steps; its next batch trains at >= it."""
+        with self._cond:
+            self._learner_version = int(version)
+            self._next_consume_version = max(self._next_consume_version, int(version))
+            self._cond.notify_all()
+        self._notify_loop()
+
+    def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
+        """Push learner weights at `version` to the engine (it pauses, loads, bumps, resumes)."""
+        if int(version) < int(self.engine.version):
+            raise ValueError(
+                f"update_weights version {version} < engine version {self.engine.version}"
+            )
+        self.engine.update_weights(state_dict, int(version))
+        if int(self.engine.version) != int(version):
+            raise RuntimeError(
+                f"engine reports version {self.engine.version} after update_weights({version}): "
+                "weights were not applied"
+            )
+        self._counts["weight_syncs"] += 1
+        self.set_learner_version(version)
+
+    def stats(self) -> dict[str, Any]:
+        """Counters and gauges (copies; safe from any thread)."""
+        with self._cond:
+            in_flight = sum(1 for ro in self._outstanding.values() if ro.trajectory is None)
+            out = {
+                k: self._counts[k]
+                for k in (
+                    "started",
+                    "finished",
+                    "consumed",
+                    "batches",
+                    "paused_for_lag",
+                    "lag_violations",
+                    "weight_syncs",
+                )
+            }
+            out.update(
+                failed=sum(self._failed.values()),
+                failed_by_reason=dict(self._failed),
+                rejected=sum(self._rejected.values()),
+                rejected_by_reason=dict(self._rejected),
+                in_flight=in_flight,
+                queued=len(self._ready),
+                outstanding=len(self._outstanding),
+                lag_paused=self._lag_paused,
+                lag_max_seen=self._lag_max_seen,
+                prompts=self._prompt_counter,
+                learner_version=self._learner_version,
+                next_consume_version=self._next_consume_version,
+                engine_version=int(self.engine.version),
+            )
+            return out
+
+    # -- checkpointing -----------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The data cursor: prompt counter, RNG state, unfinished prompts and finished-but-
+        unconsumed trajectories (plain Python values, safe for `torch.load(weights_only=True)`)."""
+        with self._cond:
+            pending = [{"prompt_id": p, "task": copy.deepcopy(t)} for p, t in self._pending]
+            seen: set[int] = set()
+            for ro in self._outstanding.values():
+                group = ro.group
+                if group.failed or id(group) in seen:
+                    continue
+                if not any(r in self._ready for r in group.members):
+                    seen.add(id(group))
+                    pending.append(
+                        {"prompt_id": group.prompt_id, "task": copy.deepcopy(group.task)}
+                    )
+            ready = [
+                {
+                    "trajectory": dataclasses.asdict(ro.trajectory),
+                    "start_version": ro.start_version,
+                    "task": copy.deepcopy(ro.group.task),
+                }
+                for ro in self._ready
+                if ro.trajectory is not None
+            ]
+            return {
+                "prompt_counter": self._prompt_counter,
+                "rng_state": self._rng.getstate(),
+                "pending": pending,
+                "ready": ready,
+                "learner_version": self._learner_version,
+                "next_consume_version": self._next_consume_version,
+            }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore the cursor; in-flight work (if running) is cancelled and its prompts rerun."""
+        missing = {"prompt_counter", "rng_state", "pending", "ready"} - set(state)
+        if missing:
+            raise KeyError(f"RolloutPool state is missing {sorted(missing)}")
+        running = self._loop is not None and self._thread is not None and self._thread.is_alive()
+        if running:
+            assert self._loop is not None
+            asyncio.run_coroutine_threadsafe(self._load_in_loop(state), self._loop).result()
+        else:
+            self._apply_state(state)
+
+    async def _load_in_loop(self, state: Mapping[str, Any]) -> None:
+        self._loading = True  # no admission while the old work is cancelled
+        try:
+            await self._cancel_all()
+            self._apply_state(state)
+        finally:
+            self._loading = False
+        assert self._wake is not None
+        self._wake.set()
+
+    def _apply_state(self, state: Mapping[str, Any]) -> None:
+        with self._cond:
+            self._reset_queues()
+            self._prompt_counter = int(state["prompt_counter"])
+            self._rng.setstate(_as_rng_state(state["rng_state"]))
+            self._pending = deque((int(p["prompt_id"]), dict(p["task"])) for p in state["pending"])
+            self._learner_version = int(state.get("learner_version", 0))
+            self._next_consume_version = int(state.get("next_consume_version", 0))
+            for item in state["ready"]:
+                traj = Trajectory(**item["trajectory"])
+                start = int(item["start_version"])
+                group = _Group(traj.prompt_id, dict(item.get("task", {})))
+                ro = _Rollout(
+                    self._seq, group, start, start + self.max_policy_lag, traj, self._finish_seq
+                )
+                group.members.append(ro)
+                self._seq += 1
+                self._finish_seq += 1
+                self._outstanding[ro.seq] = ro
+                self._ready.append(ro)
+            self._cond.notify_all()
+
+
+def _classify(exc: Exception) -> tuple[str, str, Exception]:
+    """("failed" | "rejected", reason, exc) for a rollout that raised."""
+    if isinstance(exc, RolloutError):
+        kind = "rejected" if exc.reason in REJECT_REASONS else "failed"
+        return kind, exc.reason, exc
+    return "failed", f"agent_loop:{type(exc).__name__}", exc
+
+
+def _close_built_env(built: concurrent.futures.Future) -> None:
+    """Close an env whose construction finished after its rollout was cancelled."""
+    if not built.cancelled() and built.exception() is None:
+        _close_env(built.result())
+
+
+def _close_env(env: Any) -> None:
+    close = getattr(env, "close", None)
+    if close is None:
+        return
+    try:
+        close()
+    except Exception:  # closing must never fail the run
+        log.exception("env.close() failed")
+
+
+def _as_rng_state(state: Any) -> tuple:
+    """random.Random state from its tuple form (or the list form a JSON round-trip gives)."""
+    version, internal, gauss = state
+    return (int(version), tuple(int(x) for x in internal), gauss)
+
+
+def _validate(
+    batch_size: int, max_in_flight: int, max_policy_lag: int, mode: str, g: int, workers: int
+) -> None:
+    if int(batch_size) < 1:
+        raise ValueError(f"data.batch_size must be >= 1, got {batch_size}")
+    if mode not in MODES:
+        raise ValueError(f"rollout.mode must be one of {MODES}, got {mode!r}")
+    if int(g) < 1:
+        raise ValueError(f"rollout.samples_per_prompt must be >= 1, got {g}")
+    if mode == "async" and int(g) != 1:
+        raise ValueError("rollout.samples_per_prompt > 1 needs rollout.mode=sync (group baselines)")
+    if int(batch_size) % int(g):
+        raise ValueError(
+            f"data.batch_size={batch_size} must be a multiple of rollout.samples_per_prompt={g}"
+        )
+    if int(max_in_flight) < int(g):
+        raise ValueError(f"rollout.max_in_flight={max_in_flight} must be >= samples_per_prompt={g}")
+    if int(max_policy_lag) < 0:
+        raise ValueError(f"rollout.max_policy_lag must be >= 0, got {max_policy_lag}")
+    if int(workers) < 1:
+        raise ValueError(f"num_env_workers must be >= 1, got {workers}")

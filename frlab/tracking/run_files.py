@@ -1,0 +1,225 @@
+"""`RunFilesCallback`: every run writes `metrics.csv` and `summary.json` into its run folder.
+
+`metrics.csv` has one row per optimizer step: `step`, `elapsed_s` and every metric the learner
+logged under `train/` or `timing/` (names of frlab/config/SCHEMA.md). Each row is flushed as
+it is written, so a crash keeps every finished step. On resume (`ckpt_path=last`) the file is
+continued, not overwritten: rows past the restored step (written after the last checkpoint)
+are dropped and new rows continue the step count; a metric that appears later widens the
+header (the file is rewritten once).
+
+`summary.json` (written atomically at the end, also when training fails) holds the number of
+steps, the mean reward over the FIRST 10 and the LAST 10 and 20 steps, acceptance and lag
+statistics, wall time and updates per minute, the resolved component names and the output
+folder.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.callbacks import Callback
+
+METRICS_FILE = "metrics.csv"
+SUMMARY_FILE = "summary.json"
+PREFIXES = ("train/", "timing/")
+FIXED_COLUMNS = ("step", "elapsed_s")
+
+
+def step_metrics(metrics: Mapping[str, Any], prefixes: Sequence[str] = PREFIXES) -> dict[str, float]:
+    """Scalar metrics under `prefixes` as floats; `name_step` -> `name`, `name_epoch` dropped."""
+    out: dict[str, float] = {}
+    for key, value in metrics.items():
+        if not key.startswith(tuple(prefixes)) or key.endswith("_epoch"):
+            continue
+        name = key[: -len("_step")] if key.endswith("_step") else key
+        try:
+            out[name] = float(value)
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
+def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, float]]:
+    """Rows of a metrics.csv as dicts of floats (empty cells -> NaN)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / METRICS_FILE
+    if not path.exists():
+        return []
+    with path.open(newline="") as fh:
+        return [{k: _to_float(v) for k, v in row.items() if k} for row in csv.DictReader(fh)]
+
+
+def _to_float(text: str | None) -> float:
+    try:
+        return float(text) if text not in (None, "") else math.nan
+    except ValueError:
+        return math.nan
+
+
+def _cells(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A row for csv: NaN (a metric not logged at that step) becomes an empty cell."""
+    return {k: "" if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()}
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    finite = [v for v in values if math.isfinite(v)]
+    return sum(finite) / len(finite) if finite else None
+
+
+def _column(rows: Sequence[Mapping[str, float]], key: str) -> list[float]:
+    return [r.get(key, math.nan) for r in rows]
+
+
+def summarize(rows: Sequence[Mapping[str, float]]) -> dict[str, Any]:
+    """Statistics of a run's metric rows (first/last windows named by their length)."""
+    reward = _column(rows, "train/reward_mean")
+    accept = _column(rows, "train/acceptance_rate")
+    lag_max = [v for v in _column(rows, "train/policy_lag_max") if math.isfinite(v)]
+    elapsed = [v for v in _column(rows, "elapsed_s") if math.isfinite(v)]
+    wall = max(elapsed) if elapsed else 0.0
+    steps = int(rows[-1]["step"]) if rows else 0
+    return {
+        "steps": steps,
+        "rows": len(rows),
+        "reward_mean_first_10": _mean(reward[:10]),
+        "reward_mean_last_10": _mean(reward[-10:]),
+        "reward_mean_last_20": _mean(reward[-20:]),
+        "acceptance_rate_mean": _mean(accept),
+        "acceptance_rate_last_10": _mean(accept[-10:]),
+        "policy_lag_mean": _mean(_column(rows, "train/policy_lag_mean")),
+        "policy_lag_max": max(lag_max) if lag_max else None,
+        "response_tokens_mean_last_10": _mean(_column(rows, "train/response_tokens_mean")[-10:]),
+        "wall_time_s": wall,
+        "updates_per_minute": (60.0 * len(rows) / wall) if wall > 0 else None,
+    }
+
+
+def write_json_atomic(path: Path, payload: Mapping[str, Any]) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+class RunFilesCallback(Callback):
+    """Writes metrics.csv (one flushed row per optimizer step) and summary.json (rank 0 only)."""
+
+    def __init__(
+        self,
+        output_dir: str | os.PathLike[str],
+        *,
+        components: Mapping[str, str] | None = None,
+        extra: Mapping[str, Any] | None = None,
+        prefixes: Sequence[str] = PREFIXES,
+    ) -> None:
+        self.output_dir = Path(output_dir)
+        self.components = dict(components or {})
+        self.extra = dict(extra or {})
+        self.prefixes = tuple(prefixes)
+        self.rows: list[dict[str, float]] = []
+        self.columns: list[str] = list(FIXED_COLUMNS)
+        self.summary: dict[str, Any] = {}
+        self._t0 = time.perf_counter()
+        self._elapsed0 = 0.0
+        self._fh: Any = None
+        self._writer: csv.DictWriter | None = None
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.output_dir / METRICS_FILE
+
+    @property
+    def summary_path(self) -> Path:
+        return self.output_dir / SUMMARY_FILE
+
+    # -- Lightning hooks ---------------------------------------------------------------------
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        if not trainer.is_global_zero:
+            return
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        kept = [r for r in read_metrics(self.metrics_path) if r.get("step", math.inf) <= trainer.global_step]
+        self.rows = kept
+        columns = list(FIXED_COLUMNS)
+        for row in kept:
+            columns += [k for k in row if k not in columns]
+        self.columns = columns
+        elapsed = [r["elapsed_s"] for r in kept if math.isfinite(r.get("elapsed_s", math.nan))]
+        self._elapsed0 = max(elapsed) if elapsed else 0.0
+        self._t0 = time.perf_counter()
+        self._rewrite()
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, *_: Any) -> None:
+        if not trainer.is_global_zero:
+            return
+        row: dict[str, float] = {
+            "step": float(trainer.global_step),
+            "elapsed_s": self._elapsed0 + time.perf_counter() - self._t0,
+        }
+        row.update(step_metrics(dict(trainer.callback_metrics), self.prefixes))
+        self.append(row)
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        if trainer.is_global_zero:
+            self.finish("finished")
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        if trainer.is_global_zero:
+            status = "interrupted" if isinstance(exception, KeyboardInterrupt) else "failed"
+            self.finish(status, error=f"{type(exception).__name__}: {exception}")
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        self._close()
+
+    # -- file handling ----------------------------------------------------------------------
+    def append(self, row: dict[str, Any]) -> None:
+        """Add one step's row; widen the header (rewrite) if it brings a new metric."""
+        self.rows.append(row)
+        new = [k for k in row if k not in self.columns]
+        if new or self._writer is None:
+            self.columns += new
+            self._rewrite()
+            return
+        self._writer.writerow(_cells(row))
+        self._fh.flush()
+
+    def _rewrite(self) -> None:
+        self._close()
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.metrics_path.with_suffix(".csv.tmp")
+        with tmp.open("w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=self.columns, restval="")
+            writer.writeheader()
+            writer.writerows(_cells(r) for r in self.rows)
+        os.replace(tmp, self.metrics_path)
+        self._fh = self.metrics_path.open("a", newline="")
+        self._writer = csv.DictWriter(self._fh, fieldnames=self.columns, restval="")
+
+    def _close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+        self._fh, self._writer = None, None
+
+    def finish(self, status: str, error: str | None = None) -> dict[str, Any]:
+        """Close metrics.csv and write summary.json; returns the summary."""
+        self._close()
+        summary = summarize(self.rows)
+        summary.update(
+            status=status,
+            components=self.components,
+            output_dir=str(self.output_dir),
+            metrics_csv=str(self.metrics_path),
+            **self.extra,
+        )
+        if error:
+            summary["error"] = error
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(self.summary_path, summary)
+        self.summary = summary
+        return summary

@@ -1,0 +1,200 @@
+"""`run(cfg) -> summary`: wire a validated config into a FlashREINFORCE training run.
+
+Order (FlashREINFORCE paper; SPEC §3): preflight, seed, tokenizer, policy, the learner module
+(policy + composed objective), the rollout side (engine with its OWN copy of the weights, one
+environment per episode, the asynchronous pool behind a DataModule), callbacks (weight sync
+every `rollout.sync_every` steps, run files, progress bar, atomic checkpoints), the logger and
+the Lightning Trainer; then `fit` (resuming from `ckpt_path`), plots into the run folder, and
+the summary dict (also in `summary.json`). Every object built from a `_target_` goes through
+`frlab.config.instantiate.instantiate` (the allowlist).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from frlab.config.errors import ConfigError
+from frlab.config.instantiate import check_allowed, instantiate, iter_targets
+from frlab.config.plan import NOT_RESOLVED, Plan
+
+log = logging.getLogger(__name__)
+
+
+def plain(node: Any) -> Any:
+    """A resolved plain-container copy of a config node."""
+    if isinstance(node, DictConfig):
+        return OmegaConf.to_container(node, resolve=True)
+    return node
+
+
+def build_tokenizer(name: str) -> Any:
+    """"toy" -> the local toy tokenizer; anything else -> AutoTokenizer (hub id or folder)."""
+    if name == "toy":
+        from frlab.model.toy_tokenizer import build_toy_tokenizer
+
+        return build_toy_tokenizer()
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(name)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def check_vocab(model: Mapping[str, Any], tokenizer: Any) -> None:
+    """A random-init model must embed every token id the tokenizer can produce."""
+    config = model.get("config") or {}
+    vocab = config.get("vocab_size")
+    if model.get("name_or_path") is None and isinstance(vocab, int) and len(tokenizer) > vocab:
+        raise ConfigError(
+            "model.config.vocab_size",
+            f"({vocab}) is smaller than the tokenizer's vocabulary ({len(tokenizer)})",
+        )
+
+
+def build_policy_from(model: Mapping[str, Any], seed: int) -> Any:
+    from frlab.model import build_policy
+
+    kwargs = {
+        k: model[k]
+        for k in ("name_or_path", "config", "dtype", "gradient_checkpointing",
+                  "trust_remote_code", "attn_implementation")
+        if k in model
+    }  # fmt: skip
+    return build_policy(**kwargs, seed=seed)
+
+
+def env_factory(node: DictConfig) -> Callable[[], Any]:
+    """A zero-argument factory of fresh environments (one per episode) from the env node.
+
+    Builds one environment right away so that a missing implementation or a bad kwarg fails
+    before training starts, with a ConfigError naming `env._target_`.
+    """
+    check_allowed(node, "env")
+    first = instantiate(node, key="env")
+    if first is not None and hasattr(first, "close"):
+        first.close()
+    kwargs = plain(node)
+    if len(list(iter_targets(node, "env"))) == 1:  # flat node: a plain class call, thread-safe
+        cls = type(first)
+        kwargs.pop("_target_")
+        return functools.partial(cls, **kwargs)
+    return functools.partial(instantiate, OmegaConf.create(kwargs), key="env")
+
+
+def build_engine_for(rollout: Mapping[str, Any], model: Mapping[str, Any], policy: Any, seed: int) -> Any:
+    """The rollout engine (its own copy of the weights; started and stopped by the pool)."""
+    from frlab.rollout.engine import build_engine
+
+    if rollout["engine"] == "torch":
+        return build_engine(
+            "torch", model=policy, device=rollout["device"], seed=seed,
+            max_batch_size=rollout["max_in_flight"],
+        )  # fmt: skip
+    return build_engine(
+        "vllm", model=model["name_or_path"], seed=seed, max_model_len=rollout["max_len"],
+    )  # fmt: skip
+
+
+def pool_factory(cfg: DictConfig, policy: Any, tokenizer: Any, plan: Plan) -> Callable[..., Any]:
+    """A factory of RolloutPools (engine included); extra kwargs (rank sharding) pass through."""
+    from frlab.rollout.agent_loop import AgentLoopConfig
+    from frlab.rollout.engine import SamplingParams
+    from frlab.rollout.pool import RolloutPool
+
+    rollout, model = plain(cfg.rollout), plain(cfg.model)
+    sampling = SamplingParams.from_mapping(rollout["sampling"])
+    loop_cfg = AgentLoopConfig(max_turns=rollout["max_turns"], max_len=rollout["max_len"],
+                               sampling=sampling)  # fmt: skip
+    make_env = env_factory(cfg.env)
+
+    def make(**shard: Any) -> Any:
+        engine = build_engine_for(rollout, model, policy, int(cfg.seed))
+        return RolloutPool(
+            engine, make_env, tokenizer, loop_cfg,
+            batch_size=plan.batch_size, max_in_flight=rollout["max_in_flight"],
+            max_policy_lag=rollout["max_policy_lag"], mode=rollout["mode"],
+            samples_per_prompt=rollout["samples_per_prompt"], seed=int(cfg.seed), **shard,
+        )  # fmt: skip
+
+    return make
+
+
+def build_callbacks(cfg: DictConfig, run_files: Any) -> list[Any]:
+    from frlab.rollout.callbacks import WeightSyncCallback
+
+    callbacks = [WeightSyncCallback(sync_every=int(cfg.rollout.sync_every)), run_files]
+    for name, node in (cfg.get("callbacks") or {}).items():
+        if node is not None:
+            callbacks.append(instantiate(node, key=f"callbacks.{name}"))
+    return callbacks
+
+
+def build_trainer(cfg: DictConfig, callbacks: list[Any], output_dir: Path) -> Any:
+    from frlab.learner.checkpoint import AtomicCheckpointIO
+
+    logger = instantiate(cfg.logger, key="logger") if cfg.get("logger") is not None else False
+    return instantiate(
+        cfg.trainer, key="trainer", callbacks=callbacks, logger=logger,
+        plugins=[AtomicCheckpointIO()], default_root_dir=str(output_dir),
+    )  # fmt: skip
+
+
+def resolve_output_dir(cfg: DictConfig, plan: Plan) -> Path:
+    if plan.output_dir != NOT_RESOLVED:
+        return Path(plan.output_dir)
+    raise ConfigError("paths.output_dir", "cannot be resolved outside a Hydra run: set it")
+
+
+def run(cfg: DictConfig, plan: Plan | None = None) -> dict[str, Any]:
+    """Train as configured; return the run summary (also written to summary.json)."""
+    from frlab.config.preflight import preflight
+
+    plan = plan or preflight(cfg)
+    import lightning as L
+
+    from frlab.data.datamodule import RolloutDataModule
+    from frlab.learner import FlashReinforceModule
+    from frlab.tracking import RunFilesCallback
+
+    output_dir = resolve_output_dir(cfg, plan)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    L.seed_everything(int(cfg.seed), workers=True)
+    model = plain(cfg.model)
+    tokenizer = build_tokenizer(model["tokenizer"])
+    check_vocab(model, tokenizer)
+    policy = build_policy_from(model, int(cfg.seed))
+    module = FlashReinforceModule(
+        model, plain(cfg.objective), plain(cfg.optim),
+        batch_size=plan.batch_size, micro_batch_size=plan.micro_batch_size,
+        temperature=plan.temperature, max_steps=plan.updates, policy=policy,
+    )  # fmt: skip
+    datamodule = RolloutDataModule(
+        pool_factory(cfg, policy, tokenizer, plan), pad_token_id=int(tokenizer.pad_token_id)
+    )
+    run_files = RunFilesCallback(
+        output_dir, components=plan.components, extra={"plan": plan.to_dict()}
+    )
+    trainer = build_trainer(cfg, build_callbacks(cfg, run_files), output_dir)
+    trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+    summary = run_files.summary or run_files.finish("finished")
+    if cfg.get("plots", True) and trainer.is_global_zero and run_files.rows:
+        summary["plots"] = [str(p) for p in write_plots(output_dir)]
+    return summary
+
+
+def write_plots(output_dir: Path) -> list[Path]:
+    """PNG curves of this run into `<run>/plots` (failures are logged, never fatal)."""
+    from frlab.plot import plot_runs
+
+    try:
+        return plot_runs([output_dir], output_dir / "plots")
+    except Exception as exc:  # plotting must never lose a finished run
+        log.warning("plots not written: %s", exc)
+        return []

@@ -1,0 +1,162 @@
+"""Every class of config mistake is caught by preflight with a message naming the key."""
+
+from __future__ import annotations
+
+import pytest
+
+from frlab.config.compose import compose
+from frlab.config.errors import ConfigError
+from frlab.config.preflight import preflight
+
+
+def fails(overrides: list[str], key: str, *fragments: str) -> ConfigError:
+    """Assert preflight(compose(overrides)) raises a ConfigError at `key` mentioning fragments."""
+    with pytest.raises(ConfigError) as info:
+        preflight(compose(overrides))
+    err = info.value
+    assert err.key == key, str(err)
+    assert f"`{key}`" in str(err)
+    for fragment in fragments:
+        assert fragment in str(err), str(err)
+    return err
+
+
+def test_config_error_is_a_value_error() -> None:
+    assert issubclass(ConfigError, ValueError)
+
+
+# -- unknown names and keys, with close-match suggestions -------------------------------------
+def test_unknown_component_name_suggests_close_match() -> None:
+    err = fails(["objective.trust_region=sequence_bernouli_kl"], "objective.trust_region",
+                "'sequence_bernoulli_kl'")  # fmt: skip
+    assert err.suggestions[0] == "sequence_bernoulli_kl"
+    fails(["objective.baseline=batchmean"], "objective.baseline", "'batch_mean'")
+    fails(["objective.aggregation=sample_men"], "objective.aggregation", "'sample_mean'")
+    fails(["objective.token_filter=entropy_failure"], "objective.token_filter", "'entropy_failures'")
+
+
+def test_unknown_key_in_a_section_suggests_close_match() -> None:
+    err = fails(["+rollout.max_inflight=3"], "rollout.max_inflight", "'max_in_flight'")
+    assert "max_in_flight" in err.suggestions
+    fails(["+data.micro_batchsize=4"], "data.micro_batchsize", "'micro_batch_size'")
+    fails(["+rollout.sampling.topp=0.9"], "rollout.sampling.topp", "'top_p'")
+    fails(["+optim.learning_rate=1"], "optim.learning_rate")
+
+
+def test_unknown_top_level_key() -> None:
+    fails(["+sead=1"], "sead", "'seed'")
+
+
+def test_unknown_objective_key_and_component_kwarg() -> None:
+    fails(["+objective.trust_reigon=none"], "objective.trust_reigon", "'trust_region'")
+    fails(["+objective.sequence_bernoulli_kl.dleta=1"], "objective.sequence_bernoulli_kl.dleta",
+          "'delta'")  # fmt: skip
+    fails(["+objective.token_tis.delta=1"], "objective.token_tis.delta", "cap")
+
+
+def test_unknown_trainer_argument_and_frlab_owned_ones() -> None:
+    fails(["+trainer.max_step=3"], "trainer.max_step", "'max_steps'")
+    fails(["+trainer.accumulate_grad_batches=2"], "trainer.accumulate_grad_batches",
+          "data.micro_batch_size")  # fmt: skip
+    fails(["+trainer.gradient_clip_val=1.0"], "trainer.gradient_clip_val", "optim.grad_clip")
+
+
+def test_unknown_choice_values() -> None:
+    fails(["rollout.engine=torhc"], "rollout.engine", "'torch'")
+    fails(["rollout.mode=asynch"], "rollout.mode", "'async'")
+    fails(["optim.scheduler=cosin"], "optim.scheduler", "'cosine'")
+    fails(["trainer.precision=bf16"], "trainer.precision", "bf16-mixed")
+    fails(["model.dtype=bf16"], "model.dtype", "bfloat16")
+
+
+# -- wrong types and ranges ----------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("override", "key", "fragment"),
+    [
+        ("data.batch_size=abc", "data.batch_size", "integer"),
+        ("data.batch_size=16.5", "data.batch_size", "integer"),
+        ("rollout.sampling.top_k=true", "rollout.sampling.top_k", "integer"),
+        ("dry_run=maybe", "dry_run", "true or false"),
+        ("optim.lr=fast", "optim.lr", "number"),
+        ("objective.sequence_bernoulli_kl.delta=-1e-3", "objective.sequence_bernoulli_kl.delta", "[0"),
+        ("objective.sequence_bernoulli_kl.delta=nan", "objective.sequence_bernoulli_kl.delta", "NaN"),
+        ("objective.entropy_failures.q=1.5", "objective.entropy_failures.q", "[0, 1]"),
+        ("optim.lr=0", "optim.lr", "(0"),
+        ("trainer.max_steps=0", "trainer.max_steps", "[1"),
+        ("rollout.sampling.temperature=0", "rollout.sampling.temperature", "(0"),
+        ("rollout.sampling.top_p=0", "rollout.sampling.top_p", "(0"),
+        ("optim.warmup_ratio=1.0", "optim.warmup_ratio", "1)"),
+        ("optim.betas=[0.9]", "optim.betas", "two numbers"),
+        ("seed=-1", "seed", "[0"),
+        ("data.batch_size=null", "data.batch_size", "null"),
+    ],
+)  # fmt: skip
+def test_wrong_types_and_ranges(override: str, key: str, fragment: str) -> None:
+    fails([override], key, fragment)
+
+
+def test_q_needs_the_filter_to_matter_but_is_validated_anyway() -> None:
+    fails(["objective.entropy_failures.q=-0.1"], "objective.entropy_failures.q")
+
+
+def test_delta_inf_is_no_trust_region_and_passes() -> None:
+    plan = preflight(compose(["objective.sequence_bernoulli_kl.delta=inf"]))
+    assert plan.delta == float("inf")
+
+
+# -- cross-field rules -------------------------------------------------------------------------
+def test_batch_must_split_over_ranks_and_micro_batches() -> None:
+    fails(["data.batch_size=32", "data.micro_batch_size=12"], "data.micro_batch_size", "32")
+    fails(["trainer.devices=3"], "data.batch_size", "= 3")
+    fails(["trainer.devices=2", "data.micro_batch_size=32"], "data.micro_batch_size", "16")
+    plan = preflight(compose(["trainer=ddp_cpu", "data.micro_batch_size=8"]))
+    assert (plan.devices, plan.per_rank_batch_size, plan.micro_batches_per_step) == (2, 16, 2)
+
+
+def test_off_policy_correction_needs_full_support() -> None:
+    fails(["rollout.sampling.top_p=0.9"], "rollout.sampling.top_p", "importance sampling")
+    fails(["rollout.sampling.top_k=20"], "rollout.sampling.top_k", "off-policy correction")
+    fails(["objective=pg_is", "rollout.sampling.top_k=20"], "rollout.sampling.top_k")
+    # Without correction (no_is) truncated sampling is allowed.
+    plan = preflight(compose(["objective.trust_region=no_is", "rollout.sampling.top_p=0.9"]))
+    assert plan.delta is None
+
+
+def test_group_baselines_need_several_samples_in_sync_mode() -> None:
+    for preset in ("grpo", "dr_grpo", "rloo"):
+        fails([f"objective={preset}"], "rollout.samples_per_prompt", "batch_mean")
+    fails(["objective=grpo", "rollout.samples_per_prompt=4"], "rollout.mode", "sync")
+    fails(["rollout=sync", "objective=rloo", "rollout.samples_per_prompt=5"], "data.batch_size", "5")
+    plan = preflight(compose(["rollout=sync", "objective=grpo", "rollout.samples_per_prompt=4"]))
+    assert plan.components["baseline"] == "group_mean_std" and plan.samples_per_prompt == 4
+
+
+def test_batch_mean_with_one_sample_per_prompt_is_the_papers_case() -> None:
+    plan = preflight(compose(["objective=flashreinforce", "rollout.samples_per_prompt=1"]))
+    assert plan.components["baseline"] == "batch_mean" and plan.samples_per_prompt == 1
+
+
+def test_lengths_and_engine_rules() -> None:
+    fails(["rollout.max_len=4"], "rollout.max_len", "max_new_tokens")
+    fails(["rollout.max_len=512"], "rollout.max_len", "max_position_embeddings")
+    fails(["rollout.engine=vllm"], "rollout.engine", "GPU")
+
+
+def test_missing_values() -> None:
+    fails(["model=hf"], "model.name_or_path", "???")
+    fails(["model.config=null"], "model.name_or_path", "model.config")
+    fails(["~model.config.model_type"], "model.config.model_type")
+    fails(["~data.micro_batch_size"], "data.micro_batch_size", "missing")
+
+
+def test_targets_outside_the_allowlist_are_refused() -> None:
+    fails(["env._target_=os.system"], "env._target_", "not allowed")
+    fails(["logger._target_=subprocess.run"], "logger._target_", "not allowed")
+    fails(["+callbacks.evil._target_=builtins.eval"], "callbacks.evil._target_", "not allowed")
+
+
+def test_preflight_does_not_import_environments() -> None:
+    import sys
+
+    preflight(compose(["experiment=alfworld_qwen7b"]))
+    assert "envs.alfworld" not in sys.modules

@@ -1,0 +1,56 @@
+"""A 2-process DDP run (CPU, gloo) equals a 1-process run on the same global batches.
+
+Rewards are centred over the global batch (all-gathered), losses are normalised by the global B
+and policy-token count, each rank back-propagates W * loss so DDP's gradient average is the
+full-batch gradient, and micro-batching is on (2 micro-batches per rank). The worker is a
+standalone script in a subprocess, so Lightning re-launches that script, never pytest.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from ddp_worker import GLOBAL_B, STEPS, train
+from learner_testlib import max_abs_diff, snapshot, tiny_policy
+
+from frlab.learner import metrics as M
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ddp_worker.py")
+
+
+@pytest.mark.slow
+def test_two_process_ddp_equals_one_process(tmp_path) -> None:
+    out = tmp_path / "ddp"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    env.pop("MASTER_PORT", None)
+    proc = subprocess.run(
+        [sys.executable, WORKER, str(out), "--devices", "2", "--micro", "2"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rank0 = torch.load(f"{out}.rank0.pt", weights_only=True)
+    rank1 = torch.load(f"{out}.rank1.pt", weights_only=True)
+    assert rank0["world_size"] == 2 and rank0["global_step"] == STEPS
+
+    single_trainer, single, logger = train(devices=1, micro=3)
+    single_rows = [row for _, row in logger.rows]
+    assert single_trainer.world_size == 1 and single.policy_version == STEPS
+
+    single_params = snapshot(single.policy)
+    assert max_abs_diff(single_params, snapshot(tiny_policy(seed=0))) > 1e-3
+    assert max_abs_diff(rank0["params"], rank1["params"]) == 0.0  # replicas stay in sync
+    assert max_abs_diff(rank0["params"], single_params) < 1e-6
+    assert rank0["policy_version"] == STEPS
+    assert len(rank0["rows"]) == STEPS
+    for ddp_row, one_row in zip(rank0["rows"], single_rows, strict=True):
+        # Global statistics, not rank 0's half: identical to the single-process values.
+        for key in (M.LOSS, M.GRAD_NORM, M.REWARD, M.ACCEPTANCE, M.SEQUENCE_KL, M.LAG_MAX):
+            assert ddp_row[key] == pytest.approx(one_row[key], rel=1e-6, abs=1e-12), key
+    assert GLOBAL_B % 2 == 0

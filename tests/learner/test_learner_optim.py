@@ -1,0 +1,146 @@
+"""AdamW construction and the cosine / constant per-update schedules."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from frlab.learner.optim import build_optimizer, build_scheduler, grad_clip_norm
+from frlab.registry import RegistryError
+
+BASE_LR = 1e-3
+
+
+def _optimizer() -> torch.optim.AdamW:
+    return build_optimizer([torch.nn.Parameter(torch.zeros(3))], lr=BASE_LR)
+
+
+def _lrs(scheduler: str, max_steps: int, **kw: float) -> list[float]:
+    opt = _optimizer()
+    sched = build_scheduler(opt, scheduler=scheduler, max_steps=max_steps, **kw)
+    out = []
+    for _ in range(max_steps):
+        out.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    return out
+
+
+def test_cosine_warmup_then_decay_to_min_ratio() -> None:
+    lrs = _lrs("cosine", 20, warmup_ratio=0.2, min_lr_ratio=0.1)
+    # 4 warmup updates: lr * (s + 1) / 4.
+    assert lrs[:4] == pytest.approx([BASE_LR * k / 4 for k in (1, 2, 3, 4)], rel=1e-12)
+    # Cosine from the full lr (update 4) down to exactly min_lr_ratio * lr (last update).
+    span = 20 - 4 - 1
+    expected = [
+        BASE_LR * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (s - 4) / span))) for s in range(4, 20)
+    ]
+    assert lrs[4:] == pytest.approx(expected, rel=1e-12)
+    assert lrs[-1] == pytest.approx(0.1 * BASE_LR, rel=1e-12)
+    assert all(a >= b for a, b in zip(lrs[4:], lrs[5:], strict=False))
+
+
+def test_cosine_without_warmup_starts_at_full_lr() -> None:
+    lrs = _lrs("cosine", 5, warmup_ratio=0.0, min_lr_ratio=0.0)
+    assert lrs[0] == pytest.approx(BASE_LR)
+    assert lrs[2] == pytest.approx(BASE_LR * 0.5)
+    assert lrs[-1] == pytest.approx(0.0, abs=1e-18)
+
+
+def test_constant_with_and_without_warmup() -> None:
+    assert _lrs("constant", 6) == pytest.approx([BASE_LR] * 6)
+    lrs = _lrs("constant", 10, warmup_ratio=0.3, min_lr_ratio=0.5)
+    assert lrs == pytest.approx([BASE_LR / 3, 2 * BASE_LR / 3] + [BASE_LR] * 8)
+
+
+def test_constant_without_horizon_is_allowed_cosine_is_not() -> None:
+    opt = _optimizer()
+    sched = build_scheduler(opt, scheduler="constant", max_steps=None)
+    opt.step()
+    sched.step()
+    assert opt.param_groups[0]["lr"] == BASE_LR
+    with pytest.raises(ValueError, match="needs max_steps"):
+        build_scheduler(_optimizer(), scheduler="cosine", max_steps=None)
+
+
+def test_scheduler_state_round_trip_continues() -> None:
+    opt = _optimizer()
+    sched = build_scheduler(opt, scheduler="cosine", max_steps=10, warmup_ratio=0.2)
+    for _ in range(4):
+        opt.step()
+        sched.step()
+    state = sched.state_dict()
+    opt2 = _optimizer()
+    sched2 = build_scheduler(opt2, scheduler="cosine", max_steps=10, warmup_ratio=0.2)
+    opt2.load_state_dict(opt.state_dict())
+    sched2.load_state_dict(state)
+    opt.step(), sched.step(), opt2.step(), sched2.step()
+    assert opt2.param_groups[0]["lr"] == opt.param_groups[0]["lr"]
+
+
+def test_adamw_hyperparameters_are_applied() -> None:
+    opt = build_optimizer(
+        [torch.nn.Parameter(torch.ones(2))],
+        lr=0.5,
+        weight_decay=0.1,
+        betas=[0.8, 0.9],
+        eps=1e-6,
+        grad_clip=1.0,
+        scheduler="cosine",
+        warmup_ratio=0.1,
+        min_lr_ratio=0.1,
+    )
+    group = opt.param_groups[0]
+    assert isinstance(opt, torch.optim.AdamW)
+    assert (group["lr"], group["weight_decay"], group["betas"], group["eps"]) == (
+        0.5,
+        0.1,
+        (0.8, 0.9),
+        1e-6,
+    )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"lr": 0.0}, "optim.lr"),
+        ({"lr": float("nan")}, "optim.lr"),
+        ({"lr": 1e-3, "weight_decay": -1.0}, "optim.weight_decay"),
+        ({"lr": 1e-3, "betas": [0.9]}, "optim.betas"),
+        ({"lr": 1e-3, "betas": [0.9, 1.0]}, "optim.betas"),
+        ({"lr": 1e-3, "eps": 0.0}, "optim.eps"),
+        ({"lr": 1e-3, "weight_decy": 0.1}, "weight_decay"),
+    ],
+)
+def test_bad_optimizer_config_names_the_key(kwargs: dict, field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        build_optimizer([torch.nn.Parameter(torch.zeros(1))], **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"scheduler": "cosine", "max_steps": 0}, "max_steps"),
+        ({"scheduler": "cosine", "max_steps": 5, "warmup_ratio": 1.0}, "optim.warmup_ratio"),
+        ({"scheduler": "cosine", "max_steps": 5, "min_lr_ratio": 1.5}, "optim.min_lr_ratio"),
+        ({"scheduler": "constant", "max_steps": None, "warmup_ratio": 0.1}, "needs max_steps"),
+    ],
+)
+def test_bad_scheduler_config_names_the_key(kwargs: dict, field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        build_scheduler(_optimizer(), **kwargs)
+
+
+def test_unknown_scheduler_suggests_close_match() -> None:
+    with pytest.raises(RegistryError, match="optim.scheduler.*did you mean 'cosine'"):
+        build_scheduler(_optimizer(), scheduler="cosin", max_steps=5)
+
+
+def test_grad_clip_values() -> None:
+    assert grad_clip_norm(1.0) == 1.0
+    assert grad_clip_norm(None) == math.inf
+    assert grad_clip_norm(0) == math.inf
+    with pytest.raises(ValueError, match="optim.grad_clip"):
+        grad_clip_norm(-1.0)

@@ -1,0 +1,288 @@
+"""`flashreinforce_loss`: hand-computed value, equality with the composed preset, diagnostics,
+and every validation error of SPEC §2 rule 7 (each naming the argument)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from objective_testlib import make_batch
+
+from frlab.objective import Objective, flashreinforce_loss
+
+L = math.log
+NAN, INF = float("nan"), float("inf")
+
+
+def test_hand_computed_loss() -> None:
+    """B = 2. Row 0: policy tokens (0, 1), log pi = (ln .4, ln .5), log mu = (ln .5, ln .5),
+    rho = (0.8, 1), R = 1. Row 1: one policy token (slot 0), log pi = log mu = ln .25, R = 0.
+    A = R - 0.5 = (0.5, -0.5). Both rows admitted at delta = 0.02 (KLs 0.0102 and 0).
+    loss = -(1/2)[(1/2)(0.8 * 0.5 ln .4 + 1 * 0.5 ln .5) + (1/1)(1 * -0.5 ln .25)]."""
+    lp = torch.tensor([[L(0.4), L(0.5)], [L(0.25), NAN]], dtype=torch.float64, requires_grad=True)
+    beh = torch.tensor([[L(0.5), L(0.5)], [L(0.25), 0.0]], dtype=torch.float64)
+    mask = torch.tensor([[True, True], [True, False]])
+    rewards = torch.tensor([1.0, 0.0], dtype=torch.float64)
+    loss, diag = flashreinforce_loss(lp, beh, rewards, mask, delta=0.02)
+    expected = -0.5 * (0.5 * (0.8 * 0.5 * L(0.4) + 0.5 * L(0.5)) + (-0.5 * L(0.25)))
+    assert loss.item() == pytest.approx(expected, rel=1e-14)
+    loss.backward()
+    grad = [[-0.8 * 0.5 / 4, -1.0 * 0.5 / 4], [0.5 / 2, 0.0]]
+    torch.testing.assert_close(lp.grad, torch.tensor(grad, dtype=torch.float64))
+    assert set(diag) == {
+        "advantages",
+        "sequence_kl",
+        "admitted",
+        "acceptance_rate",
+        "policy_tokens",
+        "retained_tokens",
+    }
+    assert diag["advantages"].tolist() == [0.5, -0.5]
+    assert diag["policy_tokens"].tolist() == [2, 1] and diag["retained_tokens"].tolist() == [2, 1]
+    assert diag["acceptance_rate"].item() == 1.0
+
+
+@pytest.mark.parametrize("q", [1.0, 0.5])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_equals_the_composed_preset(q: float, dtype: torch.dtype) -> None:
+    x = make_batch(8, 12, seed=21, drift=0.3, dtype=dtype)
+    kw = {"entropies": x["entropies"], "failures": x["failures"]} if q < 1 else {}
+    lp1 = x["log_probs"].clone().requires_grad_(True)
+    loss1, d1 = flashreinforce_loss(
+        lp1,
+        x["behavior_log_probs"],
+        x["rewards"],
+        x["action_mask"],
+        delta=0.02,
+        negative_token_fraction=q,
+        **kw,
+    )
+    loss1.backward()
+    params = {"sequence_bernoulli_kl": {"delta": 0.02}, "entropy_failures": {"q": q}}
+    obj = Objective.from_preset("flashreinforce", params=params)
+    if q < 1:
+        obj = Objective(token_filter="entropy_failures", params=params)
+    lp2 = x["log_probs"].clone().requires_grad_(True)
+    loss2, d2 = obj(
+        lp2, x["behavior_log_probs"], obj.advantages(x["rewards"]), x["action_mask"], **kw
+    )
+    loss2.backward()
+    assert 0 < int(d1["admitted"].sum()) < 8
+    assert loss1.item() == loss2.item()
+    assert torch.equal(lp1.grad, lp2.grad)
+    for key in d1:
+        assert torch.equal(d1[key], d2[key]), key
+
+
+def test_filter_only_when_fraction_below_one() -> None:
+    """q = 1 ignores entropies/failures; q < 1 changes retained_tokens but not policy_tokens."""
+    x = make_batch(6, 12, seed=3)
+    args = (x["log_probs"], x["behavior_log_probs"], x["rewards"], x["action_mask"])
+    kw = {"entropies": x["entropies"], "failures": x["failures"], "delta": INF}
+    _, full = flashreinforce_loss(*args, **kw)
+    _, filt = flashreinforce_loss(*args, negative_token_fraction=0.3, **kw)
+    assert torch.equal(full["retained_tokens"], full["policy_tokens"])
+    assert torch.equal(filt["policy_tokens"], full["policy_tokens"])
+    failed = x["failures"]
+    assert (filt["retained_tokens"][failed] < full["retained_tokens"][failed]).all()
+    assert torch.equal(filt["retained_tokens"][~failed], full["retained_tokens"][~failed])
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def base() -> dict:
+    x = make_batch(3, 4, seed=0, dtype=torch.float32)
+    return {
+        "log_probs": x["log_probs"],
+        "behavior_log_probs": x["behavior_log_probs"],
+        "rewards": x["rewards"],
+        "action_mask": x["action_mask"],
+        "entropies": x["entropies"],
+        "failures": x["failures"],
+    }
+
+
+def first_policy(mask: torch.Tensor) -> tuple[int, int]:
+    i, t = (int(v) for v in mask.nonzero()[0])
+    return i, t
+
+
+def _set(name: str, value: float):  # noqa: ANN202
+    def edit(a: dict) -> None:
+        x = a[name].clone()
+        x[first_policy(a["action_mask"])] = value
+        a[name] = x
+
+    return edit
+
+
+def _empty_row(a: dict) -> None:
+    a["action_mask"] = a["action_mask"].clone()
+    a["action_mask"][1] = False
+
+
+CASES = {
+    "non_2d": (lambda a: a.update(log_probs=a["log_probs"][0]), "log_probs must be 2-D"),
+    "empty": (lambda a: a.update(log_probs=a["log_probs"][:, :0]), "log_probs must be non-empty"),
+    "behavior_shape": (
+        lambda a: a.update(behavior_log_probs=a["behavior_log_probs"][:, :2]),
+        "behavior_log_probs must have the shape",
+    ),
+    "mask_shape": (
+        lambda a: a.update(action_mask=a["action_mask"][:2]),
+        "action_mask must have the shape",
+    ),
+    "rewards_shape": (
+        lambda a: a.update(rewards=a["rewards"][:2]),
+        r"rewards must have shape \[3\]",
+    ),
+    "mask_dtype": (
+        lambda a: a.update(action_mask=a["action_mask"].int()),
+        "action_mask must be a bool",
+    ),
+    "lp_dtype": (
+        lambda a: a.update(log_probs=a["log_probs"].nan_to_num().long()),
+        "log_probs must be a floating",
+    ),
+    "beh_dtype": (
+        lambda a: a.update(behavior_log_probs=a["behavior_log_probs"].nan_to_num().int()),
+        "behavior_log_probs must be a floating",
+    ),
+    "beh_device": (
+        lambda a: a.update(behavior_log_probs=a["behavior_log_probs"].to("meta")),
+        "behavior_log_probs is on meta",
+    ),
+    "mask_device": (
+        lambda a: a.update(action_mask=a["action_mask"].to("meta")),
+        "action_mask is on meta",
+    ),
+    "rewards_device": (lambda a: a.update(rewards=a["rewards"].to("meta")), "rewards is on meta"),
+    "empty_row": (_empty_row, r"no policy token in row\(s\) \[1\]"),
+    "rewards_nan": (
+        lambda a: a.update(rewards=torch.tensor([0.0, NAN, 1.0])),
+        r"rewards must be finite.*rewards\[1\]",
+    ),
+    "rewards_inf": (
+        lambda a: a.update(rewards=torch.tensor([0.0, 1.0, -INF])),
+        "rewards must be finite",
+    ),
+    "lp_nan": (_set("log_probs", NAN), "log_probs must be finite and <= 0"),
+    "lp_pos": (_set("log_probs", 0.5), r"log_probs must be finite and <= 0.*=0.5"),
+    "lp_inf": (_set("log_probs", INF), "log_probs must be finite and <= 0"),
+    "lp_neg_inf": (_set("log_probs", -INF), "log_probs must be finite and <= 0"),
+    "beh_nan": (_set("behavior_log_probs", NAN), "behavior_log_probs must be finite and <= 0"),
+    "beh_pos": (_set("behavior_log_probs", 1e-3), "behavior_log_probs must be finite and <= 0"),
+    "beh_neg_inf": (_set("behavior_log_probs", -INF), "behavior_log_probs must be finite and <= 0"),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_validation_errors(case: str) -> None:
+    edit, pattern = CASES[case]
+    a = base()
+    edit(a)
+    with pytest.raises(ValueError, match=pattern):
+        flashreinforce_loss(a["log_probs"], a["behavior_log_probs"], a["rewards"], a["action_mask"])
+
+
+@pytest.mark.parametrize(
+    ("kw", "pattern"),
+    [
+        ({"delta": NAN}, "delta must not be NaN"),
+        ({"delta": -1e-3}, "delta must be >= 0"),
+        ({"negative_token_fraction": 1.5}, r"negative_token_fraction must be in \[0, 1\]"),
+        ({"negative_token_fraction": -0.1}, "negative_token_fraction must be in"),
+        ({"negative_token_fraction": NAN}, "negative_token_fraction must not be NaN"),
+    ],
+)
+def test_hyperparameter_errors(kw: dict, pattern: str) -> None:
+    a = base()
+    with pytest.raises(ValueError, match=pattern):
+        flashreinforce_loss(
+            a["log_probs"], a["behavior_log_probs"], a["rewards"], a["action_mask"], **kw
+        )
+
+
+def _ent(value: float):  # noqa: ANN202
+    return _set("entropies", value)
+
+
+FILTER_CASES = {
+    "no_entropies": (lambda a: a.update(entropies=None), "entropies"),
+    "no_failures": (lambda a: a.update(failures=None), "failures"),
+    "ent_shape": (
+        lambda a: a.update(entropies=a["entropies"][:, :3]),
+        "entropies must have the shape",
+    ),
+    "ent_dtype": (
+        lambda a: a.update(entropies=a["entropies"].nan_to_num().long()),
+        "entropies must be a floating",
+    ),
+    "ent_device": (lambda a: a.update(entropies=a["entropies"].to("meta")), "entropies is on meta"),
+    "ent_nan": (_ent(NAN), r"entropies must be finite on policy tokens.*=nan"),
+    "ent_inf": (_ent(INF), "entropies must be finite on policy tokens"),
+    "fail_shape": (
+        lambda a: a.update(failures=a["failures"][:2]),
+        r"failures must have shape \[3\]",
+    ),
+    "fail_dtype": (lambda a: a.update(failures=a["failures"].float()), "failures must be a bool"),
+    "fail_device": (lambda a: a.update(failures=a["failures"].to("meta")), "failures is on meta"),
+}
+
+
+@pytest.mark.parametrize("case", FILTER_CASES)
+def test_filter_validation_errors(case: str) -> None:
+    edit, pattern = FILTER_CASES[case]
+    a = base()
+    edit(a)
+    with pytest.raises(ValueError, match=pattern):
+        flashreinforce_loss(
+            a["log_probs"],
+            a["behavior_log_probs"],
+            a["rewards"],
+            a["action_mask"],
+            negative_token_fraction=0.5,
+            entropies=a["entropies"],
+            failures=a["failures"],
+        )
+
+
+def test_valid_base_case_passes() -> None:
+    """The unedited inputs of the validation tests are valid (so each case fails for its edit)."""
+    a = base()
+    loss, _ = flashreinforce_loss(
+        a["log_probs"],
+        a["behavior_log_probs"],
+        a["rewards"],
+        a["action_mask"],
+        negative_token_fraction=0.5,
+        entropies=a["entropies"],
+        failures=a["failures"],
+    )
+    assert math.isfinite(loss.item())
+
+
+def test_objective_call_validates_advantages() -> None:
+    a = base()
+    obj = Objective()
+    with pytest.raises(ValueError, match="advantages must be finite"):
+        obj(
+            a["log_probs"], a["behavior_log_probs"], torch.tensor([0.0, NAN, 1.0]), a["action_mask"]
+        )
+    with pytest.raises(ValueError, match="advantages must be a float"):
+        obj(a["log_probs"], a["behavior_log_probs"], torch.tensor([0, 1, 1]), a["action_mask"])
+    with pytest.raises(ValueError, match="rewards must be finite"):
+        obj.advantages(torch.tensor([0.0, INF]))
+
+
+def test_validate_false_skips_the_checks() -> None:
+    """validate=False trusts the caller: a positive log-prob goes through unchecked."""
+    a = base()
+    _set("log_probs", 0.5)(a)
+    obj = Objective(validate=False)
+    loss, _ = obj(
+        a["log_probs"], a["behavior_log_probs"], obj.advantages(a["rewards"]), a["action_mask"]
+    )
+    assert math.isfinite(loss.item())
