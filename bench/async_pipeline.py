@@ -7,10 +7,10 @@ rollouts running, hands out the first B that finish and bounds staleness by admi
 control. Both modes here run the SAME stack: a random-init tiny Qwen2 policy, the real
 FlashREINFORCE Lightning learner (`FlashReinforceModule`), the `torch` engine, the agent loop,
 `RolloutDataModule` and `WeightSyncCallback` (sync_every=1), the same B and the same task
-stream. The environment is `NextDigitEnv` whose step sleeps a log-normal time drawn with the
-task (log-std `--latency-sigma` 1.2: a few >5x-median outliers per batch of 16). The median
-is `--latency-median` seconds, or by default a quarter of the learner's own update time on
-this machine (measured first on synthetic batches), so the comparison means the same thing on
+stream. The environment is a one-turn "say this digit" task whose step sleeps a log-normal time drawn with the
+task (log-std `--latency-sigma` 1.0: about two >3x-median and one >5x-median outliers per
+batch of 16). The median is `--latency-median` seconds, or by default 0.3x the learner's own
+update time on this machine (measured first on synthetic batches), so the comparison means the same thing on
 a fast or a loaded machine: episodes comparable to an update, with a heavy tail.
 
 Printed per mode: optimizer updates per minute, the learner's idle fraction (time blocked
@@ -34,8 +34,7 @@ from typing import Any
 import lightning as L
 import torch
 
-from envs.base import StepResult
-from envs.toy import NextDigitEnv
+from envs.base import Env, StepResult
 from frlab.data.datamodule import RolloutDataModule
 from frlab.learner.module import FlashReinforceModule
 from frlab.model.policy import build_policy
@@ -74,26 +73,27 @@ OBJECTIVE = {
 OPTIM = {"lr": 1e-3, "weight_decay": 0.1, "grad_clip": 1.0, "scheduler": "constant"}
 
 
-class SlowDigitEnv(NextDigitEnv):
-    """NextDigitEnv whose step takes a heavy-tailed (log-normal) time fixed by the task."""
+class SlowDigitEnv(Env):
+    """One turn: "say 7" -> reward 1 if the reply's first digit is 7. The step takes a
+    heavy-tailed (log-normal) time fixed by the task, so both modes see the same latencies."""
 
-    def __init__(self, median_s: float = 0.2, sigma: float = 1.2, cap_s: float = 15.0) -> None:
-        super().__init__(num_digits=3)
+    def __init__(self, median_s: float = 0.2, sigma: float = 1.0, cap_s: float = 30.0) -> None:
         self.mu, self.sigma, self.cap_s = math.log(median_s), sigma, cap_s
-        self._latency = 0.0
+        self._task: Mapping[str, Any] = {}
 
     def sample_task(self, rng: random.Random) -> dict[str, Any]:
-        task = super().sample_task(rng)
-        task["latency_s"] = min(self.cap_s, rng.lognormvariate(self.mu, self.sigma))
-        return task
+        latency = min(self.cap_s, rng.lognormvariate(self.mu, self.sigma))
+        return {"digit": rng.randrange(10), "latency_s": latency}
 
     def reset(self, task: Mapping[str, Any]) -> list[dict[str, str]]:
-        self._latency = float(task["latency_s"])
-        return super().reset(task)
+        self._task = task
+        return [{"role": "user", "content": f"say {task['digit']}"}]
 
     def step(self, action_text: str) -> StepResult:
-        time.sleep(self._latency)
-        return super().step(action_text)
+        time.sleep(float(self._task["latency_s"]))
+        digits = [c for c in action_text if c.isdigit()]
+        reward = float(bool(digits) and digits[0] == str(self._task["digit"]))
+        return StepResult(observation=None, reward=reward, done=True, info={})
 
 
 class Clock(L.Callback):
@@ -219,16 +219,23 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="env step median in seconds (default: --latency-ratio x update time)",
     )
-    p.add_argument("--latency-ratio", type=float, default=0.25)
-    p.add_argument("--latency-sigma", type=float, default=1.2, help="log-normal log-std")
-    p.add_argument("--hidden-size", type=int, default=128)
+    p.add_argument("--latency-ratio", type=float, default=0.3)
+    p.add_argument("--latency-sigma", type=float, default=1.0, help="log-normal log-std")
+    p.add_argument("--hidden-size", type=int, default=256)
     p.add_argument("--num-layers", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--torch-threads",
+        type=int,
+        default=1,
+        help="intra-op threads (1: learner and engine threads get a core each)",
+    )
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse(argv)
+    torch.set_num_threads(args.torch_threads)
     if args.latency_median is None:
         update_s = calibrate_update_s(args)
         args.latency_median = args.latency_ratio * update_s

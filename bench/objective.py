@@ -16,6 +16,7 @@ fresh subprocess, measured as the growth of ru_maxrss after the logits exist. Ta
 peak extra <= 25% of the logits' size.
 
 Run: `python bench/objective.py` (full) or `python bench/objective.py --quick` (tiny sizes).
+On a shared machine wall-clock medians are noisy; process CPU time is printed alongside.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import resource
 import statistics
 import subprocess
@@ -43,8 +45,12 @@ VOCAB = 151_936
 # --------------------------------------------------------------------------- inputs
 
 
-def make_inputs(b: int, t: int, seed: int = 0) -> dict[str, Tensor]:
-    """Right-padded rows: a prompt prefix (mask False), policy tokens, padding; small drift."""
+def make_inputs(b: int, t: int, seed: int = 0, masked_nan: bool = False) -> dict[str, Tensor]:
+    """Right-padded rows: a prompt prefix (mask False), policy tokens, padding; small drift.
+
+    Masked log-probs are finite (what a model gives at prompt/padding positions) and masked
+    behaviour log-probs are 0 (the collate convention), unless `masked_nan` puts NaN there.
+    """
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(t // 4, t + 1, (b,), generator=g)
     prompt = torch.randint(1, max(2, t // 8), (b,), generator=g)
@@ -53,8 +59,8 @@ def make_inputs(b: int, t: int, seed: int = 0) -> dict[str, Tensor]:
     behavior = -torch.rand(b, t, generator=g).pow(3) * 6.0
     current = (behavior + 0.02 * torch.randn(b, t, generator=g)).clamp_max(0.0)
     return {
-        "log_probs": torch.where(mask, current, float("nan")),  # NaN in masked slots on purpose
-        "behavior_log_probs": torch.where(mask, behavior, 0.0),
+        "log_probs": torch.where(mask, current, float("nan")) if masked_nan else current,
+        "behavior_log_probs": torch.where(mask, behavior, float("nan") if masked_nan else 0.0),
         "rewards": torch.randint(0, 2, (b,), generator=g).float(),
         "action_mask": mask,
         "entropies": torch.rand(b, t, generator=g) * 3.0,
@@ -158,77 +164,87 @@ def _frlab(lp, bh, rewards, mask, *, delta, q, entropies, failures) -> Tensor:  
     return loss
 
 
+NAN_VARIANT = "frlab, NaN masked"  # frlab on inputs with NaN in every masked slot
 VARIANTS: dict[str, Callable[..., Tensor]] = {
+    NAN_VARIANT: _frlab,
     "frlab": _frlab,
     "(a) reference-style": reference_style_loss,
     "(b) bare": bare_loss,
 }
 
 
-def _one(fn: Callable[..., Tensor], x: dict[str, Tensor], q: float, delta: float) -> float:
+def _call(
+    fn: Callable[..., Tensor], x: dict[str, Tensor], lp: Tensor, q: float, delta: float
+) -> Tensor:
+    args = (lp, x["behavior_log_probs"], x["rewards"], x["action_mask"])
+    return fn(*args, delta=delta, q=q, entropies=x["entropies"], failures=x["failures"])
+
+
+def _one(
+    fn: Callable[..., Tensor], x: dict[str, Tensor], q: float, delta: float
+) -> tuple[float, float]:
+    """(wall seconds, process CPU seconds) of one forward+backward."""
     lp = x["log_probs"].clone().requires_grad_(True)
-    start = time.perf_counter()
-    loss = fn(
-        lp,
-        x["behavior_log_probs"],
-        x["rewards"],
-        x["action_mask"],
-        delta=delta,
-        q=q,
-        entropies=x["entropies"],
-        failures=x["failures"],
-    )
+    wall, cpu = time.perf_counter(), time.process_time()
+    loss = _call(fn, x, lp, q, delta)
     loss.backward()
-    elapsed = time.perf_counter() - start
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     if not (math.isfinite(loss.item()) and torch.isfinite(lp.grad).all()):
         raise RuntimeError(f"{fn.__name__}: non-finite loss or gradient")
-    return elapsed
+    return wall, cpu
 
 
-def check_agreement(x: dict[str, Tensor], q: float, delta: float) -> float:
-    """Max |loss difference| between the three variants (they must compute the same thing)."""
-    losses = []
-    for fn in VARIANTS.values():
-        lp = x["log_probs"].clone().requires_grad_(True)
-        losses.append(
-            fn(
-                lp,
-                x["behavior_log_probs"],
-                x["rewards"],
-                x["action_mask"],
-                delta=delta,
-                q=q,
-                entropies=x["entropies"],
-                failures=x["failures"],
-            ).item()
-        )
+def check_agreement(
+    x: dict[str, Tensor], x_nan: dict[str, Tensor], q: float, delta: float
+) -> float:
+    """Max |loss difference| between all variants (they must compute the same thing; NaN in
+    masked slots must change nothing)."""
+    losses = [
+        _call(fn, xs, xs["log_probs"].clone().requires_grad_(True), q, delta).item()
+        for name, fn in VARIANTS.items()
+        for xs in [x_nan if name == NAN_VARIANT else x]
+    ]
     return max(abs(v - losses[0]) for v in losses)
 
 
+def _verdict(ratio: float, target: float) -> str:
+    return f"{ratio:.3f} ({'PASS' if ratio <= target else 'FAIL'} <= {target})"
+
+
 def speed(b: int, t: int, repeats: int, warmup: int, delta: float) -> None:
-    x = make_inputs(b, t)
+    x, x_nan = make_inputs(b, t), make_inputs(b, t, masked_nan=True)
     print(
         f"\n## forward+backward, B={b}, T={t}, fp32, threads={torch.get_num_threads()}, "
-        f"policy tokens={int(x['action_mask'].sum())}, median of {repeats} (after {warmup} warm-up)"
+        f"policy tokens={int(x['action_mask'].sum())}, median of {repeats} interleaved rounds "
+        f"(after {warmup} warm-up); load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
     )
-    print(f"{'mode':<8}{'variant':<22}{'median ms':>11}{'min ms':>9}{'frlab/this':>12}")
+    print(
+        f"{'mode':<8}{'variant':<22}{'wall med ms':>12}{'wall min ms':>12}{'cpu med ms':>11}"
+        f"{'frlab/this wall':>16}{'frlab/this cpu':>15}"
+    )
     for q in (1.0, 0.9):
-        diff = check_agreement(x, q, delta)
-        times: dict[str, list[float]] = {name: [] for name in VARIANTS}
+        diff = check_agreement(x, x_nan, q, delta)
+        runs: dict[str, list[tuple[float, float]]] = {name: [] for name in VARIANTS}
         for rnd in range(warmup + repeats):
             for name, fn in VARIANTS.items():  # interleaved: shared-CPU noise hits all alike
-                dt = _one(fn, x, q, delta)
+                measured = _one(fn, x_nan if name == NAN_VARIANT else x, q, delta)
                 if rnd >= warmup:
-                    times[name].append(dt)
-        ours = statistics.median(times["frlab"])
-        for name, ts in times.items():
-            med = statistics.median(ts)
-            print(f"q={q:<6}{name:<22}{med * 1e3:>11.2f}{min(ts) * 1e3:>9.2f}{ours / med:>12.3f}")
-        ratio_a = ours / statistics.median(times["(a) reference-style"])
-        ratio_b = ours / statistics.median(times["(b) bare"])
+                    runs[name].append(measured)
+        wall = {k: statistics.median(w for w, _ in v) for k, v in runs.items()}
+        cpu = {k: statistics.median(c for _, c in v) for k, v in runs.items()}
+        for name, v in runs.items():
+            print(
+                f"q={q:<6}{name:<22}{wall[name] * 1e3:>12.2f}{min(w for w, _ in v) * 1e3:>12.2f}"
+                f"{cpu[name] * 1e3:>11.2f}{wall['frlab'] / wall[name]:>16.3f}"
+                f"{cpu['frlab'] / cpu[name]:>15.3f}"
+            )
+        a, b_ = "(a) reference-style", "(b) bare"
         print(
-            f"  q={q}: frlab/(a) = {ratio_a:.3f} (target <= 1.0: {'PASS' if ratio_a <= 1 else 'FAIL'}), "
-            f"frlab/(b) = {ratio_b:.3f} (target <= 1.3: {'PASS' if ratio_b <= 1.3 else 'FAIL'}), "
+            f"  q={q}: frlab/(a) wall {_verdict(wall['frlab'] / wall[a], 1.0)}, "
+            f"cpu {_verdict(cpu['frlab'] / cpu[a], 1.0)}; frlab/(b) wall "
+            f"{_verdict(wall['frlab'] / wall[b_], 1.3)}, cpu {_verdict(cpu['frlab'] / cpu[b_], 1.3)}; "
+            f"NaN-masked inputs: wall/(a) {wall[NAN_VARIANT] / wall[a]:.3f}, "
+            f"wall/(b) {wall[NAN_VARIANT] / wall[b_]:.3f}; "
             f"max |loss diff| = {diff:.2e}"
         )
 
@@ -312,14 +328,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--skip-speed", action="store_true")
     parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--chunk-size", type=int, default=32, help="helper rows per chunk")
+    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    parser.add_argument("--chunk-size", type=int, default=16, help="helper rows per chunk")
     parser.add_argument("--memory-child", nargs=5, metavar=("VARIANT", "N", "V", "DTYPE", "CHUNK"))
     args = parser.parse_args(argv)
     if args.memory_child:
         variant, n, v, dtype, chunk = args.memory_child
         memory_child(variant, int(n), int(v), dtype, int(chunk))
         return
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     if not args.skip_speed:
         b, t = (8, 256) if args.quick else (128, 4096)
         speed(

@@ -75,7 +75,9 @@ def load_runs(paths: Sequence[str | os.PathLike[str]]) -> list[Run]:
     return runs
 
 
-def make_figure(runs: Sequence[Run], title: str, ylabel: str, metrics: Sequence[tuple[str, str]]) -> Any:
+def make_figure(
+    runs: Sequence[Run], title: str, ylabel: str, metrics: Sequence[tuple[str, str]]
+) -> Any:
     """One panel: every run's curve(s) for `metrics`, with a legend naming the runs."""
     import matplotlib
 
@@ -101,7 +103,9 @@ def make_figure(runs: Sequence[Run], title: str, ylabel: str, metrics: Sequence[
     return fig
 
 
-def plot_runs(paths: Sequence[str | os.PathLike[str]], out_dir: str | os.PathLike[str]) -> list[Path]:
+def plot_runs(
+    paths: Sequence[str | os.PathLike[str]], out_dir: str | os.PathLike[str]
+) -> list[Path]:
     """Write one PNG per panel (reward, acceptance, lag, response_length) into `out_dir`."""
     import matplotlib.pyplot as plt
 
@@ -124,7 +128,9 @@ def default_out(paths: Sequence[str]) -> Path:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m frlab.plot", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m frlab.plot", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("runs", nargs="+", help="run folders (with metrics.csv) or sweep folders")
     parser.add_argument("--out", default=None, help="output folder (default: RUN_DIR/plots)")
     args = parser.parse_args(argv)

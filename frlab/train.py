@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from frlab.config.errors import ConfigError
-from frlab.config.instantiate import check_allowed, instantiate, iter_targets
+from frlab.config.instantiate import instantiate, iter_targets
 from frlab.config.plan import NOT_RESOLVED, Plan
 
 log = logging.getLogger(__name__)
@@ -34,7 +35,7 @@ def plain(node: Any) -> Any:
 
 
 def build_tokenizer(name: str) -> Any:
-    """"toy" -> the local toy tokenizer; anything else -> AutoTokenizer (hub id or folder)."""
+    """The tokenizer: `toy` -> the local toy tokenizer, else AutoTokenizer (hub id or folder)."""
     if name == "toy":
         from frlab.model.toy_tokenizer import build_toy_tokenizer
 
@@ -74,21 +75,27 @@ def env_factory(node: DictConfig) -> Callable[[], Any]:
     """A zero-argument factory of fresh environments (one per episode) from the env node.
 
     Builds one environment right away so that a missing implementation or a bad kwarg fails
-    before training starts, with a ConfigError naming `env._target_`.
+    before training starts, with a ConfigError naming `env._target_`. A flat node (one
+    `_target_`, no Hydra flags) becomes a plain `functools.partial`, cheap and thread-safe.
     """
-    check_allowed(node, "env")
     first = instantiate(node, key="env")
-    if first is not None and hasattr(first, "close"):
-        first.close()
+    close = getattr(first, "close", None)
+    if callable(close):
+        close()
     kwargs = plain(node)
-    if len(list(iter_targets(node, "env"))) == 1:  # flat node: a plain class call, thread-safe
-        cls = type(first)
-        kwargs.pop("_target_")
-        return functools.partial(cls, **kwargs)
+    flat = len(list(iter_targets(node, "env"))) == 1 and not any(
+        k.startswith("_") and k != "_target_" for k in kwargs
+    )
+    if flat:
+        from hydra.utils import get_object
+
+        return functools.partial(get_object(kwargs.pop("_target_")), **kwargs)
     return functools.partial(instantiate, OmegaConf.create(kwargs), key="env")
 
 
-def build_engine_for(rollout: Mapping[str, Any], model: Mapping[str, Any], policy: Any, seed: int) -> Any:
+def build_engine_for(
+    rollout: Mapping[str, Any], model: Mapping[str, Any], policy: Any, seed: int
+) -> Any:
     """The rollout engine (its own copy of the weights; started and stopped by the pool)."""
     from frlab.rollout.engine import build_engine
 
@@ -102,8 +109,9 @@ def build_engine_for(rollout: Mapping[str, Any], model: Mapping[str, Any], polic
     )  # fmt: skip
 
 
-def pool_factory(cfg: DictConfig, policy: Any, tokenizer: Any, plan: Plan) -> Callable[..., Any]:
-    """A factory of RolloutPools (engine included); extra kwargs (rank sharding) pass through."""
+def pool_factory(cfg: DictConfig, policy: Any, tokenizer: Any) -> Callable[..., Any]:
+    """A factory of RolloutPools, each with its own engine (RolloutDataModule calls it per rank
+    with `batch_size`, `seed`, `prompt_id_offset`, `prompt_id_stride`)."""
     from frlab.rollout.agent_loop import AgentLoopConfig
     from frlab.rollout.engine import SamplingParams
     from frlab.rollout.pool import RolloutPool
@@ -114,13 +122,14 @@ def pool_factory(cfg: DictConfig, policy: Any, tokenizer: Any, plan: Plan) -> Ca
                                sampling=sampling)  # fmt: skip
     make_env = env_factory(cfg.env)
 
-    def make(**shard: Any) -> Any:
-        engine = build_engine_for(rollout, model, policy, int(cfg.seed))
+    def make(*, batch_size: int, seed: int, **shard: Any) -> Any:
+        """One rank's pool: `batch_size` = B / W rows per step, its own seed and prompt ids."""
+        engine = build_engine_for(rollout, model, policy, seed)
         return RolloutPool(
             engine, make_env, tokenizer, loop_cfg,
-            batch_size=plan.batch_size, max_in_flight=rollout["max_in_flight"],
+            batch_size=batch_size, max_in_flight=rollout["max_in_flight"],
             max_policy_lag=rollout["max_policy_lag"], mode=rollout["mode"],
-            samples_per_prompt=rollout["samples_per_prompt"], seed=int(cfg.seed), **shard,
+            samples_per_prompt=rollout["samples_per_prompt"], seed=seed, **shard,
         )  # fmt: skip
 
     return make
@@ -152,6 +161,30 @@ def resolve_output_dir(cfg: DictConfig, plan: Plan) -> Path:
     raise ConfigError("paths.output_dir", "cannot be resolved outside a Hydra run: set it")
 
 
+# Warnings that frlab's setup triggers by design and that tell the user nothing.
+EXPECTED_WARNINGS = (
+    r".*LeafSpec",  # lightning 2.6 with torch 2.13
+    r"Your `IterableDataset` has `__len__` defined",  # whole batches, in-process, by design
+    r"You have overridden `transfer_batch_to_device`",  # the module moves RolloutBatch itself
+    r"Using ModelCheckpoint with manual optimization",  # checkpoints follow the step: intended
+)
+
+
+def quiet_expected_noise() -> None:
+    """Filter EXPECTED_WARNINGS; print Lightning's log lines once when Hydra configured logging.
+
+    `import lightning` attaches its own console handler to the `lightning` logger, which also
+    propagates to the root logger that Hydra set up (console + run-folder log file).
+    """
+    for pattern in EXPECTED_WARNINGS:
+        warnings.filterwarnings("ignore", message=pattern)
+    if logging.getLogger().handlers:
+        lightning_log = logging.getLogger("lightning")
+        for handler in list(lightning_log.handlers):
+            if type(handler) is logging.StreamHandler:
+                lightning_log.removeHandler(handler)
+
+
 def run(cfg: DictConfig, plan: Plan | None = None) -> dict[str, Any]:
     """Train as configured; return the run summary (also written to summary.json)."""
     from frlab.config.preflight import preflight
@@ -163,6 +196,7 @@ def run(cfg: DictConfig, plan: Plan | None = None) -> dict[str, Any]:
     from frlab.learner import FlashReinforceModule
     from frlab.tracking import RunFilesCallback
 
+    quiet_expected_noise()
     output_dir = resolve_output_dir(cfg, plan)
     output_dir.mkdir(parents=True, exist_ok=True)
     L.seed_everything(int(cfg.seed), workers=True)
@@ -176,8 +210,9 @@ def run(cfg: DictConfig, plan: Plan | None = None) -> dict[str, Any]:
         temperature=plan.temperature, max_steps=plan.updates, policy=policy,
     )  # fmt: skip
     datamodule = RolloutDataModule(
-        pool_factory(cfg, policy, tokenizer, plan), pad_token_id=int(tokenizer.pad_token_id)
-    )
+        pool_factory(cfg, policy, tokenizer), batch_size=plan.batch_size, seed=int(cfg.seed),
+        pad_token_id=int(tokenizer.pad_token_id),
+    )  # fmt: skip
     run_files = RunFilesCallback(
         output_dir, components=plan.components, extra={"plan": plan.to_dict()}
     )

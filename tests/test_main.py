@@ -21,14 +21,21 @@ def frlab(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 def test_dry_run_prints_the_plan_and_exits_0(tmp_path: Path) -> None:
     out = frlab("dry_run=true", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
-    for fragment in ("experiment : toy_cpu", "B=32 (global)", "delta=0.003", "lag bound  : <= 2",
-                     "updates    : 100 optimizer steps", "trust_region=sequence_bernoulli_kl"):
+    for fragment in (
+        "experiment : toy_cpu",
+        "B=64 (global)",
+        "delta=0.003",
+        "lag bound  : <= 2",
+        "updates    : 200 optimizer steps",
+        "trust_region=sequence_bernoulli_kl",
+    ):
         assert fragment in out.stdout, out.stdout
     run_dirs = list((tmp_path / "outputs" / "runs" / "toy_cpu").iterdir())
     assert len(run_dirs) == 1 and f"output dir : {run_dirs[0]}" in out.stdout
     assert not (run_dirs[0] / "metrics.csv").exists()
 
 
+@pytest.mark.slow
 def test_dry_run_task_loads_no_model_and_no_transformers(tmp_path: Path) -> None:
     code = (
         "import sys\n"
@@ -80,7 +87,9 @@ def test_sweep_preset_runs_without_dash_m(tmp_path: Path) -> None:
                 cwd=tmp_path)  # fmt: skip
     assert out.returncode == 0, out.stderr
     names = sorted(p.name for p in sweep_dir.iterdir() if p.is_dir())
-    assert names == [f"objective.trust_region={t},seed=0" for t in ("none", "sequence_bernoulli_kl", "token_tis")]
+    assert names == [
+        f"objective.trust_region={t},seed=0" for t in ("none", "sequence_bernoulli_kl", "token_tis")
+    ]
 
 
 @pytest.mark.slow

@@ -61,7 +61,9 @@ def test_runs_are_overlaid_with_a_legend(sweep: Path) -> None:
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert labels == [r.label for r in runs]
     assert list(ax.lines[1].get_ydata())[:3] == [0.1, 0.2, pytest.approx(0.3)]
-    lag = plot.make_figure(runs, "lag", "v", [("train/policy_lag_mean", "-"), ("train/policy_lag_max", "--")])
+    lag = plot.make_figure(
+        runs, "lag", "v", [("train/policy_lag_mean", "-"), ("train/policy_lag_max", "--")]
+    )
     assert len(lag.axes[0].lines) == 4 and len(lag.axes[0].get_legend().get_texts()) == 2
 
 

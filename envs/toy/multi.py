@@ -45,5 +45,5 @@ class KeyParityEnv(Env):
             return StepResult(observation=f"key {self._key}", reward=0.0, done=False)
         given, answer = first_digit(action_text), self._key % 2
         self._key = None
-        info = {"key": answer, "given": given}
+        info = {"answer": answer, "given": given}
         return StepResult(observation=None, reward=float(given == answer), done=True, info=info)

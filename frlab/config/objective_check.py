@@ -53,7 +53,9 @@ def check_objective(node: Mapping[str, Any]) -> Any:
     for key in node:
         if key not in SLOTS and key not in components:
             raise unknown(
-                f"objective.{key}", "key in `objective` (a slot or a component name)", key,
+                f"objective.{key}",
+                "key in `objective` (a slot or a component name)",
+                key,
                 [*SLOTS, *components],
             )
     for slot, reg in regs.items():

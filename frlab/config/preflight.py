@@ -11,6 +11,8 @@ rules of the method (FlashREINFORCE paper; SPEC §2-3):
 - group baselines (GRPO, RLOO, Dr. GRPO) need `rollout.samples_per_prompt > 1`, which only the
   `sync` collection mode provides (the async pool runs one rollout per prompt; `batch_mean`
   with one sample per prompt is the paper's case);
+- in async mode weights reach the engine at least every `rollout.max_policy_lag` steps
+  (`rollout.sync_every <= rollout.max_policy_lag`), else admission control stalls;
 - a trajectory's context (`rollout.max_len`) leaves room for the prompt beyond one turn's
   generation budget (`rollout.sampling.max_new_tokens`).
 
@@ -51,6 +53,7 @@ def preflight(cfg: DictConfig) -> Plan:
     _check_batch(sec["data"], sec["rollout"], world)
     _check_support(objective, sec["rollout"]["sampling"])
     _check_groups(objective, sec["rollout"], sec["data"])
+    _check_sync(sec["rollout"])
     _check_engine(sec["rollout"], trainer)
     return build_plan(cfg, sec, trainer, objective, world)
 
@@ -119,7 +122,9 @@ def _check_infrastructure(cfg: DictConfig) -> None:
             raise ConfigError("callbacks", f"must be a mapping of name -> node, got {callbacks!r}")
         for name, node in callbacks.items():
             if node is not None and (not isinstance(node, DictConfig) or "_target_" not in node):
-                raise ConfigError(f"callbacks.{name}._target_", "missing (or set the entry to null)")
+                raise ConfigError(
+                    f"callbacks.{name}._target_", "missing (or set the entry to null)"
+                )
         check_allowed(callbacks, "callbacks")
     check_allowed(cfg.trainer, "trainer")
 
@@ -200,6 +205,17 @@ def _check_groups(objective: Any, rollout: Mapping[str, Any], data: Mapping[str,
             "rollout.mode",
             f"samples_per_prompt={g} needs mode 'sync' (collect whole groups, then train); the "
             "async pool runs one rollout per prompt",
+        )
+
+
+def _check_sync(rollout: Mapping[str, Any]) -> None:
+    """Async admission control needs weights pushed at least every `max_policy_lag` steps."""
+    every, lag = rollout["sync_every"], rollout["max_policy_lag"]
+    if rollout["mode"] == "async" and every > lag:
+        raise ConfigError(
+            "rollout.sync_every",
+            f"({every}) must be <= rollout.max_policy_lag ({lag}) in async mode: otherwise no "
+            "rollout could finish within the lag bound and the pool would stall",
         )
 
 

@@ -147,8 +147,11 @@ def check_value(key: str, value: Any, spec: Field) -> None:
         if not isinstance(value, list | tuple) or len(value) != 2:
             raise ConfigError(key, f"must be a list of two numbers, got {value!r}")
         for i, item in enumerate(value):
-            check_value(f"{key}[{i}]", item, Field("float", low=spec.low, high=spec.high,
-                                                   high_open=spec.high_open))
+            check_value(
+                f"{key}[{i}]",
+                item,
+                Field("float", low=spec.low, high=spec.high, high_open=spec.high_open),
+            )
         return
     _check_type(key, value, spec.kind)
     if spec.choices is not None and value not in spec.choices:
@@ -216,7 +219,9 @@ def world_size(trainer: Mapping[str, Any]) -> int:
     elif isinstance(devices, str) and devices.lstrip("-").isdigit():
         n = int(devices)
     else:
-        raise ConfigError("trainer.devices", f"must be an int, a list of ids or 'auto', got {devices!r}")
+        raise ConfigError(
+            "trainer.devices", f"must be an int, a list of ids or 'auto', got {devices!r}"
+        )
     if n == -1:
         n = 1
     if n < 1:

@@ -17,16 +17,19 @@ Distributed data parallel: each rank runs its own pool and engine and consumes B
 trajectories of the global batch B. `pool_factory` is called with per-rank keyword arguments
 `batch_size=B // W, seed=seed + rank, prompt_id_offset=rank, prompt_id_stride=W`, so prompt
 ids stay distinct across ranks. Centring rewards over the GLOBAL batch (SPEC §2 rule 1) is
-the learner's job (an all-gather of rewards before the per-rank split).
+the learner's job (an all-gather of rewards before the per-rank split). Checkpoints hold every
+rank's pool cursor; resume with the same number of ranks.
 """
 
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import lightning as L
+import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from frlab.data.batch import RolloutBatch, collate
@@ -34,6 +37,9 @@ from frlab.data.batch import RolloutBatch, collate
 log = logging.getLogger(__name__)
 
 UNBOUNDED_BATCHES = 2**62
+
+# Our loader is sized on purpose (see above) and single-process, so its length is exact.
+warnings.filterwarnings("ignore", message="Your `IterableDataset` has `__len__` defined")
 
 
 class PoolBatches(IterableDataset):
@@ -154,10 +160,33 @@ class RolloutDataModule(L.LightningDataModule):
 
     # -- checkpointing -----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"pool": self.pool.state_dict()} if self.pool is not None else {}
+        """The pool's data cursor; with W ranks, every rank's (Lightning calls this on all
+        ranks when it saves, and writes rank 0's copy), so each rank resumes its own shard."""
+        if self.pool is None:
+            return {}
+        state = self.pool.state_dict()
+        rank, world = self._rank_and_world()
+        if world == 1:
+            return {"pool": state}
+        states: list[Any] = [None] * world
+        torch.distributed.all_gather_object(states, state)
+        return {"pools": states}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        pool_state = state_dict.get("pool")
+        rank, world = self._rank_and_world()
+        if "pools" in state_dict:
+            if len(state_dict["pools"]) != world:
+                raise ValueError(
+                    f"checkpoint holds rollout-pool state for {len(state_dict['pools'])} ranks, "
+                    f"this run has {world}: resume with the same number of devices"
+                )
+            pool_state = state_dict["pools"][rank]
+        else:
+            pool_state = state_dict.get("pool")
+            if pool_state is not None and world > 1:
+                raise ValueError(
+                    "checkpoint holds one rollout-pool state; this run has W > 1 ranks"
+                )
         if pool_state is None:
             return
         if self.pool is not None:

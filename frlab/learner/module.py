@@ -269,6 +269,7 @@ class FlashReinforceModule(L.LightningModule):
             compute_entropy=bool(self.objective.needs_entropies),
             action_mask=mb.action_mask,
         )
+        _sync_device(log_probs.device)
         timings["logprob"] += time.perf_counter() - t0
         behavior = mb.behavior_log_probs.to(
             torch.promote_types(log_probs.dtype, mb.behavior_log_probs.dtype)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from frlab.objective.base import AGGREGATIONS
+from frlab.objective.base import AGGREGATIONS, count_per_row
 from frlab.objective.validation import check_count
 
 
@@ -47,7 +47,7 @@ class SampleMean:
         num_tokens: int | Tensor,
     ) -> Tensor:
         b = _normaliser(num_sequences, "num_sequences")
-        t_i = action_mask.sum(dim=1)
+        t_i = count_per_row(action_mask)
         return (kept_row_sums(token_terms, keep) / t_i).sum() / b
 
 

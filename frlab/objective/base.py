@@ -40,6 +40,15 @@ class TrustRegionOutput:
     token_admitted: torch.Tensor | None = None
 
 
+def count_per_row(mask: torch.Tensor) -> torch.Tensor:
+    """Number of True entries per row [B] (int64) of a bool [B,T] mask.
+
+    Summed as bytes into int32 (exact for T < 2**31): a plain bool `.sum` first converts the
+    whole mask to int64, which costs a full extra pass on CPU.
+    """
+    return mask.view(torch.uint8).sum(dim=1, dtype=torch.int32).long()
+
+
 def compute_dtype(*tensors: torch.Tensor | None) -> torch.dtype:
     """float64 if any given tensor is float64, else float32 (SPEC §2 rule 6: bf16/fp16 -> fp32)."""
     if any(t is not None and t.dtype == torch.float64 for t in tensors):

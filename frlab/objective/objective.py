@@ -32,6 +32,7 @@ from frlab.objective.base import (
     TOKEN_FILTERS,
     TRUST_REGIONS,
     compute_dtype,
+    count_per_row,
 )
 from frlab.objective.validation import (
     ValueChecks,
@@ -287,30 +288,32 @@ class Objective:
             )
         mask = action_mask
         dtype = compute_dtype(log_probs, behavior_log_probs, advantages)
-        lp = torch.where(mask, log_probs.to(dtype), 0.0)  # carries the gradient, NaN-free
-        behavior = torch.where(mask, behavior_log_probs.detach().to(dtype), 0.0)
+        lp = log_probs.to(dtype)  # carries the gradient; masked slots may hold anything
+        behavior = behavior_log_probs.detach().to(dtype)
         a = advantages.detach().to(dtype)
-        policy_tokens = mask.sum(dim=1)
+        policy_tokens = count_per_row(mask)
         ent = None
         if filter_name is not None and entropies is not None:
             ent = entropies.detach().to(dtype)
         if self.validate:  # one fused device reduction, one host sync
-            checks = ValueChecks()
+            checks = ValueChecks(mask, dtype)
             checks.empty_rows(policy_tokens)
             if rewards is not None:
                 checks.finite_rows(rewards, "rewards")
             checks.finite_rows(a, "advantages")
-            checks.log_probs(log_probs, lp, mask, "log_probs")
-            checks.log_probs(behavior_log_probs, behavior, mask, "behavior_log_probs")
+            checks.log_probs(lp, "log_probs")
+            checks.log_probs(behavior, "behavior_log_probs")
             if ent is not None:
-                checks.entropies(ent, mask)
+                checks.entropies(ent)
             if num_tokens is not None:
                 checks.token_count(policy_tokens, num_tokens)
             checks.raise_first()
 
         tr = self.trust_region(lp, behavior, a, mask)
         keep = self.token_filter(mask, ent, failures)
-        coef = tr.weights * a.neg().unsqueeze(1)  # detached: -w_{i,t} A_i
+        # -w_{i,t} A_i is detached and exactly 0 off the mask; the aggregation selects the kept
+        # slots with torch.where, so NaN/inf in masked log-probs never reach loss or gradient.
+        coef = tr.weights * a.neg().unsqueeze(1)
         num_sequences = mask.shape[0] if num_sequences is None else num_sequences
         num_tokens = policy_tokens.sum() if num_tokens is None else num_tokens
         loss = self.aggregation(
@@ -326,7 +329,7 @@ class Objective:
             retained = torch.where(tr.admitted, policy_tokens, 0)
         else:
             gate = tr.token_admitted if tr.token_admitted is not None else tr.admitted.unsqueeze(1)
-            retained = (keep & gate).sum(dim=1)
+            retained = count_per_row(keep & gate)
         diagnostics = {k: v.detach() for k, v in tr.diagnostics.items()}
         diagnostics.update(
             advantages=a,

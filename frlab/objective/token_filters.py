@@ -19,7 +19,7 @@ import math
 import torch
 from torch import Tensor
 
-from frlab.objective.base import TOKEN_FILTERS
+from frlab.objective.base import TOKEN_FILTERS, count_per_row
 from frlab.objective.validation import check_fraction
 
 
@@ -37,7 +37,7 @@ class KeepAll:
 
 def token_budget(action_mask: Tensor, q: float) -> tuple[Tensor, Tensor]:
     """(T_i, k_i = ceil(q * T_i)) per row; k_i in float64 like python's math.ceil(q * T_i)."""
-    t_i = action_mask.sum(dim=1)
+    t_i = count_per_row(action_mask)
     return t_i, torch.ceil(t_i.to(torch.float64) * q).to(torch.long)
 
 

@@ -36,7 +36,7 @@ import math
 import torch
 from torch import Tensor
 
-from frlab.objective.base import TRUST_REGIONS, TrustRegionOutput
+from frlab.objective.base import TRUST_REGIONS, TrustRegionOutput, count_per_row
 from frlab.objective.validation import check_delta, check_fraction, check_positive, real_param
 
 PROB_EPS = 1e-6  # SPEC §2 rule 3: p and q are clamped to [1e-6, 1 - 1e-6]
@@ -52,12 +52,15 @@ def log_ratio(log_probs: Tensor, behavior_log_probs: Tensor, action_mask: Tensor
 def _bernoulli_terms(log_x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(x, 1 - x, log x, log(1 - x)) for x = exp(log_x) clamped to [eps, 1 - eps].
 
-    Clamping log x at log(eps), log(1 - eps) is the same clamp on x; 1 - x is formed as
-    -expm1(log x), which keeps its precision near x = 1 where `1 - exp(.)` cancels.
+    Clamping log x at log(eps), log(1 - eps) is the same clamp on x and gives log x without
+    a `log(exp(.))` round trip. 1 - x is formed as `1 - exp(log x)`, as the reference does:
+    in float32 it carries the rounding of x near 1 (a sequence-KL error of ~1e-6 at most
+    here, far below any useful delta); `-expm1(log x)` would be exact but costs more.
     """
     log_x = log_x.clamp(_LOG_LO, _LOG_HI)
-    one_minus = torch.expm1(log_x).neg_()
-    return log_x.exp(), one_minus, log_x, one_minus.log()
+    x = log_x.exp()
+    one_minus = torch.sub(1.0, x)
+    return x, one_minus, log_x, one_minus.log()
 
 
 def bernoulli_token_kl(
@@ -77,7 +80,7 @@ def bernoulli_token_kl(
 
 def sequence_mean(token_values: Tensor, action_mask: Tensor) -> Tensor:
     """sum_t value / T_i over the ORIGINAL policy tokens (values already 0 off-mask)."""
-    return token_values.sum(dim=1) / action_mask.sum(dim=1)
+    return token_values.sum(dim=1) / count_per_row(action_mask)
 
 
 def bernoulli_sequence_kl(

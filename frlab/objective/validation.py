@@ -5,7 +5,7 @@ shape, dtype, device) read only tensor metadata. Value checks (a row without pol
 non-finite rewards or advantages, policy-token log-probs that are non-finite or > 0, non-finite
 policy-token entropies) are each reduced on device to one 0-d flag; the flags are stacked and
 read back with a single host sync, and the detailed message (counts, first offending position)
-is built only when a flag is set. Hyper-parameter checks (`delta`, fractions, caps) run once,
+is built only when a flag is set (see `ValueChecks` for the cheap token screen). Hyper-parameter checks (`delta`, fractions, caps) run once,
 when a component is constructed.
 """
 
@@ -205,27 +205,46 @@ def _bad_tokens(x: Tensor, bad: Tensor, name: str, rule: str) -> str:
     )
 
 
-def _log_prob_flag(masked: Tensor) -> Tensor:
-    """True unless every value of `masked` (masked slots already 0) is finite and <= 0."""
-    lo, hi = torch.aminmax(masked.detach())
-    return ~((hi <= 0) & (lo > -math.inf))  # NaN fails both comparisons
+def _log_prob_flag(values: Tensor) -> Tensor:
+    """True unless every value is finite and <= 0 (NaN fails both comparisons)."""
+    lo, hi = torch.aminmax(values)
+    return ~((hi <= 0) & (lo > -math.inf))
 
 
-def _finite_flag(masked: Tensor) -> Tensor:
-    lo, hi = torch.aminmax(masked.detach())
+def _finite_flag(values: Tensor) -> Tensor:
+    lo, hi = torch.aminmax(values)
     return ~((hi < math.inf) & (lo > -math.inf))
 
 
 class ValueChecks:
-    """Collects 0-d bool flags and raises the first failing check after ONE host sync."""
+    """Collects 0-d bool flags and raises the first failing check after ONE host sync.
 
-    def __init__(self) -> None:
+    Token checks screen `x * mask` (one multiply and one `aminmax`, far cheaper than a
+    `torch.where` on CPU). That product is used for nothing but this screen: NaN/inf in a
+    masked slot make it a false alarm, which an exact re-check (`where`-based, one more sync)
+    clears; only a real offender raises. The loss itself never multiplies by the mask.
+    """
+
+    def __init__(self, mask: Tensor, dtype: torch.dtype) -> None:
+        self.mask = mask
+        self._mask_float: Tensor | None = None
+        self._dtype = dtype
         self._flags: list[Tensor] = []
         self._messages: list[Callable[[], str]] = []
+        self._exact: list[Callable[[], bool] | None] = []
 
-    def add(self, flag: Tensor, message: Callable[[], str]) -> None:
+    def add(
+        self, flag: Tensor, message: Callable[[], str], exact: Callable[[], bool] | None = None
+    ) -> None:
+        """`exact()` (if given) re-checks a set flag precisely; False means a false alarm."""
         self._flags.append(flag.reshape(()))
         self._messages.append(message)
+        self._exact.append(exact)
+
+    def _screen(self, x: Tensor) -> Tensor:
+        if self._mask_float is None:
+            self._mask_float = self.mask.to(self._dtype)
+        return x.detach() * self._mask_float
 
     def empty_rows(self, policy_tokens: Tensor) -> None:
         def msg() -> str:
@@ -237,20 +256,29 @@ class ValueChecks:
     def finite_rows(self, x: Tensor, name: str) -> None:
         self.add(~torch.isfinite(x).all(), lambda: _nonfinite_rows(x, name))
 
-    def log_probs(self, raw: Tensor, masked: Tensor, mask: Tensor, name: str) -> None:
-        """`masked` = where(mask, raw, 0): the policy-token values must be finite and <= 0."""
+    def log_probs(self, x: Tensor, name: str) -> None:
+        """Policy-token values of `x` must be finite and <= 0."""
+        x = x.detach()
+
+        def bad() -> Tensor:
+            return self.mask & ~((x <= 0) & (x > -math.inf))
 
         def msg() -> str:
-            r = raw.detach()
-            return _bad_tokens(r, mask & ~((r <= 0) & (r > -math.inf)), name, "finite and <= 0")
+            return _bad_tokens(x, bad(), name, "finite and <= 0")
 
-        self.add(_log_prob_flag(masked), msg)
+        self.add(_log_prob_flag(self._screen(x)), msg, lambda: bool(bad().any()))
 
-    def entropies(self, entropies: Tensor, mask: Tensor) -> None:
+    def entropies(self, x: Tensor) -> None:
+        """Policy-token entropies must be finite."""
+        x = x.detach()
+
+        def bad() -> Tensor:
+            return self.mask & ~torch.isfinite(x)
+
         def msg() -> str:
-            return _bad_tokens(entropies, mask & ~torch.isfinite(entropies), "entropies", "finite")
+            return _bad_tokens(x, bad(), "entropies", "finite")
 
-        self.add(_finite_flag(torch.where(mask, entropies, 0.0)), msg)
+        self.add(_finite_flag(self._screen(x)), msg, lambda: bool(bad().any()))
 
     def token_count(self, policy_tokens: Tensor, num_tokens: int | Tensor) -> None:
         local = policy_tokens.sum()
@@ -264,6 +292,7 @@ class ValueChecks:
         """One host sync for all flags; the message of the first set flag is built lazily."""
         if not self._flags:
             return
-        for bad, message in zip(torch.stack(self._flags).tolist(), self._messages, strict=True):
-            if bad:
+        flags = torch.stack(self._flags).tolist()
+        for flag, message, exact in zip(flags, self._messages, self._exact, strict=True):
+            if flag and (exact is None or exact()):
                 raise ValueError(message())

@@ -33,7 +33,11 @@ class WeightSyncCallback(L.Callback):
         self._push(trainer, pl_module, _version(pl_module))
 
     def on_train_batch_end(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: Any,
+        batch: Any,
         batch_idx: int,
     ) -> None:
         version = _version(pl_module)

@@ -36,7 +36,7 @@ import random
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,7 +48,6 @@ log = logging.getLogger(__name__)
 
 MODES = ("async", "sync")
 REJECT_REASONS = frozenset({"zero_action_tokens", "bad_trajectory"})
-EpisodeFn = Callable[..., Awaitable[Trajectory]]
 
 
 @dataclass(eq=False)
@@ -131,38 +130,26 @@ class RolloutPool:
         num_env_workers: int = 4,
         prompt_id_offset: int = 0,
         prompt_id_stride: int = 1,
-        episode_fn: EpisodeFn | None = None,
     ) -> None:
-        _validate(
-            batch_size, max_in_flight, max_policy_lag, mode, samples_per_prompt, num_env_workers
-        )
-        if prompt_id_stride < 1 or not 0 <= prompt_id_offset < prompt_id_stride:
-            raise ValueError("need 0 <= prompt_id_offset < prompt_id_stride (rank sharding)")
-        self.engine, self.env_factory, self.tokenizer, self.loop_cfg = (
-            engine,
-            env_factory,
-            tokenizer,
-            loop_cfg,
-        )
-        self.batch_size, self.max_in_flight, self.max_policy_lag = (
-            int(batch_size),
-            int(max_in_flight),
-            int(max_policy_lag),
-        )
-        self.mode, self.samples_per_prompt, self.num_env_workers = (
-            mode,
-            int(samples_per_prompt),
-            int(num_env_workers),
-        )
+        _validate(batch_size, max_in_flight, max_policy_lag, mode, samples_per_prompt)
+        if num_env_workers < 1 or not 0 <= prompt_id_offset < prompt_id_stride:
+            raise ValueError("need num_env_workers >= 1 and 0 <= prompt_id_offset < stride")
+        self.engine = engine
+        self.env_factory = env_factory
+        self.tokenizer = tokenizer
+        self.loop_cfg = loop_cfg
+        self.batch_size = int(batch_size)
+        self.max_in_flight = int(max_in_flight)
+        self.max_policy_lag = int(max_policy_lag)
+        self.mode = mode
+        self.samples_per_prompt = int(samples_per_prompt)
+        self.num_env_workers = int(num_env_workers)
         self._id_offset, self._id_stride = int(prompt_id_offset), int(prompt_id_stride)
-        self._episode_fn = episode_fn or run_episode
         self._cond = threading.Condition()
         self._rng = random.Random(seed)
-        self._prompt_counter = 0
+        self._prompt_counter = self._learner_version = self._next_consume_version = 0
         self._pending: deque[tuple[int, dict[str, Any]]] = deque()
         self._reset_queues()
-        self._learner_version = 0
-        self._next_consume_version = 0
         self._counts: Counter[str] = Counter()
         self._failed: Counter[str] = Counter()
         self._rejected: Counter[str] = Counter()
@@ -178,10 +165,9 @@ class RolloutPool:
         self._tasks: set[asyncio.Task] = set()
 
     def _reset_queues(self) -> None:
-        self._outstanding: dict[int, _Rollout] = {}
-        self._ready: list[_Rollout] = []
-        self._seq = self._finish_seq = 0
-        self._sync_need = 0
+        self._outstanding: dict[int, _Rollout] = {}  # started, not yet consumed or dropped
+        self._ready: list[_Rollout] = []  # finished (whole groups), in finish order
+        self._seq = self._finish_seq = self._sync_need = 0
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -266,25 +252,24 @@ class RolloutPool:
         if loop is not None and wake is not None and not loop.is_closed():
             loop.call_soon_threadsafe(wake.set)
 
-    # -- admission (loop thread) -------------------------------------------------------------
+    # -- admission and rollouts (loop thread) ------------------------------------------------
     def _admit(self) -> None:
+        g = self.samples_per_prompt
         with self._cond:
-            g = self.samples_per_prompt
             while not (self._stopping or self._loading):
-                in_flight = sum(1 for ro in self._outstanding.values() if ro.trajectory is None)
-                if in_flight + g > self.max_in_flight:
-                    return
-                if self.mode == "sync" and self._sync_need <= 0:
+                in_flight = sum(ro.trajectory is None for ro in self._outstanding.values())
+                if in_flight + g > self.max_in_flight or (
+                    self.mode == "sync" and self._sync_need <= 0
+                ):
                     return
                 version = int(self.engine.version)
-                dues = [ro.due for ro in self._outstanding.values()]
                 due = version + self.max_policy_lag
+                dues = [ro.due for ro in self._outstanding.values()]
                 if not admission_feasible(
                     dues, due, g, self._next_consume_version, self.batch_size
                 ):
-                    if not self._lag_paused:
-                        self._lag_paused = True
-                        self._counts["paused_for_lag"] += 1
+                    self._counts["paused_for_lag"] += not self._lag_paused
+                    self._lag_paused = True
                     return
                 self._lag_paused = False
                 self._launch_group(version, due)
@@ -307,8 +292,7 @@ class RolloutPool:
             self._tasks.add(t)
             t.add_done_callback(self._tasks.discard)
         self._counts["started"] += self.samples_per_prompt
-        if self.mode == "sync":
-            self._sync_need -= 1
+        self._sync_need -= self.mode == "sync"
 
     async def _run(self, ro: _Rollout) -> None:
         assert self._executor is not None
@@ -322,7 +306,7 @@ class RolloutPool:
             self._resolve(ro, None, ("failed", "env_factory", exc))
             return
         try:
-            traj = await self._episode_fn(
+            traj = await run_episode(
                 self.engine,
                 env,
                 copy.deepcopy(ro.group.task),
@@ -340,14 +324,10 @@ class RolloutPool:
         else:
             self._resolve(ro, traj, None)
         finally:
-            self._close_later(env)
-
-    def _close_later(self, env: Any) -> None:
-        try:
-            assert self._executor is not None
-            self._executor.submit(_close_env, env)
-        except RuntimeError:  # executor already shut down
-            _close_env(env)
+            try:
+                self._executor.submit(_close_env, env)
+            except RuntimeError:  # executor already shut down
+                _close_env(env)
 
     def _resolve(
         self, ro: _Rollout, traj: Trajectory | None, failure: tuple[str, str, Exception] | None
@@ -376,11 +356,10 @@ class RolloutPool:
         if not group.failed:
             self._ready.extend(sorted(done, key=lambda ro: ro.finish_seq))
             return
-        for ro in done:
+        for ro in done:  # a group is atomic: drop the finished siblings of a failed sample
             self._outstanding.pop(ro.seq, None)
             self._rejected["incomplete_group"] += 1
-        if self.mode == "sync":
-            self._sync_need += 1
+        self._sync_need += self.mode == "sync"  # start a replacement group
 
     # -- consumer side -----------------------------------------------------------------------
     def next_batch(self, timeout: float | None = None) -> list[Trajectory]:
@@ -396,12 +375,10 @@ class RolloutPool:
                 )
                 if chosen is not None:
                     break
-                if not self._outstanding and not self._admissible_at_all():
-                    raise RuntimeError(self._stall_message())
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise TimeoutError(
-                        f"no batch of {self.batch_size} within {timeout}s: {self.stats()}"
+                        f"no batch of {self.batch_size} in {timeout}s: {self.stats()}"
                     )
                 self._cond.wait(left)
             batch = self._hand_out(chosen)
@@ -409,28 +386,23 @@ class RolloutPool:
         return batch
 
     def _request_sync_batch(self) -> None:
-        if self.mode != "sync" or self._sync_need > 0:
-            return
-        groups = {id(ro.group) for ro in self._outstanding.values()}
-        self._sync_need = self.batch_size // self.samples_per_prompt - len(groups)
-        self._notify_loop()
+        if self.mode == "sync" and self._sync_need <= 0:
+            groups = {id(ro.group) for ro in self._outstanding.values()}
+            self._sync_need = self.batch_size // self.samples_per_prompt - len(groups)
+            self._notify_loop()
 
     def _raise_if_unusable(self) -> None:
         if self._error is not None:
             raise RuntimeError(f"rollout pool loop crashed: {self._error!r}") from self._error
         if not self._started or self._stopping or self._stopped:
             raise RuntimeError("RolloutPool is not running: call start() (and not after stop())")
-
-    def _admissible_at_all(self) -> bool:
-        return int(self.engine.version) + self.max_policy_lag >= self._next_consume_version
-
-    def _stall_message(self) -> str:
-        return (
-            f"rollout pool stalled: engine version {self.engine.version} + rollout.max_policy_lag "
-            f"{self.max_policy_lag} < learner version {self._next_consume_version}, so no rollout "
-            "may start; push weights to the engine (WeightSyncCallback with rollout.sync_every "
-            "<= rollout.max_policy_lag)"
-        )
+        version, learner = int(self.engine.version), self._next_consume_version
+        if not self._outstanding and version + self.max_policy_lag < learner:
+            raise RuntimeError(
+                f"rollout pool stalled: engine version {version} + rollout.max_policy_lag "
+                f"{self.max_policy_lag} < learner version {learner}, so no rollout may start; "
+                "push weights (WeightSyncCallback, rollout.sync_every <= rollout.max_policy_lag)"
+            )
 
     def _hand_out(self, chosen: list[_Rollout]) -> list[Trajectory]:
         version = self._next_consume_version
@@ -441,15 +413,15 @@ class RolloutPool:
             self._outstanding.pop(ro.seq, None)
             traj = ro.trajectory
             assert traj is not None
-            lag_max, lag_min = version - traj.min_version, version - traj.max_version
+            lag_max = version - traj.min_version
             self._lag_max_seen = max(self._lag_max_seen, lag_max)
-            self._counts["lag_violations"] += int(lag_max > self.max_policy_lag)
+            self._counts["lag_violations"] += lag_max > self.max_policy_lag
             traj.info.update(
                 learner_version=version,
                 start_version=ro.start_version,
                 min_version=traj.min_version,
                 max_version=traj.max_version,
-                policy_lag_min=lag_min,
+                policy_lag_min=version - traj.max_version,
                 policy_lag_max=lag_max,
             )
             batch.append(traj)
@@ -470,40 +442,26 @@ class RolloutPool:
     def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
         """Push learner weights at `version` to the engine (it pauses, loads, bumps, resumes)."""
         if int(version) < int(self.engine.version):
-            raise ValueError(
-                f"update_weights version {version} < engine version {self.engine.version}"
-            )
+            raise ValueError(f"update_weights version {version} < engine {self.engine.version}")
         self.engine.update_weights(state_dict, int(version))
         if int(self.engine.version) != int(version):
             raise RuntimeError(
                 f"engine reports version {self.engine.version} after update_weights({version}): "
-                "weights were not applied"
+                "the weights were not applied"
             )
         self._counts["weight_syncs"] += 1
         self.set_learner_version(version)
 
     def stats(self) -> dict[str, Any]:
-        """Counters and gauges (copies; safe from any thread)."""
+        """Counters and gauges (a consistent snapshot; safe from any thread)."""
         with self._cond:
-            in_flight = sum(1 for ro in self._outstanding.values() if ro.trajectory is None)
-            out = {
-                k: self._counts[k]
-                for k in (
-                    "started",
-                    "finished",
-                    "consumed",
-                    "batches",
-                    "paused_for_lag",
-                    "lag_violations",
-                    "weight_syncs",
-                )
-            }
+            out: dict[str, Any] = {k: self._counts[k] for k in COUNTERS}
             out.update(
                 failed=sum(self._failed.values()),
                 failed_by_reason=dict(self._failed),
                 rejected=sum(self._rejected.values()),
                 rejected_by_reason=dict(self._rejected),
-                in_flight=in_flight,
+                in_flight=sum(ro.trajectory is None for ro in self._outstanding.values()),
                 queued=len(self._ready),
                 outstanding=len(self._outstanding),
                 lag_paused=self._lag_paused,
@@ -517,34 +475,22 @@ class RolloutPool:
 
     # -- checkpointing -----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The data cursor: prompt counter, RNG state, unfinished prompts and finished-but-
-        unconsumed trajectories (plain Python values, safe for `torch.load(weights_only=True)`)."""
+        """The data cursor: prompt counter, RNG state, prompts not yet finished (rerun on
+        resume) and finished-but-unconsumed trajectories; plain Python values only, so a
+        checkpoint loads with `torch.load(weights_only=True)`."""
         with self._cond:
-            pending = [{"prompt_id": p, "task": copy.deepcopy(t)} for p, t in self._pending]
-            seen: set[int] = set()
-            for ro in self._outstanding.values():
-                group = ro.group
-                if group.failed or id(group) in seen:
-                    continue
-                if not any(r in self._ready for r in group.members):
-                    seen.add(id(group))
-                    pending.append(
-                        {"prompt_id": group.prompt_id, "task": copy.deepcopy(group.task)}
-                    )
-            ready = [
-                {
-                    "trajectory": dataclasses.asdict(ro.trajectory),
-                    "start_version": ro.start_version,
-                    "task": copy.deepcopy(ro.group.task),
-                }
-                for ro in self._ready
-                if ro.trajectory is not None
-            ]
+            ready_ids = {id(ro) for ro in self._ready}
+            unfinished = {
+                id(ro.group): ro.group
+                for ro in self._outstanding.values()
+                if not ro.group.failed and id(ro) not in ready_ids
+            }
+            pending = [*self._pending, *((g.prompt_id, g.task) for g in unfinished.values())]
             return {
                 "prompt_counter": self._prompt_counter,
                 "rng_state": self._rng.getstate(),
-                "pending": pending,
-                "ready": ready,
+                "pending": [{"prompt_id": p, "task": copy.deepcopy(t)} for p, t in pending],
+                "ready": [_ready_record(ro) for ro in self._ready],
                 "learner_version": self._learner_version,
                 "next_consume_version": self._next_consume_version,
             }
@@ -554,9 +500,7 @@ class RolloutPool:
         missing = {"prompt_counter", "rng_state", "pending", "ready"} - set(state)
         if missing:
             raise KeyError(f"RolloutPool state is missing {sorted(missing)}")
-        running = self._loop is not None and self._thread is not None and self._thread.is_alive()
-        if running:
-            assert self._loop is not None
+        if self._thread is not None and self._thread.is_alive() and self._loop is not None:
             asyncio.run_coroutine_threadsafe(self._load_in_loop(state), self._loop).result()
         else:
             self._apply_state(state)
@@ -568,8 +512,7 @@ class RolloutPool:
             self._apply_state(state)
         finally:
             self._loading = False
-        assert self._wake is not None
-        self._wake.set()
+        self._notify_loop()
 
     def _apply_state(self, state: Mapping[str, Any]) -> None:
         with self._cond:
@@ -580,25 +523,34 @@ class RolloutPool:
             self._learner_version = int(state.get("learner_version", 0))
             self._next_consume_version = int(state.get("next_consume_version", 0))
             for item in state["ready"]:
-                traj = Trajectory(**item["trajectory"])
-                start = int(item["start_version"])
+                traj, start = Trajectory(**item["trajectory"]), int(item["start_version"])
                 group = _Group(traj.prompt_id, dict(item.get("task", {})))
-                ro = _Rollout(
-                    self._seq, group, start, start + self.max_policy_lag, traj, self._finish_seq
-                )
+                ro = _Rollout(self._seq, group, start, start + self.max_policy_lag, traj)
+                ro.finish_seq = self._finish_seq
                 group.members.append(ro)
-                self._seq += 1
-                self._finish_seq += 1
+                self._seq, self._finish_seq = self._seq + 1, self._finish_seq + 1
                 self._outstanding[ro.seq] = ro
                 self._ready.append(ro)
             self._cond.notify_all()
 
 
+COUNTERS = ("started", "finished", "consumed", "batches", "paused_for_lag", "lag_violations",
+            "weight_syncs")  # fmt: skip
+
+
+def _ready_record(ro: _Rollout) -> dict[str, Any]:
+    assert ro.trajectory is not None
+    return {
+        "trajectory": dataclasses.asdict(ro.trajectory),
+        "start_version": ro.start_version,
+        "task": copy.deepcopy(ro.group.task),
+    }
+
+
 def _classify(exc: Exception) -> tuple[str, str, Exception]:
     """("failed" | "rejected", reason, exc) for a rollout that raised."""
     if isinstance(exc, RolloutError):
-        kind = "rejected" if exc.reason in REJECT_REASONS else "failed"
-        return kind, exc.reason, exc
+        return ("rejected" if exc.reason in REJECT_REASONS else "failed"), exc.reason, exc
     return "failed", f"agent_loop:{type(exc).__name__}", exc
 
 
@@ -609,11 +561,8 @@ def _close_built_env(built: concurrent.futures.Future) -> None:
 
 
 def _close_env(env: Any) -> None:
-    close = getattr(env, "close", None)
-    if close is None:
-        return
     try:
-        close()
+        getattr(env, "close", lambda: None)()
     except Exception:  # closing must never fail the run
         log.exception("env.close() failed")
 
@@ -624,17 +573,13 @@ def _as_rng_state(state: Any) -> tuple:
     return (int(version), tuple(int(x) for x in internal), gauss)
 
 
-def _validate(
-    batch_size: int, max_in_flight: int, max_policy_lag: int, mode: str, g: int, workers: int
-) -> None:
+def _validate(batch_size: int, max_in_flight: int, max_policy_lag: int, mode: str, g: int) -> None:
     if int(batch_size) < 1:
         raise ValueError(f"data.batch_size must be >= 1, got {batch_size}")
     if mode not in MODES:
         raise ValueError(f"rollout.mode must be one of {MODES}, got {mode!r}")
-    if int(g) < 1:
-        raise ValueError(f"rollout.samples_per_prompt must be >= 1, got {g}")
-    if mode == "async" and int(g) != 1:
-        raise ValueError("rollout.samples_per_prompt > 1 needs rollout.mode=sync (group baselines)")
+    if int(g) < 1 or (mode == "async" and int(g) != 1):
+        raise ValueError(f"rollout.samples_per_prompt={g}: must be 1 in async mode, >= 1 in sync")
     if int(batch_size) % int(g):
         raise ValueError(
             f"data.batch_size={batch_size} must be a multiple of rollout.samples_per_prompt={g}"
@@ -643,5 +588,3 @@ def _validate(
         raise ValueError(f"rollout.max_in_flight={max_in_flight} must be >= samples_per_prompt={g}")
     if int(max_policy_lag) < 0:
         raise ValueError(f"rollout.max_policy_lag must be >= 0, got {max_policy_lag}")
-    if int(workers) < 1:
-        raise ValueError(f"num_env_workers must be >= 1, got {workers}")

@@ -32,7 +32,9 @@ PREFIXES = ("train/", "timing/")
 FIXED_COLUMNS = ("step", "elapsed_s")
 
 
-def step_metrics(metrics: Mapping[str, Any], prefixes: Sequence[str] = PREFIXES) -> dict[str, float]:
+def step_metrics(
+    metrics: Mapping[str, Any], prefixes: Sequence[str] = PREFIXES
+) -> dict[str, float]:
     """Scalar metrics under `prefixes` as floats; `name_step` -> `name`, `name_epoch` dropped."""
     out: dict[str, float] = {}
     for key, value in metrics.items():
@@ -65,8 +67,11 @@ def _to_float(text: str | None) -> float:
 
 
 def _cells(row: Mapping[str, Any]) -> dict[str, Any]:
-    """A row for csv: NaN (a metric not logged at that step) becomes an empty cell."""
-    return {k: "" if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()}
+    """A row for csv: integer step; NaN (a metric not logged at that step) -> empty cell."""
+    cells = {k: "" if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()}
+    if isinstance(cells.get("step"), float):
+        cells["step"] = int(cells["step"])
+    return cells
 
 
 def _mean(values: Sequence[float]) -> float | None:
@@ -144,7 +149,11 @@ class RunFilesCallback(Callback):
         if not trainer.is_global_zero:
             return
         self.output_dir.mkdir(parents=True, exist_ok=True)
-        kept = [r for r in read_metrics(self.metrics_path) if r.get("step", math.inf) <= trainer.global_step]
+        kept = [
+            r
+            for r in read_metrics(self.metrics_path)
+            if r.get("step", math.inf) <= trainer.global_step
+        ]
         self.rows = kept
         columns = list(FIXED_COLUMNS)
         for row in kept:
@@ -167,12 +176,24 @@ class RunFilesCallback(Callback):
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         if trainer.is_global_zero:
+            self._rollout_stats(trainer)
             self.finish("finished")
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         if trainer.is_global_zero:
+            self._rollout_stats(trainer)
             status = "interrupted" if isinstance(exception, KeyboardInterrupt) else "failed"
             self.finish(status, error=f"{type(exception).__name__}: {exception}")
+
+    def _rollout_stats(self, trainer: Any) -> None:
+        """Record the rollout pool's counters (failures, rejections by reason) if there is one."""
+        pool = getattr(getattr(trainer, "datamodule", None), "pool", None)
+        stats = getattr(pool, "stats", None)
+        if callable(stats):
+            try:
+                self.extra["rollout_stats"] = stats()
+            except Exception as exc:  # a broken pool must not lose the summary
+                self.extra["rollout_stats"] = {"error": repr(exc)}
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         self._close()

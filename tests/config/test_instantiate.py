@@ -14,9 +14,9 @@ def test_allowlist_prefixes() -> None:
 
 
 def test_builds_allowed_targets_with_extra_kwargs() -> None:
-    node = OmegaConf.create({"_target_": "envs.toy.NextDigitEnv", "num_digits": 2})
+    node = OmegaConf.create({"_target_": "envs.toy.ParityEnv", "num_digits": 2})
     env = instantiate(node, key="env")
-    assert type(env).__name__ == "NextDigitEnv"
+    assert type(env).__name__ == "ParityEnv" and env.num_digits == 2
     layer = instantiate({"_target_": "torch.nn.Linear", "in_features": 3}, key="x", out_features=5)
     assert tuple(layer.weight.shape) == (5, 3)
 
@@ -27,7 +27,9 @@ def test_nested_targets_are_checked_before_anything_is_built() -> None:
     )
     keys = [k for k, _ in iter_targets(node, "m")]
     assert keys == ["m._target_", "m._args_[0]._target_"]
-    with pytest.raises(ConfigError, match=r"`m\._args_\[0\]\._target_`.*'os\.getcwd' is not allowed"):
+    with pytest.raises(
+        ConfigError, match=r"`m\._args_\[0\]\._target_`.*'os\.getcwd' is not allowed"
+    ):
         instantiate(node, key="m")
 
 
@@ -46,6 +48,6 @@ def test_missing_module_reads_as_not_implemented() -> None:
 
 
 def test_bad_kwargs_name_the_key() -> None:
-    node = OmegaConf.create({"_target_": "envs.toy.NextDigitEnv", "num_digitz": 2})
+    node = OmegaConf.create({"_target_": "envs.toy.ParityEnv", "num_digitz": 2})
     with pytest.raises(ConfigError, match=r"(?s)env\._target_.*num_digitz"):
         instantiate(node, key="env")

@@ -32,7 +32,9 @@ def test_unknown_component_name_suggests_close_match() -> None:
     assert err.suggestions[0] == "sequence_bernoulli_kl"
     fails(["objective.baseline=batchmean"], "objective.baseline", "'batch_mean'")
     fails(["objective.aggregation=sample_men"], "objective.aggregation", "'sample_mean'")
-    fails(["objective.token_filter=entropy_failure"], "objective.token_filter", "'entropy_failures'")
+    fails(
+        ["objective.token_filter=entropy_failure"], "objective.token_filter", "'entropy_failures'"
+    )
 
 
 def test_unknown_key_in_a_section_suggests_close_match() -> None:
@@ -108,8 +110,9 @@ def test_delta_inf_is_no_trust_region_and_passes() -> None:
 def test_batch_must_split_over_ranks_and_micro_batches() -> None:
     fails(["data.batch_size=32", "data.micro_batch_size=12"], "data.micro_batch_size", "32")
     fails(["trainer.devices=3"], "data.batch_size", "= 3")
-    fails(["trainer.devices=2", "data.micro_batch_size=32"], "data.micro_batch_size", "16")
-    plan = preflight(compose(["trainer=ddp_cpu", "data.micro_batch_size=8"]))
+    fails(["trainer.devices=2", "data.batch_size=32", "data.micro_batch_size=32"],
+          "data.micro_batch_size", "= 16")  # fmt: skip
+    plan = preflight(compose(["trainer=ddp_cpu", "data.batch_size=32", "data.micro_batch_size=8"]))
     assert (plan.devices, plan.per_rank_batch_size, plan.micro_batches_per_step) == (2, 16, 2)
 
 
@@ -126,7 +129,9 @@ def test_group_baselines_need_several_samples_in_sync_mode() -> None:
     for preset in ("grpo", "dr_grpo", "rloo"):
         fails([f"objective={preset}"], "rollout.samples_per_prompt", "batch_mean")
     fails(["objective=grpo", "rollout.samples_per_prompt=4"], "rollout.mode", "sync")
-    fails(["rollout=sync", "objective=rloo", "rollout.samples_per_prompt=5"], "data.batch_size", "5")
+    fails(
+        ["rollout=sync", "objective=rloo", "rollout.samples_per_prompt=5"], "data.batch_size", "5"
+    )
     plan = preflight(compose(["rollout=sync", "objective=grpo", "rollout.samples_per_prompt=4"]))
     assert plan.components["baseline"] == "group_mean_std" and plan.samples_per_prompt == 4
 
@@ -134,6 +139,13 @@ def test_group_baselines_need_several_samples_in_sync_mode() -> None:
 def test_batch_mean_with_one_sample_per_prompt_is_the_papers_case() -> None:
     plan = preflight(compose(["objective=flashreinforce", "rollout.samples_per_prompt=1"]))
     assert plan.components["baseline"] == "batch_mean" and plan.samples_per_prompt == 1
+
+
+def test_async_weight_sync_must_respect_the_lag_bound() -> None:
+    fails(["rollout.sync_every=3"], "rollout.sync_every", "max_policy_lag")
+    fails(["rollout.max_policy_lag=0"], "rollout.sync_every")
+    plan = preflight(compose(["rollout.sync_every=2", "rollout.max_policy_lag=2"]))
+    assert (plan.sync_every, plan.lag_bound) == (2, 2)
 
 
 def test_lengths_and_engine_rules() -> None:

@@ -7,8 +7,8 @@ import math
 import pytest
 
 from frlab.config.compose import compose, sweep_jobs
-from frlab.config.preflight import preflight
 from frlab.config.overrides import group_options
+from frlab.config.preflight import preflight
 
 EXPERIMENTS = group_options("experiment")
 SWEEPS = group_options("sweep")
@@ -30,9 +30,21 @@ def test_no_arguments_selects_the_cpu_default() -> None:
     plan = preflight(cfg)
     assert plan.experiment == "toy_cpu"
     assert plan.engine == "torch" and plan.accelerator == "cpu" and plan.mode == "async"
-    assert plan.env == "envs.toy.NextDigitEnv"
-    assert 16 <= plan.batch_size <= 32 and 60 <= plan.updates <= 150
+    assert plan.env == "envs.toy.ParityEnv"
+    assert 16 <= plan.batch_size <= 64 and 60 <= plan.updates <= 300
     assert 1e-3 <= plan.lr <= 3e-3
+
+
+@pytest.mark.parametrize("option", ["toy_single", "toy_multi"])
+def test_toy_env_configs_target_the_registered_toy_envs(option: str) -> None:
+    from envs.toy import TOY_ENVS
+
+    from frlab.config.instantiate import instantiate
+
+    cfg = compose([f"env={option}"])
+    cls = TOY_ENVS[option]
+    assert cfg.env._target_ in (f"{cls.__module__}.{cls.__name__}", f"envs.toy.{cls.__name__}")
+    assert type(instantiate(cfg.env, key="env")) is cls
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
@@ -70,7 +82,11 @@ def test_paper_settings_are_exact(name: str) -> None:
     assert plan.components["trust_region"] == "sequence_bernoulli_kl"
     assert plan.components["aggregation"] == "sample_mean"
     assert plan.components["token_filter"] == ("entropy_failures" if q < 1 else "none")
-    assert (cfg.optim.scheduler, cfg.optim.warmup_ratio, cfg.optim.min_lr_ratio) == (sched, warm, floor)
+    assert (cfg.optim.scheduler, cfg.optim.warmup_ratio, cfg.optim.min_lr_ratio) == (
+        sched,
+        warm,
+        floor,
+    )
     assert (cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.grad_clip) == (1e-6, 0.1, 1.0)
     sampling = cfg.rollout.sampling
     assert (sampling.temperature, sampling.top_p, sampling.top_k) == (1.0, 1.0, 0)
@@ -138,7 +154,11 @@ def test_qwen3_and_alfworld_arms() -> None:
 def test_toy_sweep_runs_on_cpu() -> None:
     cfg = compose(["sweep=toy_trust_regions"])
     plans = [preflight(compose(j)) for j in sweep_jobs(cfg, ["sweep=toy_trust_regions"])]
-    assert {p.components["trust_region"] for p in plans} == {"sequence_bernoulli_kl", "none", "token_tis"}
+    assert {p.components["trust_region"] for p in plans} == {
+        "sequence_bernoulli_kl",
+        "none",
+        "token_tis",
+    }
     assert all(p.engine == "torch" and p.accelerator == "cpu" for p in plans)
 
 

@@ -40,7 +40,8 @@ def test_check_section_unknown_and_missing_keys() -> None:
 
 
 @pytest.mark.parametrize(
-    ("devices", "nodes", "world"), [(1, 1, 1), (4, 2, 8), ([0, 1, 2], 1, 3), ("auto", 1, 1), ("2", 1, 2)]
+    ("devices", "nodes", "world"),
+    [(1, 1, 1), (4, 2, 8), ([0, 1, 2], 1, 3), ("auto", 1, 1), ("2", 1, 2)],
 )
 def test_world_size(devices: object, nodes: int, world: int) -> None:
     assert schema.world_size({"devices": devices, "num_nodes": nodes}) == world
@@ -55,7 +56,10 @@ def test_run_folder_names() -> None:
     assert run_suffix("") == ""
     assert run_suffix("seed=1") == "_seed=1"
     assert sweep_subdir(3, "") == "job3"
-    assert sweep_subdir(3, "objective.trust_region=none,seed=1") == "objective.trust_region=none,seed=1"
+    assert (
+        sweep_subdir(3, "objective.trust_region=none,seed=1")
+        == "objective.trust_region=none,seed=1"
+    )
     assert "/" not in safe_name("model.name_or_path=/data/m")
     assert len(safe_name("x" * 1000)) <= 180
 

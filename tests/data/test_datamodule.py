@@ -8,6 +8,7 @@ round-trips, and DDP ranks get disjoint prompt-id shards of B/W.
 
 from __future__ import annotations
 
+import random
 import threading
 from types import SimpleNamespace
 from typing import Any
@@ -16,7 +17,7 @@ import lightning as L
 import pytest
 import torch
 
-from envs.toy import NextDigitEnv
+from envs.base import Env, StepResult
 from frlab.data.batch import RolloutBatch
 from frlab.data.datamodule import RolloutDataModule
 from frlab.learner.module import FlashReinforceModule
@@ -30,23 +31,52 @@ from frlab.rollout.torch_engine import TorchEngine
 B, LAG = 4, 2
 MODEL = {
     "config": {
-        "model_type": "qwen2", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
-        "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
+        "model_type": "qwen2",
+        "vocab_size": 64,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
         "max_position_embeddings": 64,
     },
     "seed": 0,
 }
-OBJECTIVE = {"baseline": "batch_mean", "trust_region": "sequence_bernoulli_kl",
-             "aggregation": "sample_mean", "token_filter": "none",
-             "sequence_bernoulli_kl": {"delta": 3e-3}}
+OBJECTIVE = {
+    "baseline": "batch_mean",
+    "trust_region": "sequence_bernoulli_kl",
+    "aggregation": "sample_mean",
+    "token_filter": "none",
+    "sequence_bernoulli_kl": {"delta": 3e-3},
+}
 OPTIM = {"lr": 1e-2, "weight_decay": 0.0, "grad_clip": 1.0, "scheduler": "constant"}
+
+
+class SayDigitEnv(Env):
+    """One turn: "say 7" -> reward 1 when the reply's first digit is 7."""
+
+    def __init__(self) -> None:
+        self.digit = -1
+
+    def sample_task(self, rng: random.Random) -> dict[str, Any]:
+        return {"digit": rng.randrange(10)}
+
+    def reset(self, task) -> list[dict[str, str]]:
+        self.digit = int(task["digit"])
+        return [{"role": "user", "content": f"say {self.digit}"}]
+
+    def step(self, action_text: str) -> StepResult:
+        digits = [c for c in action_text if c.isdigit()]
+        return StepResult(None, float(digits[:1] == [str(self.digit)]), True, {})
 
 
 class Rig:
     """A learner module plus a pool factory whose engine starts from the learner's weights."""
 
     def __init__(self, mode: str = "async", g: int = 1) -> None:
-        self.module = FlashReinforceModule(MODEL, OBJECTIVE, OPTIM, batch_size=B, micro_batch_size=B)
+        self.module = FlashReinforceModule(
+            MODEL, OBJECTIVE, OPTIM, batch_size=B, micro_batch_size=B
+        )
         self.tokenizer = build_toy_tokenizer()
         self.mode, self.g = mode, g
         self.engines: list[TorchEngine] = []
@@ -58,8 +88,16 @@ class Rig:
         self.engines.append(engine)
         cfg = AgentLoopConfig(max_turns=1, max_len=32, sampling=SamplingParams(max_new_tokens=3))
         return RolloutPool(
-            engine, NextDigitEnv, self.tokenizer, cfg, max_in_flight=8, max_policy_lag=LAG,
-            mode=self.mode, samples_per_prompt=self.g, num_env_workers=2, **shard,
+            engine,
+            SayDigitEnv,
+            self.tokenizer,
+            cfg,
+            max_in_flight=8,
+            max_policy_lag=LAG,
+            mode=self.mode,
+            samples_per_prompt=self.g,
+            num_env_workers=2,
+            **shard,
         )
 
     def datamodule(self) -> RolloutDataModule:
@@ -80,8 +118,13 @@ class Recorder(L.Callback):
 def fit(rig: Rig, max_steps: int, recorder: Recorder) -> RolloutDataModule:
     dm = rig.datamodule()
     trainer = L.Trainer(
-        max_steps=max_steps, accelerator="cpu", devices=1, logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        max_steps=max_steps,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
         callbacks=[WeightSyncCallback(sync_every=1), recorder],
     )
     trainer.fit(rig.module, datamodule=dm)
@@ -123,8 +166,12 @@ def test_a_failing_fit_still_stops_the_pool_and_joins_every_thread() -> None:
     rig, rec = Rig(), Recorder(fail_at=1)
     dm = rig.datamodule()
     trainer = L.Trainer(
-        max_steps=5, accelerator="cpu", logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False,
+        max_steps=5,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
         callbacks=[WeightSyncCallback(), rec],
     )
     with pytest.raises(RuntimeError, match="training loop failure"):
@@ -159,7 +206,9 @@ def test_datamodule_state_round_trip_resumes_the_prompt_cursor() -> None:
 def test_ranks_get_disjoint_prompt_shards_of_b_over_w() -> None:
     rig = Rig()
     dm = rig.datamodule()
-    dm.trainer = SimpleNamespace(global_rank=1, world_size=2, max_steps=5, accumulate_grad_batches=1)
+    dm.trainer = SimpleNamespace(
+        global_rank=1, world_size=2, max_steps=5, accumulate_grad_batches=1
+    )
     dm.setup("fit")
     try:
         loader = dm.train_dataloader()
@@ -170,6 +219,50 @@ def test_ranks_get_disjoint_prompt_shards_of_b_over_w() -> None:
     assert rig.shards == [dict(batch_size=2, seed=1, prompt_id_offset=1, prompt_id_stride=2)]
     assert batch.batch_size == 2 and all(pid % 2 == 1 for pid in batch.prompt_ids.tolist())
     bad = rig.datamodule()
-    bad.trainer = SimpleNamespace(global_rank=0, world_size=3, max_steps=5, accumulate_grad_batches=1)
+    bad.trainer = SimpleNamespace(
+        global_rank=0, world_size=3, max_steps=5, accumulate_grad_batches=1
+    )
     with pytest.raises(ValueError, match="data.batch_size"):
         bad.setup("fit")
+
+
+def test_each_rank_saves_and_resumes_its_own_pool_cursor(monkeypatch: pytest.MonkeyPatch) -> None:
+    rig = Rig()
+    ranks = [rig.datamodule() for _ in range(2)]
+    for rank, dm in enumerate(ranks):
+        dm.trainer = SimpleNamespace(
+            global_rank=rank, world_size=2, max_steps=3, accumulate_grad_batches=1
+        )
+        dm.setup("fit")
+    try:
+        firsts = [next(iter(dm.train_dataloader())).prompt_ids.tolist() for dm in ranks]
+        states = [dm.pool.state_dict() for dm in ranks]
+    finally:
+        for dm in ranks:
+            dm.teardown("fit")
+
+    def gather(out: list, obj: Any) -> None:  # what all_gather_object does across 2 ranks
+        out[:] = states
+
+    monkeypatch.setattr(torch.distributed, "all_gather_object", gather)
+    ranks[0].pool = SimpleNamespace(state_dict=lambda: states[0])
+    saved = ranks[0].state_dict()
+    ranks[0].pool = None
+    assert saved == {"pools": states}
+    resumed = rig.datamodule()
+    resumed.trainer = SimpleNamespace(
+        global_rank=1, world_size=2, max_steps=3, accumulate_grad_batches=1
+    )
+    resumed.load_state_dict(saved)
+    resumed.setup("fit")
+    try:
+        more = next(iter(resumed.train_dataloader())).prompt_ids.tolist()
+    finally:
+        resumed.teardown("fit")
+    assert all(pid % 2 == 1 for pid in more) and not set(more) & set(firsts[1])
+    with pytest.raises(ValueError, match="same number of devices"):
+        three = rig.datamodule()
+        three.trainer = SimpleNamespace(
+            global_rank=0, world_size=3, max_steps=3, accumulate_grad_batches=1
+        )
+        three.load_state_dict(saved)

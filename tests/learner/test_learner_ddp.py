@@ -14,7 +14,7 @@ import sys
 
 import pytest
 import torch
-from ddp_worker import GLOBAL_B, STEPS, train
+from ddp_worker import STEPS, train
 from learner_testlib import max_abs_diff, snapshot, tiny_policy
 
 from frlab.learner import metrics as M
@@ -53,4 +53,3 @@ def test_two_process_ddp_equals_one_process(tmp_path) -> None:
         # Global statistics, not rank 0's half: identical to the single-process values.
         for key in (M.LOSS, M.GRAD_NORM, M.REWARD, M.ACCEPTANCE, M.SEQUENCE_KL, M.LAG_MAX):
             assert ddp_row[key] == pytest.approx(one_row[key], rel=1e-6, abs=1e-12), key
-    assert GLOBAL_B % 2 == 0

@@ -84,6 +84,7 @@ def test_step_matches_hand_written_loop(temperature: float, q: float) -> None:
     assert logged[M.RETAINED_FRAC] == pytest.approx(float(ref["retained_frac"]), rel=1e-6)
 
 
+@pytest.mark.slow
 def test_micro_batch_count_does_not_change_the_update() -> None:
     base = tiny_policy(seed=2)
     batches = [make_batch(base, rows=B, seed=s) for s in (3, 4)]
@@ -114,6 +115,7 @@ class _CountSteps(Callback):
         self.calls += 1
 
 
+@pytest.mark.slow
 def test_exactly_one_optimizer_step_per_batch() -> None:
     policy = tiny_policy(seed=3)
     batches = [make_batch(policy, rows=B, seed=s) for s in (5, 6, 7)]

@@ -233,6 +233,7 @@ def model_grads(model, loss):  # type: ignore[no-untyped-def]
     return torch.autograd.grad(loss, params, allow_unused=True)
 
 
+@pytest.mark.slow  # six architectures x two masks; each first forward warms up its kernels
 @pytest.mark.parametrize("name", sorted(MODEL_CONFIGS))
 @pytest.mark.parametrize("use_action_mask", [False, True])
 def test_sequence_matches_naive_values_and_param_grads(name: str, use_action_mask: bool) -> None:

@@ -10,7 +10,12 @@ def test_short_metrics_picks_and_formats_the_shown_metrics() -> None:
         "train/reward_mean": 0.25, "train/acceptance_rate_step": 0.875,
         "train/policy_lag_mean": 1.5, "train/loss": 3.0,
     }  # fmt: skip
-    assert short_metrics(metrics, 7) == {"step": 7, "reward": "0.250", "acc": "0.875", "lag": "1.500"}
+    assert short_metrics(metrics, 7) == {
+        "step": 7,
+        "reward": "0.250",
+        "acc": "0.875",
+        "lag": "1.500",
+    }
 
 
 def test_short_metrics_before_anything_is_logged() -> None:

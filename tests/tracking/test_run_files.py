@@ -53,7 +53,9 @@ def test_a_new_metric_widens_the_header(tmp_path: Path) -> None:
     cb = RunFilesCallback(tmp_path)
     cb.on_train_start(fake_trainer(0), None)
     cb.on_train_batch_end(fake_trainer(1, **{"train/reward_mean": 0.1}), None, None, None, 0)
-    cb.on_train_batch_end(fake_trainer(2, **{"train/reward_mean": 0.2, "train/x": 7}), None, None, None, 1)
+    cb.on_train_batch_end(
+        fake_trainer(2, **{"train/reward_mean": 0.2, "train/x": 7}), None, None, None, 1
+    )
     rows = read_metrics(tmp_path)
     assert math.isnan(rows[0]["train/x"]) and rows[1]["train/x"] == 7.0
 
