@@ -16,7 +16,8 @@ fresh subprocess, measured as the growth of ru_maxrss after the logits exist. Ta
 peak extra <= 25% of the logits' size.
 
 Run: `python bench/objective.py` (full) or `python bench/objective.py --quick` (tiny sizes).
-On a shared machine wall-clock medians are noisy; process CPU time is printed alongside.
+On a shared machine wall-clock medians are noisy: process CPU time and the median of per-round
+(paired) ratios are printed alongside; `--threads 1` removes thread-scheduling noise.
 """
 
 from __future__ import annotations
@@ -238,15 +239,19 @@ def speed(b: int, t: int, repeats: int, warmup: int, delta: float) -> None:
                 f"{cpu[name] * 1e3:>11.2f}{wall['frlab'] / wall[name]:>16.3f}"
                 f"{cpu['frlab'] / cpu[name]:>15.3f}"
             )
-        a, b_ = "(a) reference-style", "(b) bare"
-        print(
-            f"  q={q}: frlab/(a) wall {_verdict(wall['frlab'] / wall[a], 1.0)}, "
-            f"cpu {_verdict(cpu['frlab'] / cpu[a], 1.0)}; frlab/(b) wall "
-            f"{_verdict(wall['frlab'] / wall[b_], 1.3)}, cpu {_verdict(cpu['frlab'] / cpu[b_], 1.3)}; "
-            f"NaN-masked inputs: wall/(a) {wall[NAN_VARIANT] / wall[a]:.3f}, "
-            f"wall/(b) {wall[NAN_VARIANT] / wall[b_]:.3f}; "
-            f"max |loss diff| = {diff:.2e}"
-        )
+        for ref, target in (("(a) reference-style", 1.0), ("(b) bare", 1.3)):
+            print(
+                f"  q={q}: frlab/{ref[:3]} wall {_verdict(wall['frlab'] / wall[ref], target)}, "
+                f"cpu {_verdict(cpu['frlab'] / cpu[ref], target)}, paired wall "
+                f"{_verdict(_paired(runs, 'frlab', ref), target)}; NaN-masked inputs wall "
+                f"{_paired(runs, NAN_VARIANT, ref):.3f} (paired)"
+            )
+        print(f"  q={q}: max |loss difference| between variants = {diff:.2e}")
+
+
+def _paired(runs: dict[str, list[tuple[float, float]]], a: str, b: str) -> float:
+    """Median over rounds of wall(a) / wall(b) measured in the same round (drift cancels)."""
+    return statistics.median(x[0] / y[0] for x, y in zip(runs[a], runs[b], strict=True))
 
 
 # --------------------------------------------------------------------------- memory
@@ -327,7 +332,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke run)")
     parser.add_argument("--skip-speed", action="store_true")
     parser.add_argument("--skip-memory", action="store_true")
-    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--repeats", type=int, default=41)
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     parser.add_argument("--chunk-size", type=int, default=16, help="helper rows per chunk")
     parser.add_argument("--memory-child", nargs=5, metavar=("VARIANT", "N", "V", "DTYPE", "CHUNK"))

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from frlab.tracking.run_files import METRICS_FILE, read_metrics
+from frlab.tracking.metrics_file import METRICS_FILE, read_metrics
 
 # (file stem, title, y label, [(metric, line style)])
 PANELS: tuple[tuple[str, str, str, tuple[tuple[str, str], ...]], ...] = (

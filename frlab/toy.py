@@ -9,6 +9,7 @@ moved. Exits non-zero on any non-finite value. No network, well under 30 s on 2 
 from __future__ import annotations
 
 import argparse
+import inspect
 import math
 import sys
 import time
@@ -18,20 +19,29 @@ import torch
 from frlab.data import RolloutBatch
 
 
+def _cache_kwarg(policy: torch.nn.Module) -> str:
+    """transformers 5.2x renamed `past_key_values` to `cache`; accept both spellings."""
+    return "cache" if "cache" in inspect.signature(policy.forward).parameters else "past_key_values"
+
+
+def _cache_of(out: object) -> object:
+    return getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+
+
 @torch.no_grad()
 def sample_batch(policy: torch.nn.Module, prompts: torch.Tensor, new_tokens: int, temperature: float,
                  generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """Ancestral sampling with a KV cache; returns (token ids [B,P+N], behaviour log-probs [B,N])."""
     out = policy(input_ids=prompts, use_cache=True)
-    past, logits = out.past_key_values, out.logits[:, -1]
-    tokens, logps = [], []
+    cache, logits = _cache_of(out), out.logits[:, -1]
+    tokens, logps, kwarg = [], [], _cache_kwarg(policy)
     for _ in range(new_tokens):
         log_dist = torch.log_softmax(logits.float() / temperature, dim=-1)
         token = torch.multinomial(log_dist.exp(), 1, generator=generator)
         tokens.append(token)
         logps.append(log_dist.gather(-1, token))
-        out = policy(input_ids=token, past_key_values=past, use_cache=True)
-        past, logits = out.past_key_values, out.logits[:, -1]
+        out = policy(input_ids=token, **{kwarg: cache}, use_cache=True)
+        cache, logits = _cache_of(out), out.logits[:, -1]
     return torch.cat([prompts, *tokens], dim=1), torch.cat(logps, dim=1)
 
 
@@ -91,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
                           for q, b in zip(policy.parameters(), before, strict=True)))
 
     values = {
-        "loss": float(loss), "acceptance_rate": float(diag["acceptance_rate"]),
+        "loss": float(loss.detach()), "acceptance_rate": float(diag["acceptance_rate"]),
         "sequence_kl_max": float(diag["sequence_kl"].max()), "reward_mean": float(batch.rewards.mean()),
         "grad_norm": float(grad_norm), "param_delta_l2": moved,
     }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -52,19 +53,6 @@ def test_dry_run_task_loads_no_model_and_no_transformers(tmp_path: Path) -> None
     assert "HEAVY []" in out.stdout, out.stdout
 
 
-def test_preflight_is_fast_once_imported() -> None:
-    import time
-
-    from frlab.config.compose import compose
-    from frlab.config.preflight import preflight
-
-    cfg = compose(["experiment=python_tool_qwen3_30b_a3b"])
-    preflight(cfg)  # warm: imports frlab.objective (torch) once
-    t0 = time.perf_counter()
-    preflight(cfg)
-    assert time.perf_counter() - t0 < 1.0
-
-
 @pytest.mark.slow
 def test_multirun_names_folders_by_the_choices(tmp_path: Path) -> None:
     sweep_dir = tmp_path / "sweep"
@@ -105,3 +93,78 @@ def test_config_errors_exit_2_with_the_key(tmp_path: Path, args: list[str], frag
     out = frlab(*args, "dry_run=true", cwd=tmp_path)
     assert out.returncode == 2, (out.stdout, out.stderr)
     assert "frlab: config error:" in out.stderr and fragment in out.stderr, out.stderr
+
+
+def _read_rows(run_dir: Path) -> list[dict[str, float]]:
+    from frlab.tracking import read_metrics
+
+    return read_metrics(run_dir / "metrics.csv")
+
+
+@pytest.mark.slow
+def test_a_short_run_writes_run_files_and_resumes_from_last(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    common = [f"hydra.run.dir={run_dir}", "data.batch_size=8", "data.micro_batch_size=4",
+              "rollout.max_in_flight=8", "callbacks.model_checkpoint.every_n_train_steps=2"]  # fmt: skip
+    out = frlab(*common, "trainer.max_steps=4", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert [r["step"] for r in _read_rows(run_dir)] == [1.0, 2.0, 3.0, 4.0]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["steps"] == 4
+    assert summary["components"]["trust_region"] == "sequence_bernoulli_kl"
+    assert summary["plan"]["batch_size"] == 8 and summary["plan"]["micro_batches_per_step"] == 2
+    for name in ("reward", "acceptance", "lag", "response_length"):
+        assert (run_dir / "plots" / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+
+    out = frlab(*common, "trainer.max_steps=6", "ckpt_path=last", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = _read_rows(run_dir)
+    assert [r["step"] for r in rows] == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 6
+
+
+@pytest.mark.slow
+def test_the_embedded_default_learns(tmp_path: Path) -> None:
+    """`python -m frlab` (toy_cpu): first 10 updates <= 0.3 mean reward, last 20 >= 0.8."""
+    run_dir = tmp_path / "default"
+    out = frlab(f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 200
+    assert summary["reward_mean_first_10"] <= 0.3, summary
+    assert summary["reward_mean_last_20"] >= 0.8, summary
+
+
+def test_env_factory_builds_a_fresh_env_per_call() -> None:
+    from omegaconf import OmegaConf
+
+    from frlab.train import env_factory
+
+    make = env_factory(OmegaConf.create({"_target_": "envs.toy.ParityEnv", "num_digits": 5}))
+    a, b = make(), make()
+    assert a is not b and type(a).__name__ == "ParityEnv" and a.num_digits == 5
+
+
+def test_env_factory_reports_a_missing_environment() -> None:
+    from omegaconf import OmegaConf
+
+    from frlab.config.errors import ConfigError
+    from frlab.train import env_factory
+
+    with pytest.raises(ConfigError, match="not yet implemented") as info:
+        env_factory(OmegaConf.create({"_target_": "envs.not_written_yet.SomeEnv"}))
+    assert info.value.key == "env._target_"
+
+
+def test_vocab_must_cover_the_tokenizer() -> None:
+    from frlab.config.errors import ConfigError
+    from frlab.train import check_vocab
+
+    class Tok:
+        def __len__(self) -> int:
+            return 61
+
+    check_vocab({"name_or_path": None, "config": {"vocab_size": 64}}, Tok())
+    with pytest.raises(ConfigError, match="model.config.vocab_size"):
+        check_vocab({"name_or_path": None, "config": {"vocab_size": 32}}, Tok())

@@ -20,7 +20,7 @@ from envs.toy.grading import digits_field, first_digit
 class ParityEnv(Env):
     """Single turn: "odd? 3 8 1" -> "1"."""
 
-    def __init__(self, num_digits: int = 3) -> None:
+    def __init__(self, num_digits: int = 2) -> None:
         if int(num_digits) < 1:
             raise ValueError(f"env.num_digits must be >= 1, got {num_digits}")
         self.num_digits = int(num_digits)

@@ -53,6 +53,7 @@ def instantiate(node: Any, *, key: str = "", **kwargs: Any) -> Any:
     """
     from hydra.errors import InstantiationException
     from hydra.utils import instantiate as hydra_instantiate
+    from omegaconf.errors import OmegaConfBaseException
 
     if isinstance(node, Mapping) and not isinstance(node, DictConfig):
         node = OmegaConf.create(dict(node))
@@ -61,6 +62,8 @@ def instantiate(node: Any, *, key: str = "", **kwargs: Any) -> Any:
         return hydra_instantiate(node, **kwargs)
     except InstantiationException as exc:
         raise _explain(node, key, exc) from exc
+    except OmegaConfBaseException as exc:  # an interpolation that cannot be resolved here
+        raise ConfigError(key or "_target_", f"cannot resolve the node: {exc}") from exc
 
 
 def _explain(node: Any, key: str, exc: Exception) -> ConfigError:

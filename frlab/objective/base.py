@@ -14,6 +14,10 @@ the constructor), never a whole config.
 
 The per-token loss term is `-weights * A_i * log_probs`; `weights` are detached, so the
 gradient per kept token is `-weights * A_i / normaliser`.
+
+Components also expose class attributes the `Objective` reads: `Baseline.is_group`,
+`TrustRegion.off_policy_correction`, `TokenFilter.needs_entropies`. Shared numerics helpers:
+`compute_dtype` (SPEC §2 rule 6) and `count_per_row` (T_i).
 """
 
 from __future__ import annotations

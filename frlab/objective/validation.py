@@ -221,8 +221,8 @@ class ValueChecks:
 
     Token checks screen `x * mask` (one multiply and one `aminmax`, far cheaper than a
     `torch.where` on CPU). That product is used for nothing but this screen: NaN/inf in a
-    masked slot make it a false alarm, which an exact re-check (`where`-based, one more sync)
-    clears; only a real offender raises. The loss itself never multiplies by the mask.
+    masked slot make it a false alarm, which an exact re-check (`where` + `aminmax`, one more
+    sync) clears; only a real offender raises. The loss itself never multiplies by the mask.
     """
 
     def __init__(self, mask: Tensor, dtype: torch.dtype) -> None:
@@ -260,25 +260,26 @@ class ValueChecks:
         """Policy-token values of `x` must be finite and <= 0."""
         x = x.detach()
 
-        def bad() -> Tensor:
-            return self.mask & ~((x <= 0) & (x > -math.inf))
+        def exact() -> bool:
+            return bool(_log_prob_flag(torch.where(self.mask, x, 0.0)))
 
         def msg() -> str:
-            return _bad_tokens(x, bad(), name, "finite and <= 0")
+            bad = self.mask & ~((x <= 0) & (x > -math.inf))
+            return _bad_tokens(x, bad, name, "finite and <= 0")
 
-        self.add(_log_prob_flag(self._screen(x)), msg, lambda: bool(bad().any()))
+        self.add(_log_prob_flag(self._screen(x)), msg, exact)
 
     def entropies(self, x: Tensor) -> None:
         """Policy-token entropies must be finite."""
         x = x.detach()
 
-        def bad() -> Tensor:
-            return self.mask & ~torch.isfinite(x)
+        def exact() -> bool:
+            return bool(_finite_flag(torch.where(self.mask, x, 0.0)))
 
         def msg() -> str:
-            return _bad_tokens(x, bad(), "entropies", "finite")
+            return _bad_tokens(x, self.mask & ~torch.isfinite(x), "entropies", "finite")
 
-        self.add(_finite_flag(self._screen(x)), msg, lambda: bool(bad().any()))
+        self.add(_finite_flag(self._screen(x)), msg, exact)
 
     def token_count(self, policy_tokens: Tensor, num_tokens: int | Tensor) -> None:
         local = policy_tokens.sum()

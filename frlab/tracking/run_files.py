@@ -9,14 +9,14 @@ header (the file is rewritten once).
 
 `summary.json` (written atomically at the end, also when training fails) holds the number of
 steps, the mean reward over the FIRST 10 and the LAST 10 and 20 steps, acceptance and lag
-statistics, wall time and updates per minute, the resolved component names and the output
-folder.
+statistics, wall time and updates per minute, the resolved component names, the output
+folder and, when the trainer's DataModule has a rollout pool, its counters (`rollout_stats`:
+started/finished/failed/rejected by reason, pauses for the lag bound).
 """
 
 from __future__ import annotations
 
 import csv
-import json
 import math
 import os
 import time
@@ -26,91 +26,17 @@ from typing import Any
 
 from lightning.pytorch.callbacks import Callback
 
-METRICS_FILE = "metrics.csv"
-SUMMARY_FILE = "summary.json"
-PREFIXES = ("train/", "timing/")
-FIXED_COLUMNS = ("step", "elapsed_s")
-
-
-def step_metrics(
-    metrics: Mapping[str, Any], prefixes: Sequence[str] = PREFIXES
-) -> dict[str, float]:
-    """Scalar metrics under `prefixes` as floats; `name_step` -> `name`, `name_epoch` dropped."""
-    out: dict[str, float] = {}
-    for key, value in metrics.items():
-        if not key.startswith(tuple(prefixes)) or key.endswith("_epoch"):
-            continue
-        name = key[: -len("_step")] if key.endswith("_step") else key
-        try:
-            out[name] = float(value)
-        except (TypeError, ValueError):
-            continue
-    return out
-
-
-def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, float]]:
-    """Rows of a metrics.csv as dicts of floats (empty cells -> NaN)."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / METRICS_FILE
-    if not path.exists():
-        return []
-    with path.open(newline="") as fh:
-        return [{k: _to_float(v) for k, v in row.items() if k} for row in csv.DictReader(fh)]
-
-
-def _to_float(text: str | None) -> float:
-    try:
-        return float(text) if text not in (None, "") else math.nan
-    except ValueError:
-        return math.nan
-
-
-def _cells(row: Mapping[str, Any]) -> dict[str, Any]:
-    """A row for csv: integer step; NaN (a metric not logged at that step) -> empty cell."""
-    cells = {k: "" if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()}
-    if isinstance(cells.get("step"), float):
-        cells["step"] = int(cells["step"])
-    return cells
-
-
-def _mean(values: Sequence[float]) -> float | None:
-    finite = [v for v in values if math.isfinite(v)]
-    return sum(finite) / len(finite) if finite else None
-
-
-def _column(rows: Sequence[Mapping[str, float]], key: str) -> list[float]:
-    return [r.get(key, math.nan) for r in rows]
-
-
-def summarize(rows: Sequence[Mapping[str, float]]) -> dict[str, Any]:
-    """Statistics of a run's metric rows (first/last windows named by their length)."""
-    reward = _column(rows, "train/reward_mean")
-    accept = _column(rows, "train/acceptance_rate")
-    lag_max = [v for v in _column(rows, "train/policy_lag_max") if math.isfinite(v)]
-    elapsed = [v for v in _column(rows, "elapsed_s") if math.isfinite(v)]
-    wall = max(elapsed) if elapsed else 0.0
-    steps = int(rows[-1]["step"]) if rows else 0
-    return {
-        "steps": steps,
-        "rows": len(rows),
-        "reward_mean_first_10": _mean(reward[:10]),
-        "reward_mean_last_10": _mean(reward[-10:]),
-        "reward_mean_last_20": _mean(reward[-20:]),
-        "acceptance_rate_mean": _mean(accept),
-        "acceptance_rate_last_10": _mean(accept[-10:]),
-        "policy_lag_mean": _mean(_column(rows, "train/policy_lag_mean")),
-        "policy_lag_max": max(lag_max) if lag_max else None,
-        "response_tokens_mean_last_10": _mean(_column(rows, "train/response_tokens_mean")[-10:]),
-        "wall_time_s": wall,
-        "updates_per_minute": (60.0 * len(rows) / wall) if wall > 0 else None,
-    }
-
-
-def write_json_atomic(path: Path, payload: Mapping[str, Any]) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
-    os.replace(tmp, path)
+from frlab.tracking.metrics_file import (
+    FIXED_COLUMNS,
+    METRICS_FILE,
+    PREFIXES,
+    SUMMARY_FILE,
+    cells,
+    read_metrics,
+    step_metrics,
+    summarize,
+    write_json_atomic,
+)
 
 
 class RunFilesCallback(Callback):
@@ -207,7 +133,7 @@ class RunFilesCallback(Callback):
             self.columns += new
             self._rewrite()
             return
-        self._writer.writerow(_cells(row))
+        self._writer.writerow(cells(row))
         self._fh.flush()
 
     def _rewrite(self) -> None:
@@ -217,7 +143,7 @@ class RunFilesCallback(Callback):
         with tmp.open("w", newline="") as fh:
             writer = csv.DictWriter(fh, fieldnames=self.columns, restval="")
             writer.writeheader()
-            writer.writerows(_cells(r) for r in self.rows)
+            writer.writerows(cells(r) for r in self.rows)
         os.replace(tmp, self.metrics_path)
         self._fh = self.metrics_path.open("a", newline="")
         self._writer = csv.DictWriter(self._fh, fieldnames=self.columns, restval="")

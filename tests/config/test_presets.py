@@ -38,7 +38,6 @@ def test_no_arguments_selects_the_cpu_default() -> None:
 @pytest.mark.parametrize("option", ["toy_single", "toy_multi"])
 def test_toy_env_configs_target_the_registered_toy_envs(option: str) -> None:
     from envs.toy import TOY_ENVS
-
     from frlab.config.instantiate import instantiate
 
     cfg = compose([f"env={option}"])

@@ -92,8 +92,10 @@ def test_filter_only_when_fraction_below_one() -> None:
 # --------------------------------------------------------------------------- validation
 
 
-def base() -> dict:
-    x = make_batch(3, 4, seed=0, dtype=torch.float32)
+def base(nan_masked: bool = True) -> dict:
+    """Valid float32 inputs; masked slots hold NaN (the token screen then raises a false
+    alarm that the exact re-check clears) or zeros (the screen alone decides)."""
+    x = make_batch(3, 4, seed=0, dtype=torch.float32, nan_masked=nan_masked)
     return {
         "log_probs": x["log_probs"],
         "behavior_log_probs": x["behavior_log_probs"],
@@ -178,10 +180,11 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("nan_masked", [True, False])
 @pytest.mark.parametrize("case", CASES)
-def test_validation_errors(case: str) -> None:
+def test_validation_errors(case: str, nan_masked: bool) -> None:
     edit, pattern = CASES[case]
-    a = base()
+    a = base(nan_masked)
     edit(a)
     with pytest.raises(ValueError, match=pattern):
         flashreinforce_loss(a["log_probs"], a["behavior_log_probs"], a["rewards"], a["action_mask"])
@@ -232,10 +235,11 @@ FILTER_CASES = {
 }
 
 
+@pytest.mark.parametrize("nan_masked", [True, False])
 @pytest.mark.parametrize("case", FILTER_CASES)
-def test_filter_validation_errors(case: str) -> None:
+def test_filter_validation_errors(case: str, nan_masked: bool) -> None:
     edit, pattern = FILTER_CASES[case]
-    a = base()
+    a = base(nan_masked)
     edit(a)
     with pytest.raises(ValueError, match=pattern):
         flashreinforce_loss(
@@ -249,9 +253,10 @@ def test_filter_validation_errors(case: str) -> None:
         )
 
 
-def test_valid_base_case_passes() -> None:
+@pytest.mark.parametrize("nan_masked", [True, False])
+def test_valid_base_case_passes(nan_masked: bool) -> None:
     """The unedited inputs of the validation tests are valid (so each case fails for its edit)."""
-    a = base()
+    a = base(nan_masked)
     loss, _ = flashreinforce_loss(
         a["log_probs"],
         a["behavior_log_probs"],

@@ -99,6 +99,18 @@ def test_exception_writes_a_failed_summary(tmp_path: Path) -> None:
     assert summary["steps"] == 1
 
 
+def test_summary_records_the_rollout_pools_counters(tmp_path: Path) -> None:
+    cb = RunFilesCallback(tmp_path)
+    trainer = drive(cb, [0.2])
+    stats = {"failed_by_reason": {"env_error": 2}, "rejected_by_reason": {}, "finished": 9}
+    trainer.datamodule = SimpleNamespace(pool=SimpleNamespace(stats=lambda: stats))
+    cb.on_train_end(trainer, None)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["rollout_stats"] == stats
+    header = (tmp_path / "metrics.csv").read_text().splitlines()[1]
+    assert header.startswith("1,"), "the step column is an integer"
+
+
 def test_other_ranks_write_nothing(tmp_path: Path) -> None:
     cb = RunFilesCallback(tmp_path / "run")
     trainer = SimpleNamespace(global_step=1, callback_metrics={}, is_global_zero=False)

@@ -1,0 +1,57 @@
+"""Loggers by group choice: CSV by default, TensorBoard, wandb (imported only when chosen)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from frlab.config.compose import compose
+from frlab.config.errors import ConfigError
+from frlab.config.instantiate import instantiate
+from frlab.config.preflight import preflight
+
+
+def logger_for(choice: str, save_dir: Path, *extra: str) -> object:
+    cfg = compose([f"logger={choice}", f"logger.save_dir={save_dir}", *extra], with_hydra=False)
+    return instantiate(cfg.logger, key="logger")
+
+
+def test_csv_is_the_default_and_needs_no_account(tmp_path: Path) -> None:
+    assert compose([]).logger._target_ == "lightning.pytorch.loggers.CSVLogger"
+    logger = logger_for("csv", tmp_path)
+    assert type(logger).__name__ == "CSVLogger"
+    logger.log_metrics({"train/reward_mean": 0.5}, step=1)
+    logger.save()
+    assert "train/reward_mean" in next(tmp_path.rglob("metrics.csv")).read_text()
+
+
+def test_tensorboard(tmp_path: Path) -> None:
+    logger = logger_for("tensorboard", tmp_path)
+    assert type(logger).__name__ == "TensorBoardLogger"
+
+
+def test_wandb_composes_without_importing_wandb() -> None:
+    plan = preflight(compose(["logger=wandb", "logger.offline=true"]))
+    assert plan.logger == "lightning.pytorch.loggers.WandbLogger"
+    assert "wandb" not in sys.modules
+
+
+@pytest.mark.skipif(importlib.util.find_spec("wandb") is not None, reason="wandb is installed")
+def test_wandb_without_the_extra_says_so(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        logger_for("wandb", tmp_path, "logger.name=x", "logger.offline=true")
+    assert info.value.key == "logger._target_"
+    assert "wandb" in str(info.value)
+
+
+def test_an_unresolvable_node_names_its_key(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        logger_for("wandb", tmp_path)  # name: ${hydra:...} outside a Hydra run
+    assert info.value.key == "logger"
+
+
+def test_no_logger() -> None:
+    assert preflight(compose(["~logger"])).logger is None
