@@ -1,4 +1,10 @@
-"""Shared grading for the toy environments: the answer is the first digit of the reply."""
+"""Shared grading for the toy environments: the first digit of the reply must have a given parity.
+
+Answering with "any digit of the right parity" (five correct tokens, not one) keeps a tiny
+random-init policy from collapsing onto one constant answer before it has learned to read the
+prompt: with a single correct token per class, REINFORCE often locks onto the token that
+wins half the time (reward 0.5) and its gradient vanishes there.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +18,12 @@ def first_digit(text: str) -> int | None:
         if "0" <= ch <= "9":
             return int(ch)
     return None
+
+
+def same_parity(action_text: str, digit: int) -> bool:
+    """Whether the reply's first digit exists and has the parity of `digit`."""
+    given = first_digit(action_text)
+    return given is not None and given % 2 == digit % 2
 
 
 def digit_field(task: Mapping[str, Any], name: str) -> int:

@@ -1,11 +1,11 @@
-"""`toy_multi`: two turns; the answer depends on a digit revealed only by the first observation.
+"""`toy_multi`: two turns; the answer depends on a key revealed only by the first observation.
 
 Turn 1: the prompt shows decoy digits and asks for the key; whatever the policy says, the
-environment replies "key k". Turn 2: the reward is 1 when the first digit of the reply is
-`k % 2` (1 for odd, 0 for even), else 0. The decoys make the observation necessary (the answer
-is not in the prompt), so a policy can only beat chance by reading observation tokens, which
-the agent loop masks out of the loss: this exercises masking and multi-turn credit
-assignment. A random policy succeeds ~5% of the time.
+environment replies "key k". Turn 2: the reward is 1 when the first digit of the reply has the
+parity of k, else 0. The answer is not in the prompt (decoys are independent of k), so a
+policy can only beat chance by reading observation tokens, which the agent loop masks out of
+the loss: this exercises masking and multi-turn credit assignment. A random-init policy
+succeeds ~5-10% of the time.
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from envs.base import Env, StepResult
-from envs.toy.grading import digit_field, digits_field, first_digit
+from envs.toy.grading import digit_field, digits_field, first_digit, same_parity
 
 
 class KeyParityEnv(Env):
-    """Two turns: "key? decoys 4 9" -> (anything) -> "key 7" -> "1"."""
+    """Two turns: "key? 4 9" -> (anything) -> "key 7" -> any odd digit, e.g. "3"."""
 
-    def __init__(self, num_decoys: int = 2) -> None:
+    def __init__(self, num_decoys: int = 0) -> None:
         if int(num_decoys) < 0:
             raise ValueError(f"env.num_decoys must be >= 0, got {num_decoys}")
         self.num_decoys = int(num_decoys)
@@ -35,7 +35,7 @@ class KeyParityEnv(Env):
         self._key = digit_field(task, "key")
         decoys = digits_field(task, "decoys") if task.get("decoys") else []
         self._turn = 0
-        return [{"role": "user", "content": " ".join(["key? decoys", *map(str, decoys)])}]
+        return [{"role": "user", "content": " ".join(["key?", *map(str, decoys)])}]
 
     def step(self, action_text: str) -> StepResult:
         if self._key is None:
@@ -43,7 +43,7 @@ class KeyParityEnv(Env):
         self._turn += 1
         if self._turn == 1:
             return StepResult(observation=f"key {self._key}", reward=0.0, done=False)
-        given, answer = first_digit(action_text), self._key % 2
+        info = {"key": self._key, "given": first_digit(action_text)}
+        reward = float(same_parity(action_text, self._key))
         self._key = None
-        info = {"answer": answer, "given": given}
-        return StepResult(observation=None, reward=float(given == answer), done=True, info=info)
+        return StepResult(observation=None, reward=reward, done=True, info=info)

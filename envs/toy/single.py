@@ -1,10 +1,10 @@
-"""`toy_single`: one turn, say whether the last digit shown is odd (1) or even (0).
+"""`toy_single`: one turn, reply with a digit of the same parity as the last digit shown.
 
 The prompt shows `num_digits` random digits (10**num_digits distinct prompts); the reward is 1
-when the first digit of the reply is `last % 2`, else 0. A random-init policy over a ~60-token
-vocabulary rarely starts its reply with 0 or 1 (success ~0.05), yet the task is learnable by
-a tiny policy in well under 100 updates on CPU: the answer is one token, and a binary answer
-gives REINFORCE enough positive samples (a 10-way digit answer learns several times slower).
+when the first digit of the reply has the parity of the last one shown, else 0. Random-init
+policies over a ~60-token vocabulary rarely start with a digit (success ~0.05-0.1); the answer
+is one token, so a tiny policy learns it in well under 100 updates on CPU. Five correct
+tokens per prompt (any odd or any even digit) avoid early collapse onto a constant reply.
 """
 
 from __future__ import annotations
@@ -14,36 +14,30 @@ from collections.abc import Mapping
 from typing import Any
 
 from envs.base import Env, StepResult
-from envs.toy.grading import digits_field, first_digit
+from envs.toy.grading import digits_field, first_digit, same_parity
 
 
 class ParityEnv(Env):
-    """Single turn: "odd? 3 8 1" -> "1"."""
+    """Single turn: "parity: 3 8" -> any even digit, e.g. "4"."""
 
     def __init__(self, num_digits: int = 2) -> None:
         if int(num_digits) < 1:
             raise ValueError(f"env.num_digits must be >= 1, got {num_digits}")
         self.num_digits = int(num_digits)
-        self._answer: int | None = None
+        self._target: int | None = None
 
     def sample_task(self, rng: random.Random) -> dict[str, Any]:
         return {"digits": [rng.randrange(10) for _ in range(self.num_digits)]}
 
-    @staticmethod
-    def answer(task: Mapping[str, Any]) -> int:
-        """1 when the last digit of the task is odd, else 0."""
-        return digits_field(task, "digits")[-1] % 2
-
     def reset(self, task: Mapping[str, Any]) -> list[dict[str, str]]:
         digits = digits_field(task, "digits")
-        self._answer = self.answer(task)
-        return [{"role": "user", "content": "odd? " + " ".join(map(str, digits))}]
+        self._target = digits[-1]
+        return [{"role": "user", "content": "parity: " + " ".join(map(str, digits))}]
 
     def step(self, action_text: str) -> StepResult:
-        if self._answer is None:
+        if self._target is None:
             raise RuntimeError("ParityEnv.step called before reset (or after the episode ended)")
-        given = first_digit(action_text)
-        info = {"answer": self._answer, "given": given}
-        reward = float(given == self._answer)
-        self._answer = None
+        info = {"target": self._target, "given": first_digit(action_text)}
+        reward = float(same_parity(action_text, self._target))
+        self._target = None
         return StepResult(observation=None, reward=reward, done=True, info=info)
