@@ -1,7 +1,7 @@
 """`toy_multi`: two turns; the answer depends on a key revealed only by the first observation.
 
-Turn 1: the prompt shows decoy digits and asks for the key; whatever the policy says, the
-environment replies "key k". Turn 2: the reward is 1 when the first digit of the reply has the
+Turn 1: the prompt asks for the key (with `num_decoys` random decoy digits, none by default:
+they slow a tiny policy down); whatever the policy says, the environment replies "key k". Turn 2: the reward is 1 when the reply starts with a digit of the
 parity of k, else 0. The answer is not in the prompt (decoys are independent of k), so a
 policy can only beat chance by reading observation tokens, which the agent loop masks out of
 the loss: this exercises masking and multi-turn credit assignment. A random-init policy
@@ -29,7 +29,10 @@ class KeyParityEnv(Env):
         self._turn = 0
 
     def sample_task(self, rng: random.Random) -> dict[str, Any]:
-        return {"key": rng.randrange(10), "decoys": [rng.randrange(10) for _ in range(self.num_decoys)]}
+        return {
+            "key": rng.randrange(10),
+            "decoys": [rng.randrange(10) for _ in range(self.num_decoys)],
+        }
 
     def reset(self, task: Mapping[str, Any]) -> list[dict[str, str]]:
         self._key = digit_field(task, "key")

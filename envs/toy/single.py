@@ -1,7 +1,7 @@
 """`toy_single`: one turn, reply with a digit of the same parity as the last digit shown.
 
 The prompt shows `num_digits` random digits (10**num_digits distinct prompts); the reward is 1
-when the first digit of the reply has the parity of the last one shown, else 0. Random-init
+when the reply starts with a digit of the parity of the last one shown, else 0. Random-init
 policies over a ~60-token vocabulary rarely start with a digit (success ~0.05-0.1); the answer
 is one token, so a tiny policy learns it in well under 100 updates on CPU. Five correct
 tokens per prompt (any odd or any even digit) avoid early collapse onto a constant reply.

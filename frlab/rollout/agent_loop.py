@@ -171,7 +171,9 @@ async def run_episode(
             break  # no room left for another action token
         stream.add_context(obs)
     if not any(stream.action_mask):
-        raise RolloutError("zero_action_tokens", f"prompt of {len(prompt)} tokens, max_len {cfg.max_len}")
+        raise RolloutError(
+            "zero_action_tokens", f"prompt of {len(prompt)} tokens, max_len {cfg.max_len}"
+        )
     episode_info = {
         "turns": len(boundaries),
         "tool_calls": tool_calls,
@@ -217,5 +219,7 @@ def _stop_ids(tokenizer: Any, sampling: SamplingParams) -> tuple[int, ...]:
     return tuple(ids)
 
 
-def _turn_params(sampling: SamplingParams, budget: int, stop_ids: tuple[int, ...]) -> SamplingParams:
+def _turn_params(
+    sampling: SamplingParams, budget: int, stop_ids: tuple[int, ...]
+) -> SamplingParams:
     return dataclasses.replace(sampling, max_new_tokens=int(budget), stop_token_ids=stop_ids)

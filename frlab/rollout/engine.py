@@ -86,7 +86,9 @@ class GenerationResult:
                 f"{len(self.log_probs)}, versions {len(self.versions)}"
             )
         if self.finish_reason not in ("stop", "length"):
-            raise ValueError(f"GenerationResult.finish_reason must be stop|length, got {self.finish_reason!r}")
+            raise ValueError(
+                f"GenerationResult.finish_reason must be stop|length, got {self.finish_reason!r}"
+            )
 
 
 class EngineError(RuntimeError):
@@ -110,7 +112,9 @@ class Engine(abc.ABC):
         """Stop, fail pending requests and join every thread this engine started."""
 
     @abc.abstractmethod
-    async def generate(self, prompt_token_ids: list[int], params: SamplingParams) -> GenerationResult:
+    async def generate(
+        self, prompt_token_ids: list[int], params: SamplingParams
+    ) -> GenerationResult:
         """Sample a continuation of `prompt_token_ids`; safe to call concurrently from one loop."""
 
     @abc.abstractmethod

@@ -118,7 +118,9 @@ class TorchEngine(Engine):
                 raise EngineError("TorchEngine was shut down; build a new engine")
             if self._thread is not None:
                 return
-            self._thread = threading.Thread(target=self._serve, name="frlab-torch-engine", daemon=True)
+            self._thread = threading.Thread(
+                target=self._serve, name="frlab-torch-engine", daemon=True
+            )
             self._thread.start()
 
     def shutdown(self) -> None:
@@ -141,12 +143,16 @@ class TorchEngine(Engine):
             self._cond.notify_all()
 
     # -- requests ----------------------------------------------------------------------------
-    async def generate(self, prompt_token_ids: list[int], params: SamplingParams) -> GenerationResult:
+    async def generate(
+        self, prompt_token_ids: list[int], params: SamplingParams
+    ) -> GenerationResult:
         req = _Request(self._check_prompt(prompt_token_ids), params, concurrent.futures.Future())
         params.validate(off_policy_correction=False)
         with self._cond:
             if self._stopping or self._thread is None:
-                raise EngineError("TorchEngine is not running: call start() first (or it was shut down)")
+                raise EngineError(
+                    "TorchEngine is not running: call start() first (or it was shut down)"
+                )
             self._pending.append(req)
             self._cond.notify_all()
         return await asyncio.wrap_future(req.future)
@@ -168,10 +174,14 @@ class TorchEngine(Engine):
         unknown = sorted(set(state_dict) - set(own))
         missing = sorted(set(own) - set(state_dict))
         if unknown or missing:
-            raise KeyError(f"update_weights state_dict mismatch: unknown {unknown[:5]}, missing {missing[:5]}")
+            raise KeyError(
+                f"update_weights state_dict mismatch: unknown {unknown[:5]}, missing {missing[:5]}"
+            )
         for name, tensor in state_dict.items():
             if tuple(tensor.shape) != tuple(own[name].shape):
-                raise ValueError(f"update_weights: {name} has shape {tuple(tensor.shape)}, engine {tuple(own[name].shape)}")
+                raise ValueError(
+                    f"update_weights: {name} has shape {tuple(tensor.shape)}, engine {tuple(own[name].shape)}"
+                )
         with self._cond:
             was_paused, self._paused = self._paused, True
         try:

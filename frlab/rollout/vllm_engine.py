@@ -51,9 +51,7 @@ def vllm_sampling_kwargs(params: SamplingParams, *, seed: int | None = None) -> 
     return kwargs
 
 
-def vllm_engine_kwargs(
-    model: str, supported: Iterable[str], **options: Any
-) -> dict[str, Any]:
+def vllm_engine_kwargs(model: str, supported: Iterable[str], **options: Any) -> dict[str, Any]:
     """`AsyncEngineArgs` keywords: `model`, `options`, and processed log-probs where the
     installed vLLM supports `logprobs_mode` (`supported`: its field names). Unknown option
     names raise ValueError naming them."""
@@ -77,13 +75,17 @@ def sampled_log_probs(token_ids: Sequence[int], logprobs: Sequence[Any] | None) 
     if logprobs is None:
         raise EngineError("vLLM returned no logprobs: the request must set logprobs=1")
     if len(logprobs) != len(token_ids):
-        raise EngineError(f"vLLM returned {len(logprobs)} logprob entries for {len(token_ids)} tokens")
+        raise EngineError(
+            f"vLLM returned {len(logprobs)} logprob entries for {len(token_ids)} tokens"
+        )
     out = []
     for i, (tok, entry) in enumerate(zip(token_ids, logprobs, strict=True)):
         try:
             value = _logprob_value(entry[int(tok)])
         except (KeyError, IndexError, TypeError) as exc:
-            raise EngineError(f"vLLM logprobs at position {i} lack the sampled token {tok}") from exc
+            raise EngineError(
+                f"vLLM logprobs at position {i} lack the sampled token {tok}"
+            ) from exc
         if not value <= 0.0:
             raise EngineError(f"vLLM log-prob {value} at position {i} is not a log-probability")
         out.append(value)
@@ -154,7 +156,9 @@ class VLLMEngine(Engine):
             return
         self._vllm = _import_vllm()
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="frlab-vllm-engine", daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="frlab-vllm-engine", daemon=True
+        )
         self._thread.start()
         self._call(self._build())
 
@@ -163,7 +167,9 @@ class VLLMEngine(Engine):
 
         fields = [f.name for f in dataclasses.fields(self._vllm.AsyncEngineArgs)]
         kwargs = vllm_engine_kwargs(self.model_path, fields, **self.engine_options)
-        self._engine = self._vllm.AsyncLLMEngine.from_engine_args(self._vllm.AsyncEngineArgs(**kwargs))
+        self._engine = self._vllm.AsyncLLMEngine.from_engine_args(
+            self._vllm.AsyncEngineArgs(**kwargs)
+        )
         self._unpaused = asyncio.Event()
         self._unpaused.set()
 
@@ -197,7 +203,9 @@ class VLLMEngine(Engine):
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     # -- requests ----------------------------------------------------------------------------
-    async def generate(self, prompt_token_ids: list[int], params: SamplingParams) -> GenerationResult:
+    async def generate(
+        self, prompt_token_ids: list[int], params: SamplingParams
+    ) -> GenerationResult:
         if self._loop is None:
             raise EngineError("VLLMEngine is not running: call start() first")
         prompt = [int(t) for t in prompt_token_ids]
@@ -217,7 +225,9 @@ class VLLMEngine(Engine):
         versions: list[int] = []
         last_version, final = self._version, None
         request_id = f"frlab-{uuid.uuid4().hex}"
-        stream = self._engine.generate(self._vllm.TokensPrompt(prompt_token_ids=prompt), sampling, request_id)
+        stream = self._engine.generate(
+            self._vllm.TokensPrompt(prompt_token_ids=prompt), sampling, request_id
+        )
         async for output in stream:
             completion = output.outputs[0]
             new = len(completion.token_ids) - len(versions)

@@ -20,8 +20,13 @@ def tiny_model(seed: int, sharpness: float = 40.0) -> Qwen2ForCausalLM:
     """A random 2-layer Qwen2 whose LM head is scaled up so its distributions are far from uniform."""
     torch.manual_seed(seed)
     cfg = Qwen2Config(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
     )
     model = Qwen2ForCausalLM(cfg).eval()
     with torch.no_grad():
@@ -29,7 +34,9 @@ def tiny_model(seed: int, sharpness: float = 40.0) -> Qwen2ForCausalLM:
     return model
 
 
-def recomputed_log_probs(model, prompt: list[int], tokens: list[int], temperature: float) -> torch.Tensor:
+def recomputed_log_probs(
+    model, prompt: list[int], tokens: list[int], temperature: float
+) -> torch.Tensor:
     """Log-probs of `tokens` after `prompt` from one fresh full forward (no cache, no padding)."""
     with torch.no_grad():
         logits = model(input_ids=torch.tensor([prompt + tokens])).logits[0].float()
@@ -38,7 +45,9 @@ def recomputed_log_probs(model, prompt: list[int], tokens: list[int], temperatur
 
 
 async def generate_all(engine, prompts, params):
-    return await asyncio.gather(*[engine.generate(p, q) for p, q in zip(prompts, params, strict=True)])
+    return await asyncio.gather(
+        *[engine.generate(p, q) for p, q in zip(prompts, params, strict=True)]
+    )
 
 
 PROMPTS = [[1, 2, 3], [5, 6, 7, 8, 9, 10, 11, 12], [4], [30, 31, 32, 33]]
@@ -61,7 +70,9 @@ def test_temperature_changes_the_recorded_distribution() -> None:
     """Guards the test above: log-probs at T=1 differ from those at T=0.7 for the same tokens."""
     model = tiny_model(0)
     with TorchEngine(model, seed=3) as engine:
-        (res,) = asyncio.run(generate_all(engine, [PROMPTS[0]], [SamplingParams(0.7, max_new_tokens=8)]))
+        (res,) = asyncio.run(
+            generate_all(engine, [PROMPTS[0]], [SamplingParams(0.7, max_new_tokens=8)])
+        )
     at_one = recomputed_log_probs(model, PROMPTS[0], res.token_ids, 1.0)
     assert (at_one - torch.tensor(res.log_probs)).abs().max() > 1e-2
 
@@ -70,7 +81,9 @@ def test_stop_token_ends_the_request_and_is_kept() -> None:
     everything = tuple(range(VOCAB))
     with TorchEngine(tiny_model(1)) as engine:
         (res,) = asyncio.run(
-            generate_all(engine, [[1, 2]], [SamplingParams(max_new_tokens=5, stop_token_ids=everything)])
+            generate_all(
+                engine, [[1, 2]], [SamplingParams(max_new_tokens=5, stop_token_ids=everything)]
+            )
         )
     assert res.finish_reason == "stop" and len(res.token_ids) == 1
     assert res.token_ids[0] in everything
@@ -93,7 +106,9 @@ def test_sampled_tokens_stay_inside_top_k() -> None:
     model = tiny_model(2)
     prompt = [7, 8, 9]
     with torch.no_grad():
-        allowed = set(model(input_ids=torch.tensor([prompt])).logits[0, -1].topk(3).indices.tolist())
+        allowed = set(
+            model(input_ids=torch.tensor([prompt])).logits[0, -1].topk(3).indices.tolist()
+        )
     params = [SamplingParams(top_k=3, max_new_tokens=1)] * 16
     with TorchEngine(model, seed=0) as engine:
         results = asyncio.run(generate_all(engine, [prompt] * 16, params))
@@ -148,11 +163,16 @@ def test_batches_never_exceed_max_batch_size() -> None:
     model = tiny_model(0)
     engine = TorchEngine(model, max_batch_size=2)
     sizes: list[int] = []
-    engine.model.register_forward_hook(lambda mod, args, kwargs, out: sizes.append(kwargs["input_ids"].shape[0]), with_kwargs=True)
+    engine.model.register_forward_hook(
+        lambda mod, args, kwargs, out: sizes.append(kwargs["input_ids"].shape[0]), with_kwargs=True
+    )
 
     async def run():
         engine.pause()
-        tasks = [asyncio.create_task(engine.generate([1, 2, i], SamplingParams(max_new_tokens=3))) for i in range(5)]
+        tasks = [
+            asyncio.create_task(engine.generate([1, 2, i], SamplingParams(max_new_tokens=3)))
+            for i in range(5)
+        ]
         await asyncio.sleep(0.05)
         engine.resume()
         return await asyncio.gather(*tasks)

@@ -9,9 +9,14 @@ from frlab.rollout.engine import GenerationResult, SamplingParams
 
 @pytest.mark.parametrize(
     ("params", "key"),
-    [(SamplingParams(top_p=0.95), "rollout.sampling.top_p"), (SamplingParams(top_k=20), "rollout.sampling.top_k")],
+    [
+        (SamplingParams(top_p=0.95), "rollout.sampling.top_p"),
+        (SamplingParams(top_k=20), "rollout.sampling.top_k"),
+    ],
 )
-def test_truncated_sampling_is_refused_with_off_policy_correction(params: SamplingParams, key: str) -> None:
+def test_truncated_sampling_is_refused_with_off_policy_correction(
+    params: SamplingParams, key: str
+) -> None:
     with pytest.raises(ValueError, match=key):
         params.validate(off_policy_correction=True)
     params.validate(off_policy_correction=False)  # allowed without correction (e.g. evaluation)
@@ -38,7 +43,9 @@ def test_invalid_values_name_their_field(kwargs: dict, key: str) -> None:
 
 
 def test_from_mapping_reads_config_and_rejects_unknown_keys() -> None:
-    p = SamplingParams.from_mapping({"temperature": 0.5, "max_new_tokens": 3, "stop_token_ids": [2, 5]})
+    p = SamplingParams.from_mapping(
+        {"temperature": 0.5, "max_new_tokens": 3, "stop_token_ids": [2, 5]}
+    )
     assert p == SamplingParams(temperature=0.5, max_new_tokens=3, stop_token_ids=(2, 5))
     assert SamplingParams.from_mapping(None) == SamplingParams()
     with pytest.raises(ValueError, match="top_q"):
