@@ -3,21 +3,12 @@
 FlashREINFORCE (SPEC §1, §3) trains on a batch of B finished trajectories of B distinct prompts
 as soon as they exist: the pool keeps up to `max_in_flight` rollouts running on an asyncio loop
 in a background thread, hands out the first B that finish and carries the rest over (no drain
-between steps). Finished trajectories are never dropped for being slow (that would bias
-training toward short rollouts); staleness is bounded by ADMISSION CONTROL instead.
-
-Lag bookkeeping. Learner version L = optimizer steps completed; the batch handed out next is
-trained at `next_consume_version` (one batch = one optimizer step). A rollout admitted while
-the engine is at version E samples tokens of version >= E, so it must be consumed by learner
-version `due = E + max_policy_lag`. The pool keeps the earliest-deadline invariant
-
-    for every d >= L:  #{outstanding rollouts with due <= d} <= (d - L + 1) * B,
-
-admits new work only if the invariant still holds with it (otherwise it pauses, counted in
-`paused_for_lag`), and builds each batch from finished rollouts: first the earliest-due ones the
-invariant requires (waiting for them if they are still running), the rest in finish order. So
-every trajectory satisfies `learner_version - min token version <= max_policy_lag` at
-consumption, and the per-trajectory lag is written into `Trajectory.info`.
+between steps). Finished trajectories are never dropped for being slow; staleness is bounded by
+admission control (the earliest-deadline invariant and lag bookkeeping in
+`frlab.rollout.admission`), so every trajectory satisfies
+`learner_version - min token version <= max_policy_lag` at consumption, and the per-trajectory
+lag is written into `Trajectory.info`. Rollout records and their checkpoint form live in
+`frlab.rollout.records`.
 
 `mode="sync"` (collect, then train) uses the same code: `next_batch` requests exactly B/G
 prompts x G samples, which run together and are handed out together; nothing else starts until
@@ -30,85 +21,48 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import copy
-import dataclasses
 import logging
 import random
 import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from frlab.data.batch import Trajectory
-from frlab.rollout.agent_loop import AgentLoopConfig, RolloutError, run_episode
+from frlab.rollout.admission import (
+    MODES,
+    admission_feasible,
+    lag_info,
+    required_early,
+    select_batch,
+    validate_pool_args,
+)
+from frlab.rollout.agent_loop import AgentLoopConfig, run_episode
 from frlab.rollout.engine import Engine
+from frlab.rollout.records import (
+    REJECT_REASONS,
+    Group,
+    Rollout,
+    as_rng_state,
+    check_state,
+    classify_failure,
+    pending_records,
+    ready_record,
+    restore_ready,
+)
+
+__all__ = [
+    "COUNTERS",
+    "MODES",
+    "REJECT_REASONS",
+    "RolloutPool",
+    "admission_feasible",
+    "required_early",
+    "select_batch",
+]
 
 log = logging.getLogger(__name__)
-
-MODES = ("async", "sync")
-REJECT_REASONS = frozenset({"zero_action_tokens", "bad_trajectory"})
-
-
-@dataclass(eq=False)
-class _Group:
-    """The G samples of one prompt (G = 1 in async mode)."""
-
-    prompt_id: int
-    task: dict[str, Any]
-    members: list[_Rollout] = field(default_factory=list)
-    unresolved: int = 0
-    failed: bool = False
-
-
-@dataclass(eq=False)
-class _Rollout:
-    seq: int
-    group: _Group
-    start_version: int
-    due: int
-    trajectory: Trajectory | None = None
-    finish_seq: int = -1
-
-
-def admission_feasible(
-    dues: list[int], new_due: int, new_count: int, learner_version: int, batch_size: int
-) -> bool:
-    """Whether `new_count` rollouts due at `new_due` keep the earliest-deadline invariant."""
-    if new_due < learner_version:
-        return False
-    for d in sorted({x for x in dues if x >= new_due} | {new_due}):
-        count = sum(1 for x in dues if x <= d) + new_count
-        if count > (d - learner_version + 1) * batch_size:
-            return False
-    return True
-
-
-def required_early(dues: list[int], learner_version: int, batch_size: int) -> dict[int, int]:
-    """For each due d: how many rollouts with due <= d the next batch must contain."""
-    need: dict[int, int] = {}
-    for d in sorted(set(dues)):
-        excess = sum(1 for x in dues if x <= d) - (d - learner_version) * batch_size
-        if excess > 0:
-            need[d] = excess
-    return need
-
-
-def select_batch(
-    ready: list[_Rollout], dues: list[int], learner_version: int, batch_size: int
-) -> list[_Rollout] | None:
-    """B finished rollouts that keep every deadline, else None (wait for more to finish)."""
-    if len(ready) < batch_size:
-        return None
-    need = required_early(dues, learner_version, batch_size)
-    for d, n in need.items():
-        if sum(1 for ro in ready if ro.due <= d) < min(n, batch_size):
-            return None
-    n_early = min(batch_size, max(need.values(), default=0))
-    early = sorted(ready, key=lambda ro: (ro.due, ro.finish_seq))[:n_early]
-    taken = {id(ro) for ro in early}
-    rest = [ro for ro in ready if id(ro) not in taken][: batch_size - n_early]
-    return sorted(early + rest, key=lambda ro: ro.finish_seq)
 
 
 class RolloutPool:
@@ -131,7 +85,7 @@ class RolloutPool:
         prompt_id_offset: int = 0,
         prompt_id_stride: int = 1,
     ) -> None:
-        _validate(batch_size, max_in_flight, max_policy_lag, mode, samples_per_prompt)
+        validate_pool_args(batch_size, max_in_flight, max_policy_lag, mode, samples_per_prompt)
         if num_env_workers < 1 or not 0 <= prompt_id_offset < prompt_id_stride:
             raise ValueError("need num_env_workers >= 1 and 0 <= prompt_id_offset < stride")
         self.engine = engine
@@ -165,8 +119,8 @@ class RolloutPool:
         self._tasks: set[asyncio.Task] = set()
 
     def _reset_queues(self) -> None:
-        self._outstanding: dict[int, _Rollout] = {}  # started, not yet consumed or dropped
-        self._ready: list[_Rollout] = []  # finished (whole groups), in finish order
+        self._outstanding: dict[int, Rollout] = {}  # started, not yet consumed or dropped
+        self._ready: list[Rollout] = []  # finished (whole groups), in finish order
         self._seq = self._finish_seq = self._sync_need = 0
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -281,10 +235,10 @@ class RolloutPool:
             prompt_id = self._id_offset + self._prompt_counter * self._id_stride
             self._prompt_counter += 1
             task = dict(self._task_env.sample_task(self._rng))
-        group = _Group(prompt_id, task, unresolved=self.samples_per_prompt)
+        group = Group(prompt_id, task, unresolved=self.samples_per_prompt)
         assert self._loop is not None
         for _ in range(self.samples_per_prompt):
-            ro = _Rollout(self._seq, group, version, due)
+            ro = Rollout(self._seq, group, version, due)
             self._seq += 1
             group.members.append(ro)
             self._outstanding[ro.seq] = ro
@@ -294,7 +248,7 @@ class RolloutPool:
         self._counts["started"] += self.samples_per_prompt
         self._sync_need -= self.mode == "sync"
 
-    async def _run(self, ro: _Rollout) -> None:
+    async def _run(self, ro: Rollout) -> None:
         assert self._executor is not None
         built = self._executor.submit(self.env_factory)
         try:
@@ -320,7 +274,7 @@ class RolloutPool:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            self._resolve(ro, None, _classify(exc))
+            self._resolve(ro, None, classify_failure(exc))
         else:
             self._resolve(ro, traj, None)
         finally:
@@ -330,7 +284,7 @@ class RolloutPool:
                 _close_env(env)
 
     def _resolve(
-        self, ro: _Rollout, traj: Trajectory | None, failure: tuple[str, str, Exception] | None
+        self, ro: Rollout, traj: Trajectory | None, failure: tuple[str, str, Exception] | None
     ) -> None:
         with self._cond:
             group = ro.group
@@ -351,7 +305,7 @@ class RolloutPool:
         if self._wake is not None:
             self._wake.set()
 
-    def _close_group(self, group: _Group) -> None:
+    def _close_group(self, group: Group) -> None:
         done = [ro for ro in group.members if ro.trajectory is not None]
         if not group.failed:
             self._ready.extend(sorted(done, key=lambda ro: ro.finish_seq))
@@ -404,7 +358,7 @@ class RolloutPool:
                 "push weights (WeightSyncCallback, rollout.sync_every <= rollout.max_policy_lag)"
             )
 
-    def _hand_out(self, chosen: list[_Rollout]) -> list[Trajectory]:
+    def _hand_out(self, chosen: list[Rollout]) -> list[Trajectory]:
         version = self._next_consume_version
         taken = {id(ro) for ro in chosen}
         self._ready = [ro for ro in self._ready if id(ro) not in taken]
@@ -413,17 +367,10 @@ class RolloutPool:
             self._outstanding.pop(ro.seq, None)
             traj = ro.trajectory
             assert traj is not None
-            lag_max = version - traj.min_version
-            self._lag_max_seen = max(self._lag_max_seen, lag_max)
-            self._counts["lag_violations"] += lag_max > self.max_policy_lag
-            traj.info.update(
-                learner_version=version,
-                start_version=ro.start_version,
-                min_version=traj.min_version,
-                max_version=traj.max_version,
-                policy_lag_min=version - traj.max_version,
-                policy_lag_max=lag_max,
-            )
+            info = lag_info(version, ro.start_version, traj)
+            self._lag_max_seen = max(self._lag_max_seen, info["policy_lag_max"])
+            self._counts["lag_violations"] += info["policy_lag_max"] > self.max_policy_lag
+            traj.info.update(info)
             batch.append(traj)
         self._next_consume_version += 1
         self._counts["consumed"] += len(batch)
@@ -479,27 +426,18 @@ class RolloutPool:
         resume) and finished-but-unconsumed trajectories; plain Python values only, so a
         checkpoint loads with `torch.load(weights_only=True)`."""
         with self._cond:
-            ready_ids = {id(ro) for ro in self._ready}
-            unfinished = {
-                id(ro.group): ro.group
-                for ro in self._outstanding.values()
-                if not ro.group.failed and id(ro) not in ready_ids
-            }
-            pending = [*self._pending, *((g.prompt_id, g.task) for g in unfinished.values())]
             return {
                 "prompt_counter": self._prompt_counter,
                 "rng_state": self._rng.getstate(),
-                "pending": [{"prompt_id": p, "task": copy.deepcopy(t)} for p, t in pending],
-                "ready": [_ready_record(ro) for ro in self._ready],
+                "pending": pending_records(self._pending, self._outstanding.values(), self._ready),
+                "ready": [ready_record(ro) for ro in self._ready],
                 "learner_version": self._learner_version,
                 "next_consume_version": self._next_consume_version,
             }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore the cursor; in-flight work (if running) is cancelled and its prompts rerun."""
-        missing = {"prompt_counter", "rng_state", "pending", "ready"} - set(state)
-        if missing:
-            raise KeyError(f"RolloutPool state is missing {sorted(missing)}")
+        check_state(state)
         if self._thread is not None and self._thread.is_alive() and self._loop is not None:
             asyncio.run_coroutine_threadsafe(self._load_in_loop(state), self._loop).result()
         else:
@@ -518,40 +456,19 @@ class RolloutPool:
         with self._cond:
             self._reset_queues()
             self._prompt_counter = int(state["prompt_counter"])
-            self._rng.setstate(_as_rng_state(state["rng_state"]))
+            self._rng.setstate(as_rng_state(state["rng_state"]))
             self._pending = deque((int(p["prompt_id"]), dict(p["task"])) for p in state["pending"])
             self._learner_version = int(state.get("learner_version", 0))
             self._next_consume_version = int(state.get("next_consume_version", 0))
-            for item in state["ready"]:
-                traj, start = Trajectory(**item["trajectory"]), int(item["start_version"])
-                group = _Group(traj.prompt_id, dict(item.get("task", {})))
-                ro = _Rollout(self._seq, group, start, start + self.max_policy_lag, traj)
-                ro.finish_seq = self._finish_seq
-                group.members.append(ro)
-                self._seq, self._finish_seq = self._seq + 1, self._finish_seq + 1
+            for ro in restore_ready(state["ready"], self.max_policy_lag):
                 self._outstanding[ro.seq] = ro
                 self._ready.append(ro)
+                self._seq = self._finish_seq = ro.seq + 1
             self._cond.notify_all()
 
 
 COUNTERS = ("started", "finished", "consumed", "batches", "paused_for_lag", "lag_violations",
             "weight_syncs")  # fmt: skip
-
-
-def _ready_record(ro: _Rollout) -> dict[str, Any]:
-    assert ro.trajectory is not None
-    return {
-        "trajectory": dataclasses.asdict(ro.trajectory),
-        "start_version": ro.start_version,
-        "task": copy.deepcopy(ro.group.task),
-    }
-
-
-def _classify(exc: Exception) -> tuple[str, str, Exception]:
-    """("failed" | "rejected", reason, exc) for a rollout that raised."""
-    if isinstance(exc, RolloutError):
-        return ("rejected" if exc.reason in REJECT_REASONS else "failed"), exc.reason, exc
-    return "failed", f"agent_loop:{type(exc).__name__}", exc
 
 
 def _close_built_env(built: concurrent.futures.Future) -> None:
@@ -565,26 +482,3 @@ def _close_env(env: Any) -> None:
         getattr(env, "close", lambda: None)()
     except Exception:  # closing must never fail the run
         log.exception("env.close() failed")
-
-
-def _as_rng_state(state: Any) -> tuple:
-    """random.Random state from its tuple form (or the list form a JSON round-trip gives)."""
-    version, internal, gauss = state
-    return (int(version), tuple(int(x) for x in internal), gauss)
-
-
-def _validate(batch_size: int, max_in_flight: int, max_policy_lag: int, mode: str, g: int) -> None:
-    if int(batch_size) < 1:
-        raise ValueError(f"data.batch_size must be >= 1, got {batch_size}")
-    if mode not in MODES:
-        raise ValueError(f"rollout.mode must be one of {MODES}, got {mode!r}")
-    if int(g) < 1 or (mode == "async" and int(g) != 1):
-        raise ValueError(f"rollout.samples_per_prompt={g}: must be 1 in async mode, >= 1 in sync")
-    if int(batch_size) % int(g):
-        raise ValueError(
-            f"data.batch_size={batch_size} must be a multiple of rollout.samples_per_prompt={g}"
-        )
-    if int(max_in_flight) < int(g):
-        raise ValueError(f"rollout.max_in_flight={max_in_flight} must be >= samples_per_prompt={g}")
-    if int(max_policy_lag) < 0:
-        raise ValueError(f"rollout.max_policy_lag must be >= 0, got {max_policy_lag}")

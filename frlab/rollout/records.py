@@ -1,0 +1,102 @@
+"""What the rollout pool records: each rollout and its prompt group, and its checkpoint form.
+
+A `Rollout` is one sample in flight or finished, with the learner version `due` by which it must
+be consumed (FlashREINFORCE SPEC §3, see `frlab.rollout.admission`); a `Group` is the G samples of
+one prompt (G = 1 in async mode). A failed rollout is classified as "failed" or "rejected" with a
+reason the pool counts. The checkpoint form of the pool's data cursor is plain Python values only
+(so it loads with `torch.load(weights_only=True)`): prompts not yet finished, to be rerun on
+resume, and finished-but-unconsumed trajectories with their start version.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from frlab.data.batch import Trajectory
+from frlab.rollout.agent_loop import RolloutError
+
+REJECT_REASONS = frozenset({"zero_action_tokens", "bad_trajectory"})
+STATE_KEYS = frozenset({"prompt_counter", "rng_state", "pending", "ready"})
+
+
+@dataclass(eq=False)
+class Group:
+    """The G samples of one prompt (G = 1 in async mode)."""
+
+    prompt_id: int
+    task: dict[str, Any]
+    members: list[Rollout] = field(default_factory=list)
+    unresolved: int = 0
+    failed: bool = False
+
+
+@dataclass(eq=False)
+class Rollout:
+    """One sample: started at engine version `start_version`, consumed by learner version `due`."""
+
+    seq: int
+    group: Group
+    start_version: int
+    due: int
+    trajectory: Trajectory | None = None
+    finish_seq: int = -1
+
+
+def classify_failure(exc: Exception) -> tuple[str, str, Exception]:
+    """("failed" | "rejected", reason, exc) for a rollout that raised."""
+    if isinstance(exc, RolloutError):
+        return ("rejected" if exc.reason in REJECT_REASONS else "failed"), exc.reason, exc
+    return "failed", f"agent_loop:{type(exc).__name__}", exc
+
+
+def ready_record(ro: Rollout) -> dict[str, Any]:
+    """Checkpoint form of a finished, unconsumed rollout."""
+    assert ro.trajectory is not None
+    return {
+        "trajectory": dataclasses.asdict(ro.trajectory),
+        "start_version": ro.start_version,
+        "task": copy.deepcopy(ro.group.task),
+    }
+
+
+def pending_records(
+    pending: Iterable[tuple[int, dict[str, Any]]],
+    outstanding: Iterable[Rollout],
+    ready: Iterable[Rollout],
+) -> list[dict[str, Any]]:
+    """Checkpoint form of the prompts to rerun: queued ones, then groups still running."""
+    ready_ids = {id(ro) for ro in ready}
+    unfinished = {
+        id(ro.group): ro.group
+        for ro in outstanding
+        if not ro.group.failed and id(ro) not in ready_ids
+    }
+    prompts = [*pending, *((g.prompt_id, g.task) for g in unfinished.values())]
+    return [{"prompt_id": p, "task": copy.deepcopy(t)} for p, t in prompts]
+
+
+def check_state(state: Mapping[str, Any]) -> None:
+    """Raise KeyError naming the fields a RolloutPool state lacks."""
+    missing = STATE_KEYS - set(state)
+    if missing:
+        raise KeyError(f"RolloutPool state is missing {sorted(missing)}")
+
+
+def restore_ready(items: Iterable[Mapping[str, Any]], max_policy_lag: int) -> Iterator[Rollout]:
+    """Finished rollouts from their checkpoint form, numbered 0.. in order (seq = finish_seq)."""
+    for i, item in enumerate(items):
+        traj, start = Trajectory(**item["trajectory"]), int(item["start_version"])
+        group = Group(traj.prompt_id, dict(item.get("task", {})))
+        ro = Rollout(i, group, start, start + max_policy_lag, traj, finish_seq=i)
+        group.members.append(ro)
+        yield ro
+
+
+def as_rng_state(state: Any) -> tuple:
+    """random.Random state from its tuple form (or the list form a JSON round-trip gives)."""
+    version, internal, gauss = state
+    return (int(version), tuple(int(x) for x in internal), gauss)
