@@ -29,8 +29,13 @@ def _cache_of(out: object) -> object:
 
 
 @torch.no_grad()
-def sample_batch(policy: torch.nn.Module, prompts: torch.Tensor, new_tokens: int, temperature: float,
-                 generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_batch(
+    policy: torch.nn.Module,
+    prompts: torch.Tensor,
+    new_tokens: int,
+    temperature: float,
+    generator: torch.Generator,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Ancestral sampling with a KV cache; returns (token ids [B,P+N], behaviour log-probs [B,N])."""
     out = policy(input_ids=prompts, use_cache=True)
     cache, logits = _cache_of(out), out.logits[:, -1]
@@ -45,8 +50,15 @@ def sample_batch(policy: torch.nn.Module, prompts: torch.Tensor, new_tokens: int
     return torch.cat([prompts, *tokens], dim=1), torch.cat(logps, dim=1)
 
 
-def make_batch(policy: torch.nn.Module, batch_size: int, prompt_len: int, new_tokens: int,
-               vocab: int, temperature: float, seed: int) -> RolloutBatch:
+def make_batch(
+    policy: torch.nn.Module,
+    batch_size: int,
+    prompt_len: int,
+    new_tokens: int,
+    vocab: int,
+    temperature: float,
+    seed: int,
+) -> RolloutBatch:
     """One rollout per prompt; reward = fraction of sampled tokens with an even id."""
     gen = torch.Generator().manual_seed(seed)
     prompts = torch.randint(0, vocab, (batch_size, prompt_len), generator=gen)
@@ -58,10 +70,15 @@ def make_batch(policy: torch.nn.Module, batch_size: int, prompt_len: int, new_to
     behavior_full[:, prompt_len:] = behavior
     rewards = (ids[:, prompt_len:] % 2 == 0).float().mean(dim=1)
     return RolloutBatch(
-        input_ids=ids, attention_mask=torch.ones_like(action), action_mask=action,
+        input_ids=ids,
+        attention_mask=torch.ones_like(action),
+        action_mask=action,
         position_ids=torch.arange(width).expand(batch_size, width).clone(),
-        behavior_log_probs=behavior_full, token_versions=torch.where(action, 0, -1),
-        rewards=rewards, failures=rewards < 0.5, truncated=torch.zeros(batch_size, dtype=torch.bool),
+        behavior_log_probs=behavior_full,
+        token_versions=torch.where(action, 0, -1),
+        rewards=rewards,
+        failures=rewards < 0.5,
+        truncated=torch.zeros(batch_size, dtype=torch.bool),
         prompt_ids=torch.arange(batch_size),
     )
 
@@ -84,26 +101,39 @@ def main(argv: list[str] | None = None) -> int:
     vocab = 64
     policy = build_policy(config=tiny_config("qwen2", vocab_size=vocab), seed=args.seed)
     batch = make_batch(policy, args.batch_size, 8, args.new_tokens, vocab, 1.0, args.seed)
-    objective = Objective.from_preset("flashreinforce",
-                                      params={"sequence_bernoulli_kl": {"delta": args.delta}})
+    objective = Objective.from_preset(
+        "flashreinforce", params={"sequence_bernoulli_kl": {"delta": args.delta}}
+    )
     before = [q.detach().clone() for q in policy.parameters()]
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, weight_decay=0.0)
 
-    log_probs, _ = sequence_logprobs(policy, batch.input_ids, batch.attention_mask,
-                                     batch.position_ids, action_mask=batch.action_mask)
+    log_probs, _ = sequence_logprobs(
+        policy,
+        batch.input_ids,
+        batch.attention_mask,
+        batch.position_ids,
+        action_mask=batch.action_mask,
+    )
     advantages = objective.advantages(batch.rewards, batch.prompt_ids)
     loss, diag = objective(log_probs, batch.behavior_log_probs, advantages, batch.action_mask)
     optimizer.zero_grad()
     loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
     optimizer.step()
-    moved = math.sqrt(sum(float((q.detach() - b).pow(2).sum())
-                          for q, b in zip(policy.parameters(), before, strict=True)))
+    moved = math.sqrt(
+        sum(
+            float((q.detach() - b).pow(2).sum())
+            for q, b in zip(policy.parameters(), before, strict=True)
+        )
+    )
 
     values = {
-        "loss": float(loss.detach()), "acceptance_rate": float(diag["acceptance_rate"]),
-        "sequence_kl_max": float(diag["sequence_kl"].max()), "reward_mean": float(batch.rewards.mean()),
-        "grad_norm": float(grad_norm), "param_delta_l2": moved,
+        "loss": float(loss.detach()),
+        "acceptance_rate": float(diag["acceptance_rate"]),
+        "sequence_kl_max": float(diag["sequence_kl"].max()),
+        "reward_mean": float(batch.rewards.mean()),
+        "grad_norm": float(grad_norm),
+        "param_delta_l2": moved,
     }
     for k, v in values.items():
         print(f"{k:>16s}: {v:.6g}")

@@ -19,6 +19,10 @@ def test_ci_runs_the_readme_commands() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
     assert re.search(rf"^{re.escape(install)}\s*$", ci, flags=re.M)
     assert re.search(rf"^{re.escape(test)} ", ci, flags=re.M)
-    for var in ("HF_HUB_OFFLINE=1", "TRANSFORMERS_OFFLINE=1", "HF_DATASETS_OFFLINE=1",
-                "WANDB_MODE=offline"):
+    for var in (
+        "HF_HUB_OFFLINE=1",
+        "TRANSFORMERS_OFFLINE=1",
+        "HF_DATASETS_OFFLINE=1",
+        "WANDB_MODE=offline",
+    ):
         assert var in ci

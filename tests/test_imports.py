@@ -10,7 +10,15 @@ FORBIDDEN = ("vllm", "alfworld", "wandb")
 
 @pytest.mark.parametrize(
     "module",
-    ["frlab", "frlab.objective", "frlab.data", "frlab.model", "frlab.rollout", "frlab.learner", "envs"],
+    [
+        "frlab",
+        "frlab.objective",
+        "frlab.data",
+        "frlab.model",
+        "frlab.rollout",
+        "frlab.learner",
+        "envs",
+    ],
 )
 def test_import_does_not_pull_optional_heavy_packages(module: str) -> None:
     code = (

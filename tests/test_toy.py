@@ -8,8 +8,9 @@ from frlab.toy import main
 
 
 def test_toy_cli_runs_one_finite_update() -> None:
-    out = subprocess.run([sys.executable, "-m", "frlab.toy"], capture_output=True, text=True,
-                         timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "frlab.toy"], capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr
     values = dict(re.findall(r"^\s*(\w+): (\S+)$", out.stdout, flags=re.M))
     for key in ("loss", "acceptance_rate", "param_delta_l2", "grad_norm"):

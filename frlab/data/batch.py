@@ -45,7 +45,9 @@ class Trajectory:
         if n == 0:
             raise TrajectoryError("Trajectory.token_ids is empty")
         if self.action_mask[0]:
-            raise TrajectoryError("Trajectory.action_mask[0] is True: the first token must be prompt")
+            raise TrajectoryError(
+                "Trajectory.action_mask[0] is True: the first token must be prompt"
+            )
         if not any(self.action_mask):
             raise TrajectoryError("Trajectory has zero action tokens (action_mask all False)")
         if not math.isfinite(float(self.reward)):
@@ -119,14 +121,15 @@ class RolloutBatch:
         if micro_batch_size <= 0:
             raise ValueError(f"micro_batch_size must be positive, got {micro_batch_size}")
         b = self.batch_size
-        return [self.select(slice(i, min(i + micro_batch_size, b))) for i in range(0, b, micro_batch_size)]
+        return [
+            self.select(slice(i, min(i + micro_batch_size, b)))
+            for i in range(0, b, micro_batch_size)
+        ]
 
     def trim(self) -> RolloutBatch:
         """Drop trailing columns that are padding in every row."""
         width = int(self.attention_mask.sum(dim=1).max().item())
-        rows = {
-            k: (v[:, :width] if v.dim() == 2 else v) for k, v in self.tensor_fields().items()
-        }
+        rows = {k: (v[:, :width] if v.dim() == 2 else v) for k, v in self.tensor_fields().items()}
         return RolloutBatch(**rows, infos=self.infos)
 
 

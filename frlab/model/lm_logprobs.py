@@ -26,6 +26,7 @@ from frlab.objective.logprobs import (
     check_targets,
     chunk_stats_,
     compute_dtype_for,
+    rows_per_chunk,
     softmax_grad_,
 )
 
@@ -157,8 +158,8 @@ def logprobs_from_hidden(
     check_targets(targets, hidden.shape[0], weight.shape[0], hidden.device)
     mm = matmul_dtype(hidden, weight)
     logp, entropy = _ChunkedLMHeadLogProb.apply(
-        hidden, weight, bias, targets, float(temperature), int(chunk_size),
-        bool(compute_entropy), mm,
+        hidden, weight, bias, targets, float(temperature),
+        rows_per_chunk(chunk_size, weight.shape[0]), bool(compute_entropy), mm,
     )  # fmt: skip
     return logp, (entropy if compute_entropy else None)
 

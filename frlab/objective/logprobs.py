@@ -37,6 +37,16 @@ def check_chunking(temperature: float, chunk_size: int) -> None:
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
 
 
+# A chunk's float32 [rows, V] buffer never exceeds this: at a 152k vocabulary the default
+# chunk_size of 1024 rows would otherwise be a 622 MB buffer, larger than many whole batches.
+CHUNK_BYTES = 64 << 20
+
+
+def rows_per_chunk(chunk_size: int, vocab: int) -> int:
+    """`chunk_size`, capped so that one float32 chunk of logits stays within CHUNK_BYTES."""
+    return max(1, min(int(chunk_size), CHUNK_BYTES // (4 * max(1, int(vocab)))))
+
+
 def check_targets(targets: Tensor, n: int, vocab: int, device: torch.device) -> None:
     """`targets` must be a long vector of `n` token ids in [0, vocab) on `device`."""
     if targets.dim() != 1 or targets.shape[0] != n:
@@ -157,6 +167,10 @@ def sampled_logprobs_and_entropy(
     check_chunking(temperature, chunk_size)
     check_targets(targets, logits.shape[0], logits.shape[1], logits.device)
     logp, entropy = _ChunkedSampledLogProb.apply(
-        logits, targets, float(temperature), int(chunk_size), bool(compute_entropy)
+        logits,
+        targets,
+        float(temperature),
+        rows_per_chunk(chunk_size, logits.shape[1]),
+        bool(compute_entropy),
     )
     return logp, (entropy if compute_entropy else None)

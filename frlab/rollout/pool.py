@@ -32,6 +32,7 @@ from typing import Any
 from frlab.data.batch import Trajectory
 from frlab.rollout.admission import (
     MODES,
+    DeadlineQueue,
     admission_feasible,
     lag_info,
     required_early,
@@ -119,9 +120,8 @@ class RolloutPool:
         self._tasks: set[asyncio.Task] = set()
 
     def _reset_queues(self) -> None:
-        self._outstanding: dict[int, Rollout] = {}  # started, not yet consumed or dropped
-        self._ready: list[Rollout] = []  # finished (whole groups), in finish order
-        self._seq = self._finish_seq = self._sync_need = 0
+        self._queue = DeadlineQueue()  # started, not yet consumed or dropped
+        self._sync_need = 0
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -211,17 +211,13 @@ class RolloutPool:
         g = self.samples_per_prompt
         with self._cond:
             while not (self._stopping or self._loading):
-                in_flight = sum(ro.trajectory is None for ro in self._outstanding.values())
-                if in_flight + g > self.max_in_flight or (
+                if self._queue.in_flight() + g > self.max_in_flight or (
                     self.mode == "sync" and self._sync_need <= 0
                 ):
                     return
                 version = int(self.engine.version)
                 due = version + self.max_policy_lag
-                dues = [ro.due for ro in self._outstanding.values()]
-                if not admission_feasible(
-                    dues, due, g, self._next_consume_version, self.batch_size
-                ):
+                if not self._queue.admits(due, g, self._next_consume_version, self.batch_size):
                     self._counts["paused_for_lag"] += not self._lag_paused
                     self._lag_paused = True
                     return
@@ -238,11 +234,7 @@ class RolloutPool:
         group = Group(prompt_id, task, unresolved=self.samples_per_prompt)
         assert self._loop is not None
         for _ in range(self.samples_per_prompt):
-            ro = Rollout(self._seq, group, version, due)
-            self._seq += 1
-            group.members.append(ro)
-            self._outstanding[ro.seq] = ro
-            t = self._loop.create_task(self._run(ro))
+            t = self._loop.create_task(self._run(self._queue.add(group, version, due)))
             self._tasks.add(t)
             t.add_done_callback(self._tasks.discard)
         self._counts["started"] += self.samples_per_prompt
@@ -293,11 +285,11 @@ class RolloutPool:
                 kind, reason, exc = failure
                 (self._failed if kind == "failed" else self._rejected)[reason] += 1
                 log.warning("rollout of prompt %d %s (%s): %s", group.prompt_id, kind, reason, exc)
-                self._outstanding.pop(ro.seq, None)
+                self._queue.drop(ro)
                 group.failed = True
             else:
-                ro.trajectory, ro.finish_seq = traj, self._finish_seq
-                self._finish_seq += 1
+                assert traj is not None
+                self._queue.finish(ro, traj)
                 self._counts["finished"] += 1
             if group.unresolved == 0:
                 self._close_group(group)
@@ -306,14 +298,11 @@ class RolloutPool:
             self._wake.set()
 
     def _close_group(self, group: Group) -> None:
-        done = [ro for ro in group.members if ro.trajectory is not None]
-        if not group.failed:
-            self._ready.extend(sorted(done, key=lambda ro: ro.finish_seq))
-            return
-        for ro in done:  # a group is atomic: drop the finished siblings of a failed sample
-            self._outstanding.pop(ro.seq, None)
-            self._rejected["incomplete_group"] += 1
-        self._sync_need += self.mode == "sync"  # start a replacement group
+        dropped = self._queue.close_group(group)  # the finished siblings of a failed sample
+        if dropped:
+            self._rejected["incomplete_group"] += dropped
+        if group.failed:
+            self._sync_need += self.mode == "sync"  # start a replacement group
 
     # -- consumer side -----------------------------------------------------------------------
     def next_batch(self, timeout: float | None = None) -> list[Trajectory]:
@@ -323,10 +312,7 @@ class RolloutPool:
             self._request_sync_batch()
             while True:
                 self._raise_if_unusable()
-                dues = [ro.due for ro in self._outstanding.values()]
-                chosen = select_batch(
-                    self._ready, dues, self._next_consume_version, self.batch_size
-                )
+                chosen = self._queue.select(self._next_consume_version, self.batch_size)
                 if chosen is not None:
                     break
                 left = None if deadline is None else deadline - time.monotonic()
@@ -341,8 +327,8 @@ class RolloutPool:
 
     def _request_sync_batch(self) -> None:
         if self.mode == "sync" and self._sync_need <= 0:
-            groups = {id(ro.group) for ro in self._outstanding.values()}
-            self._sync_need = self.batch_size // self.samples_per_prompt - len(groups)
+            groups = self._queue.num_groups()
+            self._sync_need = self.batch_size // self.samples_per_prompt - groups
             self._notify_loop()
 
     def _raise_if_unusable(self) -> None:
@@ -351,7 +337,7 @@ class RolloutPool:
         if not self._started or self._stopping or self._stopped:
             raise RuntimeError("RolloutPool is not running: call start() (and not after stop())")
         version, learner = int(self.engine.version), self._next_consume_version
-        if not self._outstanding and version + self.max_policy_lag < learner:
+        if not self._queue.outstanding and version + self.max_policy_lag < learner:
             raise RuntimeError(
                 f"rollout pool stalled: engine version {version} + rollout.max_policy_lag "
                 f"{self.max_policy_lag} < learner version {learner}, so no rollout may start; "
@@ -360,11 +346,9 @@ class RolloutPool:
 
     def _hand_out(self, chosen: list[Rollout]) -> list[Trajectory]:
         version = self._next_consume_version
-        taken = {id(ro) for ro in chosen}
-        self._ready = [ro for ro in self._ready if id(ro) not in taken]
+        self._queue.take(chosen)
         batch = []
         for ro in chosen:
-            self._outstanding.pop(ro.seq, None)
             traj = ro.trajectory
             assert traj is not None
             info = lag_info(version, ro.start_version, traj)
@@ -408,9 +392,9 @@ class RolloutPool:
                 failed_by_reason=dict(self._failed),
                 rejected=sum(self._rejected.values()),
                 rejected_by_reason=dict(self._rejected),
-                in_flight=sum(ro.trajectory is None for ro in self._outstanding.values()),
-                queued=len(self._ready),
-                outstanding=len(self._outstanding),
+                in_flight=self._queue.in_flight(),
+                queued=len(self._queue.ready),
+                outstanding=len(self._queue.outstanding),
                 lag_paused=self._lag_paused,
                 lag_max_seen=self._lag_max_seen,
                 prompts=self._prompt_counter,
@@ -426,11 +410,12 @@ class RolloutPool:
         resume) and finished-but-unconsumed trajectories; plain Python values only, so a
         checkpoint loads with `torch.load(weights_only=True)`."""
         with self._cond:
+            queue = self._queue
             return {
                 "prompt_counter": self._prompt_counter,
                 "rng_state": self._rng.getstate(),
-                "pending": pending_records(self._pending, self._outstanding.values(), self._ready),
-                "ready": [ready_record(ro) for ro in self._ready],
+                "pending": pending_records(self._pending, queue.outstanding.values(), queue.ready),
+                "ready": [ready_record(ro) for ro in queue.ready],
                 "learner_version": self._learner_version,
                 "next_consume_version": self._next_consume_version,
             }
@@ -460,10 +445,7 @@ class RolloutPool:
             self._pending = deque((int(p["prompt_id"]), dict(p["task"])) for p in state["pending"])
             self._learner_version = int(state.get("learner_version", 0))
             self._next_consume_version = int(state.get("next_consume_version", 0))
-            for ro in restore_ready(state["ready"], self.max_policy_lag):
-                self._outstanding[ro.seq] = ro
-                self._ready.append(ro)
-                self._seq = self._finish_seq = ro.seq + 1
+            self._queue.restore(restore_ready(state["ready"], self.max_policy_lag))
             self._cond.notify_all()
 
 
