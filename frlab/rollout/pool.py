@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import copy
+import functools
 import logging
 import random
 import threading
@@ -30,38 +30,26 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from frlab.data.batch import Trajectory
-from frlab.rollout.admission import (
-    MODES,
-    DeadlineQueue,
-    admission_feasible,
-    lag_info,
-    required_early,
-    select_batch,
-    validate_pool_args,
-)
-from frlab.rollout.agent_loop import AgentLoopConfig, run_episode
+from frlab.rollout.admission import MODES as MODES  # re-exported: pool's public names
+from frlab.rollout.admission import DeadlineQueue, lag_info, validate_pool_args
+from frlab.rollout.admission import admission_feasible as admission_feasible
+from frlab.rollout.admission import required_early as required_early
+from frlab.rollout.admission import select_batch as select_batch
+from frlab.rollout.agent_loop import AgentLoopConfig
 from frlab.rollout.engine import Engine
+from frlab.rollout.records import REJECT_REASONS as REJECT_REASONS
 from frlab.rollout.records import (
-    REJECT_REASONS,
+    Failure,
     Group,
     Rollout,
     as_rng_state,
     check_state,
-    classify_failure,
+    close_env,
     pending_records,
     ready_record,
     restore_ready,
+    run_rollout,
 )
-
-__all__ = [
-    "COUNTERS",
-    "MODES",
-    "REJECT_REASONS",
-    "RolloutPool",
-    "admission_feasible",
-    "required_early",
-    "select_batch",
-]
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +151,7 @@ class RolloutPool:
             finally:
                 if self._executor is not None:
                     self._executor.shutdown(wait=True)
-                _close_env(self._task_env)
+                close_env(self._task_env)
                 if self._loop is not None:
                     self._loop.close()
                 with self._cond:
@@ -242,42 +230,10 @@ class RolloutPool:
 
     async def _run(self, ro: Rollout) -> None:
         assert self._executor is not None
-        built = self._executor.submit(self.env_factory)
-        try:
-            env = await asyncio.wrap_future(built)
-        except asyncio.CancelledError:
-            built.add_done_callback(_close_built_env)
-            raise
-        except Exception as exc:
-            self._resolve(ro, None, ("failed", "env_factory", exc))
-            return
-        try:
-            traj = await run_episode(
-                self.engine,
-                env,
-                copy.deepcopy(ro.group.task),
-                self.tokenizer,
-                self.loop_cfg,
-                prompt_id=ro.group.prompt_id,
-                executor=self._executor,
-            )
-            if not isinstance(traj, Trajectory):
-                raise TypeError(f"episode returned {type(traj).__name__}, not Trajectory")
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            self._resolve(ro, None, classify_failure(exc))
-        else:
-            self._resolve(ro, traj, None)
-        finally:
-            try:
-                self._executor.submit(_close_env, env)
-            except RuntimeError:  # executor already shut down
-                _close_env(env)
+        args = (self.engine, self.env_factory, self.tokenizer, self.loop_cfg, ro.group)
+        await run_rollout(*args, self._executor, functools.partial(self._resolve, ro))
 
-    def _resolve(
-        self, ro: Rollout, traj: Trajectory | None, failure: tuple[str, str, Exception] | None
-    ) -> None:
+    def _resolve(self, ro: Rollout, traj: Trajectory | None, failure: Failure | None) -> None:
         with self._cond:
             group = ro.group
             group.unresolved -= 1
@@ -451,16 +407,3 @@ class RolloutPool:
 
 COUNTERS = ("started", "finished", "consumed", "batches", "paused_for_lag", "lag_violations",
             "weight_syncs")  # fmt: skip
-
-
-def _close_built_env(built: concurrent.futures.Future) -> None:
-    """Close an env whose construction finished after its rollout was cancelled."""
-    if not built.cancelled() and built.exception() is None:
-        _close_env(built.result())
-
-
-def _close_env(env: Any) -> None:
-    try:
-        getattr(env, "close", lambda: None)()
-    except Exception:  # closing must never fail the run
-        log.exception("env.close() failed")

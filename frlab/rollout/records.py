@@ -1,23 +1,31 @@
-"""What the rollout pool records: each rollout and its prompt group, and its checkpoint form.
+"""What the rollout pool records: each rollout, its outcome and its checkpoint form.
 
 A `Rollout` is one sample in flight or finished, with the learner version `due` by which it must
 be consumed (FlashREINFORCE SPEC §3, see `frlab.rollout.admission`); a `Group` is the G samples of
-one prompt (G = 1 in async mode). A failed rollout is classified as "failed" or "rejected" with a
-reason the pool counts. The checkpoint form of the pool's data cursor is plain Python values only
-(so it loads with `torch.load(weights_only=True)`): prompts not yet finished, to be rerun on
-resume, and finished-but-unconsumed trajectories with their start version.
+one prompt (G = 1 in async mode). `run_rollout` plays one sample in a fresh env and reports its
+outcome: a trajectory, or a failure classified as "failed" or "rejected" with a reason the pool
+counts (never raised: one bad rollout must not stop the run). The checkpoint form of the pool's
+data cursor is plain Python values only (so it loads with `torch.load(weights_only=True)`):
+prompts not yet finished, to be rerun on resume, and finished-but-unconsumed trajectories with
+their start version.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import copy
 import dataclasses
-from collections.abc import Iterable, Iterator, Mapping
+import logging
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from frlab.data.batch import Trajectory
-from frlab.rollout.agent_loop import RolloutError
+from frlab.rollout.agent_loop import AgentLoopConfig, RolloutError, run_episode
+from frlab.rollout.engine import Engine
+
+log = logging.getLogger(__name__)
 
 REJECT_REASONS = frozenset({"zero_action_tokens", "bad_trajectory"})
 STATE_KEYS = frozenset({"prompt_counter", "rng_state", "pending", "ready"})
@@ -46,7 +54,69 @@ class Rollout:
     finish_seq: int = -1
 
 
-def classify_failure(exc: Exception) -> tuple[str, str, Exception]:
+Failure = tuple[str, str, Exception]  # ("failed" | "rejected", reason, exception)
+
+
+async def run_rollout(
+    engine: Engine,
+    env_factory: Callable[[], Any],
+    tokenizer: Any,
+    loop_cfg: AgentLoopConfig,
+    group: Group,
+    executor: concurrent.futures.Executor,
+    resolve: Callable[[Trajectory | None, Failure | None], None],
+) -> None:
+    """Play one sample of `group` in a fresh env built on `executor`, pass its outcome to
+    `resolve`, then close the env (also when cancelled)."""
+    built = executor.submit(env_factory)
+    try:
+        env = await asyncio.wrap_future(built)
+    except asyncio.CancelledError:
+        built.add_done_callback(_close_built_env)
+        raise
+    except Exception as exc:
+        resolve(None, ("failed", "env_factory", exc))
+        return
+    try:
+        traj = await run_episode(
+            engine,
+            env,
+            copy.deepcopy(group.task),
+            tokenizer,
+            loop_cfg,
+            prompt_id=group.prompt_id,
+            executor=executor,
+        )
+        if not isinstance(traj, Trajectory):
+            raise TypeError(f"episode returned {type(traj).__name__}, not Trajectory")
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        resolve(None, classify_failure(exc))
+    else:
+        resolve(traj, None)
+    finally:
+        try:
+            executor.submit(close_env, env)
+        except RuntimeError:  # executor already shut down
+            close_env(env)
+
+
+def _close_built_env(built: concurrent.futures.Future) -> None:
+    """Close an env whose construction finished after its rollout was cancelled."""
+    if not built.cancelled() and built.exception() is None:
+        close_env(built.result())
+
+
+def close_env(env: Any) -> None:
+    """`env.close()` if it has one; a failure is logged, never raised."""
+    try:
+        getattr(env, "close", lambda: None)()
+    except Exception:  # closing must never fail the run
+        log.exception("env.close() failed")
+
+
+def classify_failure(exc: Exception) -> Failure:
     """("failed" | "rejected", reason, exc) for a rollout that raised."""
     if isinstance(exc, RolloutError):
         return ("rejected" if exc.reason in REJECT_REASONS else "failed"), exc.reason, exc
