@@ -185,7 +185,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.device.type == "cuda" and not torch.cuda.is_available():
         p.error(f"--device {args.device}: torch.cuda.is_available() is False (use --device cpu)")
     if args.max_policy_lag < 1:
-        p.error(f"--max-policy-lag must be >= 1 (weights sync every step), got {args.max_policy_lag}")
+        p.error(
+            f"--max-policy-lag must be >= 1 (weights sync every step), got {args.max_policy_lag}"
+        )
     return args
 
 
@@ -232,7 +234,7 @@ def build_run(args: argparse.Namespace) -> tuple[Any, Any, Meter, list[Any], L.T
 
     datamodule = RolloutDataModule(
         make_pool, batch_size=args.batch_size, seed=args.seed,
-        pad_token_id=int(tokenizer.pad_token_id), batch_timeout_s=600.0,
+        pad_token_id=int(tokenizer.pad_token_id), batch_timeout_s=240.0,
     )  # fmt: skip
     meter = Meter(args.device)
     trainer = L.Trainer(

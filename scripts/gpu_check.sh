@@ -45,11 +45,11 @@ fi
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader 2>/dev/null
 
 echo "== async updates (torch engine + learner)"
-timeout 360 "$PY" scripts/gpu_check.py "$@"
+timeout 300 "$PY" scripts/gpu_check.py "$@"
 check_rc=$?
 
 echo "== pytest -m gpu"
-timeout 180 "$PY" -m pytest -q -m gpu tests/
+timeout 120 "$PY" -m pytest -q -m gpu tests/
 test_rc=$?
 [ "$test_rc" -eq 5 ] && { echo "gpu_check: no GPU-marked tests collected"; test_rc=0; }
 
