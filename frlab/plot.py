@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,19 +50,33 @@ class Run:
 
 
 def expand_run_dirs(paths: Sequence[str | os.PathLike[str]]) -> list[Path]:
-    """Run folders: a path holding metrics.csv, or every run below a sweep folder (sorted)."""
+    """Run folders: a path holding metrics.csv, or every run below a sweep folder (sorted).
+
+    A run folder holds frlab's own metrics.csv at its root (next to summary.json); metrics.csv
+    files below a run folder (the Lightning CSV logger's `csv/version_0/metrics.csv`) belong to
+    that run and are not runs of their own.
+    """
     runs: list[Path] = []
     for p in map(Path, paths):
         if (p / METRICS_FILE).is_file():
             runs.append(p)
         elif p.is_dir():
-            found = sorted(m.parent for m in p.rglob(METRICS_FILE))
+            found = outermost(m.parent for m in p.rglob(METRICS_FILE))
             if not found:
                 raise FileNotFoundError(f"no {METRICS_FILE} in {p} or below")
             runs.extend(found)
         else:
             raise FileNotFoundError(f"not a run folder: {p}")
     return list(dict.fromkeys(runs))
+
+
+def outermost(folders: Iterable[Path]) -> list[Path]:
+    """The folders (sorted) that do not lie below another of the given folders."""
+    kept: set[Path] = set()
+    for folder in sorted(set(folders)):  # an ancestor sorts before its descendants
+        if kept.isdisjoint(folder.parents):
+            kept.add(folder)
+    return sorted(kept)
 
 
 def load_runs(paths: Sequence[str | os.PathLike[str]]) -> list[Run]:

@@ -109,9 +109,12 @@ def build_engine_for(
     )  # fmt: skip
 
 
-def pool_factory(cfg: DictConfig, policy: Any, tokenizer: Any) -> Callable[..., Any]:
+def pool_factory(
+    cfg: DictConfig, policy: Any, tokenizer: Any, *, off_policy_correction: bool = True
+) -> Callable[..., Any]:
     """A factory of RolloutPools, each with its own engine (RolloutDataModule calls it per rank
-    with `batch_size`, `seed`, `prompt_id_offset`, `prompt_id_stride`)."""
+    with `batch_size`, `seed`, `prompt_id_offset`, `prompt_id_stride`). `off_policy_correction`
+    is the objective's: the pool refuses truncated sampling (top_p/top_k) when it is True."""
     from frlab.rollout.agent_loop import AgentLoopConfig
     from frlab.rollout.engine import SamplingParams
     from frlab.rollout.pool import RolloutPool
@@ -130,6 +133,7 @@ def pool_factory(cfg: DictConfig, policy: Any, tokenizer: Any) -> Callable[..., 
             batch_size=batch_size, max_in_flight=rollout["max_in_flight"],
             max_policy_lag=rollout["max_policy_lag"], mode=rollout["mode"],
             samples_per_prompt=rollout["samples_per_prompt"], seed=seed, **shard,
+            off_policy_correction=off_policy_correction,
         )  # fmt: skip
 
     return make
@@ -211,7 +215,9 @@ def run(cfg: DictConfig, plan: Plan | None = None) -> dict[str, Any]:
         temperature=plan.temperature, max_steps=plan.updates, policy=policy,
     )  # fmt: skip
     datamodule = RolloutDataModule(
-        pool_factory(cfg, policy, tokenizer), batch_size=plan.batch_size, seed=int(cfg.seed),
+        pool_factory(cfg, policy, tokenizer,
+                     off_policy_correction=module.objective.uses_off_policy_correction),
+        batch_size=plan.batch_size, seed=int(cfg.seed),
         pad_token_id=int(tokenizer.pad_token_id),
     )  # fmt: skip
     run_files = RunFilesCallback(

@@ -40,6 +40,34 @@ def test_sweep_folder_expands_to_its_runs(sweep: Path) -> None:
     assert len(runs[0].rows) == 12
 
 
+def write_lightning_csv(run: Path) -> None:
+    """The Lightning CSV logger's own metrics.csv inside a run folder (steps shifted by one)."""
+    folder = run / "csv" / "version_0"
+    folder.mkdir(parents=True)
+    with (folder / "metrics.csv").open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(COLUMNS)
+        for s in range(0, 12):
+            w.writerow([s, s * 0.5, 0.5, 0.9, 1.0, 2, 3 + s])
+    (run / "summary.json").write_text("{}")
+
+
+def test_lightning_csv_inside_a_run_is_not_a_run_of_its_own(sweep: Path) -> None:
+    for run in sorted(sweep.iterdir()):
+        write_lightning_csv(run)
+    names = ["objective.trust_region=none", "objective.trust_region=sequence_bernoulli_kl"]
+    assert plot.expand_run_dirs([sweep]) == [sweep / n for n in names]
+    runs = plot.load_runs([sweep])
+    assert [r.label for r in runs] == names
+    assert [r.rows[0]["step"] for r in runs] == [1.0, 1.0]  # frlab's file, not Lightning's
+    fig = plot.make_figure(runs, "Mean reward", "reward", [("train/reward_mean", "-")])
+    ax = fig.axes[0]
+    assert len(ax.lines) == 2
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == names
+    # A run folder given directly also reads only its own metrics.csv.
+    assert plot.expand_run_dirs([sweep / names[0]]) == [sweep / names[0]]
+
+
 def test_writes_valid_pngs_for_every_panel(sweep: Path, tmp_path: Path) -> None:
     import matplotlib.image
 

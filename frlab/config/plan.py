@@ -1,12 +1,13 @@
 """`Plan`: the resolved facts of a run, printed by `dry_run=true` and recorded by the run.
 
-Model, devices, batch sizes (global B, per rank, micro-batches per step), the trust-region
-delta and entropy-filter q, the staleness (policy-lag) bound, the number of optimizer updates,
+Model, devices, batch sizes (global B, per rank, micro-batches per step), the trust region with
+its own parameters (delta, cap, clip range, ratio bounds) and the entropy-filter q, the staleness (policy-lag) bound, the number of optimizer updates,
 the component names and the output folder, without loading anything.
 """
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -49,6 +50,7 @@ class Plan:
     components: dict[str, str]
     component_params: dict[str, dict[str, Any]] = field(default_factory=dict)
     delta: float | None = None
+    trust: str = "-"
     q: float = 1.0
     logger: str | None = None
     output_dir: str = NOT_RESOLVED
@@ -61,7 +63,6 @@ class Plan:
     def format(self) -> str:
         """A human-readable multi-line summary."""
         c = self.components
-        gate = "off" if self.delta is None else f"delta={self.delta:g}"
         lag = f"<= {self.lag_bound}" if self.mode == "async" else "0 (sync: collect, then train)"
         rows = [
             ("experiment", self.experiment or "-"),
@@ -78,7 +79,7 @@ class Plan:
             ("lag bound", lag),
             ("objective", f"baseline={c['baseline']} trust_region={c['trust_region']} "
                           f"aggregation={c['aggregation']} token_filter={c['token_filter']}"),
-            ("trust", f"{gate}, q={self.q:g}"),
+            ("trust", f"{self.trust}; token filter q={self.q:g}"),
             ("updates", f"{self.updates} optimizer steps ({self.rollouts} rollouts), lr "
                         f"{self.lr:g} {self.scheduler}"),
             ("logger", self.logger or "none"),
@@ -135,12 +136,32 @@ def build_plan(
         components=names,
         component_params=params,
         delta=None if delta is None or not objective.uses_off_policy_correction else float(delta),
+        trust=describe_trust_region(names["trust_region"], objective.trust_region),
         q=float(q),
         logger=None if cfg.get("logger") is None else str(cfg.logger.get("_target_")),
         output_dir=output_dir(cfg),
         ckpt_path=cfg.get("ckpt_path"),
         seed=int(cfg.seed),
     )
+
+
+# Trust regions with no parameter of their own: what they do to the off-policy ratio.
+NO_GATE = {"none": "plain token IS, no gate", "no_is": "no IS, no gate"}
+
+
+def describe_trust_region(name: str, trust_region: Any) -> str:
+    """`name p=v ...` with the built component's own parameters (its constructor's arguments)."""
+    if name in NO_GATE:
+        return NO_GATE[name]
+    params = inspect.signature(type(trust_region)).parameters
+    values = [
+        f"{p}={_number(getattr(trust_region, p))}" for p in params if hasattr(trust_region, p)
+    ]
+    return " ".join([name, *values])
+
+
+def _number(value: Any) -> str:
+    return repr(float(value)) if isinstance(value, float) else str(value)
 
 
 def choice(cfg: DictConfig, group: str) -> str | None:

@@ -5,7 +5,9 @@ Runs in well under a second, loads no model and imports no `transformers` (only
 every parameter (type, range, unknown keys with close-match suggestions) and the cross-field
 rules of the method (FlashREINFORCE paper; SPEC §2-3):
 
-- the global batch B splits evenly over ranks and each rank's share over micro-batches;
+- the global batch B splits evenly over ranks and each rank's share over micro-batches; each
+  rank's share B / W is a whole number of groups of `rollout.samples_per_prompt` (each rank's
+  pool collects whole groups), and `rollout.max_in_flight` holds at least one group;
 - off-policy correction (token importance ratios) needs the sampler's full support, so
   `rollout.sampling.top_p == 1` and `rollout.sampling.top_k == 0`;
 - group baselines (GRPO, RLOO, Dr. GRPO) need `rollout.samples_per_prompt > 1`, which only the
@@ -169,6 +171,20 @@ def _check_batch(data: Mapping[str, Any], rollout: Mapping[str, Any], world: int
         raise ConfigError(
             "data.batch_size",
             f"({b}) must be a multiple of rollout.samples_per_prompt ({g}): whole groups per batch",
+        )
+    if per_rank % g:
+        raise ConfigError(
+            "rollout.samples_per_prompt",
+            f"({g}) must divide the per-rank batch data.batch_size / ranks = {b} / {world} = "
+            f"{per_rank}: each rank's pool collects whole groups of {g} rollouts into its "
+            f"{per_rank} trajectories; use data.batch_size a multiple of {g * world} or fewer "
+            "samples per prompt",
+        )
+    if rollout["max_in_flight"] < g:
+        raise ConfigError(
+            "rollout.max_in_flight",
+            f"({rollout['max_in_flight']}) must be >= rollout.samples_per_prompt ({g}): a "
+            "group's rollouts are started together",
         )
 
 

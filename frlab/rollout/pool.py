@@ -55,7 +55,10 @@ log = logging.getLogger(__name__)
 
 
 class RolloutPool:
-    """Runs rollouts in the background and hands out batches of B finished trajectories."""
+    """Runs rollouts in the background and hands out batches of B finished trajectories.
+
+    `off_policy_correction` is the objective's (`Objective.uses_off_policy_correction`): when
+    True, `loop_cfg.sampling` must keep the full support (top_p=1, top_k=0) or ValueError."""
 
     def __init__(
         self,
@@ -73,8 +76,12 @@ class RolloutPool:
         num_env_workers: int = 4,
         prompt_id_offset: int = 0,
         prompt_id_stride: int = 1,
+        off_policy_correction: bool = True,
     ) -> None:
         validate_pool_args(batch_size, max_in_flight, max_policy_lag, mode, samples_per_prompt)
+        # Importance ratios need the full sampling support (SPEC §3): refuse top-p / top-k
+        # here too, so pools built outside train.py (benches, scripts) cannot bias them.
+        loop_cfg.sampling.validate(off_policy_correction)
         if num_env_workers < 1 or not 0 <= prompt_id_offset < prompt_id_stride:
             raise ValueError("need num_env_workers >= 1 and 0 <= prompt_id_offset < stride")
         self.engine = engine

@@ -3,15 +3,41 @@
 GPU only (extra `vllm`); `vllm` is imported inside `VLLMEngine.start`, never at module import,
 so `import frlab.rollout` stays light. The adapter is thin on purpose: the logic that can be
 checked without a GPU lives in pure functions tested on CPU with fake vLLM objects
-(`vllm_sampling_kwargs`, `vllm_engine_kwargs`, `sampled_log_probs`, `generation_result`).
+(`vllm_sampling_kwargs`, `vllm_engine_kwargs`, `sampled_log_probs`, `generation_result`, and
+the worker side in `frlab.rollout.vllm_worker`).
 
 Behaviour log-probs (SPEC §3) come from vLLM itself: `logprobs=1` returns the sampled token's
 log-prob, and the engine runs with `logprobs_mode="processed_logprobs"` (vLLM >= 0.10.2) so
 it is the log-prob after temperature / top-k / top-p, i.e. of the distribution sampled from.
 vLLM runs on its own event loop in a background thread; `generate` bridges to it from the
-caller's loop, `update_weights` loads new weights through `collective_rpc` between engine
-steps. Tokens are tagged with the weight version seen when vLLM streamed them back; a chunk
-that straddles an update gets the older version (a conservative lag).
+caller's loop.
+
+Weight updates use vLLM's in-process RLHF path: the engine is built with
+`worker_extension_cls="frlab.rollout.vllm_worker.WeightUpdateExtension"` and `update_weights`
+calls the worker method by NAME, `collective_rpc("frlab_load_weights", args=(weights,
+version))` (vLLM V1 ships only names, not callables, to its worker processes unless
+`VLLM_ALLOW_INSECURE_SERIALIZATION=1`). Every worker acknowledges the version and a
+fingerprint of the tensors it loaded; a missing or different acknowledgement is an error
+and leaves the engine refusing requests (its weights may be half-loaded).
+
+Versions are exact, not conservative. `pause()` and `update_weights` first stop admitting
+requests, then WAIT for every in-flight request to finish (each is one turn, bounded by
+`max_new_tokens`), so no request ever runs across a weight change: all its tokens carry the
+version seen when it started, and that version sampled all of them, KV cache included (the
+prefix cache is reset after loading, when no request is running). We drain rather than use
+vLLM's `pause_generation(mode="keep")` because frozen requests would resume on a KV cache
+computed by the old weights, so their later tokens would claim weights that did not wholly
+sample them (and that API's signature changed between vLLM releases). The cost: an update
+waits for the longest in-flight turn.
+
+What has run where: NOTHING in this module has run on a GPU or against a real vLLM (none
+was available: vllm has no CPU wheel, and the lent GPU machine has no vllm). The CPU tests
+drive it with a fake AsyncLLM that dispatches `collective_rpc` by method name to a fake
+worker carrying `WeightUpdateExtension`. The vLLM API used (`AsyncLLMEngine.from_engine_args`,
+`generate`, `collective_rpc(method, timeout, args, kwargs)`, `reset_prefix_cache`,
+`AsyncEngineArgs.worker_extension_cls`) was read from vLLM's documentation and source, not
+exercised; `test_real_vllm_log_probs_match_a_forward` (marker `vllm`) is the first check to
+run where a GPU and vllm exist.
 """
 
 from __future__ import annotations
@@ -27,6 +53,12 @@ from typing import Any
 import torch
 
 from frlab.rollout.engine import Engine, EngineError, GenerationResult, SamplingParams
+from frlab.rollout.vllm_worker import (
+    LOAD_WEIGHTS_METHOD,
+    WORKER_EXTENSION_CLS,
+    check_acks,
+    weights_fingerprint,
+)
 
 
 def vllm_sampling_kwargs(params: SamplingParams, *, seed: int | None = None) -> dict[str, Any]:
@@ -52,14 +84,25 @@ def vllm_sampling_kwargs(params: SamplingParams, *, seed: int | None = None) -> 
 
 
 def vllm_engine_kwargs(model: str, supported: Iterable[str], **options: Any) -> dict[str, Any]:
-    """`AsyncEngineArgs` keywords: `model`, `options`, and processed log-probs where the
-    installed vLLM supports `logprobs_mode` (`supported`: its field names). Unknown option
-    names raise ValueError naming them."""
+    """`AsyncEngineArgs` keywords: `model`, `options`, frlab's worker extension (weight sync by
+    method name) and processed log-probs where the installed vLLM supports `logprobs_mode`
+    (`supported`: its field names). Unknown option names raise ValueError naming them."""
     names = set(supported)
     kwargs: dict[str, Any] = {"model": model, **options}
     unknown = sorted(k for k in kwargs if k not in names)
     if unknown:
         raise ValueError(f"vLLM AsyncEngineArgs has no field(s): {', '.join(unknown)}")
+    if "worker_extension_cls" not in names:
+        raise ValueError(
+            "the installed vLLM has no AsyncEngineArgs.worker_extension_cls, which frlab's "
+            "weight sync needs: install the `vllm` extra (vllm>=0.28,<0.30)"
+        )
+    given = kwargs.setdefault("worker_extension_cls", WORKER_EXTENSION_CLS)
+    if given != WORKER_EXTENSION_CLS:
+        raise ValueError(
+            f"worker_extension_cls must be {WORKER_EXTENSION_CLS!r} (update_weights calls its "
+            f"methods by name), got {given!r}"
+        )
     if "logprobs_mode" in names:
         kwargs.setdefault("logprobs_mode", "processed_logprobs")
     return kwargs
@@ -106,11 +149,6 @@ def generation_result(completion: Any, versions: Sequence[int]) -> GenerationRes
     )
 
 
-def _load_weights_on_worker(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> None:
-    """Runs inside vLLM's worker (collective_rpc): hand HF-named tensors to the model."""
-    worker.model_runner.model.load_weights(weights=weights)
-
-
 def _import_vllm() -> SimpleNamespace:
     """The vLLM entry points this adapter uses (imported only when the engine starts)."""
     import vllm
@@ -143,12 +181,23 @@ class VLLMEngine(Engine):
         self._thread: threading.Thread | None = None
         self._engine: Any = None
         self._vllm: SimpleNamespace | None = None
-        self._unpaused: asyncio.Event | None = None
         self._requests = 0
+        # Engine-loop state (touched only on the engine loop once started):
+        self._gate: asyncio.Event | None = None  # set while new requests may start
+        self._idle: asyncio.Event | None = None  # set while no request is in flight
+        self._update_lock: asyncio.Lock | None = None
+        self._in_flight = 0
+        self._user_paused = self._updating = False
+        self._broken: str | None = None
 
     @property
     def version(self) -> int:
         return self._version
+
+    @property
+    def in_flight(self) -> int:
+        """Requests submitted to vLLM and not yet finished."""
+        return self._in_flight
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -170,8 +219,9 @@ class VLLMEngine(Engine):
         self._engine = self._vllm.AsyncLLMEngine.from_engine_args(
             self._vllm.AsyncEngineArgs(**kwargs)
         )
-        self._unpaused = asyncio.Event()
-        self._unpaused.set()
+        self._gate, self._idle, self._update_lock = asyncio.Event(), asyncio.Event(), asyncio.Lock()
+        self._idle.set()
+        self._refresh_gate()
 
     def shutdown(self) -> None:
         if self._thread is None or self._loop is None:
@@ -184,22 +234,41 @@ class VLLMEngine(Engine):
         self._thread, self._loop, self._engine = None, None, None
 
     def pause(self) -> None:
-        self._call(self._set_paused(True))
+        """Stop admitting requests and return once every in-flight request has finished, so
+        no decode step runs until `resume()` (requests submitted meanwhile wait)."""
+        self._call(self._pause())
 
     def resume(self) -> None:
-        self._call(self._set_paused(False))
+        self._call(self._resume())
 
-    async def _set_paused(self, paused: bool) -> None:
-        if paused:
-            self._unpaused.clear()
+    async def _pause(self) -> None:
+        self._user_paused = True
+        self._refresh_gate()
+
+    async def _resume(self) -> None:
+        self._user_paused = False
+        self._refresh_gate()
+
+    def _refresh_gate(self) -> None:
+        """Open for new requests unless paused or updating; a broken engine opens it so that
+        waiting requests wake up and fail."""
+        if self._broken is not None or not (self._user_paused or self._updating):
+            self._gate.set()
         else:
-            self._unpaused.set()
+            self._gate.clear()
+
+    async def _drain(self) -> None:
+        while self._in_flight:
+            await self._idle.wait()
 
     def _call(self, coro: Any) -> Any:
         """Run `coro` on the engine loop and wait for it (from a non-engine thread)."""
         if self._loop is None:
             coro.close()
             raise EngineError("VLLMEngine is not running: call start() first")
+        if threading.current_thread() is self._thread:
+            coro.close()
+            raise EngineError("VLLMEngine control calls must not run on its own loop thread")
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     # -- requests ----------------------------------------------------------------------------
@@ -217,41 +286,76 @@ class VLLMEngine(Engine):
         return await asyncio.wrap_future(future)
 
     async def _generate(self, prompt: list[int], params: SamplingParams) -> GenerationResult:
-        await self._unpaused.wait()
+        while not self._gate.is_set():  # re-check: the gate may close again before we run
+            await self._gate.wait()
+        if self._broken is not None:
+            raise EngineError(self._broken)
         self._requests += 1
         sampling = self._vllm.SamplingParams(
             **vllm_sampling_kwargs(params, seed=self.seed + self._requests)
         )
-        versions: list[int] = []
-        last_version, final = self._version, None
-        request_id = f"frlab-{uuid.uuid4().hex}"
-        stream = self._engine.generate(
-            self._vllm.TokensPrompt(prompt_token_ids=prompt), sampling, request_id
-        )
-        async for output in stream:
-            completion = output.outputs[0]
-            new = len(completion.token_ids) - len(versions)
-            versions += [min(last_version, self._version)] * new
-            last_version, final = self._version, completion
+        version, final = self._version, None
+        self._in_flight += 1
+        self._idle.clear()
+        try:
+            stream = self._engine.generate(
+                self._vllm.TokensPrompt(prompt_token_ids=prompt),
+                sampling,
+                f"frlab-{uuid.uuid4().hex}",
+            )
+            async for output in stream:
+                final = output.outputs[0]
+        finally:
+            self._in_flight -= 1
+            if not self._in_flight:
+                self._idle.set()
         if final is None:
             raise EngineError("vLLM produced no output for the request")
-        return generation_result(final, versions)
+        if self._version != version:  # updates drain first, so this is a bug, never a lag
+            raise EngineError(f"weights changed from {version} to {self._version} mid-request")
+        return generation_result(final, [version] * len(final.token_ids))
 
     # -- weights -----------------------------------------------------------------------------
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        """Drain in-flight requests, load `state_dict` (HF names) on every worker through the
+        frlab worker extension, check their acknowledgements, reset the prefix cache, then
+        bump the version and admit requests again."""
         if int(version) < 0:
             raise ValueError(f"update_weights version must be >= 0, got {version}")
-        weights = [(name, t.detach().to("cpu")) for name, t in state_dict.items()]
-        self._call(self._update(weights, int(version)))
+        weights = [(str(name), t.detach().to("cpu")) for name, t in state_dict.items()]
+        if not weights:
+            raise ValueError("update_weights got an empty state_dict")
+        self._call(self._update(weights, int(version), weights_fingerprint(weights)))
 
-    async def _update(self, weights: list[tuple[str, torch.Tensor]], version: int) -> None:
-        was_paused = not self._unpaused.is_set()
-        self._unpaused.clear()
+    async def _update(
+        self, weights: list[tuple[str, torch.Tensor]], version: int, sent: Mapping[str, Any]
+    ) -> None:
+        async with self._update_lock:
+            if self._broken is not None:
+                raise EngineError(self._broken)
+            self._updating = True
+            self._refresh_gate()
+            try:
+                await self._load(weights, version, sent)
+                self._version = version
+            finally:
+                self._updating = False
+                self._refresh_gate()
+
+    async def _load(
+        self, weights: list[tuple[str, torch.Tensor]], version: int, sent: Mapping[str, Any]
+    ) -> None:
+        """Load on the workers; any failure marks the engine broken (weights may be mixed)."""
         try:
-            await self._engine.collective_rpc(_load_weights_on_worker, args=(weights,))
+            acks = await self._engine.collective_rpc(LOAD_WEIGHTS_METHOD, args=(weights, version))
+            check_acks(acks, version, sent)
             if hasattr(self._engine, "reset_prefix_cache"):
-                await self._engine.reset_prefix_cache()  # cached KV came from the old weights
-            self._version = version
-        finally:
-            if not was_paused:
-                self._unpaused.set()
+                # cached KV came from the old weights; no request runs now, so it must succeed
+                if await self._engine.reset_prefix_cache() is False:
+                    raise EngineError("vLLM refused to reset its prefix cache")
+        except Exception as exc:
+            self._broken = (
+                f"vLLM weight update to version {version} failed ({exc}); the engine's weights "
+                "may be partly updated, so it refuses further requests: restart it"
+            )
+            raise EngineError(self._broken) from exc

@@ -136,6 +136,23 @@ def test_group_baselines_need_several_samples_in_sync_mode() -> None:
     assert plan.components["baseline"] == "group_mean_std" and plan.samples_per_prompt == 4
 
 
+def test_each_ranks_share_of_the_batch_holds_whole_groups() -> None:
+    grpo = ["trainer=ddp_cpu", "objective=grpo", "rollout.mode=sync"]
+    err = fails(
+        [*grpo, "rollout.samples_per_prompt=64", "data.batch_size=64", "data.micro_batch_size=32"],
+        "rollout.samples_per_prompt", "per-rank batch", "64 / 2 = 32", "each rank's pool",
+    )  # fmt: skip
+    assert "data.batch_size a multiple of 128" in str(err)
+    plan = preflight(compose([*grpo, "rollout.samples_per_prompt=8", "data.batch_size=32",
+                              "data.micro_batch_size=8"]))  # fmt: skip
+    assert (plan.devices, plan.per_rank_batch_size, plan.samples_per_prompt) == (2, 16, 8)
+
+
+def test_a_group_must_fit_in_flight() -> None:
+    fails(["objective=grpo", "rollout=sync", "rollout.samples_per_prompt=8",
+           "rollout.max_in_flight=4"], "rollout.max_in_flight", "samples_per_prompt (8)")  # fmt: skip
+
+
 def test_batch_mean_with_one_sample_per_prompt_is_the_papers_case() -> None:
     plan = preflight(compose(["objective=flashreinforce", "rollout.samples_per_prompt=1"]))
     assert plan.components["baseline"] == "batch_mean" and plan.samples_per_prompt == 1

@@ -1,0 +1,116 @@
+"""Worker side of the vLLM weight sync: a worker extension that loads learner weights by name.
+
+vLLM's V1 engine runs its GPU workers in other processes and forwards `collective_rpc`
+calls to them; a Python callable is only shipped there with
+`VLLM_ALLOW_INSECURE_SERIALIZATION=1`, a method NAME always is. vLLM's documented in-process
+RLHF path is therefore a worker extension class: the engine is built with
+`worker_extension_cls=WORKER_EXTENSION_CLS`, vLLM mixes `WeightUpdateExtension` into its
+worker class, and the adapter calls `collective_rpc(LOAD_WEIGHTS_METHOD, args=(named, version))`.
+
+Each worker answers with an acknowledgement (`weight_ack`): the version it now holds and a
+fingerprint (tensor count, element count, float64 sum) of the tensors it received. The
+sender compares it with the fingerprint of what it sent (`check_acks`), so a weight sync
+that was dropped, truncated or corrupted in transport is an error rather than stale weights
+under a new version number (NOTES: "weight sync silently not applied"). The ack proves the
+worker received these tensors and that the model's `load_weights` returned without error;
+it cannot compare against the served parameters, whose names differ (vLLM fuses q/k/v and
+gate/up projections).
+
+This module never imports vllm (only torch): frlab imports it to share the fingerprint,
+vLLM workers import it by its qualified name. Nothing here has run inside a real vLLM
+worker (no GPU with vllm was available); the CPU tests drive it with a fake worker.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+WORKER_EXTENSION_CLS = "frlab.rollout.vllm_worker.WeightUpdateExtension"
+LOAD_WEIGHTS_METHOD = "frlab_load_weights"
+VERSION_METHOD = "frlab_weight_version"
+
+
+def as_named_tensors(named_tensors: Any) -> list[tuple[str, torch.Tensor]]:
+    """`(name, tensor)` pairs from a mapping or a sequence of pairs (vLLM's msgpack transport
+    turns tuples into lists). Raises TypeError / ValueError naming the bad entry."""
+    items: Iterable[Any] = (
+        named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
+    )
+    out: list[tuple[str, torch.Tensor]] = []
+    for i, pair in enumerate(items):
+        if not isinstance(pair, Sequence) or isinstance(pair, str) or len(pair) != 2:
+            raise TypeError(f"weights entry {i} is not a (name, tensor) pair: {type(pair)}")
+        name, tensor = pair
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"weights entry {i} has a non-string or empty name: {name!r}")
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"weights entry {name!r} is {type(tensor).__name__}, not a tensor")
+        out.append((name, tensor))
+    if not out:
+        raise ValueError("weights are empty: nothing to load")
+    return out
+
+
+def weights_fingerprint(named_tensors: Sequence[tuple[str, torch.Tensor]]) -> dict[str, Any]:
+    """Tensor count, total element count and the float64 sum of every value."""
+    total = 0.0
+    for _, tensor in named_tensors:
+        total += float(tensor.detach().sum(dtype=torch.float64).item())
+    return {
+        "tensors": len(named_tensors),
+        "numel": int(sum(t.numel() for _, t in named_tensors)),
+        "sum": total,
+    }
+
+
+def weight_ack(version: int, fingerprint: Mapping[str, Any]) -> dict[str, Any]:
+    """What a worker answers after loading: plain values only (they cross a process)."""
+    return {"version": int(version), **{k: fingerprint[k] for k in ("tensors", "numel", "sum")}}
+
+
+def check_acks(acks: Any, version: int, sent: Mapping[str, Any]) -> None:
+    """Raise RuntimeError unless every worker acknowledged `version` and the tensors `sent`."""
+    if not isinstance(acks, Sequence) or not acks:
+        raise RuntimeError(f"vLLM weight update returned no worker acknowledgement: {acks!r}")
+    for rank, ack in enumerate(acks):
+        if not isinstance(ack, Mapping):
+            raise RuntimeError(f"vLLM worker {rank} answered {ack!r}, not a weight ack")
+        if ack.get("version") != int(version):
+            raise RuntimeError(
+                f"vLLM worker {rank} reports weight version {ack.get('version')}, expected "
+                f"{version}: the weights were not applied"
+            )
+        same = ack.get("tensors") == sent["tensors"] and ack.get("numel") == sent["numel"]
+        if not same or not _close(ack.get("sum"), sent["sum"]):
+            raise RuntimeError(
+                f"vLLM worker {rank} received different weights than were sent "
+                f"(worker {dict(ack)}, sent {dict(sent)})"
+            )
+
+
+def _close(a: Any, b: float) -> bool:
+    """Float64 sums of the same values, possibly reduced in another order or device."""
+    if not isinstance(a, int | float):
+        return False
+    return math.isclose(float(a), b, rel_tol=1e-6, abs_tol=1e-6)
+
+
+class WeightUpdateExtension:
+    """Mixed into vLLM's worker class by `worker_extension_cls`; `self` is the vLLM worker,
+    so `self.model_runner.model` is the served model (HF parameter names accepted by its
+    `load_weights`)."""
+
+    def frlab_load_weights(self, named_tensors: Any, version: int) -> dict[str, Any]:
+        """Load `named_tensors` into the served model and acknowledge `version`."""
+        weights = as_named_tensors(named_tensors)
+        self.model_runner.model.load_weights(weights=weights)  # type: ignore[attr-defined]
+        self.frlab_version = int(version)
+        return weight_ack(version, weights_fingerprint(weights))
+
+    def frlab_weight_version(self) -> int | None:
+        """The last version loaded through `frlab_load_weights` (None before the first)."""
+        return getattr(self, "frlab_version", None)
