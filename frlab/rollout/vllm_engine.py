@@ -244,6 +244,7 @@ class VLLMEngine(Engine):
     async def _pause(self) -> None:
         self._user_paused = True
         self._refresh_gate()
+        await self._drain()
 
     async def _resume(self) -> None:
         self._user_paused = False
@@ -336,6 +337,7 @@ class VLLMEngine(Engine):
             self._updating = True
             self._refresh_gate()
             try:
+                await self._drain()
                 await self._load(weights, version, sent)
                 self._version = version
             finally:
