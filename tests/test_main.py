@@ -27,7 +27,7 @@ def test_dry_run_prints_the_plan_and_exits_0(tmp_path: Path) -> None:
         "B=64 (global)",
         "delta=0.003",
         "lag bound  : <= 2",
-        "updates    : 200 optimizer steps",
+        "updates    : 300 optimizer steps",
         "trust_region=sequence_bernoulli_kl",
     ):
         assert fragment in out.stdout, out.stdout
@@ -131,7 +131,7 @@ def test_the_embedded_default_learns(tmp_path: Path) -> None:
     out = frlab(f"hydra.run.dir={run_dir}", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["steps"] == 200
+    assert summary["steps"] == 300
     assert summary["reward_mean_first_10"] <= 0.3, summary
     assert summary["reward_mean_last_20"] >= 0.8, summary
 
