@@ -1,0 +1,131 @@
+"""`MathEnv`: single-turn math with a verifiable 0/1 reward (SPEC §5).
+
+One turn: the prompt holds the question in a template, the policy's reply is graded by
+`envs.math.grade` against the task's answer (1.0 or 0.0), and the episode ends. A reward
+<= 0 marks the trajectory as failed (the entropy filter's label, SPEC §2 rule 4).
+
+Templates: `instruct` asks for step-by-step reasoning and a `\\boxed{}` answer in a user turn
+(chat models); `base` is a plain "Question: ... Answer:" completion prompt for base models
+whose chat template passes the user text through; any other string containing `{question}`
+is used as a format string.
+
+Tasks come from a dataset object (`dataset=`, any sequence of {question, answer} mappings)
+or from `source=` and the other `load_math_dataset` arguments. The rollout pool builds one
+env per episode and samples tasks from a single instance, so the dataset is loaded lazily
+(only by `sample_task`) and cached per process: episodes cost no reload.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import random
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from envs.base import Env, StepResult
+from envs.math.datasets import LOCAL_SUFFIXES, MathDataset, load_math_dataset
+from envs.math.extract import extract_answer
+from envs.math.grading import grade
+
+TEMPLATES = {
+    "instruct": (
+        "{question}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
+    ),
+    "base": (
+        "Question: {question}\nPlease reason step by step, and put your final answer within "
+        "\\boxed{{}}.\nAnswer: Let's think step by step."
+    ),
+}
+
+
+def resolve_template(template: str) -> str:
+    """The format string for `template` (a TEMPLATES name or a string with `{question}`)."""
+    if template in TEMPLATES:
+        return TEMPLATES[template]
+    if isinstance(template, str) and "{question}" in template:
+        return template
+    raise ValueError(
+        f"env.template must be one of {sorted(TEMPLATES)} or contain '{{question}}', "
+        f"got {template!r}"
+    )
+
+
+@functools.lru_cache(maxsize=16)
+def _cached_dataset(key: str) -> MathDataset:
+    """load_math_dataset for a JSON-encoded argument set (hashable cache key)."""
+    args = json.loads(key)
+    return load_math_dataset(args.pop("source"), args.pop("split"), **args)
+
+
+class MathEnv(Env):
+    """Single-turn math environment (reward = grade(reply, answer))."""
+
+    def __init__(
+        self,
+        source: str | None = None,
+        split: str | None = None,
+        *,
+        question_key: str | None = None,
+        answer_key: str | None = None,
+        limit: int | None = None,
+        subset: str | None = None,
+        seed: int = 0,
+        options: Mapping[str, Any] | None = None,
+        dataset: Sequence[Mapping[str, Any]] | None = None,
+        template: str = "instruct",
+        timeout_s: float = 5.0,
+    ) -> None:
+        if (source is None) == (dataset is None):
+            raise ValueError("MathEnv needs exactly one of env.source or a dataset object")
+        if source is not None and Path(source).suffix.lower() in LOCAL_SUFFIXES:
+            if not Path(source).expanduser().is_file():  # fail at config time, not in the pool
+                raise FileNotFoundError(f"env.source: dataset file not found: {source}")
+        if not float(timeout_s) > 0:
+            raise ValueError(f"env.timeout_s must be > 0, got {timeout_s}")
+        self.template = resolve_template(template)
+        self.timeout_s = float(timeout_s)
+        self._dataset = dataset
+        self._load_args = {
+            "source": source, "split": split, "question_key": question_key,
+            "answer_key": answer_key, "limit": limit, "subset": subset, "seed": int(seed),
+            "options": dict(options or {}),
+        }  # fmt: skip
+        self._order: list[int] = []
+        self._answer: str | None = None
+
+    @property
+    def dataset(self) -> Sequence[Mapping[str, Any]]:
+        """The tasks (loaded on first use, shared by every env with the same arguments)."""
+        if self._dataset is None:
+            self._dataset = _cached_dataset(json.dumps(self._load_args, sort_keys=True))
+        return self._dataset
+
+    def sample_task(self, rng: random.Random) -> dict[str, Any]:
+        """The next task of a shuffled pass over the dataset (reshuffled every epoch)."""
+        if not self._order:
+            self._order = list(range(len(self.dataset)))
+            rng.shuffle(self._order)
+        return dict(self.dataset[self._order.pop()])
+
+    def prompt(self, question: str) -> str:
+        """The user message for `question`."""
+        return self.template.format(question=question)
+
+    def reset(self, task: Mapping[str, Any]) -> list[dict[str, str]]:
+        question, answer = task.get("question"), task.get("answer")
+        if not isinstance(question, str) or not question.strip():
+            raise ValueError("math task field 'question' must be a non-empty string")
+        if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
+            raise ValueError(f"math task field 'answer' must be a string or number: {answer!r}")
+        self._answer = str(answer)
+        return [{"role": "user", "content": self.prompt(question)}]
+
+    def step(self, action_text: str) -> StepResult:
+        if self._answer is None:
+            raise RuntimeError("MathEnv.step called before reset (or after the episode ended)")
+        answer, self._answer = self._answer, None
+        reward = grade(action_text, answer, timeout_s=self.timeout_s)
+        info = {"answer": answer, "extracted": extract_answer(action_text)}
+        return StepResult(observation=None, reward=reward, done=True, info=info)

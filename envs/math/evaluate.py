@@ -1,0 +1,86 @@
+"""avg@k accuracy on math benchmarks (the paper's evaluation metric, SPEC §4).
+
+avg@k of a benchmark = mean over its problems of the fraction of k sampled replies graded
+correct (1/N sum_i 1/k sum_j grade(reply_ij, answer_i)): an unbiased estimate of the expected
+single-sample accuracy; the paper reports avg@32 (AIME, temp 0.6, top_p 0.95), avg@4 and
+avg@16 (temp 0.7, top_p 0.7). Sampling settings belong to the caller's `generate`.
+
+`evaluate_avg_at_k` is engine-agnostic: `generate` maps a list of chat prompts (each a list
+of {role, content} messages) to one sampled reply per prompt; each problem is asked k times
+in one call. Grading runs in a thread pool (envs.math.grade is thread-safe).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from envs.math.env import resolve_template
+from envs.math.grading import grade
+
+Generate = Callable[[list[list[dict[str, str]]]], Sequence[str]]
+
+
+def _grade_all(
+    replies: Sequence[str], answers: Sequence[str], timeout_s: float, max_workers: int
+) -> list[float]:
+    with concurrent.futures.ThreadPoolExecutor(max_workers) as pool:
+        return list(pool.map(lambda ra: grade(ra[0], ra[1], timeout_s=timeout_s),
+                             zip(replies, answers, strict=True)))  # fmt: skip
+
+
+def benchmark_avg_at_k(
+    generate: Generate,
+    problems: Sequence[Mapping[str, Any]],
+    k: int,
+    *,
+    template: str = "instruct",
+    timeout_s: float = 5.0,
+    max_workers: int = 4,
+) -> float:
+    """avg@k of one benchmark (a sequence of {question, answer} tasks)."""
+    if isinstance(k, bool) or int(k) < 1:
+        raise ValueError(f"k must be >= 1, got {k!r}")
+    if len(problems) == 0:
+        raise ValueError("benchmark has no problems")
+    fmt = resolve_template(template)
+    prompts, answers = [], []
+    for problem in problems:
+        for _ in range(int(k)):
+            prompts.append([{"role": "user", "content": fmt.format(question=problem["question"])}])
+            answers.append(str(problem["answer"]))
+    replies = list(generate(prompts))
+    if len(replies) != len(prompts):
+        raise ValueError(f"generate returned {len(replies)} replies for {len(prompts)} prompts")
+    scores = _grade_all(replies, answers, timeout_s, max_workers)
+    return sum(scores) / len(scores)  # equal k per problem: the mean of per-problem means
+
+
+def evaluate_avg_at_k(
+    generate: Generate,
+    benchmarks: Mapping[str, Sequence[Mapping[str, Any]]],
+    k: int,
+    *,
+    template: str = "instruct",
+    timeout_s: float = 5.0,
+    max_workers: int = 4,
+    prefix: str = "eval",
+) -> dict[str, float]:
+    """avg@k per benchmark and their unweighted mean, as metrics named
+    `{prefix}/{benchmark}/avg@{k}` and `{prefix}/mean/avg@{k}` (ready for a logger)."""
+    if not benchmarks:
+        raise ValueError("evaluate_avg_at_k needs at least one benchmark")
+    metrics = {
+        f"{prefix}/{name}/avg@{k}": benchmark_avg_at_k(
+            generate,
+            problems,
+            k,
+            template=template,
+            timeout_s=timeout_s,
+            max_workers=max_workers,
+        )  # fmt: skip
+        for name, problems in benchmarks.items()
+    }
+    metrics[f"{prefix}/mean/avg@{k}"] = sum(metrics.values()) / len(benchmarks)
+    return metrics

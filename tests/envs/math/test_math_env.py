@@ -1,0 +1,124 @@
+"""MathEnv: one graded turn, prompt templates, tasks from a dataset object or a source."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from envs.base import Env
+from envs.math import TEMPLATES, MathEnv
+
+TASKS = [
+    {"question": "What is 2 + 3?", "answer": "5"},
+    {"question": "What is 10 / 4?", "answer": "2.5"},
+    {"question": "Janet has 9 eggs.", "answer": "9 eggs\n#### 9"},
+]
+CONFIG = Path(__file__).resolve().parents[3] / "configs" / "env" / "math.yaml"
+
+
+def test_a_correct_reply_earns_one_and_a_wrong_one_fails() -> None:
+    env = MathEnv(dataset=TASKS)
+    assert isinstance(env, Env)
+    messages = env.reset(TASKS[0])
+    assert messages == [{"role": "user", "content": TEMPLATES["instruct"].format(
+        question="What is 2 + 3?")}]  # fmt: skip
+    assert "\\boxed{}" in messages[0]["content"]
+    step = env.step("2 + 3 = 5, so \\boxed{5}.")
+    assert (step.reward, step.done, step.observation) == (1.0, True, None)
+    assert step.info == {"answer": "5", "extracted": "5"} and not env.failure(step.reward)
+    env.reset(TASKS[2])
+    wrong = env.step("The answer is 8.")
+    assert wrong.reward == 0.0 and wrong.info["extracted"] == "8" and env.failure(wrong.reward)
+
+
+def test_step_needs_a_fresh_reset() -> None:
+    env = MathEnv(dataset=TASKS)
+    with pytest.raises(RuntimeError, match="before reset"):
+        env.step("\\boxed{5}")
+    env.reset(TASKS[0])
+    env.step("\\boxed{5}")
+    with pytest.raises(RuntimeError, match="before reset"):
+        env.step("\\boxed{5}")
+
+
+def test_templates() -> None:
+    base = MathEnv(dataset=TASKS, template="base").reset(TASKS[1])[0]["content"]
+    assert base.startswith("Question: What is 10 / 4?\n") and "Answer:" in base
+    custom = MathEnv(dataset=TASKS, template="Q: {question}\nA:").reset(TASKS[1])[0]["content"]
+    assert custom == "Q: What is 10 / 4?\nA:"
+    with pytest.raises(ValueError, match="env.template"):
+        MathEnv(dataset=TASKS, template="chatty")
+
+
+def test_sample_task_visits_every_task_once_per_epoch() -> None:
+    env, rng = MathEnv(dataset=TASKS), random.Random(0)
+    first = [env.sample_task(rng)["question"] for _ in range(3)]
+    second = [env.sample_task(rng)["question"] for _ in range(3)]
+    questions = sorted(t["question"] for t in TASKS)
+    assert sorted(first) == questions and sorted(second) == questions
+
+
+@pytest.mark.parametrize(
+    ("task", "field"),
+    [({"answer": "1"}, "question"), ({"question": "q", "answer": None}, "answer")],
+)
+def test_bad_task_names_the_field(task: dict, field: str) -> None:
+    with pytest.raises(ValueError, match=f"'{field}'"):
+        MathEnv(dataset=TASKS).reset(task)
+
+
+def test_bad_arguments(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="exactly one"):
+        MathEnv()
+    with pytest.raises(ValueError, match="exactly one"):
+        MathEnv(source="a.jsonl", dataset=TASKS)
+    with pytest.raises(FileNotFoundError, match="env.source"):
+        MathEnv(source=str(tmp_path / "missing.jsonl"))
+    with pytest.raises(ValueError, match="timeout_s"):
+        MathEnv(dataset=TASKS, timeout_s=0)
+
+
+def test_source_tasks_load_lazily_once_and_are_shared(tmp_path: Path) -> None:
+    path = tmp_path / "math.jsonl"
+    path.write_text("".join(json.dumps({"q": t["question"], "a": t["answer"]}) + "\n"
+                            for t in TASKS))  # fmt: skip
+    kwargs = {"source": str(path), "question_key": "q", "answer_key": "a"}
+    first, second = MathEnv(**kwargs), MathEnv(**kwargs)
+    task = first.sample_task(random.Random(1))
+    assert first.dataset is second.dataset and len(first.dataset) == 3
+    assert set(task) == {"question", "answer", "source", "index"}
+    second.reset(task)
+    expected = {"What is 2 + 3?": "5", "What is 10 / 4?": "2.5", "Janet has 9 eggs.": "9"}
+    assert second.step(f"\\boxed{{{expected[task['question']]}}}").reward == 1.0
+
+
+def test_config_file_builds_the_env_through_frlab(tmp_path: Path) -> None:
+    from frlab.train import env_factory
+
+    path = tmp_path / "tiny.jsonl"
+    path.write_text(json.dumps({"question": "1 + 1?", "answer": "2"}) + "\n")
+    node = OmegaConf.load(CONFIG)
+    assert node._target_ == "envs.math.MathEnv"
+    node.source, node.template = str(path), "base"
+    make = env_factory(node)
+    env = make()
+    task = env.sample_task(random.Random(0))
+    assert env.reset(task)[0]["content"].startswith("Question: 1 + 1?")
+    assert env.step("so \\boxed{2}").reward == 1.0
+
+
+@pytest.mark.slow
+def test_default_config_source_generates_training_problems() -> None:
+    pytest.importorskip("reasoning_gym")
+    node = OmegaConf.to_container(OmegaConf.load(CONFIG))
+    node.pop("_target_")
+    assert node["source"] == "reasoning-gym:gsm_symbolic"
+    env = MathEnv(**{**node, "limit": 3})
+    task = env.sample_task(random.Random(0))
+    assert len(env.dataset) == 3 and task["answer"].lstrip("-").isdigit()
+    env.reset(task)
+    assert env.step(f"\\boxed{{{task['answer']}}}").reward == 1.0
