@@ -103,6 +103,7 @@ def build_engine_for(
         return build_engine(
             "torch", model=policy, device=rollout["device"], seed=seed,
             max_batch_size=rollout["max_in_flight"],
+            record_routing=bool(model.get("routing_replay", False)),
         )  # fmt: skip
     return build_engine(
         "vllm", model=model["name_or_path"], seed=seed, max_model_len=rollout["max_len"],

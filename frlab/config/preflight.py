@@ -17,6 +17,8 @@ rules of the method (FlashREINFORCE paper; SPEC §2-3):
   (`rollout.sync_every <= rollout.max_policy_lag`), else admission control stalls;
 - a trajectory's context (`rollout.max_len`) leaves room for the prompt beyond one turn's
   generation budget (`rollout.sampling.max_new_tokens`).
+- MoE routing replay (`model.routing_replay`) needs `rollout.engine=torch`, the engine that
+  records the experts it used.
 
 Every error is a `ConfigError` naming the full key.
 """
@@ -149,6 +151,12 @@ def _check_model(model: Mapping[str, Any], rollout: Mapping[str, Any]) -> None:
         raise ConfigError(
             "rollout.max_len",
             f"({max_len}) exceeds model.config.max_position_embeddings ({positions})",
+        )
+    if model.get("routing_replay") and rollout["engine"] != "torch":
+        raise ConfigError(
+            "model.routing_replay",
+            f"needs rollout.engine=torch (the only engine that records MoE routing), got "
+            f"{rollout['engine']!r}",
         )
 
 

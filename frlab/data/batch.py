@@ -5,6 +5,11 @@ share one index: `token_ids[t]`, `action_mask[t]` (True iff the policy sampled t
 `behavior_log_probs[t]` (the sampler's own log-prob of that token, 0.0 elsewhere) and
 `token_versions[t]` (the policy version that sampled it, -1 elsewhere). The first token is
 always a prompt token, so a sampled token always has a context to be predicted from.
+
+Optional MoE routing replay (frlab.model.routing_replay): `Trajectory.routing` `[n, L, k]`
+holds the experts the sampler used at each forwarded position (n = len(token_ids), or one
+less: the last sampled token is never fed back); `RolloutBatch.routing` is the right-padded
+`[B, T, L, k]` the learner replays. Both are None when routing is not recorded.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
+
+from frlab.model.routing_replay import pad_routing
 
 
 class TrajectoryError(ValueError):
@@ -34,9 +41,11 @@ class Trajectory:
     truncated: bool = False
     turn_boundaries: list[int] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
+    routing: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)
+        self._check_routing(n)
         for name in ("action_mask", "behavior_log_probs", "token_versions"):
             if len(getattr(self, name)) != n:
                 raise TrajectoryError(
@@ -62,6 +71,18 @@ class Trajectory:
         if any(b < 0 or b > n for b in self.turn_boundaries):
             raise TrajectoryError("Trajectory.turn_boundaries out of range")
 
+    def _check_routing(self, n: int) -> None:
+        r = self.routing
+        if r is None:
+            return
+        if not isinstance(r, torch.Tensor) or r.is_floating_point() or r.dim() != 3:
+            raise TrajectoryError("Trajectory.routing must be an integer tensor [n, L, k]")
+        if r.shape[0] not in (n, n - 1):
+            raise TrajectoryError(
+                f"Trajectory.routing has {r.shape[0]} positions, token_ids has {n} "
+                f"(expected {n} or {n - 1})"
+            )
+
     @property
     def num_action_tokens(self) -> int:
         return sum(self.action_mask)
@@ -81,7 +102,8 @@ class RolloutBatch:
 
     input_ids/position_ids/token_versions: long [B,T]; attention_mask/action_mask: bool [B,T];
     behavior_log_probs: float [B,T] (0 off-action); rewards: float [B]; failures/truncated:
-    bool [B]; prompt_ids: long [B] (group ids for group baselines).
+    bool [B]; prompt_ids: long [B] (group ids for group baselines); routing: int16
+    [B,T,L,k] recorded MoE experts, or None when routing replay is off.
     """
 
     input_ids: torch.Tensor
@@ -95,13 +117,16 @@ class RolloutBatch:
     truncated: torch.Tensor
     prompt_ids: torch.Tensor
     infos: list[dict[str, Any]] = field(default_factory=list)
+    routing: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:
         return int(self.input_ids.shape[0])
 
     def tensor_fields(self) -> dict[str, torch.Tensor]:
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "infos"}
+        """Every tensor field by name (an absent optional `routing` is left out)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "infos"}
+        return {k: v for k, v in out.items() if v is not None}
 
     def to(self, device: torch.device | str) -> RolloutBatch:
         moved = {k: v.to(device) for k, v in self.tensor_fields().items()}
@@ -129,7 +154,10 @@ class RolloutBatch:
     def trim(self) -> RolloutBatch:
         """Drop trailing columns that are padding in every row."""
         width = int(self.attention_mask.sum(dim=1).max().item())
-        rows = {k: (v[:, :width] if v.dim() == 2 else v) for k, v in self.tensor_fields().items()}
+        rows = {
+            k: (v[:, :width] if v.dim() == 2 or k == "routing" else v)
+            for k, v in self.tensor_fields().items()
+        }
         return RolloutBatch(**rows, infos=self.infos)
 
 
@@ -153,6 +181,7 @@ def collate(trajectories: list[Trajectory], pad_token_id: int = 0) -> RolloutBat
         versions[i, :n] = torch.tensor(tr.token_versions, dtype=torch.long)
     positions = (attention.long().cumsum(dim=1) - 1).clamp_min(0)
     return RolloutBatch(
+        routing=_collate_routing(trajectories, width),
         input_ids=input_ids,
         attention_mask=attention,
         position_ids=positions,
@@ -165,3 +194,16 @@ def collate(trajectories: list[Trajectory], pad_token_id: int = 0) -> RolloutBat
         prompt_ids=torch.tensor([int(tr.prompt_id) for tr in trajectories], dtype=torch.long),
         infos=[dict(tr.info) for tr in trajectories],
     )
+
+
+def _collate_routing(trajectories: list[Trajectory], width: int) -> torch.Tensor | None:
+    """`[B, width, L, k]` routing when every trajectory has one, None when none has."""
+    present = [tr.routing is not None for tr in trajectories]
+    if not any(present):
+        return None
+    if not all(present):
+        missing = [i for i, p in enumerate(present) if not p][:5]
+        raise ValueError(
+            f"collate: Trajectory.routing is None for rows {missing} but set for others"
+        )
+    return pad_routing([tr.routing for tr in trajectories], width)  # type: ignore[misc]

@@ -11,6 +11,10 @@ once on the global batch (rewards and prompt ids are all-gathered across ranks) 
 takes its own rows. DDP averages gradients over W ranks, so each rank back-propagates
 `W * loss`; the averaged gradient is then exactly the full-batch gradient. Gradient sync is
 blocked on all but the last micro-batch.
+
+MoE routing replay (`model.routing_replay=true`, frlab.model.routing_replay): each
+micro-batch's forward AND backward run with every MoE layer forced to the experts the sampler
+recorded (`RolloutBatch.routing`), so the ratio `pi_theta / mu` is not moved by expert flips.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import inspect
 import math
 import time
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 import lightning as L
@@ -34,6 +38,7 @@ from frlab.learner.metrics import StepMetrics, policy_lag
 from frlab.learner.optim import build_optimizer, build_scheduler, grad_clip_norm
 from frlab.model.lm_logprobs import sequence_logprobs
 from frlab.model.policy import build_policy
+from frlab.model.routing_replay import moe_routers, replay_routing
 from frlab.objective import Objective
 
 # `model` keys the learner reads itself; everything else goes to build_policy.
@@ -111,10 +116,9 @@ class FlashReinforceModule(L.LightningModule):
         self.logprob_chunk_size = _positive_int(
             "model.logprob_chunk_size", model_cfg.get("logprob_chunk_size", 1024)
         )
-        if model_cfg.get("routing_replay", False):
-            raise NotImplementedError(
-                "model.routing_replay=true is not supported by the learner yet (MoE issue 5)"
-            )
+        self.routing_replay = model_cfg.get("routing_replay", False)
+        if not isinstance(self.routing_replay, bool):
+            raise ValueError(f"model.routing_replay must be a bool, got {self.routing_replay!r}")
         self.grad_clip = grad_clip_norm(optim_cfg.get("grad_clip"))
         self.optim_cfg = optim_cfg
         build_kwargs = policy_kwargs(model_cfg)
@@ -130,6 +134,11 @@ class FlashReinforceModule(L.LightningModule):
             }
         )
         self.policy = policy if policy is not None else build_policy(**build_kwargs)
+        if self.routing_replay:
+            try:
+                moe_routers(self.policy)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"model.routing_replay=true needs an MoE policy: {exc}") from exc
         self.objective = Objective.from_config(objective_cfg)
         self.policy_version = 0
         self.step_metrics = StepMetrics()
@@ -245,6 +254,19 @@ class FlashReinforceModule(L.LightningModule):
                 f"RolloutBatch has {batch.batch_size} rows on this rank; data.batch_size="
                 f"{self.batch_size} over {world} rank(s) expects {local}"
             )
+        if self.routing_replay and batch.routing is None:
+            raise ValueError(
+                "model.routing_replay=true but the RolloutBatch has no routing: the rollout "
+                "engine must record it (TorchEngine(record_routing=True))"
+            )
+
+    def _replay(self, mb: RolloutBatch) -> AbstractContextManager[None]:
+        """Force the recorded experts of `mb` when routing replay is on (else a no-op)."""
+        if not self.routing_replay:
+            return nullcontext()
+        if mb.routing is None:
+            raise ValueError("model.routing_replay=true but a micro-batch has no routing")
+        return replay_routing(self.policy, mb.routing)
 
     def _micro_step(
         self,
@@ -258,6 +280,22 @@ class FlashReinforceModule(L.LightningModule):
     ) -> Tensor:
         """Forward, objective and backward of one micro-batch; returns its detached loss."""
         mb = mb.trim()
+        with self._replay(mb):
+            return self._forward_backward(
+                mb, advantages, num_sequences=num_sequences, num_tokens=num_tokens,
+                scale=scale, timings=timings,
+            )  # fmt: skip
+
+    def _forward_backward(
+        self,
+        mb: RolloutBatch,
+        advantages: Tensor,
+        *,
+        num_sequences: int,
+        num_tokens: int,
+        scale: float,
+        timings: dict[str, float],
+    ) -> Tensor:
         t0 = time.perf_counter()
         log_probs, entropies = sequence_logprobs(
             self.policy,

@@ -9,7 +9,11 @@ the template's turn pieces (action mask False). Earlier tokens are never decoded
 re-encoded, so the learner scores exactly the tokens the sampler produced.
 
 An episode that ends on the turn cap or the length budget before the environment says done
-is marked truncated. A failing environment step or engine request raises `RolloutError`,
+is marked truncated.
+
+MoE routing replay: when the engine returns `GenerationResult.routing`, the trajectory keeps,
+for every position, the experts of the LATEST engine call that forwarded it (each call
+re-forwards the whole stream, so later calls overwrite earlier positions). A failing environment step or engine request raises `RolloutError`,
 which the rollout pool counts by `reason` (it fails that rollout, not the run).
 """
 
@@ -21,6 +25,8 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+import torch
 
 from envs.base import Env, StepResult
 from frlab.data.batch import Trajectory, TrajectoryError
@@ -65,6 +71,8 @@ class _Stream:
     action_mask: list[bool] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
+    routing: torch.Tensor | None = None  # [n, L, k] experts of the latest call per position
+    routing_missing: bool = False  # some engine call returned no routing
 
     def add_context(self, ids: list[int]) -> None:
         self.token_ids += ids
@@ -77,6 +85,21 @@ class _Stream:
         self.action_mask += [True] * len(gen.token_ids)
         self.log_probs += gen.log_probs
         self.versions += gen.versions
+        self._add_routing(gen.routing)
+
+    def _add_routing(self, routing: torch.Tensor | None) -> None:
+        """Overwrite the positions this call forwarded (a prefix of the stream)."""
+        if routing is None:
+            self.routing_missing = True
+            return
+        old = self.routing
+        if old is not None and old.shape[0] > routing.shape[0]:
+            routing = torch.cat([routing, old[routing.shape[0] :]], dim=0)
+        self.routing = routing
+
+    def final_routing(self) -> torch.Tensor | None:
+        """The recorded routing when every engine call returned one, else None."""
+        return None if self.routing_missing else self.routing
 
 
 def template_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
@@ -193,6 +216,7 @@ async def run_episode(
             truncated=not done,
             turn_boundaries=boundaries,
             info=episode_info,
+            routing=stream.final_routing(),
         )
     except TrajectoryError as exc:
         raise RolloutError("bad_trajectory", str(exc)) from exc

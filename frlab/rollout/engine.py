@@ -71,12 +71,18 @@ class SamplingParams:
 
 @dataclass
 class GenerationResult:
-    """One generate call: the sampled tokens, the sampler's log-probs and weight versions."""
+    """One generate call: the sampled tokens, the sampler's log-probs and weight versions.
+
+    `routing` (optional, MoE routing replay, frlab.model.routing_replay): the experts the
+    engine used for every position it forwarded, int16 `[len(prompt) + len(tokens) - 1, L, k]`
+    (the last sampled token is never fed back); None when the engine does not record it.
+    """
 
     token_ids: list[int]
     log_probs: list[float]
     versions: list[int]
     finish_reason: str  # "stop" | "length"
+    routing: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)
@@ -89,6 +95,11 @@ class GenerationResult:
             raise ValueError(
                 f"GenerationResult.finish_reason must be stop|length, got {self.finish_reason!r}"
             )
+        r = self.routing
+        if r is not None and (
+            not isinstance(r, torch.Tensor) or r.dim() != 3 or r.is_floating_point()
+        ):
+            raise ValueError("GenerationResult.routing must be an integer tensor [T, L, k]")
 
 
 class EngineError(RuntimeError):

@@ -12,21 +12,28 @@ from (logits / temperature, then top-k / top-p if set, renormalised) and the wei
 that sampled it. `update_weights` takes the step lock, so new weights land between two decode
 steps; tokens sampled afterwards carry the new version (the KV cache of earlier tokens is
 kept, as in-flight updates do in asynchronous RL systems).
+
+With `record_routing=True` (MoE routing replay, frlab.model.routing_replay) every forward also
+records the experts each MoE layer picked; each request gets the rows of its own positions:
+the last `len(prompt)` columns of the left-padded prefill, then one column per decode step
+(rows are re-indexed as finished requests leave the batch).
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import copy
 import inspect
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from frlab.model.routing_replay import RoutingRecord, moe_routers, record_routing
 from frlab.rollout.engine import Engine, EngineError, GenerationResult, SamplingParams
 
 
@@ -38,9 +45,11 @@ class _Request:
     token_ids: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
+    routing: list[torch.Tensor] | None = None  # per-forward [t, L, k] pieces when recording
 
     def finish(self, reason: str) -> None:
-        result = GenerationResult(self.token_ids, self.log_probs, self.versions, reason)
+        routing = None if self.routing is None else torch.cat(self.routing, dim=0)
+        result = GenerationResult(self.token_ids, self.log_probs, self.versions, reason, routing)
         if not self.future.done():
             self.future.set_result(result)
 
@@ -82,6 +91,7 @@ class TorchEngine(Engine):
         max_batch_size: int = 32,
         seed: int = 0,
         initial_version: int = 0,
+        record_routing: bool = False,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"TorchEngine max_batch_size must be >= 1, got {max_batch_size}")
@@ -91,6 +101,14 @@ class TorchEngine(Engine):
         for p in self._model.parameters():
             p.requires_grad_(False)
             p.grad = None
+        self.record_routing = bool(record_routing)
+        if self.record_routing:
+            try:
+                moe_routers(self._model)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(
+                    f"TorchEngine record_routing=True needs an MoE model: {exc}"
+                ) from exc
         self.vocab_size = int(self._model.get_input_embeddings().weight.shape[0])
         self._forward_extra = _forward_kwargs(self._model)
         self._generator = torch.Generator(device=self.device).manual_seed(int(seed))
@@ -220,11 +238,28 @@ class TorchEngine(Engine):
             return not self._stopping
 
     def _run_wave(self, wave: list[_Request]) -> None:
+        with self._recording(wave) as record:
+            self._decode(wave, record)
+
+    @contextlib.contextmanager
+    def _recording(self, wave: list[_Request]) -> Iterator[RoutingRecord | None]:
+        """`record_routing` over the engine's model for one wave (None when not recording)."""
+        if not self.record_routing:
+            yield None
+            return
+        for req in wave:
+            req.routing = []
+        with record_routing(self._model) as record:
+            yield record
+
+    def _decode(self, wave: list[_Request], record: RoutingRecord | None) -> None:
+        """Prefill, then decode one token per active row until every row has finished."""
         ids, attention, positions = _left_pad([r.prompt for r in wave], self.device)
         cache = DynamicCache()
         extra = dict(self._forward_extra)
         extra[extra.pop("cache_kwarg")] = cache
         active = list(range(len(wave)))
+        new_tokens = [len(r.prompt) for r in wave]  # columns each row forwards in this step
         while active:
             if not self._wait_unpaused():
                 for i in active:
@@ -239,7 +274,11 @@ class TorchEngine(Engine):
                     **extra,
                 )
                 reqs = [wave[i] for i in active]
+                if record is not None:
+                    counts = [new_tokens[i] for i in active]
+                    _attribute_routing(record.steps.pop(), reqs, counts)
                 tokens = self._sample(out.logits[:, -1, :], reqs)
+            new_tokens = [1] * len(wave)
             keep = [row for row, req in enumerate(reqs) if not _finished(req)]
             active = [active[row] for row in keep]
             if not active:
@@ -262,6 +301,17 @@ class TorchEngine(Engine):
             req.log_probs.append(float(lp))
             req.versions.append(version)
         return tokens
+
+
+def _attribute_routing(step: torch.Tensor, reqs: list[_Request], counts: list[int]) -> None:
+    """Give row `r` of one forward's routing `[b, t, L, k]` to `reqs[r]`: its last `counts[r]`
+    columns (a prefill row's left padding sits before its own prompt)."""
+    if step.shape[0] != len(reqs):
+        raise RuntimeError(f"routing step has {step.shape[0]} rows, the batch has {len(reqs)}")
+    for row, (req, n) in enumerate(zip(reqs, counts, strict=True)):
+        if req.routing is None:
+            raise RuntimeError("routing recorded for a request that is not recording")
+        req.routing.append(step[row, step.shape[1] - n :].clone())
 
 
 def _finished(req: _Request) -> bool:

@@ -200,8 +200,8 @@ def test_bad_learner_config_names_the_field(changes, kwargs, match) -> None:
         FlashReinforceModule({**MODEL_CFG, **changes}, OBJECTIVE_CFG, OPTIM_CFG, **args)
 
 
-def test_routing_replay_is_refused_until_supported() -> None:
-    with pytest.raises(NotImplementedError, match="routing_replay"):
+def test_routing_replay_is_refused_for_a_dense_policy() -> None:
+    with pytest.raises(ValueError, match="routing_replay.*MoE"):
         FlashReinforceModule(
             {**MODEL_CFG, "routing_replay": True},
             OBJECTIVE_CFG,
