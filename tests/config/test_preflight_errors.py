@@ -185,7 +185,17 @@ def test_targets_outside_the_allowlist_are_refused() -> None:
 
 
 def test_preflight_does_not_import_environments() -> None:
+    """In a fresh interpreter: other tests in this process may have imported envs.alfworld."""
+    import subprocess
     import sys
 
-    preflight(compose(["experiment=alfworld_qwen7b"]))
-    assert "envs.alfworld" not in sys.modules
+    code = (
+        "import sys\n"
+        "from frlab.config.compose import compose\n"
+        "from frlab.config.preflight import preflight\n"
+        "preflight(compose(['experiment=alfworld_qwen7b']))\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('envs.alfworld', 'alfworld'))))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"
