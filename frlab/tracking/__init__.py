@@ -1,7 +1,9 @@
-"""Run files and progress display: `metrics.csv`, `summary.json`, the training progress bar.
+"""Run files and progress display: `metrics.csv`, `summary.json`, the training progress bar,
+avg@k evaluation during training.
 
-`RunFilesCallback` and `ProgressBar` need Lightning and are imported lazily; the file helpers
-(`read_metrics`, `summarize`) come from the Lightning-free `frlab.tracking.metrics_file`.
+`RunFilesCallback`, `ProgressBar` and `AvgAtKEvaluation` need Lightning and are imported
+lazily; the file helpers (`read_metrics`, `summarize`) come from the Lightning-free
+`frlab.tracking.metrics_file`.
 """
 
 from __future__ import annotations
@@ -11,9 +13,13 @@ from typing import Any
 
 from frlab.tracking.metrics_file import read_metrics, summarize
 
-_LAZY = {"RunFilesCallback": "frlab.tracking.run_files", "ProgressBar": "frlab.tracking.progress"}
+_LAZY = {
+    "RunFilesCallback": "frlab.tracking.run_files",
+    "ProgressBar": "frlab.tracking.progress",
+    "AvgAtKEvaluation": "frlab.tracking.evaluation",
+}
 
-__all__ = ["ProgressBar", "RunFilesCallback", "read_metrics", "summarize"]
+__all__ = ["AvgAtKEvaluation", "ProgressBar", "RunFilesCallback", "read_metrics", "summarize"]
 
 
 def __getattr__(name: str) -> Any:

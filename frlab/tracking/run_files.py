@@ -1,7 +1,7 @@
 """`RunFilesCallback`: every run writes `metrics.csv` and `summary.json` into its run folder.
 
 `metrics.csv` has one row per optimizer step: `step`, `elapsed_s` and every metric the learner
-logged under `train/` or `timing/` (names of frlab/config/SCHEMA.md). Each row is flushed as
+logged under `train/`, `timing/` or `eval/` (avg@k, frlab.tracking.evaluation; names of frlab/config/SCHEMA.md). Each row is flushed as
 it is written, so a crash keeps every finished step. On resume (`ckpt_path=last`) the file is
 continued, not overwritten: rows past the restored step (written after the last checkpoint)
 are dropped and new rows continue the step count; a metric that appears later widens the
@@ -38,6 +38,8 @@ from frlab.tracking.metrics_file import (
     write_json_atomic,
 )
 
+RUN_PREFIXES = (*PREFIXES, "eval/")  # eval/: avg@k rows from AvgAtKEvaluation
+
 
 class RunFilesCallback(Callback):
     """Writes metrics.csv (one flushed row per optimizer step) and summary.json (rank 0 only)."""
@@ -48,7 +50,7 @@ class RunFilesCallback(Callback):
         *,
         components: Mapping[str, str] | None = None,
         extra: Mapping[str, Any] | None = None,
-        prefixes: Sequence[str] = PREFIXES,
+        prefixes: Sequence[str] = RUN_PREFIXES,
     ) -> None:
         self.output_dir = Path(output_dir)
         self.components = dict(components or {})

@@ -1,0 +1,213 @@
+"""AvgAtKEvaluation: exact avg@k from a scripted engine, the step interval, metrics.csv rows."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from frlab.model.toy_tokenizer import build_toy_tokenizer
+from frlab.rollout.engine import GenerationResult, SamplingParams
+from frlab.tracking.evaluation import AvgAtKEvaluation, EngineGenerate, load_benchmark
+from frlab.tracking.run_files import RunFilesCallback, read_metrics
+
+# Four problems; the engine answers 0 and 1 right, 2 wrong, 3 right on every other call.
+ALGEBRA = [
+    {"question": "what is 3+4?", "answer": "7"},
+    {"question": "what is 2*5?", "answer": "10"},
+    {"question": "what is 9-1?", "answer": "8"},
+    {"question": "what is 6/2?", "answer": "3"},
+]
+ARITH = [{"question": "what is 1+1?", "answer": "2"}, {"question": "what is 5+5?", "answer": "10"}]
+REPLIES = {
+    "what is 3+4?": ["the answer is 7"],
+    "what is 2*5?": ["so 2*5 = 10. the answer is 10"],
+    "what is 9-1?": ["the answer is 9"],
+    "what is 6/2?": ["the answer is 3", "the answer is 4"],
+    "what is 1+1?": ["the answer is 2"],
+    "what is 5+5?": ["the answer is 10"],
+}
+
+
+class ScriptedEngine:
+    """Replies from REPLIES by question (cycling through each list), then eos."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.calls: dict[str, int] = {}
+        self.params: list[SamplingParams] = []
+        self.threads: set[int] = set()
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerationResult:
+        await asyncio.sleep(0)
+        self.params.append(params)
+        self.threads.add(threading.get_ident())
+        prompt = self.tokenizer.decode(prompt_ids, skip_special_tokens=True)
+        question = next(q for q in REPLIES if q in prompt)
+        n = self.calls.get(question, 0)
+        self.calls[question] = n + 1
+        options = REPLIES[question]
+        ids = self.tokenizer.encode(options[n % len(options)], add_special_tokens=False)
+        ids.append(self.tokenizer.eos_token_id)
+        return GenerationResult(ids, [0.0] * len(ids), [0] * len(ids), "stop")
+
+
+def make_pool(loop: asyncio.AbstractEventLoop | None = None) -> SimpleNamespace:
+    tokenizer = build_toy_tokenizer()
+    return SimpleNamespace(engine=ScriptedEngine(tokenizer), tokenizer=tokenizer, _loop=loop)
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.logged: list[tuple[str, float, dict[str, Any]]] = []
+
+    def log(self, name: str, value: float, **kwargs: Any) -> None:
+        self.logged.append((name, value, kwargs))
+
+
+def test_avg_at_k_is_exact_per_benchmark_and_mean() -> None:
+    pool = make_pool()
+    cb = AvgAtKEvaluation({"algebra": ALGEBRA, "arith": ARITH}, k=4, every_n_steps=1, top_p=0.95)
+    metrics = cb.evaluate(pool.engine, pool.tokenizer)
+    assert metrics == {
+        "eval/algebra/avg@4": 0.625,  # (1 + 1 + 0 + 2/4) / 4
+        "eval/arith/avg@4": 1.0,
+        "eval/mean/avg@4": 0.8125,
+    }
+    assert pool.engine.calls == {q: 4 for q in REPLIES}  # every problem asked k times
+    eos = pool.tokenizer.eos_token_id
+    assert {(p.temperature, p.top_p, p.stop_token_ids) for p in pool.engine.params} == {
+        (0.6, 0.95, (eos,))
+    }
+
+
+def test_limit_keeps_the_first_problems() -> None:
+    pool = make_pool()
+    cb = AvgAtKEvaluation({"algebra": ALGEBRA}, k=2, every_n_steps=1, limit=3)
+    assert cb.evaluate(pool.engine, pool.tokenizer)["eval/algebra/avg@2"] == pytest.approx(2 / 3)
+    assert "what is 6/2?" not in pool.engine.calls
+
+
+def test_generation_runs_on_the_pools_event_loop() -> None:
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        pool = make_pool(loop)
+        params = SamplingParams(max_new_tokens=8)
+        generate = EngineGenerate(pool.engine, pool.tokenizer, params, loop)
+        replies = generate([[{"role": "user", "content": "what is 3+4?"}]] * 2)
+        assert replies == ["the answer is 7", "the answer is 7"]
+        assert pool.engine.threads == {thread.ident}
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+        loop.close()
+
+
+def test_logs_every_n_steps_and_never_at_step_zero() -> None:
+    pool = make_pool()
+    trainer = SimpleNamespace(global_step=0, is_global_zero=True,
+                              datamodule=SimpleNamespace(pool=pool))  # fmt: skip
+    module = Recorder()
+    cb = AvgAtKEvaluation({"arith": ARITH}, k=1, every_n_steps=3)
+    for step in [0, 0, 1, 2, 3, 3, 4, 5, 6, 7]:  # repeats: gradient accumulation micro-batches
+        trainer.global_step = step
+        cb.on_train_batch_end(trainer, module, None, None, 0)
+    assert [s for s, _ in cb.history] == [3, 6]
+    assert [(name, value) for name, value, _ in module.logged] == [
+        ("eval/arith/avg@1", 1.0), ("eval/mean/avg@1", 1.0),
+    ] * 2  # fmt: skip
+    assert all(kw["on_step"] and not kw["on_epoch"] for _, _, kw in module.logged)
+
+
+def test_other_ranks_do_not_evaluate() -> None:
+    pool = make_pool()
+    trainer = SimpleNamespace(global_step=2, is_global_zero=False,
+                              datamodule=SimpleNamespace(pool=pool))  # fmt: skip
+    module = Recorder()
+    AvgAtKEvaluation({"arith": ARITH}, k=1, every_n_steps=2).on_train_batch_end(trainer, module)
+    assert module.logged == [] and pool.engine.calls == {}
+
+
+def test_missing_pool_is_a_clear_error() -> None:
+    trainer = SimpleNamespace(global_step=2, is_global_zero=True, datamodule=None)
+    cb = AvgAtKEvaluation({"arith": ARITH}, k=1, every_n_steps=2)
+    with pytest.raises(RuntimeError, match="datamodule.pool.engine"):
+        cb.on_train_batch_end(trainer, Recorder())
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"k": 0}, "k"),
+        ({"every_n_steps": 0}, "every_n_steps"),
+        ({"every_n_steps": True}, "every_n_steps"),
+        ({"limit": 0}, "limit"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"temperature": 0.0}, "temperature"),
+        ({"benchmarks": {}}, "benchmarks"),
+    ],
+)
+def test_bad_arguments_name_the_field(kwargs: dict[str, Any], field: str) -> None:
+    args: dict[str, Any] = {"benchmarks": {"arith": ARITH}, "k": 1, "every_n_steps": 1}
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=field):
+        AvgAtKEvaluation(**args)
+
+
+def test_benchmark_specs(tmp_path: Path) -> None:
+    path = tmp_path / "bench.jsonl"
+    path.write_text('{"q": "what is 1+1?", "a": 2}\n{"q": "what is 5+5?", "a": 10}\n')
+    spec = {"source": str(path), "question_key": "q", "answer_key": "a"}
+    assert [p["answer"] for p in load_benchmark("b", spec, limit=1)] == ["2"]
+    assert len(load_benchmark("b", spec, limit=None)) == 2
+    with pytest.raises(ValueError, match="benchmarks.b needs a 'source'"):
+        load_benchmark("b", {"path": str(path)}, limit=None)
+    with pytest.raises(ValueError, match="benchmarks.b must be"):
+        load_benchmark("b", 3, limit=None)  # type: ignore[arg-type]
+
+
+def test_metrics_reach_metrics_csv_in_a_real_lightning_run(tmp_path: Path) -> None:
+    import lightning as L
+    import torch
+
+    class Dummy(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+
+        def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+            loss = ((self.w - 1.0) ** 2).sum()
+            self.log("train/loss", loss.detach())
+            return loss
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    class Data(L.LightningDataModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.pool = make_pool()
+
+        def train_dataloader(self) -> list[torch.Tensor]:
+            return [torch.zeros(1)] * 100
+
+    evaluation = AvgAtKEvaluation({"algebra": ALGEBRA}, k=2, every_n_steps=2)
+    run_files = RunFilesCallback(tmp_path)
+    trainer = L.Trainer(max_steps=5, logger=False, callbacks=[evaluation, run_files],
+                        enable_model_summary=False, enable_progress_bar=False,
+                        enable_checkpointing=False, accelerator="cpu", devices=1)  # fmt: skip
+    trainer.fit(Dummy(), datamodule=Data())
+    rows = {int(r["step"]): r for r in read_metrics(tmp_path)}
+    assert sorted(rows) == [1, 2, 3, 4, 5]
+    for step in (2, 4):
+        assert rows[step]["eval/algebra/avg@2"] == 0.625  # (1 + 1 + 0 + 1/2) / 4
+        assert rows[step]["eval/mean/avg@2"] == 0.625
+    for step in (1, 3, 5):
+        assert math.isnan(rows[step].get("eval/algebra/avg@2", math.nan))
