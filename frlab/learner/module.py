@@ -278,56 +278,45 @@ class FlashReinforceModule(L.LightningModule):
         scale: float,
         timings: dict[str, float],
     ) -> Tensor:
-        """Forward, objective and backward of one micro-batch; returns its detached loss."""
+        """Forward, objective and backward of one micro-batch; returns its detached loss.
+
+        With routing replay the recorded experts stay forced through the backward too
+        (gradient checkpointing recomputes the forward there).
+        """
         mb = mb.trim()
         with self._replay(mb):
-            return self._forward_backward(
-                mb, advantages, num_sequences=num_sequences, num_tokens=num_tokens,
-                scale=scale, timings=timings,
-            )  # fmt: skip
-
-    def _forward_backward(
-        self,
-        mb: RolloutBatch,
-        advantages: Tensor,
-        *,
-        num_sequences: int,
-        num_tokens: int,
-        scale: float,
-        timings: dict[str, float],
-    ) -> Tensor:
-        t0 = time.perf_counter()
-        log_probs, entropies = sequence_logprobs(
-            self.policy,
-            mb.input_ids,
-            mb.attention_mask,
-            mb.position_ids,
-            temperature=self.temperature,
-            chunk_size=self.logprob_chunk_size,
-            compute_entropy=bool(self.objective.needs_entropies),
-            action_mask=mb.action_mask,
-        )
-        _sync_device(log_probs.device)
-        timings["logprob"] += time.perf_counter() - t0
-        behavior = mb.behavior_log_probs.to(
-            torch.promote_types(log_probs.dtype, mb.behavior_log_probs.dtype)
-        )
-        loss, diagnostics = self.objective(
-            log_probs,
-            behavior,
-            advantages,
-            mb.action_mask,
-            entropies=entropies,
-            failures=mb.failures,
-            num_sequences=num_sequences,
-            num_tokens=num_tokens,
-        )
-        self.step_metrics.update_diagnostics(diagnostics)
-        t0 = time.perf_counter()
-        self.manual_backward(loss * scale)
-        _sync_device(log_probs.device)
-        timings["backward"] += time.perf_counter() - t0
-        return loss.detach()
+            t0 = time.perf_counter()
+            log_probs, entropies = sequence_logprobs(
+                self.policy,
+                mb.input_ids,
+                mb.attention_mask,
+                mb.position_ids,
+                temperature=self.temperature,
+                chunk_size=self.logprob_chunk_size,
+                compute_entropy=bool(self.objective.needs_entropies),
+                action_mask=mb.action_mask,
+            )
+            _sync_device(log_probs.device)
+            timings["logprob"] += time.perf_counter() - t0
+            behavior = mb.behavior_log_probs.to(
+                torch.promote_types(log_probs.dtype, mb.behavior_log_probs.dtype)
+            )
+            loss, diagnostics = self.objective(
+                log_probs,
+                behavior,
+                advantages,
+                mb.action_mask,
+                entropies=entropies,
+                failures=mb.failures,
+                num_sequences=num_sequences,
+                num_tokens=num_tokens,
+            )
+            self.step_metrics.update_diagnostics(diagnostics)
+            t0 = time.perf_counter()
+            self.manual_backward(loss * scale)
+            _sync_device(log_probs.device)
+            timings["backward"] += time.perf_counter() - t0
+            return loss.detach()
 
     def training_step(self, batch: RolloutBatch, batch_idx: int) -> None:
         step_start = time.perf_counter()

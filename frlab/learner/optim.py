@@ -18,6 +18,7 @@ updates, `S = max_steps`), as a factor on the base lr:
 
 from __future__ import annotations
 
+import abc
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -97,7 +98,7 @@ def build_optimizer(
 
 
 @dataclass
-class _Warmup:
+class _Warmup(abc.ABC):
     """Shared warmup; subclasses give the factor after warmup. Picklable (LambdaLR state)."""
 
     warmup_steps: int
@@ -107,8 +108,9 @@ class _Warmup:
             return (step + 1) / self.warmup_steps
         return self.after_warmup(step)
 
+    @abc.abstractmethod
     def after_warmup(self, step: int) -> float:
-        raise NotImplementedError
+        """The lr factor once warmup is over."""
 
 
 @SCHEDULES.register("constant")

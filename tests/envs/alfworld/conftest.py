@@ -21,7 +21,9 @@ def winning_actions() -> list[str]:
 @pytest.fixture(scope="session")
 def fixed_game(tmp_path_factory) -> str:
     """Apple on the counter; the task: put it on the dining table (a closed fridge stands by)."""
-    pytest.importorskip("alfworld.info", reason="needs the alfworld extra (pip install frlab[alfworld])")
+    pytest.importorskip(
+        "alfworld.info", reason="needs the alfworld extra (pip install frlab[alfworld])"
+    )
     from envs.alfworld.make_games import GameSpec, Thing, game_logic, mangle, write_game
 
     counter = mangle("CounterTop|+01.00|+00.95|-01.00")

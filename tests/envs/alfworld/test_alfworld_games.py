@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("alfworld.info", reason="needs the alfworld extra (pip install frlab[alfworld])")
+pytest.importorskip(
+    "alfworld.info", reason="needs the alfworld extra (pip install frlab[alfworld])"
+)
 
 from envs.alfworld import AlfworldEnv  # noqa: E402
 from envs.alfworld.make_games import main, make_games  # noqa: E402
