@@ -41,15 +41,27 @@ def _under(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
+def _paths_to_hide(spec: dict) -> list[str]:
+    """Every top-level entry of / outside the allowlist, then the extra subdirectories."""
+    keep = set(spec["keep"])
+    top = ["/" + name for name in sorted(os.listdir("/"))]
+    return [p for p in top if p not in keep and not os.path.islink(p)] + spec["hide_also"]
+
+
 def _hide_host_dirs(spec: dict) -> None:
-    """Cover host directories with empty root-owned tmpfs; keep the interpreter reachable."""
+    """Cover host directories with empty root-owned tmpfs (files with /dev/null); keep the
+    interpreter reachable."""
     prefix = spec["prefix"]
     prefix_fd = os.open(prefix, os.O_PATH | os.O_DIRECTORY)
     hidden = []
-    for path in spec["hide"]:
-        if os.path.isdir(path) and not os.path.islink(path):
+    for path in _paths_to_hide(spec):
+        if os.path.islink(path):
+            continue
+        if os.path.isdir(path):
             _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=755")
             hidden.append(path)
+        elif os.path.isfile(path):
+            _mount("/dev/null", path, None, MS_BIND, None)
     if any(_under(prefix, h) for h in hidden):
         os.makedirs(prefix, exist_ok=True)
         _mount(f"/proc/self/fd/{prefix_fd}", prefix, None, MS_BIND | MS_REC, None)

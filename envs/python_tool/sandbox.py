@@ -29,14 +29,16 @@ Namespace mode (running as root with util-linux `unshare`; probed once, else pla
   no_new_privs (setuid binaries such as su or mount cannot raise privileges), so RLIMIT_NPROC
   (counted per real uid; ignored for root, hence the uid switch) really caps the number of
   processes and threads, and root-owned files are read-only to it.
-- /root, /home, /work, /tmp, /var/tmp, /dev/shm, /run, /mnt, /srv, /media, /opt and /sys are
-  covered by empty root-owned tmpfs mounts (not writable by the program) in the program's mount
-  namespace; the host never sees these mounts. The interpreter's own prefix is bind-mounted
-  back read-only when it lives under one of them. The work dir is a tmpfs of disk_mb: with the
+- Every top-level directory except /usr, /bin, /sbin, /lib*, /etc, /proc and /dev (so /root,
+  /home, /tmp, /var, /opt, /sys and any checkout or data mount such as /work or /check), plus
+  /dev/shm and /dev/mqueue, is covered by an empty root-owned tmpfs (not writable by the
+  program), and every other top-level file by /dev/null, in the program's mount namespace; the
+  host never sees these mounts. The interpreter's own prefix is bind-mounted back read-only
+  when it lives under a hidden directory. The work dir is a tmpfs of disk_mb: with the
   world-writable host directories hidden, it is the only place the program can write.
 
 Not covered (be aware)
-- World-readable files outside the hidden directories (/etc, /usr, ...) stay readable, and so
+- World-readable files under the kept directories (/etc, /usr, ...) stay readable, and so
   does the interpreter's prefix with its site-packages (read-only); files with mode 0600/0640
   owned by root do not. A host with world-writable directories other than those hidden would
   leave them writable. /proc is the namespace's own, but host-wide kernel files in it
@@ -75,10 +77,21 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 LAUNCHER = Path(__file__).with_name("_launcher.py")
-HIDDEN_DIRS = (
-    "/root", "/home", "/work", "/tmp", "/var/tmp", "/dev/shm", "/run", "/mnt", "/srv",
-    "/media", "/opt", "/sys",
-)  # fmt: skip
+# Allowlist, not denylist: every top-level entry of / except these is hidden (a host may mount
+# a checkout or secrets anywhere: /check, /data, /old_root ...), plus the writable corners below.
+KEPT_ROOT_ENTRIES = (
+    "/usr",
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/etc",
+    "/proc",
+    "/dev",
+)
+HIDDEN_SUBDIRS = ("/dev/shm", "/dev/mqueue")
 UNSHARE_FLAGS = ("--fork", "--pid", "--mount-proc", "--net", "--ipc", "--uts", "--kill-child")
 BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
 READ_CHUNK = 65536
@@ -134,7 +147,8 @@ def _spec(mode: str, workdir: str, limits: Limits) -> dict:
         "workdir": workdir,
         "python": python,
         "prefix": prefix,
-        "hide": list(HIDDEN_DIRS),
+        "keep": list(KEPT_ROOT_ENTRIES),
+        "hide_also": list(HIDDEN_SUBDIRS),
         "uid": 100_000 + secrets.randbelow(1_000_000_000),
         "as_bytes": int(limits.memory_mb) * 2**20,
         "cpu_s": math.ceil(limits.timeout_s) + 1,

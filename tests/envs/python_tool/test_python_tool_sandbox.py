@@ -162,6 +162,31 @@ def test_host_directories_are_hidden() -> None:
     assert "/work []" in r.stdout and "/home []" in r.stdout
 
 
+@needs_namespace
+def test_any_unlisted_top_level_entry_is_hidden() -> None:
+    """Allowlist, not denylist: a checkout or secret mounted at an unusual top-level path
+    (CI clones to /check/...) must be invisible too."""
+    token = secrets.token_hex(6)
+    probe_dir, probe_file = Path(f"/frlab-probe-{token}"), Path(f"/frlab-probe-{token}.txt")
+    probe_dir.mkdir()
+    try:
+        (probe_dir / "secret.txt").write_text(f"dir-secret-{token}")
+        probe_file.write_text(f"file-secret-{token}")
+        code = (
+            f"import os\nprint(sorted(os.listdir({str(probe_dir)!r})))\n"
+            f"print(repr(open({str(probe_file)!r}).read()))\n"
+            f"open({str(probe_dir / 'secret.txt')!r})\n"
+        )
+        r = run_python(code)
+        assert r.stdout.splitlines()[:2] == ["[]", "''"], (r.stdout, r.stderr)
+        assert "FileNotFoundError" in r.stderr
+        assert token not in r.stdout.replace(str(probe_dir), "").replace(str(probe_file), "")
+    finally:
+        probe_file.unlink(missing_ok=True)
+        (probe_dir / "secret.txt").unlink(missing_ok=True)
+        probe_dir.rmdir()
+
+
 def test_proc_scan_finds_a_tokened_process() -> None:
     """Control for the leak checks below: `procs_with` does see a live process."""
     token = "frlab-probe-" + secrets.token_hex(6)
