@@ -3,9 +3,10 @@
 Order (FlashREINFORCE paper; SPEC §3): preflight, seed, tokenizer, policy, the learner module
 (policy + composed objective), the rollout side (engine with its OWN copy of the weights, one
 environment per episode, the asynchronous pool behind a DataModule), callbacks (weight sync
-every `rollout.sync_every` steps, run files, progress bar, atomic checkpoints), the logger and
-the Lightning Trainer; then `fit` (resuming from `ckpt_path`), plots into the run folder, and
-the summary dict (also in `summary.json`). Every object built from a `_target_` goes through
+every `rollout.sync_every` steps, avg@k evaluation from the `eval` group, run files,
+progress bar, atomic checkpoints), the logger and the Lightning Trainer; then `fit`
+(resuming from `ckpt_path`), plots into the run folder, and the summary dict (also in
+`summary.json`). Every object built from a `_target_` goes through
 `frlab.config.instantiate.instantiate` (the allowlist).
 """
 
@@ -35,14 +36,17 @@ def plain(node: Any) -> Any:
 
 
 def build_tokenizer(name: str) -> Any:
-    """The tokenizer: `toy` -> the local toy tokenizer, else AutoTokenizer (hub id or folder)."""
+    """The tokenizer: `toy` -> the local toy tokenizer, else AutoTokenizer (hub id, folder or
+    `gguf:` source, frlab.model.gguf)."""
     if name == "toy":
         from frlab.model.toy_tokenizer import build_toy_tokenizer
 
         return build_toy_tokenizer()
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(name)
+    from frlab.model.gguf import resolve_model_source
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_source(name))
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
@@ -97,6 +101,7 @@ def build_engine_for(
     rollout: Mapping[str, Any], model: Mapping[str, Any], policy: Any, seed: int
 ) -> Any:
     """The rollout engine (its own copy of the weights; started and stopped by the pool)."""
+    from frlab.model.gguf import resolve_model_source
     from frlab.rollout.engine import build_engine
 
     if rollout["engine"] == "torch":
@@ -105,8 +110,13 @@ def build_engine_for(
             max_batch_size=rollout["max_in_flight"],
             record_routing=bool(model.get("routing_replay", False)),
         )  # fmt: skip
+    if rollout["engine"] == "remote":
+        return build_engine(
+            "remote", seed=seed, initial_weights=policy.state_dict(), **rollout["remote"]
+        )
     return build_engine(
-        "vllm", model=model["name_or_path"], seed=seed, max_model_len=rollout["max_len"],
+        "vllm", model=resolve_model_source(model["name_or_path"]), seed=seed,
+        max_model_len=rollout["max_len"],
     )  # fmt: skip
 
 
@@ -140,10 +150,42 @@ def pool_factory(
     return make
 
 
+def build_evaluation(cfg: DictConfig) -> Any:
+    """The evaluation callback of the `eval` node (None when off, eval=none): kind `math` ->
+    AvgAtKEvaluation; `episodes` -> EpisodeEvaluation, one env factory per benchmark (the
+    training env node with the benchmark's keys changed)."""
+    node = cfg.get("eval")
+    if node is None:
+        return None
+    spec = plain(node)
+    kind, sampling, benchmarks = spec.pop("kind"), spec.pop("sampling"), spec.pop("benchmarks")
+    if kind == "math":
+        from frlab.tracking.evaluation import AvgAtKEvaluation
+
+        return AvgAtKEvaluation(benchmarks, **spec, **sampling)
+    from frlab.tracking.episode_evaluation import EpisodeEvaluation
+
+    factories = {
+        name: env_factory(OmegaConf.merge(plain(cfg.env), changes or {}))
+        for name, changes in benchmarks.items()
+    }
+    return EpisodeEvaluation(
+        factories, **spec, **sampling,
+        max_turns=int(cfg.rollout.max_turns), max_len=int(cfg.rollout.max_len),
+    )  # fmt: skip
+
+
 def build_callbacks(cfg: DictConfig, run_files: Any) -> list[Any]:
+    """Weight sync, avg@k evaluation (if configured), run files, then the `callbacks` group.
+
+    Evaluation comes after the weight sync (it measures the step's new weights) and before
+    the run files, so its values land in the same step's metrics.csv row."""
     from frlab.rollout.callbacks import WeightSyncCallback
 
-    callbacks = [WeightSyncCallback(sync_every=int(cfg.rollout.sync_every)), run_files]
+    evaluation = build_evaluation(cfg)
+    callbacks = [WeightSyncCallback(sync_every=int(cfg.rollout.sync_every))]
+    callbacks += [evaluation] if evaluation is not None else []
+    callbacks.append(run_files)
     for name, node in (cfg.get("callbacks") or {}).items():
         if node is not None:
             callbacks.append(instantiate(node, key=f"callbacks.{name}"))

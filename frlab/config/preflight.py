@@ -19,6 +19,11 @@ rules of the method (FlashREINFORCE paper; SPEC §2-3):
   generation budget (`rollout.sampling.max_new_tokens`).
 - MoE routing replay (`model.routing_replay`) needs `rollout.engine=torch`, the engine that
   records the experts it used.
+- `rollout.engine=remote` needs the `rollout.remote` block (`rollout=remote`) with a list of
+  distinct http(s) server URLs, filesystem weight sync and one learner rank; a `remote` block
+  under another engine is refused (an experiment preset may have pinned the engine).
+- the optional `eval` node (avg@k during training) is checked by
+  `frlab.config.eval_check` (interval within `trainer.max_steps`, generation budget).
 
 Every error is a `ConfigError` naming the full key.
 """
@@ -32,6 +37,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from frlab.config import schema
 from frlab.config.errors import ConfigError, unknown
+from frlab.config.eval_check import check_eval
 from frlab.config.instantiate import check_allowed
 from frlab.config.objective_check import check_objective
 from frlab.config.plan import Plan, build_plan
@@ -59,6 +65,8 @@ def preflight(cfg: DictConfig) -> Plan:
     _check_groups(objective, sec["rollout"], sec["data"])
     _check_sync(sec["rollout"])
     _check_engine(sec["rollout"], trainer)
+    _check_remote(sec["rollout"], world)
+    check_eval(cfg, sec["rollout"], trainer)
     return build_plan(cfg, sec, trainer, objective, world)
 
 
@@ -249,4 +257,40 @@ def _check_engine(rollout: Mapping[str, Any], trainer: Mapping[str, Any]) -> Non
             "rollout.engine",
             f"'vllm' needs a GPU trainer (trainer.accelerator is {trainer['accelerator']!r}); "
             "use rollout.engine=torch on CPU",
+        )
+
+
+def _check_remote(rollout: Mapping[str, Any], world: int) -> None:
+    """The `rollout.remote` block: present exactly with engine=remote, servers well formed."""
+    remote = rollout.get("remote")
+    if rollout["engine"] != "remote":
+        if remote is not None:
+            raise ConfigError(
+                "rollout.engine",
+                f"is {rollout['engine']!r} but a rollout.remote block is set (rollout=remote): "
+                "add rollout.engine=remote (an experiment preset may pin the engine)",
+            )
+        return
+    if remote is None:
+        raise ConfigError("rollout.remote", "missing: select the backend with rollout=remote")
+    schema.check_section("rollout.remote", remote, schema.REMOTE)
+    servers = remote["servers"]
+    if not isinstance(servers, list) or not servers:
+        raise ConfigError("rollout.remote.servers", f"must be a non-empty list of URLs, got {servers!r}")
+    for url in servers:
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise ConfigError("rollout.remote.servers", f"{url!r} is not an http(s):// base URL")
+    if len({u.rstrip("/") for u in servers}) != len(servers):
+        raise ConfigError("rollout.remote.servers", f"lists a server twice: {servers}")
+    if remote["weight_sync"] == "nccl":
+        raise ConfigError(
+            "rollout.remote.weight_sync",
+            "nccl is request shaping only (untested on hardware, not wired end to end); use "
+            "filesystem",
+        )
+    if world != 1:
+        raise ConfigError(
+            "rollout.engine",
+            f"'remote' supports one learner rank (trainer.devices x trainer.num_nodes = {world}): "
+            "every rank would sync the same fleet",
         )

@@ -17,7 +17,7 @@ from frlab.config.errors import ConfigError, unknown
 
 ROOT_KEYS = (
     "seed", "dry_run", "ckpt_path", "task_name", "plots", "model", "env", "rollout", "data",
-    "objective", "optim", "trainer", "logger", "callbacks", "paths", "hydra",
+    "objective", "optim", "trainer", "logger", "callbacks", "paths", "hydra", "eval",
 )  # fmt: skip
 
 # lightning.Trainer.__init__ parameters (Lightning 2.6; tests/config checks the installed one).
@@ -81,7 +81,7 @@ MODEL = {
 }
 ROLLOUT = {
     "mode": _f("str", choices=("async", "sync")),
-    "engine": _f("str", choices=("torch", "vllm")),
+    "engine": _f("str", choices=("torch", "vllm", "remote")),
     "max_in_flight": _f("int", low=1),
     "max_policy_lag": _f("int", low=0),
     "samples_per_prompt": _f("int", low=1),
@@ -90,6 +90,18 @@ ROLLOUT = {
     "max_len": _f("int", low=2),
     "sampling": _f("mapping"),
     "device": _f("str"),
+    "remote": _f("mapping"),  # rollout=remote only (frlab.rollout.remote_engine)
+}
+REMOTE = {
+    "servers": _f("any"),  # a non-empty list of distinct http(s) URLs (checked in preflight)
+    "snapshot_dir": _f("str", optional=True),
+    "weight_sync": _f("str", choices=("filesystem", "nccl")),
+    "request_timeout_s": _f("float", low=0.0, low_open=True),
+    "max_retries": _f("int", low=0),
+    "probe_interval_s": _f("float", low=0.0, low_open=True),
+    "startup_timeout_s": _f("float", low=0.0, low_open=True),
+    "keep_snapshots": _f("int", low=1),
+    "model": _f("str", optional=True),
 }
 SAMPLING = {
     "temperature": _f("float", low=0.0, low_open=True),
@@ -120,6 +132,7 @@ TRAINER = {
 }
 OPTIONAL_KEYS = {
     "model": ("trust_remote_code", "attn_implementation"),
+    "rollout": ("remote",),
 }
 
 

@@ -15,6 +15,11 @@ blocked on all but the last micro-batch.
 MoE routing replay (`model.routing_replay=true`, frlab.model.routing_replay): each
 micro-batch's forward AND backward run with every MoE layer forced to the experts the sampler
 recorded (`RolloutBatch.routing`), so the ratio `pi_theta / mu` is not moved by expert flips.
+
+Sharding (frlab.learner.sharding): under `FSDP2Strategy` (a `ModelParallelStrategy`)
+`configure_model` shards the policy with FSDP2 and the log-probs run through the sharded root
+(`LogprobScorer`). Lightning's `FSDPStrategy` (FSDP1) is refused with a clear error: it runs
+`training_step` inside its root forward, where per-micro-batch backwards fail.
 """
 
 from __future__ import annotations
@@ -29,14 +34,13 @@ from typing import Any
 import lightning as L
 import torch
 from torch import Tensor
-from torch.distributed.fsdp import FullyShardedDataParallel
 
 from frlab.data.batch import RolloutBatch
 from frlab.learner import metrics as M
 from frlab.learner.checkpoint import capture_rng_states, restore_rng_states
 from frlab.learner.metrics import StepMetrics, policy_lag
 from frlab.learner.optim import build_optimizer, build_scheduler, grad_clip_norm
-from frlab.model.lm_logprobs import sequence_logprobs
+from frlab.learner.sharding import LogprobScorer, full_tensor, scorer_for, sequence_logprobs_of
 from frlab.model.policy import build_policy
 from frlab.model.routing_replay import moe_routers, replay_routing
 from frlab.objective import Objective
@@ -142,8 +146,20 @@ class FlashReinforceModule(L.LightningModule):
         self.objective = Objective.from_config(objective_cfg)
         self.policy_version = 0
         self.step_metrics = StepMetrics()
+        self._scorer: LogprobScorer | None = None  # FSDP2 root; set by configure_model
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "_scorer":  # not a registered child: the policy's parameters appear once
+            object.__setattr__(self, name, value)
+        else:
+            super().__setattr__(name, value)
 
     # ----------------------------------------------------------------- Lightning wiring
+    def configure_model(self) -> None:
+        """Shard the policy under FSDP2Strategy; refuse FSDP1 (frlab.learner.sharding)."""
+        if self._scorer is None:
+            self._scorer = scorer_for(getattr(self._trainer, "strategy", None), self.policy)
+
     def configure_optimizers(self) -> dict[str, Any]:
         params = [p for p in self._trained_module().parameters() if p.requires_grad]
         optimizer = build_optimizer(params, **self.optim_cfg)
@@ -226,18 +242,19 @@ class FlashReinforceModule(L.LightningModule):
     def _grad_sync(self, enabled: bool) -> Iterator[None]:
         """Block DDP gradient all-reduce unless `enabled` (the last micro-batch)."""
         strategy = getattr(self._trainer, "strategy", None)
+        if self._scorer is not None:  # FSDP2: skip the reduce-scatter until the last one
+            self._scorer.set_requires_gradient_sync(enabled)  # type: ignore[operator]
+            yield
+            return
         block = getattr(strategy, "block_backward_sync", None)
         with nullcontext() if enabled or block is None else block():
             yield
 
     def _clip_gradients(self) -> Tensor:
         """Pre-clip total gradient norm; clips to optim.grad_clip (inf: measure only)."""
-        wrapped = getattr(getattr(self._trainer, "strategy", None), "model", None)
-        if isinstance(wrapped, FullyShardedDataParallel):  # sharded grads: FSDP's global norm
-            norm = wrapped.clip_grad_norm_(self.grad_clip)
-        else:
-            params = [p for p in self.parameters() if p.grad is not None]
-            norm = torch.nn.utils.clip_grad_norm_(params, self.grad_clip)
+        params = [p for p in self.parameters() if p.grad is not None]
+        # FSDP2: sharded (DTensor) gradients; the norm is global, its value gathered here.
+        norm = full_tensor(torch.nn.utils.clip_grad_norm_(params, self.grad_clip))
         if not bool(torch.isfinite(norm)):
             raise FloatingPointError(
                 f"non-finite gradient norm {float(norm)} at policy_version {self.policy_version}"
@@ -286,8 +303,8 @@ class FlashReinforceModule(L.LightningModule):
         mb = mb.trim()
         with self._replay(mb):
             t0 = time.perf_counter()
-            log_probs, entropies = sequence_logprobs(
-                self.policy,
+            score = self._scorer if self._scorer is not None else sequence_logprobs_of(self.policy)
+            log_probs, entropies = score(
                 mb.input_ids,
                 mb.attention_mask,
                 mb.position_ids,

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
+from frlab.model.gguf import resolve_model_source
 from frlab.registry import close_matches
 
 DTYPES: dict[str, torch.dtype] = {
@@ -143,8 +144,9 @@ def build_policy(
 ) -> PreTrainedModel:
     """Load a causal LM from `name_or_path` or random-init one from `config`.
 
-    name_or_path: a local folder or a hub id, loaded by `AutoModelForCausalLM.from_pretrained`
-    (a `PretrainedConfig` in `config` is passed along). Otherwise `config` (a mapping with
+    name_or_path: a local folder, a hub id, or a `gguf:` source (frlab.model.gguf: converted
+    once into a cached folder), loaded by `AutoModelForCausalLM.from_pretrained` (a
+    `PretrainedConfig` in `config` is passed along). Otherwise `config` (a mapping with
     `model_type`, or a `PretrainedConfig`) builds a random-init model, seeded by `seed` without
     touching the global RNG. `attn_implementation=None` picks `eager` on CPU-only machines and
     transformers' default (sdpa) otherwise; a string is passed to transformers as is.
@@ -223,6 +225,7 @@ def _load_pretrained(name_or_path: str, config: Any, kwargs: dict[str, Any]) -> 
             "give model.name_or_path or model.config, not both "
             "(set model.config=null to load a checkpoint)"
         )
+    name_or_path = resolve_model_source(str(name_or_path))  # `gguf:` sources -> a folder
     path = Path(os.path.expanduser(str(name_or_path)))
     looks_local = path.is_absolute() or str(name_or_path).startswith((".", "~"))
     if looks_local and not path.is_dir():

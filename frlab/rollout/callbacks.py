@@ -9,6 +9,10 @@ resumes, and the pool checks the version it reports); on other steps it only tel
 learner version. It also syncs once at train start, so a resumed run's engine starts from the
 restored weights and version. Keep `sync_every <= rollout.max_policy_lag`, or the pool's
 admission control can never admit new rollouts.
+
+After every training batch it also logs the engine's own counters from `pool.stats()["engine"]`
+as `rollout/<name>` (the remote backend: `rollout/retries`, `rollout/servers_healthy`, ...),
+so they reach every logger and metrics.csv; engines without counters log nothing.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ class WeightSyncCallback(L.Callback):
         batch: Any,
         batch_idx: int,
     ) -> None:
+        self._log_engine_metrics(trainer, pl_module)
         version = _version(pl_module)
         if version == self._last_seen:
             return  # no optimizer step this batch (gradient accumulation)
@@ -49,11 +54,19 @@ class WeightSyncCallback(L.Callback):
             self._pool_of(trainer).set_learner_version(version)
             self._last_seen = version
 
+    def _log_engine_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        stats = getattr(self._pool_of(trainer), "stats", None)
+        metrics = rollout_metrics(stats()) if callable(stats) else {}
+        if metrics:
+            pl_module.log_dict(metrics, on_step=True, on_epoch=False, batch_size=1)
+
     def _push(self, trainer: L.Trainer, pl_module: L.LightningModule, version: int) -> None:
         policy = getattr(pl_module, "policy", None)
         if policy is None:
             raise AttributeError("WeightSyncCallback needs the learner module's `policy` model")
-        self._pool_of(trainer).update_weights(policy.state_dict(), version)
+        from frlab.learner.sharding import full_state_dict  # FSDP2: gather the shards
+
+        self._pool_of(trainer).update_weights(full_state_dict(policy), version)
         self._last_seen = version
         self.syncs += 1
 
@@ -67,6 +80,18 @@ class WeightSyncCallback(L.Callback):
                 "RolloutDataModule (trainer.datamodule.pool)"
             )
         return pool
+
+
+def rollout_metrics(stats: Any) -> dict[str, float]:
+    """`rollout/<name>` floats of the numeric engine counters in a pool's `stats()`."""
+    engine = stats.get("engine") if isinstance(stats, dict) else None
+    if not isinstance(engine, dict):
+        return {}
+    return {
+        f"rollout/{name}": float(value)
+        for name, value in engine.items()
+        if isinstance(value, int | float) and not isinstance(value, bool)
+    }
 
 
 def _version(pl_module: L.LightningModule) -> int:

@@ -7,8 +7,9 @@ distribution it was actually drawn from and the weight version that drew it. Fla
 reproduce what the engine used. Importance sampling also needs the full support, so with
 off-policy correction on, top-p / top-k truncation is refused at start.
 
-Implementations: `torch` (frlab.rollout.torch_engine, CPU/CUDA, test default) and `vllm`
-(frlab.rollout.vllm_engine, GPU only, imported lazily so `import frlab` never imports vllm).
+Implementations: `torch` (frlab.rollout.torch_engine, CPU/CUDA, test default), `vllm`
+(frlab.rollout.vllm_engine, GPU only, imported lazily so `import frlab` never imports vllm)
+and `remote` (frlab.rollout.remote_engine: a fleet of vLLM / frlab.serve servers over HTTP).
 """
 
 from __future__ import annotations
@@ -140,6 +141,10 @@ class Engine(abc.ABC):
     def resume(self) -> None:
         """Continue decoding after pause()."""
 
+    def stats(self) -> dict[str, int]:
+        """Engine counters and gauges for the pool's stats (none by default)."""
+        return {}
+
     def __enter__(self) -> Engine:
         self.start()
         return self
@@ -148,11 +153,12 @@ class Engine(abc.ABC):
         self.shutdown()
 
 
-ENGINE_KINDS = ("torch", "vllm")
+ENGINE_KINDS = ("torch", "vllm", "remote")
 
 
 def build_engine(kind: str, **kwargs: Any) -> Engine:
-    """Build an engine by name: "torch" (TorchEngine) or "vllm" (VLLMEngine, lazy import)."""
+    """Build an engine by name: "torch" (TorchEngine), "vllm" (VLLMEngine, lazy import) or
+    "remote" (RemoteEngine: a fleet of HTTP generation servers)."""
     if kind == "torch":
         from frlab.rollout.torch_engine import TorchEngine
 
@@ -161,4 +167,8 @@ def build_engine(kind: str, **kwargs: Any) -> Engine:
         from frlab.rollout.vllm_engine import VLLMEngine
 
         return VLLMEngine(**kwargs)
+    if kind == "remote":
+        from frlab.rollout.remote_engine import RemoteEngine
+
+        return RemoteEngine(**kwargs)
     raise ValueError(f"unknown rollout.engine {kind!r}; choose one of: {', '.join(ENGINE_KINDS)}")

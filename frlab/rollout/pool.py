@@ -364,6 +364,7 @@ class RolloutPool:
                 learner_version=self._learner_version,
                 next_consume_version=self._next_consume_version,
                 engine_version=int(self.engine.version),
+                engine=engine_stats(self.engine),
             )
             return out
 
@@ -410,6 +411,12 @@ class RolloutPool:
             self._next_consume_version = int(state.get("next_consume_version", 0))
             self._queue.restore(restore_ready(state["ready"], self.max_policy_lag))
             self._cond.notify_all()
+
+
+def engine_stats(engine: Any) -> dict[str, Any]:
+    """The engine's own counters (remote: retries, servers_healthy, ...); {} if it has none."""
+    stats = getattr(engine, "stats", None)
+    return dict(stats()) if callable(stats) else {}
 
 
 COUNTERS = ("started", "finished", "consumed", "batches", "paused_for_lag", "lag_violations",

@@ -32,6 +32,7 @@ import torch
 WORKER_EXTENSION_CLS = "frlab.rollout.vllm_worker.WeightUpdateExtension"
 LOAD_WEIGHTS_METHOD = "frlab_load_weights"
 VERSION_METHOD = "frlab_weight_version"
+SNAPSHOT_METHOD = "frlab_load_snapshot"  # remote backend: load a safetensors snapshot file
 
 
 def as_named_tensors(named_tensors: Any) -> list[tuple[str, torch.Tensor]]:
@@ -110,6 +111,13 @@ class WeightUpdateExtension:
         self.model_runner.model.load_weights(weights=weights)  # type: ignore[attr-defined]
         self.frlab_version = int(version)
         return weight_ack(version, weights_fingerprint(weights))
+
+    def frlab_load_snapshot(self, path: str, version: int) -> dict[str, Any]:
+        """Load the safetensors snapshot at `path` (the remote backend's filesystem sync,
+        reached through vLLM's `/collective_rpc` dev endpoint) and acknowledge `version`."""
+        from safetensors.torch import load_file
+
+        return self.frlab_load_weights(sorted(load_file(str(path)).items()), version)
 
     def frlab_weight_version(self) -> int | None:
         """The last version loaded through `frlab_load_weights` (None before the first)."""

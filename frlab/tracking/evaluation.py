@@ -4,9 +4,12 @@ The FlashREINFORCE paper reports avg@k (mean over problems of the fraction of k 
 replies graded correct; avg@32 on AIME at temperature 0.6) as its evaluation metric (SPEC §4).
 This callback measures it on the running rollout engine (the trainer's datamodule -> pool ->
 engine, which always holds the learner's latest weights), every `every_n_steps` optimizer
-steps (never at step 0), and logs `eval/<benchmark>/avg@k` and `eval/mean/avg@k` with
-`pl_module.log`, so `RunFilesCallback` writes them to metrics.csv. List it BEFORE
-`RunFilesCallback` in the trainer's callbacks so the values land in the same step's row.
+steps (never at step 0), and reports `eval/<benchmark>/avg@k` and `eval/mean/avg@k` for that
+step only: to every `RunFilesCallback` (`log_step_metrics`, metrics.csv) and to the trainer's
+loggers (`log_metrics(step=...)`). Not through `pl_module.log`: Lightning keeps such a value
+and would repeat it in every later step's row. List this callback BEFORE `RunFilesCallback`
+in the trainer's callbacks (frlab.train does, from the `eval` config group) so the values land
+in the same step's row.
 
 Evaluation sampling involves no importance sampling, so `top_p < 1` is allowed here even when
 training refuses it; the `SamplingParams` go straight to `engine.generate`. Prompts are the
@@ -18,14 +21,15 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from typing import Any, TypeVar
 
 from lightning.pytorch.callbacks import Callback
 
 from frlab.rollout.agent_loop import template_ids
 from frlab.rollout.engine import SamplingParams
 
+T = TypeVar("T")
 Problems = Sequence[Mapping[str, Any]]
 BenchmarkSpec = str | Mapping[str, Any] | Problems
 
@@ -54,35 +58,70 @@ def load_benchmark(name: str, spec: BenchmarkSpec, limit: int | None) -> list[di
     )
 
 
-def find_pool(trainer: Any) -> Any:
+def find_pool(trainer: Any, who: str = "AvgAtKEvaluation") -> Any:
     """The rollout pool of the trainer's datamodule; a clear error when there is none."""
     pool = getattr(getattr(trainer, "datamodule", None), "pool", None)
     if pool is None or getattr(pool, "engine", None) is None:
-        raise RuntimeError(
-            "AvgAtKEvaluation needs a running rollout pool (trainer.datamodule.pool.engine)"
-        )
+        raise RuntimeError(f"{who} needs a running rollout pool (trainer.datamodule.pool.engine)")
     return pool
 
 
-def forget_logged(trainer: Any, names: set[str]) -> None:
-    """Remove `names` from the trainer's step metrics. Lightning keeps a value logged once in
-    its result collection and metric dicts until the epoch ends, so a metric logged every N
-    steps would otherwise reappear in every later row (Lightning internals, used defensively)."""
-    results = getattr(trainer, "_results", None)
-    for item in (results or {}).values():
-        if getattr(getattr(item, "meta", None), "name", None) in names:
-            item.reset()
-    for attr in ("callback_metrics", "logged_metrics", "progress_bar_metrics"):
-        store = getattr(trainer, attr, None)
-        if isinstance(store, dict):
-            for name in names:
-                store.pop(name, None)
+def run_on_loop(
+    loop: asyncio.AbstractEventLoop | None, make: Callable[[], Coroutine[Any, Any, T]]
+) -> T:
+    """Run the coroutine `make()` on `loop` (the pool's event loop, where the engine lives)
+    when it is running, else on a fresh event loop in a worker thread; wait for its result."""
+    if loop is not None and loop.is_running() and not loop.is_closed():
+        return asyncio.run_coroutine_threadsafe(make(), loop).result()
+    with concurrent.futures.ThreadPoolExecutor(1) as worker:
+        return worker.submit(lambda: asyncio.run(make())).result()
 
 
-def _positive_int(name: str, value: Any) -> int:
+def publish(trainer: Any, step: int, metrics: Mapping[str, float]) -> None:
+    """Hand one step's metrics to the run files (metrics.csv row) and to every logger."""
+    for callback in getattr(trainer, "callbacks", None) or ():
+        log_step_metrics = getattr(callback, "log_step_metrics", None)
+        if callable(log_step_metrics):
+            log_step_metrics(metrics)
+    for logger in getattr(trainer, "loggers", None) or ():
+        logger.log_metrics(dict(metrics), step=step)
+
+
+def positive_int(name: str, value: Any, who: str = "AvgAtKEvaluation") -> int:
+    """`value` if it is an integer >= 1, else a ValueError naming `who.name`."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"AvgAtKEvaluation.{name} must be an integer >= 1, got {value!r}")
+        raise ValueError(f"{who}.{name} must be an integer >= 1, got {value!r}")
     return value
+
+
+class PeriodicEvaluation(Callback):
+    """Runs `evaluate_pool(pool) -> metrics` every `every_n_steps` optimizer steps (never at
+    step 0, once per step, global rank 0 only) and publishes the metrics for that step."""
+
+    def __init__(self, every_n_steps: int, who: str) -> None:
+        self.every_n_steps = positive_int("every_n_steps", every_n_steps, who)
+        self.who = who
+        self._last_step = -1
+        self.history: list[tuple[int, dict[str, float]]] = []
+
+    def due(self, step: int) -> bool:
+        """Whether optimizer step `step` is an evaluation step (N, 2N, ...; never 0, once each)."""
+        return step > 0 and step % self.every_n_steps == 0 and step != self._last_step
+
+    def evaluate_pool(self, pool: Any) -> dict[str, float]:
+        """The metrics of one evaluation on the running rollout pool's engine."""
+        raise NotImplementedError
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, *_: Any) -> None:
+        step = int(trainer.global_step)
+        if not self.due(step):
+            return
+        self._last_step = step
+        if not trainer.is_global_zero:
+            return
+        metrics = self.evaluate_pool(find_pool(trainer, self.who))
+        self.history.append((step, metrics))
+        publish(trainer, step, metrics)
 
 
 class EngineGenerate:
@@ -105,18 +144,11 @@ class EngineGenerate:
 
     def __call__(self, prompts: list[list[dict[str, str]]]) -> list[str]:
         prompt_ids = [template_ids(self.tokenizer, messages) for messages in prompts]
-        loop = self.loop
-        if loop is not None and loop.is_running() and not loop.is_closed():
-            results = asyncio.run_coroutine_threadsafe(
-                self._generate_all(prompt_ids), loop
-            ).result()
-        else:
-            with concurrent.futures.ThreadPoolExecutor(1) as worker:
-                results = worker.submit(asyncio.run, self._generate_all(prompt_ids)).result()
+        results = run_on_loop(self.loop, lambda: self._generate_all(prompt_ids))
         return [self.tokenizer.decode(r.token_ids, skip_special_tokens=True) for r in results]
 
 
-class AvgAtKEvaluation(Callback):
+class AvgAtKEvaluation(PeriodicEvaluation):
     """Logs avg@k per benchmark (and their mean) every `every_n_steps` optimizer steps."""
 
     def __init__(
@@ -136,10 +168,10 @@ class AvgAtKEvaluation(Callback):
     ) -> None:
         if not isinstance(benchmarks, Mapping) or not benchmarks:
             raise ValueError("AvgAtKEvaluation.benchmarks must be a non-empty mapping name -> spec")
-        self.k = _positive_int("k", k)
-        self.every_n_steps = _positive_int("every_n_steps", every_n_steps)
-        self.limit = None if limit is None else _positive_int("limit", limit)
-        self.max_new_tokens = _positive_int("max_new_tokens", max_new_tokens)
+        super().__init__(every_n_steps, "AvgAtKEvaluation")
+        self.k = positive_int("k", k)
+        self.limit = None if limit is None else positive_int("limit", limit)
+        self.max_new_tokens = positive_int("max_new_tokens", max_new_tokens)
         self.sampling = SamplingParams(
             temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens
         )
@@ -148,9 +180,6 @@ class AvgAtKEvaluation(Callback):
         self.template, self.timeout_s, self.max_workers = template, timeout_s, max_workers
         self.prefix = prefix
         self._benchmarks: dict[str, list[dict[str, Any]]] | None = None
-        self._last_step = -1
-        self._logged: set[str] = set()
-        self.history: list[tuple[int, dict[str, float]]] = []
 
     @property
     def benchmarks(self) -> dict[str, list[dict[str, Any]]]:
@@ -161,10 +190,6 @@ class AvgAtKEvaluation(Callback):
                 for name, spec in self.benchmark_specs.items()
             }
         return self._benchmarks
-
-    def due(self, step: int) -> bool:
-        """Whether optimizer step `step` is an evaluation step (N, 2N, ...; never 0, once each)."""
-        return step > 0 and step % self.every_n_steps == 0 and step != self._last_step
 
     def params_for(self, tokenizer: Any) -> SamplingParams:
         """Evaluation sampling params, stopping at the tokenizer's eos (end of the reply)."""
@@ -192,22 +217,5 @@ class AvgAtKEvaluation(Callback):
             prefix=self.prefix,
         )
 
-    def on_train_batch_start(self, trainer: Any, pl_module: Any, *_: Any) -> None:
-        """Drop the last evaluation's values, so later steps do not repeat them (metrics.csv)."""
-        if self._logged:
-            forget_logged(trainer, self._logged)
-            self._logged = set()
-
-    def on_train_batch_end(self, trainer: Any, pl_module: Any, *_: Any) -> None:
-        step = int(trainer.global_step)
-        if not self.due(step):
-            return
-        self._last_step = step
-        if not trainer.is_global_zero:
-            return
-        pool = find_pool(trainer)
-        metrics = self.evaluate(pool.engine, pool.tokenizer, getattr(pool, "_loop", None))
-        self.history.append((step, metrics))
-        for name, value in metrics.items():
-            pl_module.log(name, value, on_step=True, on_epoch=False, rank_zero_only=True)
-        self._logged = set(metrics)
+    def evaluate_pool(self, pool: Any) -> dict[str, float]:
+        return self.evaluate(pool.engine, pool.tokenizer, getattr(pool, "_loop", None))

@@ -1,9 +1,12 @@
 """`RunFilesCallback`: every run writes `metrics.csv` and `summary.json` into its run folder.
 
 `metrics.csv` has one row per optimizer step: `step`, `elapsed_s` and every metric the learner
-logged under `train/`, `timing/` or `eval/` (avg@k, frlab.tracking.evaluation; names of frlab/config/SCHEMA.md). Each row is flushed as
-it is written, so a crash keeps every finished step. On resume (`ckpt_path=last`) the file is
-continued, not overwritten: rows past the restored step (written after the last checkpoint)
+logged under `train/`, `timing/` or `eval/` (names of frlab/config/SCHEMA.md), plus the values
+other callbacks hand to `log_step_metrics` for that step only (avg@k from
+frlab.tracking.evaluation, measured every N steps: Lightning would repeat a value logged with
+`self.log` in every later row until the epoch ends). Each row is flushed as it is written,
+so a crash keeps every finished step. On resume (`ckpt_path=last`) the file is continued, not
+overwritten: rows past the restored step (written after the last checkpoint)
 are dropped and new rows continue the step count; a metric that appears later widens the
 header (the file is rewritten once).
 
@@ -38,7 +41,8 @@ from frlab.tracking.metrics_file import (
     write_json_atomic,
 )
 
-RUN_PREFIXES = (*PREFIXES, "eval/")  # eval/: avg@k rows from AvgAtKEvaluation
+RUN_PREFIXES = (*PREFIXES, "eval/", "rollout/")  # eval/: avg@k (AvgAtKEvaluation); rollout/:
+# engine counters logged by WeightSyncCallback (remote backend: retries, servers_healthy)
 
 
 class RunFilesCallback(Callback):
@@ -63,6 +67,7 @@ class RunFilesCallback(Callback):
         self._elapsed0 = 0.0
         self._fh: Any = None
         self._writer: csv.DictWriter | None = None
+        self._staged: dict[str, float] = {}
 
     @property
     def metrics_path(self) -> Path:
@@ -100,7 +105,14 @@ class RunFilesCallback(Callback):
             "elapsed_s": self._elapsed0 + time.perf_counter() - self._t0,
         }
         row.update(step_metrics(dict(trainer.callback_metrics), self.prefixes))
+        row.update(self._staged)
+        self._staged = {}
         self.append(row)
+
+    def log_step_metrics(self, metrics: Mapping[str, float]) -> None:
+        """Add `metrics` to the current step's row only (call before this callback's
+        `on_train_batch_end`, i.e. from a callback listed earlier)."""
+        self._staged.update({name: float(value) for name, value in metrics.items()})
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         if trainer.is_global_zero:

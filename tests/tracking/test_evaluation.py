@@ -63,11 +63,22 @@ def make_pool(loop: asyncio.AbstractEventLoop | None = None) -> SimpleNamespace:
 
 
 class Recorder:
-    def __init__(self) -> None:
-        self.logged: list[tuple[str, float, dict[str, Any]]] = []
+    """Stands in for a logger (`log_metrics`) and for RunFilesCallback (`log_step_metrics`)."""
 
-    def log(self, name: str, value: float, **kwargs: Any) -> None:
-        self.logged.append((name, value, kwargs))
+    def __init__(self) -> None:
+        self.logged: list[tuple[int, dict[str, float]]] = []
+        self.staged: list[dict[str, float]] = []
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        self.logged.append((step, metrics))
+
+    def log_step_metrics(self, metrics: dict[str, float]) -> None:
+        self.staged.append(dict(metrics))
+
+
+def fake_trainer(step: int, pool: Any, recorder: Recorder, rank_zero: bool = True) -> Any:
+    return SimpleNamespace(global_step=step, is_global_zero=rank_zero, loggers=[recorder],
+                           callbacks=[recorder], datamodule=SimpleNamespace(pool=pool))  # fmt: skip
 
 
 def test_avg_at_k_is_exact_per_benchmark_and_mean() -> None:
@@ -111,35 +122,30 @@ def test_generation_runs_on_the_pools_event_loop() -> None:
 
 
 def test_logs_every_n_steps_and_never_at_step_zero() -> None:
-    pool = make_pool()
-    trainer = SimpleNamespace(global_step=0, is_global_zero=True,
-                              datamodule=SimpleNamespace(pool=pool))  # fmt: skip
-    module = Recorder()
+    pool, recorder = make_pool(), Recorder()
+    trainer = fake_trainer(0, pool, recorder)
     cb = AvgAtKEvaluation({"arith": ARITH}, k=1, every_n_steps=3)
     for step in [0, 0, 1, 2, 3, 3, 4, 5, 6, 7]:  # repeats: gradient accumulation micro-batches
         trainer.global_step = step
-        cb.on_train_batch_end(trainer, module, None, None, 0)
+        cb.on_train_batch_end(trainer, None, None, None, 0)
     assert [s for s, _ in cb.history] == [3, 6]
-    assert [(name, value) for name, value, _ in module.logged] == [
-        ("eval/arith/avg@1", 1.0), ("eval/mean/avg@1", 1.0),
-    ] * 2  # fmt: skip
-    assert all(kw["on_step"] and not kw["on_epoch"] for _, _, kw in module.logged)
+    expected = {"eval/arith/avg@1": 1.0, "eval/mean/avg@1": 1.0}
+    assert recorder.logged == [(3, expected), (6, expected)]
+    assert recorder.staged == [expected, expected]
 
 
 def test_other_ranks_do_not_evaluate() -> None:
-    pool = make_pool()
-    trainer = SimpleNamespace(global_step=2, is_global_zero=False,
-                              datamodule=SimpleNamespace(pool=pool))  # fmt: skip
-    module = Recorder()
-    AvgAtKEvaluation({"arith": ARITH}, k=1, every_n_steps=2).on_train_batch_end(trainer, module)
-    assert module.logged == [] and pool.engine.calls == {}
+    pool, recorder = make_pool(), Recorder()
+    trainer = fake_trainer(2, pool, recorder, rank_zero=False)
+    AvgAtKEvaluation({"arith": ARITH}, k=1, every_n_steps=2).on_train_batch_end(trainer, None)
+    assert recorder.logged == [] and recorder.staged == [] and pool.engine.calls == {}
 
 
 def test_missing_pool_is_a_clear_error() -> None:
     trainer = SimpleNamespace(global_step=2, is_global_zero=True, datamodule=None)
     cb = AvgAtKEvaluation({"arith": ARITH}, k=1, every_n_steps=2)
     with pytest.raises(RuntimeError, match="datamodule.pool.engine"):
-        cb.on_train_batch_end(trainer, Recorder())
+        cb.on_train_batch_end(trainer, None)
 
 
 @pytest.mark.parametrize(

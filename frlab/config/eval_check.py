@@ -1,0 +1,139 @@
+"""Preflight for the optional `eval` node (avg@k during training, configs/eval/*.yaml).
+
+`eval: null` (eval=none, the default) turns evaluation off. Otherwise every key is checked
+here, without loading a dataset or importing `envs.math` (dry runs stay offline and light):
+`eval.kind` (`math`: single-turn replies graded 0/1, frlab.tracking.AvgAtKEvaluation;
+`episodes`: whole agent episodes in the training environment, EpisodeEvaluation), types and
+ranges (`eval.k must be >= 1`), the benchmark specs (math: a dataset source string or a
+mapping with `source` and `load_math_dataset` keyword arguments; episodes: a mapping of keys
+of the training `env` node to change), the prompt template, and two cross-field rules: an evaluation interval that the run reaches (`eval.every_n_steps <=
+trainer.max_steps`) and a generation budget that leaves room for the prompt
+(`eval.sampling.max_new_tokens < rollout.max_len`). Errors are `ConfigError`s naming the key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from frlab.config.errors import ConfigError, unknown
+from frlab.config.schema import Field, check_section
+
+KINDS = ("math", "episodes")
+COMMON = {
+    "kind": Field("str", choices=KINDS),
+    "benchmarks": Field("mapping"),
+    "k": Field("int", low=1),
+    "every_n_steps": Field("int", low=1),
+    "sampling": Field("mapping"),
+    "limit": Field("int", optional=True, low=1),
+}
+FIELDS = {
+    "math": {
+        **COMMON,
+        "template": Field("str"),
+        "timeout_s": Field("float", low=0.0, low_open=True),
+        "max_workers": Field("int", low=1),
+    },
+    "episodes": {**COMMON, "concurrency": Field("int", low=1)},
+}
+EVAL_SAMPLING = {
+    "temperature": Field("float", low=0.0, low_open=True),
+    "top_p": Field("float", low=0.0, high=1.0, low_open=True),
+    "max_new_tokens": Field("int", low=1),
+}
+# Keyword arguments of envs.math.load_math_dataset besides `source` (a benchmark mapping).
+BENCHMARK_KEYS = ("source", "split", "question_key", "answer_key", "limit", "subset", "seed",
+                  "options")  # fmt: skip
+# envs.math.env.TEMPLATES names (not imported: a dry run must not import envs.math).
+TEMPLATE_NAMES = ("instruct", "base")
+
+
+def check_eval(
+    cfg: DictConfig, rollout: Mapping[str, Any], trainer: Mapping[str, Any]
+) -> dict[str, Any] | None:
+    """The resolved `eval` node as plain containers (None when off); ConfigError if invalid."""
+    node = cfg.get("eval")
+    if node is None:
+        return None
+    if not isinstance(node, DictConfig):
+        raise ConfigError("eval", f"must be a mapping or null (eval=none), got {node!r}")
+    try:
+        values: dict[str, Any] = OmegaConf.to_container(node, resolve=True)  # type: ignore[assignment]
+    except Exception as exc:  # interpolation errors carry the inner key
+        raise ConfigError("eval", f"cannot resolve: {exc}") from exc
+    kind = values.get("kind")
+    if kind not in KINDS:
+        raise unknown("eval.kind", "evaluation kind", kind, KINDS)
+    check_section("eval", values, FIELDS[kind])
+    check_section("eval.sampling", values["sampling"], EVAL_SAMPLING)
+    if not values["benchmarks"]:
+        raise ConfigError("eval.benchmarks", "is empty: name at least one benchmark or eval=none")
+    env_keys = [str(k) for k in (cfg.get("env") or {}) if k != "_target_"]
+    for name, spec in values["benchmarks"].items():
+        if kind == "math":
+            _check_benchmark(f"eval.benchmarks.{name}", spec)
+        else:
+            _check_env_benchmark(f"eval.benchmarks.{name}", spec, env_keys)
+    if kind == "math":
+        _check_template(values["template"])
+    _check_cross(values, rollout, trainer)
+    return values
+
+
+def _check_benchmark(key: str, spec: Any) -> None:
+    if isinstance(spec, str):
+        if not spec.strip():
+            raise ConfigError(key, "must name a dataset source, got an empty string")
+        return
+    if not isinstance(spec, Mapping):
+        raise ConfigError(key, f"must be a dataset source or a mapping with `source`, got {spec!r}")
+    for field in spec:
+        if field not in BENCHMARK_KEYS:
+            raise unknown(f"{key}.{field}", "benchmark key", field, BENCHMARK_KEYS)
+    source = spec.get("source")
+    if not isinstance(source, str) or not source.strip():
+        raise ConfigError(f"{key}.source", f"must be a non-empty dataset source, got {source!r}")
+    limit = spec.get("limit")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise ConfigError(f"{key}.limit", f"must be an integer >= 1 or null, got {limit!r}")
+
+
+def _check_env_benchmark(key: str, spec: Any, env_keys: list[str]) -> None:
+    """An episodes benchmark: a mapping of training-env keys to change (may be empty)."""
+    if spec is None:
+        return
+    if not isinstance(spec, Mapping):
+        raise ConfigError(key, f"must be a mapping of `env` keys to change, got {spec!r}")
+    for field in spec:
+        if field not in env_keys:
+            raise unknown(f"{key}.{field}", "key of the training `env` node", field, env_keys)
+
+
+def _check_template(template: str) -> None:
+    if template not in TEMPLATE_NAMES and "{question}" not in template:
+        raise ConfigError(
+            "eval.template",
+            f"must be one of {', '.join(TEMPLATE_NAMES)} or a string containing '{{question}}', "
+            f"got {template!r}",
+        )
+
+
+def _check_cross(
+    values: Mapping[str, Any], rollout: Mapping[str, Any], trainer: Mapping[str, Any]
+) -> None:
+    every, steps = values["every_n_steps"], trainer["max_steps"]
+    if every > steps:
+        raise ConfigError(
+            "eval.every_n_steps",
+            f"({every}) exceeds trainer.max_steps ({steps}): no evaluation would run; lower it "
+            "or use eval=none",
+        )
+    new, max_len = values["sampling"]["max_new_tokens"], rollout["max_len"]
+    if new >= max_len:
+        raise ConfigError(
+            "eval.sampling.max_new_tokens",
+            f"({new}) must be below rollout.max_len ({max_len}) to leave room for the prompt",
+        )

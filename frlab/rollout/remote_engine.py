@@ -1,0 +1,476 @@
+"""`remote` engine: the rollout pool drives a fleet of generation servers over HTTP.
+
+On GPUs the servers are vLLM's own OpenAI-compatible servers (`vllm serve ...
+--worker-extension-cls frlab.rollout.vllm_worker.WeightUpdateExtension`, dev mode on); on CPU
+and in tests they are `python -m frlab.serve` processes (a test vehicle, not vLLM). Token in,
+token out: `frlab.rollout.remote_protocol` shapes every request and checks every answer.
+
+Load spreading: each request goes to the healthy server with the fewest requests in flight.
+Failover: a connection error, a timeout (`request_timeout_s`: a hung server), an HTTP 5xx or
+a malformed answer marks the server dead and the request is retried on another server
+(`retries` counter, logged); an HTTP 4xx is our own bad request and fails at once. After
+`max_retries` retries (waiting `probe_interval_s` while no server is healthy) `generate`
+raises `EngineError`, which the pool counts as a failed rollout. A background prober checks
+dead and stale servers every `probe_interval_s`; one that answers `/health` again must load
+the current snapshot and report the current weight version before it is re-admitted.
+
+Weight sync (`weight_sync="filesystem"`): `update_weights` writes
+`<snapshot_dir>/v<version>/model.safetensors` (snapshot_dir None: a private temp folder,
+removed at shutdown, for servers on this host) atomically (frlab.rollout.snapshot), stops
+dispatching, waits for in-flight requests to finish (no request spans a weight change), asks
+every live server to load it (`/collective_rpc frlab_load_snapshot`, acknowledged with a
+fingerprint of the tensors loaded), then asks each server its version
+(`frlab_weight_version`). A server that answers another version is stale: it is refused
+(`stale_refusals`) until it proves the current version. Old snapshots are deleted (the newest
+`keep_snapshots` stay). Token versions come from the server: `frlab_versions` in the answer
+(frlab.serve), else the version that server reported at its last verification (vLLM).
+
+`weight_sync="nccl"` (vLLM's weight-transfer endpoints) is request shaping only
+(remote_protocol.nccl_*), UNTESTED ON HARDWARE: `update_weights` refuses it with EngineError.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import tempfile
+import threading
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+
+from frlab.rollout import remote_protocol as proto
+from frlab.rollout.engine import Engine, EngineError, GenerationResult, SamplingParams
+from frlab.rollout.snapshot import prune_snapshots, write_snapshot
+from frlab.rollout.vllm_worker import SNAPSHOT_METHOD, VERSION_METHOD, check_acks
+
+log = logging.getLogger(__name__)
+
+WEIGHT_SYNCS = ("filesystem", "nccl")
+
+
+class ServerFault(Exception):
+    """A server failed a request: `kind` is dead (transport, 5xx, garbage) or stale."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclass
+class Server:
+    """One generation server as the client sees it."""
+
+    url: str
+    state: str = "unverified"  # ok | stale | dead | unverified
+    in_flight: int = 0
+    version: int | None = None  # the version it last PROVED (its own answer)
+    model: str | None = None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    path: Path
+    version: int
+    fingerprint: Mapping[str, Any]
+
+
+class RemoteEngine(Engine):
+    """Generation on a fleet of HTTP servers, with versioned weight sync and failover."""
+
+    def __init__(
+        self,
+        servers: Sequence[str],
+        *,
+        snapshot_dir: str | None = None,
+        weight_sync: str = "filesystem",
+        request_timeout_s: float = 120.0,
+        max_retries: int = 3,
+        probe_interval_s: float = 1.0,
+        startup_timeout_s: float = 60.0,
+        keep_snapshots: int = 2,
+        model: str | None = None,
+        seed: int = 0,
+        initial_version: int = 0,
+        initial_weights: Mapping[str, torch.Tensor] | None = None,
+    ) -> None:
+        urls = [str(u).rstrip("/") for u in servers or ()]
+        if not urls or len(set(urls)) != len(urls):
+            raise ValueError(f"rollout.remote.servers must list distinct base URLs, got {servers}")
+        for url in urls:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"rollout.remote.servers: {url!r} is not an http(s):// URL")
+        if weight_sync not in WEIGHT_SYNCS:
+            raise ValueError(
+                f"rollout.remote.weight_sync must be filesystem|nccl, got {weight_sync!r}"
+            )
+        for key, value in (("request_timeout_s", request_timeout_s),
+                           ("probe_interval_s", probe_interval_s)):  # fmt: skip
+            if not float(value) > 0:
+                raise ValueError(f"rollout.remote.{key} must be > 0, got {value}")
+        if int(max_retries) < 0 or int(keep_snapshots) < 1:
+            raise ValueError("rollout.remote.max_retries must be >= 0 and keep_snapshots >= 1")
+        self.servers = [Server(u) for u in urls]
+        self._own_dir = snapshot_dir is None  # a private temp folder: servers on this host only
+        self.snapshot_dir = Path(
+            tempfile.mkdtemp(prefix="frlab-snapshots-") if snapshot_dir is None else snapshot_dir
+        )
+        self.weight_sync = weight_sync
+        self.request_timeout_s, self.max_retries = float(request_timeout_s), int(max_retries)
+        self.probe_interval_s, self.startup_timeout_s = (
+            float(probe_interval_s),
+            float(startup_timeout_s),
+        )
+        self.keep_snapshots, self.model, self.seed = int(keep_snapshots), model, int(seed)
+        self._version = int(initial_version)
+        self._snapshot: Snapshot | None = None
+        self._initial_weights = initial_weights
+        self._counts: Counter[str] = Counter()
+        self._requests = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._client: httpx.AsyncClient | None = None
+        self._prober: asyncio.Task | None = None
+        self._sync_lock: asyncio.Lock | None = None
+        self._gate: asyncio.Event | None = None  # set while requests may be dispatched
+        self._idle: asyncio.Event | None = None  # set while no request is in flight
+        self._in_flight = 0
+        self._user_paused = self._syncing = False
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the client loop, load `initial_weights` (if given) as the snapshot of
+        `initial_version` on every server, verify the fleet (at least one server at the current
+        version within `startup_timeout_s`, else EngineError) and start the prober."""
+        if self._thread is not None:
+            return
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="frlab-remote-engine", daemon=True
+        )
+        self._thread.start()
+        try:
+            self._call(self._start())
+        except BaseException:
+            self.shutdown()
+            raise
+
+    async def _start(self) -> None:
+        if self._initial_weights is not None:  # servers must hold the learner's weights
+            path, fingerprint = write_snapshot(
+                self._initial_weights, self.snapshot_dir, self._version
+            )
+            self._snapshot, self._initial_weights = Snapshot(path, self._version, fingerprint), None
+        timeout = httpx.Timeout(self.request_timeout_s, connect=min(5.0, self.request_timeout_s))
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+        self._client = httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False)
+        self._sync_lock, self._gate, self._idle = asyncio.Lock(), asyncio.Event(), asyncio.Event()
+        self._gate.set()
+        self._idle.set()
+        deadline = asyncio.get_running_loop().time() + self.startup_timeout_s
+        while True:
+            async with self._sync_lock:
+                await asyncio.gather(*(self._admit(s) for s in self.servers if s.state != "ok"))
+            if any(s.state == "ok" for s in self.servers):
+                break
+            if asyncio.get_running_loop().time() > deadline:
+                raise EngineError(
+                    f"no server in rollout.remote.servers serves weight version {self._version} "
+                    f"after {self.startup_timeout_s}s: {self._describe()}"
+                )
+            await asyncio.sleep(min(0.2, self.probe_interval_s))
+        self._prober = asyncio.get_running_loop().create_task(self._probe_forever())
+
+    def shutdown(self) -> None:
+        if self._own_dir:
+            shutil.rmtree(self.snapshot_dir, ignore_errors=True)
+        if self._thread is None or self._loop is None:
+            return
+        if self._loop.is_running():
+            try:
+                asyncio.run_coroutine_threadsafe(self._close(), self._loop).result(timeout=10)
+            except Exception:  # closing must never fail the run
+                log.exception("remote engine: closing the HTTP client failed")
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+        self._thread, self._loop = None, None
+
+    async def _close(self) -> None:
+        if self._prober is not None:
+            self._prober.cancel()
+            await asyncio.gather(self._prober, return_exceptions=True)
+        if self._gate is not None:
+            self._gate.set()
+        if self._client is not None:
+            await self._client.aclose()
+
+    def pause(self) -> None:
+        """Stop dispatching and wait until no request is in flight."""
+        self._call(self._set_paused(True))
+
+    def resume(self) -> None:
+        self._call(self._set_paused(False))
+
+    async def _set_paused(self, paused: bool) -> None:
+        self._user_paused = paused
+        self._refresh_gate()
+        if paused:
+            await self._drain()
+
+    def _refresh_gate(self) -> None:
+        if self._user_paused or self._syncing:
+            self._gate.clear()
+        else:
+            self._gate.set()
+
+    def _call(self, coro: Any, timeout: float | None = None) -> Any:
+        if self._loop is None:
+            coro.close()
+            raise EngineError("RemoteEngine is not running: call start() first")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    def stats(self) -> dict[str, int]:
+        """Counters and gauges for the pool's stats (logged as `rollout/<name>`)."""
+        states = Counter(s.state for s in self.servers)
+        return {
+            "retries": self._counts["retries"],
+            "servers_healthy": states["ok"],
+            "servers_stale": states["stale"],
+            "servers_dead": states["dead"] + states["unverified"],
+            "stale_refusals": self._counts["stale_refusals"],
+            "readmissions": self._counts["readmissions"],
+            "server_faults": self._counts["faults"],
+        }
+
+    def _describe(self) -> str:
+        return ", ".join(f"{s.url}={s.state}@v{s.version}" for s in self.servers)
+
+    # -- generation --------------------------------------------------------------------------
+    async def generate(
+        self, prompt_token_ids: list[int], params: SamplingParams
+    ) -> GenerationResult:
+        prompt = [int(t) for t in prompt_token_ids]
+        if not prompt:
+            raise ValueError("prompt_token_ids is empty")
+        params.validate(off_policy_correction=False)
+        if self._loop is None:
+            raise EngineError("RemoteEngine is not running: call start() first")
+        future = asyncio.run_coroutine_threadsafe(self._generate(prompt, params), self._loop)
+        return await asyncio.wrap_future(future)
+
+    async def _generate(self, prompt: list[int], params: SamplingParams) -> GenerationResult:
+        attempts = 0
+        while True:
+            while not self._gate.is_set():
+                await self._gate.wait()
+            server = self._pick()
+            if server is not None:
+                try:
+                    return await self._request(server, prompt, params)
+                except ServerFault as fault:
+                    self._fault(server, fault)
+                    self._counts["retries"] += 1
+                    log.warning("remote engine: retrying a request after %s failed: %s",
+                                server.url, fault)  # fmt: skip
+                    cause: Exception | None = fault
+            else:
+                cause = None
+                await asyncio.sleep(self.probe_interval_s)
+            attempts += 1
+            if attempts > self.max_retries:
+                raise EngineError(
+                    f"request failed after {attempts} attempts (rollout.remote.max_retries="
+                    f"{self.max_retries}); servers: {self._describe()}"
+                ) from cause
+
+    def _pick(self) -> Server | None:
+        """The healthy server with the fewest requests in flight (first listed on ties)."""
+        healthy = [s for s in self.servers if s.state == "ok"]
+        return min(healthy, key=lambda s: s.in_flight) if healthy else None
+
+    async def _request(
+        self, server: Server, prompt: list[int], params: SamplingParams
+    ) -> GenerationResult:
+        self._requests += 1
+        body = proto.completion_request(
+            server.model or "", prompt, params, seed=self.seed * 1_000_003 + self._requests
+        )
+        version = server.version
+        server.in_flight += 1
+        self._in_flight += 1
+        self._idle.clear()
+        try:
+            answer = await self._post(server, proto.COMPLETIONS, body)
+        finally:
+            server.in_flight -= 1
+            self._in_flight -= 1
+            if not self._in_flight:
+                self._idle.set()
+        try:
+            done = proto.parse_completion(answer, prompt)
+        except proto.MalformedResponse as exc:
+            raise ServerFault("dead", f"garbage answer: {exc}") from exc
+        return GenerationResult(
+            done.token_ids,
+            done.log_probs,
+            self._versions(server, version, done),
+            done.finish_reason,
+        )
+
+    def _versions(self, server: Server, sent_at: int | None, done: proto.Completion) -> list[int]:
+        """Per-token versions from the server's own answers (see the module docstring)."""
+        if done.versions is not None:
+            if sent_at is None or any(not sent_at <= v <= self._version for v in done.versions):
+                raise ServerFault(
+                    "stale", f"answered token versions {sorted(set(done.versions))}, it proved "
+                    f"v{sent_at} and the fleet is at v{self._version}",
+                )  # fmt: skip
+            return list(done.versions)
+        if sent_at is None or server.version != sent_at:
+            raise ServerFault("stale", f"weights changed from v{sent_at} to v{server.version} "
+                              "during the request")  # fmt: skip
+        return [sent_at] * len(done.token_ids)
+
+    async def _post(
+        self, server: Server, path: str, body: Any, timeout: float | None = None
+    ) -> Any:
+        """POST JSON and decode the answer; transport, 5xx and non-JSON raise ServerFault."""
+        kw = {} if timeout is None else {"timeout": timeout}
+        try:
+            resp = await self._client.post(server.url + path, json=body, **kw)
+        except httpx.TimeoutException as exc:
+            raise ServerFault("dead", f"{path} timed out: {exc!r}") from exc
+        except httpx.HTTPError as exc:
+            raise ServerFault("dead", f"{path} transport error: {exc!r}") from exc
+        return _decode(resp, path)
+
+    def _fault(self, server: Server, fault: ServerFault) -> None:
+        self._counts["faults"] += 1
+        self._counts["stale_refusals"] += fault.kind == "stale"
+        if server.state == "ok":
+            log.warning("remote engine: server %s marked %s: %s", server.url, fault.kind, fault)
+        server.state = fault.kind
+
+    # -- admission, probing ------------------------------------------------------------------
+    async def _admit(self, server: Server) -> None:
+        """Load the current snapshot (if any) on `server`, then admit it only if it reports the
+        current version; call with `_sync_lock` held."""
+        was = server.state
+        try:
+            if server.model is None:
+                server.model = self.model or proto.served_model(
+                    await self._get(server, proto.MODELS)
+                )
+            snap = self._snapshot
+            if snap is not None:
+                body = proto.rpc_request(SNAPSHOT_METHOD, [str(snap.path), snap.version])
+                acks = proto.rpc_results(await self._post(server, proto.COLLECTIVE_RPC, body))
+                check_acks(acks, snap.version, snap.fingerprint)
+                await self._post(server, proto.RESET_PREFIX_CACHE, {})
+            answer = await self._post(
+                server, proto.COLLECTIVE_RPC, proto.rpc_request(VERSION_METHOD)
+            )
+            reported = proto.rpc_results(answer)
+        except ServerFault as fault:
+            server.state = fault.kind
+            return
+        except (RuntimeError, proto.MalformedResponse) as exc:  # EngineError: a 4xx answer
+            self._refuse(server, f"weight load not acknowledged: {exc}")
+            return
+        if any(v != self._version for v in reported):
+            self._refuse(server, f"reports version(s) {reported}, expected {self._version}")
+            return
+        server.version, server.state = self._version, "ok"
+        if was in ("dead", "stale"):
+            self._counts["readmissions"] += 1
+            log.warning("remote engine: server %s re-admitted: it reported version %d",
+                        server.url, self._version)  # fmt: skip
+
+    def _refuse(self, server: Server, why: str) -> None:
+        self._counts["stale_refusals"] += 1
+        server.state = "stale"
+        log.warning("remote engine: server %s refused as stale: %s", server.url, why)
+
+    async def _get(self, server: Server, path: str) -> Any:
+        try:
+            resp = await self._client.get(
+                server.url + path, timeout=min(5.0, self.request_timeout_s)
+            )
+        except httpx.HTTPError as exc:
+            raise ServerFault("dead", f"GET {path}: {exc!r}") from exc
+        return _decode(resp, path)
+
+    async def _probe_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.probe_interval_s)
+            for server in [s for s in self.servers if s.state != "ok"]:
+                try:
+                    await self._get(server, proto.HEALTH)
+                except ServerFault:
+                    continue
+                async with self._sync_lock:
+                    if server.state != "ok":
+                        await self._admit(server)
+
+    # -- weights -----------------------------------------------------------------------------
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        """Write the snapshot, drain, load it on every live server and verify their versions."""
+        if int(version) < 0:
+            raise ValueError(f"update_weights version must be >= 0, got {version}")
+        if self.weight_sync == "nccl":
+            raise EngineError(
+                "rollout.remote.weight_sync=nccl is not implemented end to end (request shaping "
+                "only, untested on hardware); use weight_sync=filesystem"
+            )
+        path, fingerprint = write_snapshot(state_dict, self.snapshot_dir, int(version))
+        self._call(self._sync(Snapshot(path, int(version), fingerprint)))
+        prune_snapshots(self.snapshot_dir, self.keep_snapshots)
+
+    async def _sync(self, snap: Snapshot) -> None:
+        async with self._sync_lock:
+            self._syncing = True
+            self._refresh_gate()
+            try:
+                await self._drain()
+                self._snapshot, self._version = snap, snap.version
+                live = [s for s in self.servers if s.state != "dead"]
+                for s in self.servers:
+                    s.state = "unverified" if s.state == "ok" else s.state
+                await asyncio.gather(*(self._admit(s) for s in live))
+            finally:
+                self._syncing = False
+                self._refresh_gate()
+        log.info("remote engine: weights v%d on %s", snap.version, self._describe())
+
+    async def _drain(self) -> None:
+        """Wait for in-flight requests (each ends within request_timeout_s: done or failed)."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), self.request_timeout_s + 5.0)
+        except TimeoutError:
+            log.warning(
+                "remote engine: %d requests still in flight at a weight sync", self._in_flight
+            )
+
+
+def _decode(resp: httpx.Response, path: str) -> Any:
+    if resp.status_code >= 500:
+        raise ServerFault("dead", f"{path} answered HTTP {resp.status_code}: {resp.text[:200]}")
+    if resp.status_code >= 400:
+        raise EngineError(
+            f"{path} refused the request (HTTP {resp.status_code}): {resp.text[:300]}"
+        )
+    try:
+        return resp.json()
+    except ValueError as exc:
+        raise ServerFault("dead", f"{path} answered non-JSON: {resp.content[:60]!r}") from exc

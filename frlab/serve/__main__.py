@@ -1,0 +1,78 @@
+"""CLI of `python -m frlab.serve` (a test and CPU vehicle, not a replacement for vLLM).
+
+`--model` is a local model folder (e.g. written by `frlab.model.policy.save_policy`, or any
+Hugging Face causal-LM folder); it is loaded with `frlab.model.build_policy`. The server starts
+at weight version `--initial-version` (0) and serves until SIGTERM / SIGINT. `--fault` is a
+test-only switch (ignore-reload | garbage | hang; see `frlab.serve.server`); with
+`--test-faults` it can be flipped at run time (`POST /frlab_test_fault {"fault": NAME}`).
+
+    python -m frlab.serve --host 127.0.0.1 --port 8100 --model /tmp/policy --device cpu
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+
+from frlab.serve.server import FAULTS, ServeState, serve
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line (see the module docstring)."""
+    p = argparse.ArgumentParser(prog="python -m frlab.serve", description=__doc__.split("\n")[0])
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8100)
+    p.add_argument("--model", required=True, help="local model folder (save_policy output)")
+    p.add_argument("--served-model-name", default=None, help="id in /v1/models (default: --model)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    p.add_argument("--max-batch-size", type=int, default=32)
+    p.add_argument("--initial-version", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: torch default)")
+    p.add_argument("--fault", default="none", choices=FAULTS, help="test-only fault switch")
+    p.add_argument(
+        "--test-faults",
+        action="store_true",
+        help="test only: enable POST /frlab_test_fault to flip --fault at run time",
+    )
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s"
+    )
+    import torch
+
+    from frlab.model import build_policy
+    from frlab.rollout.torch_engine import TorchEngine
+
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    policy = build_policy(args.model, dtype=args.dtype, seed=args.seed)
+    engine = TorchEngine(
+        policy, device=args.device, max_batch_size=args.max_batch_size, seed=args.seed,
+        initial_version=args.initial_version,
+    )  # fmt: skip
+    del policy
+    state = ServeState(engine, args.served_model_name or args.model, args.fault, args.test_faults)
+
+    def stop(signum: int, _frame: object) -> None:
+        server = getattr(state, "server", None)
+        if server is not None:
+            threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    serve(state, args.host, args.port)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

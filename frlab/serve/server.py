@@ -1,0 +1,250 @@
+"""The HTTP side of `python -m frlab.serve`: vLLM's protocol subset over a `TorchEngine`.
+
+A stdlib `ThreadingHTTPServer` (no web framework dependency): each connection gets a thread,
+which hands its request to the torch engine running on one private asyncio loop, so concurrent
+requests are batched by the engine as in-process ones are. Endpoints (field names as vLLM
+documents them, see `frlab.rollout.remote_protocol`): `GET /health`, `GET /v1/models`,
+`POST /v1/completions`, `POST /collective_rpc` (methods `frlab_load_snapshot`,
+`frlab_weight_version`), `POST /reset_prefix_cache` (no cache: a no-op). vLLM's NCCL
+weight-transfer endpoints answer 501: this is a CPU/test vehicle, not vLLM.
+
+Test-only fault switch (`--fault`): `ignore-reload` acknowledges snapshot loads without
+loading (the weights and reported version stay old: a silently stale server), `garbage`
+answers completions with bytes that are not JSON, `hang` never answers completions (until the
+fault is switched off). With `--test-faults` the switch can also be flipped at run time with
+`POST /frlab_test_fault {"fault": NAME}` (so one server process serves several test cases).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import uuid
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from frlab.rollout import remote_protocol as proto
+from frlab.rollout.snapshot import read_snapshot
+from frlab.rollout.torch_engine import TorchEngine
+from frlab.rollout.vllm_worker import (
+    SNAPSHOT_METHOD,
+    VERSION_METHOD,
+    weight_ack,
+    weights_fingerprint,
+)
+
+log = logging.getLogger("frlab.serve")
+
+FAULTS = ("none", "ignore-reload", "garbage", "hang")
+FAULT_PATH = "/frlab_test_fault"
+NCCL_PATHS = (proto.INIT_WEIGHT_TRANSFER, proto.START_WEIGHT_UPDATE, proto.UPDATE_WEIGHTS,
+              proto.FINISH_WEIGHT_UPDATE)  # fmt: skip
+
+
+@dataclass
+class ServeState:
+    """What every request handler shares: the engine, its loop, the served name, the fault."""
+
+    engine: TorchEngine
+    model_name: str
+    fault: str = "none"
+    test_faults: bool = False
+    loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.new_event_loop)
+    stopping: threading.Event = field(default_factory=threading.Event)
+    load_lock: threading.Lock = field(default_factory=threading.Lock)
+    fault_changed: threading.Condition = field(default_factory=threading.Condition)
+
+    def __post_init__(self) -> None:
+        self.set_fault(self.fault)
+
+    def set_fault(self, fault: str) -> None:
+        """Switch the fault (wakes requests held by `hang`)."""
+        if fault not in FAULTS:
+            raise ValueError(f"--fault must be one of {', '.join(FAULTS)}, got {fault!r}")
+        with self.fault_changed:
+            self.fault = fault
+            self.fault_changed.notify_all()
+
+    def hang(self) -> None:
+        """Block while the fault is `hang` and the server runs."""
+        with self.fault_changed:
+            while self.fault == "hang" and not self.stopping.is_set():
+                self.fault_changed.wait(0.5)
+
+
+class ApiError(Exception):
+    """An error answered as `{"error": ...}` with an HTTP status."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Handler(BaseHTTPRequestHandler):
+    """One HTTP/1.1 (keep-alive) connection."""
+
+    protocol_version = "HTTP/1.1"
+    server: FrlabHTTPServer
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (stdlib signature)
+        log.debug("%s %s", self.address_string(), format % args)
+
+    # -- dispatch ------------------------------------------------------------------------
+    def do_GET(self) -> None:
+        routes = {proto.HEALTH: lambda: None, proto.MODELS: self._models}
+        self._dispatch(routes, body=None)
+
+    def do_POST(self) -> None:
+        routes = {
+            proto.COMPLETIONS: self._completions,
+            proto.COLLECTIVE_RPC: self._rpc,
+            proto.RESET_PREFIX_CACHE: lambda _body: None,
+        }
+        if self.state.test_faults:
+            routes[FAULT_PATH] = self._switch_fault
+        self._dispatch(routes, body=self._read_json())
+
+    def _dispatch(self, routes: dict[str, Any], body: Any) -> None:
+        path = self.path.split("?", 1)[0]
+        try:
+            if path in NCCL_PATHS:
+                raise ApiError(501, f"{path}: NCCL weight transfer needs vLLM, not frlab.serve")
+            route = routes.get(path)
+            if route is None:
+                raise ApiError(404, f"no route {self.command} {path}")
+            if body is ApiError:
+                raise ApiError(400, "request body is not a JSON object")
+            result = route() if body is None else route(body)
+            if isinstance(result, bytes):
+                self._send(200, result, "application/octet-stream")
+            else:
+                self._send_json(200, {} if result is None else result)
+        except ApiError as exc:
+            self._send_json(exc.status, {"error": {"message": str(exc), "code": exc.status}})
+        except Exception as exc:  # a server bug: answer 500, keep serving
+            log.exception("request %s failed", path)
+            self._send_json(500, {"error": {"message": repr(exc), "code": 500}})
+
+    def _read_json(self) -> Any:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b"{}"
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            return ApiError
+        return body if isinstance(body, dict) else ApiError
+
+    def _send_json(self, status: int, payload: Any) -> None:
+        self._send(status, json.dumps(payload).encode(), "application/json")
+
+    def _send(self, status: int, data: bytes, content_type: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    # -- endpoints -----------------------------------------------------------------------
+    @property
+    def state(self) -> ServeState:
+        return self.server.state
+
+    def _models(self) -> dict[str, Any]:
+        card = {"id": self.state.model_name, "object": "model", "owned_by": "frlab"}
+        return {"object": "list", "data": [card]}
+
+    def _completions(self, body: dict[str, Any]) -> Any:
+        state = self.state
+        try:
+            prompt, params = proto.sampling_from_request(body)
+        except (ValueError, TypeError) as exc:
+            raise ApiError(400, f"bad completion request: {exc}") from exc
+        if state.fault == "hang":
+            state.hang()
+            raise ApiError(503, "request held by the `hang` fault switch")
+        if state.fault == "garbage":
+            return b"\x00garbage{"
+        future = asyncio.run_coroutine_threadsafe(state.engine.generate(prompt, params), state.loop)
+        try:
+            result = future.result()
+        except ValueError as exc:  # ids outside the vocabulary
+            raise ApiError(400, str(exc)) from exc
+        log.info("completion: %d tokens at versions %s", len(result.token_ids),
+                 sorted(set(result.versions)))  # fmt: skip
+        return proto.completion_response(
+            state.model_name, prompt, result.token_ids, result.log_probs, result.versions,
+            result.finish_reason, f"cmpl-{uuid.uuid4().hex}",
+        )  # fmt: skip
+
+    def _switch_fault(self, body: dict[str, Any]) -> dict[str, Any]:
+        try:
+            self.state.set_fault(str(body.get("fault")))
+        except ValueError as exc:
+            raise ApiError(400, str(exc)) from exc
+        log.info("fault switch -> %s", self.state.fault)
+        return {"fault": self.state.fault}
+
+    def _rpc(self, body: dict[str, Any]) -> dict[str, Any]:
+        method, args = body.get("method"), body.get("args") or []
+        if method == VERSION_METHOD:
+            version = self.state.engine.version
+            log.info("rpc %s -> %d", VERSION_METHOD, version)
+            return {"results": [version]}
+        if method == SNAPSHOT_METHOD:
+            if len(args) != 2:
+                raise ApiError(400, f"{SNAPSHOT_METHOD} takes args [path, version], got {args!r}")
+            return {"results": [self._load_snapshot(str(args[0]), int(args[1]))]}
+        raise ApiError(400, f"unknown collective_rpc method {method!r}")
+
+    def _load_snapshot(self, path: str, version: int) -> dict[str, Any]:
+        try:
+            tensors = read_snapshot(path)
+        except FileNotFoundError as exc:
+            raise ApiError(400, str(exc)) from exc
+        ack = weight_ack(version, weights_fingerprint(sorted(tensors.items())))
+        if self.state.fault == "ignore-reload":
+            log.info("rpc %s v%d IGNORED (fault switch)", SNAPSHOT_METHOD, version)
+            return ack
+        with self.state.load_lock:
+            self.state.engine.update_weights(tensors, version)
+        log.info("rpc %s v%d loaded %s", SNAPSHOT_METHOD, version, path)
+        return ack
+
+
+class FrlabHTTPServer(ThreadingHTTPServer):
+    """A threading HTTP server that carries the shared `ServeState`."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], state: ServeState) -> None:
+        super().__init__(address, Handler)
+        self.state = state
+
+
+def serve(state: ServeState, host: str, port: int, ready: threading.Event | None = None) -> None:
+    """Run the engine loop and the HTTP server until `shutdown()`; stops the engine after."""
+    loop_thread = threading.Thread(
+        target=state.loop.run_forever, name="frlab-serve-loop", daemon=True
+    )
+    loop_thread.start()
+    state.engine.start()
+    server = FrlabHTTPServer((host, port), state)
+    state.server = server  # type: ignore[attr-defined]
+    bound = server.server_address
+    log.info("frlab.serve listening on http://%s:%d (model %s, version %d)",
+             bound[0], bound[1], state.model_name, state.engine.version)  # fmt: skip
+    if ready is not None:
+        ready.set()
+    try:
+        server.serve_forever(poll_interval=0.2)
+    finally:
+        state.stopping.set()
+        state.set_fault(state.fault)  # wake held requests
+        server.server_close()
+        state.engine.shutdown()
+        state.loop.call_soon_threadsafe(state.loop.stop)
+        loop_thread.join(timeout=5)

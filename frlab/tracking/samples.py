@@ -1,0 +1,70 @@
+"""`TrajectorySamples`: write a few trajectories of each learner batch to `samples.jsonl`.
+
+Metrics say how a run goes; samples say what the policy actually sees and writes. Every
+`every_n_steps` optimizer steps the first `rows` trajectories of the batch are appended as
+JSON lines: step, row, reward, the prompt (the tokens before the first policy token: the chat
+template applied by the agent loop) and the rest of the trajectory (policy and observation
+tokens), as token ids and, when the rollout pool has a tokenizer, as text decoded with special
+tokens kept (so the template's markers are visible). Each line is flushed as it is written.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.callbacks import Callback
+
+SAMPLES_FILE = "samples.jsonl"
+
+
+class TrajectorySamples(Callback):
+    """Append the first `rows` trajectories of every `every_n_steps`-th batch to `path`."""
+
+    def __init__(self, path: str, rows: int = 1, every_n_steps: int = 1) -> None:
+        if int(rows) < 1:
+            raise ValueError(f"callbacks.samples.rows must be >= 1, got {rows}")
+        if int(every_n_steps) < 1:
+            raise ValueError(f"callbacks.samples.every_n_steps must be >= 1, got {every_n_steps}")
+        self.path = Path(path)
+        self.rows = int(rows)
+        self.every_n_steps = int(every_n_steps)
+
+    def on_train_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        step = int(trainer.global_step)
+        if not trainer.is_global_zero or step % self.every_n_steps != 0:
+            return
+        tokenizer = _pool_tokenizer(trainer)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a", encoding="utf-8") as out:
+            for row in range(min(self.rows, int(batch.input_ids.shape[0]))):
+                record = {"step": step, "row": row, **sample_record(batch, row, tokenizer)}
+                out.write(json.dumps(record) + "\n")
+                out.flush()
+
+
+def sample_record(batch: Any, row: int, tokenizer: Any = None) -> dict[str, Any]:
+    """Reward, prompt/completion ids (and text when `tokenizer` is given) of one batch row."""
+    valid = batch.attention_mask[row].bool()
+    ids = batch.input_ids[row][valid].tolist()
+    action = batch.action_mask[row][valid].tolist()
+    start = action.index(True) if True in action else len(ids)
+    record: dict[str, Any] = {
+        "reward": float(batch.rewards[row]),
+        "policy_tokens": int(sum(action)),
+        "prompt_ids": ids[:start],
+        "completion_ids": ids[start:],
+    }
+    if tokenizer is not None:
+        record["prompt"] = tokenizer.decode(ids[:start], skip_special_tokens=False)
+        record["completion"] = tokenizer.decode(ids[start:], skip_special_tokens=False)
+    return record
+
+
+def _pool_tokenizer(trainer: Any) -> Any:
+    """The rollout pool's tokenizer (None when the trainer has no rollout DataModule)."""
+    datamodule = getattr(trainer, "datamodule", None)
+    return getattr(getattr(datamodule, "pool", None), "tokenizer", None)

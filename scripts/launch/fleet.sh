@@ -1,0 +1,74 @@
+# shellcheck shell=bash
+# Shared helpers of the frlab launch recipes (sourced, not run): the GPU layout of each paper
+# setting, a vLLM server fleet with frlab's worker extension, and a health wait.
+# PRINT_ONLY=1 prints every command (one per line, shell-quoted) instead of running it; the
+# tests use it to check the commands compose.
+
+# layout EXPERIMENT -> sets TRAINER LEARNER_GPUS LEARNER_NODES SERVERS TP MAX_MODEL_LEN.
+# Learner GPUs per node x nodes = trainer.devices x trainer.num_nodes; SERVERS vLLM servers
+# of TP GPUs each (the paper does not state its GPU counts: these are frlab's sizing).
+layout() {
+  case "$1" in
+    r1_distill_1p5b)  TRAINER=gpu;          LEARNER_GPUS=1; LEARNER_NODES=1; SERVERS=7; TP=1; MAX_MODEL_LEN=9216 ;;
+    qwen_math_1p5b)   TRAINER=gpu;          LEARNER_GPUS=1; LEARNER_NODES=1; SERVERS=3; TP=1; MAX_MODEL_LEN=6144 ;;
+    python_tool_qwen7b) TRAINER=fsdp_7b;    LEARNER_GPUS=4; LEARNER_NODES=1; SERVERS=4; TP=1; MAX_MODEL_LEN=8192 ;;
+    alfworld_qwen7b)  TRAINER=fsdp_7b;      LEARNER_GPUS=4; LEARNER_NODES=1; SERVERS=4; TP=1; MAX_MODEL_LEN=16384 ;;
+    python_tool_qwen3_30b_a3b) TRAINER=fsdp_30b_a3b; LEARNER_GPUS=8; LEARNER_NODES=2; SERVERS=4; TP=2; MAX_MODEL_LEN=16384 ;;
+    *) echo "unknown experiment '$1' (one of: r1_distill_1p5b qwen_math_1p5b python_tool_qwen7b alfworld_qwen7b python_tool_qwen3_30b_a3b)" >&2; return 2 ;;
+  esac
+}
+
+# The Hugging Face model of each paper setting (what the vLLM servers load).
+model_of() {
+  case "$1" in
+    r1_distill_1p5b) echo deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B ;;
+    qwen_math_1p5b) echo Qwen/Qwen2.5-Math-1.5B ;;
+    python_tool_qwen7b|alfworld_qwen7b) echo Qwen/Qwen2.5-7B-Instruct ;;
+    python_tool_qwen3_30b_a3b) echo Qwen/Qwen3-30B-A3B ;;
+    *) return 2 ;;
+  esac
+}
+
+run_or_print() {
+  if [[ "${PRINT_ONLY:-0}" == 1 ]]; then printf '%q ' "$@"; echo; else "$@"; fi
+}
+
+# start_server HOST_GPUS PORT MODEL TP MAX_LEN: one `vllm serve` in the background (dev mode
+# for /collective_rpc, frlab's worker extension for versioned weight loads).
+start_server() {
+  local gpus="$1" port="$2" model="$3" tp="$4" max_len="$5"
+  local cmd=(env CUDA_VISIBLE_DEVICES="$gpus" VLLM_SERVER_DEV_MODE=1
+    vllm serve "$model" --host 0.0.0.0 --port "$port" --tensor-parallel-size "$tp"
+    --max-model-len "$max_len" --seed "${SEED:-0}"
+    --worker-extension-cls frlab.rollout.vllm_worker.WeightUpdateExtension)
+  if [[ "${PRINT_ONLY:-0}" == 1 ]]; then run_or_print "${cmd[@]}"; else "${cmd[@]}" & fi
+}
+
+# start_fleet FIRST_GPU COUNT TP PORT_BASE MODEL MAX_LEN: COUNT servers on consecutive GPUs.
+start_fleet() {
+  local first="$1" count="$2" tp="$3" port="$4" model="$5" max_len="$6" i g gpus
+  for ((i = 0; i < count; i++)); do
+    gpus=""
+    for ((g = first + i * tp; g < first + (i + 1) * tp; g++)); do gpus="${gpus:+$gpus,}$g"; done
+    start_server "$gpus" $((port + i)) "$model" "$tp" "$max_len"
+  done
+}
+
+# fleet_urls HOST COUNT PORT_BASE -> http://HOST:PORT,... (comma separated)
+fleet_urls() {
+  local host="$1" count="$2" port="$3" i urls=""
+  for ((i = 0; i < count; i++)); do urls="${urls:+$urls,}http://$host:$((port + i))"; done
+  echo "$urls"
+}
+
+# wait_healthy URL,URL,... [TIMEOUT_S]: every server answers /health (loading takes minutes).
+wait_healthy() {
+  [[ "${PRINT_ONLY:-0}" == 1 ]] && return 0
+  local deadline=$((SECONDS + ${2:-1800})) url
+  for url in ${1//,/ }; do
+    until curl -sf "$url/health" > /dev/null; do
+      if ((SECONDS > deadline)); then echo "server $url not healthy in time" >&2; return 1; fi
+      sleep 10
+    done
+  done
+}

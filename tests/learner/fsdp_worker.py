@@ -1,0 +1,89 @@
+"""Standalone worker for the FSDP2 equivalence test (never collected by pytest).
+
+`python fsdp_worker.py OUT` trains the tiny float64 policy for STEPS updates with
+`Trainer(strategy=FSDP2Strategy(), accelerator="cpu", devices=2)` (gloo): every decoder layer
+and the LogprobScorer root are FSDP2 units, 2 micro-batches per rank. Lightning re-launches
+this script for rank 1. Each rank writes `OUT.rank{R}.pt` with the GATHERED final parameters,
+the metric rows and the parameter placements; it then saves a sharded checkpoint (a folder)
+at `--ckpt` and, in a second fit, resumes from it for one more step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from ddp_worker import GLOBAL_B, STEPS, RankRows  # noqa: E402
+from learner_testlib import (  # noqa: E402
+    MODEL_CFG,
+    OBJECTIVE_CFG,
+    OPTIM_CFG,
+    MemoryLogger,
+    make_batch,
+    tiny_policy,
+    trainer,
+)
+
+from frlab.learner import FlashReinforceModule  # noqa: E402
+from frlab.learner.sharding import FSDP2Strategy, full_state_dict  # noqa: E402
+
+
+def module() -> tuple[FlashReinforceModule, list]:
+    """A fresh learner (LR horizon STEPS + 1) and its STEPS + 1 global batches."""
+    policy = tiny_policy(seed=0)
+    batches = [make_batch(policy, rows=GLOBAL_B, seed=40 + s) for s in range(STEPS + 1)]
+    learner = FlashReinforceModule(
+        MODEL_CFG,
+        OBJECTIVE_CFG,
+        {**OPTIM_CFG, "scheduler": "cosine", "warmup_ratio": 0.5},
+        batch_size=GLOBAL_B,
+        micro_batch_size=2,
+        max_steps=STEPS + 1,
+        policy=policy,
+    )
+    return learner, batches
+
+
+def fit(steps: int, first: int = 0, ckpt: str | None = None, fsdp: bool = True, **kw: Any):
+    """Fit `steps` - `first` updates on batches[first:steps] (resuming from `ckpt`)."""
+    learner, batches = module()
+    logger = MemoryLogger()
+    devices, strategy = (2, FSDP2Strategy(**kw)) if fsdp else (1, "auto")
+    trained = trainer(steps, devices=devices, strategy=strategy, logger=logger)
+    trained.fit(learner, datamodule=RankRows(batches[first:steps]), ckpt_path=ckpt)
+    return trained, learner, [row for _, row in logger.rows]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--ckpt", required=True)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    trained, learner, rows = fit(STEPS)
+    placements = {n: type(p).__name__ for n, p in learner.policy.named_parameters()}
+    local = sum(p.to_local().numel() for p in learner.policy.parameters())
+    result = {
+        "params": full_state_dict(learner.policy),
+        "placements": placements,
+        "local_numel": local,
+        "world_size": trained.world_size,
+        "policy_version": learner.policy_version,
+        "rows": rows,
+    }
+    trained.save_checkpoint(args.ckpt)
+    again, resumed, _ = fit(STEPS + 1, first=STEPS, ckpt=args.ckpt)
+    result["resumed_version"] = resumed.policy_version
+    result["resumed_step"] = again.global_step
+    result["resumed_params"] = full_state_dict(resumed.policy)
+    torch.save(result, f"{args.out}.rank{trained.global_rank}.pt")
+
+
+if __name__ == "__main__":
+    main()

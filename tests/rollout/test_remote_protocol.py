@@ -1,0 +1,180 @@
+"""The remote backend without servers: vLLM request/response shaping against constructed JSON,
+versioned snapshots, the worker extension's snapshot load, engine metrics and argument checks."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from frlab.rollout import remote_protocol as proto
+from frlab.rollout.callbacks import rollout_metrics
+from frlab.rollout.engine import ENGINE_KINDS, SamplingParams, build_engine
+from frlab.rollout.remote_engine import RemoteEngine, Server
+from frlab.rollout.snapshot import prune_snapshots, read_snapshot, snapshot_path, write_snapshot
+from frlab.rollout.vllm_worker import WeightUpdateExtension, check_acks
+
+# The shape vLLM's OpenAI server documents for /v1/completions with logprobs=1,
+# return_token_ids and return_tokens_as_token_ids (no frlab_versions: that is frlab.serve's).
+VLLM_ANSWER = {
+    "id": "cmpl-1", "object": "text_completion", "created": 1, "model": "m",
+    "choices": [{
+        "index": 0, "text": "ab",
+        "logprobs": {"text_offset": [0, 1], "token_logprobs": [-0.25, -1.5],
+                     "tokens": ["token_id:7", "token_id:3"],
+                     "top_logprobs": [{"token_id:7": -0.25}, {"token_id:3": -1.5}]},
+        "finish_reason": "length", "stop_reason": None,
+        "prompt_token_ids": [1, 2], "token_ids": [7, 3],
+    }],
+    "usage": {"prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4},
+}  # fmt: skip
+
+
+def _answer(**choice_changes: object) -> dict:
+    choice = {**VLLM_ANSWER["choices"][0], **choice_changes}
+    return {**VLLM_ANSWER, "choices": [choice]}
+
+
+def test_completion_request_uses_vllm_field_names() -> None:
+    body = proto.completion_request("m", [1, 2], SamplingParams(0.7, 1.0, 0, 12, (2, 9)), seed=5)
+    assert body == {
+        "model": "m", "prompt": [1, 2], "n": 1, "stream": False, "max_tokens": 12,
+        "temperature": 0.7, "top_p": 1.0, "top_k": -1, "stop_token_ids": [2, 9],
+        "ignore_eos": True, "logprobs": 1, "return_token_ids": True,
+        "return_tokens_as_token_ids": True, "skip_special_tokens": False, "seed": 5,
+    }  # fmt: skip
+    prompt, params = proto.sampling_from_request(body)
+    assert prompt == [1, 2] and params == SamplingParams(0.7, 1.0, 0, 12, (2, 9))
+    for bad in ({"prompt": "text"}, {"prompt": []}, {"prompt": [1], "n": 2}):
+        with pytest.raises(ValueError):
+            proto.sampling_from_request(bad)
+
+
+def test_parse_a_vllm_answer_without_versions_and_one_with_ids_only_as_tokens() -> None:
+    done = proto.parse_completion(VLLM_ANSWER, prompt=[1, 2])
+    assert done == proto.Completion([7, 3], [-0.25, -1.5], None, "length")
+    older = _answer(token_ids=None)
+    del older["choices"][0]["token_ids"]
+    assert proto.parse_completion(older).token_ids == [7, 3]
+
+
+def test_the_server_answer_round_trips_with_versions() -> None:
+    body = proto.completion_response("m", [1, 2], [7, 3], [-0.25, -1.5], [4, 5], "stop", "x")
+    assert body["choices"][0]["logprobs"]["tokens"] == ["token_id:7", "token_id:3"]
+    assert proto.parse_completion(body, [1, 2]) == proto.Completion(
+        [7, 3], [-0.25, -1.5], [4, 5], "stop"
+    )
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        {"no": "choices"},
+        {"choices": []},
+        _answer(finish_reason="abort"),
+        _answer(token_ids=[7]),  # fewer ids than log-probs
+        _answer(token_ids=[]),
+        _answer(token_ids=[7, -3]),
+        _answer(prompt_token_ids=[1, 9]),  # not the prompt we sent
+        _answer(logprobs={"token_logprobs": [-0.25, 0.5]}),  # a positive log-prob
+        _answer(logprobs={"token_logprobs": [-0.25, math.nan]}),
+        _answer(logprobs=None),
+        _answer(frlab_versions=[1]),
+        _answer(frlab_versions=[1, "2"]),
+    ],
+)
+def test_garbage_answers_are_malformed(answer: dict) -> None:
+    with pytest.raises(proto.MalformedResponse):
+        proto.parse_completion(answer, prompt=[1, 2])
+
+
+def test_control_plane_bodies() -> None:
+    assert proto.rpc_request("frlab_load_snapshot", ["/s/v3/model.safetensors", 3]) == {
+        "method": "frlab_load_snapshot", "args": ["/s/v3/model.safetensors", 3], "kwargs": {}
+    }  # fmt: skip
+    assert proto.rpc_results({"results": [3, 3]}) == [3, 3]
+    with pytest.raises(proto.MalformedResponse):
+        proto.rpc_results({"error": "no dev mode"})
+    assert proto.served_model({"object": "list", "data": [{"id": "q"}]}) == "q"
+    assert proto.nccl_init_request("10.0.0.1", 29500, 3) == {"init_info": {
+        "master_address": "10.0.0.1", "master_port": 29500, "rank_offset": 1, "world_size": 3
+    }}  # fmt: skip
+    with pytest.raises(ValueError, match="world_size"):
+        proto.nccl_init_request("h", 1, 1)
+    named = [("a.weight", torch.zeros(2, 3, dtype=torch.bfloat16)), ("b", torch.zeros(4))]
+    assert proto.nccl_update_request(named) == {"update_info": {
+        "names": ["a.weight", "b"], "dtype_names": ["bfloat16", "float32"],
+        "shapes": [[2, 3], [4]], "packed": False,
+    }}  # fmt: skip
+
+
+def test_snapshots_are_written_whole_tied_tensors_included_and_pruned(tmp_path: Path) -> None:
+    emb = torch.arange(6.0).reshape(2, 3)
+    state = {"embed.weight": emb, "lm_head.weight": emb, "b": torch.ones(2)}  # tied storage
+    for version in (1, 2, 3):
+        path, fingerprint = write_snapshot(state, tmp_path, version)
+        assert path == snapshot_path(tmp_path, version) == tmp_path / f"v{version}/model.safetensors"
+    assert fingerprint == {"tensors": 3, "numel": 14, "sum": 2 * 15.0 + 2.0}
+    loaded = read_snapshot(path)
+    assert set(loaded) == set(state) and torch.equal(loaded["lm_head.weight"], emb)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["v1", "v2", "v3"]  # no temp folder
+    assert [p.name for p in prune_snapshots(tmp_path, keep=2)] == ["v1"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["v2", "v3"]
+    with pytest.raises(FileNotFoundError, match="v1"):
+        read_snapshot(snapshot_path(tmp_path, 1))
+
+
+def test_the_vllm_worker_extension_loads_a_snapshot_and_acks_its_fingerprint(
+    tmp_path: Path,
+) -> None:
+    loaded: list = []
+    worker = WeightUpdateExtension()
+    worker.model_runner = SimpleNamespace(
+        model=SimpleNamespace(load_weights=lambda weights: loaded.extend(weights))
+    )
+    path, fingerprint = write_snapshot({"w": torch.full((3,), 2.0), "v": torch.ones(1)}, tmp_path, 4)
+    ack = worker.frlab_load_snapshot(str(path), 4)
+    check_acks([ack], 4, fingerprint)
+    assert [name for name, _ in loaded] == ["v", "w"] and worker.frlab_weight_version() == 4
+
+
+def test_engine_counters_become_rollout_metrics() -> None:
+    stats = {"started": 3, "engine": {"retries": 2, "servers_healthy": 3, "flag": True}}
+    assert rollout_metrics(stats) == {"rollout/retries": 2.0, "rollout/servers_healthy": 3.0}
+    assert rollout_metrics({"engine": {}}) == {} == rollout_metrics({"started": 1})
+
+
+def test_remote_engine_is_built_by_name_and_checks_its_arguments(tmp_path: Path) -> None:
+    assert "remote" in ENGINE_KINDS
+    engine = build_engine("remote", servers=["http://127.0.0.1:1/"], snapshot_dir=str(tmp_path))
+    assert isinstance(engine, RemoteEngine) and engine.servers[0].url == "http://127.0.0.1:1"
+    assert engine.version == 0 and engine.stats()["servers_healthy"] == 0
+    engine.shutdown()  # never started: nothing to stop
+    bad = [
+        ({"servers": []}, "servers"),
+        ({"servers": ["127.0.0.1:1"]}, "http"),
+        ({"servers": ["http://a", "http://a"]}, "distinct"),
+        ({"servers": ["http://a"], "weight_sync": "rsync"}, "weight_sync"),
+        ({"servers": ["http://a"], "request_timeout_s": 0}, "request_timeout_s"),
+        ({"servers": ["http://a"], "max_retries": -1}, "max_retries"),
+    ]
+    for kwargs, match in bad:
+        with pytest.raises(ValueError, match=match):
+            RemoteEngine(**kwargs)
+
+
+def test_requests_go_to_the_healthy_server_with_fewest_in_flight(tmp_path: Path) -> None:
+    engine = RemoteEngine(["http://a", "http://b", "http://c"], snapshot_dir=str(tmp_path))
+    a, b, c = engine.servers
+    assert engine._pick() is None  # nothing verified yet
+    a.state = b.state = c.state = "ok"
+    a.in_flight, b.in_flight, c.in_flight = 2, 1, 1
+    assert engine._pick() is b  # fewest in flight; the first listed on ties
+    b.state = "stale"
+    assert engine._pick() is c
+    c.state = "dead"
+    assert engine._pick() is a
+    assert isinstance(engine._pick(), Server)
