@@ -53,7 +53,9 @@ def test_the_updates_complete_with_finite_loss_and_binary_rewards(run_dir: Path)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "finished" and summary["steps"] == 4
     samples = _samples(run_dir)
-    assert [(s["step"], s["row"]) for s in samples] == [(k, r) for k in (1, 2, 3, 4) for r in range(4)]
+    assert [(s["step"], s["row"]) for s in samples] == [
+        (k, r) for k in (1, 2, 3, 4) for r in range(4)
+    ]
     assert {s["reward"] for s in samples} <= {0.0, 1.0}
     for row in rows:  # the logged batch mean is the mean of the graded rows
         rewards = [s["reward"] for s in samples if s["step"] == row["step"]]

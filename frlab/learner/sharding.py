@@ -16,11 +16,22 @@ forward is `LogprobScorer.forward`, i.e. the whole log-prob computation includin
 head. So each micro-batch is a proper FSDP forward + backward: parameters are gathered before
 use, gradients reduce-scattered after. `set_requires_gradient_sync(False)` skips the
 reduce-scatter on all but the last micro-batch.
+
+Checkpoints (`save_distributed_checkpoint=True`): each rank writes its shards into a fresh
+hidden folder next to the target; then rank 0 repoints the target name (`last.ckpt`, a
+symlink) at it with one `os.replace` and deletes the previous folder. Lightning's own sharded
+save rewrites `last.ckpt/` in place (no CheckpointIO, so `AtomicCheckpointIO` never sees it): a
+crash mid-save would corrupt the only checkpoint. `ckpt_path=last` and explicit paths resume
+through the symlink.
 """
 
 from __future__ import annotations
 
 import functools
+import os
+import shutil
+import uuid
+from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.strategies import ModelParallelStrategy
@@ -110,6 +121,72 @@ class FSDP2Strategy(ModelParallelStrategy):
     def setup_environment(self) -> None:
         self._data_parallel_size = self.num_nodes * self.num_processes
         super().setup_environment()
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None
+    ) -> None:
+        """Sharded: write a fresh hidden folder, then atomically repoint `filepath` (a symlink)
+        at it (`publish_checkpoint`); a crash mid-save leaves the previous checkpoint whole."""
+        if not self._save_distributed_checkpoint:  # one file, through AtomicCheckpointIO
+            super().save_checkpoint(checkpoint, filepath, storage_options)
+            return
+        link = Path(self.broadcast(str(filepath)))
+        fresh = link.with_name(self.broadcast(f".{link.name}.{uuid.uuid4().hex[:12]}"))
+        super().save_checkpoint(checkpoint, fresh, storage_options)
+        self.barrier("frlab_sharded_checkpoint_written")
+        if self.global_rank == 0:
+            publish_checkpoint(fresh, link)
+        self.barrier("frlab_sharded_checkpoint_published")
+
+    def remove_checkpoint(self, filepath: Any) -> None:
+        """Remove a published checkpoint: the symlink and the folder it points to."""
+        path = Path(filepath)
+        if self.global_rank == 0 and path.is_symlink():
+            target = path.resolve()
+            path.unlink()
+            shutil.rmtree(target, ignore_errors=True)
+            return
+        super().remove_checkpoint(filepath)
+
+
+def _fsync_tree(folder: Path) -> None:
+    """fsync every file of `folder` and the folder itself (best effort where unsupported)."""
+    for item in [*folder.iterdir(), folder]:
+        try:
+            fd = os.open(item, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            os.fsync(fd)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+
+def publish_checkpoint(fresh: Path, link: Path) -> None:
+    """Point the symlink `link` at the complete folder `fresh` in one `os.replace`, then delete
+    the folder it pointed to before. A real folder at `link` (a sharded checkpoint written
+    without this strategy) is first moved aside to a hidden sibling, then deleted likewise."""
+    if not fresh.is_dir():
+        raise FileNotFoundError(f"sharded checkpoint folder {fresh} does not exist")
+    _fsync_tree(fresh)
+    old: Path | None = None
+    if link.is_symlink():
+        old = link.resolve()
+    elif link.is_dir():
+        old = link.with_name(f".{link.name}.replaced-{uuid.uuid4().hex[:12]}")
+        os.replace(link, old)
+    tmp = link.with_name(f".{link.name}.link-{uuid.uuid4().hex[:12]}")
+    os.symlink(fresh.name, tmp)  # relative: the run folder may move
+    try:
+        os.replace(tmp, link)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_tree(link.parent)
+    if old is not None and old != fresh.resolve():
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def data_parallel_mesh(strategy: ModelParallelStrategy) -> Any:

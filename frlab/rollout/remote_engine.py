@@ -383,6 +383,8 @@ class RemoteEngine(Engine):
             )
             reported = proto.rpc_results(answer)
         except ServerFault as fault:
+            if was in ("ok", "unverified"):
+                log.warning("remote engine: server %s marked %s: %s", server.url, fault.kind, fault)
             server.state = fault.kind
             return
         except (RuntimeError, proto.MalformedResponse) as exc:  # EngineError: a 4xx answer

@@ -1,7 +1,7 @@
 """Run files and progress display: `metrics.csv`, `summary.json`, the training progress bar,
-avg@k evaluation during training.
+avg@k evaluation during training (math replies and whole agent episodes).
 
-`RunFilesCallback`, `ProgressBar` and `AvgAtKEvaluation` need Lightning and are imported
+`RunFilesCallback`, `ProgressBar`, `AvgAtKEvaluation` and `EpisodeEvaluation` need Lightning and are imported
 lazily; the file helpers (`read_metrics`, `summarize`) come from the Lightning-free
 `frlab.tracking.metrics_file`.
 """
@@ -17,9 +17,17 @@ _LAZY = {
     "RunFilesCallback": "frlab.tracking.run_files",
     "ProgressBar": "frlab.tracking.progress",
     "AvgAtKEvaluation": "frlab.tracking.evaluation",
+    "EpisodeEvaluation": "frlab.tracking.episode_evaluation",
 }
 
-__all__ = ["AvgAtKEvaluation", "ProgressBar", "RunFilesCallback", "read_metrics", "summarize"]
+__all__ = [
+    "AvgAtKEvaluation",
+    "EpisodeEvaluation",
+    "ProgressBar",
+    "RunFilesCallback",
+    "read_metrics",
+    "summarize",
+]
 
 
 def __getattr__(name: str) -> Any:

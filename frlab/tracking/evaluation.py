@@ -15,6 +15,8 @@ Evaluation sampling involves no importance sampling, so `top_p < 1` is allowed h
 training refuses it; the `SamplingParams` go straight to `engine.generate`. Prompts are the
 chat template applied to the benchmark template (`template_ids`), replies are decoded without
 special tokens and graded by `envs.math.evaluate_avg_at_k`. Only global rank 0 evaluates.
+The schedule and the publishing live in `PeriodicEvaluation`, shared with
+`frlab.tracking.episode_evaluation.EpisodeEvaluation` (whole agent episodes, ALFWorld).
 """
 
 from __future__ import annotations

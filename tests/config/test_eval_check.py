@@ -85,9 +85,10 @@ def test_callbacks_put_evaluation_between_weight_sync_and_run_files(tmp_path) ->
 
 
 def test_every_eval_option_composes_and_passes_preflight() -> None:
+    experiments = {"alfworld": "alfworld_qwen7b", "tool_episodes": "python_tool_qwen7b"}
     for option in group_options("eval"):
-        env = ["experiment=alfworld_qwen7b"] if option == "alfworld" else []
-        preflight(compose([*env, f"eval={option}"], with_hydra=False))
+        base = [f"experiment={experiments[option]}"] if option in experiments else []
+        preflight(compose([*base, f"eval={option}"], with_hydra=False))
 
 
 @pytest.mark.parametrize(
@@ -121,8 +122,15 @@ def test_tool_episodes_evaluate_exported_benchmarks_in_the_tool_env(tmp_path, mo
     preflight(cfg)
     evaluation = build_evaluation(cfg)
     assert sorted(evaluation.factories) == ["AIME25", "AMC23", "Minerva"]
-    assert (evaluation.k, evaluation.loop_cfg.max_turns, evaluation.loop_cfg.max_len) == (4, 10, 8192)
-    assert (evaluation.loop_cfg.sampling.temperature, evaluation.loop_cfg.sampling.top_p) == (0.7, 0.7)
+    assert (evaluation.k, evaluation.loop_cfg.max_turns, evaluation.loop_cfg.max_len) == (
+        4,
+        10,
+        8192,
+    )
+    assert (evaluation.loop_cfg.sampling.temperature, evaluation.loop_cfg.sampling.top_p) == (
+        0.7,
+        0.7,
+    )
     env = evaluation.factories["AMC23"]()
     assert isinstance(env, PythonToolEnv) and env.max_turns == 10
     assert [t["answer"] for t in evaluation.tasks("AMC23")] == ["18", "3"]

@@ -4,8 +4,10 @@
 `Trainer(strategy=FSDP2Strategy(), accelerator="cpu", devices=2)` (gloo): every decoder layer
 and the LogprobScorer root are FSDP2 units, 2 micro-batches per rank. Lightning re-launches
 this script for rank 1. Each rank writes `OUT.rank{R}.pt` with the GATHERED final parameters,
-the metric rows and the parameter placements; it then saves a sharded checkpoint (a folder)
-at `--ckpt` and, in a second fit, resumes from it for one more step.
+the metric rows and the parameter placements; with `--ckpt` it then saves a sharded
+checkpoint twice there (a symlink to a hidden folder of shards) and, in a second fit, resumes
+from it for one more step. `--moe` trains a tiny float32 Qwen3-MoE with gradient
+checkpointing instead (activation recomputation inside FSDP2 units).
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any
 
 import torch
 
@@ -24,6 +25,7 @@ from learner_testlib import (  # noqa: E402
     MODEL_CFG,
     OBJECTIVE_CFG,
     OPTIM_CFG,
+    VOCAB,
     MemoryLogger,
     make_batch,
     tiny_policy,
@@ -32,11 +34,19 @@ from learner_testlib import (  # noqa: E402
 
 from frlab.learner import FlashReinforceModule  # noqa: E402
 from frlab.learner.sharding import FSDP2Strategy, full_state_dict  # noqa: E402
+from frlab.model.policy import build_policy, tiny_config  # noqa: E402
 
 
-def module() -> tuple[FlashReinforceModule, list]:
+def moe_policy() -> torch.nn.Module:
+    """A tiny float32 Qwen3-MoE with gradient checkpointing on (grouped_mm has no float64)."""
+    config = tiny_config("qwen3_moe", vocab_size=VOCAB)
+    policy = build_policy(config=config, seed=0, gradient_checkpointing=True)
+    return policy.to(torch.float32).train()
+
+
+def module(moe: bool = False) -> tuple[FlashReinforceModule, list]:
     """A fresh learner (LR horizon STEPS + 1) and its STEPS + 1 global batches."""
-    policy = tiny_policy(seed=0)
+    policy = moe_policy() if moe else tiny_policy(seed=0)
     batches = [make_batch(policy, rows=GLOBAL_B, seed=40 + s) for s in range(STEPS + 1)]
     learner = FlashReinforceModule(
         MODEL_CFG,
@@ -50,11 +60,11 @@ def module() -> tuple[FlashReinforceModule, list]:
     return learner, batches
 
 
-def fit(steps: int, first: int = 0, ckpt: str | None = None, fsdp: bool = True, **kw: Any):
+def fit(steps: int, first: int = 0, ckpt: str | None = None, fsdp: bool = True, moe: bool = False):
     """Fit `steps` - `first` updates on batches[first:steps] (resuming from `ckpt`)."""
-    learner, batches = module()
+    learner, batches = module(moe)
     logger = MemoryLogger()
-    devices, strategy = (2, FSDP2Strategy(**kw)) if fsdp else (1, "auto")
+    devices, strategy = (2, FSDP2Strategy()) if fsdp else (1, "auto")
     trained = trainer(steps, devices=devices, strategy=strategy, logger=logger)
     trained.fit(learner, datamodule=RankRows(batches[first:steps]), ckpt_path=ckpt)
     return trained, learner, [row for _, row in logger.rows]
@@ -63,10 +73,11 @@ def fit(steps: int, first: int = 0, ckpt: str | None = None, fsdp: bool = True, 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
-    parser.add_argument("--ckpt", required=True)
+    parser.add_argument("--ckpt", default=None)
+    parser.add_argument("--moe", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    trained, learner, rows = fit(STEPS)
+    trained, learner, rows = fit(STEPS, moe=args.moe)
     placements = {n: type(p).__name__ for n, p in learner.policy.named_parameters()}
     local = sum(p.to_local().numel() for p in learner.policy.parameters())
     result = {
@@ -77,7 +88,14 @@ def main() -> None:
         "policy_version": learner.policy_version,
         "rows": rows,
     }
+    if args.ckpt is None:
+        torch.save(result, f"{args.out}.rank{trained.global_rank}.pt")
+        return
     trained.save_checkpoint(args.ckpt)
+    trained.save_checkpoint(args.ckpt)  # replaces the first one (atomically, via the symlink)
+    folder = os.path.dirname(args.ckpt)
+    result["ckpt_entries"] = sorted(os.listdir(folder))
+    result["ckpt_target"] = os.readlink(args.ckpt) if os.path.islink(args.ckpt) else None
     again, resumed, _ = fit(STEPS + 1, first=STEPS, ckpt=args.ckpt)
     result["resumed_version"] = resumed.policy_version
     result["resumed_step"] = again.global_step

@@ -26,19 +26,23 @@ from frlab.learner.sharding import scorer_for
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fsdp_worker.py")
 
 
-@pytest.mark.slow
-def test_two_process_fsdp2_equals_one_process_and_resumes(tmp_path) -> None:
-    out, ckpt = tmp_path / "fsdp", tmp_path / "last.ckpt"
+def _launch(out, *args: str) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     env.pop("MASTER_PORT", None)
     proc = subprocess.run(
-        [sys.executable, WORKER, str(out), "--ckpt", str(ckpt)],
+        [sys.executable, WORKER, str(out), *args],
         env=env,
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+@pytest.mark.slow
+def test_two_process_fsdp2_equals_one_process_and_resumes(tmp_path) -> None:
+    out, ckpt = tmp_path / "fsdp", tmp_path / "last.ckpt"
+    _launch(out, "--ckpt", str(ckpt))
     rank0 = torch.load(f"{out}.rank0.pt", weights_only=False)
     rank1 = torch.load(f"{out}.rank1.pt", weights_only=False)
     assert rank0["world_size"] == 2 and rank0["policy_version"] == STEPS
@@ -58,8 +62,14 @@ def test_two_process_fsdp2_equals_one_process_and_resumes(tmp_path) -> None:
         for key in (M.LOSS, M.GRAD_NORM, M.REWARD, M.ACCEPTANCE, M.SEQUENCE_KL, M.LAG_MAX):
             assert fsdp_row[key] == pytest.approx(one_row[key], rel=1e-9, abs=1e-12), key
 
-    # The sharded checkpoint is a folder; resuming it continues exactly.
-    assert ckpt.is_dir() and (ckpt / "meta.pt").is_file()
+    # The sharded checkpoint: a symlink to one hidden folder of shards (the first save's folder
+    # is gone after the second save); resuming it continues exactly.
+    target = rank0["ckpt_target"]
+    assert target is not None and target.startswith(".last.ckpt.")
+    assert rank0["ckpt_entries"] == sorted([target, "last.ckpt"])
+    assert sorted(p.name for p in ckpt.iterdir()) == [
+        ".metadata", "__0_0.distcp", "__1_0.distcp", "meta.pt"
+    ]  # fmt: skip
     assert rank0["resumed_version"] == STEPS + 1 and rank0["resumed_step"] == STEPS + 1
     _, uninterrupted, _ = fit(STEPS + 1, fsdp=False)
     assert max_abs_diff(rank0["resumed_params"], snapshot(uninterrupted.policy)) < 1e-9
@@ -76,3 +86,47 @@ def test_lightning_fsdp1_strategy_is_refused_naming_the_field() -> None:
 def test_unsharded_strategies_keep_the_plain_policy() -> None:
     assert scorer_for(None, tiny_policy()) is None
     assert scorer_for("auto", tiny_policy()) is None
+
+
+@pytest.mark.slow
+def test_two_process_fsdp2_moe_with_gradient_checkpointing_equals_one_process(tmp_path) -> None:
+    """Qwen3-MoE decoder layers as FSDP2 units, recomputed in backward (float32)."""
+    out = tmp_path / "moe"
+    _launch(out, "--moe")
+    rank0 = torch.load(f"{out}.rank0.pt", weights_only=False)
+    assert rank0["policy_version"] == STEPS and set(rank0["placements"].values()) == {"DTensor"}
+    _, single, single_rows = fit(STEPS, fsdp=False, moe=True)
+    assert max_abs_diff(rank0["params"], snapshot(single.policy)) < 1e-6
+    for fsdp_row, one_row in zip(rank0["rows"], single_rows, strict=True):
+        for key in (M.LOSS, M.GRAD_NORM, M.ACCEPTANCE):
+            assert fsdp_row[key] == pytest.approx(one_row[key], rel=1e-4, abs=1e-7), key
+
+
+@pytest.mark.slow
+def test_toy_run_under_fsdp2_on_cpu_syncs_weights_and_resumes_last(tmp_path) -> None:
+    """`python -m frlab trainer=fsdp` on 2 CPU ranks (gloo): the engine gets gathered weights
+    every step (WeightSyncCallback), `last.ckpt` is a published sharded folder, and
+    `ckpt_path=last` continues the run."""
+    run = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    env.pop("MASTER_PORT", None)
+    base = [sys.executable, "-m", "frlab", "trainer=fsdp", "trainer.accelerator=cpu",
+            "trainer.devices=2", "trainer.precision=32-true", "data.micro_batch_size=16",
+            "callbacks.model_checkpoint.every_n_train_steps=1", f"hydra.run.dir={run}",
+            "plots=false"]  # fmt: skip
+    for steps, ckpt in ((2, "null"), (3, "last")):
+        proc = subprocess.run(
+            [*base, f"trainer.max_steps={steps}", f"ckpt_path={ckpt}"],
+            env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-4000:]
+    last = run / "checkpoints" / "last.ckpt"
+    assert last.is_symlink() and (last / "meta.pt").is_file()
+    meta = torch.load(last / "meta.pt", weights_only=False)
+    assert meta["global_step"] == 3 and meta["policy_version"] == 3
+    steps = [
+        int(float(line.split(",")[header.index("step")]))
+        for header in [(run / "metrics.csv").read_text().splitlines()[0].split(",")]
+        for line in (run / "metrics.csv").read_text().splitlines()[1:]
+    ]
+    assert steps == [1, 2, 3]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import csv
 import re
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,7 @@ class Chaos(L.Callback):
         self.rows_checked = 0
         self.versions_seen: set[int] = set()
         self.log_offset = 0
-        self.readmit_version = -1
+        self.readmit_version = self.killed_in_flight = -1
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self.weights[pl_module.policy_version] = copy.deepcopy(pl_module.policy.state_dict())
@@ -46,23 +47,35 @@ class Chaos(L.Callback):
         self.weights[pl_module.policy_version] = copy.deepcopy(pl_module.policy.state_dict())
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, idx: int) -> None:
+        print("TIMING", idx, time.monotonic(), flush=True)
         self.check(batch, pl_module.policy_version)
         engine = trainer.datamodule.pool.engine
         victim = next(s for s in engine.servers if s.url == url(self.port))
-        if idx == KILL_AT:
-            deadline = time.monotonic() + 20
-            while victim.in_flight == 0 and time.monotonic() < deadline:
-                time.sleep(0.005)  # kill it while it holds requests
-            self.fleet.kill(self.port)
+        if idx == KILL_AT:  # in the background: the pool must keep running to load the victim
+            self.killer = threading.Thread(target=self.kill_when_busy, args=(victim,))
+            self.killer.start()
         elif idx == RESTART_AT:
-            self.log_offset = len(self.fleet.log(self.port))
-            self.fleet.start([self.port])
+            self.restarter = threading.Thread(target=self.restart)
+            self.restarter.start()
         elif idx == READMIT_BY:
+            self.restarter.join()
             deadline = time.monotonic() + 60
             while victim.state != "ok":
                 assert time.monotonic() < deadline, engine.stats()
                 time.sleep(0.05)
             self.readmit_version = engine.version
+
+    def kill_when_busy(self, victim: Any) -> None:
+        deadline = time.monotonic() + 60
+        while victim.in_flight == 0 and time.monotonic() < deadline:
+            time.sleep(0.0005)
+        self.killed_in_flight = victim.in_flight
+        self.fleet.kill(self.port)
+
+    def restart(self) -> None:
+        self.killer.join()
+        self.log_offset = len(self.fleet.log(self.port))
+        self.fleet.start([self.port])
 
     def check(self, batch: Any, learner_version: int) -> None:
         for i in range(batch.batch_size):
@@ -108,12 +121,15 @@ def test_sigkill_and_restart_of_one_server_mid_run(
     build_callbacks = train.build_callbacks
     monkeypatch.setattr(train, "build_callbacks", lambda *a: [*build_callbacks(*a), chaos])
     try:
+        print("TIMING start", time.monotonic(), flush=True)
         fleet.start(ports)
+        print("TIMING up", time.monotonic(), flush=True)
         summary = train.run(cfg)
     finally:
         fleet.close()
 
     assert summary["status"] == "finished" and summary["steps"] == STEPS
+    assert chaos.killed_in_flight > 0  # SIGKILL hit a server holding requests
     assert chaos.rows_checked == STEPS * BATCH and len(chaos.versions_seen) > 3
     with (tmp_path / "run" / "metrics.csv").open() as fh:
         rows = list(csv.DictReader(fh))
@@ -122,9 +138,13 @@ def test_sigkill_and_restart_of_one_server_mid_run(
     assert min(float(r["rollout/servers_healthy"]) for r in rows) == 2
     assert float(rows[-1]["rollout/servers_healthy"]) == 3
     assert summary["rollout_stats"]["engine"]["readmissions"] >= 1
-    # The restarted server: load + version proof first, then (and only then) completions.
+    # The restarted server: it loaded a snapshot and proved its version before its first
+    # completion, whose tokens carry exactly the last version it proved.
     log = fleet.log(ports[2])[chaos.log_offset :]
     first = log.index("completion:")
+    loads = re.findall(r"frlab_load_snapshot v(\d+) loaded", log[:first])
     proofs = re.findall(r"frlab_weight_version -> (\d+)", log[:first])
-    assert re.search(r"frlab_load_snapshot v\d+ loaded", log[:first]) and proofs
-    assert int(proofs[-1]) <= chaos.readmit_version
+    assert loads and proofs and loads[0] == proofs[0] and loads[-1] == proofs[-1]
+    served = re.match(r"completion: \d+ tokens at versions \[(\d+)\]", log[first:])
+    assert served is not None and served.group(1) == proofs[-1]
+    assert int(proofs[0]) <= chaos.readmit_version

@@ -65,7 +65,9 @@ def test_callback_appends_the_first_rows_every_n_steps(tmp_path: Path) -> None:
     assert "prompt" not in lines[0]  # no pool tokenizer: ids only
 
 
-@pytest.mark.parametrize(("kwargs", "field"), [({"rows": 0}, "rows"), ({"every_n_steps": 0}, "every_n_steps")])
+@pytest.mark.parametrize(
+    ("kwargs", "field"), [({"rows": 0}, "rows"), ({"every_n_steps": 0}, "every_n_steps")]
+)
 def test_bad_settings_name_the_field(tmp_path: Path, kwargs: dict, field: str) -> None:
     with pytest.raises(ValueError, match=f"callbacks.samples.{field}"):
         TrajectorySamples(str(tmp_path / "s.jsonl"), **kwargs)
