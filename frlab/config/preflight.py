@@ -276,7 +276,9 @@ def _check_remote(rollout: Mapping[str, Any], world: int) -> None:
     schema.check_section("rollout.remote", remote, schema.REMOTE)
     servers = remote["servers"]
     if not isinstance(servers, list) or not servers:
-        raise ConfigError("rollout.remote.servers", f"must be a non-empty list of URLs, got {servers!r}")
+        raise ConfigError(
+            "rollout.remote.servers", f"must be a non-empty list of URLs, got {servers!r}"
+        )
     for url in servers:
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise ConfigError("rollout.remote.servers", f"{url!r} is not an http(s):// base URL")

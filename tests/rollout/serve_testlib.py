@@ -62,7 +62,9 @@ class Fleet:
         self.procs: dict[int, subprocess.Popen] = {}
         self.startup_s: list[float] = []
 
-    def start(self, ports: Sequence[int], timeout: float = 120.0, extra: Sequence[str] = ()) -> None:
+    def start(
+        self, ports: Sequence[int], timeout: float = 120.0, extra: Sequence[str] = ()
+    ) -> None:
         """Start servers on `ports` in parallel and wait until all answer /health."""
         t0 = time.monotonic()
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}

@@ -16,10 +16,10 @@ from typing import Any
 import httpx
 import pytest
 import torch
+from serve_testlib import TINY_QWEN2, Fleet, free_port, save_tiny_model, set_fault, url
 
 from frlab.rollout.engine import EngineError, GenerationResult, SamplingParams
 from frlab.rollout.remote_engine import RemoteEngine
-from serve_testlib import TINY_QWEN2, Fleet, free_port, save_tiny_model, set_fault, url
 
 PROMPT = [1, 2, 3]
 

@@ -116,7 +116,9 @@ def test_snapshots_are_written_whole_tied_tensors_included_and_pruned(tmp_path: 
     state = {"embed.weight": emb, "lm_head.weight": emb, "b": torch.ones(2)}  # tied storage
     for version in (1, 2, 3):
         path, fingerprint = write_snapshot(state, tmp_path, version)
-        assert path == snapshot_path(tmp_path, version) == tmp_path / f"v{version}/model.safetensors"
+        assert (
+            path == snapshot_path(tmp_path, version) == tmp_path / f"v{version}/model.safetensors"
+        )
     assert fingerprint == {"tensors": 3, "numel": 14, "sum": 2 * 15.0 + 2.0}
     loaded = read_snapshot(path)
     assert set(loaded) == set(state) and torch.equal(loaded["lm_head.weight"], emb)
@@ -135,7 +137,9 @@ def test_the_vllm_worker_extension_loads_a_snapshot_and_acks_its_fingerprint(
     worker.model_runner = SimpleNamespace(
         model=SimpleNamespace(load_weights=lambda weights: loaded.extend(weights))
     )
-    path, fingerprint = write_snapshot({"w": torch.full((3,), 2.0), "v": torch.ones(1)}, tmp_path, 4)
+    path, fingerprint = write_snapshot(
+        {"w": torch.full((3,), 2.0), "v": torch.ones(1)}, tmp_path, 4
+    )
     ack = worker.frlab_load_snapshot(str(path), 4)
     check_acks([ack], 4, fingerprint)
     assert [name for name, _ in loaded] == ["v", "w"] and worker.frlab_weight_version() == 4

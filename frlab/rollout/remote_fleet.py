@@ -1,0 +1,185 @@
+"""The fleet side of the `remote` engine: server state, admission, probing, HTTP calls.
+
+`FleetMixin` is mixed into `frlab.rollout.remote_engine.RemoteEngine` (which owns the event
+loop, the request gate and weight sync). A server is `ok` only after it reported the fleet's
+current weight version in answer to `frlab_weight_version` (having first loaded and
+acknowledged the current snapshot, if there is one); `stale` when it reported another version
+or did not acknowledge the load; `dead` after a transport error, a timeout, an HTTP 5xx or a
+malformed answer; `unverified` before its first check or during a sync. Only `ok` servers get
+requests; the prober re-checks the others every `probe_interval_s`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from frlab.rollout import remote_protocol as proto
+from frlab.rollout.engine import EngineError
+from frlab.rollout.vllm_worker import SNAPSHOT_METHOD, VERSION_METHOD, check_acks
+
+log = logging.getLogger("frlab.rollout.remote_engine")
+
+
+class ServerFault(Exception):
+    """A server failed a request: `kind` is dead (transport, 5xx, garbage) or stale."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclass
+class Server:
+    """One generation server as the client sees it."""
+
+    url: str
+    state: str = "unverified"  # ok | stale | dead | unverified
+    in_flight: int = 0
+    version: int | None = None  # the version it last PROVED (its own answer)
+    model: str | None = None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    path: Path
+    version: int
+    fingerprint: Mapping[str, Any]
+
+
+class FleetMixin:
+    """Server bookkeeping shared by RemoteEngine's request, sync and probe paths."""
+
+    servers: list[Server]
+    model: str | None
+    request_timeout_s: float
+    probe_interval_s: float
+    _version: int
+    _snapshot: Snapshot | None
+    _counts: Counter[str]
+    _client: httpx.AsyncClient | None
+    _sync_lock: asyncio.Lock | None
+
+    def stats(self) -> dict[str, int]:
+        """Counters and gauges for the pool's stats (logged as `rollout/<name>`)."""
+        states = Counter(s.state for s in self.servers)
+        return {
+            "retries": self._counts["retries"],
+            "servers_healthy": states["ok"],
+            "servers_stale": states["stale"],
+            "servers_dead": states["dead"] + states["unverified"],
+            "stale_refusals": self._counts["stale_refusals"],
+            "readmissions": self._counts["readmissions"],
+            "server_faults": self._counts["faults"],
+        }
+
+    def _describe(self) -> str:
+        return ", ".join(f"{s.url}={s.state}@v{s.version}" for s in self.servers)
+
+    def _pick(self) -> Server | None:
+        """The healthy server with the fewest requests in flight (first listed on ties)."""
+        healthy = [s for s in self.servers if s.state == "ok"]
+        return min(healthy, key=lambda s: s.in_flight) if healthy else None
+
+    async def _post(
+        self, server: Server, path: str, body: Any, timeout: float | None = None
+    ) -> Any:
+        """POST JSON and decode the answer; transport, 5xx and non-JSON raise ServerFault."""
+        kw = {} if timeout is None else {"timeout": timeout}
+        try:
+            resp = await self._client.post(server.url + path, json=body, **kw)
+        except httpx.TimeoutException as exc:
+            raise ServerFault("dead", f"{path} timed out: {exc!r}") from exc
+        except httpx.HTTPError as exc:
+            raise ServerFault("dead", f"{path} transport error: {exc!r}") from exc
+        return decode(resp, path)
+
+    def _fault(self, server: Server, fault: ServerFault) -> None:
+        self._counts["faults"] += 1
+        self._counts["stale_refusals"] += fault.kind == "stale"
+        if server.state == "ok":
+            log.warning("remote engine: server %s marked %s: %s", server.url, fault.kind, fault)
+        server.state = fault.kind
+
+    # -- admission, probing ------------------------------------------------------------------
+    async def _admit(self, server: Server) -> None:
+        """Load the current snapshot (if any) on `server`, then admit it only if it reports the
+        current version; call with `_sync_lock` held."""
+        was = server.state
+        try:
+            if server.model is None:
+                server.model = self.model or proto.served_model(
+                    await self._get(server, proto.MODELS)
+                )
+            snap = self._snapshot
+            if snap is not None:
+                body = proto.rpc_request(SNAPSHOT_METHOD, [str(snap.path), snap.version])
+                acks = proto.rpc_results(await self._post(server, proto.COLLECTIVE_RPC, body))
+                check_acks(acks, snap.version, snap.fingerprint)
+                await self._post(server, proto.RESET_PREFIX_CACHE, {})
+            answer = await self._post(
+                server, proto.COLLECTIVE_RPC, proto.rpc_request(VERSION_METHOD)
+            )
+            reported = proto.rpc_results(answer)
+        except ServerFault as fault:
+            if was in ("ok", "unverified"):
+                log.warning("remote engine: server %s marked %s: %s", server.url, fault.kind, fault)
+            server.state = fault.kind
+            return
+        except (RuntimeError, proto.MalformedResponse) as exc:  # EngineError: a 4xx answer
+            self._refuse(server, f"weight load not acknowledged: {exc}")
+            return
+        if any(v != self._version for v in reported):
+            self._refuse(server, f"reports version(s) {reported}, expected {self._version}")
+            return
+        server.version, server.state = self._version, "ok"
+        if was in ("dead", "stale"):
+            self._counts["readmissions"] += 1
+            log.warning("remote engine: server %s re-admitted: it reported version %d",
+                        server.url, self._version)  # fmt: skip
+
+    def _refuse(self, server: Server, why: str) -> None:
+        self._counts["stale_refusals"] += 1
+        server.state = "stale"
+        log.warning("remote engine: server %s refused as stale: %s", server.url, why)
+
+    async def _get(self, server: Server, path: str) -> Any:
+        try:
+            resp = await self._client.get(
+                server.url + path, timeout=min(5.0, self.request_timeout_s)
+            )
+        except httpx.HTTPError as exc:
+            raise ServerFault("dead", f"GET {path}: {exc!r}") from exc
+        return decode(resp, path)
+
+    async def _probe_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.probe_interval_s)
+            for server in [s for s in self.servers if s.state != "ok"]:
+                try:
+                    await self._get(server, proto.HEALTH)
+                except ServerFault:
+                    continue
+                async with self._sync_lock:
+                    if server.state != "ok":
+                        await self._admit(server)
+
+
+def decode(resp: httpx.Response, path: str) -> Any:
+    if resp.status_code >= 500:
+        raise ServerFault("dead", f"{path} answered HTTP {resp.status_code}: {resp.text[:200]}")
+    if resp.status_code >= 400:
+        raise EngineError(
+            f"{path} refused the request (HTTP {resp.status_code}): {resp.text[:300]}"
+        )
+    try:
+        return resp.json()
+    except ValueError as exc:
+        raise ServerFault("dead", f"{path} answered non-JSON: {resp.content[:60]!r}") from exc
