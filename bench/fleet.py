@@ -84,9 +84,15 @@ def wait_healthy(urls: list[str], procs: list[subprocess.Popen], timeout_s: floa
         time.sleep(0.1)
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process `pid` (all its threads) from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 @contextmanager
-def fleet(model_dir: Path, count: int, log_dir: Path) -> Iterator[list[str]]:
-    """`count` frlab.serve processes (1 torch thread each); killed on exit."""
+def fleet(model_dir: Path, count: int, log_dir: Path) -> Iterator[list[tuple[str, int]]]:
+    """`count` frlab.serve processes (1 torch thread each) as (url, pid); killed on exit."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     ports = [unused_port() for _ in range(count)]
     procs: list[subprocess.Popen] = []
@@ -98,7 +104,7 @@ def fleet(model_dir: Path, count: int, log_dir: Path) -> Iterator[list[str]]:
             procs.append(subprocess.Popen(cmd, stdout=log, stderr=log, env=env))
         urls = [f"http://127.0.0.1:{p}" for p in ports]
         wait_healthy(urls, procs, timeout_s=180.0)
-        yield urls
+        yield [(u, p.pid) for u, p in zip(urls, procs, strict=True)]
     finally:
         for proc in procs:
             proc.send_signal(signal.SIGKILL)
@@ -117,15 +123,21 @@ async def generate_all(engine: RemoteEngine, requests: int, args: argparse.Names
     return sum(await asyncio.gather(*(one() for _ in range(requests))))
 
 
-def measure(urls: list[str], policy: Any, args: argparse.Namespace) -> dict[str, float]:
-    """Throughput and weight-sync time of one engine on `urls`."""
+def measure(
+    servers: list[tuple[str, int]], policy: Any, args: argparse.Namespace
+) -> dict[str, float]:
+    """Throughput (and the CPU time it took) and weight-sync time of one engine on `servers`."""
+    urls = [u for u, _ in servers]
     engine = RemoteEngine(urls, initial_weights=policy.state_dict(), request_timeout_s=300.0)
     engine.start()
     try:
         asyncio.run(generate_all(engine, 2 * len(urls), args))  # warm every server up
+        cpu0 = [sum(cpu_seconds(pid) for _, pid in servers), time.process_time()]
         t0 = time.perf_counter()
         tokens = asyncio.run(generate_all(engine, args.requests, args))
         gen_s = time.perf_counter() - t0
+        server_cpu = sum(cpu_seconds(pid) for _, pid in servers) - cpu0[0]
+        client_cpu = time.process_time() - cpu0[1]
         sync_s = []
         for version in range(1, args.syncs + 1):
             state = {k: v + 1e-3 * version for k, v in policy.state_dict().items()}
@@ -136,7 +148,9 @@ def measure(urls: list[str], policy: Any, args: argparse.Namespace) -> dict[str,
         engine.shutdown()
     sync = statistics.median(sync_s)
     return {"servers": len(urls), "tokens": tokens, "seconds": gen_s,
-            "tokens_per_s": tokens / gen_s, "sync_s": sync, "sync_s_per_server": sync / len(urls)}  # fmt: skip
+            "tokens_per_s": tokens / gen_s, "sync_s": sync, "sync_s_per_server": sync / len(urls),
+            "server_cpu_ms_per_token": 1e3 * server_cpu / tokens,
+            "client_cpu_ms_per_token": 1e3 * client_cpu / tokens}  # fmt: skip
 
 
 def median_row(runs: list[dict[str, float]]) -> dict[str, float]:
@@ -178,12 +192,13 @@ def main(argv: list[str] | None = None) -> list[dict[str, float]]:
     policy = build_policy(config=model_config(args), seed=args.seed)
     params = sum(p.numel() for p in policy.parameters())
     print(f"model: {params / 1e6:.2f}M params; {os.cpu_count()} CPU cores; "
-          f"{args.requests} requests x {args.max_new_tokens} tokens, {args.concurrency} in flight")  # fmt: skip
+          f"{args.requests} requests x {args.max_new_tokens} tokens, {args.concurrency} in flight; "
+          f"load average {os.getloadavg()[0]:.2f}")  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         save_policy(policy, Path(tmp) / "model")
-        with fleet(Path(tmp) / "model", args.servers, Path(tmp)) as urls:
+        with fleet(Path(tmp) / "model", args.servers, Path(tmp)) as servers:
             runs = [
-                measure(urls[:n], policy, args)
+                measure(servers[:n], policy, args)
                 for _ in range(args.rounds)
                 for n in range(1, args.servers + 1)
             ]  # sizes interleaved, so load from other processes hits every size alike
@@ -192,13 +207,21 @@ def main(argv: list[str] | None = None) -> list[dict[str, float]]:
     base = rows[0]
     for row in rows:
         print(
-            f"{row['servers']} server(s): {row['tokens_per_s']:8.1f} tokens/s "
+            f"{row['servers']:.0f} server(s): {row['tokens_per_s']:8.1f} tokens/s "
             f"(x{row['tokens_per_s'] / base['tokens_per_s']:.2f}); weight sync "
             f"{row['sync_s']:.3f} s (x{row['sync_s'] / base['sync_s']:.2f}), "
             f"{row['sync_s_per_server']:.3f} s per server "
             f"(x{row['sync_s_per_server'] / base['sync_s_per_server']:.2f})"
         )
     print(f"tokens/s per round: {[row['rounds_tokens_per_s'] for row in rows]}")
+    for row in rows:
+        cpu_ms = row["server_cpu_ms_per_token"] + row["client_cpu_ms_per_token"]
+        print(
+            f"{row['servers']:.0f} server(s): CPU per token {row['server_cpu_ms_per_token']:.3f} ms "
+            f"in servers + {row['client_cpu_ms_per_token']:.3f} ms in the client; bound with "
+            f"{os.cpu_count()} free cores: {1e3 * (os.cpu_count() or 1) / cpu_ms:.0f} tokens/s"
+        )
+    print(f"load average (1, 5, 15 min) at the end: {os.getloadavg()}")
     print(f"snapshot write alone (learner side, any fleet size): {write_s:.3f} s")
     print(json.dumps({"rows": rows, "snapshot_write_s": write_s}))
     return rows

@@ -20,8 +20,9 @@ rules of the method (FlashREINFORCE paper; SPEC §2-3):
 - MoE routing replay (`model.routing_replay`) needs `rollout.engine=torch`, the engine that
   records the experts it used.
 - `rollout.engine=remote` needs the `rollout.remote` block (`rollout=remote`) with a list of
-  distinct http(s) server URLs, filesystem weight sync and one learner rank; a `remote` block
-  under another engine is refused (an experiment preset may have pinned the engine).
+  distinct http(s) server URLs and filesystem weight sync (any number of learner ranks: they
+  share the fleet); a `remote` block under another engine is refused (an experiment preset may
+  have pinned the engine).
 - the optional `eval` node (avg@k during training) is checked by
   `frlab.config.eval_check` (interval within `trainer.max_steps`, generation budget).
 
@@ -65,7 +66,7 @@ def preflight(cfg: DictConfig) -> Plan:
     _check_groups(objective, sec["rollout"], sec["data"])
     _check_sync(sec["rollout"])
     _check_engine(sec["rollout"], trainer)
-    _check_remote(sec["rollout"], world)
+    _check_remote(sec["rollout"])
     check_eval(cfg, sec["rollout"], trainer)
     return build_plan(cfg, sec, trainer, objective, world)
 
@@ -260,7 +261,7 @@ def _check_engine(rollout: Mapping[str, Any], trainer: Mapping[str, Any]) -> Non
         )
 
 
-def _check_remote(rollout: Mapping[str, Any], world: int) -> None:
+def _check_remote(rollout: Mapping[str, Any]) -> None:
     """The `rollout.remote` block: present exactly with engine=remote, servers well formed."""
     remote = rollout.get("remote")
     if rollout["engine"] != "remote":
@@ -290,9 +291,5 @@ def _check_remote(rollout: Mapping[str, Any], world: int) -> None:
             "nccl is request shaping only (untested on hardware, not wired end to end); use "
             "filesystem",
         )
-    if world != 1:
-        raise ConfigError(
-            "rollout.engine",
-            f"'remote' supports one learner rank (trainer.devices x trainer.num_nodes = {world}): "
-            "every rank would sync the same fleet",
-        )
+    # W > 1 learner ranks share the fleet: weight syncs are collective (frlab.rollout.fleet_sync)
+    # and each rank writes its snapshots under `<snapshot_dir>/rank<R>`.

@@ -193,7 +193,6 @@ def convert_gguf(gguf_file: Path, out_dir: Path) -> Path:
     folder, name = str(gguf_file.parent), gguf_file.name
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     config = AutoConfig.from_pretrained(folder, gguf_file=name)
-    config.architectures = None  # from_config sets it for the plain model
     quantized = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype="float32")
     plain = AutoModelForCausalLM.from_config(config, dtype="float32")
     plain.load_state_dict(quantized.state_dict(), strict=True)

@@ -25,6 +25,14 @@ fingerprint of the tensors loaded), then asks each server its version
 `keep_snapshots` stay). Token versions come from the server: `frlab_versions` in the answer
 (frlab.serve), else the version that server reported at its last verification (vLLM).
 
+Several learner ranks (DDP / FSDP) share one fleet: each rank has its own RemoteEngine on the
+same servers (`shared_across_ranks`), `WeightSyncCallback` makes every sync collective (all
+ranks drain, then push, then resume: frlab.rollout.fleet_sync), the servers load each version
+once and deduplicate the other ranks' identical pushes by (version, fingerprint), and each rank
+writes its snapshots under `<snapshot_dir>/rank<R>` so no two ranks write one file. While the
+engine is paused the prober admits nothing, so a rank never reloads an older snapshot over a
+version another rank has just pushed.
+
 Server states, admission and probing live in `frlab.rollout.remote_fleet` (mixed in).
 
 `weight_sync="nccl"` (vLLM's weight-transfer endpoints) is request shaping only
@@ -56,8 +64,46 @@ log = logging.getLogger(__name__)
 WEIGHT_SYNCS = ("filesystem", "nccl")
 
 
+def _check_urls(servers: Sequence[str]) -> list[str]:
+    """Distinct http(s) base URLs without a trailing slash (ValueError naming the config key)."""
+    urls = [str(u).rstrip("/") for u in servers or ()]
+    if not urls or len(set(urls)) != len(urls):
+        raise ValueError(f"rollout.remote.servers must list distinct base URLs, got {servers}")
+    for url in urls:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"rollout.remote.servers: {url!r} is not an http(s):// URL")
+    return urls
+
+
+def rank_folder(snapshot_dir: str | Path) -> Path:
+    """`snapshot_dir`, or `<snapshot_dir>/rank<R>` when this process is rank R of W > 1."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return Path(snapshot_dir) / f"rank{dist.get_rank()}"
+    return Path(snapshot_dir)
+
+
+def _check_settings(
+    weight_sync: str, request_timeout_s: float, probe_interval_s: float, max_retries: int,
+    keep_snapshots: int,
+) -> None:  # fmt: skip
+    """ValueError naming the `rollout.remote` key of the first invalid setting."""
+    if weight_sync not in WEIGHT_SYNCS:
+        raise ValueError(f"rollout.remote.weight_sync must be filesystem|nccl, got {weight_sync!r}")
+    for key, value in (("request_timeout_s", request_timeout_s),
+                       ("probe_interval_s", probe_interval_s)):  # fmt: skip
+        if not float(value) > 0:
+            raise ValueError(f"rollout.remote.{key} must be > 0, got {value}")
+    if int(max_retries) < 0:
+        raise ValueError(f"rollout.remote.max_retries must be >= 0, got {max_retries}")
+    if int(keep_snapshots) < 1:
+        raise ValueError(f"rollout.remote.keep_snapshots must be >= 1, got {keep_snapshots}")
+
+
 class RemoteEngine(FleetMixin, Engine):
     """Generation on a fleet of HTTP servers, with versioned weight sync and failover."""
+
+    shared_across_ranks = True  # every learner rank drives the same servers: collective syncs
 
     def __init__(
         self,
@@ -75,33 +121,21 @@ class RemoteEngine(FleetMixin, Engine):
         initial_version: int = 0,
         initial_weights: Mapping[str, torch.Tensor] | None = None,
     ) -> None:
-        urls = [str(u).rstrip("/") for u in servers or ()]
-        if not urls or len(set(urls)) != len(urls):
-            raise ValueError(f"rollout.remote.servers must list distinct base URLs, got {servers}")
-        for url in urls:
-            if not url.startswith(("http://", "https://")):
-                raise ValueError(f"rollout.remote.servers: {url!r} is not an http(s):// URL")
-        if weight_sync not in WEIGHT_SYNCS:
-            raise ValueError(
-                f"rollout.remote.weight_sync must be filesystem|nccl, got {weight_sync!r}"
-            )
-        for key, value in (("request_timeout_s", request_timeout_s),
-                           ("probe_interval_s", probe_interval_s)):  # fmt: skip
-            if not float(value) > 0:
-                raise ValueError(f"rollout.remote.{key} must be > 0, got {value}")
-        if int(max_retries) < 0 or int(keep_snapshots) < 1:
-            raise ValueError("rollout.remote.max_retries must be >= 0 and keep_snapshots >= 1")
+        urls = _check_urls(servers)
+        _check_settings(
+            weight_sync, request_timeout_s, probe_interval_s, max_retries, keep_snapshots
+        )
         self.servers = [Server(u) for u in urls]
         self._own_dir = snapshot_dir is None  # a private temp folder: servers on this host only
-        self.snapshot_dir = Path(
-            tempfile.mkdtemp(prefix="frlab-snapshots-") if snapshot_dir is None else snapshot_dir
+        self.snapshot_dir = (
+            Path(tempfile.mkdtemp(prefix="frlab-snapshots-"))
+            if snapshot_dir is None
+            else rank_folder(snapshot_dir)
         )
         self.weight_sync = weight_sync
         self.request_timeout_s, self.max_retries = float(request_timeout_s), int(max_retries)
-        self.probe_interval_s, self.startup_timeout_s = (
-            float(probe_interval_s),
-            float(startup_timeout_s),
-        )
+        self.probe_interval_s = float(probe_interval_s)
+        self.startup_timeout_s = float(startup_timeout_s)
         self.keep_snapshots, self.model, self.seed = int(keep_snapshots), model, int(seed)
         self._version = int(initial_version)
         self._snapshot: Snapshot | None = None
@@ -116,7 +150,7 @@ class RemoteEngine(FleetMixin, Engine):
         self._gate: asyncio.Event | None = None  # set while requests may be dispatched
         self._idle: asyncio.Event | None = None  # set while no request is in flight
         self._in_flight = 0
-        self._user_paused = self._syncing = False
+        self._user_paused = self._syncing = self._stopping = False
 
     @property
     def version(self) -> int:
@@ -182,11 +216,13 @@ class RemoteEngine(FleetMixin, Engine):
         self._thread, self._loop = None, None
 
     async def _close(self) -> None:
-        if self._prober is not None:
-            self._prober.cancel()
-            await asyncio.gather(self._prober, return_exceptions=True)
-        if self._gate is not None:
-            self._gate.set()
+        """Stop the prober, fail pending requests with EngineError, close the HTTP client."""
+        self._stopping = True
+        me = asyncio.current_task()
+        others = [t for t in asyncio.all_tasks() if t is not me]
+        for task in others:
+            task.cancel()
+        await asyncio.gather(*others, return_exceptions=True)
         if self._client is not None:
             await self._client.aclose()
 
@@ -202,6 +238,8 @@ class RemoteEngine(FleetMixin, Engine):
         self._refresh_gate()
         if paused:
             await self._drain()
+            async with self._sync_lock:  # an admission under way (prober) ends first
+                pass
 
     def _refresh_gate(self) -> None:
         if self._user_paused or self._syncing:
@@ -229,6 +267,15 @@ class RemoteEngine(FleetMixin, Engine):
         return await asyncio.wrap_future(future)
 
     async def _generate(self, prompt: list[int], params: SamplingParams) -> GenerationResult:
+        try:
+            return await self._dispatch(prompt, params)
+        except asyncio.CancelledError:
+            if self._stopping:  # shutdown, not the caller: fail the request like other engines
+                raise EngineError("RemoteEngine shut down before the request finished") from None
+            raise
+
+    async def _dispatch(self, prompt: list[int], params: SamplingParams) -> GenerationResult:
+        """Send to the least-loaded healthy server; retry on another after a server fault."""
         attempts = 0
         while True:
             while not self._gate.is_set():

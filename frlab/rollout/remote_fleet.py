@@ -49,6 +49,8 @@ class Server:
 
 @dataclass(frozen=True)
 class Snapshot:
+    """The current weights on disk: what a server must load (and acknowledge) to be admitted."""
+
     path: Path
     version: int
     fingerprint: Mapping[str, Any]
@@ -66,6 +68,7 @@ class FleetMixin:
     _counts: Counter[str]
     _client: httpx.AsyncClient | None
     _sync_lock: asyncio.Lock | None
+    _user_paused: bool
 
     def stats(self) -> dict[str, int]:
         """Counters and gauges for the pool's stats (logged as `rollout/<name>`)."""
@@ -120,7 +123,8 @@ class FleetMixin:
                 )
             snap = self._snapshot
             if snap is not None:
-                body = proto.rpc_request(SNAPSHOT_METHOD, [str(snap.path), snap.version])
+                args = [str(snap.path), snap.version, dict(snap.fingerprint)]  # 3rd: dedup key
+                body = proto.rpc_request(SNAPSHOT_METHOD, args)
                 acks = proto.rpc_results(await self._post(server, proto.COLLECTIVE_RPC, body))
                 check_acks(acks, snap.version, snap.fingerprint)
                 await self._post(server, proto.RESET_PREFIX_CACHE, {})
@@ -160,6 +164,8 @@ class FleetMixin:
         return decode(resp, path)
 
     async def _probe_forever(self) -> None:
+        """Re-check dead / stale servers; admit none while the engine is paused (a collective sync
+        of several ranks may be under way: admitting now could load an older snapshot)."""
         while True:
             await asyncio.sleep(self.probe_interval_s)
             for server in [s for s in self.servers if s.state != "ok"]:
@@ -168,7 +174,7 @@ class FleetMixin:
                 except ServerFault:
                     continue
                 async with self._sync_lock:
-                    if server.state != "ok":
+                    if server.state != "ok" and not self._user_paused:
                         await self._admit(server)
 
 

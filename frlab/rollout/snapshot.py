@@ -65,8 +65,12 @@ def write_snapshot(
         with open(tmp / SNAPSHOT_FILE, "rb") as fh:
             os.fsync(fh.fileno())
         if final.parent.exists():  # a rewrite of the same version (e.g. a resumed run)
-            shutil.rmtree(final.parent)
-        os.rename(tmp, final.parent)
+            shutil.rmtree(final.parent, ignore_errors=True)
+        try:
+            os.rename(tmp, final.parent)
+        except OSError:
+            if not final.is_file():  # not a concurrent writer of the same version: a real error
+                raise
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

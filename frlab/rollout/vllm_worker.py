@@ -93,6 +93,19 @@ def check_acks(acks: Any, version: int, sent: Mapping[str, Any]) -> None:
             )
 
 
+def same_weights(ack: Any, version: int, fingerprint: Any) -> bool:
+    """True when `ack` (of an earlier load) acknowledged `version` and the tensors that
+    `fingerprint` describes: a push of those weights again can be answered without reloading
+    (several learner ranks push identical weights to one shared fleet)."""
+    if not isinstance(ack, Mapping) or not isinstance(fingerprint, Mapping):
+        return False
+    try:
+        check_acks([ack], version, fingerprint)
+    except (RuntimeError, KeyError):
+        return False
+    return True
+
+
 def _close(a: Any, b: float) -> bool:
     """Float64 sums of the same values, possibly reduced in another order or device."""
     if not isinstance(a, int | float):
@@ -110,12 +123,23 @@ class WeightUpdateExtension:
         weights = as_named_tensors(named_tensors)
         self.model_runner.model.load_weights(weights=weights)  # type: ignore[attr-defined]
         self.frlab_version = int(version)
-        return weight_ack(version, weights_fingerprint(weights))
+        self.frlab_ack = weight_ack(version, weights_fingerprint(weights))
+        return dict(self.frlab_ack)
 
-    def frlab_load_snapshot(self, path: str, version: int) -> dict[str, Any]:
+    def frlab_load_snapshot(
+        self, path: str, version: int, fingerprint: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
         """Load the safetensors snapshot at `path` (the remote backend's filesystem sync,
-        reached through vLLM's `/collective_rpc` dev endpoint) and acknowledge `version`."""
+        reached through vLLM's `/collective_rpc` dev endpoint) and acknowledge `version`; if
+        this worker already holds `version` with that `fingerprint` (another learner rank
+        pushed the same weights), answer the same acknowledgement without reloading."""
         from safetensors.torch import load_file
+
+        held = getattr(self, "frlab_ack", None)
+        if getattr(self, "frlab_version", None) == int(version) and same_weights(
+            held, version, fingerprint
+        ):
+            return dict(held)
 
         return self.frlab_load_weights(sorted(load_file(str(path)).items()), version)
 

@@ -64,9 +64,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     state = ServeState(engine, args.served_model_name or args.model, args.fault, args.test_faults)
 
     def stop(signum: int, _frame: object) -> None:
-        server = getattr(state, "server", None)
-        if server is not None:
-            threading.Thread(target=server.shutdown, daemon=True).start()
+        if state.server is not None:
+            threading.Thread(target=state.server.shutdown, daemon=True).start()
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)

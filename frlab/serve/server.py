@@ -6,7 +6,9 @@ requests are batched by the engine as in-process ones are. Endpoints (field name
 documents them, see `frlab.rollout.remote_protocol`): `GET /health`, `GET /v1/models`,
 `POST /v1/completions`, `POST /collective_rpc` (methods `frlab_load_snapshot`,
 `frlab_weight_version`), `POST /reset_prefix_cache` (no cache: a no-op). vLLM's NCCL
-weight-transfer endpoints answer 501: this is a CPU/test vehicle, not vLLM.
+weight-transfer endpoints answer 501: this is a CPU/test vehicle, not vLLM. A snapshot push
+of the version and fingerprint already loaded (several learner ranks push identical weights to
+one fleet) is answered with the same acknowledgement without reloading ("deduplicated").
 
 Test-only fault switch (`--fault`): `ignore-reload` acknowledges snapshot loads without
 loading (the weights and reported version stay old: a silently stale server), `garbage`
@@ -32,6 +34,7 @@ from frlab.rollout.torch_engine import TorchEngine
 from frlab.rollout.vllm_worker import (
     SNAPSHOT_METHOD,
     VERSION_METHOD,
+    same_weights,
     weight_ack,
     weights_fingerprint,
 )
@@ -55,7 +58,9 @@ class ServeState:
     loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.new_event_loop)
     stopping: threading.Event = field(default_factory=threading.Event)
     load_lock: threading.Lock = field(default_factory=threading.Lock)
+    last_load: dict[str, Any] | None = None  # the ack of the last snapshot actually loaded
     fault_changed: threading.Condition = field(default_factory=threading.Condition)
+    server: Any = None  # the running FrlabHTTPServer (set by `serve`)
 
     def __post_init__(self) -> None:
         self.set_fault(self.fault)
@@ -194,22 +199,35 @@ class Handler(BaseHTTPRequestHandler):
             log.info("rpc %s -> %d", VERSION_METHOD, version)
             return {"results": [version]}
         if method == SNAPSHOT_METHOD:
-            if len(args) != 2:
-                raise ApiError(400, f"{SNAPSHOT_METHOD} takes args [path, version], got {args!r}")
-            return {"results": [self._load_snapshot(str(args[0]), int(args[1]))]}
+            if len(args) not in (2, 3):
+                raise ApiError(
+                    400,
+                    f"{SNAPSHOT_METHOD} takes args [path, version(, fingerprint)], got {args!r}",
+                )
+            fingerprint = args[2] if len(args) == 3 else None
+            return {"results": [self._load_snapshot(str(args[0]), int(args[1]), fingerprint)]}
         raise ApiError(400, f"unknown collective_rpc method {method!r}")
 
-    def _load_snapshot(self, path: str, version: int) -> dict[str, Any]:
-        try:
-            tensors = read_snapshot(path)
-        except FileNotFoundError as exc:
-            raise ApiError(400, str(exc)) from exc
-        ack = weight_ack(version, weights_fingerprint(sorted(tensors.items())))
-        if self.state.fault == "ignore-reload":
-            log.info("rpc %s v%d IGNORED (fault switch)", SNAPSHOT_METHOD, version)
-            return ack
-        with self.state.load_lock:
-            self.state.engine.update_weights(tensors, version)
+    def _load_snapshot(self, path: str, version: int, fingerprint: Any = None) -> dict[str, Any]:
+        """Load and acknowledge; a push of the version and fingerprint already loaded (another
+        learner rank's identical push) is answered with the same ack, without reloading."""
+        state = self.state
+        with state.load_lock:  # concurrent pushes: the first loads, the others deduplicate
+            if state.engine.version == version and same_weights(
+                state.last_load, version, fingerprint
+            ):
+                log.info("rpc %s v%d deduplicated %s", SNAPSHOT_METHOD, version, path)
+                return dict(state.last_load)
+            try:
+                tensors = read_snapshot(path)
+            except FileNotFoundError as exc:
+                raise ApiError(400, str(exc)) from exc
+            ack = weight_ack(version, weights_fingerprint(sorted(tensors.items())))
+            if state.fault == "ignore-reload":
+                log.info("rpc %s v%d IGNORED (fault switch)", SNAPSHOT_METHOD, version)
+                return ack
+            state.engine.update_weights(tensors, version)
+            state.last_load = ack
         log.info("rpc %s v%d loaded %s", SNAPSHOT_METHOD, version, path)
         return ack
 
@@ -233,7 +251,7 @@ def serve(state: ServeState, host: str, port: int, ready: threading.Event | None
     loop_thread.start()
     state.engine.start()
     server = FrlabHTTPServer((host, port), state)
-    state.server = server  # type: ignore[attr-defined]
+    state.server = server
     bound = server.server_address
     log.info("frlab.serve listening on http://%s:%d (model %s, version %d)",
              bound[0], bound[1], state.model_name, state.engine.version)  # fmt: skip

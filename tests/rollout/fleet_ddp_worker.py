@@ -6,6 +6,11 @@ rank 1) and `rollout=remote` on the given `python -m frlab.serve` servers. A rec
 keeps, on every rank, each batch the learner trained on and the learner weights at every
 version; at the end each rank writes `OUT.rank{R}.pt` with its final parameters, step counts,
 those batches and weights, and its pool and engine counters.
+
+The parity reward is replaced (in this process only) by "the reply has an even number of
+characters": a random-init policy earns it about half the time, so every update has a
+non-zero gradient and successive weight versions really differ (parity itself is rarely
+earned in a few steps, which would leave the weights unchanged and every version identical).
 """
 
 from __future__ import annotations
@@ -59,6 +64,11 @@ class Recorder(L.Callback):
         torch.save(result, f"{self.out}.rank{trainer.global_rank}.pt")
 
 
+def even_length(action_text: str, digit: int) -> bool:
+    """The test reward (replaces envs.toy.single.same_parity): an even-length reply."""
+    return len(action_text) % 2 == 0
+
+
 def overrides(servers: list[str], steps: int, run_dir: str, snapshot_dir: str) -> list[str]:
     """The toy experiment on 2 CPU ranks and the remote fleet, small and quick."""
     return [
@@ -80,8 +90,11 @@ def main() -> None:
     parser.add_argument("--snapshot-dir", required=True, help="shared by the ranks")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    import envs.toy.single
     import frlab.train as train
     from frlab.config.compose import compose
+
+    envs.toy.single.same_parity = even_length
 
     servers = args.servers.split(",")
     cfg = compose(overrides(servers, args.steps, f"{args.out}-run", args.snapshot_dir))

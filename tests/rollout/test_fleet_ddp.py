@@ -104,6 +104,8 @@ def test_two_learner_ranks_share_a_two_server_fleet(tmp_path: Path) -> None:
         assert all(torch.equal(w0[version][k], w1[version][k]) for k in w0[version])
     seen = check_rows(ranks[0], w0) | check_rows(ranks[1], w1)
     assert 0 in seen and max(seen) >= STEPS - 1 - MAX_LAG  # the lag bound forces new versions
+    newest = w0[max(seen)]  # so the log-prob check above told versions apart
+    assert not all(torch.equal(newest[k], w0[0][k]) for k in newest)
     prompts = [set(torch.cat([b["prompt_ids"] for b in r["batches"]]).tolist()) for r in ranks]
     assert not prompts[0] & prompts[1]  # each rank its own prompt stream
     for port in ports:  # each version loaded once per server; the other pushes deduplicated

@@ -8,6 +8,7 @@ engine starts by loading the base weights as version 0 on both, and teardown cle
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +17,15 @@ from typing import Any
 import httpx
 import pytest
 import torch
-from serve_testlib import TINY_QWEN2, Fleet, free_port, save_tiny_model, set_fault, url
+from serve_testlib import (
+    TINY_QWEN2,
+    Fleet,
+    free_port,
+    healthy,
+    save_tiny_model,
+    set_fault,
+    url,
+)
 
 from frlab.rollout.engine import EngineError, GenerationResult, SamplingParams
 from frlab.rollout.remote_engine import RemoteEngine
@@ -81,6 +90,14 @@ def completions(servers: Fleet, port: int) -> int:
     return servers.log(port).count("completion:")
 
 
+def run_collecting(engine: RemoteEngine, n: int, errors: list[BaseException]) -> None:
+    """`generate(engine, n)` in a thread, recording the exception it ends with."""
+    try:
+        generate(engine, n)
+    except BaseException as exc:  # noqa: BLE001 (recorded for the assertion)
+        errors.append(exc)
+
+
 def other_model(seed: int) -> Any:
     from frlab.model import build_policy
 
@@ -106,12 +123,16 @@ def test_token_round_trip_log_probs_equal_the_torch_forward(
 
 def test_requests_are_spread_by_load(engine: RemoteEngine, fleet: tuple[Fleet, Any]) -> None:
     servers = fleet[0]
-    before = {p: completions(servers, p) for p in servers.procs}
-    generate(engine, 8)
-    time.sleep(0.2)  # the log line follows the answer
-    assert {p: completions(servers, p) - before[p] for p in servers.procs} == {
-        p: 4 for p in servers.procs
-    }
+    for port in servers.procs:
+        set_fault(port, "hang")  # hold every request where it was sent
+    errors: list[BaseException] = []
+    caller = threading.Thread(target=run_collecting, args=(engine, 8, errors))
+    caller.start()
+    wait_until(lambda: sum(s.in_flight for s in engine.servers) == 8)
+    assert [s.in_flight for s in engine.servers] == [4, 4]  # least in flight first
+    engine.shutdown()  # fails the held requests (the fixture clears the faults)
+    caller.join(timeout=10)
+    assert len(errors) == 1 and isinstance(errors[0], EngineError)
 
 
 def test_weight_sync_changes_outputs_and_versions(
@@ -213,3 +234,28 @@ def test_models_and_nccl_endpoints_of_frlab_serve(fleet: tuple[Fleet, Any]) -> N
         answer = client.post("/init_weight_transfer_engine", json={"init_info": {}})
         assert answer.status_code == 501 and "vLLM" in answer.json()["error"]["message"]
         assert client.post("/collective_rpc", json={"method": "nope"}).status_code == 400
+
+
+def test_shutdown_fails_pending_requests_with_engine_error(
+    engine: RemoteEngine, fleet: tuple[Fleet, Any]
+) -> None:
+    for port in fleet[0].procs:
+        set_fault(port, "hang")
+    errors: list[BaseException] = []
+    caller = threading.Thread(target=run_collecting, args=(engine, 2, errors))
+    caller.start()
+    wait_until(lambda: sum(s.in_flight for s in engine.servers) == 2)
+    engine.shutdown()
+    caller.join(timeout=10)
+    assert not caller.is_alive() and len(errors) == 1
+    assert isinstance(errors[0], EngineError) and "shut down" in str(errors[0])
+
+
+def test_sigterm_stops_a_server_cleanly(fleet: tuple[Fleet, Any]) -> None:
+    """Runs last in this module: it stops one of the shared servers."""
+    servers = fleet[0]
+    port = next(iter(servers.procs))
+    proc = servers.procs.pop(port)
+    proc.terminate()
+    assert proc.wait(timeout=30) == 0
+    assert not healthy(port)

@@ -1,0 +1,60 @@
+"""`rollout=remote`: preflight errors name the `rollout.remote` key; a valid config builds a
+RemoteEngine with exactly the configured settings (frlab.train.build_engine_for)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from frlab.config.compose import compose
+from frlab.config.errors import ConfigError
+from frlab.config.preflight import preflight
+
+REMOTE = ["rollout=remote", "rollout.engine=remote"]
+ONE = "rollout.remote.servers=[http://127.0.0.1:8100]"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key", "fragment"),
+    [
+        (["rollout=remote"], "rollout.remote.servers", "mandatory"),
+        (["rollout=remote", ONE], "rollout.engine", "rollout.engine=remote"),
+        (["rollout.engine=remote"], "rollout.remote", "rollout=remote"),
+        ([*REMOTE, "rollout.remote.servers=[]"], "rollout.remote.servers", "non-empty"),
+        ([*REMOTE, "rollout.remote.servers=[127.0.0.1:1]"], "rollout.remote.servers", "http"),
+        ([*REMOTE, "rollout.remote.servers=[http://a,http://a/]"], "rollout.remote.servers",
+         "twice"),
+        ([*REMOTE, ONE, "rollout.remote.weight_sync=nccl"], "rollout.remote.weight_sync",
+         "filesystem"),
+        ([*REMOTE, ONE, "rollout.remote.weight_sync=rsync"], "rollout.remote.weight_sync",
+         "rsync"),
+        ([*REMOTE, ONE, "rollout.remote.request_timeout_s=0"],
+         "rollout.remote.request_timeout_s", "(0"),
+        ([*REMOTE, ONE, "rollout.remote.max_retries=-1"], "rollout.remote.max_retries", "-1"),
+        ([*REMOTE, ONE, "+rollout.remote.retries=2"], "rollout.remote.retries", "max_retries"),
+        ([*REMOTE, ONE, "model.routing_replay=true"], "model.routing_replay", "torch"),
+    ],
+)  # fmt: skip
+def test_remote_config_errors_name_the_key(overrides: list[str], key: str, fragment: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        preflight(compose(overrides))
+    assert info.value.key == key, str(info.value)
+    assert fragment in str(info.value)
+
+
+def test_a_valid_remote_config_builds_the_configured_engine(tmp_path: Path) -> None:
+    from frlab.rollout.remote_engine import RemoteEngine
+    from frlab.train import build_engine_for, build_policy_from, plain
+
+    servers = "rollout.remote.servers=[http://127.0.0.1:8100,http://127.0.0.1:8101/]"
+    cfg = compose([*REMOTE, servers, "rollout.remote.max_retries=5",
+                   f"rollout.remote.snapshot_dir={tmp_path}"])  # fmt: skip
+    preflight(cfg)
+    model = plain(cfg.model)
+    engine = build_engine_for(plain(cfg.rollout), model, build_policy_from(model, 0), seed=3)
+    assert isinstance(engine, RemoteEngine)
+    assert [s.url for s in engine.servers] == ["http://127.0.0.1:8100", "http://127.0.0.1:8101"]
+    assert (engine.max_retries, engine.request_timeout_s, engine.seed) == (5, 120.0, 3)
+    assert engine.snapshot_dir == tmp_path and engine.weight_sync == "filesystem"
+    engine.shutdown()

@@ -1,0 +1,174 @@
+"""The collective weight sync of a fleet shared by learner ranks (frlab.rollout.fleet_sync).
+
+Two threads play two learner ranks through `WeightSyncCallback` (a thread-backed strategy
+provides `barrier` and `reduce_boolean_decision`). Rank 1 drains slowly: its `pause` returns
+only once rank 0 has started pushing, or after a short wait. A correct protocol never lets
+rank 0 push before rank 1 has drained (every `paused` comes before every `push`), so there
+rank 1 waits out; without the drain barrier rank 0 would push into rank 1's in-flight work
+and the order check fails.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from frlab.rollout.callbacks import WeightSyncCallback
+from frlab.rollout.fleet_sync import shares_fleet
+
+WORLD = 2
+
+
+class ThreadRanks:
+    """What the ranks share: a barrier, the votes of a boolean all-reduce and an event log."""
+
+    def __init__(self) -> None:
+        self.barrier = threading.Barrier(WORLD, timeout=30)
+        self.votes: dict[int, bool] = {}
+        self.events: list[tuple[str, int]] = []
+        self.lock = threading.Lock()
+        self.pushing = threading.Event()
+
+    def log(self, what: str, rank: int) -> None:
+        with self.lock:
+            self.events.append((what, rank))
+
+
+class ThreadStrategy:
+    """Lightning's strategy collectives, for ranks that are threads."""
+
+    def __init__(self, ranks: ThreadRanks, rank: int) -> None:
+        self.ranks, self.rank = ranks, rank
+
+    def barrier(self, name: str | None = None) -> None:
+        self.ranks.barrier.wait()
+
+    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:  # noqa: A002
+        self.ranks.votes[self.rank] = bool(decision)
+        self.ranks.barrier.wait()
+        result = sum(self.ranks.votes.values()) == WORLD if all else any(self.ranks.votes.values())
+        self.ranks.barrier.wait()  # everyone has read the votes before the next round
+        return result
+
+
+class FleetEngine:
+    """A rank's engine on the shared fleet: logs pause / resume; rank 1 drains slowly."""
+
+    shared_across_ranks = True
+
+    def __init__(self, ranks: ThreadRanks, rank: int) -> None:
+        self.ranks, self.rank, self.version = ranks, rank, 0
+
+    def pause(self) -> None:
+        if self.rank == 1:  # still draining: returns once rank 0 pushes (a broken protocol)
+            self.ranks.pushing.wait(timeout=0.5)
+        self.ranks.log("paused", self.rank)
+
+    def resume(self) -> None:
+        self.ranks.log("resumed", self.rank)
+
+
+class FleetPool:
+    def __init__(self, engine: FleetEngine, fail: bool = False) -> None:
+        self.engine, self.fail = engine, fail
+        self.pushed: list[tuple[int, float]] = []
+
+    def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        ranks, rank = self.engine.ranks, self.engine.rank
+        ranks.log("push", rank)
+        ranks.pushing.set()
+        if self.fail:
+            raise RuntimeError(f"rank {rank}: server refused the snapshot")
+        self.pushed.append((version, float(state_dict["weight"].sum())))
+        self.engine.version = version
+
+    def set_learner_version(self, version: int) -> None:
+        pass
+
+
+def run_ranks(fail_rank: int | None = None) -> tuple[ThreadRanks, list[Any], list[Any]]:
+    """Both ranks call the callback's train-start push; returns the log, pools, errors."""
+    ranks = ThreadRanks()
+    pools = [FleetPool(FleetEngine(ranks, r), fail=r == fail_rank) for r in range(WORLD)]
+    errors: list[Any] = [None] * WORLD
+
+    def rank_main(rank: int) -> None:
+        trainer = SimpleNamespace(
+            world_size=WORLD, strategy=ThreadStrategy(ranks, rank),
+            datamodule=SimpleNamespace(pool=pools[rank]),
+        )  # fmt: skip
+        module = SimpleNamespace(policy=torch.nn.Linear(2, 1, bias=False), policy_version=3)
+        torch.nn.init.constant_(module.policy.weight, 0.5)
+        try:
+            WeightSyncCallback(sync_every=1).on_train_start(trainer, module)
+        except Exception as exc:
+            errors[rank] = exc
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(WORLD)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    return ranks, pools, errors
+
+
+def first(events: list[tuple[str, int]], what: str) -> int:
+    return min(i for i, (name, _) in enumerate(events) if name == what)
+
+
+def last(events: list[tuple[str, int]], what: str) -> int:
+    return max(i for i, (name, _) in enumerate(events) if name == what)
+
+
+def test_every_rank_drains_before_any_push_and_pushes_before_any_resume() -> None:
+    ranks, pools, errors = run_ranks()
+    assert errors == [None, None]
+    events = ranks.events
+    assert sorted(events) == sorted((e, r) for e in ("paused", "push", "resumed") for r in (0, 1))
+    assert last(events, "paused") < first(events, "push")
+    assert last(events, "push") < first(events, "resumed")
+    assert [p.pushed for p in pools] == [[(3, 1.0)], [(3, 1.0)]]  # same weights, same version
+
+
+@pytest.mark.parametrize("fail_rank", [0, 1])
+def test_a_failed_push_on_one_rank_raises_on_every_rank(fail_rank: int) -> None:
+    ranks, pools, errors = run_ranks(fail_rank)
+    other = 1 - fail_rank
+    assert "server refused the snapshot" in str(errors[fail_rank])
+    assert isinstance(errors[other], RuntimeError)
+    assert "failed on another learner rank" in str(errors[other])
+    assert ranks.events.count(("resumed", fail_rank)) == 1  # never left paused
+    assert ("resumed", other) in ranks.events and pools[other].pushed == [(3, 1.0)]
+
+
+@pytest.mark.parametrize(
+    ("shared", "world", "expected"),
+    [(True, 2, True), (True, 1, False), (False, 2, False)],
+)
+def test_only_a_fleet_engine_with_several_ranks_syncs_collectively(
+    shared: bool, world: int, expected: bool
+) -> None:
+    engine = SimpleNamespace(shared_across_ranks=shared)
+    trainer = SimpleNamespace(world_size=world)
+    assert shares_fleet(trainer, SimpleNamespace(engine=engine)) is expected
+
+
+def test_a_private_engine_with_several_ranks_pushes_without_collectives() -> None:
+    calls: list[int] = []
+    pool = SimpleNamespace(
+        engine=SimpleNamespace(version=0),  # torch / in-process vLLM: one engine per rank
+        update_weights=lambda sd, version: calls.append(version),
+    )
+    never: Callable[..., Any] = lambda *a, **k: pytest.fail("collective on a private engine")  # noqa: E731
+    trainer = SimpleNamespace(
+        world_size=2, strategy=SimpleNamespace(barrier=never, reduce_boolean_decision=never),
+        datamodule=SimpleNamespace(pool=pool),
+    )  # fmt: skip
+    module = SimpleNamespace(policy=torch.nn.Linear(2, 1), policy_version=0)
+    WeightSyncCallback(sync_every=1).on_train_start(trainer, module)
+    assert calls == [0]
