@@ -1,8 +1,10 @@
 """`Plan`: the resolved facts of a run, printed by `dry_run=true` and recorded by the run.
 
-Model, devices, batch sizes (global B, per rank, micro-batches per step), the trust region with
-its own parameters (delta, cap, clip range, ratio bounds) and the entropy-filter q, the staleness (policy-lag) bound, the number of optimizer updates,
-the component names and the output folder, without loading anything.
+Model, devices, batch sizes (global B, per rank, micro-batches per step), the rollout engine
+(with the number of servers of a `remote` fleet), the trust region with its own parameters
+(delta, cap, clip range, ratio bounds) and the entropy-filter q, the staleness (policy-lag)
+bound, the number of optimizer updates, the evaluation during training (`eval` group), the
+component names and the output folder, without loading anything.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import inspect
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 NOT_RESOLVED = "(set by Hydra at run time)"
 
@@ -52,6 +54,8 @@ class Plan:
     delta: float | None = None
     trust: str = "-"
     q: float = 1.0
+    servers: int | None = None  # rollout.engine=remote: size of the server fleet
+    evaluation: str = "none"  # the `eval` node in words (describe_eval)
     logger: str | None = None
     output_dir: str = NOT_RESOLVED
     ckpt_path: str | None = None
@@ -73,7 +77,7 @@ class Plan:
             ("batch", f"B={self.batch_size} (global), {self.per_rank_batch_size}/rank, "
                       f"micro {self.micro_batch_size} x {self.micro_batches_per_step}/step, "
                       f"G={self.samples_per_prompt}"),
-            ("rollout", f"{self.mode} on {self.engine}, in flight {self.max_in_flight}, "
+            ("rollout", f"{self.mode} on {self._engine()}, in flight {self.max_in_flight}, "
                         f"sync every {self.sync_every}, turns {self.max_turns}, max_len "
                         f"{self.max_len}, new tokens {self.max_new_tokens}, T={self.temperature:g}"),
             ("lag bound", lag),
@@ -82,6 +86,7 @@ class Plan:
             ("trust", f"{self.trust}; token filter q={self.q:g}"),
             ("updates", f"{self.updates} optimizer steps ({self.rollouts} rollouts), lr "
                         f"{self.lr:g} {self.scheduler}"),
+            ("eval", self.evaluation),
             ("logger", self.logger or "none"),
             ("output dir", self.output_dir),
             ("resume", self.ckpt_path or "no"),
@@ -89,6 +94,11 @@ class Plan:
         ]  # fmt: skip
         width = max(len(k) for k, _ in rows)
         return "\n".join(["frlab plan"] + [f"  {k:<{width}} : {v}" for k, v in rows])
+
+    def _engine(self) -> str:
+        if self.servers is None:
+            return self.engine
+        return f"{self.engine} ({self.servers} server{'s' if self.servers != 1 else ''})"
 
 
 def build_plan(
@@ -138,6 +148,8 @@ def build_plan(
         delta=None if delta is None or not objective.uses_off_policy_correction else float(delta),
         trust=describe_trust_region(names["trust_region"], objective.trust_region),
         q=float(q),
+        servers=len(rollout["remote"]["servers"]) if rollout["engine"] == "remote" else None,
+        evaluation=describe_eval(cfg.get("eval")),
         logger=None if cfg.get("logger") is None else str(cfg.logger.get("_target_")),
         output_dir=output_dir(cfg),
         ckpt_path=cfg.get("ckpt_path"),
@@ -158,6 +170,23 @@ def describe_trust_region(name: str, trust_region: Any) -> str:
         f"{p}={_number(getattr(trust_region, p))}" for p in params if hasattr(trust_region, p)
     ]
     return " ".join([name, *values])
+
+
+def describe_eval(node: DictConfig | None) -> str:
+    """`KIND avg@K every N steps on A, B (T=t, top_p=p[, first L each])`, or `none` (eval=none).
+
+    Expects a node that passed `frlab.config.eval_check.check_eval` (it resolves cleanly)."""
+    if node is None:
+        return "none"
+    ev: dict[str, Any] = OmegaConf.to_container(node, resolve=True)  # type: ignore[assignment]
+    sampling = ev["sampling"]
+    details = [f"T={float(sampling['temperature']):g}", f"top_p={float(sampling['top_p']):g}"]
+    if ev.get("limit") is not None:
+        details.append(f"first {ev['limit']} each")
+    return (
+        f"{ev['kind']} avg@{ev['k']} every {ev['every_n_steps']} steps on "
+        f"{', '.join(str(name) for name in ev['benchmarks'])} ({', '.join(details)})"
+    )
 
 
 def _number(value: Any) -> str:

@@ -77,7 +77,8 @@ def overrides(servers: list[str], steps: int, run_dir: str, snapshot_dir: str) -
         f"rollout.remote.snapshot_dir={snapshot_dir}",
         "rollout.remote.request_timeout_s=60", "rollout.remote.probe_interval_s=0.2",
         "rollout.max_in_flight=8", "rollout.max_policy_lag=1", "rollout.max_len=64",
-        "rollout.sampling.max_new_tokens=24", f"data.batch_size={BATCH}", f"data.micro_batch_size={BATCH // 2}",
+        "rollout.sampling.max_new_tokens=24",
+        f"data.batch_size={BATCH}", f"data.micro_batch_size={BATCH // 2}",
         f"paths.output_dir={run_dir}", "plots=false", "~callbacks.model_checkpoint",
     ]  # fmt: skip
 

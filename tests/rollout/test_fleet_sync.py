@@ -1,4 +1,5 @@
-"""The collective weight sync of a fleet shared by learner ranks (frlab.rollout.fleet_sync).
+"""The collective weight sync of a fleet shared by learner ranks (frlab.rollout.fleet_sync),
+and the deduplication of identical pushes (frlab.rollout.vllm_worker.same_weights).
 
 Two threads play two learner ranks through `WeightSyncCallback` (a thread-backed strategy
 provides `barrier` and `reduce_boolean_decision`). Rank 1 drains slowly: its `pause` returns
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -20,6 +22,8 @@ import torch
 
 from frlab.rollout.callbacks import WeightSyncCallback
 from frlab.rollout.fleet_sync import shares_fleet
+from frlab.rollout.snapshot import write_snapshot
+from frlab.rollout.vllm_worker import WeightUpdateExtension, same_weights
 
 WORLD = 2
 
@@ -172,3 +176,30 @@ def test_a_private_engine_with_several_ranks_pushes_without_collectives() -> Non
     module = SimpleNamespace(policy=torch.nn.Linear(2, 1), policy_version=0)
     WeightSyncCallback(sync_every=1).on_train_start(trainer, module)
     assert calls == [0]
+
+
+def test_the_vllm_worker_deduplicates_a_push_of_the_weights_it_holds(tmp_path: Path) -> None:
+    loads: list[int] = []
+    worker = WeightUpdateExtension()
+    worker.model_runner = SimpleNamespace(
+        model=SimpleNamespace(load_weights=lambda weights: loads.append(len(weights)))
+    )
+    state = {"w": torch.full((3,), 2.0), "v": torch.ones(1)}
+    path0, fp = write_snapshot(state, tmp_path / "rank0", 5)
+    path1, same = write_snapshot(state, tmp_path / "rank1", 5)
+    first_ack = worker.frlab_load_snapshot(str(path0), 5, fp)
+    assert worker.frlab_load_snapshot(str(path1), 5, same) == first_ack and loads == [2]
+    worker.frlab_load_snapshot(str(path1), 5)  # no fingerprint sent: always loads
+    other, fp_other = write_snapshot({**state, "v": torch.zeros(1)}, tmp_path / "rank1", 6)
+    worker.frlab_load_snapshot(str(other), 6, fp_other)  # a new version: loads
+    worker.frlab_load_snapshot(str(path0), 5, fp)  # back to v5 (a resumed run): loads
+    assert loads == [2, 2, 2, 2] and worker.frlab_weight_version() == 5
+
+
+def test_same_weights_needs_the_version_and_the_fingerprint() -> None:
+    ack = {"version": 2, "tensors": 3, "numel": 10, "sum": 1.5}
+    assert same_weights(ack, 2, {"tensors": 3, "numel": 10, "sum": 1.5})
+    assert not same_weights(ack, 3, {"tensors": 3, "numel": 10, "sum": 1.5})
+    assert not same_weights(ack, 2, {"tensors": 3, "numel": 10, "sum": 1.6})
+    assert not same_weights(ack, 2, None) and not same_weights(None, 2, ack)
+    assert not same_weights(ack, 2, {"sum": 1.5})  # malformed: never a match
