@@ -79,23 +79,7 @@ def _learner_overrides(exp: str) -> list[str]:
     return _frlab_overrides(proc.stdout.splitlines()[-1])
 
 
-# h1's preflight refuses rollout=remote with more than one learner rank (every rank would
-# sync the same fleet) until multi-rank fleet sync lands: strict xfail, so the day it passes
-# this mark must go.
-MULTI_RANK_REMOTE = pytest.mark.xfail(
-    raises=ConfigError,
-    strict=True,
-    reason="preflight: 'remote' supports one learner rank (multi-rank sync pending)",
-)
-
-
-@pytest.mark.parametrize(
-    "exp",
-    [
-        pytest.param(e, marks=MULTI_RANK_REMOTE if lay[1] * lay[2] > 1 else ())
-        for e, lay in LAYOUTS.items()
-    ],
-)
+@pytest.mark.parametrize("exp", list(LAYOUTS))
 def test_recipe_learner_commands_pass_preflight(exp: str) -> None:
     _, gpus, nodes, _, _ = LAYOUTS[exp]
     plan = preflight(compose(_learner_overrides(exp)))

@@ -237,6 +237,9 @@ class FrlabHTTPServer(ThreadingHTTPServer):
 
     daemon_threads = True
     allow_reuse_address = True
+    # Listen backlog: a rollout pool opens up to max_in_flight connections at once; with the
+    # stdlib default (5) the kernel drops some and clients see ReadError (spurious failovers).
+    request_queue_size = 1024
 
     def __init__(self, address: tuple[str, int], state: ServeState) -> None:
         super().__init__(address, Handler)

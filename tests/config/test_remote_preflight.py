@@ -19,7 +19,9 @@ ONE = "rollout.remote.servers=[http://127.0.0.1:8100]"
     ("overrides", "key", "fragment"),
     [
         (["rollout=remote"], "rollout.remote.servers", "mandatory"),
-        (["rollout=remote", ONE], "rollout.engine", "rollout.engine=remote"),
+        # the paper presets pin rollout.engine=vllm: rollout=remote alone is not enough there
+        (["experiment=qwen_math_1p5b", "rollout=remote", ONE], "rollout.engine",
+         "rollout.engine=remote"),
         (["rollout.engine=remote"], "rollout.remote", "rollout=remote"),
         ([*REMOTE, "rollout.remote.servers=[]"], "rollout.remote.servers", "non-empty"),
         ([*REMOTE, "rollout.remote.servers=[127.0.0.1:1]"], "rollout.remote.servers", "http"),
@@ -41,6 +43,12 @@ def test_remote_config_errors_name_the_key(overrides: list[str], key: str, fragm
         preflight(compose(overrides))
     assert info.value.key == key, str(info.value)
     assert fragment in str(info.value)
+
+
+def test_rollout_remote_alone_selects_the_fleet_for_the_toy_presets() -> None:
+    for experiment in ("toy_cpu", "toy_multi_cpu"):
+        plan = preflight(compose([f"experiment={experiment}", "rollout=remote", ONE]))
+        assert plan.engine == "remote", experiment
 
 
 def test_a_valid_remote_config_builds_the_configured_engine(tmp_path: Path) -> None:

@@ -1,5 +1,7 @@
-"""The collective weight sync of a fleet shared by learner ranks (frlab.rollout.fleet_sync),
-and the deduplication of identical pushes (frlab.rollout.vllm_worker.same_weights).
+"""Sharing one server fleet between learner ranks: the collective weight sync
+(frlab.rollout.fleet_sync), the deduplication of identical pushes (vllm_worker.same_weights),
+a prober that admits nothing while its engine is paused, and a server that accepts a burst of
+new connections (listen backlog), the last two against an in-process `frlab.serve` server.
 
 Two threads play two learner ranks through `WeightSyncCallback` (a thread-backed strategy
 provides `barrier` and `reduce_boolean_decision`). Rank 1 drains slowly: its `pause` returns
@@ -12,6 +14,7 @@ and the order check fails.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -203,3 +206,75 @@ def test_same_weights_needs_the_version_and_the_fingerprint() -> None:
     assert not same_weights(ack, 2, {"tensors": 3, "numel": 10, "sum": 1.6})
     assert not same_weights(ack, 2, None) and not same_weights(None, 2, ack)
     assert not same_weights(ack, 2, {"sum": 1.5})  # malformed: never a match
+
+
+@pytest.fixture
+def in_process_server() -> Any:
+    """One frlab.serve HTTP server on a thread of this process (no subprocess start-up)."""
+    from serve_testlib import TINY_QWEN2, free_port, url
+
+    from frlab.model import build_policy
+    from frlab.rollout.torch_engine import TorchEngine
+    from frlab.serve.server import ServeState, serve
+
+    policy = build_policy(config=dict(TINY_QWEN2), seed=0)
+    state = ServeState(TorchEngine(policy, device="cpu", seed=0), "tiny")
+    port, ready = free_port(), threading.Event()
+    thread = threading.Thread(target=serve, args=(state, "127.0.0.1", port, ready), daemon=True)
+    thread.start()
+    assert ready.wait(timeout=30)
+    try:
+        yield url(port), policy
+    finally:
+        state.server.shutdown()
+        thread.join(timeout=30)
+
+
+def test_the_prober_admits_no_server_while_the_engine_is_paused(in_process_server: Any) -> None:
+    """During a collective sync a rank's prober must not load its older snapshot over the
+    version another rank has just pushed: while paused it re-admits nothing."""
+    from frlab.rollout.remote_engine import RemoteEngine
+
+    server_url, policy = in_process_server
+    engine = RemoteEngine([server_url], probe_interval_s=0.02, initial_weights=policy.state_dict())
+    engine.start()
+    try:
+        server = engine.servers[0]
+        engine.pause()
+        server.state = "stale"  # as if its last answer had been refused
+        time.sleep(0.3)  # ~15 probe intervals
+        assert server.state == "stale" and engine.stats()["readmissions"] == 0
+        engine.resume()
+        deadline = time.monotonic() + 30
+        while server.state != "ok" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert server.state == "ok" and engine.stats()["readmissions"] == 1
+    finally:
+        engine.shutdown()
+
+
+def test_the_server_accepts_a_burst_of_new_connections(in_process_server: Any) -> None:
+    """A pool opens max_in_flight connections at once: none may be dropped (listen backlog)."""
+    import asyncio
+
+    import httpx
+
+    server_url, _ = in_process_server
+    body = {"model": "tiny", "prompt": [1, 2, 3], "max_tokens": 2, "logprobs": 0}
+
+    async def burst() -> list[Any]:
+        limits = httpx.Limits(max_connections=None)
+        async with httpx.AsyncClient(timeout=60, limits=limits, trust_env=False) as client:
+
+            async def one() -> Any:
+                try:
+                    return (
+                        await client.post(f"{server_url}/v1/completions", json=body)
+                    ).status_code
+                except httpx.HTTPError as exc:
+                    return repr(exc)
+
+            return await asyncio.gather(*(one() for _ in range(64)))
+
+    answers = [code for _ in range(3) for code in asyncio.run(burst())]
+    assert answers == [200] * len(answers)
