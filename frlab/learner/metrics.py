@@ -23,6 +23,8 @@ LAG_MAX = "train/policy_lag_max"
 RESPONSE_TOKENS = "train/response_tokens_mean"
 ADVANTAGE_ABS = "train/advantage_abs_mean"
 RETAINED_FRAC = "train/retained_tokens_frac"
+TURNS = "train/turns_mean"
+TOOL_CALLS = "train/tool_calls_mean"
 LOSS = "train/loss"
 GRAD_NORM = "train/grad_norm"
 LR = "train/lr"
@@ -31,6 +33,7 @@ LOGPROB_S = "timing/logprob_s"
 BACKWARD_S = "timing/backward_s"
 
 PROGRESS_BAR = (REWARD, ACCEPTANCE, LAG_MEAN)
+EPISODE_KEYS = (TURNS, TOOL_CALLS)
 MEAN_KEYS = (
     REWARD,
     ACCEPTANCE,
@@ -59,6 +62,11 @@ class StepMetrics(nn.Module):
         # nan_strategy="error": a NaN statistic is a bug upstream, not something to hide.
         self.means = nn.ModuleDict({key: MeanMetric(nan_strategy="error") for key in MEAN_KEYS})
         self.lag_max = MaxMetric(nan_strategy="error")
+        # Episode shape (agent-loop info): only batches built by `collate` carry it.
+        self.episode = nn.ModuleDict(
+            {key: MeanMetric(nan_strategy="error") for key in EPISODE_KEYS}
+        )
+        self._has_episode_rows = False
 
     def _mean(self, key: str) -> MeanMetric:
         return self.means[key]
@@ -76,6 +84,16 @@ class StepMetrics(nn.Module):
         self.lag_max.update(lag.detach().float())
         self._mean(RESPONSE_TOKENS).update(response_tokens.detach().float())
 
+    def update_episodes(self, infos: list[dict]) -> None:
+        """Turns and tool calls per trajectory (the agent loop's `Trajectory.info`)."""
+        fields = ((TURNS, "turns"), (TOOL_CALLS, "tool_calls"))
+        if not infos or any(field not in info for info in infos for _, field in fields):
+            return  # hand-built batches carry no agent-loop info: log nothing rather than 0
+        for key, field in fields:
+            values = torch.tensor([float(info[field]) for info in infos])
+            self.episode[key].update(values.to(self.lag_max.device))
+        self._has_episode_rows = True
+
     def update_diagnostics(self, diagnostics: dict[str, torch.Tensor]) -> None:
         """Rows from the objective's diagnostics of one micro-batch."""
         admitted = diagnostics["admitted"].detach().float()
@@ -90,9 +108,14 @@ class StepMetrics(nn.Module):
     def compute(self) -> dict[str, float]:
         values = {key: float(metric.compute()) for key, metric in self.means.items()}
         values[LAG_MAX] = float(self.lag_max.compute())
+        if self._has_episode_rows:
+            values.update({key: float(m.compute()) for key, m in self.episode.items()})
         return values
 
     def reset(self) -> None:
         for metric in self.means.values():
             metric.reset()
         self.lag_max.reset()
+        for metric in self.episode.values():
+            metric.reset()
+        self._has_episode_rows = False

@@ -349,6 +349,7 @@ class FlashReinforceModule(L.LightningModule):
         self.step_metrics.update_rows(
             rewards=batch.rewards, lag=lag, response_tokens=batch.action_mask.sum(dim=1)
         )
+        self.step_metrics.update_episodes(batch.infos)
 
         optimizer, scheduler = self.optimizers(), self.lr_schedulers()
         lr = float(optimizer.optimizer.param_groups[0]["lr"])

@@ -167,6 +167,23 @@ def test_metric_names_and_values() -> None:
     assert module.policy_version == 8
 
 
+def test_turns_and_tool_calls_are_logged_from_trajectory_info() -> None:
+    """Multi-turn tool use: turns and tool calls per trajectory reach the logged row; a batch
+    without agent-loop info (hand-built) logs neither."""
+    import dataclasses
+
+    policy = tiny_policy(seed=6)
+    batch = make_batch(policy, rows=B, seed=11)
+    tool_calls = [k % 3 for k in range(B)]
+    infos = [{"turns": c + 1, "tool_calls": c} for c in tool_calls]
+    with_info = dataclasses.replace(batch, infos=infos)
+    logger = _fit(_module(policy, micro=4), [batch, with_info])
+    (_, first), (_, second) = logger.rows
+    assert M.TOOL_CALLS not in first and M.TURNS not in first
+    assert second[M.TOOL_CALLS] == pytest.approx(sum(tool_calls) / B)
+    assert second[M.TURNS] == pytest.approx(sum(tool_calls) / B + 1)
+
+
 def test_progress_bar_shows_reward_acceptance_and_lag() -> None:
     policy = tiny_policy(seed=5)
     module = _module(policy)
