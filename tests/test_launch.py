@@ -105,7 +105,11 @@ def test_single_node_recipe_composes_for_each_one_node_setting(exp: str) -> None
     devices = [s[1] for s in served]  # CUDA_VISIBLE_DEVICES=...: the GPUs after the learner's
     assert devices == [f"CUDA_VISIBLE_DEVICES={gpus + i}" for i in range(servers)]
     assert all(s[s.index("--tensor-parallel-size") + 1] == str(tp) for s in served)
-    assert all(s[-1] == "frlab.rollout.vllm_worker.WeightUpdateExtension" for s in served)
+    for s in served:
+        ext = s[s.index("--worker-extension-cls") + 1]
+        assert ext == "frlab.rollout.vllm_worker.WeightUpdateExtension"
+        # the importance ratios need the log-probs of the distribution actually sampled from
+        assert s[s.index("--logprobs-mode") + 1] == "processed_logprobs"
     learner = shlex.split(lines[-1])
     assert learner[learner.index("--nproc-per-node") + 1] == str(gpus)
     urls = [f"http://127.0.0.1:{p}" for p in ports]

@@ -16,6 +16,15 @@ worker received these tensors and that the model's `load_weights` returned witho
 it cannot compare against the served parameters, whose names differ (vLLM fuses q/k/v and
 gate/up projections).
 
+NCCL sync (remote backend, `rollout.remote.weight_sync=nccl`): vLLM's own weight-transfer
+engine receives the broadcast and calls the served model's `load_weights`, so frlab never sees
+the tensors. Three rpcs make that verifiable: `frlab_nccl_join(token)` marks the workers of one
+NCCL group (a restarted server does not know the token and answers False to the next
+`frlab_nccl_begin(token)`), `frlab_nccl_begin` forgets the held version (the weights are about
+to change) and taps `load_weights` to fingerprint every tensor vLLM loads, and
+`frlab_commit_version(version, fingerprint)` commits the version only if what was loaded
+matches the fingerprint the learner sent (else the worker keeps no version: stale).
+
 This module never imports vllm (only torch): frlab imports it to share the fingerprint,
 vLLM workers import it by its qualified name. Nothing here has run inside a real vLLM
 worker (no GPU with vllm was available); the CPU tests drive it with a fake worker.
@@ -33,6 +42,9 @@ WORKER_EXTENSION_CLS = "frlab.rollout.vllm_worker.WeightUpdateExtension"
 LOAD_WEIGHTS_METHOD = "frlab_load_weights"
 VERSION_METHOD = "frlab_weight_version"
 SNAPSHOT_METHOD = "frlab_load_snapshot"  # remote backend: load a safetensors snapshot file
+NCCL_JOIN_METHOD = "frlab_nccl_join"  # remote backend, nccl: remember the group token
+NCCL_BEGIN_METHOD = "frlab_nccl_begin"  # ... before a broadcast: tap load_weights
+COMMIT_METHOD = "frlab_commit_version"  # ... after it: verify what was loaded, commit
 
 
 def as_named_tensors(named_tensors: Any) -> list[tuple[str, torch.Tensor]]:
@@ -113,6 +125,30 @@ def _close(a: Any, b: float) -> bool:
     return math.isclose(float(a), b, rel_tol=1e-6, abs_tol=1e-6)
 
 
+class ReceiveTap:
+    """Shadows `model.load_weights` (an instance attribute) to fingerprint every tensor that
+    vLLM's weight-transfer engine loads, then forwards the call unchanged."""
+
+    def __init__(self, model: Any) -> None:
+        self.model, self.tensors, self.numel, self.sum = model, 0, 0, 0.0
+        self.original = model.load_weights
+        model.load_weights = self._load
+
+    def _load(self, weights: Any, *args: Any, **kwargs: Any) -> Any:
+        batch = as_named_tensors(list(weights))
+        seen = weights_fingerprint(batch)
+        self.tensors += seen["tensors"]
+        self.numel += seen["numel"]
+        self.sum += seen["sum"]
+        return self.original(batch, *args, **kwargs)
+
+    def close(self) -> dict[str, Any]:
+        """Restore `load_weights`; the fingerprint of everything loaded through the tap."""
+        if self.model.__dict__.get("load_weights") == self._load:
+            del self.model.__dict__["load_weights"]
+        return {"tensors": self.tensors, "numel": self.numel, "sum": self.sum}
+
+
 class WeightUpdateExtension:
     """Mixed into vLLM's worker class by `worker_extension_cls`; `self` is the vLLM worker,
     so `self.model_runner.model` is the served model (HF parameter names accepted by its
@@ -142,6 +178,40 @@ class WeightUpdateExtension:
             return dict(held)
 
         return self.frlab_load_weights(sorted(load_file(str(path)).items()), version)
+
+    def frlab_nccl_join(self, token: str) -> str:
+        """Remember the token of the NCCL group this worker has just joined."""
+        self.frlab_group = str(token)
+        return self.frlab_group
+
+    def frlab_nccl_begin(self, token: str) -> bool:
+        """Before a broadcast: False (and no change) unless this worker joined group `token`;
+        else forget the held version and fingerprint what vLLM loads from now on."""
+        if getattr(self, "frlab_group", None) != str(token):
+            return False
+        self._frlab_close_tap()
+        engine = getattr(self, "weight_transfer_engine", None)
+        model = getattr(engine, "model", None) or self.model_runner.model  # type: ignore[attr-defined]
+        self.frlab_tap = ReceiveTap(model)
+        self.frlab_version, self.frlab_ack = None, None
+        return True
+
+    def frlab_commit_version(self, version: int, fingerprint: Mapping[str, Any]) -> dict[str, Any]:
+        """After a broadcast: commit `version` only if the tensors loaded since
+        `frlab_nccl_begin` match `fingerprint`; answer the ack of what was loaded either way
+        (the sender's `check_acks` names a mismatch)."""
+        received = self._frlab_close_tap()
+        if received is None:
+            raise RuntimeError("frlab_commit_version without frlab_nccl_begin: nothing received")
+        ack = weight_ack(version, received)
+        if same_weights(ack, version, fingerprint):
+            self.frlab_version, self.frlab_ack = int(version), ack
+        return dict(ack)
+
+    def _frlab_close_tap(self) -> dict[str, Any] | None:
+        tap = getattr(self, "frlab_tap", None)
+        self.frlab_tap = None
+        return None if tap is None else tap.close()
 
     def frlab_weight_version(self) -> int | None:
         """The last version loaded through `frlab_load_weights` (None before the first)."""
