@@ -18,9 +18,12 @@ and the client then uses the version the server itself reported after the last s
 
 vLLM's NCCL weight-transfer endpoints (`--weight-transfer-config '{"backend": "nccl"}'`):
 `POST /init_weight_transfer_engine {"init_info": {master_address, master_port, rank_offset,
-world_size}}`, `POST /start_weight_update {"is_checkpoint_format"}`, `POST /update_weights
-{"update_info": {names, dtype_names, shapes, packed}}`, `POST /finish_weight_update`. Only the
-request shaping lives here (unit-tested on CPU); none of it has run against a real vLLM.
+world_size, packed, ...}}`, `POST /start_weight_update`, `POST /update_weights {"update_info":
+{names, dtype_names, shapes}}`, `POST /finish_weight_update {"weight_version"}`, and `GET
+/get_world_size -> {"world_size"}` (a server's worker count, TP x PP x DP). vLLM's trainer
+engine (frlab.rollout.nccl_sync) builds those bodies itself; frlab adds each server's
+`rank_offset` (`nccl_rank_offsets`). The body helpers below are unit-tested on CPU against
+fakes; none of this has run against a real vLLM.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ INIT_WEIGHT_TRANSFER = "/init_weight_transfer_engine"
 START_WEIGHT_UPDATE = "/start_weight_update"
 UPDATE_WEIGHTS = "/update_weights"
 FINISH_WEIGHT_UPDATE = "/finish_weight_update"
+WORLD_SIZE = "/get_world_size"
 VERSIONS_FIELD = "frlab_versions"
 TOKEN_ID_PREFIX = "token_id:"
 
@@ -251,3 +255,23 @@ def nccl_update_request(
     shapes = [list(t.shape) for _, t in named_tensors]
     return {"update_info": {"names": names, "dtype_names": dtypes, "shapes": shapes,
                             "packed": bool(packed)}}  # fmt: skip
+
+
+def world_size_of(body: Any) -> int:
+    """The worker count in a `/get_world_size` answer (MalformedResponse unless an int >= 1)."""
+    size = body.get("world_size") if isinstance(body, Mapping) else None
+    if not _is_int(size) or size < 1:
+        raise MalformedResponse(f"/get_world_size answer has no worker count: {body!r:.200}")
+    return int(size)
+
+
+def nccl_rank_offsets(worker_counts: Sequence[int]) -> tuple[list[int], int]:
+    """Each server's first NCCL rank and the group size: the trainer is rank 0, then each
+    server's workers in the order listed (server i starts after the workers of 0..i-1)."""
+    if not worker_counts or any(int(n) < 1 for n in worker_counts):
+        raise ValueError(f"every server needs >= 1 worker, got {list(worker_counts)}")
+    offsets, next_rank = [], 1
+    for n in worker_counts:
+        offsets.append(next_rank)
+        next_rank += int(n)
+    return offsets, next_rank
