@@ -20,8 +20,8 @@ rules of the method (FlashREINFORCE paper; SPEC §2-3):
 - MoE routing replay (`model.routing_replay`) needs `rollout.engine=torch`, the engine that
   records the experts it used.
 - `rollout.engine=remote` needs the `rollout.remote` block (`rollout=remote`) with a list of
-  distinct http(s) server URLs and filesystem weight sync (any number of learner ranks: they
-  share the fleet); a `remote` block under another engine is refused (an experiment preset may
+  distinct http(s) server URLs; filesystem weight sync serves any number of learner ranks
+  (they share the fleet), nccl exactly one (the single NCCL sender); a `remote` block under another engine is refused (an experiment preset may
   have pinned the engine).
 - the optional `eval` node (avg@k during training) is checked by
   `frlab.config.eval_check` (interval within `trainer.max_steps`, generation budget).
@@ -66,7 +66,7 @@ def preflight(cfg: DictConfig) -> Plan:
     _check_groups(objective, sec["rollout"], sec["data"])
     _check_sync(sec["rollout"])
     _check_engine(sec["rollout"], trainer)
-    _check_remote(sec["rollout"])
+    _check_remote(sec["rollout"], world)
     check_eval(cfg, sec["rollout"], trainer)
     return build_plan(cfg, sec, trainer, objective, world)
 
@@ -261,7 +261,7 @@ def _check_engine(rollout: Mapping[str, Any], trainer: Mapping[str, Any]) -> Non
         )
 
 
-def _check_remote(rollout: Mapping[str, Any]) -> None:
+def _check_remote(rollout: Mapping[str, Any], world: int) -> None:
     """The `rollout.remote` block: present exactly with engine=remote, servers well formed."""
     remote = rollout.get("remote")
     if rollout["engine"] != "remote":
@@ -285,11 +285,11 @@ def _check_remote(rollout: Mapping[str, Any]) -> None:
             raise ConfigError("rollout.remote.servers", f"{url!r} is not an http(s):// base URL")
     if len({u.rstrip("/") for u in servers}) != len(servers):
         raise ConfigError("rollout.remote.servers", f"lists a server twice: {servers}")
-    if remote["weight_sync"] == "nccl":
+    if remote["weight_sync"] == "nccl" and world > 1:
         raise ConfigError(
             "rollout.remote.weight_sync",
-            "nccl is request shaping only (untested on hardware, not wired end to end); use "
-            "filesystem",
+            f"nccl supports one learner rank (the single NCCL sender), this run has {world}; "
+            "use filesystem with several ranks",
         )
     # W > 1 learner ranks share the fleet: weight syncs are collective (frlab.rollout.fleet_sync)
     # and each rank writes its snapshots under `<snapshot_dir>/rank<R>`.

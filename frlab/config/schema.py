@@ -102,6 +102,11 @@ REMOTE = {
     "startup_timeout_s": _f("float", low=0.0, low_open=True),
     "keep_snapshots": _f("int", low=1),
     "model": _f("str", optional=True),
+    # weight_sync=nccl only (frlab.rollout.nccl_sync): the learner's NCCL rendezvous address
+    # (null: this host's), port (0: a free port per group), vLLM's packed broadcast
+    "nccl_master_address": _f("str", optional=True),
+    "nccl_master_port": _f("int", low=0, high=65535),
+    "nccl_packed": _f("bool"),
 }
 SAMPLING = {
     "temperature": _f("float", low=0.0, low_open=True),
@@ -133,6 +138,7 @@ TRAINER = {
 OPTIONAL_KEYS = {
     "model": ("trust_remote_code", "attn_implementation"),
     "rollout": ("remote",),
+    "rollout.remote": ("nccl_master_address", "nccl_master_port", "nccl_packed"),
 }
 
 

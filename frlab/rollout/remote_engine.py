@@ -35,13 +35,17 @@ version another rank has just pushed.
 
 Server states, admission and probing live in `frlab.rollout.remote_fleet` (mixed in).
 
-`weight_sync="nccl"` (vLLM's weight-transfer endpoints) is request shaping only
-(remote_protocol.nccl_*), UNTESTED ON HARDWARE: `update_weights` refuses it with EngineError.
+Weight sync (`weight_sync="nccl"`, one learner rank only): frlab.rollout.nccl_sync broadcasts
+through vLLM's own trainer engine, each server's workers commit the version only if what
+they loaded matches the learner's fingerprint, then every server is asked its version as
+above. Snapshots are written only if `snapshot_dir` is set; they are the fallback for servers
+outside the NCCL group (restarted, refused). Tested with fakes on CPU; never run on GPUs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import shutil
 import tempfile
@@ -56,10 +60,13 @@ import torch
 
 from frlab.rollout import remote_protocol as proto
 from frlab.rollout.engine import Engine, EngineError, GenerationResult, SamplingParams
+from frlab.rollout.nccl_sync import NcclSync
 from frlab.rollout.remote_fleet import FleetMixin, Server, ServerFault, Snapshot
 from frlab.rollout.snapshot import prune_snapshots, write_snapshot
 
 log = logging.getLogger(__name__)
+# httpx logs every request at INFO: thousands of lines per run. Failures are logged here instead.
+logging.getLogger("httpx").setLevel(logging.WARNING)
 
 WEIGHT_SYNCS = ("filesystem", "nccl")
 
@@ -120,18 +127,25 @@ class RemoteEngine(FleetMixin, Engine):
         seed: int = 0,
         initial_version: int = 0,
         initial_weights: Mapping[str, torch.Tensor] | None = None,
+        nccl_master_address: str | None = None,
+        nccl_master_port: int = 0,
+        nccl_packed: bool = True,
     ) -> None:
         urls = _check_urls(servers)
         _check_settings(
             weight_sync, request_timeout_s, probe_interval_s, max_retries, keep_snapshots
         )
         self.servers = [Server(u) for u in urls]
-        self._own_dir = snapshot_dir is None  # a private temp folder: servers on this host only
-        self.snapshot_dir = (
-            Path(tempfile.mkdtemp(prefix="frlab-snapshots-"))
-            if snapshot_dir is None
-            else rank_folder(snapshot_dir)
-        )
+        self._nccl = (
+            NcclSync(nccl_master_address, nccl_master_port, nccl_packed, request_timeout_s)
+            if weight_sync == "nccl" else None
+        )  # fmt: skip
+        # a private temp folder for servers on this host only; nccl: snapshots only if asked
+        self._own_dir = snapshot_dir is None and self._nccl is None
+        self.snapshot_dir: Path | None = (
+            Path(tempfile.mkdtemp(prefix="frlab-snapshots-")) if self._own_dir
+            else None if snapshot_dir is None else rank_folder(snapshot_dir)
+        )  # fmt: skip
         self.weight_sync = weight_sync
         self.request_timeout_s, self.max_retries = float(request_timeout_s), int(max_retries)
         self.probe_interval_s = float(probe_interval_s)
@@ -163,6 +177,8 @@ class RemoteEngine(FleetMixin, Engine):
         version within `startup_timeout_s`, else EngineError) and start the prober."""
         if self._thread is not None:
             return
+        if self._nccl is not None:
+            self._nccl.load()  # one learner rank, vLLM's trainer API installed (else EngineError)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="frlab-remote-engine", daemon=True
@@ -175,11 +191,11 @@ class RemoteEngine(FleetMixin, Engine):
             raise
 
     async def _start(self) -> None:
-        if self._initial_weights is not None:  # servers must hold the learner's weights
-            path, fingerprint = write_snapshot(
-                self._initial_weights, self.snapshot_dir, self._version
-            )
-            self._snapshot, self._initial_weights = Snapshot(path, self._version, fingerprint), None
+        initial, self._initial_weights = self._initial_weights, None
+        snap = None if initial is None else self._write(initial, self._version)
+        push = None if initial is None else self._push(initial, self._version)
+        if push is None:  # filesystem: servers must load the learner's weights to be admitted
+            self._snapshot = snap
         timeout = httpx.Timeout(self.request_timeout_s, connect=min(5.0, self.request_timeout_s))
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
         self._client = httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False)
@@ -188,8 +204,11 @@ class RemoteEngine(FleetMixin, Engine):
         self._idle.set()
         deadline = asyncio.get_running_loop().time() + self.startup_timeout_s
         while True:
-            async with self._sync_lock:
-                await asyncio.gather(*(self._admit(s) for s in self.servers if s.state != "ok"))
+            if push is not None:  # nccl: broadcast to the servers that answer by now
+                await self._sync(self._version, snap, push)
+            else:
+                async with self._sync_lock:
+                    await asyncio.gather(*(self._admit(s) for s in self.servers if s.state != "ok"))
             if any(s.state == "ok" for s in self.servers):
                 break
             if asyncio.get_running_loop().time() > deadline:
@@ -201,6 +220,8 @@ class RemoteEngine(FleetMixin, Engine):
         self._prober = asyncio.get_running_loop().create_task(self._probe_forever())
 
     def shutdown(self) -> None:
+        if self._nccl is not None:
+            self._nccl.shutdown()
         if self._own_dir:
             shutil.rmtree(self.snapshot_dir, ignore_errors=True)
         if self._thread is None or self._loop is None:
@@ -348,22 +369,33 @@ class RemoteEngine(FleetMixin, Engine):
         """Write the snapshot, drain, load it on every live server and verify their versions."""
         if int(version) < 0:
             raise ValueError(f"update_weights version must be >= 0, got {version}")
-        if self.weight_sync == "nccl":
-            raise EngineError(
-                "rollout.remote.weight_sync=nccl is not implemented end to end (request shaping "
-                "only, untested on hardware); use weight_sync=filesystem"
-            )
-        path, fingerprint = write_snapshot(state_dict, self.snapshot_dir, int(version))
-        self._call(self._sync(Snapshot(path, int(version), fingerprint)))
-        prune_snapshots(self.snapshot_dir, self.keep_snapshots)
+        snap = self._write(state_dict, int(version))
+        self._call(self._sync(int(version), snap, self._push(state_dict, int(version))))
+        if self.snapshot_dir is not None:
+            prune_snapshots(self.snapshot_dir, self.keep_snapshots)
 
-    async def _sync(self, snap: Snapshot) -> None:
+    def _write(self, state_dict: Mapping[str, torch.Tensor], version: int) -> Snapshot | None:
+        """The snapshot of `version` (None under nccl without a snapshot_dir)."""
+        if self.snapshot_dir is None:
+            return None
+        path, fingerprint = write_snapshot(state_dict, self.snapshot_dir, version)
+        return Snapshot(path, version, fingerprint)
+
+    def _push(self, state_dict: Mapping[str, torch.Tensor], version: int) -> Any:
+        """The NCCL broadcast to run once drained (None for filesystem sync)."""
+        if self._nccl is None:
+            return None
+        return functools.partial(self._nccl.push, self, list(state_dict.items()), version)
+
+    async def _sync(self, version: int, snap: Snapshot | None, push: Any = None) -> None:
         async with self._sync_lock:
             self._syncing = True
             self._refresh_gate()
             try:
                 await self._drain()
-                self._snapshot, self._version = snap, snap.version
+                if push is not None:
+                    await push()
+                self._snapshot, self._version = snap, version
                 live = [s for s in self.servers if s.state != "dead"]
                 for s in self.servers:
                     s.state = "unverified" if s.state == "ok" else s.state
@@ -371,7 +403,7 @@ class RemoteEngine(FleetMixin, Engine):
             finally:
                 self._syncing = False
                 self._refresh_gate()
-        log.info("remote engine: weights v%d on %s", snap.version, self._describe())
+        log.info("remote engine: weights v%d on %s", version, self._describe())
 
     async def _drain(self) -> None:
         """Wait for in-flight requests (each ends within request_timeout_s: done or failed)."""

@@ -1,12 +1,16 @@
 """CLI of `python -m frlab.serve` (a test and CPU vehicle, not a replacement for vLLM).
 
 `--model` is a local model folder (e.g. written by `frlab.model.policy.save_policy`, or any
-Hugging Face causal-LM folder); it is loaded with `frlab.model.build_policy`. The server starts
+Hugging Face causal-LM folder); it is loaded with `frlab.model.build_policy`. `--model-config`
+instead random-inits the architecture of a model config file (`configs/model/toy_qwen2.yaml`:
+its `config` mapping): the learner loads its own weights onto every server before the first
+rollout, so only the architecture has to match. The server starts
 at weight version `--initial-version` (0) and serves until SIGTERM / SIGINT. `--fault` is a
 test-only switch (ignore-reload | garbage | hang; see `frlab.serve.server`); with
 `--test-faults` it can be flipped at run time (`POST /frlab_test_fault {"fault": NAME}`).
 
     python -m frlab.serve --host 127.0.0.1 --port 8100 --model /tmp/policy --device cpu
+    python -m frlab.serve --port 8100 --model-config configs/model/toy_qwen2.yaml
 """
 
 from __future__ import annotations
@@ -26,7 +30,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m frlab.serve", description=__doc__.split("\n")[0])
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8100)
-    p.add_argument("--model", required=True, help="local model folder (save_policy output)")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model", help="local model folder (save_policy output)")
+    source.add_argument(
+        "--model-config", help="model config file (YAML/JSON); random-init its `config` mapping"
+    )
     p.add_argument("--served-model-name", default=None, help="id in /v1/models (default: --model)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--seed", type=int, default=0)
@@ -43,6 +51,24 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def build_server_policy(args: argparse.Namespace) -> object:
+    """The served model: a folder (`--model`) or a random-init architecture (`--model-config`)."""
+    from frlab.model import build_policy
+
+    if args.model is not None:
+        return build_policy(args.model, dtype=args.dtype, seed=args.seed)
+    from omegaconf import OmegaConf
+
+    spec = OmegaConf.to_container(OmegaConf.load(args.model_config), resolve=True)
+    config = spec.get("config") if isinstance(spec, dict) else None
+    if not isinstance(config, dict) or "model_type" not in config:
+        raise SystemExit(
+            f"--model-config {args.model_config}: needs a `config` mapping with a model_type "
+            "(like configs/model/toy_qwen2.yaml)"
+        )
+    return build_policy(None, config=config, dtype=args.dtype, seed=args.seed)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(
@@ -50,18 +76,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     import torch
 
-    from frlab.model import build_policy
     from frlab.rollout.torch_engine import TorchEngine
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    policy = build_policy(args.model, dtype=args.dtype, seed=args.seed)
+    policy = build_server_policy(args)
     engine = TorchEngine(
         policy, device=args.device, max_batch_size=args.max_batch_size, seed=args.seed,
         initial_version=args.initial_version,
     )  # fmt: skip
     del policy
-    state = ServeState(engine, args.served_model_name or args.model, args.fault, args.test_faults)
+    name = args.served_model_name or args.model or args.model_config
+    state = ServeState(engine, name, args.fault, args.test_faults)
 
     def stop(signum: int, _frame: object) -> None:
         if state.server is not None:

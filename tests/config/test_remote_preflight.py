@@ -27,8 +27,13 @@ ONE = "rollout.remote.servers=[http://127.0.0.1:8100]"
         ([*REMOTE, "rollout.remote.servers=[127.0.0.1:1]"], "rollout.remote.servers", "http"),
         ([*REMOTE, "rollout.remote.servers=[http://a,http://a/]"], "rollout.remote.servers",
          "twice"),
-        ([*REMOTE, ONE, "rollout.remote.weight_sync=nccl"], "rollout.remote.weight_sync",
-         "filesystem"),
+        ([*REMOTE, ONE, "rollout.remote.weight_sync=nccl", "trainer.devices=2",
+          "data.micro_batch_size=32"],
+         "rollout.remote.weight_sync", "one learner rank"),
+        ([*REMOTE, ONE, "rollout.remote.nccl_master_port=70000"],
+         "rollout.remote.nccl_master_port", "70000"),
+        ([*REMOTE, ONE, "rollout.remote.nccl_packed=maybe"], "rollout.remote.nccl_packed",
+         "maybe"),
         ([*REMOTE, ONE, "rollout.remote.weight_sync=rsync"], "rollout.remote.weight_sync",
          "rsync"),
         ([*REMOTE, ONE, "rollout.remote.request_timeout_s=0"],
@@ -65,4 +70,19 @@ def test_a_valid_remote_config_builds_the_configured_engine(tmp_path: Path) -> N
     assert [s.url for s in engine.servers] == ["http://127.0.0.1:8100", "http://127.0.0.1:8101"]
     assert (engine.max_retries, engine.request_timeout_s, engine.seed) == (5, 120.0, 3)
     assert engine.snapshot_dir == tmp_path and engine.weight_sync == "filesystem"
+    engine.shutdown()
+
+
+def test_a_one_rank_nccl_config_passes_and_builds_the_nccl_engine() -> None:
+    from frlab.train import build_engine_for, build_policy_from, plain
+
+    cfg = compose([*REMOTE, ONE, "rollout.remote.weight_sync=nccl",
+                   "rollout.remote.nccl_master_address=10.0.0.7",
+                   "rollout.remote.nccl_master_port=29500"])  # fmt: skip
+    assert preflight(cfg).engine == "remote"
+    model = plain(cfg.model)
+    engine = build_engine_for(plain(cfg.rollout), model, build_policy_from(model, 0), seed=0)
+    nccl = engine._nccl
+    assert (nccl.master_address, nccl.master_port, nccl.packed) == ("10.0.0.7", 29500, True)
+    assert engine.snapshot_dir is None  # nccl writes snapshots only into a given snapshot_dir
     engine.shutdown()

@@ -182,3 +182,22 @@ def test_requests_go_to_the_healthy_server_with_fewest_in_flight(tmp_path: Path)
     c.state = "dead"
     assert engine._pick() is a
     assert isinstance(engine._pick(), Server)
+
+
+def test_serve_model_config_random_inits_the_architecture(tmp_path) -> None:
+    """`python -m frlab.serve --model-config FILE` builds the architecture of a model config
+    (the learner pushes its own weights before the first rollout); a file without a `config`
+    mapping is refused naming the flag; --model and --model-config exclude each other."""
+    from frlab.serve.__main__ import build_server_policy, parse_args
+
+    root = Path(__file__).resolve().parents[2]
+    args = parse_args(["--model-config", str(root / "configs/model/toy_qwen2.yaml")])
+    policy = build_server_policy(args)
+    assert (policy.config.vocab_size, policy.config.hidden_size) == (64, 64)
+    assert policy.config.num_hidden_layers == 2
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name_or_path: null\n")
+    with pytest.raises(SystemExit, match="--model-config"):
+        build_server_policy(parse_args(["--model-config", str(bad)]))
+    with pytest.raises(SystemExit):
+        parse_args(["--model", "x", "--model-config", str(bad)])

@@ -1,0 +1,326 @@
+"""NCCL weight sync of the `remote` engine (`rollout.remote.weight_sync=nccl`) via vLLM's own
+trainer-side weight-transfer engine.
+
+The learner process (one rank only) is NCCL rank 0; each server's workers follow, server i at
+`rank_offset` 1 + the worker counts of servers 0..i-1 (`GET /get_world_size`). vLLM's
+`WeightTransferTrainerFactory.trainer_init(NCCLTrainerInitInfo(...), client=..., source=...)`
+opens the group and `send_weights()` runs one round (start, update concurrent with the
+broadcast, finish); `FleetClient` is the `VLLMWeightSyncClient` it drives, fanning each call
+out to every member at once. vllm is imported here lazily, only when nccl is chosen.
+
+Verification (frlab.rollout.vllm_worker): after forming a group every member joins it by
+token; before each broadcast `frlab_nccl_begin(token)` must answer True on every member (a
+restarted server does not know the token) and taps the workers' `load_weights`; after it
+`frlab_commit_version(version, fingerprint)` commits only what matches the learner's
+fingerprint. The engine then asks each server its version as the filesystem path does.
+
+Failures: a group whose member is dead, restarted or fails a call is retired and re-formed at
+the next sync from the servers that answer (`nccl_master_port` + generation, or a fresh free
+port when it is 0); if none can be formed, or the broadcast fails, no server commits. A server
+outside the group (restarted, refused) then loads the latest snapshot if `snapshot_dir` is set
+(snapshots are written at every sync only then), else it stays out as stale.
+
+Tested on CPU with fake vllm modules and fake servers only; never run on GPUs with a real
+vLLM. A member that dies DURING a broadcast can hang NCCL in the learner (vLLM's send has no
+timeout): the HTTP calls time out, the broadcast thread may not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import uuid
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import torch
+
+from frlab.rollout import remote_protocol as proto
+from frlab.rollout.engine import EngineError
+from frlab.rollout.remote_fleet import Server, ServerFault
+from frlab.rollout.vllm_worker import (
+    COMMIT_METHOD,
+    NCCL_BEGIN_METHOD,
+    NCCL_JOIN_METHOD,
+    check_acks,
+    weights_fingerprint,
+)
+
+log = logging.getLogger("frlab.rollout.remote_engine")
+
+
+def check_nccl_settings(master_address: str | None, master_port: int, packed: bool) -> None:
+    """ValueError naming the `rollout.remote.nccl_*` key of the first invalid setting."""
+    if master_address is not None and (not isinstance(master_address, str) or not master_address):
+        raise ValueError(
+            f"rollout.remote.nccl_master_address must be a host name or null, got {master_address!r}"
+        )
+    if isinstance(master_port, bool) or not isinstance(master_port, int):
+        raise ValueError(f"rollout.remote.nccl_master_port must be an int, got {master_port!r}")
+    if not 0 <= master_port <= 65535:
+        raise ValueError(
+            f"rollout.remote.nccl_master_port must be in [0, 65535], got {master_port}"
+        )
+    if not isinstance(packed, bool):
+        raise ValueError(f"rollout.remote.nccl_packed must be true|false, got {packed!r}")
+
+
+@dataclass(frozen=True)
+class TrainerApi:
+    """The pieces of vLLM's trainer-side weight-transfer API frlab uses."""
+
+    factory: Any  # WeightTransferTrainerFactory
+    init_info_cls: Any  # NCCLTrainerInitInfo
+    source_base: Any  # WeightSource
+    param_meta: Any  # ParamMeta
+
+
+def load_trainer_api() -> TrainerApi:
+    """Import vLLM's trainer API (EngineError naming rollout.remote.weight_sync if absent)."""
+    try:
+        from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
+        from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+        from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
+    except ImportError as exc:
+        raise EngineError(
+            "rollout.remote.weight_sync=nccl needs vLLM's trainer-side weight transfer API "
+            "(vllm>=0.28,<0.30: WeightTransferTrainerFactory, NCCLTrainerInitInfo); the "
+            f"installed vllm lacks it ({exc}); use weight_sync=filesystem"
+        ) from exc
+    if not callable(getattr(WeightTransferTrainerFactory, "trainer_init", None)):
+        raise EngineError(
+            "rollout.remote.weight_sync=nccl: the installed vllm has no "
+            "WeightTransferTrainerFactory.trainer_init; use weight_sync=filesystem"
+        )
+    return TrainerApi(WeightTransferTrainerFactory, NCCLTrainerInitInfo, WeightSource, ParamMeta)
+
+
+def make_source(api: TrainerApi) -> Any:
+    """A vLLM `WeightSource` over the (name, tensor) pairs last given to `set`, each moved to
+    the current CUDA device (NCCL sends from GPU memory) when there is one."""
+
+    class StateSource(api.source_base):  # type: ignore[misc, valid-type]
+        named: list[tuple[str, torch.Tensor]] = []
+
+        def set(self, named: list[tuple[str, torch.Tensor]]) -> None:
+            self.named = named
+
+        def metadata(self) -> list[Any]:
+            return [api.param_meta(n, t.dtype, tuple(t.shape)) for n, t in self.named]
+
+        def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+            cuda = torch.cuda.is_available()
+            for name, tensor in self.named:
+                t = tensor.detach()
+                yield name, (t.to(torch.cuda.current_device()) if cuda else t).contiguous()
+
+    return StateSource()
+
+
+class FleetClient:
+    """vLLM's `VLLMWeightSyncClient` protocol over every member of the NCCL group: each call
+    goes to all members at once (their workers meet in the same NCCL calls) and raises
+    EngineError if any fails; init gives each server its own `rank_offset`."""
+
+    def __init__(self, urls: Sequence[str], offsets: Sequence[int], timeout: float) -> None:
+        self.urls, self.offsets, self.timeout = list(urls), list(offsets), float(timeout)
+        self.weight_version: str | None = None
+
+    def _fan_out(self, path: str, bodies: Sequence[dict[str, Any]]) -> None:
+        errors = []
+        with (
+            httpx.Client(timeout=self.timeout, trust_env=False) as http,
+            ThreadPoolExecutor(len(self.urls)) as pool,
+        ):
+            futures = [
+                pool.submit(http.post, u + path, json=b)
+                for u, b in zip(self.urls, bodies, strict=True)
+            ]
+            for url, future in zip(self.urls, futures, strict=True):
+                try:
+                    future.result().raise_for_status()
+                except Exception as exc:  # every failure is reported together
+                    errors.append(f"{url}: {exc!r}")
+        if errors:
+            raise EngineError(f"NCCL weight transfer {path} failed on {'; '.join(errors)}")
+
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        self._fan_out(
+            proto.INIT_WEIGHT_TRANSFER,
+            [{"init_info": {**init_info, "rank_offset": off}} for off in self.offsets],
+        )
+
+    def start_weight_update(self) -> None:
+        self._fan_out(proto.START_WEIGHT_UPDATE, [{}] * len(self.urls))
+
+    def update_weights(self, update_info: Any) -> None:
+        self._fan_out(proto.UPDATE_WEIGHTS, [{"update_info": update_info}] * len(self.urls))
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        version = weight_version if weight_version is not None else self.weight_version
+        body = {} if version is None else {"weight_version": version}
+        self._fan_out(proto.FINISH_WEIGHT_UPDATE, [body] * len(self.urls))
+
+
+def this_host() -> str:
+    """This machine's address as other hosts reach it (loopback if it cannot be resolved)."""
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+class NcclSync:
+    """One learner's NCCL group with the fleet: formed, verified, re-formed when broken."""
+
+    def __init__(
+        self, master_address: str | None, master_port: int, packed: bool, timeout: float
+    ) -> None:
+        check_nccl_settings(master_address, master_port, packed)
+        self.master_address, self.master_port = master_address, int(master_port)
+        self.packed, self.timeout = bool(packed), float(timeout)
+        self.api: TrainerApi | None = None
+        self.trainer: Any = None
+        self.source: Any = None
+        self.members: list[Server] = []
+        self.token, self.generation = "", 0
+
+    def load(self) -> None:
+        """At engine start: one learner rank only, and vLLM's trainer API (else EngineError)."""
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            raise EngineError(
+                "rollout.remote.weight_sync=nccl supports one learner rank (the single NCCL "
+                f"sender), this run has {dist.get_world_size()}; use weight_sync=filesystem"
+            )
+        self.api = load_trainer_api()
+        self.source = make_source(self.api)
+
+    async def push(self, engine: Any, named: list[tuple[str, torch.Tensor]], version: int) -> None:
+        """Broadcast `named` to the group and commit `version` on the members that loaded
+        exactly it; the caller then verifies every server's version."""
+        members = await self._ready(engine)
+        if not members:
+            return
+        fingerprint = weights_fingerprint(named)
+        self.source.set(named)
+        self.trainer.client.weight_version = str(version)
+        try:
+            await asyncio.wait_for(asyncio.to_thread(self.trainer.send_weights), self.timeout)
+        except Exception as exc:  # the group is unusable: no member commits
+            log.error("remote engine: NCCL broadcast of v%d failed: %r", version, exc)
+            self._retire()
+            return
+        finally:
+            self.source.set([])
+        body = proto.rpc_request(COMMIT_METHOD, [int(version), dict(fingerprint)])
+        await asyncio.gather(
+            *(self._commit(engine, s, body, version, fingerprint) for s in members)
+        )
+
+    async def _commit(
+        self, engine: Any, server: Server, body: Any, version: int, fingerprint: Any
+    ) -> None:
+        try:
+            check_acks(proto.rpc_results(await engine._post(server, proto.COLLECTIVE_RPC, body)),
+                       version, fingerprint)  # fmt: skip
+        except ServerFault as fault:
+            server.state = fault.kind
+        except (RuntimeError, proto.MalformedResponse) as exc:  # refused by the version check
+            log.warning("remote engine: %s did not commit NCCL weights v%d: %s",
+                        server.url, version, exc)  # fmt: skip
+
+    async def _ready(self, engine: Any) -> list[Server]:
+        """The group's members after `frlab_nccl_begin` succeeded on all; re-forms once."""
+        inside = {s.url for s in self.members}
+        if self.trainer is not None and any(
+            s.url not in inside and s.state != "dead" for s in engine.servers
+        ):  # a server that answers is outside the group (restarted, or late): re-form
+            self._retire()
+        for _ in range(2):
+            if self.trainer is None and not await self._form(engine):
+                return []
+            if await self._begin(engine):
+                return self.members
+            self._retire()
+        return []
+
+    async def _begin(self, engine: Any) -> bool:
+        if any(s.state == "dead" for s in self.members):
+            return False
+        body = proto.rpc_request(NCCL_BEGIN_METHOD, [self.token])
+        return all(await asyncio.gather(*(self._rpc_true(engine, s, body) for s in self.members)))
+
+    async def _rpc_true(self, engine: Any, server: Server, body: Any) -> bool:
+        """True when every worker of `server` answered the rpc with something truthy."""
+        try:
+            return all(proto.rpc_results(await engine._post(server, proto.COLLECTIVE_RPC, body)))
+        except ServerFault as fault:
+            server.state = fault.kind
+        except (RuntimeError, proto.MalformedResponse) as exc:
+            log.warning("remote engine: %s refused an NCCL group rpc: %s", server.url, exc)
+        return False
+
+    async def _form(self, engine: Any) -> bool:
+        """Open a group with every server that reports its worker count; join it by token."""
+        sized = await asyncio.gather(*(self._workers(engine, s) for s in engine.servers))
+        members = [s for s, n in zip(engine.servers, sized, strict=True) if n]
+        if not members:
+            return False
+        offsets, world = proto.nccl_rank_offsets([n for n in sized if n])
+        port = self.master_port + self.generation if self.master_port else free_port()
+        self.generation += 1
+        client = FleetClient([s.url for s in members], offsets, self.timeout)
+        info = self.api.init_info_cls(
+            master_address=self.master_address or this_host(), master_port=port,
+            world_size=world, packed=self.packed, rank=0,
+        )  # fmt: skip
+        try:
+            self.trainer = await asyncio.wait_for(asyncio.to_thread(
+                self.api.factory.trainer_init, info, client=client, source=self.source
+            ), self.timeout)  # fmt: skip
+        except Exception as exc:
+            log.error("remote engine: forming the NCCL group on port %d failed: %r", port, exc)
+            return False
+        self.members, self.token = members, f"{uuid.uuid4().hex}-{self.generation}"
+        log.info("remote engine: NCCL group of %d ranks on %s:%d: %s", world,
+                 info.master_address, port, [s.url for s in members])  # fmt: skip
+        body = proto.rpc_request(NCCL_JOIN_METHOD, [self.token])
+        if all(await asyncio.gather(*(self._rpc_true(engine, s, body) for s in members))):
+            return True
+        self._retire()
+        return False
+
+    async def _workers(self, engine: Any, server: Server) -> int:
+        """The server's worker count (0 when it does not answer: not a member)."""
+        try:
+            return proto.world_size_of(await engine._get(server, proto.WORLD_SIZE))
+        except ServerFault as fault:
+            server.state = fault.kind
+        except (RuntimeError, proto.MalformedResponse) as exc:  # EngineError: a 4xx answer
+            log.warning("remote engine: %s left out of the NCCL group (vLLM needs "
+                        "VLLM_SERVER_DEV_MODE=1): %s", server.url, exc)  # fmt: skip
+        return 0
+
+    def _retire(self) -> None:
+        """Drop the current group (its members must join a new one)."""
+        if self.trainer is not None:
+            try:
+                self.trainer.shutdown()
+            except Exception:  # tearing down a broken group must not fail the sync
+                log.exception("remote engine: closing the NCCL group failed")
+            log.warning("remote engine: NCCL group retired; the next sync forms a new one")
+        self.trainer, self.members, self.token = None, [], ""
+
+    def shutdown(self) -> None:
+        self._retire()

@@ -1,0 +1,240 @@
+"""Fakes for the NCCL weight sync of the remote engine (frlab.rollout.nccl_sync), no vllm needed.
+
+`install_fake_vllm(monkeypatch)` puts fake `vllm.distributed.weight_transfer.{base,factory,
+nccl_engine}` modules into `sys.modules`, shaped like vLLM 0.28/0.29's trainer API
+(`WeightTransferTrainerFactory.trainer_init(NCCLTrainerInitInfo(..., rank=0), client=,
+source=)`, `send_weights()`, `shutdown()`). The fake "broadcast" puts the source's tensors on
+`WIRE[master_port]`, then drives the client like vLLM does (start, update, finish).
+
+`FakeVllmServer` is an HTTP server on a thread with vLLM's routes the remote engine uses; each
+of its workers is a real `WeightUpdateExtension` on a fake model whose `load_weights` keeps
+copies. `/update_weights` "receives" the wire's tensors and loads them on every worker, so
+the frlab rpcs (join, begin, commit, version) run unchanged. Every request is logged to
+`EVENTS` as (what, server url, detail).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import types
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+import torch
+
+from frlab.rollout import remote_protocol as proto
+from frlab.rollout.vllm_worker import WeightUpdateExtension
+
+WIRE: dict[int, list[tuple[str, torch.Tensor]]] = {}
+EVENTS: list[tuple[str, str, Any]] = []
+TOKENS = [7, 8]
+LOG_PROBS = [-0.5, -0.25]
+
+
+class FakeModel:
+    """The served model: `load_weights` keeps a copy of every tensor it is given."""
+
+    def __init__(self) -> None:
+        self.params: dict[str, torch.Tensor] = {}
+
+    def load_weights(self, weights: Any) -> set[str]:
+        for name, tensor in weights:
+            self.params[name] = tensor.detach().clone()
+        return {name for name, _ in weights}
+
+
+def fake_worker() -> WeightUpdateExtension:
+    worker = WeightUpdateExtension()
+    model = FakeModel()
+    worker.model_runner = types.SimpleNamespace(model=model)  # type: ignore[attr-defined]
+    worker.weight_transfer_engine = types.SimpleNamespace(model=model)  # type: ignore[attr-defined]
+    return worker
+
+
+class FakeVllmServer:
+    """A vLLM-like server with `n_workers` frlab-extended workers (see the module docstring)."""
+
+    def __init__(self, n_workers: int = 1) -> None:
+        self.n_workers = n_workers
+        self.workers = [fake_worker() for _ in range(n_workers)]
+        self.corrupt = False  # add 1 to the first received tensor
+        self.version_lie: int | None = None  # answer frlab_weight_version with this
+        self.master_port: int | None = None
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def restart(self) -> None:
+        """A new process: fresh workers that hold no weights and know no NCCL group."""
+        self.workers = [fake_worker() for _ in range(self.n_workers)]
+        self.master_port = None
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def get(self, path: str) -> Any:
+        if path == proto.HEALTH:
+            return {}
+        if path == proto.MODELS:
+            return {"object": "list", "data": [{"id": "fake", "object": "model"}]}
+        if path == proto.WORLD_SIZE:
+            return {"world_size": self.n_workers}
+        raise KeyError(path)
+
+    def post(self, path: str, body: dict[str, Any]) -> Any:
+        EVENTS.append((path, self.url, body))
+        if path == proto.COLLECTIVE_RPC:
+            return self.rpc(body["method"], body.get("args", []))
+        if path == proto.INIT_WEIGHT_TRANSFER:
+            self.master_port = int(body["init_info"]["master_port"])
+        elif path == proto.UPDATE_WEIGHTS:
+            self.receive(body["update_info"])
+        elif path == proto.COMPLETIONS:
+            answer = proto.completion_response("fake", body["prompt"], TOKENS, LOG_PROBS,
+                                               [0, 0], "length", "r")  # fmt: skip
+            del answer["choices"][0][proto.VERSIONS_FIELD]  # vLLM sends no versions
+            return answer
+        return {}
+
+    def rpc(self, method: str, args: list[Any]) -> Any:
+        if method == "frlab_weight_version" and self.version_lie is not None:
+            return {"results": [self.version_lie] * self.n_workers}
+        return {"results": [getattr(w, method)(*args) for w in self.workers]}
+
+    def receive(self, info: dict[str, Any]) -> None:
+        """The workers' side of the broadcast: what the update info declares, from the wire."""
+        wire = WIRE[self.master_port]  # KeyError (HTTP 500) if this server never joined
+        declared = (info["names"], info["dtype_names"], info["shapes"])
+        sent = ([n for n, _ in wire], [str(t.dtype).removeprefix("torch.") for _, t in wire],
+                [list(t.shape) for _, t in wire])  # fmt: skip
+        assert declared == sent, (declared, sent)
+        got = [(n, t.clone()) for n, t in wire]
+        if self.corrupt:
+            got[0] = (got[0][0], got[0][1] + 1)
+        for worker in self.workers:
+            worker.weight_transfer_engine.model.load_weights(got)  # through frlab's tap
+
+
+def _handler(server: FakeVllmServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            try:
+                self._answer(200, server.get(self.path.split("?")[0]))
+            except KeyError:
+                self._answer(404, {"error": self.path})
+
+        def do_POST(self) -> None:  # noqa: N802
+            length = int(self.headers.get("Content-Length") or 0)
+            body = json.loads(self.rfile.read(length) or b"{}")
+            try:
+                self._answer(200, server.post(self.path, body))
+            except Exception as exc:  # a worker error: vLLM answers 500
+                self._answer(500, {"error": repr(exc)})
+
+        def _answer(self, status: int, body: Any) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    return Handler
+
+
+# -- fake vllm trainer API --------------------------------------------------------------------
+@dataclass(frozen=True)
+class ParamMeta:
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+
+class WeightSource(ABC):
+    @abstractmethod
+    def metadata(self) -> list[ParamMeta]: ...
+
+    @abstractmethod
+    def __iter__(self) -> Any: ...
+
+
+@dataclass
+class NCCLTrainerInitInfo:
+    master_address: str
+    master_port: int
+    world_size: int
+    packed: bool = True
+    rank: int = field(default=0, kw_only=True)
+
+
+class FakeTrainerEngine:
+    """vLLM's NCCLTrainerWeightTransferEngine, minus NCCL: the wire is `WIRE[master_port]`."""
+
+    fail_send = False  # class switch: the next send_weights raises after `start`
+
+    def __init__(self, info: NCCLTrainerInitInfo, client: Any, source: Any) -> None:
+        self.info, self.client, self.source = info, client, source
+
+    @classmethod
+    def trainer_init(
+        cls, init_info: NCCLTrainerInitInfo, *, client: Any, source: Any = None
+    ) -> FakeTrainerEngine:
+        EVENTS.append(("trainer_init", "", init_info))
+        worker_info = {"master_address": init_info.master_address,
+                       "master_port": init_info.master_port, "rank_offset": 1,
+                       "world_size": init_info.world_size, "packed": init_info.packed}  # fmt: skip
+        client.init_weight_transfer_engine(worker_info)
+        return cls(init_info, client, source)
+
+    def send_weights(self) -> None:
+        meta = self.source.metadata()
+        pairs = list(self.source)
+        assert [(m.name, m.dtype, m.shape) for m in meta] == [
+            (n, t.dtype, tuple(t.shape)) for n, t in pairs
+        ]
+        self.client.start_weight_update()
+        if FakeTrainerEngine.fail_send:
+            raise RuntimeError("NCCL error: unhandled system error")
+        WIRE[self.info.master_port] = pairs
+        self.client.update_weights({"names": [m.name for m in meta],
+                                    "dtype_names": [str(m.dtype).split(".")[-1] for m in meta],
+                                    "shapes": [list(m.shape) for m in meta]})  # fmt: skip
+        self.client.finish_weight_update()
+
+    def shutdown(self) -> None:
+        EVENTS.append(("trainer_shutdown", "", self.info.master_port))
+
+
+class WeightTransferTrainerFactory:
+    @classmethod
+    def trainer_init(cls, init_info: Any, *, client: Any, source: Any = None) -> Any:
+        return FakeTrainerEngine.trainer_init(init_info, client=client, source=source)
+
+
+def install_fake_vllm(monkeypatch: pytest.MonkeyPatch, with_trainer_api: bool = True) -> None:
+    """Fake vllm weight-transfer modules in sys.modules (without the trainer API if asked)."""
+    names = ["vllm", "vllm.distributed", "vllm.distributed.weight_transfer"]
+    mods = {n: types.ModuleType(n) for n in names}
+    base = types.ModuleType("vllm.distributed.weight_transfer.base")
+    base.ParamMeta, base.WeightSource = ParamMeta, WeightSource  # type: ignore[attr-defined]
+    factory = types.ModuleType("vllm.distributed.weight_transfer.factory")
+    nccl = types.ModuleType("vllm.distributed.weight_transfer.nccl_engine")
+    if with_trainer_api:
+        factory.WeightTransferTrainerFactory = WeightTransferTrainerFactory  # type: ignore[attr-defined]
+        nccl.NCCLTrainerInitInfo = NCCLTrainerInitInfo  # type: ignore[attr-defined]
+    for mod in (*mods.values(), base, factory, nccl):
+        monkeypatch.setitem(sys.modules, mod.__name__, mod)
+    WIRE.clear()
+    EVENTS.clear()
+    FakeTrainerEngine.fail_send = False
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # tensors stay on CPU
