@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 
 from frlab.config.compose import compose
-from frlab.config.errors import ConfigError
 from frlab.config.preflight import preflight
 
 REPO = Path(__file__).resolve().parents[1]

@@ -14,11 +14,15 @@ restarted server does not know the token) and taps the workers' `load_weights`; 
 `frlab_commit_version(version, fingerprint)` commits only what matches the learner's
 fingerprint. The engine then asks each server its version as the filesystem path does.
 
-Failures: a group whose member is dead, restarted or fails a call is retired and re-formed at
-the next sync from the servers that answer (`nccl_master_port` + generation, or a fresh free
-port when it is 0); if none can be formed, or the broadcast fails, no server commits. A server
-outside the group (restarted, refused) then loads the latest snapshot if `snapshot_dir` is set
-(snapshots are written at every sync only then), else it stays out as stale.
+Group changes: a group whose member is dead, restarted (it does not know the token) or fails
+a call is retired, and so is one that leaves out a server that answers again (down at
+formation, or restarted); the next sync forms a new group from every server that reports its
+worker count (`nccl_master_port` + generation, or a fresh free port when it is 0), so a
+restarted server rejoins at the next sync. Until then, or if no group can be formed or the
+broadcast fails (no server commits), a server outside the group loads the latest snapshot if
+`snapshot_dir` is set (snapshots are then written at every sync), else it stays out as stale.
+Every server must run vLLM with `--weight-transfer-config '{"backend": "nccl"}'` and dev mode:
+one that answers `/get_world_size` but cannot init the transfer fails every formation.
 
 Tested on CPU with fake vllm modules and fake servers only; never run on GPUs with a real
 vLLM. A member that dies DURING a broadcast can hang NCCL in the learner (vLLM's send has no
@@ -216,7 +220,8 @@ class NcclSync:
         self.source.set(named)
         self.trainer.client.weight_version = str(version)
         try:
-            await asyncio.wait_for(asyncio.to_thread(self.trainer.send_weights), self.timeout)
+            send = asyncio.to_thread(self.trainer.send_weights)
+            await asyncio.wait_for(send, 4 * self.timeout)  # start, update, finish: each timed
         except Exception as exc:  # the group is unusable: no member commits
             log.error("remote engine: NCCL broadcast of v%d failed: %r", version, exc)
             self._retire()
@@ -234,6 +239,7 @@ class NcclSync:
         try:
             check_acks(proto.rpc_results(await engine._post(server, proto.COLLECTIVE_RPC, body)),
                        version, fingerprint)  # fmt: skip
+            await engine._post(server, proto.RESET_PREFIX_CACHE, {})  # no KV of old weights
         except ServerFault as fault:
             server.state = fault.kind
         except (RuntimeError, proto.MalformedResponse) as exc:  # refused by the version check
@@ -288,7 +294,7 @@ class NcclSync:
         try:
             self.trainer = await asyncio.wait_for(asyncio.to_thread(
                 self.api.factory.trainer_init, info, client=client, source=self.source
-            ), self.timeout)  # fmt: skip
+            ), 2 * self.timeout)  # fmt: skip
         except Exception as exc:
             log.error("remote engine: forming the NCCL group on port %d failed: %r", port, exc)
             return False

@@ -35,11 +35,13 @@ version another rank has just pushed.
 
 Server states, admission and probing live in `frlab.rollout.remote_fleet` (mixed in).
 
-Weight sync (`weight_sync="nccl"`, one learner rank only): frlab.rollout.nccl_sync broadcasts
-through vLLM's own trainer engine, each server's workers commit the version only if what
-they loaded matches the learner's fingerprint, then every server is asked its version as
-above. Snapshots are written only if `snapshot_dir` is set; they are the fallback for servers
-outside the NCCL group (restarted, refused). Tested with fakes on CPU; never run on GPUs.
+Weight sync (`weight_sync="nccl"`, one learner rank only): after the same drain,
+frlab.rollout.nccl_sync broadcasts through vLLM's own trainer engine, each server's workers
+commit the version only if what they loaded matches the learner's fingerprint, then every
+server is asked its version as above. Snapshots are written only if `snapshot_dir` is set:
+they re-admit a server outside the NCCL group (restarted, refused) before the next sync
+re-forms the group with it; without them it stays out until then. Tested with fake vllm
+modules and fake servers on CPU; never run on GPUs with a real vLLM.
 """
 
 from __future__ import annotations

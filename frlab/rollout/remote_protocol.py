@@ -21,9 +21,10 @@ vLLM's NCCL weight-transfer endpoints (`--weight-transfer-config '{"backend": "n
 world_size, packed, ...}}`, `POST /start_weight_update`, `POST /update_weights {"update_info":
 {names, dtype_names, shapes}}`, `POST /finish_weight_update {"weight_version"}`, and `GET
 /get_world_size -> {"world_size"}` (a server's worker count, TP x PP x DP). vLLM's trainer
-engine (frlab.rollout.nccl_sync) builds those bodies itself; frlab adds each server's
-`rank_offset` (`nccl_rank_offsets`). The body helpers below are unit-tested on CPU against
-fakes; none of this has run against a real vLLM.
+engine (frlab.rollout.nccl_sync) builds the bodies it sends itself; frlab only sets each
+server's `rank_offset` (`nccl_rank_offsets`). `nccl_init_request` / `nccl_update_request`
+spell the same bodies out for tests and tools. All of it is tested on CPU against fakes; none
+of it has run against a real vLLM.
 """
 
 from __future__ import annotations

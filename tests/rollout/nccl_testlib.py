@@ -64,10 +64,13 @@ class FakeVllmServer:
         self.workers = [fake_worker() for _ in range(n_workers)]
         self.corrupt = False  # add 1 to the first received tensor
         self.version_lie: int | None = None  # answer frlab_weight_version with this
+        self.down = False  # answer every request with HTTP 503
         self.master_port: int | None = None
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread = threading.Thread(
+            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+        )
         self.thread.start()
 
     def restart(self) -> None:
@@ -125,6 +128,8 @@ class FakeVllmServer:
 def _handler(server: FakeVllmServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802
+            if server.down:
+                return self._answer(503, {"error": "down"})
             try:
                 self._answer(200, server.get(self.path.split("?")[0]))
             except KeyError:
@@ -133,6 +138,8 @@ def _handler(server: FakeVllmServer) -> type[BaseHTTPRequestHandler]:
         def do_POST(self) -> None:  # noqa: N802
             length = int(self.headers.get("Content-Length") or 0)
             body = json.loads(self.rfile.read(length) or b"{}")
+            if server.down:
+                return self._answer(503, {"error": "down"})
             try:
                 self._answer(200, server.post(self.path, body))
             except Exception as exc:  # a worker error: vLLM answers 500
