@@ -12,10 +12,12 @@ progress bar, atomic checkpoints), the logger and the Lightning Trainer; then `f
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+import os
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +66,8 @@ def check_vocab(model: Mapping[str, Any], tokenizer: Any) -> None:
 
 
 def build_policy_from(model: Mapping[str, Any], seed: int) -> Any:
+    """The policy from the `model` node; a path or id that cannot be loaded is a ConfigError
+    naming `model.name_or_path` (not a transformers traceback)."""
     from frlab.model import build_policy
 
     kwargs = {
@@ -72,7 +76,46 @@ def build_policy_from(model: Mapping[str, Any], seed: int) -> Any:
                   "trust_remote_code", "attn_implementation")
         if k in model
     }  # fmt: skip
-    return build_policy(**kwargs, seed=seed)
+    with _model_source_errors(model.get("name_or_path"), "model.name_or_path"):
+        return build_policy(**kwargs, seed=seed)
+
+
+@contextlib.contextmanager
+def _model_source_errors(source: Any, key: str) -> Iterator[None]:
+    """Turn "not found / not loadable" errors of a model or tokenizer source into ConfigError."""
+    try:
+        yield
+    except (OSError, ValueError) as exc:
+        if source is None or isinstance(exc, ConfigError):
+            raise
+        hint = (
+            "a local folder, a Hugging Face id already in the local cache (offline: "
+            "HF_HUB_OFFLINE=1), or a gguf: source"
+        )
+        raise ConfigError(
+            key, f"cannot load {source!r}: {str(exc).splitlines()[0]} (expected {hint})"
+        ) from exc
+
+
+def check_resume(ckpt_path: Any, cfg: DictConfig, output_dir: Path) -> None:
+    """`ckpt_path=last` needs `last.ckpt` in this run folder's checkpoint dir (the default
+    run folder has a timestamp: pass `hydra.run.dir=<the old run folder>`); an explicit path
+    must exist. Lightning would only warn and silently start from scratch."""
+    if ckpt_path is None:
+        return
+    if str(ckpt_path) == "last":
+        node = (cfg.get("callbacks") or {}).get("model_checkpoint") or {}
+        last = Path(str(node.get("dirpath") or output_dir / "checkpoints")) / "last.ckpt"
+        if not os.path.lexists(last):
+            raise ConfigError(
+                "ckpt_path",
+                f"=last but {last} does not exist: nothing to resume. Point hydra.run.dir at "
+                "the run folder to resume (the default folder name has a new timestamp), or "
+                "pass ckpt_path=<path to a .ckpt>",
+            )
+        return
+    if not os.path.exists(str(ckpt_path)):
+        raise ConfigError("ckpt_path", f"checkpoint {ckpt_path} does not exist")
 
 
 def env_factory(node: DictConfig) -> Callable[[], Any]:
@@ -114,9 +157,10 @@ def build_engine_for(
         return build_engine(
             "remote", seed=seed, initial_weights=policy.state_dict(), **rollout["remote"]
         )
+    extra = dict(rollout.get("vllm_engine_args") or {})  # e.g. gpu_memory_utilization
     return build_engine(
         "vllm", model=resolve_model_source(model["name_or_path"]), seed=seed,
-        max_model_len=rollout["max_len"],
+        max_model_len=rollout["max_len"], **extra,
     )  # fmt: skip
 
 
@@ -246,10 +290,15 @@ def run(cfg: DictConfig, plan: Plan | None = None) -> dict[str, Any]:
 
     quiet_expected_noise()
     output_dir = resolve_output_dir(cfg, plan)
+    check_resume(cfg.get("ckpt_path"), cfg, output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     L.seed_everything(int(cfg.seed), workers=True)
     model = plain(cfg.model)
-    tokenizer = build_tokenizer(model["tokenizer"])
+    same = model["tokenizer"] == model.get("name_or_path")
+    with _model_source_errors(
+        model["tokenizer"], "model.name_or_path" if same else "model.tokenizer"
+    ):
+        tokenizer = build_tokenizer(model["tokenizer"])
     check_vocab(model, tokenizer)
     policy = build_policy_from(model, int(cfg.seed))
     module = FlashReinforceModule(

@@ -252,12 +252,27 @@ def _check_sync(rollout: Mapping[str, Any]) -> None:
         )
 
 
+VLLM_ARGS_SET_BY_FRLAB = {"model", "seed", "max_model_len", "worker_extension_cls"}
+
+
 def _check_engine(rollout: Mapping[str, Any], trainer: Mapping[str, Any]) -> None:
     if rollout["engine"] == "vllm" and trainer["accelerator"] not in ("gpu", "cuda", "auto"):
         raise ConfigError(
             "rollout.engine",
             f"'vllm' needs a GPU trainer (trainer.accelerator is {trainer['accelerator']!r}); "
             "use rollout.engine=torch on CPU",
+        )
+    extra = rollout.get("vllm_engine_args")
+    if extra is None:
+        return
+    # Used only by rollout.engine=vllm; kept (not refused) when a preset's in-process vLLM
+    # settings meet rollout=remote, so the fleet recipes run the presets unchanged.
+    owned = sorted(set(extra) & VLLM_ARGS_SET_BY_FRLAB)
+    if owned:
+        raise ConfigError(
+            "rollout.vllm_engine_args",
+            f"{', '.join(owned)} are set by frlab (model.name_or_path, seed, rollout.max_len, "
+            "the worker extension): remove them",
         )
 
 

@@ -91,6 +91,7 @@ ROLLOUT = {
     "sampling": _f("mapping"),
     "device": _f("str"),
     "remote": _f("mapping"),  # rollout=remote only (frlab.rollout.remote_engine)
+    "vllm_engine_args": _f("mapping"),  # rollout.engine=vllm only: extra vLLM AsyncEngineArgs
 }
 REMOTE = {
     "servers": _f("any"),  # a non-empty list of distinct http(s) URLs (checked in preflight)
@@ -137,7 +138,7 @@ TRAINER = {
 }
 OPTIONAL_KEYS = {
     "model": ("trust_remote_code", "attn_implementation"),
-    "rollout": ("remote",),
+    "rollout": ("remote", "vllm_engine_args"),
     "rollout.remote": ("nccl_master_address", "nccl_master_port", "nccl_packed"),
 }
 

@@ -91,7 +91,9 @@ def vllm_engine_kwargs(model: str, supported: Iterable[str], **options: Any) -> 
     kwargs: dict[str, Any] = {"model": model, **options}
     unknown = sorted(k for k in kwargs if k not in names)
     if unknown:
-        raise ValueError(f"vLLM AsyncEngineArgs has no field(s): {', '.join(unknown)}")
+        raise ValueError(
+            f"rollout.vllm_engine_args: vLLM AsyncEngineArgs has no field(s): {', '.join(unknown)}"
+        )
     if "worker_extension_cls" not in names:
         raise ValueError(
             "the installed vLLM has no AsyncEngineArgs.worker_extension_cls, which frlab's "

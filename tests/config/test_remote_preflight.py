@@ -86,3 +86,19 @@ def test_a_one_rank_nccl_config_passes_and_builds_the_nccl_engine() -> None:
     assert (nccl.master_address, nccl.master_port, nccl.packed) == ("10.0.0.7", 29500, True)
     assert engine.snapshot_dir is None  # nccl writes snapshots only into a given snapshot_dir
     engine.shutdown()
+
+
+def test_vllm_engine_args_reach_the_in_process_engine_and_frlab_owned_keys_are_refused() -> None:
+    """`rollout.vllm_engine_args` (e.g. the paper presets' gpu_memory_utilization) become vLLM
+    AsyncEngineArgs of the in-process engine; keys frlab sets itself are refused by name."""
+    from frlab.train import build_engine_for, plain
+
+    cfg = compose(["experiment=qwen_math_1p5b"])
+    assert cfg.rollout.vllm_engine_args.gpu_memory_utilization == 0.4
+    rollout = plain(cfg.rollout)
+    engine = build_engine_for(rollout, plain(cfg.model), None, seed=0)
+    assert engine.engine_options["gpu_memory_utilization"] == 0.4
+    assert engine.engine_options["max_model_len"] == rollout["max_len"]
+    with pytest.raises(ConfigError) as info:
+        preflight(compose(["experiment=qwen_math_1p5b", "+rollout.vllm_engine_args.seed=3"]))
+    assert info.value.key == "rollout.vllm_engine_args" and "seed" in str(info.value)
