@@ -342,8 +342,9 @@ class FlashReinforceModule(L.LightningModule):
         local_b = batch.batch_size
         global_rewards = self._gather_rows(batch.rewards)
         global_groups = self._gather_rows(batch.prompt_ids)
-        advantages = self.objective.advantages(global_rewards, global_groups)
-        advantages = advantages[rank * local_b : (rank + 1) * local_b]
+        global_advantages = self.objective.advantages(global_rewards, global_groups)
+        no_signal = bool((global_advantages == 0).all())  # same on every rank
+        advantages = global_advantages[rank * local_b : (rank + 1) * local_b]
         num_tokens = int(self._sum_across_ranks(batch.action_mask.sum()).item())
         lag = policy_lag(self.policy_version, batch.token_versions, batch.action_mask)
         self.step_metrics.update_rows(
@@ -369,6 +370,12 @@ class FlashReinforceModule(L.LightningModule):
                     timings=timings,
                 ).to(loss.dtype)
         grad_norm = self._clip_gradients()
+        if no_signal:
+            # Every advantage is 0, so the gradient is exactly 0; AdamW would still move the
+            # policy on its moments alone (measured on the toy: as far as a real update). Drop
+            # the grads: the optimizer then leaves parameters and moments as they are, and the
+            # step still counts (version, schedule, Lightning's global_step).
+            optimizer.zero_grad(set_to_none=True)
         optimizer.step()
         scheduler.step()
         self.policy_version += 1
