@@ -126,18 +126,17 @@ def test_a_short_run_writes_run_files_and_resumes_from_last(tmp_path: Path) -> N
 
 @pytest.mark.slow
 def test_the_embedded_default_learns(tmp_path: Path) -> None:
-    """`python -m frlab` (toy_cpu): first 10 updates <= 0.3 mean reward, and some 20-update
-    window reaches >= 0.9 (solved). Not the last 20: in 1 of 4 repeat runs the reward fell
-    back to 0.73 after reaching 1.0 (a late instability at constant lr 1e-3, README)."""
+    """`python -m frlab` (toy_cpu): first 10 updates <= 0.3 mean reward, last 20 >= 0.8.
+
+    Before zero-advantage batches stopped moving the policy (AdamW stepped on stale moments),
+    1 of 4 repeats fell back to 0.73 after solving the task; after, 8 of 8 ended >= 0.98."""
     run_dir = tmp_path / "default"
     out = frlab(f"hydra.run.dir={run_dir}", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 300
     assert summary["reward_mean_first_10"] <= 0.3, summary
-    rewards = [row["train/reward_mean"] for row in _read_rows(run_dir)]
-    best_window = max(sum(rewards[i : i + 20]) / 20 for i in range(len(rewards) - 19))
-    assert best_window >= 0.9, (best_window, summary)
+    assert summary["reward_mean_last_20"] >= 0.8, summary
 
 
 def test_env_factory_builds_a_fresh_env_per_call() -> None:
