@@ -12,6 +12,11 @@ takes its own rows. DDP averages gradients over W ranks, so each rank back-propa
 `W * loss`; the averaged gradient is then exactly the full-batch gradient. Gradient sync is
 blocked on all but the last micro-batch.
 
+No signal, no move. A batch whose global advantages are all 0 (every reward equal under a
+batch-mean baseline) has an exactly zero gradient; stepping AdamW anyway moves the policy on
+stale moments alone. Its grads are dropped before `optimizer.step()`, so parameters and AdamW
+state stay put while the step still counts (version, schedule, global step).
+
 MoE routing replay (`model.routing_replay=true`, frlab.model.routing_replay): each
 micro-batch's forward AND backward run with every MoE layer forced to the experts the sampler
 recorded (`RolloutBatch.routing`), so the ratio `pi_theta / mu` is not moved by expert flips.
