@@ -39,6 +39,7 @@ from frlab.data.datamodule import RolloutDataModule
 from frlab.learner.module import FlashReinforceModule
 from frlab.model.policy import build_policy
 from frlab.model.toy_tokenizer import build_toy_tokenizer
+from frlab.objective.objective import PRESETS
 from frlab.rollout.agent_loop import AgentLoopConfig
 from frlab.rollout.callbacks import WeightSyncCallback
 from frlab.rollout.engine import SamplingParams
@@ -63,13 +64,7 @@ def model_cfg(hidden: int, layers: int) -> dict[str, Any]:
     }
 
 
-OBJECTIVE = {
-    "baseline": "batch_mean",
-    "trust_region": "sequence_bernoulli_kl",
-    "aggregation": "sample_mean",
-    "token_filter": "none",
-    "sequence_bernoulli_kl": {"delta": 3e-3},
-}
+OBJECTIVE = {**PRESETS["flashreinforce"], "sequence_bernoulli_kl": {"delta": 3e-3}}
 OPTIM = {"lr": 1e-3, "weight_decay": 0.1, "grad_clip": 1.0, "scheduler": "constant"}
 
 

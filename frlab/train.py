@@ -263,13 +263,17 @@ EXPECTED_WARNINGS = (
 
 
 def quiet_expected_noise() -> None:
-    """Filter EXPECTED_WARNINGS; print Lightning's log lines once when Hydra configured logging.
+    """Filter EXPECTED_WARNINGS and per-request HTTP logs; print Lightning's log lines once when
+    Hydra configured logging.
 
     `import lightning` attaches its own console handler to the `lightning` logger, which also
     propagates to the root logger that Hydra set up (console + run-folder log file).
     """
     for pattern in EXPECTED_WARNINGS:
         warnings.filterwarnings("ignore", message=pattern)
+    # httpx (the remote rollout backend) logs every request at INFO; failures are logged by
+    # frlab.rollout.remote_engine instead.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     if logging.getLogger().handlers:
         lightning_log = logging.getLogger("lightning")
         for handler in list(lightning_log.handlers):

@@ -40,6 +40,7 @@ import lightning as L  # noqa: E402
 import torch  # noqa: E402
 
 from envs.base import Env, StepResult  # noqa: E402
+from frlab.objective.objective import PRESETS  # noqa: E402
 
 # Qwen2.5-0.5B's shape (494M parameters with tied embeddings).
 QWEN25_0P5B: dict[str, Any] = {
@@ -52,13 +53,7 @@ QWEN25_0P5B: dict[str, Any] = {
     "tie_word_embeddings": True,
     "max_position_embeddings": 32768,
 }
-OBJECTIVE = {
-    "baseline": "batch_mean",
-    "trust_region": "sequence_bernoulli_kl",
-    "aggregation": "sample_mean",
-    "token_filter": "none",
-    "sequence_bernoulli_kl": {"delta": 3e-3},
-}
+OBJECTIVE = {**PRESETS["flashreinforce"], "sequence_bernoulli_kl": {"delta": 3e-3}}
 OPTIM = {"lr": 1e-6, "weight_decay": 0.1, "grad_clip": 1.0, "scheduler": "constant"}
 PROMPT_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789 "
 THROUGHPUT_KEYS = ("rollout_tokens_per_s", "learner_tokens_per_s", "step_time_s")

@@ -23,26 +23,14 @@ import torch
 from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from frlab.fsio import fsync_path
+
 RNG_KEYS = ("python", "numpy", "torch")
 
 
 def _is_remote(path: _PATH) -> bool:
     text = str(path)
     return "://" in text and not text.startswith("file://")
-
-
-def _fsync_dir(folder: Path) -> None:
-    """Persist a rename: fsync the folder (a no-op where folders cannot be opened)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def atomic_torch_save(obj: Any, path: _PATH) -> None:
@@ -63,7 +51,7 @@ def atomic_torch_save(obj: Any, path: _PATH) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_name)
         raise
-    _fsync_dir(target.parent)
+    fsync_path(target.parent)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

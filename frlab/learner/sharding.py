@@ -37,6 +37,7 @@ from typing import Any
 from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import Tensor, nn
 
+from frlab.fsio import fsync_path
 from frlab.model.lm_logprobs import sequence_logprobs
 
 
@@ -152,16 +153,7 @@ class FSDP2Strategy(ModelParallelStrategy):
 def _fsync_tree(folder: Path) -> None:
     """fsync every file of `folder` and the folder itself (best effort where unsupported)."""
     for item in [*folder.iterdir(), folder]:
-        try:
-            fd = os.open(item, os.O_RDONLY)
-        except OSError:
-            continue
-        try:
-            os.fsync(fd)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
+        fsync_path(item)
 
 
 def publish_checkpoint(fresh: Path, link: Path) -> None:

@@ -67,8 +67,6 @@ from frlab.rollout.remote_fleet import FleetMixin, Server, ServerFault, Snapshot
 from frlab.rollout.snapshot import prune_snapshots, write_snapshot
 
 log = logging.getLogger(__name__)
-# httpx logs every request at INFO: thousands of lines per run. Failures are logged here instead.
-logging.getLogger("httpx").setLevel(logging.WARNING)
 
 WEIGHT_SYNCS = ("filesystem", "nccl")
 

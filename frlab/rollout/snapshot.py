@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from frlab.fsio import fsync_path
 from frlab.rollout.vllm_worker import weights_fingerprint
 
 SNAPSHOT_FILE = "model.safetensors"
@@ -62,8 +63,7 @@ def write_snapshot(
     tmp.mkdir()
     try:
         save_file(tensors, str(tmp / SNAPSHOT_FILE), metadata={"frlab_version": str(version)})
-        with open(tmp / SNAPSHOT_FILE, "rb") as fh:
-            os.fsync(fh.fileno())
+        fsync_path(tmp / SNAPSHOT_FILE)
         if final.parent.exists():  # a rewrite of the same version (e.g. a resumed run)
             shutil.rmtree(final.parent, ignore_errors=True)
         try:
