@@ -10,42 +10,21 @@ import asyncio
 import json
 
 import pytest
+from engine_testlib import ScriptedTextEngine
 
 from envs.alfworld import AlfworldEnv, GameWorker
 from frlab.model.toy_tokenizer import build_toy_tokenizer
 from frlab.rollout.agent_loop import AgentLoopConfig, RolloutError, run_episode
-from frlab.rollout.engine import Engine, GenerationResult, SamplingParams
+from frlab.rollout.engine import SamplingParams
 
 TOK = build_toy_tokenizer()
 HANG = "test_alfworld_worker:_hang"  # a fake game that never answers a step
 
 
-class ScriptedEngine(Engine):
-    """Answers each turn with the next scripted text followed by eos."""
-
-    def __init__(self, turns: list[str]) -> None:
-        self.turns = list(turns)
-
-    @property
-    def version(self) -> int:
-        return 0
-
-    def start(self) -> None: ...
-    def shutdown(self) -> None: ...
-    def pause(self) -> None: ...
-    def resume(self) -> None: ...
-    def update_weights(self, state_dict, version: int) -> None: ...
-
-    async def generate(self, prompt_token_ids, params) -> GenerationResult:
-        ids = TOK.encode(self.turns.pop(0), add_special_tokens=False)[: params.max_new_tokens - 1]
-        ids.append(TOK.eos_token_id)
-        return GenerationResult(ids, [-0.5] * len(ids), [0] * len(ids), "stop")
-
-
 def _play(env: AlfworldEnv, game_file: str, turns: list[str], max_turns: int):
     cfg = AgentLoopConfig(max_turns, 8192, SamplingParams(max_new_tokens=256))
     episode = run_episode(
-        ScriptedEngine(turns), env, {"game_file": game_file}, TOK, cfg, prompt_id=1
+        ScriptedTextEngine(TOK, turns), env, {"game_file": game_file}, TOK, cfg, prompt_id=1
     )
     try:
         return asyncio.run(episode)

@@ -8,12 +8,13 @@ import concurrent.futures
 import json
 import string
 
+from engine_testlib import ScriptedTextEngine
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from envs.python_tool import PythonToolEnv
 from frlab.rollout.agent_loop import AgentLoopConfig, run_episode
-from frlab.rollout.engine import Engine, GenerationResult, SamplingParams
+from frlab.rollout.engine import SamplingParams
 
 EOS = "<|end|>"
 TEMPLATE = (
@@ -41,28 +42,6 @@ def char_tokenizer() -> PreTrainedTokenizerFast:
     return tok
 
 
-class ScriptedPolicy(Engine):
-    """Emits the scripted turns (each followed by eos) as token ids."""
-
-    def __init__(self, tokenizer: PreTrainedTokenizerFast, turns: list[str]) -> None:
-        self.tok, self.turns = tokenizer, list(turns)
-
-    @property
-    def version(self) -> int:
-        return 0
-
-    def start(self) -> None: ...
-    def shutdown(self) -> None: ...
-    def pause(self) -> None: ...
-    def resume(self) -> None: ...
-    def update_weights(self, state_dict, version: int) -> None: ...
-
-    async def generate(self, prompt_token_ids, params: SamplingParams) -> GenerationResult:
-        ids = self.tok.encode(self.turns.pop(0), add_special_tokens=False)
-        ids = [*ids, self.tok.eos_token_id]
-        return GenerationResult(ids, [-0.5] * len(ids), [0] * len(ids), "stop")
-
-
 def play(turns: list[str], max_turns: int = 4) -> tuple[object, PreTrainedTokenizerFast]:
     tok = char_tokenizer()
     env = PythonToolEnv(max_turns=max_turns, timeout_s=5.0)
@@ -74,7 +53,9 @@ def play(turns: list[str], max_turns: int = 4) -> tuple[object, PreTrainedTokeni
     task = {"question": "What is 6 times 7?", "answer": "42"}
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         traj = asyncio.run(
-            run_episode(ScriptedPolicy(tok, turns), env, task, tok, cfg, prompt_id=0, executor=pool)
+            run_episode(
+                ScriptedTextEngine(tok, turns), env, task, tok, cfg, prompt_id=0, executor=pool
+            )
         )
     return traj, tok
 
