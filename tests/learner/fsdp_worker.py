@@ -7,7 +7,9 @@ this script for rank 1. Each rank writes `OUT.rank{R}.pt` with the GATHERED fina
 the metric rows and the parameter placements; with `--ckpt` it then saves a sharded
 checkpoint twice there (a symlink to a hidden folder of shards) and, in a second fit, resumes
 from it for one more step. `--moe` trains a tiny float32 Qwen3-MoE with gradient
-checkpointing instead (activation recomputation inside FSDP2 units).
+checkpointing instead (activation recomputation inside FSDP2 units), in float64 too: its experts
+run the eager per-expert loop (`grouped_mm` has no float64 kernel), so both runs are exact up
+to float64 rounding by construction.
 """
 
 from __future__ import annotations
@@ -38,10 +40,12 @@ from frlab.model.policy import build_policy, tiny_config  # noqa: E402
 
 
 def moe_policy() -> torch.nn.Module:
-    """A tiny float32 Qwen3-MoE with gradient checkpointing on (grouped_mm has no float64)."""
+    """A tiny float64 Qwen3-MoE with gradient checkpointing on; eager experts (the default
+    `grouped_mm` kernel has no float64)."""
     config = tiny_config("qwen3_moe", vocab_size=VOCAB)
+    config._experts_implementation = "eager"
     policy = build_policy(config=config, seed=0, gradient_checkpointing=True)
-    return policy.to(torch.float32).train()
+    return policy.to(torch.float64).train()
 
 
 def module(moe: bool = False) -> tuple[FlashReinforceModule, list]:

@@ -17,7 +17,7 @@ import sys
 import pytest
 import torch
 from ddp_worker import STEPS
-from fsdp_worker import fit
+from fsdp_worker import fit, moe_policy
 from learner_testlib import max_abs_diff, snapshot, tiny_policy
 
 from frlab.learner import metrics as M
@@ -90,16 +90,20 @@ def test_unsharded_strategies_keep_the_plain_policy() -> None:
 
 @pytest.mark.slow
 def test_two_process_fsdp2_moe_with_gradient_checkpointing_equals_one_process(tmp_path) -> None:
-    """Qwen3-MoE decoder layers as FSDP2 units, recomputed in backward (float32)."""
+    """Qwen3-MoE decoder layers as FSDP2 units, recomputed in backward (float64, so the
+    tolerance is float64 rounding, as in the dense test, not a float32 figure tuned on one
+    machine)."""
     out = tmp_path / "moe"
     _launch(out, "--moe")
     rank0 = torch.load(f"{out}.rank0.pt", weights_only=False)
     assert rank0["policy_version"] == STEPS and set(rank0["placements"].values()) == {"DTensor"}
     _, single, single_rows = fit(STEPS, fsdp=False, moe=True)
-    assert max_abs_diff(rank0["params"], snapshot(single.policy)) < 1e-6
+    single_params = snapshot(single.policy)
+    assert max_abs_diff(single_params, snapshot(moe_policy())) > 1e-3  # it trained
+    assert max_abs_diff(rank0["params"], single_params) < 1e-9
     for fsdp_row, one_row in zip(rank0["rows"], single_rows, strict=True):
         for key in (M.LOSS, M.GRAD_NORM, M.ACCEPTANCE):
-            assert fsdp_row[key] == pytest.approx(one_row[key], rel=1e-4, abs=1e-7), key
+            assert fsdp_row[key] == pytest.approx(one_row[key], rel=1e-9, abs=1e-12), key
 
 
 @pytest.mark.slow
