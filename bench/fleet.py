@@ -1,6 +1,6 @@
 """Generation throughput and weight-sync time of a `frlab.serve` fleet of 1, 2 and 3 servers.
 
-The remote rollout backend (frlab.rollout.remote_engine) spreads requests over a fleet of
+The remote rollout backend (frlab.rollout.remote.engine) spreads requests over a fleet of
 generation servers and syncs weights to all of them (snapshot file + load on every server +
 version check). This bench starts `--servers` (3) `python -m frlab.serve` processes on loopback
 serving one random-init Qwen2, then for n = 1, 2, 3 drives the first n through one
@@ -45,8 +45,8 @@ import torch
 
 from frlab.model.policy import build_policy, save_policy
 from frlab.rollout.engine import SamplingParams
-from frlab.rollout.remote_engine import RemoteEngine
-from frlab.rollout.snapshot import write_snapshot
+from frlab.rollout.remote.engine import RemoteEngine
+from frlab.rollout.remote.snapshot import write_snapshot
 
 PROMPT = [5, 9, 2, 7, 3, 11, 4, 8]
 

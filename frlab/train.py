@@ -272,7 +272,7 @@ def quiet_expected_noise() -> None:
     for pattern in EXPECTED_WARNINGS:
         warnings.filterwarnings("ignore", message=pattern)
     # httpx (the remote rollout backend) logs every request at INFO; failures are logged by
-    # frlab.rollout.remote_engine instead.
+    # frlab.rollout.remote.engine instead.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     if logging.getLogger().handlers:
         lightning_log = logging.getLogger("lightning")

@@ -306,5 +306,5 @@ def _check_remote(rollout: Mapping[str, Any], world: int) -> None:
             f"nccl supports one learner rank (the single NCCL sender), this run has {world}; "
             "use filesystem with several ranks",
         )
-    # W > 1 learner ranks share the fleet: weight syncs are collective (frlab.rollout.fleet_sync)
+    # W > 1 learner ranks share the fleet: weight syncs are collective (frlab.rollout.remote.fleet_sync)
     # and each rank writes its snapshots under `<snapshot_dir>/rank<R>`.

@@ -90,7 +90,7 @@ ROLLOUT = {
     "max_len": _f("int", low=2),
     "sampling": _f("mapping"),
     "device": _f("str"),
-    "remote": _f("mapping"),  # rollout=remote only (frlab.rollout.remote_engine)
+    "remote": _f("mapping"),  # rollout=remote only (frlab.rollout.remote.engine)
     "vllm_engine_args": _f("mapping"),  # rollout.engine=vllm only: extra vLLM AsyncEngineArgs
 }
 REMOTE = {
@@ -103,7 +103,7 @@ REMOTE = {
     "startup_timeout_s": _f("float", low=0.0, low_open=True),
     "keep_snapshots": _f("int", low=1),
     "model": _f("str", optional=True),
-    # weight_sync=nccl only (frlab.rollout.nccl_sync): the learner's NCCL rendezvous address
+    # weight_sync=nccl only (frlab.rollout.remote.nccl): the learner's NCCL rendezvous address
     # (null: this host's), port (0: a free port per group), vLLM's packed broadcast
     "nccl_master_address": _f("str", optional=True),
     "nccl_master_port": _f("int", low=0, high=65535),

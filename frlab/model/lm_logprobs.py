@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from frlab.objective.logprobs import (
+from frlab.ops.logprobs import (
     check_chunking,
     check_targets,
     chunk_stats_,

@@ -42,7 +42,7 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     """Lazy re-export of the log-prob helper (keeps `import frlab.objective` light)."""
     if name == "sampled_logprobs_and_entropy":
-        from frlab.objective.logprobs import sampled_logprobs_and_entropy
+        from frlab.ops.logprobs import sampled_logprobs_and_entropy
 
         return sampled_logprobs_and_entropy
     raise AttributeError(f"module 'frlab.objective' has no attribute {name!r}")

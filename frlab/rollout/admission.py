@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from frlab.data.batch import Trajectory
-from frlab.rollout.records import Group, Rollout
+from frlab.rollout.rollouts import Group, Rollout
 
 MODES = ("async", "sync")
 

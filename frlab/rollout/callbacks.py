@@ -9,7 +9,7 @@ resumes, and the pool checks the version it reports); on other steps it only tel
 learner version. It also syncs once at train start, so a resumed run's engine starts from the
 restored weights and version. With several learner ranks on one shared server fleet (the
 `remote` engine) every push is a collective step: all ranks drain, then push, then resume
-(frlab.rollout.fleet_sync). Keep `sync_every <= rollout.max_policy_lag`, or the pool's
+(frlab.rollout.remote.fleet_sync). Keep `sync_every <= rollout.max_policy_lag`, or the pool's
 admission control can never admit new rollouts.
 
 After every training batch it also logs the engine's own counters from `pool.stats()["engine"]`
@@ -67,7 +67,7 @@ class WeightSyncCallback(L.Callback):
         if policy is None:
             raise AttributeError("WeightSyncCallback needs the learner module's `policy` model")
         from frlab.learner.sharding import full_state_dict  # FSDP2: gather the shards
-        from frlab.rollout.fleet_sync import push_collectively, shares_fleet
+        from frlab.rollout.remote.fleet_sync import push_collectively, shares_fleet
 
         pool, state_dict = self._pool_of(trainer), full_state_dict(policy)
         if shares_fleet(trainer, pool):  # ranks share one server fleet: a collective sync

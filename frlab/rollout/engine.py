@@ -7,9 +7,9 @@ distribution it was actually drawn from and the weight version that drew it. Fla
 reproduce what the engine used. Importance sampling also needs the full support, so with
 off-policy correction on, top-p / top-k truncation is refused at start.
 
-Implementations: `torch` (frlab.rollout.torch_engine, CPU/CUDA, test default), `vllm`
-(frlab.rollout.vllm_engine, GPU only, imported lazily so `import frlab` never imports vllm)
-and `remote` (frlab.rollout.remote_engine: a fleet of vLLM / frlab.serve servers over HTTP).
+Implementations: `torch` (frlab.rollout.engines.torch, CPU/CUDA, test default), `vllm`
+(frlab.rollout.engines.vllm, GPU only, imported lazily so `import frlab` never imports vllm)
+and `remote` (frlab.rollout.remote.engine: a fleet of vLLM / frlab.serve servers over HTTP).
 """
 
 from __future__ import annotations
@@ -160,15 +160,15 @@ def build_engine(kind: str, **kwargs: Any) -> Engine:
     """Build an engine by name: "torch" (TorchEngine), "vllm" (VLLMEngine, lazy import) or
     "remote" (RemoteEngine: a fleet of HTTP generation servers)."""
     if kind == "torch":
-        from frlab.rollout.torch_engine import TorchEngine
+        from frlab.rollout.engines.torch import TorchEngine
 
         return TorchEngine(**kwargs)
     if kind == "vllm":
-        from frlab.rollout.vllm_engine import VLLMEngine
+        from frlab.rollout.engines.vllm import VLLMEngine
 
         return VLLMEngine(**kwargs)
     if kind == "remote":
-        from frlab.rollout.remote_engine import RemoteEngine
+        from frlab.rollout.remote.engine import RemoteEngine
 
         return RemoteEngine(**kwargs)
     raise ValueError(f"unknown rollout.engine {kind!r}; choose one of: {', '.join(ENGINE_KINDS)}")

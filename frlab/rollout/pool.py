@@ -8,7 +8,7 @@ admission control (the earliest-deadline invariant and lag bookkeeping in
 `frlab.rollout.admission`), so every trajectory satisfies
 `learner_version - min token version <= max_policy_lag` at consumption, and the per-trajectory
 lag is written into `Trajectory.info`. Rollout records and their checkpoint form live in
-`frlab.rollout.records`.
+`frlab.rollout.rollouts`.
 
 `mode="sync"` (collect, then train) uses the same code: `next_batch` requests exactly B/G
 prompts x G samples, which run together and are handed out together; nothing else starts until
@@ -37,8 +37,8 @@ from frlab.rollout.admission import required_early as required_early
 from frlab.rollout.admission import select_batch as select_batch
 from frlab.rollout.agent_loop import AgentLoopConfig
 from frlab.rollout.engine import Engine
-from frlab.rollout.records import REJECT_REASONS as REJECT_REASONS
-from frlab.rollout.records import (
+from frlab.rollout.rollouts import REJECT_REASONS as REJECT_REASONS
+from frlab.rollout.rollouts import (
     Failure,
     Group,
     Rollout,

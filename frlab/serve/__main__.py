@@ -76,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     import torch
 
-    from frlab.rollout.torch_engine import TorchEngine
+    from frlab.rollout.engines.torch import TorchEngine
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)

@@ -3,7 +3,7 @@
 A stdlib `ThreadingHTTPServer` (no web framework dependency): each connection gets a thread,
 which hands its request to the torch engine running on one private asyncio loop, so concurrent
 requests are batched by the engine as in-process ones are. Endpoints (field names as vLLM
-documents them, see `frlab.rollout.remote_protocol`): `GET /health`, `GET /v1/models`,
+documents them, see `frlab.rollout.remote.protocol`): `GET /health`, `GET /v1/models`,
 `POST /v1/completions`, `POST /collective_rpc` (methods `frlab_load_snapshot`,
 `frlab_weight_version`), `POST /reset_prefix_cache` (no cache: a no-op). vLLM's NCCL
 weight-transfer endpoints answer 501: this is a CPU/test vehicle, not vLLM. A snapshot push
@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from frlab.rollout import remote_protocol as proto
-from frlab.rollout.snapshot import read_snapshot
-from frlab.rollout.torch_engine import TorchEngine
-from frlab.rollout.vllm_worker import (
+from frlab.rollout.engines.torch import TorchEngine
+from frlab.rollout.remote import protocol as proto
+from frlab.rollout.remote.snapshot import read_snapshot
+from frlab.rollout.remote.worker_extension import (
     SNAPSHOT_METHOD,
     VERSION_METHOD,
     same_weights,

@@ -41,7 +41,7 @@ start_server() {
   local cmd=(env CUDA_VISIBLE_DEVICES="$gpus" VLLM_SERVER_DEV_MODE=1
     vllm serve "$model" --host 0.0.0.0 --port "$port" --tensor-parallel-size "$tp"
     --max-model-len "$max_len" --seed "${SEED:-0}"
-    --worker-extension-cls frlab.rollout.vllm_worker.WeightUpdateExtension
+    --worker-extension-cls frlab.rollout.remote.worker_extension.WeightUpdateExtension
     --logprobs-mode processed_logprobs)
   if [[ "${PRINT_ONLY:-0}" == 1 ]]; then run_or_print "${cmd[@]}"; else "${cmd[@]}" & fi
 }

@@ -57,7 +57,7 @@ def test_rollout_remote_alone_selects_the_fleet_for_the_toy_presets() -> None:
 
 
 def test_a_valid_remote_config_builds_the_configured_engine(tmp_path: Path) -> None:
-    from frlab.rollout.remote_engine import RemoteEngine
+    from frlab.rollout.remote.engine import RemoteEngine
     from frlab.train import build_engine_for, build_policy_from, plain
 
     servers = "rollout.remote.servers=[http://127.0.0.1:8100,http://127.0.0.1:8101/]"

@@ -149,7 +149,7 @@ def test_properties() -> None:
 
 
 def test_logprob_helper_is_re_exported() -> None:
-    from frlab.objective.logprobs import sampled_logprobs_and_entropy as direct
+    from frlab.ops.logprobs import sampled_logprobs_and_entropy as direct
 
     assert sampled_logprobs_and_entropy is direct
 

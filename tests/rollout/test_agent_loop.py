@@ -24,7 +24,7 @@ from frlab.rollout.agent_loop import (
     template_ids,
 )
 from frlab.rollout.engine import Engine, GenerationResult, SamplingParams
-from frlab.rollout.torch_engine import TorchEngine
+from frlab.rollout.engines.torch import TorchEngine
 
 TOK = build_toy_tokenizer()
 EOS = TOK.eos_token_id

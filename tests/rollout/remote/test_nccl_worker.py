@@ -1,4 +1,4 @@
-"""The NCCL rpcs of frlab's vLLM worker extension (frlab.rollout.vllm_worker), on a fake worker:
+"""The NCCL rpcs of frlab's vLLM worker extension (frlab.rollout.remote.worker_extension), on a fake worker:
 join a group by token, begin (tap `load_weights`, forget the held version), commit only what
 was loaded when it matches the learner's fingerprint."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from nccl_testlib import FakeModel, fake_worker
 
-from frlab.rollout.vllm_worker import check_acks, weights_fingerprint
+from frlab.rollout.remote.worker_extension import check_acks, weights_fingerprint
 
 SENT = [("a", torch.tensor([1.0, 2.0])), ("b", torch.tensor([[0.5], [-4.0]]))]
 FP = weights_fingerprint(SENT)

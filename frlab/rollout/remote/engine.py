@@ -1,9 +1,9 @@
 """`remote` engine: the rollout pool drives a fleet of generation servers over HTTP.
 
 On GPUs the servers are vLLM's own OpenAI-compatible servers (`vllm serve ...
---worker-extension-cls frlab.rollout.vllm_worker.WeightUpdateExtension`, dev mode on); on CPU
+--worker-extension-cls frlab.rollout.remote.worker_extension.WeightUpdateExtension`, dev mode on); on CPU
 and in tests they are `python -m frlab.serve` processes (a test vehicle, not vLLM). Token in,
-token out: `frlab.rollout.remote_protocol` shapes every request and checks every answer.
+token out: `frlab.rollout.remote.protocol` shapes every request and checks every answer.
 
 Load spreading: each request goes to the healthy server with the fewest requests in flight.
 Failover: a connection error, a timeout (`request_timeout_s`: a hung server), an HTTP 5xx or
@@ -16,7 +16,7 @@ the current snapshot and report the current weight version before it is re-admit
 
 Weight sync (`weight_sync="filesystem"`): `update_weights` writes
 `<snapshot_dir>/v<version>/model.safetensors` (snapshot_dir None: a private temp folder,
-removed at shutdown, for servers on this host) atomically (frlab.rollout.snapshot), stops
+removed at shutdown, for servers on this host) atomically (frlab.rollout.remote.snapshot), stops
 dispatching, waits for in-flight requests to finish (no request spans a weight change), asks
 every live server to load it (`/collective_rpc frlab_load_snapshot`, acknowledged with a
 fingerprint of the tensors loaded), then asks each server its version
@@ -27,16 +27,16 @@ fingerprint of the tensors loaded), then asks each server its version
 
 Several learner ranks (DDP / FSDP) share one fleet: each rank has its own RemoteEngine on the
 same servers (`shared_across_ranks`), `WeightSyncCallback` makes every sync collective (all
-ranks drain, then push, then resume: frlab.rollout.fleet_sync), the servers load each version
+ranks drain, then push, then resume: frlab.rollout.remote.fleet_sync), the servers load each version
 once and deduplicate the other ranks' identical pushes by (version, fingerprint), and each rank
 writes its snapshots under `<snapshot_dir>/rank<R>` so no two ranks write one file. While the
 engine is paused the prober admits nothing, so a rank never reloads an older snapshot over a
 version another rank has just pushed.
 
-Server states, admission and probing live in `frlab.rollout.remote_fleet` (mixed in).
+Server states, admission and probing live in `frlab.rollout.remote.fleet` (mixed in).
 
 Weight sync (`weight_sync="nccl"`, one learner rank only): after the same drain,
-frlab.rollout.nccl_sync broadcasts through vLLM's own trainer engine, each server's workers
+frlab.rollout.remote.nccl broadcasts through vLLM's own trainer engine, each server's workers
 commit the version only if what they loaded matches the learner's fingerprint, then every
 server is asked its version as above. Snapshots are written only if `snapshot_dir` is set:
 they re-admit a server outside the NCCL group (restarted, refused) before the next sync
@@ -60,11 +60,11 @@ from typing import Any
 import httpx
 import torch
 
-from frlab.rollout import remote_protocol as proto
 from frlab.rollout.engine import Engine, EngineError, GenerationResult, SamplingParams
-from frlab.rollout.nccl_sync import NcclSync
-from frlab.rollout.remote_fleet import FleetMixin, Server, ServerFault, Snapshot
-from frlab.rollout.snapshot import prune_snapshots, write_snapshot
+from frlab.rollout.remote import protocol as proto
+from frlab.rollout.remote.fleet import FleetMixin, Server, ServerFault, Snapshot
+from frlab.rollout.remote.nccl import NcclSync
+from frlab.rollout.remote.snapshot import prune_snapshots, write_snapshot
 
 log = logging.getLogger(__name__)
 

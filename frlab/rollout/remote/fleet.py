@@ -1,6 +1,6 @@
 """The fleet side of the `remote` engine: server state, admission, probing, HTTP calls.
 
-`FleetMixin` is mixed into `frlab.rollout.remote_engine.RemoteEngine` (which owns the event
+`FleetMixin` is mixed into `frlab.rollout.remote.engine.RemoteEngine` (which owns the event
 loop, the request gate and weight sync). A server is `ok` only after it reported the fleet's
 current weight version in answer to `frlab_weight_version` (having first loaded and
 acknowledged the current snapshot, if there is one); `stale` when it reported another version
@@ -21,11 +21,11 @@ from typing import Any
 
 import httpx
 
-from frlab.rollout import remote_protocol as proto
 from frlab.rollout.engine import EngineError
-from frlab.rollout.vllm_worker import SNAPSHOT_METHOD, VERSION_METHOD, check_acks
+from frlab.rollout.remote import protocol as proto
+from frlab.rollout.remote.worker_extension import SNAPSHOT_METHOD, VERSION_METHOD, check_acks
 
-log = logging.getLogger("frlab.rollout.remote_engine")
+log = logging.getLogger("frlab.rollout.remote.engine")
 
 
 class ServerFault(Exception):

@@ -15,16 +15,16 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from frlab.rollout import vllm_engine
 from frlab.rollout.engine import EngineError, SamplingParams, build_engine
-from frlab.rollout.vllm_engine import (
+from frlab.rollout.engines import vllm as vllm_engine
+from frlab.rollout.engines.vllm import (
     VLLMEngine,
     generation_result,
     sampled_log_probs,
     vllm_engine_kwargs,
     vllm_sampling_kwargs,
 )
-from frlab.rollout.vllm_worker import (
+from frlab.rollout.remote.worker_extension import (
     LOAD_WEIGHTS_METHOD,
     WORKER_EXTENSION_CLS,
     WeightUpdateExtension,
@@ -51,7 +51,7 @@ def test_engine_kwargs_ask_for_processed_log_probs_and_the_worker_extension() ->
         "model": "m",
         "seed": 1,
         "logprobs_mode": "processed_logprobs",
-        "worker_extension_cls": "frlab.rollout.vllm_worker.WeightUpdateExtension",
+        "worker_extension_cls": "frlab.rollout.remote.worker_extension.WeightUpdateExtension",
     }
     assert "logprobs_mode" not in vllm_engine_kwargs("m", ["model", "worker_extension_cls"])
     with pytest.raises(ValueError, match="gpu_mem"):
@@ -341,7 +341,7 @@ def test_generate_before_start_is_a_clear_error() -> None:
 
 def test_importing_the_adapter_and_worker_does_not_import_vllm() -> None:
     code = (
-        "import sys, frlab.rollout, frlab.rollout.vllm_engine, frlab.rollout.vllm_worker; "
+        "import sys, frlab.rollout, frlab.rollout.engines.vllm, frlab.rollout.remote.worker_extension; "
         "print('vllm' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -28,7 +28,7 @@ from serve_testlib import (
 )
 
 from frlab.rollout.engine import EngineError, GenerationResult, SamplingParams
-from frlab.rollout.remote_engine import RemoteEngine
+from frlab.rollout.remote.engine import RemoteEngine
 
 PROMPT = [1, 2, 3]
 

@@ -11,7 +11,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from frlab.rollout.engine import EngineError, SamplingParams, build_engine
-from frlab.rollout.torch_engine import TorchEngine, sampling_log_probs
+from frlab.rollout.engines.torch import TorchEngine, sampling_log_probs
 
 VOCAB = 64
 

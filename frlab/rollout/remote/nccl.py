@@ -8,7 +8,7 @@ opens the group and `send_weights()` runs one round (start, update concurrent wi
 broadcast, finish); `FleetClient` is the `VLLMWeightSyncClient` it drives, fanning each call
 out to every member at once. vllm is imported here lazily, only when nccl is chosen.
 
-Verification (frlab.rollout.vllm_worker): after forming a group every member joins it by
+Verification (frlab.rollout.remote.worker_extension): after forming a group every member joins it by
 token; before each broadcast `frlab_nccl_begin(token)` must answer True on every member (a
 restarted server does not know the token) and taps the workers' `load_weights`; after it
 `frlab_commit_version(version, fingerprint)` commits only what matches the learner's
@@ -43,10 +43,10 @@ from typing import Any
 import httpx
 import torch
 
-from frlab.rollout import remote_protocol as proto
 from frlab.rollout.engine import EngineError
-from frlab.rollout.remote_fleet import Server, ServerFault
-from frlab.rollout.vllm_worker import (
+from frlab.rollout.remote import protocol as proto
+from frlab.rollout.remote.fleet import Server, ServerFault
+from frlab.rollout.remote.worker_extension import (
     COMMIT_METHOD,
     NCCL_BEGIN_METHOD,
     NCCL_JOIN_METHOD,
@@ -54,7 +54,7 @@ from frlab.rollout.vllm_worker import (
     weights_fingerprint,
 )
 
-log = logging.getLogger("frlab.rollout.remote_engine")
+log = logging.getLogger("frlab.rollout.remote.engine")
 
 
 def check_nccl_settings(master_address: str | None, master_port: int, packed: bool) -> None:

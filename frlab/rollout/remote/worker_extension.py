@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-WORKER_EXTENSION_CLS = "frlab.rollout.vllm_worker.WeightUpdateExtension"
+WORKER_EXTENSION_CLS = "frlab.rollout.remote.worker_extension.WeightUpdateExtension"
 LOAD_WEIGHTS_METHOD = "frlab_load_weights"
 VERSION_METHOD = "frlab_weight_version"
 SNAPSHOT_METHOD = "frlab_load_snapshot"  # remote backend: load a safetensors snapshot file

@@ -4,7 +4,7 @@ GPU only (extra `vllm`); `vllm` is imported inside `VLLMEngine.start`, never at 
 so `import frlab.rollout` stays light. The adapter is thin on purpose: the logic that can be
 checked without a GPU lives in pure functions tested on CPU with fake vLLM objects
 (`vllm_sampling_kwargs`, `vllm_engine_kwargs`, `sampled_log_probs`, `generation_result`, and
-the worker side in `frlab.rollout.vllm_worker`).
+the worker side in `frlab.rollout.remote.worker_extension`).
 
 Behaviour log-probs (SPEC §3) come from vLLM itself: `logprobs=1` returns the sampled token's
 log-prob, and the engine runs with `logprobs_mode="processed_logprobs"` (vLLM >= 0.10.2) so
@@ -13,7 +13,7 @@ vLLM runs on its own event loop in a background thread; `generate` bridges to it
 caller's loop.
 
 Weight updates use vLLM's in-process RLHF path: the engine is built with
-`worker_extension_cls="frlab.rollout.vllm_worker.WeightUpdateExtension"` and `update_weights`
+`worker_extension_cls="frlab.rollout.remote.worker_extension.WeightUpdateExtension"` and `update_weights`
 calls the worker method by NAME, `collective_rpc("frlab_load_weights", args=(weights,
 version))` (vLLM V1 ships only names, not callables, to its worker processes unless
 `VLLM_ALLOW_INSECURE_SERIALIZATION=1`). Every worker acknowledges the version and a
@@ -53,7 +53,7 @@ from typing import Any
 import torch
 
 from frlab.rollout.engine import Engine, EngineError, GenerationResult, SamplingParams
-from frlab.rollout.vllm_worker import (
+from frlab.rollout.remote.worker_extension import (
     LOAD_WEIGHTS_METHOD,
     WORKER_EXTENSION_CLS,
     check_acks,

@@ -10,7 +10,7 @@ after temperature / top-k / top-p), `ignore_eos` and `stop_token_ids` (frlab sto
 its own stop ids, as the torch engine does), `skip_special_tokens: false`.
 
 Weight versions are frlab's extension. A server run with frlab's worker extension
-(`frlab.rollout.vllm_worker.WeightUpdateExtension`, reached through vLLM's dev endpoint
+(`frlab.rollout.remote.worker_extension.WeightUpdateExtension`, reached through vLLM's dev endpoint
 `POST /collective_rpc {"method", "args", "kwargs", "timeout"} -> {"results": [...]}`) answers
 `frlab_weight_version` and loads snapshots with `frlab_load_snapshot`. `python -m frlab.serve`
 additionally returns `frlab_versions` (one per sampled token) in each choice; vLLM does not,
@@ -21,7 +21,7 @@ vLLM's NCCL weight-transfer endpoints (`--weight-transfer-config '{"backend": "n
 world_size, packed, ...}}`, `POST /start_weight_update`, `POST /update_weights {"update_info":
 {names, dtype_names, shapes}}`, `POST /finish_weight_update {"weight_version"}`, and `GET
 /get_world_size -> {"world_size"}` (a server's worker count, TP x PP x DP). vLLM's trainer
-engine (frlab.rollout.nccl_sync) builds the bodies it sends itself; frlab only sets each
+engine (frlab.rollout.remote.nccl) builds the bodies it sends itself; frlab only sets each
 server's `rank_offset` (`nccl_rank_offsets`). `nccl_init_request` / `nccl_update_request`
 spell the same bodies out for tests and tools. All of it is tested on CPU against fakes; none
 of it has run against a real vLLM.

@@ -1,5 +1,5 @@
 """Sharing one server fleet between learner ranks: the collective weight sync
-(frlab.rollout.fleet_sync), the deduplication of identical pushes (vllm_worker.same_weights),
+(frlab.rollout.remote.fleet_sync), the deduplication of identical pushes (vllm_worker.same_weights),
 a prober that admits nothing while its engine is paused, and a server that accepts a burst of
 new connections (listen backlog), the last two against an in-process `frlab.serve` server.
 
@@ -24,9 +24,9 @@ import pytest
 import torch
 
 from frlab.rollout.callbacks import WeightSyncCallback
-from frlab.rollout.fleet_sync import shares_fleet
-from frlab.rollout.snapshot import write_snapshot
-from frlab.rollout.vllm_worker import WeightUpdateExtension, same_weights
+from frlab.rollout.remote.fleet_sync import shares_fleet
+from frlab.rollout.remote.snapshot import write_snapshot
+from frlab.rollout.remote.worker_extension import WeightUpdateExtension, same_weights
 
 WORLD = 2
 
@@ -214,7 +214,7 @@ def in_process_server() -> Any:
     from serve_testlib import TINY_QWEN2, free_port, url
 
     from frlab.model import build_policy
-    from frlab.rollout.torch_engine import TorchEngine
+    from frlab.rollout.engines.torch import TorchEngine
     from frlab.serve.server import ServeState, serve
 
     policy = build_policy(config=dict(TINY_QWEN2), seed=0)
@@ -233,7 +233,7 @@ def in_process_server() -> Any:
 def test_the_prober_admits_no_server_while_the_engine_is_paused(in_process_server: Any) -> None:
     """During a collective sync a rank's prober must not load its older snapshot over the
     version another rank has just pushed: while paused it re-admits nothing."""
-    from frlab.rollout.remote_engine import RemoteEngine
+    from frlab.rollout.remote.engine import RemoteEngine
 
     server_url, policy = in_process_server
     engine = RemoteEngine([server_url], probe_interval_s=0.02, initial_weights=policy.state_dict())

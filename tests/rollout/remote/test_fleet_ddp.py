@@ -3,7 +3,7 @@
 The worker (`fleet_ddp_worker.py`, a standalone script so that Lightning re-launches it and
 not pytest) runs `frlab.train.run` on the toy experiment with `trainer=ddp_cpu` and
 `rollout=remote`; each rank has its own pool and RemoteEngine on the SAME two servers and a
-shared `snapshot_dir`. Weight syncs are collective (frlab.rollout.fleet_sync): every rank
+shared `snapshot_dir`. Weight syncs are collective (frlab.rollout.remote.fleet_sync): every rank
 drains, then pushes; the servers load each version once and deduplicate the other rank's
 identical push.
 
@@ -29,7 +29,7 @@ from serve_testlib import Fleet, free_port, url
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "fleet_ddp_worker.py"
-ROOT = HERE.parents[1]
+ROOT = HERE.parents[2]
 STEPS, MAX_LAG, PER_RANK = 4, 1, 4  # as the worker sets them: lag 1, global batch 8
 
 

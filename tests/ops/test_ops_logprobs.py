@@ -13,7 +13,7 @@ import pytest
 import torch
 from memory_testlib import AllocationRecorder
 
-from frlab.objective.logprobs import sampled_logprobs_and_entropy
+from frlab.ops.logprobs import sampled_logprobs_and_entropy
 
 
 def naive(logits: torch.Tensor, targets: torch.Tensor, tau: float = 1.0):

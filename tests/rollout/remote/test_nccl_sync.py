@@ -19,9 +19,9 @@ import pytest
 import torch
 from nccl_testlib import EVENTS, WIRE, FakeTrainerEngine, FakeVllmServer, install_fake_vllm
 
-from frlab.rollout import remote_protocol as proto
 from frlab.rollout.engine import EngineError, SamplingParams
-from frlab.rollout.remote_engine import RemoteEngine
+from frlab.rollout.remote import protocol as proto
+from frlab.rollout.remote.engine import RemoteEngine
 
 
 def weights(seed: int) -> dict[str, torch.Tensor]:

@@ -1,4 +1,4 @@
-"""Fakes for the NCCL weight sync of the remote engine (frlab.rollout.nccl_sync), no vllm needed.
+"""Fakes for the NCCL weight sync of the remote engine (frlab.rollout.remote.nccl), no vllm needed.
 
 `install_fake_vllm(monkeypatch)` puts fake `vllm.distributed.weight_transfer.{base,factory,
 nccl_engine}` modules into `sys.modules`, shaped like vLLM 0.28/0.29's trainer API
@@ -27,8 +27,8 @@ from typing import Any
 import pytest
 import torch
 
-from frlab.rollout import remote_protocol as proto
-from frlab.rollout.vllm_worker import WeightUpdateExtension
+from frlab.rollout.remote import protocol as proto
+from frlab.rollout.remote.worker_extension import WeightUpdateExtension
 
 WIRE: dict[int, list[tuple[str, torch.Tensor]]] = {}
 EVENTS: list[tuple[str, str, Any]] = []

@@ -2,7 +2,7 @@
 
 `write_snapshot` writes `<snapshot_dir>/v<version>/model.safetensors` atomically (a temporary
 folder in the same directory, fsync, then one `rename`), so a server never reads a partial
-file; it returns the path and the fingerprint (`frlab.rollout.vllm_worker.weights_fingerprint`)
+file; it returns the path and the fingerprint (`frlab.rollout.remote.worker_extension.weights_fingerprint`)
 that a server's load acknowledgement must match. `prune_snapshots` keeps the newest few.
 Tensors that share storage (tied embeddings) are copied, since safetensors refuses shared
 storage.
@@ -22,7 +22,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from frlab.fsio import fsync_path
-from frlab.rollout.vllm_worker import weights_fingerprint
+from frlab.rollout.remote.worker_extension import weights_fingerprint
 
 SNAPSHOT_FILE = "model.safetensors"
 _VERSION_DIR = re.compile(r"^v(\d+)$")

@@ -10,12 +10,17 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from frlab.rollout import remote_protocol as proto
 from frlab.rollout.callbacks import rollout_metrics
 from frlab.rollout.engine import ENGINE_KINDS, SamplingParams, build_engine
-from frlab.rollout.remote_engine import RemoteEngine, Server
-from frlab.rollout.snapshot import prune_snapshots, read_snapshot, snapshot_path, write_snapshot
-from frlab.rollout.vllm_worker import WeightUpdateExtension, check_acks
+from frlab.rollout.remote import protocol as proto
+from frlab.rollout.remote.engine import RemoteEngine, Server
+from frlab.rollout.remote.snapshot import (
+    prune_snapshots,
+    read_snapshot,
+    snapshot_path,
+    write_snapshot,
+)
+from frlab.rollout.remote.worker_extension import WeightUpdateExtension, check_acks
 
 # The shape vLLM's OpenAI server documents for /v1/completions with logprobs=1,
 # return_token_ids and return_tokens_as_token_ids (no frlab_versions: that is frlab.serve's).
@@ -190,7 +195,7 @@ def test_serve_model_config_random_inits_the_architecture(tmp_path) -> None:
     mapping is refused naming the flag; --model and --model-config exclude each other."""
     from frlab.serve.__main__ import build_server_policy, parse_args
 
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     args = parse_args(["--model-config", str(root / "configs/model/toy_qwen2.yaml")])
     policy = build_server_policy(args)
     assert (policy.config.vocab_size, policy.config.hidden_size) == (64, 64)
