@@ -5,7 +5,7 @@ the policy's action text each turn (`step` -> observation, reward, done, info) a
 tasks for the rollout pool (`sample_task`). Instances hold per-episode state: build a fresh
 one per rollout. `step` may be slow (tools, games): the agent loop runs it off the event loop.
 Rewards are summed over the episode; `failure` labels failed trajectories for the entropy
-filter (SPEC §2 rule 4: explicit labels, never the advantage sign).
+filter (explicit labels, never the advantage sign).
 """
 
 from __future__ import annotations

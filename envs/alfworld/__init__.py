@@ -1,4 +1,4 @@
-"""ALFWorld text games for frlab agents (SPEC §5; extra `alfworld`).
+"""ALFWorld text games for frlab agents (extra `alfworld`).
 
 `AlfworldEnv` plays ALFRED-format game folders found under `ALFWORLD_DATA`, one worker process
 per episode; `envs.alfworld.make_games` writes small offline games (the official download needs

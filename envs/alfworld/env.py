@@ -1,4 +1,4 @@
-"""`AlfworldEnv`: ALFWorld household text games (SPEC §5) behind the frlab `Env` interface.
+"""`AlfworldEnv`: ALFWorld household text games behind the frlab `Env` interface.
 
 A task is one game folder (ALFRED format: `traj_data.json` + `game.tw-pddl`) found under
 `data_dir` (default: the `ALFWORLD_DATA` environment variable). Each episode runs its game in

@@ -1,7 +1,7 @@
 """One ALFWorld game in its own process, driven over a pipe, with a timeout on every call.
 
 ALFWorld's TextWorld parser keeps global state and is not safe to share between threads, and
-a game step can hang (a pathological command, the planner), so each episode (SPEC §5) owns a
+a game step can hang (a pathological command, the planner), so each episode owns a
 `GameWorker`: a child process that loads one game and answers `step` requests. The child is a
 fresh interpreter (`python -c` calling `main`; not a fork, as the rollout pool runs threads;
 not multiprocessing's spawn, which re-imports the caller's main script) in its own session,

@@ -1,4 +1,4 @@
-"""Single-turn math with a verifiable 0/1 reward (SPEC §5).
+"""Single-turn math with a verifiable 0/1 reward.
 
 Public entry points: `grade(response, ground_truth) -> float` (answer extraction, string
 match, then math-verify in worker processes: safe from rollout threads), `extract_answer`,

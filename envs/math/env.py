@@ -1,8 +1,8 @@
-"""`MathEnv`: single-turn math with a verifiable 0/1 reward (SPEC §5).
+"""`MathEnv`: single-turn math with a verifiable 0/1 reward.
 
 One turn: the prompt holds the question in a template, the policy's reply is graded by
 `envs.math.grade` against the task's answer (1.0 or 0.0), and the episode ends. A reward
-<= 0 marks the trajectory as failed (the entropy filter's label, SPEC §2 rule 4).
+<= 0 marks the trajectory as failed (the label the entropy filter reads).
 
 Templates: `instruct` asks for step-by-step reasoning and a `\\boxed{}` answer in a user turn
 (chat models); `base` is a plain "Question: ... Answer:" completion prompt for base models

@@ -1,4 +1,4 @@
-"""avg@k accuracy on math benchmarks (the paper's evaluation metric, SPEC §4).
+"""avg@k accuracy on math benchmarks (the FlashREINFORCE paper's evaluation metric).
 
 avg@k of a benchmark = mean over its problems of the fraction of k sampled replies graded
 correct (1/N sum_i 1/k sum_j grade(reply_ij, answer_i)): an unbiased estimate of the expected

@@ -1,4 +1,4 @@
-"""Answer extraction from a model's reply (SPEC §5, math environment).
+"""Answer extraction from a model's reply (math environment).
 
 Order, first hit wins:
 1. the content of the LAST balanced `\\boxed{...}` (or `\\fbox{...}`), nested braces allowed;

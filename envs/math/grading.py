@@ -1,4 +1,4 @@
-"""0/1 grading of a math reply against a ground-truth answer (SPEC §5).
+"""0/1 grading of a math reply against a ground-truth answer.
 
 `grade(response, ground_truth)` extracts the reply's answer (envs.math.extract) and returns
 1.0 when it matches, else 0.0. The checks, in order:

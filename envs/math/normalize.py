@@ -1,4 +1,4 @@
-"""String normalisation of math answers and exact readings of numeric literals (SPEC §5).
+"""String normalisation of math answers and exact readings of numeric literals.
 
 `normalize_answer` maps equivalent spellings of one answer to one string: it removes math
 delimiters (`$`, `\\(`), spacing commands, `\\left`/`\\right`, `\\text{}`-style wrappers,

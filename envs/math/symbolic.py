@@ -1,4 +1,4 @@
-"""Symbolic equivalence through math-verify, safe to call from any thread (SPEC §5).
+"""Symbolic equivalence through math-verify, safe to call from any thread.
 
 math-verify bounds its own work with `signal.alarm`, which only works in a process's main
 thread: called from the rollout threads it raises, and with its timeouts disabled a

@@ -1,4 +1,4 @@
-"""Multi-turn Python-tool environment (SPEC §5): a sandboxed interpreter and the agent env.
+"""Multi-turn Python-tool environment: a sandboxed interpreter and the agent env.
 
 `run_python` (envs.python_tool.sandbox) runs untrusted code; its docstring lists what the
 sandbox covers and what it does not. `PythonToolEnv` (envs.python_tool.env) drives episodes.

@@ -1,4 +1,4 @@
-"""`python_tool`: a multi-turn maths agent with a sandboxed Python interpreter (SPEC §5).
+"""`python_tool`: a multi-turn maths agent with a sandboxed Python interpreter.
 
 Each assistant turn is one of:
 - a committed answer (`<answer>...</answer>` or `\\boxed{...}` outside code): the episode ends

@@ -1,4 +1,4 @@
-"""Grade the committed answer of a Python-tool episode 0/1 (SPEC §5).
+"""Grade the committed answer of a Python-tool episode 0/1.
 
 Uses `envs.math.grade(response, ground_truth)` (string match, then symbolic equivalence) when
 the math environment is importable; otherwise falls back to `fallback_grade`: a normalised

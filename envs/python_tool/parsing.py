@@ -1,6 +1,6 @@
 """Parse one assistant turn of the Python-tool agent: a tool call, a committed answer, or neither.
 
-Tool calls (SPEC §5): a Qwen-style XML call `<tool_call>{"name": "python", "arguments":
+Tool calls: a Qwen-style XML call `<tool_call>{"name": "python", "arguments":
 {"code": "..."}}</tool_call>` (arguments may also be a JSON-encoded string, as some chat
 templates emit), or a fenced ```python block. The first call in the turn is run. A committed
 answer is `<answer>...</answer>` or the last balanced `\\boxed{...}`, searched only in the text

@@ -1,4 +1,7 @@
-"""Run untrusted Python for the tool-using agent (SPEC §5): `run_python(code, ...)`.
+"""Run untrusted Python for the tool-using agent: `run_python(code, ...)`.
+
+The FlashREINFORCE paper's Python-tool setting runs model-written code in an isolated
+interpreter; errors come back as text and the tool never raises.
 
 Threat model: the code is written by an adversary that wants to outlive the call, escape its
 directory, read the host's secrets, reach the network or kill its caller. What the sandbox does:
@@ -29,13 +32,20 @@ Namespace mode (running as root with util-linux `unshare`; probed once, else pla
   no_new_privs (setuid binaries such as su or mount cannot raise privileges), so RLIMIT_NPROC
   (counted per real uid; ignored for root, hence the uid switch) really caps the number of
   processes and threads, and root-owned files are read-only to it.
-- Every top-level directory except /usr, /bin, /sbin, /lib*, /etc, /proc and /dev (so /root,
-  /home, /tmp, /var, /opt, /sys and any checkout or data mount such as /work or /check), plus
-  /dev/shm and /dev/mqueue, is covered by an empty root-owned tmpfs (not writable by the
-  program), and every other top-level file by /dev/null, in the program's mount namespace; the
-  host never sees these mounts. The interpreter's own prefix is bind-mounted back read-only
-  when it lives under a hidden directory. The work dir is a tmpfs of disk_mb: with the
-  world-writable host directories hidden, it is the only place the program can write.
+- A minimal root file system: the launcher pivots into a small root-owned tmpfs holding only
+  read-only binds of /usr, /bin, /sbin, /lib*, /etc and the interpreter's prefix, the device
+  nodes null, zero, full, random and urandom, the namespace's own /proc, and the work dir (a
+  tmpfs of disk_mb, the only place the program can write); the host's tree is detached. No
+  other host directory (/root, /home, /tmp, /var, /opt, /sys, /dev/shm, or a checkout or data
+  mount such as /work or /check) exists for the program, and /proc/self/mountinfo lists only
+  these mounts.
+- A seccomp filter refuses every way of creating or entering a namespace (unshare, setns,
+  clone with a CLONE_NEW* flag; clone3 answers ENOSYS so the C library falls back to clone):
+  without it an unprivileged program could make a user namespace, be root inside it and mount
+  a tmpfs past the disk cap. The plain mode installs the same filter.
+- The program dies with its caller: the launcher (the namespace's PID 1) watches a pipe whose
+  write end only the caller holds; when the caller dies, even by SIGKILL, the pipe reads EOF,
+  PID 1 exits and the kernel kills the namespace.
 
 Not covered (be aware)
 - World-readable files under the kept directories (/etc, /usr, ...) stay readable, and so
@@ -43,15 +53,17 @@ Not covered (be aware)
   owned by root do not. A host with world-writable directories other than those hidden would
   leave them writable. /proc is the namespace's own, but host-wide kernel files in it
   (/proc/meminfo, /proc/cpuinfo, /proc/sys) stay readable.
-- No seccomp filter: every system call is available to an unprivileged user (kernel bugs are
-  out of scope). No cgroup: memory is capped per process (RLIMIT_AS), so a program can hold up
+- The seccomp filter covers namespaces only: every other system call is available to an
+  unprivileged user (kernel bugs are out of scope). No cgroup: memory is capped per process (RLIMIT_AS), so a program can hold up
   to max_processes x memory_mb in total; CPU time is capped per process, wall time by the
   timeout. Size max_processes and memory_mb for the host's RAM and the number of concurrent
   calls.
 - Plain mode (not root, or `unshare` unusable): no namespaces and the caller's uid. The program
   can read whatever the caller can, reach the network, signal the caller's other processes (it
   could kill its caller with kill(-1, SIGKILL)), and a child that calls setsid escapes the group
-  kill (we also kill the processes left in the session, but not those that left it).
+  kill (we also kill the processes left in the session, but not those that left it). The
+  program gets SIGKILL when its caller's thread dies (a parent-death signal), its children
+  do not.
   RLIMIT_NPROC is not set there (it would count all the caller's processes). Use it only on a
   throwaway machine or container; `sandbox_mode()` tells which mode is in use.
 """
@@ -77,21 +89,10 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 LAUNCHER = Path(__file__).with_name("_launcher.py")
-# Allowlist, not denylist: every top-level entry of / except these is hidden (a host may mount
-# a checkout or secrets anywhere: /check, /data, /old_root ...), plus the writable corners below.
-KEPT_ROOT_ENTRIES = (
-    "/usr",
-    "/bin",
-    "/sbin",
-    "/lib",
-    "/lib32",
-    "/lib64",
-    "/libx32",
-    "/etc",
-    "/proc",
-    "/dev",
-)
-HIDDEN_SUBDIRS = ("/dev/shm", "/dev/mqueue")
+# Allowlist, not denylist: only these top-level entries exist in the sandbox's root (a host may
+# mount a checkout or secrets anywhere: /check, /data, /old_root ...), read-only, plus the
+# interpreter's prefix, a few device nodes, /proc and the work dir.
+KEPT_ROOT_ENTRIES = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
 UNSHARE_FLAGS = ("--fork", "--pid", "--mount-proc", "--net", "--ipc", "--uts", "--kill-child")
 BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
 READ_CHUNK = 65536
@@ -139,7 +140,7 @@ def _interpreter() -> tuple[str, str]:
     return os.path.realpath(exe), os.path.realpath(sys.base_prefix)
 
 
-def _spec(mode: str, workdir: str, limits: Limits) -> dict:
+def _spec(mode: str, workdir: str, limits: Limits, watch_fd: int | None = None) -> dict:
     python, prefix = _interpreter()
     env = {**BASE_ENV, "HOME": workdir, "TMPDIR": workdir, "PYTHONDONTWRITEBYTECODE": "1"}
     return {
@@ -148,7 +149,6 @@ def _spec(mode: str, workdir: str, limits: Limits) -> dict:
         "python": python,
         "prefix": prefix,
         "keep": list(KEPT_ROOT_ENTRIES),
-        "hide_also": list(HIDDEN_SUBDIRS),
         "uid": 100_000 + secrets.randbelow(1_000_000_000),
         "as_bytes": int(limits.memory_mb) * 2**20,
         "cpu_s": math.ceil(limits.timeout_s) + 1,
@@ -157,6 +157,7 @@ def _spec(mode: str, workdir: str, limits: Limits) -> dict:
         "nproc": int(limits.max_processes) if mode == "namespace" else None,
         "tmpfs_bytes": int(limits.disk_mb) * 2**20,
         "env": env,
+        "watch_fd": watch_fd,
     }
 
 
@@ -281,9 +282,10 @@ def _exit_code(returncode: int, timed_out: bool) -> int:
 
 def _run(code: str, limits: Limits, mode: str) -> PythonResult:
     workdir = tempfile.mkdtemp(prefix="frlab-py-")
+    watch_r, watch_w = os.pipe()  # the launcher sees EOF on watch_r when this process dies
     try:
         Path(workdir, "main.py").write_text(code, encoding="utf-8", errors="surrogatepass")
-        spec = _spec(mode, workdir, limits)
+        spec = _spec(mode, workdir, limits, watch_r if mode == "namespace" else None)
         proc = subprocess.Popen(
             _command(mode, spec),
             stdin=subprocess.DEVNULL,
@@ -292,7 +294,10 @@ def _run(code: str, limits: Limits, mode: str) -> PythonResult:
             env=dict(BASE_ENV),
             cwd=workdir,
             start_new_session=True,
+            pass_fds=(watch_r,) if mode == "namespace" else (),
         )
+        os.close(watch_r)
+        watch_r = -1
         out, err = _CappedReader(limits.max_output_chars), _CappedReader(limits.max_output_chars)
         try:
             timed_out = _pump(proc, {proc.stdout: out, proc.stderr: err}, _deadline(limits))
@@ -305,6 +310,9 @@ def _run(code: str, limits: Limits, mode: str) -> PythonResult:
             stdout, stderr, _exit_code(proc.returncode, timed_out), timed_out, cut_out or cut_err
         )
     finally:
+        for fd in (watch_r, watch_w):
+            if fd >= 0:
+                os.close(fd)
         shutil.rmtree(workdir, ignore_errors=True)
 
 

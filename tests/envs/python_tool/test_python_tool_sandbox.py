@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -159,7 +160,10 @@ def test_host_directories_are_hidden() -> None:
     r = run_python(code)
     assert "FileNotFoundError" in r.stderr
     assert "test_host_directories_are_hidden" not in r.stdout
-    assert "/work []" in r.stdout and "/home []" in r.stdout
+    assert "/work absent" in r.stdout and "/home absent" in r.stdout
+    assert f"{this_file.parent} absent" in r.stdout
+    tmp_line = r.stdout.splitlines()[2]  # /tmp holds the work dir alone
+    assert tmp_line.startswith("/tmp ['frlab-py-") and tmp_line.count(",") == 0, tmp_line
 
 
 @needs_namespace
@@ -173,12 +177,12 @@ def test_any_unlisted_top_level_entry_is_hidden() -> None:
         (probe_dir / "secret.txt").write_text(f"dir-secret-{token}")
         probe_file.write_text(f"file-secret-{token}")
         code = (
-            f"import os\nprint(sorted(os.listdir({str(probe_dir)!r})))\n"
-            f"print(repr(open({str(probe_file)!r}).read()))\n"
+            f"import os\nprint(os.path.lexists({str(probe_dir)!r}), "
+            f"os.path.lexists({str(probe_file)!r}))\n"
             f"open({str(probe_dir / 'secret.txt')!r})\n"
         )
         r = run_python(code)
-        assert r.stdout.splitlines()[:2] == ["[]", "''"], (r.stdout, r.stderr)
+        assert r.stdout == "False False\n", (r.stdout, r.stderr)
         assert "FileNotFoundError" in r.stderr
         assert token not in r.stdout.replace(str(probe_dir), "").replace(str(probe_file), "")
     finally:
@@ -338,4 +342,129 @@ def test_child_holding_the_pipes_does_not_outlive_its_parent() -> None:
     )
     r = run_python(code, timeout_s=5)
     assert (r.stdout, r.exit_code, r.timed_out) == ("parent done\n", 0, False)
+    assert procs_with(token) == []
+
+
+def descendants(pid: int) -> list[int]:
+    """Pids of every live descendant of `pid` (walks /proc ppid links)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry)] = int(stat.rsplit(")", 1)[-1].split()[1])
+    found, frontier = [], [pid]
+    while frontier:
+        children = [p for p, parent in parents.items() if parent in frontier]
+        found += children
+        frontier = children
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+NAMESPACE_PROBE = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+def call(name, *args):
+    result = getattr(libc, name)(*args)
+    return "ok" if result >= 0 else os.strerror(ctypes.get_errno())
+CLONE_NEWUSER, CLONE_NEWNS, CLONE_NEWNET, SIGCHLD = 0x10000000, 0x00020000, 0x40000000, 17
+print("unshare", call("unshare", CLONE_NEWUSER | CLONE_NEWNS))
+print("unshare_net", call("unshare", CLONE_NEWNET))
+print("setns", call("setns", 0, 0))
+print("clone", call("syscall", 56, CLONE_NEWUSER | SIGCHLD, 0, 0, 0, 0))
+print("clone3", call("syscall", 435, 0, 0))
+print("mount", call("mount", b"tmpfs", b".", b"tmpfs", 0, b"size=200m"))
+pid = os.fork()
+if pid == 0:
+    os._exit(7)
+print("fork", os.WEXITSTATUS(os.waitpid(pid, 0)[1]))
+"""
+REFUSED = {
+    "unshare": "Operation not permitted",
+    "unshare_net": "Operation not permitted",
+    "setns": "Operation not permitted",
+    "clone": "Operation not permitted",
+    "clone3": "Function not implemented",
+    "fork": "7",
+}
+
+
+@needs_namespace
+def test_new_namespaces_are_refused() -> None:
+    """unshare(CLONE_NEWUSER|CLONE_NEWNS) used to succeed (uid 0 in a new user namespace, then
+    a tmpfs past the disk cap); the seccomp filter refuses every namespace call, while plain
+    fork (clone without CLONE_NEW* flags) still works."""
+    r = run_python(NAMESPACE_PROBE)
+    lines = dict(line.split(" ", 1) for line in r.stdout.splitlines())
+    assert {k: lines.get(k) for k in REFUSED} == REFUSED, (r.stdout, r.stderr)
+    assert lines["mount"] == "Operation not permitted"
+
+
+def test_plain_mode_refuses_new_namespaces_too() -> None:
+    r = run_python(NAMESPACE_PROBE, mode="plain")
+    lines = dict(line.split(" ", 1) for line in r.stdout.splitlines())
+    assert {k: lines.get(k) for k in REFUSED} == REFUSED, (r.stdout, r.stderr)
+
+
+@needs_namespace
+def test_mountinfo_shows_no_host_path() -> None:
+    """The program's mount table lists only the sandbox's own root: no checkout, data or tool
+    mount of the host (the repository's own path included)."""
+    r = run_python("print(open('/proc/self/mountinfo').read())")
+    assert r.exit_code == 0, r.stderr
+    points = [line.split()[4] for line in r.stdout.splitlines() if line.strip()]
+    prefix = os.path.realpath(sys.base_prefix)
+    allowed = {"/", "/usr", "/etc", "/proc", prefix} | {f"/dev/{n}" for n in
+               ("null", "zero", "full", "random", "urandom")}  # fmt: skip
+    extra = [p for p in points if p not in allowed and not p.startswith("/tmp/frlab-py-")]
+    assert extra == [], extra
+    repo = str(Path(envs.__file__).resolve().parents[1])
+    assert repo not in r.stdout
+
+
+def _caller_script(code: str, mode: str) -> str:
+    return (
+        "import sys\n"
+        "from envs.python_tool import run_python\n"
+        "print('calling', flush=True)\n"
+        f"run_python({code!r}, timeout_s=120, mode={mode!r})\n"
+    )
+
+
+@pytest.mark.parametrize("mode", ["namespace", "plain"])
+def test_the_program_dies_with_a_sigkilled_caller(mode: str) -> None:
+    if mode == "namespace" and sandbox_mode() != "namespace":
+        pytest.skip("namespace sandbox needs root and util-linux unshare")
+    token = "frlab-orphan-" + secrets.token_hex(6)
+    program = f"import time\nprint('up', flush=True)\ntime.sleep(120)  # {token}"
+    env = {**os.environ, "PYTHONPATH": str(Path(envs.__file__).resolve().parents[1])}
+    caller = subprocess.Popen(
+        [sys.executable, "-c", _caller_script(program, mode)], stdout=subprocess.PIPE,
+        env=env, text=True,
+    )  # fmt: skip
+    try:
+        assert caller.stdout.readline() == "calling\n"
+        deadline = time.monotonic() + 30
+        while not procs_with(token) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert procs_with(token), "the sandboxed program never started"
+        family = descendants(caller.pid)
+    finally:
+        caller.kill()
+        caller.wait()
+        caller.stdout.close()
+    deadline = time.monotonic() + 10
+    while any(alive(p) for p in family) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [p for p in family if alive(p)] == []
     assert procs_with(token) == []
