@@ -75,6 +75,13 @@ class Diagnostic:
     doc: str
     per: Literal["row", "token"] = "row"
 
+    def __post_init__(self) -> None:
+        if not self.name.isidentifier() or self.per not in ("row", "token"):
+            raise ValueError(
+                f"Diagnostic({self.name!r}, per={self.per!r}): the name must be an identifier "
+                "and per 'row' or 'token'"
+            )
+
     def metric(self, component: str) -> str:
         """The metric name under which the learner logs it for `component`."""
         return f"train/{component}/{self.name}{'_mean' if self.per == 'row' else ''}"
@@ -256,12 +263,36 @@ class ComponentRegistry(Registry[type]):
         self.base = base
 
     def register(self, name: str) -> Any:
+        """Class decorator: check the class, set its `name`, register it."""
+
         def deco(cls: type) -> type:
             _check_component_class(cls, self.base, name)
+            _check_shared_name(cls, name)
             cls.name = name  # type: ignore[attr-defined]
             return super(ComponentRegistry, self).register(name)(cls)
 
         return deco
+
+    def in_order(self) -> list[type[Component]]:
+        """The registered classes in registration order (the order of their files)."""
+        return list(self._entries.values())  # type: ignore[arg-type]
+
+
+def _check_shared_name(cls: type, name: str) -> None:
+    """A name may be registered in several kinds (`none`) only if none of them has
+    hyperparameters: they would share the config node `objective.<name>`."""
+    for registry in _ALL:
+        if name in registry and registry.base is not _kind_base(cls):
+            other = registry.get(name)
+            if other.hyperparameters() or cls.hyperparameters():  # type: ignore[attr-defined]
+                raise RegistryError(
+                    f"{name!r} is already a {registry.kind}; a component with hyperparameters "
+                    "needs a name of its own (its settings live under objective.<name>)"
+                )
+
+
+def _kind_base(cls: type) -> type | None:
+    return next((r.base for r in _ALL if issubclass(cls, r.base)), None)
 
 
 def _check_component_class(cls: type, base: type[Component], name: str) -> None:
@@ -292,3 +323,4 @@ BASELINES = ComponentRegistry(Baseline)
 TRUST_REGIONS = ComponentRegistry(TrustRegion)
 AGGREGATIONS = ComponentRegistry(Aggregation)
 TOKEN_FILTERS = ComponentRegistry(TokenFilter)
+_ALL = (BASELINES, TRUST_REGIONS, AGGREGATIONS, TOKEN_FILTERS)

@@ -46,17 +46,13 @@ class Hyperparameter:
     finite: bool = False
 
     def range_text(self) -> str:
-        """The admitted range in words: `>= 0`, `> 0, finite`, `in [0, 1]`, ..."""
-        if self.low is not None and self.high is not None:
-            lo, hi = "(" if self.low_open else "[", ")" if self.high_open else "]"
-            text = f"in {lo}{_num(self.low)}, {_num(self.high)}{hi}"
-        elif self.low is not None:
-            text = f"{'>' if self.low_open else '>='} {_num(self.low)}"
-        elif self.high is not None:
-            text = f"{'<' if self.high_open else '<='} {_num(self.high)}"
-        else:
-            text = "any value"
-        return f"{text}, finite" if self.finite else text
+        """The admitted range as an interval: `[0, inf]`, `(0, inf)` (finite), `[0, 1]`."""
+        lo = "(" if self.low_open or (self.low is None and self.finite) else "["
+        unbounded = self.high is None and (self.finite or self.kind == "int")
+        hi = ")" if self.high_open or unbounded else "]"
+        low = "-inf" if self.low is None else _num(self.low)
+        high = "inf" if self.high is None else _num(self.high)
+        return f"{lo}{low}, {high}{hi}"
 
     def check(self, value: object, key: str | None = None) -> Any:
         """`value` converted to the declared kind; HyperparameterError naming `key` if invalid."""
@@ -65,11 +61,11 @@ class Hyperparameter:
         if isinstance(out, float) and math.isnan(out):
             raise HyperparameterError(key, "must not be NaN")
         if self.finite and math.isinf(out):
-            raise HyperparameterError(key, f"must be finite ({self.range_text()}), got {out}")
+            raise HyperparameterError(key, f"must be finite, in {self.range_text()}, got {out}")
         below = self.low is not None and (out < self.low or (self.low_open and out == self.low))
         above = self.high is not None and (out > self.high or (self.high_open and out == self.high))
         if below or above:
-            raise HyperparameterError(key, f"must be {self.range_text()}, got {out}")
+            raise HyperparameterError(key, f"must be in {self.range_text()}, got {out}")
         return out
 
     def _convert(self, value: object, key: str) -> Any:

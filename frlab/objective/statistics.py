@@ -151,4 +151,4 @@ class TokenBatch:
     def token_fraction(self, flags: Tensor) -> Tensor:
         """0-d: the fraction of this call's policy tokens where `flags` is True (working dtype)."""
         hits = (flags & self.action_mask).sum()
-        return (hits / self.policy_tokens.sum()).to(self.dtype)
+        return hits.to(self.dtype) / self.policy_tokens.sum().to(self.dtype)
