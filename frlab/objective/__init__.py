@@ -1,4 +1,4 @@
-"""The FlashREINFORCE objective and its swappable components (FlashREINFORCE paper, Sec. 3).
+"""The objective of the FlashREINFORCE paper and its swappable components.
 
 Components, one file per kind, each a frozen dataclass registered by a short name (the table
 in README.md is generated from the registries): baselines, trust regions, aggregations and

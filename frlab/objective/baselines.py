@@ -1,6 +1,6 @@
 """Baselines: rewards [B] (+ group ids) -> detached advantages [B].
 
-- `batch_mean`: FlashREINFORCE (FlashREINFORCE paper, Sec. 3), A_i = R_i - mean_j R_j over the
+- `batch_mean`: the FlashREINFORCE paper's One-Batch REINFORCE, A_i = R_i - mean_j R_j over the
   whole learner batch, no std scaling. One rollout per prompt, so the batch is the only baseline there is.
 - `none`: A_i = R_i (vanilla REINFORCE, no variance reduction).
 - `batch_mean_std`: REINFORCE++ global whitening, (R_i - mean R) / (std R + eps), population std.

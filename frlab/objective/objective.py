@@ -1,6 +1,6 @@
 """`Objective`: one baseline, trust region, aggregation and token filter, composed by name.
 
-The FlashREINFORCE loss (FlashREINFORCE paper, Sec. 3) is the `flashreinforce` preset:
+The loss of the FlashREINFORCE paper is the `flashreinforce` preset:
     A_i = R_i - mean R,  rho = exp(log pi - log mu) on policy tokens,  admit row i iff its mean
     Bernoulli KL <= delta,  loss = -(1/B) sum_i (1/T_i) sum_t rho A_i log pi.
 Every other preset swaps components: `pg_is` (no gate), `grpo`, `dr_grpo`, `rloo`.

@@ -1,4 +1,4 @@
-"""`flashreinforce_loss`: the reference-compatible FlashREINFORCE loss (FlashREINFORCE paper, Sec. 3).
+"""`flashreinforce_loss`: the reference-compatible loss of the FlashREINFORCE paper.
 
 Drop-in for the public reference function (users migrate with one import change): same
 arguments, semantics, validation, dtype promotion, NaN-safe masking and diagnostics keys

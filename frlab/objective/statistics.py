@@ -10,8 +10,8 @@ sequence KL that a gate reads and the one the objective logs are one computation
 - `token_kl`    d_t = KL(Bern(p) || Bern(q)), p = exp(behaviour), q = exp(current), both clamped
                 to [1e-6, 1 - 1e-6], 0 off the policy tokens (the divergence of behaviour from
                 current; the direction matters);
-- `sequence_kl` max(0, sum_t d_t / T_i) over the ORIGINAL T_i policy tokens (FlashREINFORCE
-                paper, Sec. 3, Sequence Trust Region).
+- `sequence_kl` max(0, sum_t d_t / T_i) over the ORIGINAL T_i policy tokens (the statistic
+                of the FlashREINFORCE paper's Sequence Trust Region).
 
 Masked slots are replaced with `torch.where` before any arithmetic, so NaN/inf there never
 reach a statistic.

@@ -1,8 +1,8 @@
 """Token filters: (action_mask, entropies, failures) -> keep [B,T] bool.
 
 - `none`: keep every policy token (keep = action_mask), the base method.
-- `entropy_failures`: FlashREINFORCE's optional entropy filter (FlashREINFORCE paper, Sec. 3,
-  negative-token fraction q). In rows flagged by `failures` (explicit labels, never the
+- `entropy_failures`: the FlashREINFORCE paper's optional entropy filter (negative-token
+  fraction q). In rows flagged by `failures` (explicit labels, never the
   advantage sign) keep only the ceil(q * T_i) policy tokens with the highest entropy, ties
   going to the earlier position; other rows keep all.
   Long failed trajectories then push down only their most uncertain decisions instead of every

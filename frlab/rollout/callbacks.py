@@ -1,6 +1,6 @@
 """`WeightSyncCallback`: keep the rollout engine's weights and version in step with the learner.
 
-FlashREINFORCE (SPEC §3) measures policy lag as the learner version at the update minus the
+The FlashREINFORCE paper measures policy lag as the learner version at the update minus the
 version that sampled each token, so the engine must carry the learner's version. The learner
 module exposes `policy` (the trained model) and `policy_version` (completed optimizer steps).
 After every `sync_every` optimizer steps this callback pushes `policy.state_dict()` to the pool
