@@ -74,12 +74,7 @@ DEFAULTS: dict[str, str] = {
 
 
 def _preset(baseline: str, trust_region: str, aggregation: str) -> dict[str, str]:
-    return {
-        "baseline": baseline,
-        "trust_region": trust_region,
-        "aggregation": aggregation,
-        "token_filter": "none",
-    }
+    return dict(DEFAULTS, baseline=baseline, trust_region=trust_region, aggregation=aggregation)
 
 
 PRESETS: dict[str, dict[str, str]] = {
@@ -202,12 +197,7 @@ class Objective:
     @property
     def components(self) -> dict[str, Component]:
         """kind -> the built component."""
-        return {
-            "baseline": self.baseline,
-            "trust_region": self.trust_region,
-            "aggregation": self.aggregation,
-            "token_filter": self.token_filter,
-        }
+        return {kind: getattr(self, kind) for kind in KINDS}
 
     def component_params(self) -> dict[str, dict[str, Any]]:
         """component name -> its hyperparameter values, for the chosen components that have any."""

@@ -121,10 +121,11 @@ class TokenBatch:
     @cached_property
     def ratio(self) -> Tensor:
         """rho on kept tokens, exactly 1 elsewhere (filtered tokens are never exponentiated)."""
-        lr = self.log_ratio
         if self.keep is not self.action_mask:
-            lr = torch.where(self.keep, lr, 0.0)
-        return lr.exp()
+            return torch.where(self.keep, self.log_ratio, 0.0).exp_()
+        if "log_ratio" in self.__dict__:  # already computed (and maybe still in use): keep it
+            return self.log_ratio.exp()
+        return log_ratio(self.log_probs, self.behavior_log_probs, self.action_mask).exp_()
 
     @cached_property
     def token_kl(self) -> Tensor:
