@@ -81,7 +81,8 @@ def _check_active(x: Tensor, mask: Tensor, name: str) -> None:
 
 
 def reference_style_loss(lp, bh, rewards, mask, *, delta, q, entropies, failures) -> Tensor:  # noqa: ANN001
-    """SPEC §2 written plainly: boolean-indexing validation, per-row loop for the filter."""
+    """The FlashREINFORCE loss written plainly: boolean-indexing validation, per-row loop for
+    the entropy filter."""
     if lp.dim() != 2 or lp.numel() == 0:
         raise ValueError("log_probs must be a non-empty 2-D tensor")
     if bh.shape != lp.shape or mask.shape != lp.shape or rewards.shape != lp.shape[:1]:

@@ -1,49 +1,31 @@
 """Preflight for the `objective` node: component names, per-component kwargs, the composition.
 
 The node holds one name per slot (`baseline`, `trust_region`, `aggregation`, `token_filter`)
-and each component's hyperparameters under the component's own name (SCHEMA.md), so that
-switching a component never carries another's settings. Checked here: every key is a slot or
-a registered component name; every slot names a registered component (close matches
-suggested); every kwarg exists in that component's constructor and is in range (delta >= 0
-and not NaN, q in [0, 1], ...); finally the real `Objective` is composed from the node.
+and each component's hyperparameters under the component's own name, so that switching a
+component never carries another's settings. Everything checked here is read from the
+components' own declarations (`frlab.objective.base`): every key is a slot or a registered
+component name; every slot names a registered component of its kind (close matches
+suggested); every kwarg is a declared hyperparameter of that component and fits its declared
+type and range; finally the real `Objective` is composed from the node (rules between
+hyperparameters, e.g. geometric_ratio's lower <= upper). Every error is a `ConfigError`
+naming the full key.
 """
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Mapping
 from typing import Any
 
 from frlab.config.errors import ConfigError, unknown
-from frlab.config.schema import Field, check_value
 
 SLOTS = ("baseline", "trust_region", "aggregation", "token_filter")
-
-# Ranges for hyperparameters by kwarg name (shared by every component using that name).
-KWARG_FIELDS: dict[str, Field] = {
-    "delta": Field("float", low=0.0),  # inf admits every trajectory (no trust region)
-    "q": Field("float", low=0.0, high=1.0),
-    "eps": Field("float", low=0.0),
-    "eps_low": Field("float", low=0.0, high=1.0),
-    "eps_high": Field("float", low=0.0),
-    "cap": Field("float", low=0.0, low_open=True),
-    "lower": Field("float", low=0.0, low_open=True),
-    "upper": Field("float", low=0.0, low_open=True),
-    "length": Field("int", low=1),
-}
 
 
 def registries() -> dict[str, Any]:
     """Slot -> registry (importing frlab.objective registers every component)."""
-    import frlab.objective  # noqa: F401  (registers the components)
-    from frlab.objective.base import AGGREGATIONS, BASELINES, TOKEN_FILTERS, TRUST_REGIONS
+    from frlab.objective import KINDS
 
-    return {
-        "baseline": BASELINES,
-        "trust_region": TRUST_REGIONS,
-        "aggregation": AGGREGATIONS,
-        "token_filter": TOKEN_FILTERS,
-    }
+    return dict(KINDS)
 
 
 def check_objective(node: Mapping[str, Any]) -> Any:
@@ -68,27 +50,31 @@ def check_objective(node: Mapping[str, Any]) -> Any:
             raise unknown(f"objective.{slot}", reg.kind, name, reg.names())
     for name in components:
         if name in node:
-            _check_kwargs(name, node[name], [reg.get(name) for reg in regs.values() if name in reg])
+            classes = [reg.get(name) for reg in regs.values() if name in reg]
+            _check_kwargs(name, node[name], classes)
     return _compose(node)
 
 
-def _check_kwargs(name: str, kwargs: Any, classes: list[type]) -> None:
+def _check_kwargs(name: str, kwargs: Any, classes: list[Any]) -> None:
+    """kwargs of component `name` against its declared hyperparameters (all classes of that
+    name: a name may be registered in several kinds, e.g. `none`)."""
+    from frlab.objective import HyperparameterError
+
     key = f"objective.{name}"
     if kwargs is None:
         return
     if not isinstance(kwargs, Mapping):
         raise ConfigError(key, f"must be a mapping of {name}'s hyperparameters, got {kwargs!r}")
-    allowed: set[str] = set()
-    for cls in classes:
-        params = inspect.signature(cls).parameters.values()
-        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-            return
-        allowed |= {p.name for p in params if p.kind is not inspect.Parameter.VAR_POSITIONAL}
+    specs = {h.name: h for cls in classes for h in cls.hyperparameters()}
     for kw, value in kwargs.items():
-        if kw not in allowed:
-            raise unknown(f"{key}.{kw}", f"hyperparameter of {name!r}", kw, sorted(allowed))
-        if kw in KWARG_FIELDS:
-            check_value(f"{key}.{kw}", value, KWARG_FIELDS[kw])
+        if not specs:
+            raise ConfigError(f"{key}.{kw}", f"{name!r} has no hyperparameters")
+        if kw not in specs:
+            raise unknown(f"{key}.{kw}", f"hyperparameter of {name!r}", kw, sorted(specs))
+        try:
+            specs[kw].check(value, f"{key}.{kw}")
+        except HyperparameterError as exc:
+            raise ConfigError(exc.key, exc.reason) from exc
 
 
 def _compose(node: Mapping[str, Any]) -> Any:

@@ -9,7 +9,6 @@ component names and the output folder, without loading anything.
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -87,7 +86,7 @@ class Plan:
             ("updates", f"{self.updates} optimizer steps ({self.rollouts} rollouts), lr "
                         f"{self.lr:g} {self.scheduler}"),
             ("eval", self.evaluation),
-            ("logger", self.logger or "none"),
+            ("logger", self.logger or "none (metrics.csv in the run folder)"),
             ("output dir", self.output_dir),
             ("resume", self.ckpt_path or "no"),
             ("seed", str(self.seed)),
@@ -109,9 +108,9 @@ def build_plan(
     world: int,
 ) -> Plan:
     """Assemble the Plan from the validated, resolved sections."""
-    model, rollout, data, obj = sec["model"], sec["rollout"], sec["data"], sec["objective"]
+    model, rollout, data = sec["model"], sec["rollout"], sec["data"]
     names = dict(objective.names)
-    params = {n: dict(obj.get(n) or {}) for n in names.values() if isinstance(obj.get(n), dict)}
+    params = objective.component_params()  # the built components' values, defaults included
     delta = params.get(names["trust_region"], {}).get("delta")
     q = params.get("entropy_failures", {}).get("q", 1.0) if names["token_filter"] != "none" else 1.0
     per_rank = data["batch_size"] // world
@@ -162,13 +161,10 @@ NO_GATE = {"none": "plain token IS, no gate", "no_is": "no IS, no gate"}
 
 
 def describe_trust_region(name: str, trust_region: Any) -> str:
-    """`name p=v ...` with the built component's own parameters (its constructor's arguments)."""
+    """`name p=v ...` with the built component's declared hyperparameters and their values."""
     if name in NO_GATE:
         return NO_GATE[name]
-    params = inspect.signature(type(trust_region)).parameters
-    values = [
-        f"{p}={_number(getattr(trust_region, p))}" for p in params if hasattr(trust_region, p)
-    ]
+    values = [f"{p}={_number(v)}" for p, v in trust_region.params().items()]
     return " ".join([name, *values])
 
 

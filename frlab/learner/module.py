@@ -41,9 +41,8 @@ import torch
 from torch import Tensor
 
 from frlab.data.batch import RolloutBatch
-from frlab.learner import metrics as M
 from frlab.learner.checkpoint import capture_rng_states, restore_rng_states
-from frlab.learner.metrics import StepMetrics, policy_lag
+from frlab.learner.metrics import PROGRESS_BAR, StepMetrics
 from frlab.learner.optim import build_optimizer, build_scheduler, grad_clip_norm
 from frlab.learner.sharding import LogprobScorer, full_tensor, scorer_for, sequence_logprobs_of
 from frlab.model.policy import build_policy
@@ -150,7 +149,7 @@ class FlashReinforceModule(L.LightningModule):
                 raise ValueError(f"model.routing_replay=true needs an MoE policy: {exc}") from exc
         self.objective = Objective.from_config(objective_cfg)
         self.policy_version = 0
-        self.step_metrics = StepMetrics()
+        self.step_metrics = StepMetrics(self.objective)
         self._scorer: LogprobScorer | None = None  # FSDP2 root; set by configure_model
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -351,11 +350,7 @@ class FlashReinforceModule(L.LightningModule):
         no_signal = bool((global_advantages == 0).all())  # same on every rank
         advantages = global_advantages[rank * local_b : (rank + 1) * local_b]
         num_tokens = int(self._sum_across_ranks(batch.action_mask.sum()).item())
-        lag = policy_lag(self.policy_version, batch.token_versions, batch.action_mask)
-        self.step_metrics.update_rows(
-            rewards=batch.rewards, lag=lag, response_tokens=batch.action_mask.sum(dim=1)
-        )
-        self.step_metrics.update_episodes(batch.infos)
+        self.step_metrics.update_batch(batch, self.policy_version)
 
         optimizer, scheduler = self.optimizers(), self.lr_schedulers()
         lr = float(optimizer.optimizer.param_groups[0]["lr"])
@@ -394,24 +389,13 @@ class FlashReinforceModule(L.LightningModule):
     def _log_step(
         self, *, loss: Tensor, grad_norm: Tensor, lr: float, timings: dict[str, float]
     ) -> None:
-        values = self.step_metrics.compute()
-        self.step_metrics.reset()
-        values.update(
-            {
-                M.LOSS: float(loss),
-                M.GRAD_NORM: float(grad_norm),
-                M.LR: lr,
-                M.STEP_S: timings["step"],
-                M.LOGPROB_S: timings["logprob"],
-                M.BACKWARD_S: timings["backward"],
-            }
-        )
+        values = self.step_metrics.finish(loss=loss, grad_norm=grad_norm, lr=lr, timings=timings)
         for name, value in values.items():
             self.log(
                 name,
                 value,
                 on_step=True,
                 on_epoch=False,
-                prog_bar=name in M.PROGRESS_BAR,
+                prog_bar=name in PROGRESS_BAR,
                 batch_size=self.batch_size,
             )

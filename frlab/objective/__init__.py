@@ -1,12 +1,11 @@
-"""The FlashREINFORCE objective and its swappable components (SPEC §2).
+"""The objective of the FlashREINFORCE paper and its swappable components.
 
-Components, one file per kind, each registered by a short name:
-baselines (`batch_mean`, `none`, `batch_mean_std`, `group_mean`, `group_mean_std`, `rloo`),
-trust regions (`sequence_bernoulli_kl`, `none`, `no_is`, `token_bernoulli_kl`, `sequence_k3`,
-`geometric_ratio`, `token_tis`, `ppo_clip`), aggregations (`sample_mean`, `token_mean`,
-`constant_length`) and token filters (`none`, `entropy_failures`). `Objective` composes one of
-each; `flashreinforce_loss` is the reference-compatible function; `sampled_logprobs_and_entropy`
-turns logits into sampled-token log-probs and entropies chunk by chunk.
+Components, one file per kind, each a frozen dataclass registered by a short name (the table
+in README.md is generated from the registries): baselines, trust regions, aggregations and
+token filters. `Objective` composes one of each; `flashreinforce_loss` is the
+reference-compatible function; `sampled_logprobs_and_entropy` turns logits into sampled-token
+log-probs and entropies chunk by chunk. To add a component, subclass the kind's base class
+from `frlab.objective.base` (its docstring shows a complete example).
 """
 
 from __future__ import annotations
@@ -18,9 +17,18 @@ from frlab.objective.base import (
     BASELINES,
     TOKEN_FILTERS,
     TRUST_REGIONS,
+    Aggregation,
+    Baseline,
+    Component,
+    Diagnostic,
+    TokenBatch,
+    TokenFilter,
+    TrustRegion,
     TrustRegionOutput,
     compute_dtype,
+    hyperparameter,
 )
+from frlab.objective.hyperparameters import Hyperparameter, HyperparameterError
 from frlab.objective.objective import KINDS, PRESETS, Objective
 from frlab.objective.reference import flashreinforce_loss
 
@@ -31,10 +39,20 @@ __all__ = [
     "PRESETS",
     "TOKEN_FILTERS",
     "TRUST_REGIONS",
+    "Aggregation",
+    "Baseline",
+    "Component",
+    "Diagnostic",
+    "Hyperparameter",
+    "HyperparameterError",
     "Objective",
+    "TokenBatch",
+    "TokenFilter",
+    "TrustRegion",
     "TrustRegionOutput",
     "compute_dtype",
     "flashreinforce_loss",
+    "hyperparameter",
     "sampled_logprobs_and_entropy",
 ]
 

@@ -1,7 +1,7 @@
 """Aggregations: per-token loss terms [B,T] -> one scalar, with GLOBAL normalisers.
 
-- `sample_mean` (FlashREINFORCE, SPEC §2 rule 5): (1/B) sum_i (1/T_i) sum_{t kept} term_{i,t}
-  with T_i the ORIGINAL number of policy tokens of row i and B = `num_sequences`. Every
+- `sample_mean` (the FlashREINFORCE paper's Sample-Mean Optimization):
+  (1/B) sum_i (1/T_i) sum_{t kept} term_{i,t} with T_i the ORIGINAL number of policy tokens of row i and B = `num_sequences`. Every
   trajectory weighs the same, so long failed trajectories do not dominate the update.
 - `token_mean` (DAPO-style token-level loss): sum of kept terms / `num_tokens`, the global
   count of policy tokens.
@@ -16,10 +16,12 @@ reach neither the loss nor the gradient.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
-from frlab.objective.base import AGGREGATIONS, count_per_row
+from frlab.objective.base import AGGREGATIONS, Aggregation, count_per_row, hyperparameter
 from frlab.objective.validation import check_count
 
 
@@ -34,8 +36,11 @@ def kept_row_sums(token_terms: Tensor, keep: Tensor) -> Tensor:
 
 
 @AGGREGATIONS.register("sample_mean")
-class SampleMean:
-    """(1/num_sequences) sum_i (1/T_i) sum_{t kept} term."""
+@dataclass(frozen=True)
+class SampleMean(Aggregation):
+    """Mean within each trajectory (original `T_i`), then over B."""
+
+    source = "FlashREINFORCE (Sample-Mean Optimization)"
 
     def __call__(
         self,
@@ -52,8 +57,11 @@ class SampleMean:
 
 
 @AGGREGATIONS.register("token_mean")
-class TokenMean:
-    """(1/num_tokens) sum_i sum_{t kept} term."""
+@dataclass(frozen=True)
+class TokenMean(Aggregation):
+    """One mean over all policy tokens of the global batch."""
+
+    source = "DAPO (Yu et al., 2025)"
 
     def __call__(
         self,
@@ -69,11 +77,12 @@ class TokenMean:
 
 
 @AGGREGATIONS.register("constant_length")
-class ConstantLength:
-    """(1/num_sequences) sum_i (1/L) sum_{t kept} term, L = `length` (Dr. GRPO)."""
+@dataclass(frozen=True)
+class ConstantLength(Aggregation):
+    """Per-trajectory token sum / `length`, then mean over B."""
 
-    def __init__(self, length: int) -> None:
-        self.length = check_count(length, "constant_length.length")
+    source = "Dr. GRPO (Liu et al., 2025)"
+    length: int = hyperparameter(4096, low=1, doc="fixed normaliser L (the generation budget)")
 
     def __call__(
         self,

@@ -1,7 +1,7 @@
 """Baselines: rewards [B] (+ group ids) -> detached advantages [B].
 
-- `batch_mean`: FlashREINFORCE (SPEC §2 rule 1), A_i = R_i - mean_j R_j over the whole learner
-  batch, no std scaling. One rollout per prompt, so the batch is the only baseline there is.
+- `batch_mean`: the FlashREINFORCE paper's One-Batch REINFORCE, A_i = R_i - mean_j R_j over the
+  whole learner batch, no std scaling. One rollout per prompt, so the batch is the only baseline there is.
 - `none`: A_i = R_i (vanilla REINFORCE, no variance reduction).
 - `batch_mean_std`: REINFORCE++ global whitening, (R_i - mean R) / (std R + eps), population std.
 - `group_mean`: Dr. GRPO (Liu et al. 2025), R_i - mean of R over the prompt group of i.
@@ -11,7 +11,7 @@
 
 Numerics: rewards are first shifted by a reference reward (the first reward of the batch or of
 the group). That leaves every advantage unchanged mathematically but makes equal rewards give
-advantages that are EXACTLY zero (SPEC §2 rule 9), where `R - mean(R)` can be off by an ulp.
+advantages that are EXACTLY zero (so equal rewards give a loss and gradient of exactly 0), where `R - mean(R)` can be off by an ulp.
 Group baselines refuse a group with a single member: several public frameworks silently return
 zero advantages there, which stalls one-rollout-per-prompt training without a visible error.
 """
@@ -23,12 +23,15 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from frlab.objective.base import BASELINES, compute_dtype
-from frlab.objective.validation import check_positive
+from frlab.objective.base import BASELINES, Baseline, compute_dtype, hyperparameter
 
 
 def _as_float(rewards: Tensor) -> Tensor:
     return rewards.detach().to(compute_dtype(rewards))
+
+
+def _eps() -> float:
+    return hyperparameter(1e-6, low=0.0, low_open=True, finite=True, doc="added to the std")
 
 
 @dataclass
@@ -84,10 +87,11 @@ class Groups:
 
 
 @BASELINES.register("batch_mean")
-class BatchMean:
-    """A_i = R_i - mean_j R_j over all B rows (FlashREINFORCE)."""
+@dataclass(frozen=True)
+class BatchMean(Baseline):
+    """`A_i = R_i - mean_j R_j` over the whole batch."""
 
-    is_group = False
+    source = "FlashREINFORCE (One-Batch REINFORCE)"
 
     def __call__(self, rewards: Tensor, group_ids: Tensor | None = None) -> Tensor:
         s = _as_float(rewards)
@@ -96,23 +100,23 @@ class BatchMean:
 
 
 @BASELINES.register("none")
-class NoBaseline:
-    """A_i = R_i."""
+@dataclass(frozen=True)
+class NoBaseline(Baseline):
+    """`A_i = R_i`."""
 
-    is_group = False
+    source = "REINFORCE (Williams, 1992)"
 
     def __call__(self, rewards: Tensor, group_ids: Tensor | None = None) -> Tensor:
         return _as_float(rewards).clone()
 
 
 @BASELINES.register("batch_mean_std")
-class BatchMeanStd:
-    """A_i = (R_i - mean R) / (std R + eps), population std over the batch (REINFORCE++)."""
+@dataclass(frozen=True)
+class BatchMeanStd(Baseline):
+    """Batch-whitened rewards `(R_i - mean R) / (std R + eps)`, population std."""
 
-    is_group = False
-
-    def __init__(self, eps: float = 1e-6) -> None:
-        self.eps = check_positive(eps, "batch_mean_std.eps")
+    source = "REINFORCE++ (Hu, 2025)"
+    eps: float = _eps()
 
     def __call__(self, rewards: Tensor, group_ids: Tensor | None = None) -> Tensor:
         s = _as_float(rewards)
@@ -122,9 +126,11 @@ class BatchMeanStd:
 
 
 @BASELINES.register("group_mean")
-class GroupMean:
-    """A_i = R_i - mean of R over i's group (Dr. GRPO)."""
+@dataclass(frozen=True)
+class GroupMean(Baseline):
+    """Reward minus its prompt group's mean."""
 
+    source = "Dr. GRPO (Liu et al., 2025)"
     is_group = True
 
     def __call__(self, rewards: Tensor, group_ids: Tensor | None = None) -> Tensor:
@@ -135,13 +141,13 @@ class GroupMean:
 
 
 @BASELINES.register("group_mean_std")
-class GroupMeanStd:
-    """A_i = (R_i - group mean) / (group std + eps), unbiased (n - 1) group std (GRPO)."""
+@dataclass(frozen=True)
+class GroupMeanStd(Baseline):
+    """Group-whitened rewards `(R_i - group mean) / (group std + eps)`, unbiased (n - 1) std."""
 
+    source = "GRPO (Shao et al., 2024)"
     is_group = True
-
-    def __init__(self, eps: float = 1e-6) -> None:
-        self.eps = check_positive(eps, "group_mean_std.eps")
+    eps: float = _eps()
 
     def __call__(self, rewards: Tensor, group_ids: Tensor | None = None) -> Tensor:
         s = _as_float(rewards)
@@ -154,9 +160,11 @@ class GroupMeanStd:
 
 
 @BASELINES.register("rloo")
-class LeaveOneOut:
-    """A_i = R_i - (sum of R over i's group minus R_i) / (n_g - 1) (RLOO)."""
+@dataclass(frozen=True)
+class LeaveOneOut(Baseline):
+    """Reward minus the mean of the *other* members of its group."""
 
+    source = "RLOO (Ahmadian et al., 2024)"
     is_group = True
 
     def __call__(self, rewards: Tensor, group_ids: Tensor | None = None) -> Tensor:

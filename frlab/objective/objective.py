@@ -1,6 +1,6 @@
 """`Objective`: one baseline, trust region, aggregation and token filter, composed by name.
 
-The FlashREINFORCE loss (SPEC §2) is the `flashreinforce` preset:
+The loss of the FlashREINFORCE paper is the `flashreinforce` preset:
     A_i = R_i - mean R,  rho = exp(log pi - log mu) on policy tokens,  admit row i iff its mean
     Bernoulli KL <= delta,  loss = -(1/B) sum_i (1/T_i) sum_t rho A_i log pi.
 Every other preset swaps components: `pg_is` (no gate), `grpo`, `dr_grpo`, `rloo`.
@@ -8,10 +8,21 @@ Every other preset swaps components: `pg_is` (no gate), `grpo`, `dr_grpo`, `rloo
 Usage in a learner: `A = objective.advantages(rewards, prompt_ids)` ONCE on the full learner
 batch, then for each micro-batch `loss, diag = objective(log_probs, behaviour, A[rows], mask,
 num_sequences=B, num_tokens=global_policy_tokens)`; the micro-batch losses (and gradients) sum
-to the full-batch ones. Numerics (SPEC §2 rule 6): float64 stays float64, every other dtype is
-computed in float32; masked slots are replaced with `torch.where` before any arithmetic, so
-NaN/inf there never reaches the loss or the gradient; behaviour log-probs and rewards get no
-gradient. Validation (rule 7) costs a few fused reductions and ONE host sync per call.
+to the full-batch ones.
+
+One call: the token filter chooses `keep`, the objective builds a `TokenBatch` (shared
+statistics: log-ratio, ratio on kept tokens, Bernoulli KL), the trust region weighs it, the
+aggregation reduces `-weights * A_i * log_probs` over the kept tokens. The sequence KL that
+`diagnostics["sequence_kl"]` reports is computed here, once, whatever the trust region.
+
+Numerics: the working dtype is keyed on `log_probs` alone: float64 log-probs are computed in
+float64, every other dtype (bf16, fp16, fp32) in float32, whatever the dtype of behaviour
+log-probs, rewards or advantages (so fp32 log-probs with fp64 rewards give an fp32 loss).
+Entropies are ranked in their own dtype. `acceptance_rate` is float32. Masked and filtered
+slots are replaced with `torch.where` before any arithmetic, so NaN/inf there never reaches
+the loss or the gradient, and a filtered token is never exponentiated; behaviour log-probs and
+rewards get no gradient. Validation costs a few fused reductions and ONE host sync per call
+(`validate=False` skips it); the trust region's overflow check of its weights costs one more.
 """
 
 from __future__ import annotations
@@ -31,17 +42,21 @@ from frlab.objective.base import (
     BASELINES,
     TOKEN_FILTERS,
     TRUST_REGIONS,
+    Component,
+    Diagnostic,
+    TrustRegionOutput,
     compute_dtype,
-    count_per_row,
 )
+from frlab.objective.statistics import TokenBatch, count_per_row
 from frlab.objective.validation import (
     ValueChecks,
     check_loss_structure,
     check_rewards,
     check_row_tensor,
     check_token_tensors,
+    check_trust_region_output,
 )
-from frlab.registry import Registry, RegistryError, unknown_name_message
+from frlab.registry import Registry, RegistryError, close_matches, unknown_name_message
 
 KINDS: dict[str, Registry[type]] = {
     "baseline": BASELINES,
@@ -59,12 +74,7 @@ DEFAULTS: dict[str, str] = {
 
 
 def _preset(baseline: str, trust_region: str, aggregation: str) -> dict[str, str]:
-    return {
-        "baseline": baseline,
-        "trust_region": trust_region,
-        "aggregation": aggregation,
-        "token_filter": "none",
-    }
+    return dict(DEFAULTS, baseline=baseline, trust_region=trust_region, aggregation=aggregation)
 
 
 PRESETS: dict[str, dict[str, str]] = {
@@ -76,8 +86,8 @@ PRESETS: dict[str, dict[str, str]] = {
 }
 
 
-def _build(kind: str, name: object, params: Mapping[str, Any], key: str | None) -> Any:
-    """Instantiate component `name` of `kind` with params[name] as its keyword arguments."""
+def build_component(kind: str, name: object, params: Mapping[str, Any], key: str | None) -> Any:
+    """Instantiate component `name` of `kind` with params[name] as its hyperparameters."""
     if not isinstance(name, str):
         raise ValueError(f"{key or kind} must be a component name (str), got {name!r}")
     cls: Any = KINDS[kind].get(name, key=key)
@@ -86,20 +96,27 @@ def _build(kind: str, name: object, params: Mapping[str, Any], key: str | None) 
     if not isinstance(kwargs, Mapping):
         where = f"{key.rsplit('.', 1)[0]}.{name}" if key and "." in key else f"params[{name!r}]"
         raise ValueError(f"{where} must be a mapping of keyword arguments, got {kwargs!r}")
-    try:
-        return cls(**{str(k): v for k, v in kwargs.items()})
-    except TypeError as exc:
-        raise ValueError(f"bad arguments for {kind} {name!r}: {exc}") from exc
+    allowed = [h.name for h in cls.hyperparameters()]
+    for kw in kwargs:
+        if kw not in allowed:
+            near = close_matches(str(kw), allowed)
+            hint = f"; did you mean {' or '.join(map(repr, near))}?" if near else ""
+            raise ValueError(
+                f"bad arguments for {kind} {name!r}: unknown hyperparameter {kw!r} "
+                f"(declared: {', '.join(allowed) or 'none'}){hint}"
+            )
+    return cls(**{str(k): v for k, v in kwargs.items()})
 
 
-def _component_names() -> set[str]:
+def component_names() -> set[str]:
+    """Every registered component name, all kinds together."""
     return {n for registry in KINDS.values() for n in registry.names()}
 
 
 class Objective:
     """A policy-gradient objective composed of one component of each kind, chosen by name.
 
-    `params` holds per-component keyword arguments keyed by COMPONENT NAME (for example
+    `params` holds per-component hyperparameters keyed by COMPONENT NAME (for example
     `{"sequence_bernoulli_kl": {"delta": 1e-3}}`); only the chosen components' entries are
     read, so switching a component never leaks another component's settings.
     """
@@ -125,7 +142,9 @@ class Objective:
             "token_filter": token_filter,
         }
         built = {
-            kind: _build(kind, name, params, f"{_key_prefix}.{kind}" if _key_prefix else None)
+            kind: build_component(
+                kind, name, params, f"{_key_prefix}.{kind}" if _key_prefix else None
+            )
             for kind, name in chosen.items()
         }
         self.baseline = built["baseline"]
@@ -146,7 +165,7 @@ class Objective:
         """
         if not isinstance(node, Mapping):
             raise ValueError(f"objective config must be a mapping, got {type(node).__name__}")
-        known = _component_names()
+        known = component_names()
         for key in node:
             if key not in KINDS and key not in known:
                 choices = sorted(set(KINDS) | known)
@@ -176,6 +195,24 @@ class Objective:
         return dict(self._names)
 
     @property
+    def components(self) -> dict[str, Component]:
+        """kind -> the built component."""
+        return {kind: getattr(self, kind) for kind in KINDS}
+
+    def component_params(self) -> dict[str, dict[str, Any]]:
+        """component name -> its hyperparameter values, for the chosen components that have any."""
+        return {c.name: c.params() for c in self.components.values() if c.hyperparameters()}
+
+    @property
+    def diagnostics(self) -> tuple[Diagnostic, ...]:
+        """The chosen trust region's declared diagnostics (keys of the diagnostics dict)."""
+        return tuple(self.trust_region.diagnostics)
+
+    def diagnostic_metrics(self) -> dict[str, str]:
+        """diagnostics key -> metric name (`train/<trust region>/<name>[_mean]`)."""
+        return {d.name: d.metric(self._names["trust_region"]) for d in self.diagnostics}
+
+    @property
     def needs_entropies(self) -> bool:
         """True when the token filter needs entropies [B,T] and failures [B]."""
         return bool(self.token_filter.needs_entropies)
@@ -189,6 +226,11 @@ class Objective:
     def uses_off_policy_correction(self) -> bool:
         """False only for `no_is` (no ratio against the behaviour policy)."""
         return bool(self.trust_region.off_policy_correction)
+
+    @property
+    def reports_acceptance(self) -> bool:
+        """False when the trust region admits every trajectory by construction."""
+        return not self.trust_region.admits_all
 
     def __repr__(self) -> str:
         inner = ", ".join(f"{k}={v!r}" for k, v in self._names.items())
@@ -240,13 +282,13 @@ class Objective:
     ) -> tuple[Tensor, dict[str, Tensor]]:
         """Advantages from `rewards` (this batch IS the learner batch), then the loss.
 
-        Rewards are validated inside the same fused check as the token tensors (one sync).
+        Rewards are cast to the working dtype (keyed on `log_probs`) before the baseline and
+        validated inside the same fused check as the token tensors (one sync).
         """
         if self.validate:
             check_token_tensors(log_probs, behavior_log_probs, action_mask)
             check_row_tensor(rewards, "rewards", log_probs, kind="real")
-        dtype = compute_dtype(log_probs, behavior_log_probs, rewards)
-        rewards = rewards.detach().to(dtype)
+        rewards = rewards.detach().to(compute_dtype(log_probs))
         advantages = self.baseline(rewards, group_ids).detach()
         return self._loss(
             log_probs,
@@ -287,56 +329,63 @@ class Objective:
                 num_tokens=num_tokens,
             )
         mask = action_mask
-        dtype = compute_dtype(log_probs, behavior_log_probs, advantages)
-        lp = log_probs.to(dtype)  # carries the gradient; masked slots may hold anything
-        behavior = behavior_log_probs.detach().to(dtype)
-        a = advantages.detach().to(dtype)
-        policy_tokens = count_per_row(mask)
-        ent = None
-        if filter_name is not None and entropies is not None:
-            ent = entropies.detach().to(dtype)
+        dtype = compute_dtype(log_probs)
+        ent = entropies.detach() if filter_name is not None and entropies is not None else None
+        batch = TokenBatch(
+            log_probs.to(dtype),  # carries the gradient; masked slots may hold anything
+            behavior_log_probs.detach().to(dtype),
+            advantages.detach().to(dtype),
+            mask,
+        )
         if self.validate:  # one fused device reduction, one host sync
             checks = ValueChecks(mask, dtype)
-            checks.empty_rows(policy_tokens)
+            checks.empty_rows(batch.policy_tokens)
             if rewards is not None:
                 checks.finite_rows(rewards, "rewards")
-            checks.finite_rows(a, "advantages")
-            checks.log_probs(lp, "log_probs")
-            checks.log_probs(behavior, "behavior_log_probs")
+            checks.finite_rows(batch.advantages, "advantages")
+            checks.log_probs(batch.log_probs, "log_probs")
+            checks.log_probs(batch.behavior_log_probs, "behavior_log_probs")
             if ent is not None:
                 checks.entropies(ent)
             if num_tokens is not None:
-                checks.token_count(policy_tokens, num_tokens)
+                checks.token_count(batch.policy_tokens, num_tokens)
             checks.raise_first()
 
-        tr = self.trust_region(lp, behavior, a, mask)
-        keep = self.token_filter(mask, ent, failures)
-        # -w_{i,t} A_i is detached and exactly 0 off the mask; the aggregation selects the kept
-        # slots with torch.where, so NaN/inf in masked log-probs never reach loss or gradient.
-        coef = tr.weights * a.neg().unsqueeze(1)
+        batch.keep = self.token_filter(mask, ent, failures)
+        tr = self.trust_region(batch)
+        if self.validate:
+            check_trust_region_output(tr, batch, self.trust_region)
+        # -w_{i,t} A_i is detached and exactly 0 off the kept, admitted tokens; the aggregation
+        # selects kept slots with torch.where, so NaN/inf in masked log-probs never reach loss
+        # or gradient.
+        coef = tr.weights * batch.advantages.neg().unsqueeze(1)
         num_sequences = mask.shape[0] if num_sequences is None else num_sequences
-        num_tokens = policy_tokens.sum() if num_tokens is None else num_tokens
+        num_tokens = batch.policy_tokens.sum() if num_tokens is None else num_tokens
         loss = self.aggregation(
-            coef * lp, keep, mask, num_sequences=num_sequences, num_tokens=num_tokens
+            coef * batch.log_probs,
+            batch.keep,
+            mask,
+            num_sequences=num_sequences,
+            num_tokens=num_tokens,
         )
-        return loss, self._diagnostics(tr, keep, mask, a, policy_tokens)
+        return loss, _diagnostics(tr, batch)
 
-    @staticmethod
-    def _diagnostics(
-        tr: Any, keep: Tensor, mask: Tensor, a: Tensor, policy_tokens: Tensor
-    ) -> dict[str, Tensor]:
-        if keep is mask and tr.token_admitted is None:
-            retained = torch.where(tr.admitted, policy_tokens, 0)
-        else:
-            gate = tr.token_admitted if tr.token_admitted is not None else tr.admitted.unsqueeze(1)
-            retained = count_per_row(keep & gate)
-        diagnostics = {k: v.detach() for k, v in tr.diagnostics.items()}
-        diagnostics.update(
-            advantages=a,
-            sequence_kl=tr.diagnostics["sequence_kl"].detach(),
-            admitted=tr.admitted.detach(),
-            acceptance_rate=tr.admitted.to(a.dtype).mean(),
-            policy_tokens=policy_tokens,
-            retained_tokens=retained,
-        )
-        return diagnostics
+
+def _diagnostics(tr: TrustRegionOutput, batch: TokenBatch) -> dict[str, Tensor]:
+    """The reference's diagnostics plus the trust region's own (all detached)."""
+    keep, mask = batch.keep, batch.action_mask
+    if keep is mask and tr.token_admitted is None:
+        retained = torch.where(tr.admitted, batch.policy_tokens, 0)
+    else:
+        gate = tr.token_admitted if tr.token_admitted is not None else tr.admitted.unsqueeze(1)
+        retained = count_per_row(keep & gate)
+    diagnostics = {k: v.detach() for k, v in tr.diagnostics.items()}
+    diagnostics.update(
+        advantages=batch.advantages,
+        sequence_kl=batch.sequence_kl,
+        admitted=tr.admitted.detach(),
+        acceptance_rate=tr.admitted.float().mean(),
+        policy_tokens=batch.policy_tokens,
+        retained_tokens=retained,
+    )
+    return diagnostics

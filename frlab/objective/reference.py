@@ -1,4 +1,4 @@
-"""`flashreinforce_loss`: the reference-compatible FlashREINFORCE loss (SPEC §2).
+"""`flashreinforce_loss`: the reference-compatible loss of the FlashREINFORCE paper.
 
 Drop-in for the public reference function (users migrate with one import change): same
 arguments, semantics, validation, dtype promotion, NaN-safe masking and diagnostics keys
@@ -7,6 +7,12 @@ arguments, semantics, validation, dtype promotion, NaN-safe masking and diagnost
 sequence_bernoulli_kl + sample_mean), with the `entropy_failures` token filter switched on only
 when `negative_token_fraction < 1`. The rows given ARE the learner batch: advantages are
 centred over them, and the normalisers are their B and T_i.
+
+Edge cases as the reference: the working dtype is keyed on `log_probs` alone (float64 stays
+float64, anything else runs in float32, so fp32 log-probs with fp64 rewards give an fp32
+loss); entropies are ranked in their own dtype; `acceptance_rate` is float32; `delta` may be a
+Python number or a 0-d tensor; a token the entropy filter drops is never exponentiated, so a
+huge log-ratio there cannot overflow.
 """
 
 from __future__ import annotations
@@ -16,7 +22,11 @@ from functools import lru_cache
 from torch import Tensor
 
 from frlab.objective.objective import Objective
-from frlab.objective.validation import check_delta, check_fraction
+from frlab.objective.token_filters import EntropyFailures
+from frlab.objective.trust_regions import SequenceBernoulliKL
+
+_DELTA = SequenceBernoulliKL.spec("delta")  # one declaration of each range, the components'
+_Q = EntropyFailures.spec("q")
 
 
 @lru_cache(maxsize=64)
@@ -36,7 +46,7 @@ def flashreinforce_loss(
     rewards: Tensor,
     action_mask: Tensor,
     *,
-    delta: float = 3e-3,
+    delta: float | Tensor = 3e-3,
     negative_token_fraction: float = 1.0,
     entropies: Tensor | None = None,
     failures: Tensor | None = None,
@@ -48,8 +58,8 @@ def flashreinforce_loss(
     `negative_token_fraction` q < 1, rows flagged by `failures` keep only their ceil(q T_i)
     highest-`entropies` policy tokens. Returns (loss, diagnostics).
     """
-    delta = check_delta(delta, "delta")
-    q = check_fraction(negative_token_fraction, "negative_token_fraction")
+    delta = _DELTA.check(delta, "delta")
+    q = _Q.check(negative_token_fraction, "negative_token_fraction")
     if q < 1.0 and (entropies is None or failures is None):
         raise ValueError(
             f"negative_token_fraction={q} < 1 filters tokens, which needs entropies [B, T] and "

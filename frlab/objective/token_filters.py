@@ -1,12 +1,14 @@
 """Token filters: (action_mask, entropies, failures) -> keep [B,T] bool.
 
 - `none`: keep every policy token (keep = action_mask), the base method.
-- `entropy_failures`: FlashREINFORCE's optional entropy filter (SPEC §2 rule 4). In rows flagged
-  by `failures` (explicit labels, never the advantage sign) keep only the ceil(q * T_i) policy
-  tokens with the highest entropy, ties going to the earlier position; other rows keep all.
+- `entropy_failures`: the FlashREINFORCE paper's optional entropy filter (negative-token
+  fraction q). In rows flagged by `failures` (explicit labels, never the
+  advantage sign) keep only the ceil(q * T_i) policy tokens with the highest entropy, ties
+  going to the earlier position; other rows keep all.
   Long failed trajectories then push down only their most uncertain decisions instead of every
   token. The filter never changes the denominators: T_i and B stay the original counts.
 
+Entropies are ranked in their own dtype (never cast first: a cast could create or break ties).
 Vectorised over the failed rows, no Python loop over rows: one `topk` per batch finds each
 row's entropy threshold, a cumulative sum over the tied tokens resolves ties by position.
 For q >= 1/2 the (smaller) set of dropped tokens is selected instead of the kept one.
@@ -15,19 +17,18 @@ For q >= 1/2 the (smaller) set of dropped tokens is selected instead of the kept
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from frlab.objective.base import TOKEN_FILTERS, count_per_row
-from frlab.objective.validation import check_fraction
+from frlab.objective.base import TOKEN_FILTERS, TokenFilter, count_per_row, hyperparameter
 
 
 @TOKEN_FILTERS.register("none")
-class KeepAll:
-    """keep = action_mask."""
-
-    needs_entropies = False
+@dataclass(frozen=True)
+class KeepAll(TokenFilter):
+    """Keep every policy token."""
 
     def __call__(
         self, action_mask: Tensor, entropies: Tensor | None = None, failures: Tensor | None = None
@@ -78,11 +79,14 @@ def top_entropy_tokens(action_mask: Tensor, entropies: Tensor, q: float) -> Tens
 
 
 @TOKEN_FILTERS.register("entropy_failures")
-class EntropyFailures:
-    """Keep the ceil(q * T_i) highest-entropy policy tokens of failed rows; all tokens elsewhere."""
+@dataclass(frozen=True)
+class EntropyFailures(TokenFilter):
+    """In failed trajectories keep the `ceil(q*T_i)` highest-entropy tokens."""
 
-    def __init__(self, q: float = 1.0) -> None:
-        self.q = check_fraction(q, "entropy_failures.q")
+    source = "FlashREINFORCE (negative-token fraction q)"
+    q: float = hyperparameter(
+        1.0, low=0.0, high=1.0, doc="kept fraction of a failed trajectory's tokens (1: keep all)"
+    )
 
     @property
     def needs_entropies(self) -> bool:

@@ -1,59 +1,28 @@
-"""Input validation for the objective (SPEC §2 rule 7), nearly free on the hot path.
+"""Input validation for the objective, nearly free on the hot path.
 
-Every error is a `ValueError` that names the offending argument. Structural checks (rank,
-shape, dtype, device) read only tensor metadata. Value checks (a row without policy tokens,
-non-finite rewards or advantages, policy-token log-probs that are non-finite or > 0, non-finite
-policy-token entropies) are each reduced on device to one 0-d flag; the flags are stacked and
-read back with a single host sync, and the detailed message (counts, first offending position)
-is built only when a flag is set (see `ValueChecks` for the cheap token screen). Hyper-parameter checks (`delta`, fractions, caps) run once,
-when a component is constructed.
+Every error is a `ValueError` that names the offending argument. Refused: non-2D or empty
+log_probs; mismatched shapes; a non-bool mask; non-float log-probs; inputs on different
+devices; a row with no policy token; non-finite rewards or advantages; policy-token log-probs
+that are non-finite or > 0; filtering without entropies and failures (or with wrong shapes,
+dtypes, devices, non-finite policy-token entropies). Structural checks (rank, shape, dtype,
+device) read only tensor metadata. Value checks are each reduced on device to one 0-d flag;
+the flags are stacked and read back with a single host sync, and the detailed message
+(counts, first offending position) is built only when a flag is set (see `ValueChecks` for
+the cheap token screen). Hyperparameters are checked once, when a component is constructed,
+against their declarations (`frlab.objective.hyperparameters`).
 """
 
 from __future__ import annotations
 
 import math
-import numbers
 import operator
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
 
-# --------------------------------------------------------------------------- hyper-parameters
-
-
-def real_param(value: object, name: str) -> float:
-    """`value` as a float; bools, strings and other non-reals raise naming `name`."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{name} must be a real number, got {value!r}")
-    out = float(value)
-    if math.isnan(out):
-        raise ValueError(f"{name} must not be NaN")
-    return out
-
-
-def check_delta(delta: object, name: str = "delta") -> float:
-    """A trust-region threshold: >= 0, not NaN; `inf` admits everything."""
-    out = real_param(delta, name)
-    if out < 0:
-        raise ValueError(f"{name} must be >= 0 (inf admits all), got {out}")
-    return out
-
-
-def check_fraction(value: object, name: str) -> float:
-    """A fraction in [0, 1]."""
-    out = real_param(value, name)
-    if not 0.0 <= out <= 1.0:
-        raise ValueError(f"{name} must be in [0, 1], got {out}")
-    return out
-
-
-def check_positive(value: object, name: str, *, allow_inf: bool = False) -> float:
-    """A strictly positive real (finite unless `allow_inf`)."""
-    out = real_param(value, name)
-    if out <= 0 or (math.isinf(out) and not allow_inf):
-        raise ValueError(f"{name} must be positive{'' if allow_inf else ' and finite'}, got {out}")
-    return out
+# --------------------------------------------------------------------------- counts
 
 
 def check_count(value: object, name: str) -> int:
@@ -297,3 +266,34 @@ class ValueChecks:
         for flag, message, exact in zip(flags, self._messages, self._exact, strict=True):
             if flag and (exact is None or exact()):
                 raise ValueError(message())
+
+
+# --------------------------------------------------------------------------- component outputs
+
+
+def check_trust_region_output(out: Any, batch: Any, component: Any) -> None:
+    """A trust region kept its return contract (metadata only, no host sync)."""
+    who = f"trust region {component.name!r}"
+    b, shape = batch.action_mask.shape[0], tuple(batch.action_mask.shape)
+    if not isinstance(out.weights, Tensor) or tuple(out.weights.shape) != shape:
+        raise ValueError(f"{who} returned weights that are not a [B, T] = {list(shape)} tensor")
+    if out.weights.requires_grad:
+        raise ValueError(f"{who} returned weights that require grad: detach them")
+    admitted = out.admitted
+    if not isinstance(admitted, Tensor) or admitted.dtype != torch.bool or admitted.shape != (b,):
+        raise ValueError(f"{who} must return `admitted` as a bool [B] = [{b}] tensor")
+    declared = {d.name: d for d in component.diagnostics}
+    if set(out.diagnostics) != set(declared):
+        raise ValueError(
+            f"{who} returned diagnostics {sorted(out.diagnostics)} but declares "
+            f"{sorted(declared)}: every returned statistic must be declared in its "
+            "`diagnostics` (so it is logged), and every declared one returned"
+        )
+    for name, value in out.diagnostics.items():
+        want = (b,) if declared[name].per == "row" else ()
+        if not isinstance(value, Tensor) or tuple(value.shape) != want:
+            got = list(value.shape) if isinstance(value, Tensor) else type(value).__name__
+            raise ValueError(
+                f"{who}: diagnostic {name!r} (per={declared[name].per}) must have shape "
+                f"{list(want)}, got {got}"
+            )

@@ -1,6 +1,6 @@
 """Sampled-token log-probs and full entropies from logits, in row chunks.
 
-FlashREINFORCE (SPEC §2) needs, for every policy token, the current policy's log-prob of the
+The FlashREINFORCE objective needs, for every policy token, the current policy's log-prob of the
 token the sampler emitted, `log softmax(z / tau)[y]`, and (for the entropy token filter) the
 full categorical entropy `H = lse(z/tau) - sum_v p_v z_v / tau`. The naive path,
 `logits.float().log_softmax(-1)`, materialises a float32 copy of the whole `[N, V]` tensor
@@ -23,7 +23,7 @@ from torch import Tensor
 
 
 def compute_dtype_for(dtype: torch.dtype) -> torch.dtype:
-    """float64 stays float64; every other float dtype is computed in float32 (SPEC §2.6)."""
+    """float64 stays float64; every other float dtype is computed in float32 (as the objective)."""
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 

@@ -1,6 +1,6 @@
 """`WeightSyncCallback`: keep the rollout engine's weights and version in step with the learner.
 
-FlashREINFORCE (SPEC §3) measures policy lag as the learner version at the update minus the
+The FlashREINFORCE paper measures policy lag as the learner version at the update minus the
 version that sampled each token, so the engine must carry the learner's version. The learner
 module exposes `policy` (the trained model) and `policy_version` (completed optimizer steps).
 After every `sync_every` optimizer steps this callback pushes `policy.state_dict()` to the pool
@@ -12,13 +12,18 @@ restored weights and version. With several learner ranks on one shared server fl
 (frlab.rollout.remote.fleet_sync). Keep `sync_every <= rollout.max_policy_lag`, or the pool's
 admission control can never admit new rollouts.
 
-After every training batch it also logs the engine's own counters from `pool.stats()["engine"]`
-as `rollout/<name>` (the remote backend: `rollout/retries`, `rollout/servers_healthy`, ...),
-so they reach every logger and metrics.csv; engines without counters log nothing.
+After every training batch it also logs the rollout pool's counters and the engine's own
+(`rollout_metrics`), so they reach every logger and metrics.csv: `rollout/paused_for_lag`,
+`rollout/lag_violations`, `rollout/failed`, `rollout/rejected` and per reason
+`rollout/failed/<reason>`, `rollout/rejected/<reason>` (counts since this pool started; with
+several ranks, the logged row is rank 0's pool), then the engine counters from
+`pool.stats()["engine"]` as `rollout/<name>` (the remote backend: `rollout/retries`,
+`rollout/servers_healthy`, ...; engines without counters log none).
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import lightning as L
@@ -89,16 +94,31 @@ class WeightSyncCallback(L.Callback):
         return pool
 
 
+POOL_COUNTERS = ("paused_for_lag", "lag_violations", "failed", "rejected")
+
+
 def rollout_metrics(stats: Any) -> dict[str, float]:
-    """`rollout/<name>` floats of the numeric engine counters in a pool's `stats()`."""
-    engine = stats.get("engine") if isinstance(stats, dict) else None
-    if not isinstance(engine, dict):
+    """`rollout/<name>` floats of a pool's `stats()`: its counters (POOL_COUNTERS, and failed
+    and rejected rollouts per reason) and the engine's numeric counters."""
+    if not isinstance(stats, dict):
         return {}
-    return {
-        f"rollout/{name}": float(value)
-        for name, value in engine.items()
-        if isinstance(value, int | float) and not isinstance(value, bool)
-    }
+    out = {f"rollout/{k}": float(stats[k]) for k in POOL_COUNTERS if _number(stats.get(k))}
+    for kind in ("failed", "rejected"):
+        for reason, count in (stats.get(f"{kind}_by_reason") or {}).items():
+            out[f"rollout/{kind}/{_metric_part(reason)}"] = float(count)
+    engine = stats.get("engine")
+    if isinstance(engine, dict):
+        out.update({f"rollout/{k}": float(v) for k, v in engine.items() if _number(v)})
+    return out
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _metric_part(reason: Any) -> str:
+    """A reason as one metric-name segment: letters, digits, `_`, `.`, `-` (others -> `_`)."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", str(reason))
 
 
 def _version(pl_module: L.LightningModule) -> int:

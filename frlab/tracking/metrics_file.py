@@ -19,7 +19,7 @@ PREFIXES = ("train/", "timing/")
 FIXED_COLUMNS = ("step", "elapsed_s")
 
 
-def step_metrics(
+def scalar_metrics(
     metrics: Mapping[str, Any], prefixes: Sequence[str] = PREFIXES
 ) -> dict[str, float]:
     """Scalar metrics under `prefixes` as floats; `name_step` -> `name`, `name_epoch` dropped."""
@@ -53,12 +53,12 @@ def _to_float(text: str | None) -> float:
         return math.nan
 
 
-def cells(row: Mapping[str, Any]) -> dict[str, Any]:
+def csv_cells(row: Mapping[str, Any]) -> dict[str, Any]:
     """A row for csv: integer step; NaN (a metric not logged at that step) -> empty cell."""
-    cells = {k: "" if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()}
-    if isinstance(cells.get("step"), float):
-        cells["step"] = int(cells["step"])
-    return cells
+    out = {k: "" if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()}
+    if isinstance(out.get("step"), float):
+        out["step"] = int(out["step"])
+    return out
 
 
 def _mean(values: Sequence[float]) -> float | None:

@@ -1,5 +1,8 @@
 """`RunFilesCallback`: every run writes `metrics.csv` and `summary.json` into its run folder.
 
+This is the one writer of `metrics.csv` (the default `logger=csv` adds no Lightning logger;
+`frlab.tracking.metrics_file` holds the Lightning-free format helpers that read it back).
+
 `metrics.csv` has one row per optimizer step: `step`, `elapsed_s` and every metric the learner
 logged under `train/`, `timing/` or `eval/` (names of frlab/config/SCHEMA.md), plus the values
 other callbacks hand to `log_step_metrics` for that step only (avg@k from
@@ -34,9 +37,9 @@ from frlab.tracking.metrics_file import (
     METRICS_FILE,
     PREFIXES,
     SUMMARY_FILE,
-    cells,
+    csv_cells,
     read_metrics,
-    step_metrics,
+    scalar_metrics,
     summarize,
     write_json_atomic,
 )
@@ -104,7 +107,7 @@ class RunFilesCallback(Callback):
             "step": float(trainer.global_step),
             "elapsed_s": self._elapsed0 + time.perf_counter() - self._t0,
         }
-        row.update(step_metrics(dict(trainer.callback_metrics), self.prefixes))
+        row.update(scalar_metrics(dict(trainer.callback_metrics), self.prefixes))
         row.update(self._staged)
         self._staged = {}
         self.append(row)
@@ -147,7 +150,7 @@ class RunFilesCallback(Callback):
             self.columns += new
             self._rewrite()
             return
-        self._writer.writerow(cells(row))
+        self._writer.writerow(csv_cells(row))
         self._fh.flush()
 
     def _rewrite(self) -> None:
@@ -157,7 +160,7 @@ class RunFilesCallback(Callback):
         with tmp.open("w", newline="") as fh:
             writer = csv.DictWriter(fh, fieldnames=self.columns, restval="")
             writer.writeheader()
-            writer.writerows(cells(r) for r in self.rows)
+            writer.writerows(csv_cells(r) for r in self.rows)
         os.replace(tmp, self.metrics_path)
         self._fh = self.metrics_path.open("a", newline="")
         self._writer = csv.DictWriter(self._fh, fieldnames=self.columns, restval="")

@@ -1,4 +1,5 @@
-"""Loggers by group choice: CSV by default, TensorBoard, wandb (imported only when chosen)."""
+"""Loggers by group choice: the run folder's metrics.csv only by default (logger=csv: one
+writer), TensorBoard, wandb (imported only when chosen)."""
 
 from __future__ import annotations
 
@@ -19,13 +20,13 @@ def logger_for(choice: str, save_dir: Path, *extra: str) -> object:
     return instantiate(cfg.logger, key="logger")
 
 
-def test_csv_is_the_default_and_needs_no_account(tmp_path: Path) -> None:
-    assert compose([]).logger._target_ == "lightning.pytorch.loggers.CSVLogger"
-    logger = logger_for("csv", tmp_path)
-    assert type(logger).__name__ == "CSVLogger"
-    logger.log_metrics({"train/reward_mean": 0.5}, step=1)
-    logger.save()
-    assert "train/reward_mean" in next(tmp_path.rglob("metrics.csv")).read_text()
+def test_csv_is_the_default_and_adds_no_second_metrics_writer() -> None:
+    """metrics.csv in the run folder is the CSV log: logger=csv builds no Lightning logger
+    (Lightning's CSVLogger would write a second metrics.csv under csv/version_0)."""
+    for overrides in ([], ["logger=csv"]):
+        cfg = compose(overrides)
+        assert cfg.logger is None and preflight(cfg).logger is None
+    assert "metrics.csv" in preflight(compose([])).format()
 
 
 def test_tensorboard(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from frlab.objective import AGGREGATIONS
+from frlab.objective import AGGREGATIONS, Objective
 
 TERMS = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], dtype=torch.float64)
 KEEP = torch.tensor([[True, True, False], [True, False, False]])
@@ -80,6 +80,6 @@ def test_constant_length_validation(length: object) -> None:
         agg("constant_length", length=length)
 
 
-def test_constant_length_requires_length() -> None:
-    with pytest.raises(ValueError, match="bad arguments for aggregation 'constant_length'"):
-        agg("constant_length")
+def test_constant_length_unknown_hyperparameter_is_named() -> None:
+    with pytest.raises(ValueError, match="unknown hyperparameter 'lenght'.*did you mean 'length'"):
+        Objective(aggregation="constant_length", params={"constant_length": {"lenght": 8}})

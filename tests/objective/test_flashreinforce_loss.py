@@ -1,5 +1,6 @@
 """`flashreinforce_loss`: hand-computed value, equality with the composed preset, diagnostics,
-and every validation error of SPEC §2 rule 7 (each naming the argument)."""
+the reference's edge cases (filtered tokens, dtypes, 0-d delta) and every validation error
+(each naming the argument)."""
 
 from __future__ import annotations
 
@@ -87,6 +88,101 @@ def test_filter_only_when_fraction_below_one() -> None:
     failed = x["failures"]
     assert (filt["retained_tokens"][failed] < full["retained_tokens"][failed]).all()
     assert torch.equal(filt["retained_tokens"][~failed], full["retained_tokens"][~failed])
+
+
+# --------------------------------------------------------------------------- reference edge cases
+
+FULL = torch.tensor([[True, True], [True, True]])
+
+
+def _repro(dtype: torch.dtype = torch.float32, behavior_00: float = -100.0) -> dict:
+    """The entropy-filter case: row 1 failed, q = 0.5 keeps its higher-entropy token (slot 1);
+    its dropped token 0 has log-ratio -0.01 - behavior_00 (99.99 by default: exp overflows
+    float32)."""
+    return {
+        "log_probs": torch.tensor([[-0.5, -0.5], [-0.01, -0.5]], dtype=dtype, requires_grad=True),
+        "behavior_log_probs": torch.tensor([[-0.5, -0.5], [behavior_00, -0.6]], dtype=dtype),
+        "rewards": torch.tensor([1.0, 0.0], dtype=dtype),
+        "action_mask": FULL,
+        "delta": INF,
+        "negative_token_fraction": 0.5,
+        "entropies": torch.tensor([[1.0, 1.0], [0.1, 2.0]], dtype=dtype),
+        "failures": torch.tensor([False, True]),
+    }
+
+
+def test_filtered_token_is_never_exponentiated() -> None:
+    """A = (0.5, -0.5), B = 2, T_i = 2. Row 0 keeps both tokens (rho = 1): -(1/2)(1/2)(0.5 * -0.5
+    * 2) = 0.125. Row 1 keeps token 1 only, rho = exp(-0.5 + 0.6) = exp(0.1):
+    -(1/2)(1/2)(exp(0.1) * -0.5 * -0.5) = -0.0625 exp(0.1). Loss 0.125 - 0.0625 e^0.1 = 0.05593
+    (the reference's value); the dropped token's exp(99.99) (inf in float32) is never formed."""
+    args = _repro()
+    lp = args["log_probs"]
+    loss, diag = flashreinforce_loss(**args)
+    expected = 0.125 - 0.0625 * math.exp(0.1)
+    assert loss.dtype == torch.float32 and round(loss.item(), 5) == 0.05593
+    assert loss.item() == pytest.approx(expected, rel=1e-6)
+    assert diag["retained_tokens"].tolist() == [2, 1] and diag["policy_tokens"].tolist() == [2, 2]
+    loss.backward()
+    grad = [[-0.5 / 4, -0.5 / 4], [0.0, math.exp(0.1) * 0.5 / 4]]  # -rho A_i / (T_i B); 0: dropped
+    torch.testing.assert_close(lp.grad, torch.tensor(grad), rtol=1e-6, atol=0)
+
+
+def test_filtered_token_overflowing_even_in_float64_is_harmless() -> None:
+    """exp(999.99) overflows float64 too: the dropped token still never reaches a weight."""
+    loss, diag = flashreinforce_loss(**_repro(torch.float64, behavior_00=-1000.0))
+    assert loss.item() == pytest.approx(0.125 - 0.0625 * math.exp(0.1), rel=1e-12)
+    assert diag["retained_tokens"].tolist() == [2, 1]
+
+
+def test_working_dtype_is_keyed_on_log_probs_alone() -> None:
+    """fp32 log-probs with fp64 behaviour log-probs and rewards give an fp32 loss and fp32
+    diagnostics; fp64 log-probs with fp32 rest give fp64."""
+    x = make_batch(4, 6, seed=2, dtype=torch.float64)
+    lp32 = x["log_probs"].float()
+    loss, diag = flashreinforce_loss(lp32, x["behavior_log_probs"], x["rewards"], x["action_mask"])
+    assert loss.dtype == torch.float32
+    assert diag["advantages"].dtype == diag["sequence_kl"].dtype == torch.float32
+    beh32, r32 = x["behavior_log_probs"].float(), x["rewards"].float()
+    loss64, diag64 = flashreinforce_loss(x["log_probs"], beh32, r32, x["action_mask"])
+    assert loss64.dtype == torch.float64 and diag64["sequence_kl"].dtype == torch.float64
+
+
+def test_entropies_are_ranked_in_their_own_dtype() -> None:
+    """fp32 log-probs, fp64 entropies (1, 1 + 1e-12) in a failed row with q = 0.5: token 1 has
+    the higher entropy in float64 (a cast to float32 would tie them and keep token 0)."""
+    lp = torch.tensor([[-0.7, -0.2], [-0.3, -0.4]], requires_grad=True)
+    ent = torch.tensor([[1.0, 1.0], [1.0, 1.0 + 1e-12]], dtype=torch.float64)
+    loss, diag = flashreinforce_loss(
+        lp, lp.detach().clone(), torch.tensor([1.0, 0.0]), FULL,
+        negative_token_fraction=0.5, entropies=ent, failures=torch.tensor([False, True]),
+    )  # fmt: skip
+    loss.backward()
+    assert diag["retained_tokens"].tolist() == [2, 1]
+    assert lp.grad[1].tolist() == [0.0, pytest.approx(0.5 / 4)]  # rho 1, A -0.5, T 2, B 2
+
+
+def test_acceptance_rate_is_float32_like_the_reference() -> None:
+    x = make_batch(4, 6, seed=3, dtype=torch.float64)
+    _, diag = flashreinforce_loss(
+        x["log_probs"], x["behavior_log_probs"], x["rewards"], x["action_mask"]
+    )
+    assert diag["acceptance_rate"].dtype == torch.float32
+    assert diag["acceptance_rate"].item() == diag["admitted"].float().mean().item()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_delta_may_be_a_zero_dim_tensor(dtype: torch.dtype) -> None:
+    x = make_batch(8, 12, seed=21, drift=0.3)
+    args = (x["log_probs"], x["behavior_log_probs"], x["rewards"], x["action_mask"])
+    loss_t, d_t = flashreinforce_loss(*args, delta=torch.tensor(0.02, dtype=dtype))
+    loss_f, d_f = flashreinforce_loss(*args, delta=float(torch.tensor(0.02, dtype=dtype)))
+    assert 0 < int(d_f["admitted"].sum()) < 8
+    assert loss_t.item() == loss_f.item() and torch.equal(d_t["admitted"], d_f["admitted"])
+    with pytest.raises(ValueError, match=r"delta must be in \[0, inf\], got -1"):
+        flashreinforce_loss(*args, delta=torch.tensor(-1.0))
+    with pytest.raises(ValueError, match="delta must be a real number"):
+        flashreinforce_loss(*args, delta=torch.tensor([0.02]))
 
 
 # --------------------------------------------------------------------------- validation
@@ -194,7 +290,7 @@ def test_validation_errors(case: str, nan_masked: bool) -> None:
     ("kw", "pattern"),
     [
         ({"delta": NAN}, "delta must not be NaN"),
-        ({"delta": -1e-3}, "delta must be >= 0"),
+        ({"delta": -1e-3}, r"delta must be in \[0, inf\]"),
         ({"negative_token_fraction": 1.5}, r"negative_token_fraction must be in \[0, 1\]"),
         ({"negative_token_fraction": -0.1}, "negative_token_fraction must be in"),
         ({"negative_token_fraction": NAN}, "negative_token_fraction must not be NaN"),

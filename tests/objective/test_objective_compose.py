@@ -4,6 +4,7 @@ diagnostics and global-batch (micro-batch) exactness for every trust region and 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -14,7 +15,9 @@ from frlab.objective import (
     AGGREGATIONS,
     PRESETS,
     TRUST_REGIONS,
+    Diagnostic,
     Objective,
+    TrustRegion,
     sampled_logprobs_and_entropy,
 )
 from frlab.objective.baselines import BatchMean
@@ -82,9 +85,58 @@ def test_unknown_component_name_lists_names_and_close_matches() -> None:
 
 
 def test_duplicate_registration_raises() -> None:
+    @dataclass(frozen=True)
+    class Again(TrustRegion):
+        """Admit all."""
+
     with pytest.raises(RegistryError, match="already registered"):
-        TRUST_REGIONS.register("sequence_bernoulli_kl")(BatchMean)
-    assert TRUST_REGIONS.get("sequence_bernoulli_kl") is not BatchMean
+        TRUST_REGIONS.register("sequence_bernoulli_kl")(Again)
+    assert TRUST_REGIONS.get("sequence_bernoulli_kl") is not Again
+
+
+class _NotFrozen(TrustRegion):
+    """Admit all."""
+
+
+@dataclass
+class _Mutable(TrustRegion):
+    """Admit all."""
+
+
+@dataclass(frozen=True)
+class _NoDoc(TrustRegion):
+    pass
+
+
+@dataclass(frozen=True)
+class _Undeclared(TrustRegion):
+    """Admit all."""
+
+    cap: float = 2.0
+
+
+@dataclass(frozen=True)
+class _Reserved(TrustRegion):
+    """Admit all."""
+
+    diagnostics = (Diagnostic("sequence_kl", "clashes with the objective's own"),)
+
+
+@pytest.mark.parametrize(
+    ("cls", "pattern"),
+    [
+        (BatchMean, "must subclass frlab.objective.TrustRegion"),
+        (_NotFrozen, r"@dataclass\(frozen=True\)"),
+        (_Mutable, r"@dataclass\(frozen=True\)"),
+        (_NoDoc, "needs a docstring"),
+        (_Undeclared, r"_Undeclared.cap .*hyperparameter\(\.\.\.\)"),
+        (_Reserved, "reported by the objective itself"),
+    ],
+)
+def test_registration_refuses_malformed_components(cls: type, pattern: str) -> None:
+    with pytest.raises(RegistryError, match=pattern):
+        TRUST_REGIONS.register("malformed_test_component")(cls)
+    assert "malformed_test_component" not in TRUST_REGIONS
 
 
 def test_params_are_keyed_by_component_name_and_do_not_leak() -> None:

@@ -1,8 +1,8 @@
 """Loop-vs-vectorised equivalence: the `Objective` against a slow per-row Python reference.
 
 The reference below is written for obviousness, not speed: plain Python floats, one row and
-one token at a time, every formula spelled out as in SPEC §2 and the component docstrings
-(p, q clamped to [1e-6, 1 - 1e-6] and `log(1 - p)` written literally). Gate thresholds are
+one token at a time, every formula spelled out as in the FlashREINFORCE paper and the component
+docstrings (p, q clamped to [1e-6, 1 - 1e-6] and `log(1 - p)` written literally). Gate thresholds are
 placed halfway between two observed statistics, so rounding cannot flip a decision.
 """
 

@@ -8,8 +8,7 @@ import pytest
 import torch
 from objective_testlib import make_batch
 
-from frlab.objective import TRUST_REGIONS
-from frlab.objective.trust_regions import bernoulli_sequence_kl
+from frlab.objective import TRUST_REGIONS, TokenBatch
 
 L = math.log
 # One row, two policy tokens and one masked slot holding NaN:
@@ -27,15 +26,19 @@ def tr(name: str, **kw: float):
     return TRUST_REGIONS.build(name, **kw)
 
 
-def run(name: str, cur=CUR, beh=BEH, adv=POS, mask=MASK, **kw: float):  # noqa: ANN001
-    return tr(name, **kw)(cur, beh, adv, mask)
+def apply(component, cur, beh, adv, mask, keep=None):  # noqa: ANN001, ANN201
+    return component(TokenBatch(cur, beh, adv, mask, keep))
+
+
+def run(name: str, cur=CUR, beh=BEH, adv=POS, mask=MASK, keep=None, **kw: float):  # noqa: ANN001
+    return apply(tr(name, **kw), cur, beh, adv, mask, keep)
 
 
 def test_sequence_bernoulli_kl_hand_values() -> None:
     """sequence_kl = (d_1 + 0) / T = 0.0102055; delta 0.011 admits (weights = rho = [0.8, 1]),
     delta 0.010 rejects (weights 0). The reverse direction KL(q||p) would be 0.0201355 / 2."""
     out = run("sequence_bernoulli_kl", delta=0.011)
-    assert out.diagnostics["sequence_kl"].item() == pytest.approx(SEQ_KL, rel=1e-12)
+    assert TokenBatch(CUR, BEH, POS, MASK).sequence_kl.item() == pytest.approx(SEQ_KL, rel=1e-12)
     assert SEQ_KL != pytest.approx((0.4 * L(0.4 / 0.5) + 0.6 * L(0.6 / 0.5)) / 2, rel=1e-3)
     assert out.admitted.tolist() == [True]
     assert out.weights[0].tolist() == pytest.approx([0.8, 1.0, 0.0], rel=1e-14)
@@ -48,7 +51,7 @@ def test_sequence_bernoulli_kl_inclusive_and_inf() -> None:
     """Identical policies give sequence_kl exactly 0, admitted at delta = 0 (<= is inclusive);
     delta = inf admits a row whose KL is huge."""
     out = run("sequence_bernoulli_kl", cur=BEH.clone(), delta=0.0)
-    assert out.diagnostics["sequence_kl"].item() == 0.0 and out.admitted.item()
+    assert TokenBatch(BEH, BEH, POS, MASK).sequence_kl.item() == 0.0 and out.admitted.item()
     far = torch.tensor([[L(0.01), L(0.9), 0.0]], dtype=torch.float64)
     assert run("sequence_bernoulli_kl", cur=far, delta=math.inf).admitted.item()
     assert not run("sequence_bernoulli_kl", cur=far, delta=1e-3).admitted.item()
@@ -59,13 +62,13 @@ def test_probabilities_are_clamped() -> None:
     d = (1 - e) ln((1 - e) / 0.5) + e ln(e / 0.5), e = 1e-6; T = 1."""
     e = 1e-6
     expected = (1 - e) * L((1 - e) / 0.5) + e * L(e / 0.5)
-    out = run(
-        "none",
-        cur=torch.tensor([[L(0.5)]], dtype=torch.float64),
-        beh=torch.tensor([[0.0]], dtype=torch.float64),
-        mask=torch.tensor([[True]]),
+    batch = TokenBatch(
+        torch.tensor([[L(0.5)]], dtype=torch.float64),
+        torch.tensor([[0.0]], dtype=torch.float64),
+        POS,
+        torch.tensor([[True]]),
     )
-    assert out.diagnostics["sequence_kl"].item() == pytest.approx(expected, rel=1e-9)
+    assert batch.sequence_kl.item() == pytest.approx(expected, rel=1e-9)
 
 
 def test_none_is_plain_token_is() -> None:
@@ -123,7 +126,7 @@ def test_ppo_clip_hand_values() -> None:
     cur = torch.tensor([[L(0.7), L(1.3), 0.0]] * 3, dtype=torch.float64)
     beh = torch.zeros(3, 3, dtype=torch.float64)
     adv = torch.tensor([1.0, -1.0, 0.0], dtype=torch.float64)
-    out = tr("ppo_clip")(cur, beh, adv, torch.ones(3, 3, dtype=torch.bool))
+    out = apply(tr("ppo_clip"), cur, beh, adv, torch.ones(3, 3, dtype=torch.bool))
     expected = [[0.7, 0.0, 1.0], [0.0, 1.3, 1.0], [0.7, 1.3, 1.0]]
     torch.testing.assert_close(out.weights, torch.tensor(expected, dtype=torch.float64))
     assert out.diagnostics["clip_fraction"].item() == pytest.approx(2 / 9)
@@ -139,20 +142,23 @@ def test_ppo_clip_gradient_equals_clipped_surrogate() -> None:
     surrogate = -torch.minimum(rho * adv[:, None], rho.clamp(0.8, 1.3) * adv[:, None])
     torch.where(mask, surrogate, 0.0).sum().backward()
     lp2 = x["log_probs"].clone().requires_grad_(True)
-    w = tr("ppo_clip", eps_low=0.2, eps_high=0.3)(lp2, beh, adv, mask).weights
+    w = apply(tr("ppo_clip", eps_low=0.2, eps_high=0.3), lp2, beh, adv, mask).weights
     torch.where(mask, -w * adv[:, None] * lp2, 0.0).sum().backward()
     torch.testing.assert_close(lp2.grad, lp1.grad, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("name", TRUST_REGIONS.names())
 def test_common_contract(name: str) -> None:
-    """Every trust region: sequence_kl diagnostic, detached weights that are 0 and finite off
-    the mask (NaN there), admitted [B] bool, weights on the input dtype."""
+    """Every trust region: exactly its declared diagnostics with the declared shapes, detached
+    weights that are 0 and finite off the mask (NaN there), admitted [B] bool, weights on the
+    input dtype."""
     x = make_batch(6, 9, seed=1)
     lp = x["log_probs"].clone().requires_grad_(True)
-    out = tr(name)(lp, x["behavior_log_probs"], x["rewards"] - 1.0, x["action_mask"])
-    kl = bernoulli_sequence_kl(lp, x["behavior_log_probs"], x["action_mask"])
-    torch.testing.assert_close(out.diagnostics["sequence_kl"], kl)
+    out = apply(tr(name), lp, x["behavior_log_probs"], x["rewards"] - 1.0, x["action_mask"])
+    declared = {d.name: d.per for d in TRUST_REGIONS.get(name).diagnostics}
+    assert set(out.diagnostics) == set(declared)
+    for key, per in declared.items():
+        assert out.diagnostics[key].shape == ((6,) if per == "row" else ())
     assert not out.weights.requires_grad and out.weights.dtype == torch.float64
     assert torch.isfinite(out.weights).all()
     assert torch.equal(
@@ -173,12 +179,12 @@ def test_ratio_overflow_on_admitted_token_raises(name: str) -> None:
     if name == "geometric_ratio":
         kw = {"lower": 0.0, "upper": math.inf}
     with pytest.raises(FloatingPointError, match="row"):
-        tr(name, **kw)(cur, beh, torch.ones(1), torch.ones(1, 2, dtype=torch.bool))
+        apply(tr(name, **kw), cur, beh, torch.ones(1), torch.ones(1, 2, dtype=torch.bool))
 
 
 def test_overflow_on_rejected_row_is_fine() -> None:
     cur, beh = torch.tensor([[0.0, -0.1]]), torch.tensor([[-200.0, -0.1]])
-    out = tr("sequence_bernoulli_kl")(cur, beh, torch.ones(1), torch.ones(1, 2, dtype=torch.bool))
+    out = run("sequence_bernoulli_kl", cur, beh, torch.ones(1), torch.ones(1, 2, dtype=torch.bool))
     assert not out.admitted.item() and torch.equal(out.weights, torch.zeros(1, 2))
 
 

@@ -32,7 +32,7 @@ def test_toy_run_writes_eval_rows_every_n_steps(tmp_path: Path) -> None:
     assert firsts == ["18", "70"]
     run_dir = tmp_path / "run"
     out = frlab(
-        f"hydra.run.dir={run_dir}", "data.batch_size=8", "data.micro_batch_size=8",
+        f"hydra.run.dir={run_dir}", "logger=tensorboard", "data.batch_size=8", "data.micro_batch_size=8",
         "rollout.max_in_flight=8", "trainer.max_steps=5", "plots=false", "eval=math",
         "eval.limit=1", "eval.k=2", "eval.every_n_steps=2", "eval.sampling.max_new_tokens=1",
         cwd=tmp_path,
@@ -44,10 +44,13 @@ def test_toy_run_writes_eval_rows_every_n_steps(tmp_path: Path) -> None:
         assert [rows[step][name] for name in NAMES] == [0.0, 0.0, 0.0]
     for step in (1, 3, 5):
         assert all(math.isnan(rows[step].get(name, math.nan)) for name in NAMES)
-    # The logger (CSVLogger) gets the same values, numbered by optimizer updates done.
-    logged = read_metrics(run_dir / "csv" / "version_0" / "metrics.csv")
-    eval_steps = [r["step"] for r in logged if math.isfinite(r.get(NAMES[2], math.nan))]
-    assert eval_steps == [2.0, 4.0]
+    # The logger (TensorBoard) gets the same values, numbered by optimizer updates done.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tensorboard" / "version_0"))
+    events.Reload()
+    logged = events.Scalars(NAMES[2])
+    assert [(e.step, e.value) for e in logged] == [(2, 0.0), (4, 0.0)]
 
 
 @pytest.mark.slow

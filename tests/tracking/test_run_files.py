@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from frlab.tracking.run_files import RunFilesCallback, read_metrics, step_metrics, summarize
+from frlab.tracking.run_files import RunFilesCallback, read_metrics, scalar_metrics, summarize
 
 
 def fake_trainer(step: int = 0, **metrics: float) -> SimpleNamespace:
@@ -32,7 +32,7 @@ def drive(cb: RunFilesCallback, rewards: list[float], start: int = 0) -> SimpleN
 
 
 def test_step_metrics_filters_and_renames() -> None:
-    got = step_metrics({"train/a_step": 1, "train/a_epoch": 2, "timing/t": 3, "other": 4})
+    got = scalar_metrics({"train/a_step": 1, "train/a_epoch": 2, "timing/t": 3, "other": 4})
     assert got == {"train/a": 1.0, "timing/t": 3.0}
 
 

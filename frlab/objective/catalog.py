@@ -1,0 +1,220 @@
+"""Config defaults and docs generated from the component declarations (nothing listed by hand).
+
+Three committed texts derive from the registered components (`frlab.objective.base`), so a new
+component needs no hand edit outside its own file: the per-component defaults
+`configs/objective/params/default.yaml`, the component table of `README.md` and the objective
+section and component metric names of `frlab/config/SCHEMA.md`. `tests/objective/
+test_catalog.py` fails when a committed text differs from what this module generates.
+
+    python -m frlab.objective.catalog           # exit 1 and list the stale files
+    python -m frlab.objective.catalog --write   # rewrite them
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+from frlab.objective.base import Component, Diagnostic
+from frlab.objective.objective import DEFAULTS, KINDS, PRESETS
+
+ROOT = Path(__file__).resolve().parents[2]
+PARAMS_FILE = Path("configs/objective/params/default.yaml")
+README_FILE = Path("README.md")
+SCHEMA_FILE = Path("frlab/config/SCHEMA.md")
+REGENERATE = "python -m frlab.objective.catalog --write"
+KIND_TITLES = {"baseline": "baseline", "trust_region": "trust region",
+               "aggregation": "aggregation", "token_filter": "token filter"}  # fmt: skip
+
+
+def components() -> list[tuple[str, type[Component]]]:
+    """(kind, class) of every registered component, kinds in slot order, then registration."""
+    return [(kind, cls) for kind, reg in KINDS.items() for cls in reg.in_order()]  # type: ignore[attr-defined]
+
+
+def default_params() -> dict[str, dict[str, Any]]:
+    """component name -> {hyperparameter: default}, for components that declare any."""
+    return {cls.name: cls.defaults() for _, cls in components() if cls.hyperparameters()}
+
+
+def yaml_number(x: Any) -> str:
+    """A YAML 1.1 scalar that OmegaConf reads back as the same number (`3.0e-3`, `.inf`)."""
+    if isinstance(x, bool) or not isinstance(x, int | float):
+        raise TypeError(f"not a number: {x!r}")
+    if isinstance(x, int):
+        return str(x)
+    if math.isinf(x):
+        return ".inf" if x > 0 else "-.inf"
+    if x != 0 and abs(x) < 1e-2:
+        mantissa, exponent = f"{x:e}".split("e")
+        mantissa = mantissa.rstrip("0")
+        return (
+            f"{mantissa}0e{int(exponent)}"
+            if mantissa.endswith(".")
+            else f"{mantissa}e{int(exponent)}"
+        )
+    return repr(float(x))
+
+
+def _flow(params: dict[str, Any]) -> str:
+    return "{" + ", ".join(f"{k}: {yaml_number(v)}" for k, v in params.items()) + "}"
+
+
+def default_params_yaml() -> str:
+    """The text of configs/objective/params/default.yaml."""
+    lines = [
+        f"# Generated from the components' declarations by `{REGENERATE}`; do not edit.",
+        "# Per-component hyperparameters, each under its component's own name, so that switching a",
+        "# component (objective.trust_region=...) never carries another component's settings along.",
+    ]
+    lines += [f"{name}: {_flow(params)}" for name, params in default_params().items()]
+    return "\n".join(lines) + "\n"
+
+
+def _hyperparameters_cell(cls: type[Component]) -> str:
+    return "; ".join(
+        f"`{h.name}` = {yaml_number(h.default)} in {h.range_text()}" for h in cls.hyperparameters()
+    )
+
+
+def _diagnostics_cell(cls: type[Component]) -> str:
+    diagnostics: tuple[Diagnostic, ...] = getattr(cls, "diagnostics", ())
+    return ", ".join(f"`{d.metric(cls.name)}`" for d in diagnostics)
+
+
+def component_table() -> str:
+    """The README table: kind, name, maths, hyperparameters, logged diagnostics, source."""
+    rows = [
+        "| kind | name | maths | hyperparameters (default, range) | logged diagnostics | from |",
+        "|---|---|---|---|---|---|",
+    ]
+    for kind, cls in components():
+        maths = cls.summary().rstrip(".")
+        cells = (KIND_TITLES[kind], f"`{cls.name}`", maths, _hyperparameters_cell(cls),
+                 _diagnostics_cell(cls), cls.source)  # fmt: skip
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def _comment_lines(indent: int, words: list[str], sep: str, width: int = 100) -> list[str]:
+    """`words` joined by `sep` as `# ...` comments starting at column `indent`, wrapped."""
+    lines, line = [], ""
+    for word in words:
+        piece = word if not line else f"{line}{sep}{word}"
+        if line and indent + 2 + len(piece) > width:
+            lines.append(line + sep.rstrip())
+            line = word
+        else:
+            line = piece
+    return [" " * indent + "# " + text for text in [*lines, line]]
+
+
+def _commented(key_line: str, notes: list[str]) -> list[str]:
+    """`key_line` with the first comment on the same line when it fits before the column."""
+    col = len(notes[0]) - len(notes[0].lstrip())
+    if len(key_line) < col:
+        return [key_line.ljust(col) + notes[0].lstrip(), *notes[1:]]
+    return [key_line, *notes]
+
+
+def schema_objective_section() -> str:
+    """The `objective:` node of SCHEMA.md's key layout (slot names, defaults, ranges, docs)."""
+    col = 27  # the comment column of SCHEMA.md's key layout
+    lines = ["objective:".ljust(col) + "# component names (plain strings) + per-component "
+             "kwargs under own name"]  # fmt: skip
+    for kind, reg in KINDS.items():
+        names = [n.name for n in reg.in_order()]  # type: ignore[attr-defined]
+        names = [DEFAULTS[kind], *(n for n in names if n != DEFAULTS[kind])]
+        lines += _commented(f"  {kind}: {DEFAULTS[kind]}", _comment_lines(col, names, " | "))
+    for _, cls in components():
+        if cls.hyperparameters():
+            notes = [
+                line
+                for h in cls.hyperparameters()
+                for line in _comment_lines(
+                    col, f"{h.name} in {h.range_text()}: {h.doc}".split(), " "
+                )
+            ]
+            lines += _commented(f"  {cls.name}: {_flow(cls.defaults())}", notes)
+    lines.append(f"  # presets: objective={' | '.join(PRESETS)}")
+    return "\n".join(lines)
+
+
+def component_metrics_text() -> str:
+    """SCHEMA.md's list item of the component diagnostics metric names."""
+    names = [d.metric(cls.name) for _, cls in components() for d in getattr(cls, "diagnostics", ())]
+    accept = ", ".join(
+        f"`{cls.name}`" for kind, cls in components() if kind == "trust_region" and cls.admits_all
+    )
+    text = (
+        "- objective components (the chosen trust region's; frlab/objective/trust_regions.py): "
+        + ", ".join(f"`{n}`" for n in names)
+        + f"; trust regions that admit every trajectory by construction ({accept}) log no "
+        "`train/acceptance_rate`;"
+    )
+    return textwrap.fill(text, width=100, subsequent_indent="  ", break_on_hyphens=False)
+
+
+# --------------------------------------------------------------------------- committed files
+
+MARKERS = {
+    README_FILE: [("<!-- components:begin (generated: {cmd}) -->", "<!-- components:end -->",
+                   component_table)],
+    SCHEMA_FILE: [("# objective:begin (generated: {cmd})", "# objective:end",
+                   schema_objective_section),
+                  ("<!-- component-metrics:begin (generated: {cmd}) -->",
+                   "<!-- component-metrics:end -->", component_metrics_text)],
+}  # fmt: skip
+
+
+def _replace_between(text: str, begin: str, end: str, body: str, path: Path) -> str:
+    begin = begin.format(cmd=REGENERATE)
+    i, j = text.find(begin), text.find(end)
+    if i < 0 or j < i:
+        raise ValueError(f"{path}: markers {begin!r} ... {end!r} not found")
+    return text[: i + len(begin)] + "\n" + body + "\n" + text[j:]
+
+
+def expected_files(root: Path = ROOT) -> dict[Path, str]:
+    """path -> the full text it must have (the generated parts substituted)."""
+    out = {PARAMS_FILE: default_params_yaml()}
+    for path, parts in MARKERS.items():
+        text = (root / path).read_text()
+        for begin, end, make in parts:
+            text = _replace_between(text, begin, end, make(), path)
+        out[path] = text
+    return out
+
+
+def stale_files(root: Path = ROOT) -> list[Path]:
+    """Committed files whose generated parts differ from the declarations."""
+    return [p for p, text in expected_files(root).items() if (root / p).read_text() != text]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write", action="store_true", help="rewrite the stale files")
+    parser.add_argument("--root", type=Path, default=ROOT, help="the repository checkout")
+    args = parser.parse_args(argv)
+    stale = stale_files(args.root)
+    if args.write:
+        for path, text in expected_files(args.root).items():
+            if path in stale:
+                target = args.root / path
+                tmp = target.with_name(target.name + ".tmp")
+                tmp.write_text(text)
+                os.replace(tmp, target)  # atomic: a reader sees the old or the new text
+                print(f"wrote {path}")
+        return 0
+    for path in stale:
+        print(f"{path} is stale: run `{REGENERATE}`", file=sys.stderr)
+    return 1 if stale else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
