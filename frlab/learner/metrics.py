@@ -28,6 +28,7 @@ TOOL_CALLS = "train/tool_calls_mean"
 LOSS = "train/loss"
 GRAD_NORM = "train/grad_norm"
 LR = "train/lr"
+ZERO_SIGNAL = "train/zero_signal_step"  # 1 when the update's gradient was exactly 0
 STEP_S = "timing/step_s"
 LOGPROB_S = "timing/logprob_s"
 BACKWARD_S = "timing/backward_s"
@@ -106,7 +107,10 @@ class StepMetrics(nn.Module):
         self._mean(RETAINED_FRAC).update(retained / policy, weight=policy)
 
     def compute(self) -> dict[str, float]:
-        values = {key: float(metric.compute()) for key, metric in self.means.items()}
+        """Reduced values; a statistic nothing fed this update (no forward ran) is left out."""
+        values = {
+            key: float(metric.compute()) for key, metric in self.means.items() if metric.update_count
+        }
         values[LAG_MAX] = float(self.lag_max.compute())
         if self._has_episode_rows:
             values.update({key: float(m.compute()) for key, m in self.episode.items()})
