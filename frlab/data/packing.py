@@ -60,7 +60,10 @@ def plan_micro_batches(
     if min_count > len(lengths):
         raise ValueError(f"cannot make {min_count} micro-batches from {len(lengths)} rows")
     if max_tokens is None:
-        plan = [list(range(i, min(i + max_rows, len(lengths)))) for i in range(0, len(lengths), max_rows)]
+        plan = [
+            list(range(i, min(i + max_rows, len(lengths))))
+            for i in range(0, len(lengths), max_rows)
+        ]
     else:
         plan = _first_fit_decreasing(lengths, max_rows, max_tokens, packed)
     while len(plan) < min_count:
@@ -90,14 +93,16 @@ def _first_fit_decreasing(
     return plan
 
 
-def _split_largest(
-    plan: list[list[int]], lengths: Sequence[int], packed: bool
-) -> list[list[int]]:
+def _split_largest(plan: list[list[int]], lengths: Sequence[int], packed: bool) -> list[list[int]]:
     """Halve the micro-batch with the most rows (ties: the costliest, then the first)."""
     candidates = [k for k, rows in enumerate(plan) if len(rows) > 1]
     k = max(
         candidates,
-        key=lambda j: (len(plan[j]), micro_batch_cost([lengths[i] for i in plan[j]], packed=packed), -j),
+        key=lambda j: (
+            len(plan[j]),
+            micro_batch_cost([lengths[i] for i in plan[j]], packed=packed),
+            -j,
+        ),
     )
     rows = sorted(plan[k], key=lambda i: (-lengths[i], i))
     # Alternate rows by length so both halves cost about the same.

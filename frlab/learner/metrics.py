@@ -29,6 +29,7 @@ LOSS = "train/loss"
 GRAD_NORM = "train/grad_norm"
 LR = "train/lr"
 ZERO_SIGNAL = "train/zero_signal_step"  # 1 when the update's gradient was exactly 0
+MICRO_BATCHES = "train/micro_batches"  # forward/backward passes per rank (0: work skipped)
 STEP_S = "timing/step_s"
 LOGPROB_S = "timing/logprob_s"
 BACKWARD_S = "timing/backward_s"
@@ -109,7 +110,9 @@ class StepMetrics(nn.Module):
     def compute(self) -> dict[str, float]:
         """Reduced values; a statistic nothing fed this update (no forward ran) is left out."""
         values = {
-            key: float(metric.compute()) for key, metric in self.means.items() if metric.update_count
+            key: float(metric.compute())
+            for key, metric in self.means.items()
+            if metric.update_count
         }
         values[LAG_MAX] = float(self.lag_max.compute())
         if self._has_episode_rows:

@@ -28,7 +28,9 @@ from frlab.model.packed_attention import packed_attention
 from frlab.model.routing_replay import replay_routing
 
 
-def micro_batch_plan(batch: RolloutBatch, how: MicroBatching, min_count: int = 1) -> list[list[int]]:
+def micro_batch_plan(
+    batch: RolloutBatch, how: MicroBatching, min_count: int = 1
+) -> list[list[int]]:
     """Row indices of each micro-batch of `batch` (see frlab.data.packing)."""
     lengths = [int(n) for n in batch.attention_mask.sum(dim=1).tolist()]
     return plan_micro_batches(

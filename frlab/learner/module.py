@@ -40,8 +40,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager, nullcontext
+from collections.abc import Mapping
 from typing import Any
 
 import lightning as L
@@ -51,6 +50,7 @@ from torch import Tensor
 from frlab.data.batch import RolloutBatch
 from frlab.learner import metrics as M
 from frlab.learner.checkpoint import capture_rng_states, restore_rng_states
+from frlab.learner.distributed import DataParallelMixin
 from frlab.learner.metrics import StepMetrics, policy_lag
 from frlab.learner.micro_batches import contributes, forward_context, micro_batch_plan, split_batch
 from frlab.learner.optim import build_optimizer, build_scheduler, grad_clip_norm
@@ -61,7 +61,7 @@ from frlab.learner.settings import (
     positive_int,
     to_plain,
 )
-from frlab.learner.sharding import LogprobScorer, full_tensor, scorer_for, sequence_logprobs_of
+from frlab.learner.sharding import LogprobScorer, scorer_for, sequence_logprobs_of
 from frlab.model.packed_attention import check_packable
 from frlab.model.policy import build_policy
 from frlab.model.routing_replay import moe_routers
@@ -73,7 +73,7 @@ def _sync_device(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-class FlashReinforceModule(L.LightningModule):
+class FlashReinforceModule(DataParallelMixin, L.LightningModule):
     """Holds the policy and the composed Objective; manual optimisation, one step per batch."""
 
     def __init__(
@@ -213,49 +213,6 @@ class FlashReinforceModule(L.LightningModule):
         self.policy_version = int(checkpoint["policy_version"])
         restore_rng_states(checkpoint["rng_states"])
 
-    # ----------------------------------------------------------------- distributed helpers
-    def _world(self) -> tuple[int, int]:
-        trainer = self._trainer
-        if trainer is None:
-            return 1, 0
-        return trainer.world_size, trainer.global_rank
-
-    def _gather_rows(self, x: Tensor) -> Tensor:
-        """Rank-major concatenation of every rank's `x` [b] -> [W*b] (identity for W=1)."""
-        world, _ = self._world()
-        if world == 1:
-            return x
-        return self.all_gather(x).reshape(-1)
-
-    def _sum_across_ranks(self, x: Tensor) -> Tensor:
-        world, _ = self._world()
-        if world == 1:
-            return x
-        return self.trainer.strategy.reduce(x.clone(), reduce_op="sum")
-
-    @contextmanager
-    def _grad_sync(self, enabled: bool) -> Iterator[None]:
-        """Block DDP gradient all-reduce unless `enabled` (the last micro-batch)."""
-        strategy = getattr(self._trainer, "strategy", None)
-        if self._scorer is not None:  # FSDP2: skip the reduce-scatter until the last one
-            self._scorer.set_requires_gradient_sync(enabled)  # type: ignore[operator]
-            yield
-            return
-        block = getattr(strategy, "block_backward_sync", None)
-        with nullcontext() if enabled or block is None else block():
-            yield
-
-    def _clip_gradients(self) -> Tensor:
-        """Pre-clip total gradient norm; clips to optim.grad_clip (inf: measure only)."""
-        params = [p for p in self.parameters() if p.grad is not None]
-        # FSDP2: sharded (DTensor) gradients; the norm is global, its value gathered here.
-        norm = full_tensor(torch.nn.utils.clip_grad_norm_(params, self.grad_clip))
-        if not bool(torch.isfinite(norm)):
-            raise FloatingPointError(
-                f"non-finite gradient norm {float(norm)} at policy_version {self.policy_version}"
-            )
-        return norm.detach()
-
     # ----------------------------------------------------------------- the update
     def _check_batch(self, batch: Any, world: int) -> None:
         if not isinstance(batch, RolloutBatch):
@@ -271,12 +228,6 @@ class FlashReinforceModule(L.LightningModule):
                 "model.routing_replay=true but the RolloutBatch has no routing: the rollout "
                 "engine must record it (TorchEngine(record_routing=True))"
             )
-
-    def _max_across_ranks(self, x: Tensor) -> Tensor:
-        world, _ = self._world()
-        if world == 1:
-            return x
-        return self.trainer.strategy.reduce(x.clone(), reduce_op="max")
 
     def _micro_batch_count(self, batch: RolloutBatch) -> int:
         """The micro-batch count every rank uses: its own plan's, or the largest over ranks
@@ -335,8 +286,8 @@ class FlashReinforceModule(L.LightningModule):
 
     def _accumulate(
         self, batch: RolloutBatch, advantages: Tensor, num_tokens: int, timings: dict[str, float]
-    ) -> Tensor:
-        """Forward and backward of every micro-batch; returns the rank's detached loss.
+    ) -> tuple[Tensor, int]:
+        """Forward and backward of every micro-batch: (the rank's detached loss, micro-batches).
 
         With `optim.skip_zero_signal_steps`, a micro-batch none of whose rows contributes on
         any rank skips its backward (its gradient is exactly 0). The last micro-batch carries
@@ -348,8 +299,11 @@ class FlashReinforceModule(L.LightningModule):
         ran_backward = False
         for k, (rows, mb) in enumerate(parts):
             last = k == len(parts) - 1
-            with self._grad_sync(enabled=last), forward_context(
-                self.policy, mb, pack=self.micro.pack, routing_replay=self.routing_replay
+            with (
+                self._grad_sync(enabled=last),
+                forward_context(
+                    self.policy, mb, pack=self.micro.pack, routing_replay=self.routing_replay
+                ),
             ):
                 mb_loss, live = self._forward(
                     mb, advantages[rows], num_tokens=num_tokens, timings=timings
@@ -361,7 +315,7 @@ class FlashReinforceModule(L.LightningModule):
                         continue
                 self._backward(mb_loss * float(world), timings)
                 ran_backward = True
-        return loss
+        return loss, len(parts)
 
     def training_step(self, batch: RolloutBatch, batch_idx: int) -> None:
         step_start = time.perf_counter()
@@ -386,8 +340,9 @@ class FlashReinforceModule(L.LightningModule):
         timings = {"logprob": 0.0, "backward": 0.0}
         if self.skip_zero_signal and all_zero:  # the gradient is 0: skip the work
             loss = torch.zeros((), dtype=torch.float64, device=batch.rewards.device)
+            micro_batches = 0
         else:
-            loss = self._accumulate(batch, advantages, num_tokens, timings)
+            loss, micro_batches = self._accumulate(batch, advantages, num_tokens, timings)
         grad_norm = self._clip_gradients()
         zero_signal = bool(grad_norm == 0)  # global: every gradient entry is exactly 0
         if zero_signal and self.skip_zero_signal:
@@ -401,6 +356,7 @@ class FlashReinforceModule(L.LightningModule):
             grad_norm=grad_norm,
             lr=lr,
             zero_signal=zero_signal,
+            micro_batches=micro_batches,
             timings={**timings, "step": time.perf_counter() - step_start},
         )
 
@@ -411,6 +367,7 @@ class FlashReinforceModule(L.LightningModule):
         grad_norm: Tensor,
         lr: float,
         zero_signal: bool,
+        micro_batches: int,
         timings: dict[str, float],
     ) -> None:
         values = self.step_metrics.compute()
@@ -421,6 +378,7 @@ class FlashReinforceModule(L.LightningModule):
                 M.GRAD_NORM: float(grad_norm),
                 M.LR: lr,
                 M.ZERO_SIGNAL: float(zero_signal),
+                M.MICRO_BATCHES: float(micro_batches),
                 M.STEP_S: timings["step"],
                 M.LOGPROB_S: timings["logprob"],
                 M.BACKWARD_S: timings["backward"],

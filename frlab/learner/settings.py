@@ -75,6 +75,8 @@ class MicroBatching:
     def checked(cls, max_rows: Any, max_tokens: Any, pack: Any) -> MicroBatching:
         return cls(
             positive_int("data.micro_batch_size", max_rows),
-            None if max_tokens is None else positive_int("data.max_tokens_per_micro_batch", max_tokens),
+            None
+            if max_tokens is None
+            else positive_int("data.max_tokens_per_micro_batch", max_tokens),
             flag("data.pack_sequences", pack),
         )

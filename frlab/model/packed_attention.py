@@ -75,7 +75,11 @@ def packed_sdpa_attention(
                 "(or data.pack_sequences=false)"
             )
     cuts = [int(b) for b in bounds.tolist()]
-    if cuts[0] != 0 or cuts[-1] != query.shape[2] or any(a >= b for a, b in zip(cuts, cuts[1:])):
+    if (
+        cuts[0] != 0
+        or cuts[-1] != query.shape[2]
+        or any(a >= b for a, b in zip(cuts[:-1], cuts[1:], strict=True))
+    ):
         raise ValueError(f"cu_seq_lens_q {cuts} does not partition {query.shape[2]} positions")
     pieces = [
         sdpa_attention_forward(
