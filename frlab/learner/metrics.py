@@ -10,6 +10,8 @@ token (a trajectory may span several versions).
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 from torchmetrics import MaxMetric, MeanMetric
@@ -108,11 +110,11 @@ class StepMetrics(nn.Module):
         self._mean(RETAINED_FRAC).update(retained / policy, weight=policy)
 
     def compute(self) -> dict[str, float]:
-        """Reduced values; a statistic nothing fed this update (no forward ran) is left out."""
+        """Reduced values; NaN for a statistic nothing fed this update (no forward ran), so a
+        logger never repeats the previous update's value."""
         values = {
-            key: float(metric.compute())
+            key: float(metric.compute()) if metric.update_count else math.nan
             for key, metric in self.means.items()
-            if metric.update_count
         }
         values[LAG_MAX] = float(self.lag_max.compute())
         if self._has_episode_rows:
