@@ -21,10 +21,12 @@ from learner_testlib import (
     OBJECTIVE_CFG,
     OPTIM_CFG,
     MemoryLogger,
+    flat_rewards,
     loader,
     make_batch,
     max_abs_diff,
     reference_update,
+    rejected,
     snapshot,
     tiny_policy,
     trainer,
@@ -80,20 +82,7 @@ def _fit(policy, batches, *, skip: bool, micro: int = 4, objective=None):
 
 
 def _flat(policy, seed: int):
-    """Every reward equal: all advantages 0 under the batch-mean baseline."""
-    batch = make_batch(policy, rows=B, seed=seed)
-    return dataclasses.replace(batch, rewards=torch.ones(B, dtype=batch.rewards.dtype))
-
-
-def _shifted(batch, rows: slice | None = None):
-    """Behaviour log-probs moved far from the policy's on `rows` (all rows by default), so
-    the sequence Bernoulli-KL gate rejects them."""
-    behavior = batch.behavior_log_probs.clone()
-    chosen = torch.zeros(B, dtype=torch.bool)
-    chosen[rows if rows is not None else slice(None)] = True
-    moved = (behavior - 6.0).clamp(max=-1e-3)
-    keep = batch.action_mask & chosen[:, None]
-    return dataclasses.replace(batch, behavior_log_probs=torch.where(keep, moved, behavior))
+    return flat_rewards(make_batch(policy, rows=B, seed=seed))
 
 
 def _adam_state_equal(a: dict, b: dict) -> bool:
@@ -153,7 +142,7 @@ def test_zero_gradient_after_the_forward(case: str, skip: bool) -> None:
     dead = make_batch(policy, rows=B, seed=15)
     objective = OBJECTIVE_CFG
     if case == "every_row_rejected":
-        dead = _shifted(dead)
+        dead = rejected(dead)
     else:  # q = 0 keeps no token of a failed row: every row of `dead` failed, none of `learning`
         dead = dataclasses.replace(dead, failures=torch.ones(B, dtype=torch.bool))
         learning = dataclasses.replace(learning, failures=torch.zeros(B, dtype=torch.bool))
@@ -182,7 +171,7 @@ def test_on_skips_only_dead_micro_batches_and_gives_the_same_update() -> None:
     """Rows 0-1 rejected (and rows 2-3 by the batch's own noise): those micro-batches of 2
     skip their backward, and the update is bit-for-bit the one with the option off."""
     base = tiny_policy(seed=9)
-    batch = _shifted(make_batch(base, rows=B, seed=16), slice(0, 2))
+    batch = rejected(make_batch(base, rows=B, seed=16), slice(0, 2))
     admitted = reference_update(copy.deepcopy(base), batch, delta=DELTA, **OPTIM_CFG)["admitted"]
     advantages = batch.rewards - batch.rewards.mean()
     live = (admitted & (advantages != 0)).view(4, 2).any(dim=1)
