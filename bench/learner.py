@@ -19,7 +19,8 @@ Arms run interleaved in one process (`--repeats` rounds after one warm-up round)
 the median of per-round ratios are printed. The machine may be shared: compare within a run.
 
 Run: `python bench/learner.py` (layout) or `python bench/learner.py --compare attention`;
-`--model smollm2` uses SmolLM2-135M-Instruct (`gguf:smollm2-135m-instruct`, converted once).
+`--model smollm2` uses SmolLM2-135M-Instruct (`gguf:smollm2-135m-instruct`, converted once);
+on a GPU: `--device cuda --dtype bfloat16 --model qwen2.5-0.5b` (scripts/gpu_packing_check.sh).
 """
 
 from __future__ import annotations
@@ -46,14 +47,29 @@ OPTIM = {"lr": 1e-6, "weight_decay": 0.1, "grad_clip": 1.0, "scheduler": "consta
 SMALL_QWEN2 = {"vocab_size": 4096, "hidden_size": 256, "intermediate_size": 1024,
                "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
                "max_position_embeddings": 8192}  # fmt: skip
+QWEN25_05B = {"vocab_size": 151936, "hidden_size": 896, "intermediate_size": 4864,
+              "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
+              "max_position_embeddings": 32768, "tie_word_embeddings": True,
+              "rope_theta": 1000000.0}  # fmt: skip
 
 
-def build_model(name: str) -> torch.nn.Module:
+TOY = {"vocab_size": 64, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+       "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
+       "tie_word_embeddings": True}  # fmt: skip
+
+
+def build_model(name: str, dtype: str) -> torch.nn.Module:
+    """qwen2-small (random init), qwen2.5-0.5b (Qwen2.5-0.5B's shape, random init), toy (the
+    toy_cpu model) or smollm2."""
+    if name == "toy":
+        return build_policy(config=tiny_config("qwen2", **TOY), seed=0, dtype=dtype)
     if name == "qwen2-small":
-        return build_policy(config=tiny_config("qwen2", **SMALL_QWEN2), seed=0)
+        return build_policy(config=tiny_config("qwen2", **SMALL_QWEN2), seed=0, dtype=dtype)
+    if name == "qwen2.5-0.5b":
+        return build_policy(config=tiny_config("qwen2", **QWEN25_05B), seed=0, dtype=dtype)
     if name == "smollm2":
-        return build_policy("gguf:smollm2-135m-instruct")
-    raise SystemExit(f"--model must be qwen2-small or smollm2, got {name!r}")
+        return build_policy("gguf:smollm2-135m-instruct", dtype=dtype)
+    raise SystemExit(f"--model must be qwen2-small, qwen2.5-0.5b, toy or smollm2, got {name!r}")
 
 
 def lengths_of(args: argparse.Namespace) -> list[int]:
@@ -62,13 +78,15 @@ def lengths_of(args: argparse.Namespace) -> list[int]:
     return raw.round().clamp(args.min_len, args.max_len).long().tolist()
 
 
-def make_batch(model: torch.nn.Module, lengths: list[int], seed: int) -> RolloutBatch:
-    """Random tokens, 20% prompt; behaviour log-probs = the model's own (admitted rows)."""
+def make_batch(
+    model: torch.nn.Module, lengths: list[int], seed: int, prompt_frac: float = 0.2
+) -> RolloutBatch:
+    """Random tokens, a prompt prefix; behaviour log-probs = the model's own (admitted rows)."""
     gen = torch.Generator().manual_seed(seed)
     vocab = model.config.vocab_size
     trajectories = []
     for i, n in enumerate(lengths):
-        prompt = max(1, n // 5)
+        prompt = min(n - 1, max(1, round(n * prompt_frac)))
         trajectories.append(
             Trajectory(
                 token_ids=torch.randint(0, vocab, (n,), generator=gen).tolist(),
@@ -80,11 +98,14 @@ def make_batch(model: torch.nn.Module, lengths: list[int], seed: int) -> Rollout
             )
         )
     batch = collate(trajectories)
+    device = next(model.parameters()).device
+    on_device = batch.to(device)
     with torch.no_grad(), packed_attention(model):
         current, _ = sequence_logprobs(
-            model, batch.input_ids, batch.attention_mask, batch.position_ids,
-            action_mask=batch.action_mask, pack=True,
+            model, on_device.input_ids, on_device.attention_mask, on_device.position_ids,
+            action_mask=on_device.action_mask, pack=True,
         )  # fmt: skip
+    current = current.cpu().clamp(max=-1e-4)
     batch.behavior_log_probs = torch.where(batch.action_mask, current, 0.0).float()
     return batch
 
@@ -102,12 +123,12 @@ def arms(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     }  # fmt: skip
 
 
-def one_update(module: FlashReinforceModule, batch: RolloutBatch) -> dict[str, float]:
+def one_update(module: FlashReinforceModule, batch: RolloutBatch, device: str) -> dict[str, float]:
     import lightning as L
     from torch.utils.data import DataLoader
 
     trainer = L.Trainer(
-        accelerator="cpu", devices=1, max_steps=1, logger=False, enable_checkpointing=False,
+        accelerator="gpu" if device == "cuda" else "cpu", devices=1, max_steps=1, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
     )  # fmt: skip
     trainer.fit(module, DataLoader([batch], batch_size=None))
@@ -128,15 +149,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--prompt-frac", type=float, default=0.2, help="prompt share per row")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--dtype", default="float32", help="model dtype (bfloat16 on GPU)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     import logging
 
     logging.getLogger("lightning").setLevel(logging.ERROR)
-    base = build_model(args.model).train()
+    base = build_model(args.model, args.dtype).to(args.device).train()
     lengths = lengths_of(args)
-    batch = make_batch(base, lengths, args.seed)
+    batch = make_batch(base, lengths, args.seed, args.prompt_frac)
     real = sum(lengths)
     print(f"model {args.model} ({sum(p.numel() for p in base.parameters()) / 1e6:.1f}M params), "
           f"B={args.batch}, lengths median {statistics.median(lengths):g} max {max(lengths)} "
@@ -154,7 +178,7 @@ def main(argv: list[str] | None = None) -> None:
     counts: dict[str, float] = {}
     for round_ in range(args.repeats + 1):
         for name, module in modules.items():
-            logged = one_update(module, batch)
+            logged = one_update(module, batch, args.device)
             counts[name] = logged["train/micro_batches"]
             if round_:  # round 0 warms up
                 times[name].append(logged["timing/step_s"])

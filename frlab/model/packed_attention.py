@@ -20,7 +20,8 @@ duration of the learner's forward AND backward (gradient checkpointing recompute
 inside the backward): `torch.nn.functional.scaled_dot_product_attention`, causal, once per
 trajectory (transformers' own `sdpa_attention_forward`, so grouped-query heads, scaling and
 dropout are handled as in `sdpa`). Attention then costs the sum of the squared lengths, no
-mask is built, and every trajectory sees exactly the keys it would see alone. Flash-attention
+mask is built, and every trajectory sees exactly the keys it would see alone (trajectories of
+equal length share one batched call). Flash-attention
 models are left as they are (their varlen path already does this); any other implementation is
 refused.
 """
@@ -81,14 +82,30 @@ def packed_sdpa_attention(
         or any(a >= b for a, b in zip(cuts[:-1], cuts[1:], strict=True))
     ):
         raise ValueError(f"cu_seq_lens_q {cuts} does not partition {query.shape[2]} positions")
-    pieces = [
-        sdpa_attention_forward(
-            module, query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], None,
-            dropout=dropout, scaling=scaling, is_causal=True,
-        )[0]
-        for s, e in zip(cuts[:-1], cuts[1:], strict=True)
-    ]  # fmt: skip
-    return torch.cat(pieces, dim=1), None
+    # Trajectories of equal length share one batched call; then the rows go back in order.
+    by_length: dict[int, list[int]] = {}
+    for start, end in zip(cuts[:-1], cuts[1:], strict=True):
+        by_length.setdefault(end - start, []).append(start)
+    pieces, order = [], []
+    for n, starts in by_length.items():
+        index = (
+            torch.tensor(starts, device=query.device)[:, None]
+            + torch.arange(n, device=query.device)
+        ).flatten()
+        q, k, v = (_segments(t, index, len(starts), n) for t in (query, key, value))
+        out = sdpa_attention_forward(
+            module, q, k, v, None, dropout=dropout, scaling=scaling, is_causal=True
+        )[0]  # [segments, n, heads, d]
+        pieces.append(out.reshape(len(starts) * n, *out.shape[2:]))
+        order.append(index)
+    rows = torch.cat(pieces)[torch.argsort(torch.cat(order))]
+    return rows.unsqueeze(0), None
+
+
+def _segments(x: Tensor, index: Tensor, count: int, length: int) -> Tensor:
+    """`[1, heads, N, d]` -> `[count, heads, length, d]`: the positions `index`, per segment."""
+    heads, dim = x.shape[1], x.shape[3]
+    return x[0][:, index].view(heads, count, length, dim).transpose(0, 1)
 
 
 def _register() -> None:
