@@ -308,6 +308,8 @@ def run(cfg: DictConfig, plan: Plan | None = None) -> dict[str, Any]:
     module = FlashReinforceModule(
         model, plain(cfg.objective), plain(cfg.optim),
         batch_size=plan.batch_size, micro_batch_size=plan.micro_batch_size,
+        max_tokens_per_micro_batch=plan.max_tokens_per_micro_batch,
+        pack_sequences=plan.pack_sequences,
         temperature=plan.temperature, max_steps=plan.updates, policy=policy,
     )  # fmt: skip
     datamodule = RolloutDataModule(

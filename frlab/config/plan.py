@@ -1,7 +1,7 @@
 """`Plan`: the resolved facts of a run, printed by `dry_run=true` and recorded by the run.
 
-Model, devices, batch sizes (global B, per rank, micro-batches per step), the rollout engine
-(with the number of servers of a `remote` fleet), the trust region with its own parameters
+Model, devices, batch sizes (global B, per rank, micro-batches per step, token budget and
+packing), the rollout engine (with the number of servers of a `remote` fleet), the trust region with its own parameters
 (delta, cap, clip range, ratio bounds) and the entropy-filter q, the staleness (policy-lag)
 bound, the number of optimizer updates, the evaluation during training (`eval` group), the
 component names and the output folder, without loading anything.
@@ -36,6 +36,9 @@ class Plan:
     per_rank_batch_size: int
     micro_batch_size: int
     micro_batches_per_step: int
+    max_tokens_per_micro_batch: int | None
+    pack_sequences: bool
+    skip_zero_signal_steps: bool
     samples_per_prompt: int
     max_in_flight: int
     lag_bound: int
@@ -76,6 +79,7 @@ class Plan:
             ("batch", f"B={self.batch_size} (global), {self.per_rank_batch_size}/rank, "
                       f"micro {self.micro_batch_size} x {self.micro_batches_per_step}/step, "
                       f"G={self.samples_per_prompt}"),
+            ("micro-batch", self._micro_batching()),
             ("rollout", f"{self.mode} on {self._engine()}, in flight {self.max_in_flight}, "
                         f"sync every {self.sync_every}, turns {self.max_turns}, max_len "
                         f"{self.max_len}, new tokens {self.max_new_tokens}, T={self.temperature:g}"),
@@ -84,7 +88,8 @@ class Plan:
                           f"aggregation={c['aggregation']} token_filter={c['token_filter']}"),
             ("trust", f"{self.trust}; token filter q={self.q:g}"),
             ("updates", f"{self.updates} optimizer steps ({self.rollouts} rollouts), lr "
-                        f"{self.lr:g} {self.scheduler}"),
+                        f"{self.lr:g} {self.scheduler}; zero-gradient batches "
+                        f"{'skipped' if self.skip_zero_signal_steps else 'step AdamW'}"),
             ("eval", self.evaluation),
             ("logger", self.logger or "none (metrics.csv in the run folder)"),
             ("output dir", self.output_dir),
@@ -93,6 +98,12 @@ class Plan:
         ]  # fmt: skip
         width = max(len(k) for k, _ in rows)
         return "\n".join(["frlab plan"] + [f"  {k:<{width}} : {v}" for k, v in rows])
+
+    def _micro_batching(self) -> str:
+        tokens = self.max_tokens_per_micro_batch
+        caps = f"<= {self.micro_batch_size} rows" + (f", <= {tokens} tokens" if tokens else "")
+        layout = "packed (one padding-free row each)" if self.pack_sequences else "padded rows"
+        return f"{caps}; {layout}"
 
     def _engine(self) -> str:
         if self.servers is None:
@@ -130,6 +141,9 @@ def build_plan(
         per_rank_batch_size=per_rank,
         micro_batch_size=data["micro_batch_size"],
         micro_batches_per_step=per_rank // data["micro_batch_size"],
+        max_tokens_per_micro_batch=data.get("max_tokens_per_micro_batch"),
+        pack_sequences=bool(data.get("pack_sequences", True)),
+        skip_zero_signal_steps=bool(sec["optim"].get("skip_zero_signal_steps", False)),
         samples_per_prompt=rollout["samples_per_prompt"],
         max_in_flight=rollout["max_in_flight"],
         lag_bound=rollout["max_policy_lag"],

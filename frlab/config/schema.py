@@ -118,6 +118,8 @@ SAMPLING = {
 DATA = {
     "batch_size": _f("int", low=1),
     "micro_batch_size": _f("int", low=1),
+    "max_tokens_per_micro_batch": _f("int", low=1, optional=True),
+    "pack_sequences": _f("bool"),
 }
 OPTIM = {
     "lr": _f("float", low=0.0, low_open=True),
@@ -128,6 +130,7 @@ OPTIM = {
     "scheduler": _f("str", choices=("cosine", "constant")),
     "warmup_ratio": _f("float", low=0.0, high=1.0, high_open=True),
     "min_lr_ratio": _f("float", low=0.0, high=1.0),
+    "skip_zero_signal_steps": _f("bool"),
 }
 TRAINER = {
     "_target_": _f("str"),
@@ -138,6 +141,8 @@ TRAINER = {
 }
 OPTIONAL_KEYS = {
     "model": ("trust_remote_code", "attn_implementation"),
+    "data": ("max_tokens_per_micro_batch", "pack_sequences"),
+    "optim": ("skip_zero_signal_steps",),
     "rollout": ("remote", "vllm_engine_args"),
     "rollout.remote": ("nccl_master_address", "nccl_master_port", "nccl_packed"),
 }

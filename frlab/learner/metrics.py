@@ -40,6 +40,8 @@ TOOL_CALLS = "train/tool_calls_mean"
 LOSS = "train/loss"
 GRAD_NORM = "train/grad_norm"
 LR = "train/lr"
+ZERO_SIGNAL = "train/zero_signal_step"  # 1 when the update's gradient was exactly 0
+MICRO_BATCHES = "train/micro_batches"  # forward/backward passes per rank (0: work skipped)
 STEP_S = "timing/step_s"
 LOGPROB_S = "timing/logprob_s"
 BACKWARD_S = "timing/backward_s"
@@ -184,11 +186,21 @@ class StepMetrics(nn.Module):
         self._has_episode_rows = False
 
     def finish(
-        self, *, loss: torch.Tensor, grad_norm: torch.Tensor, lr: float, timings: dict[str, float]
+        self,
+        *,
+        loss: torch.Tensor,
+        grad_norm: torch.Tensor,
+        lr: float,
+        timings: dict[str, float],
+        zero_signal: bool = False,
+        micro_batches: int = 0,
     ) -> dict[str, float]:
-        """The step's values (batch statistics plus loss, grad norm, lr, timings); resets."""
+        """The step's values (batch statistics plus loss, grad norm, lr, the zero-signal flag,
+        forward passes, timings); resets. A statistic nothing fed this update (no forward ran)
+        is absent from the values, so no logger repeats the previous update's value."""
         values = self.compute()
         self.reset()
         values.update({LOSS: float(loss), GRAD_NORM: float(grad_norm), LR: float(lr)})
+        values.update({ZERO_SIGNAL: float(zero_signal), MICRO_BATCHES: float(micro_batches)})
         values.update({name: float(timings[key]) for key, name in TIMINGS.items()})
         return values

@@ -1,21 +1,30 @@
 """The FlashREINFORCE learner: one optimizer update per batch of finished trajectories.
 
-SPEC §3 (the one-pass asynchronous update of the FlashREINFORCE paper): take the next B
+The one-pass asynchronous update of the FlashREINFORCE paper: take the next B
 finished trajectories, centre their rewards over the FULL learner batch, recompute current
 log-probs, gate each trajectory, take ONE sample-mean optimizer step, never replay the batch.
 
 Exactness under splitting. The objective's losses are normalised by global quantities
 (`num_sequences` = global B, `num_tokens` = global policy-token count), so the losses of
-micro-batches and of data-parallel ranks SUM to the full-batch loss. Advantages are computed
-once on the global batch (rewards and prompt ids are all-gathered across ranks) and each rank
-takes its own rows. DDP averages gradients over W ranks, so each rank back-propagates
-`W * loss`; the averaged gradient is then exactly the full-batch gradient. Gradient sync is
-blocked on all but the last micro-batch.
+micro-batches and of data-parallel ranks SUM to the full-batch loss, whatever rows share a
+micro-batch. Advantages are computed once on the global batch (rewards and prompt ids are
+all-gathered across ranks) and each rank takes its own rows. DDP averages gradients over W
+ranks, so each rank back-propagates `W * loss`; the averaged gradient is then exactly the
+full-batch gradient. Gradient sync is blocked on all but the last micro-batch.
 
-No signal, no move. A batch whose global advantages are all 0 (every reward equal under a
-batch-mean baseline) has an exactly zero gradient; stepping AdamW anyway moves the policy on
-stale moments alone. Its grads are dropped before `optimizer.step()`, so parameters and AdamW
-state stay put while the step still counts (version, schedule, global step).
+Micro-batches (frlab.learner.micro_batches, frlab.data.packing): at most
+`data.micro_batch_size` rows and, when set, `data.max_tokens_per_micro_batch` tokens each;
+with `data.pack_sequences` each runs as one padding-free row whose trajectories never attend
+to each other (frlab.model.packed_attention). With a token budget, data-parallel ranks first
+agree on one micro-batch count (FSDP2 needs every rank in every forward).
+
+Zero-signal steps (`optim.skip_zero_signal_steps`, off by default as in the reference, which
+steps AdamW on every batch). A batch whose gradient is exactly 0 (all advantages 0, every
+trajectory rejected, every token filtered) still moves AdamW's weights through weight decay
+and the moments. With the option on, such a step leaves parameters and AdamW state as they
+are (the step still counts: version, schedule, global step); a batch whose advantages are
+all 0 skips its forward and backward, and a micro-batch none of whose rows can contribute
+skips its backward. Every step logs `train/zero_signal_step` (1 when its gradient was 0).
 
 MoE routing replay (`model.routing_replay=true`, frlab.model.routing_replay): each
 micro-batch's forward AND backward run with every MoE layer forced to the experts the sampler
@@ -29,11 +38,9 @@ Sharding (frlab.learner.sharding): under `FSDP2Strategy` (a `ModelParallelStrate
 
 from __future__ import annotations
 
-import inspect
 import math
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from collections.abc import Mapping
 from typing import Any
 
 import lightning as L
@@ -42,49 +49,22 @@ from torch import Tensor
 
 from frlab.data.batch import RolloutBatch
 from frlab.learner.checkpoint import capture_rng_states, restore_rng_states
+from frlab.learner.distributed import DataParallelMixin
 from frlab.learner.metrics import PROGRESS_BAR, StepMetrics
+from frlab.learner.micro_batches import contributes, forward_context, micro_batch_plan, split_batch
 from frlab.learner.optim import build_optimizer, build_scheduler, grad_clip_norm
-from frlab.learner.sharding import LogprobScorer, full_tensor, scorer_for, sequence_logprobs_of
+from frlab.learner.settings import (
+    MicroBatching,
+    flag,
+    policy_kwargs,
+    positive_int,
+    to_plain,
+)
+from frlab.learner.sharding import LogprobScorer, scorer_for, sequence_logprobs_of
+from frlab.model.packed_attention import check_packable
 from frlab.model.policy import build_policy
-from frlab.model.routing_replay import moe_routers, replay_routing
+from frlab.model.routing_replay import moe_routers
 from frlab.objective import Objective
-
-# `model` keys the learner reads itself; everything else goes to build_policy.
-LEARNER_MODEL_KEYS = ("tokenizer", "logprob_chunk_size", "routing_replay")
-
-
-def to_plain(node: Mapping[str, Any] | None, name: str) -> dict[str, Any]:
-    """A plain-dict copy of a config node (OmegaConf resolved); ValueError naming `name`."""
-    if node is None:
-        return {}
-    if type(node).__module__.startswith("omegaconf"):
-        from omegaconf import OmegaConf
-
-        node = OmegaConf.to_container(node, resolve=True)  # type: ignore[assignment]
-    if not isinstance(node, Mapping):
-        raise ValueError(f"{name} must be a mapping, got {type(node).__name__}")
-    return {
-        k: (to_plain(v, f"{name}.{k}") if isinstance(v, Mapping) else v) for k, v in node.items()
-    }
-
-
-def policy_kwargs(model: Mapping[str, Any]) -> dict[str, Any]:
-    """The `model` node minus learner-only keys; unknown keys raise ValueError naming them."""
-    accepted = set(inspect.signature(build_policy).parameters)
-    kwargs = {k: v for k, v in model.items() if k not in LEARNER_MODEL_KEYS}
-    unknown = sorted(set(kwargs) - accepted)
-    if unknown:
-        known = sorted(accepted | set(LEARNER_MODEL_KEYS))
-        raise ValueError(
-            f"unknown key(s) model.{', model.'.join(unknown)}; known: {', '.join(known)}"
-        )
-    return kwargs
-
-
-def _positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
 
 
 def _sync_device(device: torch.device) -> None:
@@ -92,7 +72,7 @@ def _sync_device(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-class FlashReinforceModule(L.LightningModule):
+class FlashReinforceModule(DataParallelMixin, L.LightningModule):
     """Holds the policy and the composed Objective; manual optimisation, one step per batch."""
 
     def __init__(
@@ -103,6 +83,8 @@ class FlashReinforceModule(L.LightningModule):
         *,
         batch_size: int,
         micro_batch_size: int,
+        max_tokens_per_micro_batch: int | None = None,
+        pack_sequences: bool = True,
         temperature: float = 1.0,
         max_steps: int | None = None,
         policy: Any | None = None,
@@ -111,23 +93,27 @@ class FlashReinforceModule(L.LightningModule):
         self.automatic_optimization = False
         model_cfg, objective_cfg = to_plain(model, "model"), to_plain(objective, "objective")
         optim_cfg = to_plain(optim, "optim")
-        self.batch_size = _positive_int("data.batch_size", batch_size)
-        self.micro_batch_size = _positive_int("data.micro_batch_size", micro_batch_size)
+        self.batch_size = positive_int("data.batch_size", batch_size)
+        self.micro = MicroBatching.checked(
+            micro_batch_size, max_tokens_per_micro_batch, pack_sequences
+        )
+        self.micro_batch_size = self.micro.max_rows
         if max_steps is not None:
-            max_steps = _positive_int("max_steps", max_steps)
+            max_steps = positive_int("max_steps", max_steps)
         self.max_steps = max_steps
         if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
             raise ValueError(f"temperature must be a number, got {temperature!r}")
         if not (math.isfinite(temperature) and temperature > 0):
             raise ValueError(f"temperature must be finite and > 0, got {temperature!r}")
         self.temperature = float(temperature)
-        self.logprob_chunk_size = _positive_int(
+        self.logprob_chunk_size = positive_int(
             "model.logprob_chunk_size", model_cfg.get("logprob_chunk_size", 1024)
         )
-        self.routing_replay = model_cfg.get("routing_replay", False)
-        if not isinstance(self.routing_replay, bool):
-            raise ValueError(f"model.routing_replay must be a bool, got {self.routing_replay!r}")
+        self.routing_replay = flag("model.routing_replay", model_cfg.get("routing_replay", False))
         self.grad_clip = grad_clip_norm(optim_cfg.get("grad_clip"))
+        self.skip_zero_signal = flag(
+            "optim.skip_zero_signal_steps", optim_cfg.get("skip_zero_signal_steps", False)
+        )
         self.optim_cfg = optim_cfg
         build_kwargs = policy_kwargs(model_cfg)
         self.save_hyperparameters(
@@ -136,7 +122,9 @@ class FlashReinforceModule(L.LightningModule):
                 "objective": objective_cfg,
                 "optim": optim_cfg,
                 "batch_size": self.batch_size,
-                "micro_batch_size": self.micro_batch_size,
+                "micro_batch_size": self.micro.max_rows,
+                "max_tokens_per_micro_batch": self.micro.max_tokens,
+                "pack_sequences": self.micro.pack,
                 "temperature": self.temperature,
                 "max_steps": max_steps,
             }
@@ -147,6 +135,8 @@ class FlashReinforceModule(L.LightningModule):
                 moe_routers(self.policy)
             except (TypeError, ValueError) as exc:
                 raise ValueError(f"model.routing_replay=true needs an MoE policy: {exc}") from exc
+        if self.micro.pack:
+            check_packable(self.policy)
         self.objective = Objective.from_config(objective_cfg)
         self.policy_version = 0
         self.step_metrics = StepMetrics(self.objective)
@@ -222,49 +212,6 @@ class FlashReinforceModule(L.LightningModule):
         self.policy_version = int(checkpoint["policy_version"])
         restore_rng_states(checkpoint["rng_states"])
 
-    # ----------------------------------------------------------------- distributed helpers
-    def _world(self) -> tuple[int, int]:
-        trainer = self._trainer
-        if trainer is None:
-            return 1, 0
-        return trainer.world_size, trainer.global_rank
-
-    def _gather_rows(self, x: Tensor) -> Tensor:
-        """Rank-major concatenation of every rank's `x` [b] -> [W*b] (identity for W=1)."""
-        world, _ = self._world()
-        if world == 1:
-            return x
-        return self.all_gather(x).reshape(-1)
-
-    def _sum_across_ranks(self, x: Tensor) -> Tensor:
-        world, _ = self._world()
-        if world == 1:
-            return x
-        return self.trainer.strategy.reduce(x.clone(), reduce_op="sum")
-
-    @contextmanager
-    def _grad_sync(self, enabled: bool) -> Iterator[None]:
-        """Block DDP gradient all-reduce unless `enabled` (the last micro-batch)."""
-        strategy = getattr(self._trainer, "strategy", None)
-        if self._scorer is not None:  # FSDP2: skip the reduce-scatter until the last one
-            self._scorer.set_requires_gradient_sync(enabled)  # type: ignore[operator]
-            yield
-            return
-        block = getattr(strategy, "block_backward_sync", None)
-        with nullcontext() if enabled or block is None else block():
-            yield
-
-    def _clip_gradients(self) -> Tensor:
-        """Pre-clip total gradient norm; clips to optim.grad_clip (inf: measure only)."""
-        params = [p for p in self.parameters() if p.grad is not None]
-        # FSDP2: sharded (DTensor) gradients; the norm is global, its value gathered here.
-        norm = full_tensor(torch.nn.utils.clip_grad_norm_(params, self.grad_clip))
-        if not bool(torch.isfinite(norm)):
-            raise FloatingPointError(
-                f"non-finite gradient norm {float(norm)} at policy_version {self.policy_version}"
-            )
-        return norm.detach()
-
     # ----------------------------------------------------------------- the update
     def _check_batch(self, batch: Any, world: int) -> None:
         if not isinstance(batch, RolloutBatch):
@@ -281,73 +228,103 @@ class FlashReinforceModule(L.LightningModule):
                 "engine must record it (TorchEngine(record_routing=True))"
             )
 
-    def _replay(self, mb: RolloutBatch) -> AbstractContextManager[None]:
-        """Force the recorded experts of `mb` when routing replay is on (else a no-op)."""
-        if not self.routing_replay:
-            return nullcontext()
-        if mb.routing is None:
-            raise ValueError("model.routing_replay=true but a micro-batch has no routing")
-        return replay_routing(self.policy, mb.routing)
+    def _micro_batch_count(self, batch: RolloutBatch) -> int:
+        """The micro-batch count every rank uses: its own plan's, or the largest over ranks
+        when a token budget makes plans differ (equal row caps give equal counts)."""
+        world, _ = self._world()
+        if world == 1 or self.micro.max_tokens is None:
+            return 1
+        local = len(micro_batch_plan(batch, self.micro))
+        count = torch.tensor(local, dtype=torch.long, device=batch.input_ids.device)
+        return int(self._max_across_ranks(count).item())
 
-    def _micro_step(
+    def _forward(
         self,
         mb: RolloutBatch,
         advantages: Tensor,
         *,
-        num_sequences: int,
         num_tokens: int,
-        scale: float,
         timings: dict[str, float],
-    ) -> Tensor:
-        """Forward, objective and backward of one micro-batch; returns its detached loss.
+    ) -> tuple[Tensor, Tensor]:
+        """Log-probs and objective of one micro-batch: (loss, whether any row contributes)."""
+        t0 = time.perf_counter()
+        score = self._scorer if self._scorer is not None else sequence_logprobs_of(self.policy)
+        log_probs, entropies = score(
+            mb.input_ids,
+            mb.attention_mask,
+            mb.position_ids,
+            temperature=self.temperature,
+            chunk_size=self.logprob_chunk_size,
+            compute_entropy=bool(self.objective.needs_entropies),
+            action_mask=mb.action_mask,
+            pack=self.micro.pack,
+        )
+        _sync_device(log_probs.device)
+        timings["logprob"] += time.perf_counter() - t0
+        behavior = mb.behavior_log_probs.to(
+            torch.promote_types(log_probs.dtype, mb.behavior_log_probs.dtype)
+        )
+        loss, diagnostics = self.objective(
+            log_probs,
+            behavior,
+            advantages,
+            mb.action_mask,
+            entropies=entropies,
+            failures=mb.failures,
+            num_sequences=self.batch_size,
+            num_tokens=num_tokens,
+        )
+        self.step_metrics.update_diagnostics(diagnostics)
+        return loss, contributes(diagnostics).any()
 
-        With routing replay the recorded experts stay forced through the backward too
-        (gradient checkpointing recomputes the forward there).
+    def _backward(self, loss: Tensor, timings: dict[str, float]) -> None:
+        t0 = time.perf_counter()
+        self.manual_backward(loss)
+        _sync_device(loss.device)
+        timings["backward"] += time.perf_counter() - t0
+
+    def _accumulate(
+        self, batch: RolloutBatch, advantages: Tensor, num_tokens: int, timings: dict[str, float]
+    ) -> tuple[Tensor, int]:
+        """Forward and backward of every micro-batch: (the rank's detached loss, micro-batches).
+
+        With `optim.skip_zero_signal_steps`, a micro-batch none of whose rows contributes on
+        any rank skips its backward (its gradient is exactly 0). The last micro-batch carries
+        the data-parallel gradient sync, so it runs whenever an earlier backward ran.
         """
-        mb = mb.trim()
-        with self._replay(mb):
-            t0 = time.perf_counter()
-            score = self._scorer if self._scorer is not None else sequence_logprobs_of(self.policy)
-            log_probs, entropies = score(
-                mb.input_ids,
-                mb.attention_mask,
-                mb.position_ids,
-                temperature=self.temperature,
-                chunk_size=self.logprob_chunk_size,
-                compute_entropy=bool(self.objective.needs_entropies),
-                action_mask=mb.action_mask,
-            )
-            _sync_device(log_probs.device)
-            timings["logprob"] += time.perf_counter() - t0
-            behavior = mb.behavior_log_probs.to(
-                torch.promote_types(log_probs.dtype, mb.behavior_log_probs.dtype)
-            )
-            loss, diagnostics = self.objective(
-                log_probs,
-                behavior,
-                advantages,
-                mb.action_mask,
-                entropies=entropies,
-                failures=mb.failures,
-                num_sequences=num_sequences,
-                num_tokens=num_tokens,
-            )
-            self.step_metrics.update_diagnostics(diagnostics)
-            t0 = time.perf_counter()
-            self.manual_backward(loss * scale)
-            _sync_device(log_probs.device)
-            timings["backward"] += time.perf_counter() - t0
-            return loss.detach()
+        world, _ = self._world()
+        parts = split_batch(batch, self.micro, self._micro_batch_count(batch))
+        loss = torch.zeros((), dtype=torch.float64, device=batch.rewards.device)
+        ran_backward = False
+        for k, (rows, mb) in enumerate(parts):
+            last = k == len(parts) - 1
+            with (
+                self._grad_sync(enabled=last),
+                forward_context(
+                    self.policy, mb, pack=self.micro.pack, routing_replay=self.routing_replay
+                ),
+            ):
+                mb_loss, live = self._forward(
+                    mb, advantages[rows], num_tokens=num_tokens, timings=timings
+                )
+                loss = loss + mb_loss.detach().to(loss.dtype)
+                if self.skip_zero_signal:
+                    live = bool(self._max_across_ranks(live.long()).item())
+                    if not live and not (last and ran_backward and world > 1):
+                        continue
+                self._backward(mb_loss * float(world), timings)
+                ran_backward = True
+        return loss, len(parts)
 
     def training_step(self, batch: RolloutBatch, batch_idx: int) -> None:
         step_start = time.perf_counter()
         world, rank = self._world()
         self._check_batch(batch, world)
         local_b = batch.batch_size
-        global_rewards = self._gather_rows(batch.rewards)
-        global_groups = self._gather_rows(batch.prompt_ids)
-        global_advantages = self.objective.advantages(global_rewards, global_groups)
-        no_signal = bool((global_advantages == 0).all())  # same on every rank
+        global_advantages = self.objective.advantages(
+            self._gather_rows(batch.rewards), self._gather_rows(batch.prompt_ids)
+        )
+        all_zero = bool((global_advantages == 0).all())  # same on every rank
         advantages = global_advantages[rank * local_b : (rank + 1) * local_b]
         num_tokens = int(self._sum_across_ranks(batch.action_mask.sum()).item())
         self.step_metrics.update_batch(batch, self.policy_version)
@@ -356,25 +333,15 @@ class FlashReinforceModule(L.LightningModule):
         lr = float(optimizer.optimizer.param_groups[0]["lr"])
         optimizer.zero_grad(set_to_none=True)
         timings = {"logprob": 0.0, "backward": 0.0}
-        micro_batches = batch.split(self.micro_batch_size)
-        loss = torch.zeros((), dtype=torch.float64, device=batch.rewards.device)
-        for k, mb in enumerate(micro_batches):
-            rows = slice(k * self.micro_batch_size, k * self.micro_batch_size + mb.batch_size)
-            with self._grad_sync(enabled=k == len(micro_batches) - 1):
-                loss = loss + self._micro_step(
-                    mb,
-                    advantages[rows],
-                    num_sequences=self.batch_size,
-                    num_tokens=num_tokens,
-                    scale=float(world),
-                    timings=timings,
-                ).to(loss.dtype)
+        if self.skip_zero_signal and all_zero:  # the gradient is 0: skip the work
+            loss = torch.zeros((), dtype=torch.float64, device=batch.rewards.device)
+            micro_batches = 0
+        else:
+            loss, micro_batches = self._accumulate(batch, advantages, num_tokens, timings)
         grad_norm = self._clip_gradients()
-        if no_signal:
-            # Every advantage is 0, so the gradient is exactly 0; AdamW would still move the
-            # policy on its moments alone (measured on the toy: as far as a real update). Drop
-            # the grads: the optimizer then leaves parameters and moments as they are, and the
-            # step still counts (version, schedule, Lightning's global_step).
+        zero_signal = bool(grad_norm == 0)  # global: every gradient entry is exactly 0
+        if zero_signal and self.skip_zero_signal:
+            # Without grads AdamW leaves parameters and moments as they are; the step counts.
             optimizer.zero_grad(set_to_none=True)
         optimizer.step()
         scheduler.step()
@@ -383,13 +350,25 @@ class FlashReinforceModule(L.LightningModule):
             loss=self._sum_across_ranks(loss),
             grad_norm=grad_norm,
             lr=lr,
+            zero_signal=zero_signal,
+            micro_batches=micro_batches,
             timings={**timings, "step": time.perf_counter() - step_start},
         )
 
     def _log_step(
-        self, *, loss: Tensor, grad_norm: Tensor, lr: float, timings: dict[str, float]
+        self,
+        *,
+        loss: Tensor,
+        grad_norm: Tensor,
+        lr: float,
+        zero_signal: bool,
+        micro_batches: int,
+        timings: dict[str, float],
     ) -> None:
-        values = self.step_metrics.finish(loss=loss, grad_norm=grad_norm, lr=lr, timings=timings)
+        values = self.step_metrics.finish(
+            loss=loss, grad_norm=grad_norm, lr=lr, timings=timings,
+            zero_signal=zero_signal, micro_batches=micro_batches,
+        )  # fmt: skip
         for name, value in values.items():
             self.log(
                 name,

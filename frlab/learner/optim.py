@@ -31,7 +31,7 @@ from frlab.registry import Registry, close_matches
 
 # Keys of the `optim` config node that are not optimizer arguments (read elsewhere).
 SCHEDULE_KEYS = ("scheduler", "warmup_ratio", "min_lr_ratio")
-LEARNER_KEYS = ("grad_clip",)
+LEARNER_KEYS = ("grad_clip", "skip_zero_signal_steps")
 ADAMW_KEYS = ("lr", "weight_decay", "betas", "eps")
 
 SCHEDULES: Registry[type] = Registry("lr scheduler")

@@ -1,7 +1,7 @@
 """Per-token log-probs of a causal LM without materialising `[B, T, V]` logits.
 
-The learner needs `log pi_theta(y_t | y_<t)` for every policy token (FlashREINFORCE, SPEC
-§2-3: the token ratio `rho = exp(logp - behaviour)` and the loss). With 8k-16k token
+The learner needs `log pi_theta(y_t | y_<t)` for every policy token (the FlashREINFORCE
+token ratio `rho = exp(logp - behaviour)` and the loss are built from it). With 8k-16k token
 contexts and 152k vocabularies, `model(...).logits` alone is tens of GB. Instead we run the
 decoder to its final hidden states, gather the hidden states of the positions that are scored
 (only policy tokens, when an action mask is given) and push them through the LM head
@@ -251,6 +251,7 @@ def sequence_logprobs(
     chunk_size: int = 1024,
     compute_entropy: bool = False,
     action_mask: Tensor | None = None,
+    pack: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Token log-probs (and entropies) of `input_ids` under a HF causal LM, aligned with ids.
 
@@ -260,19 +261,33 @@ def sequence_logprobs(
     first, so the head runs on policy tokens only). Unscored positions hold 0. `position_ids`
     default to `cumsum(attention_mask) - 1` (right padding). Outputs are float32 (float64 for
     float64 models); log-probs carry gradients into the model, entropies are detached.
+
+    `pack=True` runs the decoder padding-free: the right-padded rows are concatenated into one
+    row `[1, sum of lengths]` with their own position ids and boundaries, and the outputs are
+    laid out as above. It must run where packed attention is exact: inside
+    `frlab.model.packed_attention.packed_attention(model)` (sdpa/eager models; keep the
+    backward inside it too) or with flash-attention varlen.
     """
     decoder, head = lm_parts(model)
     _check_sequence_inputs(input_ids, attention_mask, position_ids, action_mask)
     mask = attention_mask.bool()
     if position_ids is None:
         position_ids = (mask.long().cumsum(dim=1) - 1).clamp_min(0)
-    out = decoder(
-        input_ids=input_ids, attention_mask=mask.long(), position_ids=position_ids, use_cache=False
-    )
-    hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+    if pack:
+        hidden, rows = _packed_hidden(model, decoder, input_ids, mask, position_ids)
+    else:
+        out = decoder(
+            input_ids=input_ids,
+            attention_mask=mask.long(),
+            position_ids=position_ids,
+            use_cache=False,
+        )
+        hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+        rows = None
     score = scored_positions(mask, action_mask)
+    scored_hidden = hidden[:, :-1][score] if rows is None else hidden[rows[:, :-1][score]]
     logp, entropy = logprobs_from_hidden(
-        hidden[:, :-1][score],
+        scored_hidden,
         head.weight,
         input_ids[:, 1:][score],
         bias=head.bias,
@@ -283,6 +298,46 @@ def sequence_logprobs(
     log_probs = _scatter_aligned(logp, score)
     entropies = None if entropy is None else _scatter_aligned(entropy, score)
     return log_probs, entropies
+
+
+def packed_index(attention_mask: Tensor) -> Tensor:
+    """Long [B, T]: position of each real token in the packed row (row-major order); -1 on
+    padding. Rows must be right-padded (a prefix of real tokens), else ValueError."""
+    mask = attention_mask.bool()
+    lengths = mask.sum(dim=1)
+    columns = torch.arange(mask.shape[1], device=mask.device)
+    if not torch.equal(mask, columns < lengths[:, None]) or bool((lengths == 0).any()):
+        raise ValueError("pack=True needs right-padded rows with at least one real token each")
+    flat = mask.flatten().long().cumsum(0).view(mask.shape) - 1
+    return torch.where(mask, flat, -1)
+
+
+def _packed_hidden(
+    model: nn.Module, decoder: nn.Module, input_ids: Tensor, mask: Tensor, position_ids: Tensor
+) -> tuple[Tensor, Tensor]:
+    """Final hidden states `[N, H]` of the packed row, and `packed_index(mask)`."""
+    from frlab.model.packed_attention import in_packed_mode
+
+    if not in_packed_mode(model):
+        raise ValueError(
+            "pack=True outside frlab.model.packed_attention.packed_attention(model): the "
+            f"{model.config._attn_implementation!r} attention would attend across trajectories"
+        )
+    rows = packed_index(mask)
+    lengths = mask.sum(dim=1)
+    bounds = F.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
+    longest = int(lengths.max())
+    out = decoder(
+        input_ids=input_ids[mask].unsqueeze(0),
+        position_ids=position_ids[mask].unsqueeze(0),
+        use_cache=False,
+        cu_seq_lens_q=bounds,
+        cu_seq_lens_k=bounds,
+        max_length_q=longest,
+        max_length_k=longest,
+    )
+    hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+    return hidden[0], rows
 
 
 def _scatter_aligned(values: Tensor, score: Tensor) -> Tensor:

@@ -4,7 +4,7 @@
 folder or a hub id; the real loading code, no re-implementation) or builds a random-init model
 from a config mapping with a `model_type` (tiny models for CPU tests and the toy run).
 `tiny_config` gives such configs for the architectures frlab targets: dense Qwen2 and Llama,
-and the Qwen3-MoE family of the paper's 30B-A3B setting (SPEC §4). Bad input raises a
+and the Qwen3-MoE family of the FlashREINFORCE paper's 30B-A3B setting. Bad input raises a
 ValueError naming the field; a hub id that is not cached while offline says so plainly instead
 of surfacing a network error.
 """
@@ -128,8 +128,13 @@ def _warn_unknown_keys(cfg: PretrainedConfig, values: Mapping[str, Any]) -> None
 
 
 def default_attn_implementation() -> str | None:
-    """`eager` on CPU-only machines; None (transformers' default, sdpa) when CUDA exists."""
-    return None if torch.cuda.is_available() else "eager"
+    """None: transformers' default, `sdpa` wherever the model supports it, on CPU and GPU.
+
+    On a CPU, sdpa is the faster exact choice (`bench/learner.py --attention`): it agrees with
+    `eager` to float32 rounding, and in float64 it is the more exact of the two (transformers'
+    eager attention takes its softmax in float32).
+    """
+    return None
 
 
 def build_policy(
@@ -148,8 +153,8 @@ def build_policy(
     once into a cached folder), loaded by `AutoModelForCausalLM.from_pretrained` (a
     `PretrainedConfig` in `config` is passed along). Otherwise `config` (a mapping with
     `model_type`, or a `PretrainedConfig`) builds a random-init model, seeded by `seed` without
-    touching the global RNG. `attn_implementation=None` picks `eager` on CPU-only machines and
-    transformers' default (sdpa) otherwise; a string is passed to transformers as is.
+    touching the global RNG. `attn_implementation=None` is transformers' default (sdpa where the
+    model supports it, else eager); a string is passed to transformers as is.
     """
     torch_dtype = resolve_dtype(dtype)
     attn = attn_implementation if attn_implementation is not None else default_attn_implementation()

@@ -101,3 +101,33 @@ def test_plan_records_servers_and_evaluation() -> None:
     assert record["servers"] == 2 and record["engine"] == "remote"
     assert record["evaluation"] == "math avg@4 every 50 steps on GSM8K, AIME25 (T=0.7, top_p=0.7)"
     assert preflight(compose([])).to_dict()["servers"] is None
+
+
+@pytest.mark.parametrize(
+    ("overrides", "row"),
+    [
+        ([], "<= 64 rows; packed (one padding-free row each)"),
+        (["data.max_tokens_per_micro_batch=4096", "data.pack_sequences=false"],
+         "<= 64 rows, <= 4096 tokens; padded rows"),
+    ],
+)  # fmt: skip
+def test_micro_batch_row_shows_the_caps_and_the_layout(overrides: list[str], row: str) -> None:
+    assert plan_row(overrides, "micro-batch") == row
+
+
+def test_updates_row_says_what_zero_gradient_batches_do() -> None:
+    assert plan_row([], "updates").endswith("zero-gradient batches skipped")  # toy_cpu opts in
+    reference = plan_row(["optim.skip_zero_signal_steps=false"], "updates")
+    assert reference.endswith("zero-gradient batches step AdamW")
+
+
+def test_bad_micro_batching_values_name_the_key() -> None:
+    from frlab.config.errors import ConfigError
+
+    for override, key in (
+        ("data.max_tokens_per_micro_batch=0", "data.max_tokens_per_micro_batch"),
+        ("data.pack_sequences=3", "data.pack_sequences"),
+        ("optim.skip_zero_signal_steps=maybe", "optim.skip_zero_signal_steps"),
+    ):
+        with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+            preflight(compose([override]))

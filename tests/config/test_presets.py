@@ -247,3 +247,11 @@ def test_paper_presets_dry_run_offline_without_loading_data_or_models(tmp_path) 
     assert out.returncode == 0, out.stderr[-3000:]
     assert "HEAVY []" in out.stdout, out.stdout
     assert out.stdout.count("frlab plan") == len(PAPER)
+
+
+@pytest.mark.parametrize("name", [*PAPER, "toy_cpu", "toy_multi_cpu"])
+def test_zero_signal_rule_is_off_in_paper_presets_and_on_in_the_cpu_toys(name: str) -> None:
+    """The reference steps AdamW on every batch; the toys opt into frlab's deviation."""
+    plan = preflight(compose([f"experiment={name}"]))
+    assert plan.skip_zero_signal_steps is name.startswith("toy_")
+    assert plan.pack_sequences is True

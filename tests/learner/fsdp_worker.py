@@ -2,8 +2,11 @@
 
 `python fsdp_worker.py OUT` trains the tiny float64 policy for STEPS updates with
 `Trainer(strategy=FSDP2Strategy(), accelerator="cpu", devices=2)` (gloo): every decoder layer
-and the LogprobScorer root are FSDP2 units, 2 micro-batches per rank. Lightning re-launches
-this script for rank 1. Each rank writes `OUT.rank{R}.pt` with the GATHERED final parameters,
+and the LogprobScorer root are FSDP2 units; each rank packs its rows into micro-batches of at
+most BUDGET tokens (the ranks agree on one count: FSDP2 gathers parameters in every forward).
+The global batches and `optim.skip_zero_signal_steps` are the DDP worker's: one batch skips
+forward and backward, one runs forwards without backward. Lightning re-launches this script
+for rank 1. Each rank writes `OUT.rank{R}.pt` with the GATHERED final parameters,
 the metric rows and the parameter placements; with `--ckpt` it then saves a sharded
 checkpoint twice there (a symlink to a hidden folder of shards) and, in a second fit, resumes
 from it for one more step. `--moe` trains a tiny float32 Qwen3-MoE with gradient
@@ -22,14 +25,12 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from ddp_worker import GLOBAL_B, STEPS, RankRows  # noqa: E402
+from ddp_worker import GLOBAL_B, OPTIM, STEPS, RankRows, global_batches  # noqa: E402
 from learner_testlib import (  # noqa: E402
     MODEL_CFG,
     OBJECTIVE_CFG,
-    OPTIM_CFG,
     VOCAB,
     MemoryLogger,
-    make_batch,
     tiny_policy,
     trainer,
 )
@@ -48,25 +49,34 @@ def moe_policy() -> torch.nn.Module:
     return policy.to(torch.float64).train()
 
 
-def module(moe: bool = False) -> tuple[FlashReinforceModule, list]:
-    """A fresh learner (LR horizon STEPS + 1) and its STEPS + 1 global batches."""
+BUDGET = 30  # packed tokens per micro-batch on a rank (rows have 3 to 16 tokens)
+
+
+def module(moe: bool = False, fsdp: bool = True) -> tuple[FlashReinforceModule, list]:
+    """A fresh learner (LR horizon STEPS + 1) and its STEPS + 1 global batches: packed
+    token-budget micro-batches under FSDP2, padded micro-batches of 2 rows otherwise."""
     policy = moe_policy() if moe else tiny_policy(seed=0)
-    batches = [make_batch(policy, rows=GLOBAL_B, seed=40 + s) for s in range(STEPS + 1)]
+    batches = global_batches(policy, STEPS + 1)
+    layout = (
+        {"micro_batch_size": GLOBAL_B, "max_tokens_per_micro_batch": BUDGET}
+        if fsdp
+        else {"micro_batch_size": 2, "pack_sequences": False}
+    )
     learner = FlashReinforceModule(
         MODEL_CFG,
         OBJECTIVE_CFG,
-        {**OPTIM_CFG, "scheduler": "cosine", "warmup_ratio": 0.5},
+        OPTIM,
         batch_size=GLOBAL_B,
-        micro_batch_size=2,
         max_steps=STEPS + 1,
         policy=policy,
+        **layout,
     )
     return learner, batches
 
 
 def fit(steps: int, first: int = 0, ckpt: str | None = None, fsdp: bool = True, moe: bool = False):
     """Fit `steps` - `first` updates on batches[first:steps] (resuming from `ckpt`)."""
-    learner, batches = module(moe)
+    learner, batches = module(moe, fsdp)
     logger = MemoryLogger()
     devices, strategy = (2, FSDP2Strategy()) if fsdp else (1, "auto")
     trained = trainer(steps, devices=devices, strategy=strategy, logger=logger)

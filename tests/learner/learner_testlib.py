@@ -8,6 +8,7 @@ others); rewards are 0/1 (their batch mean is exact in binary floating point).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -215,6 +216,23 @@ def reference_update(
         "admitted": admitted,
         "retained_frac": retained / lengths.sum(),
     }
+
+
+def flat_rewards(batch: RolloutBatch) -> RolloutBatch:
+    """`batch` with every reward 1: all advantages 0 under the batch-mean baseline."""
+    return dataclasses.replace(batch, rewards=torch.ones_like(batch.rewards))
+
+
+def rejected(batch: RolloutBatch, rows: slice | None = None) -> RolloutBatch:
+    """`batch` with behaviour log-probs moved far below the policy's on `rows` (all rows by
+    default), so the sequence Bernoulli-KL gate (delta DELTA) rejects them."""
+    chosen = torch.zeros(batch.batch_size, dtype=torch.bool)
+    chosen[rows if rows is not None else slice(None)] = True
+    behavior = batch.behavior_log_probs
+    moved = torch.where(
+        batch.action_mask & chosen[:, None], (behavior - 6.0).clamp(max=-1e-3), behavior
+    )
+    return dataclasses.replace(batch, behavior_log_probs=moved)
 
 
 class BatchStream(IterableDataset):

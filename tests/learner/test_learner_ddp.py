@@ -2,8 +2,12 @@
 
 Rewards are centred over the global batch (all-gathered), losses are normalised by the global B
 and policy-token count, each rank back-propagates W * loss so DDP's gradient average is the
-full-batch gradient, and micro-batching is on (2 micro-batches per rank). The worker is a
-standalone script in a subprocess, so Lightning re-launches that script, never pytest.
+full-batch gradient. The DDP ranks pack their rows into token-budget micro-batches (their own
+plans differ in count, so the ranks agree on the larger); the single process runs padded
+micro-batches of 3 rows. With `optim.skip_zero_signal_steps` on, the batch with equal rewards
+skips its forward and backward on both ranks, the all-rejected batch skips its backward, and
+neither moves the weights. The worker is a standalone script in a subprocess, so Lightning
+re-launches that script, never pytest.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import sys
 
 import pytest
 import torch
-from ddp_worker import STEPS, train
+from ddp_worker import STEPS, ZERO_SIGNAL_STEPS, train
 from learner_testlib import max_abs_diff, snapshot, tiny_policy
 
 from frlab.learner import metrics as M
@@ -28,7 +32,7 @@ def test_two_process_ddp_equals_one_process(tmp_path) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     env.pop("MASTER_PORT", None)
     proc = subprocess.run(
-        [sys.executable, WORKER, str(out), "--devices", "2", "--micro", "2"],
+        [sys.executable, WORKER, str(out), "--devices", "2", "--budget", "30"],
         env=env,
         capture_output=True,
         text=True,
@@ -39,7 +43,9 @@ def test_two_process_ddp_equals_one_process(tmp_path) -> None:
     rank1 = torch.load(f"{out}.rank1.pt", weights_only=True)
     assert rank0["world_size"] == 2 and rank0["global_step"] == STEPS
 
-    single_trainer, single, logger = train(devices=1, micro=3)
+    # Packing really ran with unequal per-rank plans on some step, equalised to one count.
+    assert any(a != b for a, b in zip(rank0["plan_sizes"], rank1["plan_sizes"], strict=True))
+    single_trainer, single, logger, _ = train(devices=1, micro=3, budget=None, pack=False)
     single_rows = [row for _, row in logger.rows]
     assert single_trainer.world_size == 1 and single.policy_version == STEPS
 
@@ -49,7 +55,11 @@ def test_two_process_ddp_equals_one_process(tmp_path) -> None:
     assert max_abs_diff(rank0["params"], single_params) < 1e-6
     assert rank0["policy_version"] == STEPS
     assert len(rank0["rows"]) == STEPS
-    for ddp_row, one_row in zip(rank0["rows"], single_rows, strict=True):
+    for step, (ddp_row, one_row) in enumerate(zip(rank0["rows"], single_rows, strict=True)):
         # Global statistics, not rank 0's half: identical to the single-process values.
         for key in (M.LOSS, M.GRAD_NORM, M.REWARD, M.ACCEPTANCE, M.SEQUENCE_KL, M.LAG_MAX):
-            assert ddp_row[key] == pytest.approx(one_row[key], rel=1e-6, abs=1e-12), key
+            assert ddp_row[key] == pytest.approx(one_row[key], rel=1e-6, abs=1e-12, nan_ok=True)
+        assert ddp_row[M.ZERO_SIGNAL] == float(step in ZERO_SIGNAL_STEPS)
+        assert ddp_row[M.MICRO_BATCHES] == max(
+            rank0["plan_sizes"][step], rank1["plan_sizes"][step]
+        ) * (step != 1)

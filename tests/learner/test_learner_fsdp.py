@@ -1,7 +1,10 @@
 """A 2-process FSDP2 run (CPU, gloo) equals a 1-process run; sharded checkpoints resume.
 
 The learner under `FSDP2Strategy` shards every decoder layer and the rest of the policy (the
-`LogprobScorer` root, chunked LM head included); each rank scores 2 micro-batches per step.
+`LogprobScorer` root, chunked LM head included); each rank scores packed token-budget
+micro-batches (the single process: padded micro-batches of 2 rows), and with
+`optim.skip_zero_signal_steps` on one batch skips its forward and backward and one its backward
+(forwards without backward under FSDP2).
 Its gathered parameters and global metrics must equal those of the unsharded single-process
 learner on the same global batches, a sharded checkpoint (a folder of shards) must resume to
 exactly the parameters of an uninterrupted run, and Lightning's FSDP1 `FSDPStrategy` must be
@@ -16,7 +19,7 @@ import sys
 
 import pytest
 import torch
-from ddp_worker import STEPS
+from ddp_worker import STEPS, ZERO_SIGNAL_STEPS
 from fsdp_worker import fit, moe_policy
 from learner_testlib import max_abs_diff, snapshot, tiny_policy
 
@@ -58,9 +61,11 @@ def test_two_process_fsdp2_equals_one_process_and_resumes(tmp_path) -> None:
     assert max_abs_diff(single_params, snapshot(tiny_policy(seed=0))) > 1e-3  # it trained
     assert max_abs_diff(rank0["params"], rank1["params"]) == 0.0
     assert max_abs_diff(rank0["params"], single_params) < 1e-9
-    for fsdp_row, one_row in zip(rank0["rows"], single_rows, strict=True):
+    for step, (fsdp_row, one_row) in enumerate(zip(rank0["rows"], single_rows, strict=True)):
+        # Logged values pass through Lightning's float32 logging: 1e-6 (parameters: 1e-9).
         for key in (M.LOSS, M.GRAD_NORM, M.REWARD, M.ACCEPTANCE, M.SEQUENCE_KL, M.LAG_MAX):
-            assert fsdp_row[key] == pytest.approx(one_row[key], rel=1e-9, abs=1e-12), key
+            assert fsdp_row[key] == pytest.approx(one_row[key], rel=1e-6, abs=1e-12, nan_ok=True)
+        assert fsdp_row[M.ZERO_SIGNAL] == float(step in ZERO_SIGNAL_STEPS)
 
     # The sharded checkpoint: a symlink to one hidden folder of shards (the first save's folder
     # is gone after the second save); resuming it continues exactly.
@@ -103,7 +108,7 @@ def test_two_process_fsdp2_moe_with_gradient_checkpointing_equals_one_process(tm
     assert max_abs_diff(rank0["params"], single_params) < 1e-9
     for fsdp_row, one_row in zip(rank0["rows"], single_rows, strict=True):
         for key in (M.LOSS, M.GRAD_NORM, M.ACCEPTANCE):
-            assert fsdp_row[key] == pytest.approx(one_row[key], rel=1e-9, abs=1e-12), key
+            assert fsdp_row[key] == pytest.approx(one_row[key], rel=1e-6, abs=1e-12, nan_ok=True)
 
 
 @pytest.mark.slow

@@ -184,40 +184,6 @@ def test_turns_and_tool_calls_are_logged_from_trajectory_info() -> None:
     assert second[M.TURNS] == pytest.approx(sum(tool_calls) / B + 1)
 
 
-class _Snapshots(Callback):
-    """Parameters after every training batch."""
-
-    def __init__(self) -> None:
-        self.params: list[dict[str, torch.Tensor]] = []
-        self.moments: list[list[torch.Tensor]] = []
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self.params.append(snapshot(pl_module.policy))
-        state = trainer.optimizers[0].state
-        self.moments.append([state[p]["exp_avg"].clone() for p in pl_module.policy.parameters()])
-
-
-def test_a_batch_with_all_advantages_zero_leaves_the_policy_and_adam_state_unchanged() -> None:
-    """Equal rewards give A = 0 everywhere and an exactly zero gradient; AdamW would still
-    move the policy on the moments of the previous update. The step counts (version, global
-    step, schedule) but parameters and optimizer state stay as they are."""
-    import dataclasses
-
-    policy = tiny_policy(seed=7)
-    learning = make_batch(policy, rows=B, seed=12)
-    flat = dataclasses.replace(make_batch(policy, rows=B, seed=13),
-                               rewards=torch.ones(B, dtype=learning.rewards.dtype))  # fmt: skip
-    module = _module(policy, micro=4)
-    shots = _Snapshots()
-    fit_trainer = trainer(3, callbacks=[shots])
-    fit_trainer.fit(module, loader([learning, flat, learning]))
-    after_learning, after_flat, after_third = shots.params
-    assert max_abs_diff(after_flat, after_learning) == 0.0
-    assert all(torch.equal(a, b) for a, b in zip(*shots.moments[:2], strict=True))
-    assert max_abs_diff(after_third, after_flat) > 0  # a batch with signal moves it again
-    assert module.policy_version == 3 and fit_trainer.global_step == 3
-
-
 def test_progress_bar_shows_reward_acceptance_and_lag() -> None:
     policy = tiny_policy(seed=5)
     module = _module(policy)

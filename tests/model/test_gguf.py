@@ -120,8 +120,8 @@ def test_build_policy_and_tokenizer_accept_a_gguf_source(
     policy = build_policy(source, dtype="float32")
     tokenizer = build_tokenizer(source)
     direct = AutoModelForCausalLM.from_pretrained(
-        tiny_gguf.parent, gguf_file=tiny_gguf.name, attn_implementation="eager"
-    )  # build_policy picks eager attention on CPU
+        tiny_gguf.parent, gguf_file=tiny_gguf.name, attn_implementation="sdpa"
+    )  # build_policy keeps transformers' default attention (sdpa)
     assert torch.equal(_logits(policy), _logits(direct))
     assert len(tokenizer) == 261 and tokenizer.pad_token == "<|im_end|>"
 

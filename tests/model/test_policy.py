@@ -71,12 +71,37 @@ def test_omegaconf_mapping_and_dtype() -> None:
     assert model.config.vocab_size == 96
 
 
-def test_cpu_default_attention_is_eager() -> None:
+def test_default_attention_is_sdpa_on_cpu_too_and_a_choice_is_kept() -> None:
     model = build_policy(config=tiny_config("qwen2"), seed=0)
-    if not torch.cuda.is_available():
-        assert model.config._attn_implementation == "eager"
-    sdpa = build_policy(config=tiny_config("qwen2"), seed=0, attn_implementation="sdpa")
-    assert sdpa.config._attn_implementation == "sdpa"
+    assert model.config._attn_implementation == "sdpa"
+    eager = build_policy(config=tiny_config("qwen2"), seed=0, attn_implementation="eager")
+    assert eager.config._attn_implementation == "eager"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_sdpa_and_eager_agree_on_padded_batches(dtype: torch.dtype) -> None:
+    """The CPU default (sdpa) against eager: same log-probs and gradients to float32 rounding
+    (transformers' eager attention takes its softmax in float32, even for float64 models), and
+    no NaN from padded positions."""
+    from frlab.model.lm_logprobs import sequence_logprobs
+
+    lengths = torch.tensor([3, 11, 7, 16])
+    mask = torch.arange(16)[None] < lengths[:, None]
+    ids = torch.where(
+        mask, torch.randint(0, 256, (4, 16), generator=torch.Generator().manual_seed(0)), 0
+    )
+    out = {}
+    for attn in ("sdpa", "eager"):
+        model = build_policy(config=tiny_config("qwen2"), seed=0, attn_implementation=attn)
+        model = model.to(dtype)
+        lp, ent = sequence_logprobs(model, ids, mask, compute_entropy=True)
+        lp.sum().backward()
+        out[attn] = (lp.detach(), ent, [p.grad for p in model.parameters()])
+    torch.testing.assert_close(out["sdpa"][0], out["eager"][0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out["sdpa"][1], out["eager"][1], rtol=1e-5, atol=1e-5)
+    for a, b in zip(out["sdpa"][2], out["eager"][2], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    assert all(bool(torch.isfinite(g).all()) for g in out["sdpa"][2])
 
 
 @pytest.mark.parametrize(

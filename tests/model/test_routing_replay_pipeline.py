@@ -150,20 +150,21 @@ def test_bad_routing_is_refused_naming_the_field(trajectories) -> None:
         collate([tr, _without_routing(trajectories[1])])
 
 
-def _module(policy: torch.nn.Module, replay: bool) -> FlashReinforceModule:
+def _module(policy: torch.nn.Module, replay: bool, pack: bool = True) -> FlashReinforceModule:
     model_cfg = {"config": None, "routing_replay": replay}
     return FlashReinforceModule(
         model_cfg, OBJECTIVE_CFG, OPTIM_CFG, batch_size=EPISODES, micro_batch_size=2,
-        policy=policy,
+        pack_sequences=pack, policy=policy,
     )  # fmt: skip
 
 
-def test_learner_step_replays_in_forward_and_backward(trajectories) -> None:
-    """The module's micro-step runs forward and backward under the recorded routing: its
-    gradients equal a hand-made replayed forward/backward, and the routers are patched while
-    backward runs."""
+@pytest.mark.parametrize("pack", [True, False], ids=["packed", "padded"])
+def test_learner_step_replays_in_forward_and_backward(trajectories, pack: bool) -> None:
+    """The module's micro-batches run forward and backward under the recorded routing (packed
+    into one row with the tokens, or padded): gradients equal a hand-made padded replayed
+    forward/backward, and the routers are patched while backward runs."""
     batch = collate(trajectories)
-    module = _module(tiny_moe(), replay=True)
+    module = _module(tiny_moe(), replay=True, pack=pack)
     module._check_batch(batch, world=1)
     routers = moe_routers(module.policy)
     patched_in_backward = []
@@ -176,8 +177,8 @@ def test_learner_step_replays_in_forward_and_backward(trajectories) -> None:
     mb = batch.select(slice(0, 2))
     advantages = torch.tensor([0.5, -0.5])
     kwargs = {"num_sequences": EPISODES, "num_tokens": int(batch.action_mask.sum())}
-    module._micro_step(
-        mb, advantages, **kwargs, scale=1.0, timings={"logprob": 0.0, "backward": 0.0}
+    module._accumulate(
+        mb, advantages, kwargs["num_tokens"], timings={"logprob": 0.0, "backward": 0.0}
     )
     assert patched_in_backward == [True]
     assert not any("forward" in r.__dict__ for r in routers)

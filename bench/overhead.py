@@ -1,0 +1,314 @@
+"""What frlab costs over the maths: one learner update, and the whole toy pipeline.
+
+`--part update`: one learner update of frlab (Lightning Trainer + `FlashReinforceModule`:
+objective registry and validation, micro-batching, metrics, CSV logging) against a hand-written
+PyTorch loop doing the same computation on the same model and batches: the same decoder
+forward per micro-batch (padded rows, both), the same chunked LM-head log-probs
+(`frlab.model.lm_logprobs.logprobs_from_hidden`), the FlashREINFORCE loss written out (batch-
+mean baseline, token ratio, sequence Bernoulli-KL gate, sample mean), backward, grad-norm clip
+and the same AdamW step. A step's time is the interval between consecutive batch starts (frlab:
+everything Lightning does per step; hand loop: its loop body). Arms alternate in rounds in one
+process; medians and the median of per-round ratios are printed. Target: frlab / hand <= 1.10.
+
+`--part pipeline`: `experiment=toy_cpu rollout=sync` (collect B, then train: the parts add up)
+for `--steps` updates through `frlab.train.run`, then, alone in the same process, the
+generation of the same number of batches (the same pool and engine, no learner) and the
+learner updates on those batches (no pool, no callbacks). Overhead fraction = (pipeline
+seconds per update - generation alone - learner alone) / pipeline seconds per update. Where the
+per-update time goes is read from a cProfile of a second pipeline run (main thread only: the
+engine and environments run in their own threads).
+
+Run: `python bench/overhead.py` (both parts) or `--part update` / `--part pipeline`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import cProfile
+import csv
+import math
+import pstats
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader
+
+from frlab.data.batch import RolloutBatch, Trajectory, collate
+from frlab.learner.module import FlashReinforceModule
+from frlab.model.lm_logprobs import logprobs_from_hidden
+from frlab.model.policy import build_policy, tiny_config
+
+DELTA = 3e-3
+OBJECTIVE = {"baseline": "batch_mean", "trust_region": "sequence_bernoulli_kl",
+             "aggregation": "sample_mean", "token_filter": "none",
+             "sequence_bernoulli_kl": {"delta": DELTA}}  # fmt: skip
+OPTIM = {"lr": 1e-5, "weight_decay": 0.1, "betas": [0.9, 0.999], "eps": 1e-8, "grad_clip": 1.0,
+         "scheduler": "constant"}  # fmt: skip
+SMALL_QWEN2 = {"vocab_size": 4096, "hidden_size": 256, "intermediate_size": 1024,
+               "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+               "max_position_embeddings": 2048}  # fmt: skip
+
+
+# --------------------------------------------------------------------------- the update
+
+
+def make_batches(model: torch.nn.Module, args: argparse.Namespace) -> list[RolloutBatch]:
+    """`--steps` + 1 batches of B rows, log-normal lengths, behaviour = the model's own."""
+    gen = torch.Generator().manual_seed(0)
+    vocab, batches = model.config.vocab_size, []
+    for _ in range(args.steps + 1):
+        raw = (torch.randn(args.batch, generator=gen) * 0.5 + math.log(args.median)).exp()
+        trajectories = []
+        for i, n in enumerate(raw.round().clamp(16, 4 * args.median).long().tolist()):
+            prompt = n // 5
+            trajectories.append(Trajectory(
+                token_ids=torch.randint(0, vocab, (n,), generator=gen).tolist(),
+                action_mask=[False] * prompt + [True] * (n - prompt),
+                behavior_log_probs=[0.0] * prompt + [-1.0] * (n - prompt),
+                token_versions=[-1] * prompt + [0] * (n - prompt),
+                reward=float(torch.rand((), generator=gen) < 0.5), prompt_id=i,
+            ))  # fmt: skip
+        batch = collate(trajectories)
+        with torch.no_grad():
+            lp, _ = hand_logprobs(model, batch)
+        noise = 0.02 * torch.randn(lp.shape, generator=gen, dtype=lp.dtype)
+        behavior = torch.where(batch.action_mask, (lp + noise).clamp(max=-1e-4), 0.0)
+        batch.behavior_log_probs = behavior.float()
+        batches.append(batch)
+    return batches
+
+
+def hand_logprobs(model: torch.nn.Module, mb: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs [b, T] of the policy tokens (0 elsewhere) and the scored mask [b, T - 1]."""
+    out = model.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask.long(),
+                      position_ids=mb.position_ids, use_cache=False)  # fmt: skip
+    score = mb.action_mask[:, 1:]
+    head = model.lm_head
+    logp, _ = logprobs_from_hidden(out.last_hidden_state[:, :-1][score], head.weight,
+                                   mb.input_ids[:, 1:][score], chunk_size=1024)  # fmt: skip
+    return F.pad(logp.new_zeros(score.shape).masked_scatter(score, logp), (1, 0)), score
+
+
+def hand_update(model, optimizer, batch: RolloutBatch, micro: int) -> None:
+    """The FlashREINFORCE update written out: one AdamW step over padded micro-batches."""
+    optimizer.zero_grad(set_to_none=True)
+    b = batch.batch_size
+    advantages = batch.rewards - batch.rewards.mean()
+    for start in range(0, b, micro):
+        mb = batch.select(slice(start, start + micro)).trim()
+        lp, _ = hand_logprobs(model, mb)
+        mask, behavior = mb.action_mask, mb.behavior_log_probs.to(lp.dtype)
+        current = lp.detach()
+        rho = torch.exp(torch.where(mask, current - behavior, 0.0))
+        p = behavior.exp().clamp(1e-6, 1 - 1e-6)
+        q = current.exp().clamp(1e-6, 1 - 1e-6)
+        kl = p * (p.log() - q.log()) + (1 - p) * ((1 - p).log() - (1 - q).log())
+        lengths = mask.sum(dim=1)
+        admitted = (torch.where(mask, kl, 0.0).sum(1) / lengths).clamp_min(0) <= DELTA
+        a = advantages[start : start + micro].to(lp.dtype)
+        terms = torch.where(mask & admitted[:, None], -rho * a[:, None] * lp, 0.0)
+        ((terms.sum(dim=1) / lengths).sum() / b).backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), OPTIM["grad_clip"])
+    optimizer.step()
+
+
+class BatchClock(L.Callback):
+    """Start time of every training batch."""
+
+    def __init__(self) -> None:
+        self.starts: list[float] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.starts.append(time.perf_counter())
+
+
+def frlab_steps(model, batches, args, log_dir: Path) -> list[float]:
+    module = FlashReinforceModule({}, OBJECTIVE, OPTIM, batch_size=args.batch,
+                                  micro_batch_size=args.micro, pack_sequences=False,
+                                  policy=model)  # fmt: skip
+    clock = BatchClock()
+    trainer = L.Trainer(
+        accelerator="cpu", devices=1, max_steps=len(batches), callbacks=[clock],
+        logger=L.pytorch.loggers.CSVLogger(log_dir), enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=1,
+    )  # fmt: skip
+    trainer.fit(module, DataLoader(batches, batch_size=None))
+    return [b - a for a, b in zip(clock.starts, clock.starts[1:], strict=False)]
+
+
+def hand_steps(model, batches, args) -> list[float]:
+    optimizer = torch.optim.AdamW(model.parameters(), lr=OPTIM["lr"], betas=tuple(OPTIM["betas"]),
+                                  eps=OPTIM["eps"], weight_decay=OPTIM["weight_decay"])  # fmt: skip
+    starts = []
+    for batch in batches:
+        starts.append(time.perf_counter())
+        hand_update(model, optimizer, batch, args.micro)
+    return [b - a for a, b in zip(starts, starts[1:], strict=False)]
+
+
+def part_update(args: argparse.Namespace) -> None:
+    base = build_policy(config=tiny_config("qwen2", **SMALL_QWEN2), seed=0).train()
+    batches = make_batches(base, args)
+    tokens = sum(int(b.attention_mask.sum()) for b in batches[1:]) / (len(batches) - 1)
+    print(
+        f"update: qwen2 {sum(p.numel() for p in base.parameters()) / 1e6:.1f}M params, "
+        f"B={args.batch}, {tokens:.0f} tokens per batch, micro-batches of {args.micro} rows, "
+        f"{args.steps} timed steps x {args.rounds} rounds, {torch.get_num_threads()} threads"
+    )
+    frlab_t, hand_t, ratios = [], [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for round_ in range(args.rounds + 1):
+            f = frlab_steps(copy.deepcopy(base), batches, args, Path(tmp) / str(round_))
+            h = hand_steps(copy.deepcopy(base), batches, args)
+            if round_ == 0:
+                continue  # warm-up
+            frlab_t += f
+            hand_t += h
+            ratios.append(statistics.median(f) / statistics.median(h))
+            print(f"round {round_}: frlab {statistics.median(f):.3f} s/step, "
+                  f"hand {statistics.median(h):.3f} s/step", flush=True)  # fmt: skip
+    fm, hm = statistics.median(frlab_t), statistics.median(hand_t)
+    print(
+        f"frlab {fm:.3f} s/update, hand-written {hm:.3f} s/update: "
+        f"{statistics.median(ratios):.3f}x (median of per-round ratios; target <= 1.10)"
+    )
+
+
+# --------------------------------------------------------------------------- the pipeline
+
+
+def pipeline_overrides(args: argparse.Namespace, out: Path) -> list[str]:
+    return ["experiment=toy_cpu", "rollout=sync", f"trainer.max_steps={args.pipeline_steps}",
+            "plots=false", f"hydra.run.dir={out}", f"paths.output_dir={out}",
+            "callbacks.model_checkpoint.every_n_train_steps=null"]  # fmt: skip
+
+
+def run_pipeline(args: argparse.Namespace, out: Path, profile: cProfile.Profile | None):
+    from frlab.config.compose import compose
+    from frlab.train import run
+
+    cfg = compose(pipeline_overrides(args, out))
+    if profile is not None:
+        profile.enable()
+    try:
+        run(cfg)
+    finally:
+        if profile is not None:
+            profile.disable()
+    with (out / "metrics.csv").open() as fh:
+        rows = list(csv.DictReader(fh))
+    elapsed = [float(r["elapsed_s"]) for r in rows]
+    learner = [float(r["timing/step_s"]) for r in rows]
+    return cfg, [b - a for a, b in zip(elapsed, elapsed[1:], strict=False)], learner
+
+
+def alone(cfg, args: argparse.Namespace) -> tuple[list[float], list[float]]:
+    """Seconds per batch of the pool alone, then per update of the learner alone."""
+    from frlab.model.toy_tokenizer import build_toy_tokenizer
+    from frlab.train import build_policy_from, plain, pool_factory
+
+    model, data = plain(cfg.model), plain(cfg.data)
+    policy = build_policy_from(model, int(cfg.seed))
+    module = FlashReinforceModule(model, plain(cfg.objective), plain(cfg.optim),
+                                  batch_size=data["batch_size"],
+                                  micro_batch_size=data["micro_batch_size"],
+                                  max_tokens_per_micro_batch=data["max_tokens_per_micro_batch"],
+                                  pack_sequences=data["pack_sequences"], policy=policy)  # fmt: skip
+    tokenizer = build_toy_tokenizer()
+    pool = pool_factory(cfg, policy, tokenizer)(batch_size=data["batch_size"], seed=0)
+    pool.start()
+    gen, batches = [], []
+    try:
+        for _ in range(args.pipeline_steps):
+            start = time.perf_counter()
+            trajectories = pool.next_batch(120.0)
+            gen.append(time.perf_counter() - start)
+            batches.append(collate(trajectories, int(tokenizer.pad_token_id)))
+    finally:
+        pool.stop()
+    clock = BatchClock()
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=len(batches), callbacks=[clock],
+                        logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False)  # fmt: skip
+    trainer.fit(module, DataLoader(batches, batch_size=None))
+    learn = [b - a for a, b in zip(clock.starts, clock.starts[1:], strict=False)]
+    return gen[1:], learn
+
+
+def attribution(profile: cProfile.Profile, steps: int) -> list[tuple[str, float]]:
+    """Main-thread seconds per update in the pipeline's main parts (cumulative times)."""
+    stats = pstats.Stats(profile)
+    parts = {
+        "wait for the batch (generation)": ("pool.py", "next_batch"),
+        "collate": ("batch.py", "collate"),
+        "learner training_step": ("module.py", "training_step"),
+        "weight sync to the engine": ("callbacks.py", "on_train_batch_end"),
+        "metrics.csv / summary writer": ("run_files.py", "on_train_batch_end"),
+        "Lightning logging": ("logger_connector.py", "update_train_step_metrics"),
+    }
+    found = {name: 0.0 for name in parts}
+    for (file, _, func), (_, _, _, cum, _) in stats.stats.items():  # type: ignore[attr-defined]
+        for name, (suffix, fn) in parts.items():
+            if file.endswith(suffix) and func == fn:
+                found[name] = max(found[name], cum)
+    return [(name, t / steps) for name, t in found.items()]
+
+
+def part_pipeline(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg, wall, learner_in = run_pipeline(args, Path(tmp) / "plain", None)
+        gen, learn = alone(cfg, args)
+        profile = cProfile.Profile()
+        _, wall_p, _ = run_pipeline(args, Path(tmp) / "profiled", profile)
+    per_update = statistics.median(wall[1:])
+    g, lrn = statistics.median(gen), statistics.median(learn)
+    overhead = per_update - g - lrn
+    print(
+        f"pipeline (toy_cpu, rollout=sync, {args.pipeline_steps} updates): "
+        f"{per_update:.4f} s/update (median); learner step inside it "
+        f"{statistics.median(learner_in[1:]):.4f} s"
+    )
+    print(f"alone: generation {g:.4f} s/batch, learner {lrn:.4f} s/update -> sum {g + lrn:.4f} s")
+    print(
+        f"overhead: {overhead:.4f} s/update = {100 * overhead / per_update:.1f}% of the "
+        "pipeline's time per update"
+    )
+    print(
+        f"where the main thread's time goes per update (cProfile run, "
+        f"{statistics.median(wall_p[1:]):.4f} s/update under the profiler):"
+    )
+    for name, seconds in attribution(profile, args.pipeline_steps):
+        print(f"  {name:34s} {seconds:.4f} s")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--part", choices=("update", "pipeline", "both"), default="both")
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--median", type=int, default=128, help="median trajectory length")
+    parser.add_argument("--micro", type=int, default=8, help="rows per micro-batch (both arms)")
+    parser.add_argument("--steps", type=int, default=4, help="timed updates per round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--pipeline-steps", type=int, default=40)
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    import logging
+
+    logging.getLogger("lightning").setLevel(logging.ERROR)
+    if args.part in ("update", "both"):
+        part_update(args)
+    if args.part in ("pipeline", "both"):
+        part_pipeline(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

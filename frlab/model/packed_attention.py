@@ -1,0 +1,150 @@
+"""Attention over packed rows: several trajectories in one row, none attending to another.
+
+A packed forward feeds the decoder one row `[1, N]` that concatenates trajectories, with
+per-trajectory `position_ids` (each restarts at 0, so rotary embeddings are those of the padded
+layout) and `cu_seq_lens_q/k` + `max_length_q/k` (the trajectory boundaries, transformers'
+`FlashAttentionKwargs`, passed through every decoder layer to the attention function).
+
+What transformers 5.x does with such a row (read from `masking_utils` and
+`modeling_flash_attention_utils`, 5.24):
+- `flash_attention_2/3`: varlen kernels over `cu_seq_lens` (or boundaries inferred from
+  `position_ids` when batch size is 1): exact and padding-free.
+- `sdpa`, `eager`, `flex_attention`: with `attention_mask=None` and no cache,
+  `find_packed_sequence_indices` detects where `position_ids` do not step by 1 and the mask
+  becomes block-diagonal causal. Exact, but it is a dense `[N, N]` mask: attention costs N^2
+  for the whole row (a padded row of width w costs w^2), which on a CPU costs more than the
+  padding it removes (measured: `bench/learner.py`).
+
+So for `sdpa` and `eager` models, `packed_attention(model)` swaps in `PACKED_SDPA` for the
+duration of the learner's forward AND backward (gradient checkpointing recomputes the forward
+inside the backward): `torch.nn.functional.scaled_dot_product_attention`, causal, once per
+trajectory (transformers' own `sdpa_attention_forward`, so grouped-query heads, scaling and
+dropout are handled as in `sdpa`). Attention then costs the sum of the squared lengths, no
+mask is built, and every trajectory sees exactly the keys it would see alone (trajectories of
+equal length share one batched call). Flash-attention
+models are left as they are (their varlen path already does this); any other implementation is
+refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+PACKED_SDPA = "frlab_packed_sdpa"
+# Implementations whose packed forward is exact: swapped to PACKED_SDPA, or native varlen.
+SEGMENTED = ("sdpa", "eager")
+NATIVE_VARLEN = ("flash_attention_2", "flash_attention_3")
+SUPPORTED = (*SEGMENTED, *NATIVE_VARLEN)
+
+
+def packed_sdpa_attention(
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[Tensor, None]:
+    """Causal sdpa per trajectory of a packed row; `query/key/value` are `[1, heads, N, d]`.
+
+    Needs `cu_seq_lens_q` (boundaries `[0, n_1, n_1 + n_2, ..., N]`); refuses a padding mask,
+    a batch of several rows, a KV cache, a sliding window and logit soft-capping.
+    """
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    bounds = kwargs.get("cu_seq_lens_q")
+    if bounds is None:
+        raise ValueError(
+            f"{PACKED_SDPA} attention needs cu_seq_lens_q (a packed forward from "
+            "frlab.model.lm_logprobs.sequence_logprobs(pack=True))"
+        )
+    if attention_mask is not None or query.shape[0] != 1 or key.shape[2] != query.shape[2]:
+        raise ValueError(
+            f"{PACKED_SDPA} attention takes one packed row without padding mask or cache"
+        )
+    for name in ("sliding_window", "softcap"):
+        if kwargs.get(name) is not None or getattr(module, name, None) is not None:
+            raise ValueError(
+                f"packed sequences with {name} attention need flash_attention_2 "
+                "(or data.pack_sequences=false)"
+            )
+    cuts = [int(b) for b in bounds.tolist()]
+    if (
+        cuts[0] != 0
+        or cuts[-1] != query.shape[2]
+        or any(a >= b for a, b in zip(cuts[:-1], cuts[1:], strict=True))
+    ):
+        raise ValueError(f"cu_seq_lens_q {cuts} does not partition {query.shape[2]} positions")
+    # Trajectories of equal length share one batched call; then the rows go back in order.
+    by_length: dict[int, list[int]] = {}
+    for start, end in zip(cuts[:-1], cuts[1:], strict=True):
+        by_length.setdefault(end - start, []).append(start)
+    pieces, order = [], []
+    for n, starts in by_length.items():
+        index = (
+            torch.tensor(starts, device=query.device)[:, None]
+            + torch.arange(n, device=query.device)
+        ).flatten()
+        q, k, v = (_segments(t, index, len(starts), n) for t in (query, key, value))
+        out = sdpa_attention_forward(
+            module, q, k, v, None, dropout=dropout, scaling=scaling, is_causal=True
+        )[0]  # [segments, n, heads, d]
+        pieces.append(out.reshape(len(starts) * n, *out.shape[2:]))
+        order.append(index)
+    rows = torch.cat(pieces)[torch.argsort(torch.cat(order))]
+    return rows.unsqueeze(0), None
+
+
+def _segments(x: Tensor, index: Tensor, count: int, length: int) -> Tensor:
+    """`[1, heads, N, d]` -> `[count, heads, length, d]`: the positions `index`, per segment."""
+    heads, dim = x.shape[1], x.shape[3]
+    return x[0][:, index].view(heads, count, length, dim).transpose(0, 1)
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(PACKED_SDPA, packed_sdpa_attention)
+
+
+def check_packable(model: nn.Module) -> str:
+    """The model's attention implementation if packed forwards are exact for it, else ValueError."""
+    impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if impl == PACKED_SDPA or impl in SUPPORTED:
+        return str(impl)
+    raise ValueError(
+        f"data.pack_sequences=true needs attention (model.attn_implementation) in "
+        f"{', '.join(SUPPORTED)}; the policy uses {impl!r}: set data.pack_sequences=false"
+    )
+
+
+@contextlib.contextmanager
+def packed_attention(model: nn.Module) -> Iterator[None]:
+    """Run `model`'s attention per trajectory of packed rows inside the block (see module doc).
+
+    Hold it across the backward too when activation checkpointing recomputes the forward.
+    """
+    impl = check_packable(model)
+    if impl not in SEGMENTED:
+        yield
+        return
+    _register()
+    config = model.config
+    config._attn_implementation = PACKED_SDPA
+    try:
+        yield
+    finally:
+        config._attn_implementation = impl
+
+
+def in_packed_mode(model: nn.Module) -> bool:
+    """Whether a packed forward of `model` is exact now (inside `packed_attention`, or varlen)."""
+    impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    return impl == PACKED_SDPA or impl in NATIVE_VARLEN
