@@ -178,6 +178,9 @@ class StepMetrics(nn.Module):
         nan = sorted(k for k, v in values.items() if math.isnan(v))
         if nan:
             raise ValueError(f"NaN training statistic(s) {nan}: a bug upstream of the metrics")
+        # A statistic nothing fed this update (no forward ran: a skipped zero-signal batch) is
+        # NaN: Lightning would otherwise hand the logger the previous update's value again.
+        values.update({key: math.nan for key in self.means if key not in values})
         return values
 
     def reset(self) -> None:
@@ -197,7 +200,7 @@ class StepMetrics(nn.Module):
     ) -> dict[str, float]:
         """The step's values (batch statistics plus loss, grad norm, lr, the zero-signal flag,
         forward passes, timings); resets. A statistic nothing fed this update (no forward ran)
-        is absent from the values, so no logger repeats the previous update's value."""
+        is NaN, so no logger repeats the previous update's value."""
         values = self.compute()
         self.reset()
         values.update({LOSS: float(loss), GRAD_NORM: float(grad_norm), LR: float(lr)})
