@@ -10,7 +10,8 @@ component names and the output folder, without loading anything.
 from __future__ import annotations
 
 import inspect
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -60,9 +61,15 @@ class Plan:
     output_dir: str = NOT_RESOLVED
     ckpt_path: str | None = None
     seed: int = 0
+    # The composed objective, built once by preflight and handed to the learner (not recorded).
+    objective: Any = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Every recorded field as plain values (JSON-serialisable)."""
+        import copy
+
+        return {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self)
+                if f.name != "objective"}  # fmt: skip
 
     def format(self) -> str:
         """A human-readable multi-line summary."""
@@ -107,8 +114,9 @@ def build_plan(
     trainer: dict[str, Any],
     objective: Any,
     world: int,
+    engine: str,
 ) -> Plan:
-    """Assemble the Plan from the validated, resolved sections."""
+    """Assemble the Plan from the validated, resolved sections (`engine`: its name)."""
     model, rollout, data, obj = sec["model"], sec["rollout"], sec["data"], sec["objective"]
     names = dict(objective.names)
     params = {n: dict(obj.get(n) or {}) for n in names.values() if isinstance(obj.get(n), dict)}
@@ -121,7 +129,7 @@ def build_plan(
         tokenizer=str(model["tokenizer"]),
         dtype=model["dtype"],
         env=str(cfg.env.get("_target_")),
-        engine=rollout["engine"],
+        engine=engine,
         mode=rollout["mode"],
         accelerator=trainer["accelerator"],
         devices=world,
@@ -148,13 +156,25 @@ def build_plan(
         delta=None if delta is None or not objective.uses_off_policy_correction else float(delta),
         trust=describe_trust_region(names["trust_region"], objective.trust_region),
         q=float(q),
-        servers=len(rollout["remote"]["servers"]) if rollout["engine"] == "remote" else None,
+        servers=len(rollout["remote"]["servers"]) if engine == "remote" else None,
         evaluation=describe_eval(cfg.get("eval")),
         logger=None if cfg.get("logger") is None else str(cfg.logger.get("_target_")),
         output_dir=output_dir(cfg),
         ckpt_path=cfg.get("ckpt_path"),
         seed=int(cfg.seed),
+        objective=objective,
     )
+
+
+def engine_name(node: Mapping[str, Any]) -> str:
+    """The rollout/engine option whose declared `_target_` the engine node has (or the target)."""
+    from frlab.config.schema import ENGINES
+
+    target = str(node.get("_target_"))
+    for name, cls in ENGINES.items():
+        if cls._target_ == target:
+            return name
+    return target
 
 
 # Trust regions with no parameter of their own: what they do to the off-policy ratio.

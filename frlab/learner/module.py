@@ -32,7 +32,7 @@ from __future__ import annotations
 import inspect
 import math
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
@@ -107,6 +107,8 @@ class FlashReinforceModule(L.LightningModule):
         temperature: float = 1.0,
         max_steps: int | None = None,
         policy: Any | None = None,
+        built_objective: Objective | None = None,
+        optimizer: Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer] | None = None,
     ) -> None:
         super().__init__()
         self.automatic_optimization = False
@@ -148,7 +150,9 @@ class FlashReinforceModule(L.LightningModule):
                 moe_routers(self.policy)
             except (TypeError, ValueError) as exc:
                 raise ValueError(f"model.routing_replay=true needs an MoE policy: {exc}") from exc
-        self.objective = Objective.from_config(objective_cfg)
+        # `built_objective`: the one preflight composed from the same node (built once a run)
+        self.objective = built_objective or Objective.from_config(objective_cfg)
+        self.optimizer_factory = optimizer  # the `optim` node's partial; else build_optimizer
         self.policy_version = 0
         self.step_metrics = StepMetrics()
         self._scorer: LogprobScorer | None = None  # FSDP2 root; set by configure_model
@@ -167,7 +171,10 @@ class FlashReinforceModule(L.LightningModule):
 
     def configure_optimizers(self) -> dict[str, Any]:
         params = [p for p in self._trained_module().parameters() if p.requires_grad]
-        optimizer = build_optimizer(params, **self.optim_cfg)
+        if self.optimizer_factory is not None:
+            optimizer = self.optimizer_factory(params)
+        else:
+            optimizer = build_optimizer(params, **self.optim_cfg)
         scheduler = build_scheduler(
             optimizer,
             scheduler=self.optim_cfg.get("scheduler", "constant"),

@@ -175,7 +175,7 @@ def test_missing_values() -> None:
     fails(["model=hf"], "model.name_or_path", "???")
     fails(["model.config=null"], "model.name_or_path", "model.config")
     fails(["~model.config.model_type"], "model.config.model_type")
-    fails(["~data.micro_batch_size"], "data.micro_batch_size", "missing")
+    fails(["~data.micro_batch_size"], "data.micro_batch_size", "cannot be removed")
 
 
 def test_targets_outside_the_allowlist_are_refused() -> None:
