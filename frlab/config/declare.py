@@ -257,3 +257,26 @@ def interval(spec_: Field) -> str:
     low = "-inf" if spec_.low is None else f"{spec_.low:g}"
     high = "inf" if spec_.high is None else f"{spec_.high:g}"
     return f"{lo}{low}, {high}{hi}"
+
+
+def changed(key: str, values: Mapping[str, Any], cls: type) -> dict[str, Any]:
+    """{full key: value} of the keys whose value differs from the declared default (keys that
+    follow another key by interpolation and the `_target_` wiring are left out)."""
+    out: dict[str, Any] = {}
+    for f, annotation in declared(cls):
+        if f.name.startswith("_") or f.name not in values:
+            continue
+        full, value = join(key, f.name), values[f.name]
+        sub = section_type(annotation)
+        if sub is not None and isinstance(value, Mapping):
+            out.update(changed(full, value, sub))
+            continue
+        if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+            default = f.default_factory()  # type: ignore[misc]
+        else:
+            default = f.default
+        if isinstance(default, str) and default.startswith("${"):
+            continue
+        if isinstance(value, Mapping) or value != default or default == "???":
+            out[full] = value
+    return out

@@ -28,11 +28,22 @@ NODE_KINDS = {"IntegerNode": "int", "FloatNode": "float", "BooleanNode": "bool",
 
 
 def legacy_overrides(args: Sequence[str]) -> list[str]:
-    """`rollout.engine=vllm` -> `rollout/engine=vllm`; every other argument unchanged."""
+    """`rollout.engine=vllm` -> `rollout/engine=vllm`; `+trainer.KEY=V` (needed before every
+    Lightning argument was declared) -> `++trainer.KEY=V` for a declared KEY; every other
+    argument unchanged."""
+    import dataclasses
+
+    from frlab.config.schema_trainer import TrainerConfig
+
+    declared = {f"+trainer.{f.name}" for f in dataclasses.fields(TrainerConfig)}
     out = []
     for arg in args:
         key, sep, value = arg.partition("=")
-        out.append(f"{LEGACY_GROUP_KEYS[key]}={value}" if sep and key in LEGACY_GROUP_KEYS else arg)
+        if sep and key in LEGACY_GROUP_KEYS:
+            arg = f"{LEGACY_GROUP_KEYS[key]}={value}"
+        elif sep and key in declared:
+            arg = f"+{arg}"
+        out.append(arg)
     return out
 
 
@@ -61,6 +72,8 @@ def explain(exc: BaseException) -> ConfigError | None:
         return _from_omegaconf(cause, source)
     quoted = re.search(r"'([^']+)'", text)
     key = quoted.group(1) if quoted else "command line"
+    if "An item is already at" in text:
+        return ConfigError(key, f"exists already: set it without the +, as {key}=...")
     return ConfigError(key, text.strip().splitlines()[0] + source)
 
 

@@ -61,6 +61,7 @@ class Plan:
     output_dir: str = NOT_RESOLVED
     ckpt_path: str | None = None
     seed: int = 0
+    changed: dict[str, Any] = field(default_factory=dict)  # values unlike the declared defaults
     # The composed objective, built once by preflight and handed to the learner (not recorded).
     objective: Any = field(default=None, repr=False, compare=False)
 
@@ -100,12 +101,49 @@ class Plan:
             ("seed", str(self.seed)),
         ]  # fmt: skip
         width = max(len(k) for k, _ in rows)
-        return "\n".join(["frlab plan"] + [f"  {k:<{width}} : {v}" for k, v in rows])
+        lines = [f"  {k:<{width}} : {v}" for k, v in rows]
+        settings = [f"{k}={_yaml(v)}" for k, v in self.changed.items() if not isinstance(v, dict)]
+        lines += wrapped(f"  {'changed':<{width}} : ", settings or ["(declared defaults)"])
+        return "\n".join(["frlab plan", *lines])
 
     def _engine(self) -> str:
         if self.servers is None:
             return self.engine
         return f"{self.engine} ({self.servers} server{'s' if self.servers != 1 else ''})"
+
+
+def _yaml(value: Any) -> str:
+    """A value as written on the command line (null, true, 1e-06, [0.9, 0.95])."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
+
+
+def wrapped(head: str, items: list[str], width: int = 100) -> list[str]:
+    """`head` + comma-separated items, continued on indented lines of at most `width`."""
+    lines, line = [], head
+    for i, item in enumerate(items):
+        text = item + ("," if i < len(items) - 1 else "")
+        if len(line) + len(text) > width and line.strip():
+            lines.append(line.rstrip())
+            line = " " * len(head)
+        line += text + " "
+    return [*lines, line.rstrip()]
+
+
+def changed_settings(sec: Mapping[str, Any], trainer: Mapping[str, Any]) -> dict[str, Any]:
+    """The keys of the declared sections whose values differ from their declared defaults."""
+    from frlab.config import schema
+    from frlab.config.declare import changed
+
+    out: dict[str, Any] = {}
+    for name, cls in (("model", schema.ModelConfig), ("rollout", schema.RolloutConfig),
+                      ("data", schema.DataConfig), ("optim", schema.OptimConfig)):  # fmt: skip
+        out.update(changed(name, sec[name], cls))
+    out.update(changed("trainer", trainer, schema.TrainerConfig))
+    return out
 
 
 def build_plan(
@@ -162,6 +200,7 @@ def build_plan(
         output_dir=output_dir(cfg),
         ckpt_path=cfg.get("ckpt_path"),
         seed=int(cfg.seed),
+        changed=changed_settings(sec, trainer),
         objective=objective,
     )
 

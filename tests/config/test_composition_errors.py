@@ -85,9 +85,17 @@ def test_valid_overrides_compose() -> None:
     assert compose(["trainer.max_time=00:01:00:00"]).trainer.max_time == "00:01:00:00"
 
 
+def test_lightning_arguments_keep_their_plus_spelling_and_a_plus_on_a_key_is_explained() -> None:
+    """Before every Lightning argument was declared, `+trainer.X=...` added one."""
+    assert compose(["+trainer.detect_anomaly=true"]).trainer.detect_anomaly is True
+    assert compose(["trainer.detect_anomaly=true"]).trainer.detect_anomaly is True
+    err = composition_error(["+rollout.max_len=3"])
+    assert err.key == "rollout.max_len" and "without the +" in str(err)
+
+
 def test_the_engine_group_and_its_legacy_spelling() -> None:
-    assert legacy_overrides(["rollout.engine=vllm", "-m", "seed=1"]) == [
-        "rollout/engine=vllm", "-m", "seed=1"]  # fmt: skip
+    assert legacy_overrides(["rollout.engine=vllm", "-m", "seed=1", "+trainer.max_time=1"]) == [
+        "rollout/engine=vllm", "-m", "seed=1", "++trainer.max_time=1"]  # fmt: skip
     for args in (["rollout/engine=vllm"], ["rollout.engine=vllm"]):
         node = compose(args).rollout.engine
         assert node._target_ == "frlab.rollout.engines.vllm.VLLMEngine.for_policy", args
