@@ -193,11 +193,14 @@ def _node_kind(parent: Any, key: str) -> str:
 def report_config_errors() -> None:
     """Make `@hydra.main` report composition errors as frlab config errors (exit code 2).
 
-    Hydra runs composition and the task inside `hydra._internal.utils.run_and_report`, which
-    prints any exception and exits 1; frlab wraps it (hydra-core 1.3) so that a composition
-    error reaches `explain` first. Other exceptions keep Hydra's own report.
+    Hydra (hydra-core 1.3) first composes the config once to read `hydra.mode`
+    (`Hydra.get_mode`, which hides any error), then composes it again inside
+    `hydra._internal.utils.run_and_report`, which prints any exception and exits 1. frlab
+    wraps both so that a composition error reaches `explain` at the first composition and is
+    reported once, with exit code 2. Other exceptions keep Hydra's own report.
     """
     import hydra._internal.utils as hydra_utils
+    from hydra._internal.hydra import Hydra
 
     original = hydra_utils.run_and_report
     if getattr(original, "frlab_wrapped", False):
@@ -206,8 +209,26 @@ def report_config_errors() -> None:
     def run_and_report(func: Callable[[], Any]) -> Any:
         return original(lambda: exit_2_on_config_error(func))
 
+    get_mode = Hydra.get_mode
+
+    def get_mode_or_report(self: Any, config_name: Any, overrides: Any) -> Any:
+        from hydra.types import RunMode
+
+        def compose() -> Any:
+            return self.compose_config(
+                config_name=config_name, overrides=overrides, with_log_configuration=False,
+                run_mode=RunMode.MULTIRUN, validate_sweep_overrides=False,
+            )  # fmt: skip
+
+        try:
+            return exit_2_on_config_error(compose).hydra.mode
+        except Exception:  # what Hydra's get_mode does with any other error
+            return None
+
     run_and_report.frlab_wrapped = True  # type: ignore[attr-defined]
     hydra_utils.run_and_report = run_and_report
+    if get_mode.__qualname__ == "Hydra.get_mode":
+        Hydra.get_mode = get_mode_or_report  # type: ignore[method-assign]
 
 
 def exit_2_on_config_error(func: Callable[[], Any]) -> Any:
