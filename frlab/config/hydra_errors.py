@@ -221,14 +221,26 @@ def report_config_errors() -> None:
             )  # fmt: skip
 
         try:
-            return exit_2_on_config_error(compose).hydra.mode
+            cfg = exit_2_on_config_error(compose)
         except Exception:  # what Hydra's get_mode does with any other error
             return None
+        if cfg.hydra.mode is None and not {"-m", "--multirun"} & set(sys.argv):
+            early_machine_check(cfg)  # a single run: this is its config
+        return cfg.hydra.mode
 
     run_and_report.frlab_wrapped = True  # type: ignore[attr-defined]
     hydra_utils.run_and_report = run_and_report
     if get_mode.__qualname__ == "Hydra.get_mode":
         Hydra.get_mode = get_mode_or_report  # type: ignore[method-assign]
+
+
+def early_machine_check(cfg: Any) -> None:
+    """frlab.config.resources.check_machine on a single run's config, at its first
+    composition (a GPU preset on a CPU machine stops before Hydra composes again)."""
+    from frlab.config.resources import check_machine
+
+    if cfg.get("dry_run") is False:
+        exit_2_on_config_error(lambda: check_machine(cfg))
 
 
 def exit_2_on_config_error(func: Callable[[], Any]) -> Any:
