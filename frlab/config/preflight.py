@@ -41,7 +41,14 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from frlab.config import schema
-from frlab.config.declare import check_declared, check_value, declared, meta_of, rule
+from frlab.config.declare import (
+    check_declared,
+    check_value,
+    declared,
+    meta_of,
+    rule,
+    section_type,
+)
 from frlab.config.errors import ConfigError, unknown
 from frlab.config.eval_check import check_eval
 from frlab.config.instantiate import check_allowed, check_user_modules
@@ -51,9 +58,6 @@ from frlab.config.resources import local_source_problem
 from frlab.config.schema_trainer import world_size
 
 __all__ = ["ConfigError", "Plan", "preflight"]
-
-# Root keys with a declared value (the sections are checked one by one below).
-ROOT_VALUES = ("seed", "dry_run", "ckpt_path", "task_name", "plots", "user_modules")
 
 
 def preflight(cfg: DictConfig) -> Plan:
@@ -67,7 +71,7 @@ def preflight(cfg: DictConfig) -> Plan:
                       ("trainer", schema.TrainerConfig)):  # fmt: skip
         check_declared(name, root[name], cls, root)
     user_modules = check_user_modules(cfg.get("user_modules") or [])
-    engine = _check_engine_node(cfg, sec["rollout"])
+    engine = _check_engine_node(sec["rollout"])
     _check_infrastructure(cfg, user_modules)
     world = world_size(trainer)
     _check_model(sec["model"], sec["rollout"], engine)
@@ -118,8 +122,8 @@ def _check_root(cfg: DictConfig) -> None:
         if key not in (*names, "hydra"):
             raise unknown(str(key), "top-level key", key, names)
     for f, annotation in declared(schema.FrlabConfig):
-        if f.name not in ROOT_VALUES:
-            continue
+        if annotation is Any or section_type(annotation) is not None:
+            continue  # an open node or a section, checked on its own
         if f.name not in cfg:
             raise ConfigError(f.name, "missing (required key)")
         value = cfg[f.name]
@@ -128,7 +132,7 @@ def _check_root(cfg: DictConfig) -> None:
         check_value(f.name, value, rule(annotation, meta_of(f)))
 
 
-def _check_engine_node(cfg: DictConfig, rollout: Mapping[str, Any]) -> str:
+def _check_engine_node(rollout: Mapping[str, Any]) -> str:
     """The engine node is one of the rollout/engine options (or a user engine): its name."""
     node = rollout.get("engine")
     if isinstance(node, str):
