@@ -199,3 +199,12 @@ def test_preflight_does_not_import_environments() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_user_modules_admit_the_users_own_package_and_nothing_general() -> None:
+    fails(["env._target_=mypkg.envs.MyEnv"], "env._target_", "user_modules=[PACKAGE]")
+    plan = preflight(compose(["user_modules=[mypkg]", "env._target_=mypkg.envs.MyEnv"]))
+    assert plan.env == "mypkg.envs.MyEnv"
+    fails(["user_modules=[os]", "env._target_=os.system"], "user_modules[0]", "standard library")
+    fails(["user_modules=[torch]", "optim._target_=torch.hub.load"], "user_modules[0]")
+    fails(["optim._target_=torch.hub.load"], "optim._target_", "not allowed")
