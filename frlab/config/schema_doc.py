@@ -41,7 +41,9 @@ Hydra root: `configs/train.yaml`; groups under `configs/`; experiment presets in
 rollout=async rollout/engine=torch data=default objective=flashreinforce optim=adamw
 trainer=cpu logger=csv callbacks=default eval=none experiment=toy_cpu`; `python -m frlab`
 therefore runs `toy_cpu`. A group option only sets the values that differ from the defaults
-below.
+below. The rollout engine is the config group `rollout/engine` (on the command line the older
+`rollout.engine=NAME` is read as `rollout/engine=NAME`; `+trainer.KEY=...` still sets a
+Lightning argument).
 """
 
 TAIL = """## Run folders and files
