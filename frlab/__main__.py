@@ -1,11 +1,12 @@
 """`python -m frlab [group=option ...] [key=value ...]` (console script `frlab`).
 
-Thin on purpose: Hydra composes `configs/train.yaml` (+ `experiments/` on the search path),
-`task` runs the preflight (validation, the resolved plan), prints the plan and stops for
-`dry_run=true`, and otherwise hands over to `frlab.train.run`. Before Hydra starts, `main`
-checks group choices and dotted keys on the command line so that a typo gets a message that
-names the key and suggests the closest valid names. With no arguments the embedded CPU
-default experiment `toy_cpu` runs.
+Thin on purpose: Hydra composes `configs/train.yaml` (+ `experiments/` on the search path) over
+frlab's structured configs (frlab.config.schema), and `task` runs one job: for a real run the
+cheap checks of the machine first (devices, model and data sources, frlab.config.resources),
+then the preflight (validation, the resolved plan); it prints the plan and stops for
+`dry_run=true`, and otherwise hands over to `frlab.train.run`. Every config error, from Hydra's
+composition or from frlab's checks, is printed as `frlab: config error: ...` naming the key and
+exits with code 2. With no arguments the embedded CPU default experiment `toy_cpu` runs.
 """
 
 from __future__ import annotations
@@ -16,19 +17,20 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig
 
+from frlab.config.compose import setup_hydra
 from frlab.config.errors import ConfigError
-from frlab.config.overrides import check_overrides
-from frlab.config.resolvers import register_resolvers
-from frlab.config.searchpath import register_search_path
+from frlab.config.hydra_errors import legacy_overrides, report_config_errors
 
-register_search_path()
-register_resolvers()
+setup_hydra()
 
 
 def task(cfg: DictConfig) -> dict[str, Any]:
     """One job: preflight, then the dry-run plan or the training run's summary."""
     from frlab.config.preflight import preflight
+    from frlab.config.resources import check_machine
 
+    if not cfg.dry_run:
+        check_machine(cfg)
     plan = preflight(cfg)
     if cfg.dry_run:
         print(plan.format(), flush=True)
@@ -49,11 +51,8 @@ def _hydra_main(cfg: DictConfig) -> dict[str, Any]:
 
 def main() -> None:
     """Console entry point."""
-    try:
-        check_overrides(sys.argv[1:])
-    except ConfigError as exc:
-        print(f"frlab: config error: {exc}", file=sys.stderr, flush=True)
-        sys.exit(2)
+    sys.argv[1:] = legacy_overrides(sys.argv[1:])
+    report_config_errors()
     _hydra_main()
 
 

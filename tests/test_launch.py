@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from frlab.config.compose import compose
+from frlab.config.plan import engine_name
 from frlab.config.preflight import preflight
 
 REPO = Path(__file__).resolve().parents[1]
@@ -60,7 +61,7 @@ def _check_learner(overrides: list[str], exp: str, world: int, urls: list[str]) 
     assert (REPO / "experiments" / "experiment" / f"{exp}.yaml").is_file()
     assert (REPO / "configs" / "trainer" / f"{trainer}.yaml").is_file()
     cfg = compose(overrides)
-    assert cfg.rollout.engine == "remote" and cfg.hydra.run.dir == "/shared/run"
+    assert engine_name(cfg.rollout.engine) == "remote" and cfg.hydra.run.dir == "/shared/run"
     assert list(cfg.rollout.remote.servers) == urls
     assert cfg.rollout.remote.snapshot_dir == "/shared/run/snapshots"
     assert cfg.trainer.devices * cfg.trainer.num_nodes == world

@@ -87,12 +87,27 @@ def test_sweep_preset_runs_without_dash_m(tmp_path: Path) -> None:
         (["objective=flashreinforse"], "did you mean 'flashreinforce'"),
         (["rollout.max_inflight=3"], "did you mean 'max_in_flight'"),
         (["rollout.sampling.top_p=0.9"], "config key `rollout.sampling.top_p`"),
+        (["rollout.temperature=0"], "did you mean 'rollout.sampling.temperature'"),
+        (["data.batch_size=abc"], "config key `data.batch_size`: must be an integer"),
+        (["-m", "objective=grpo,rlo"], "did you mean 'rloo'"),
+        (["rollout.engine=torhc"], "did you mean 'torch'"),
     ],
 )
 def test_config_errors_exit_2_with_the_key(tmp_path: Path, args: list[str], fragment: str) -> None:
     out = frlab(*args, "dry_run=true", cwd=tmp_path)
     assert out.returncode == 2, (out.stdout, out.stderr)
     assert "frlab: config error:" in out.stderr and fragment in out.stderr, out.stderr
+
+
+@pytest.mark.slow
+def test_a_gpu_preset_on_a_cpu_machine_fails_at_once_pointing_to_dry_run(tmp_path: Path) -> None:
+    from frlab.config.resources import gpu_visible
+
+    if gpu_visible():
+        pytest.skip("this machine has a GPU")
+    out = frlab("experiment=alfworld_qwen7b", cwd=tmp_path)
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    assert "config key `trainer.accelerator`" in out.stderr and "dry_run=true" in out.stderr
 
 
 def _read_rows(run_dir: Path) -> list[dict[str, float]]:

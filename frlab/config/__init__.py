@@ -1,8 +1,10 @@
-"""frlab's configuration system: Hydra configs, preflight validation, the run plan.
+"""frlab's configuration system: declarations, Hydra configs, preflight, the run plan.
 
-Import from the submodules: `frlab.config.preflight.preflight(cfg) -> Plan`,
-`frlab.config.instantiate.instantiate(node, **kw)`, `frlab.config.compose.compose(overrides)`.
-Importing the package is light (no torch, no transformers).
+Each key is declared once in `frlab.config.schema` (structured configs, registered by
+`frlab.config.store`); import from the submodules: `frlab.config.preflight.preflight(cfg) ->
+Plan`, `frlab.config.instantiate.instantiate(node, **kw)`,
+`frlab.config.compose.compose(overrides)`. Importing the package is light (no torch, no
+transformers).
 """
 
 from frlab.config.errors import ConfigError

@@ -1,20 +1,33 @@
 """Compose frlab configs outside `python -m frlab` (tests, notebooks, scripts) and expand sweeps.
 
 `compose(overrides)` gives exactly the config `python -m frlab <overrides>` would run with
-(same search path and resolvers), including the `hydra` node. `sweep_jobs(cfg)` expands a
-sweep preset's `hydra.sweeper.params` into the per-job override lists that Hydra's basic
-sweeper launches (the cartesian product, in order), so each job can be composed and checked.
+(same search path, structured configs, resolvers and legacy spellings), including the `hydra`
+node; a composition error is raised as the `ConfigError` the command line would print.
+`sweep_jobs(cfg)` expands a sweep preset's `hydra.sweeper.params` into the per-job override
+lists that Hydra's basic sweeper launches (the cartesian product, in order).
+`group_options(group)` lists the option files of a config group.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from pathlib import Path
 
 from omegaconf import DictConfig
 
-from frlab.config.resolvers import register_resolvers
-from frlab.config.searchpath import CONFIGS_DIR, register_search_path
+from frlab.config.searchpath import CONFIGS_DIR, EXPERIMENTS_DIR
+
+
+def setup_hydra() -> None:
+    """Everything `python -m frlab` registers with Hydra and OmegaConf (idempotent)."""
+    from frlab.config.resolvers import register_resolvers
+    from frlab.config.searchpath import register_search_path
+    from frlab.config.store import register_configs
+
+    register_search_path()
+    register_resolvers()
+    register_configs()
 
 
 def compose(
@@ -25,13 +38,22 @@ def compose(
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    register_search_path()
-    register_resolvers()
+    from frlab.config.hydra_errors import explain, legacy_overrides
+
+    setup_hydra()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONFIGS_DIR), version_base="1.3"):
-        return hydra_compose(
-            config_name=config_name, overrides=list(overrides), return_hydra_config=with_hydra
-        )
+        try:
+            return hydra_compose(
+                config_name=config_name,
+                overrides=legacy_overrides(overrides),
+                return_hydra_config=with_hydra,
+            )
+        except Exception as exc:
+            err = explain(exc)
+            if err is None:
+                raise
+            raise err from exc
 
 
 def sweep_jobs(cfg: DictConfig, base: Sequence[str] = ()) -> list[list[str]]:
@@ -49,3 +71,18 @@ def sweep_jobs(cfg: DictConfig, base: Sequence[str] = ()) -> list[list[str]]:
         else:
             axes.append([f"{key}={override.get_value_element_as_str()}"])
     return [list(job) for job in itertools.product(*axes)]
+
+
+def group_dir(group: str) -> Path | None:
+    """The folder holding the options of config group `group`, if it is one of frlab's."""
+    for root in (CONFIGS_DIR, EXPERIMENTS_DIR):
+        path = root / group
+        if path.is_dir() and any(path.glob("*.yaml")):
+            return path
+    return None
+
+
+def group_options(group: str) -> list[str]:
+    """The option names (YAML files) of config group `group`; [] if it is not a group."""
+    path = group_dir(group)
+    return sorted(p.stem for p in path.glob("*.yaml")) if path else []

@@ -2,7 +2,8 @@
 
 It names the full config key (e.g. `objective.trust_region`) and, where a name or key was
 misspelt, lists the valid choices and suggests the closest ones
-(`frlab.registry.close_matches`).
+(`frlab.registry.close_matches`), or the keys given in `suggestions` (a key that lives
+elsewhere, e.g. `rollout.sampling.temperature` for `rollout.temperature`).
 """
 
 from __future__ import annotations
@@ -22,16 +23,17 @@ class ConfigError(ValueError):
         *,
         value: object = None,
         choices: Iterable[str] | None = None,
+        suggestions: Iterable[str] | None = None,
     ) -> None:
         self.key = key
-        self.suggestions: list[str] = []
+        self.suggestions: list[str] = list(suggestions or [])
         text = f"config key `{key}`: {message}"
-        if choices is not None:
-            names = sorted(str(c) for c in choices)
-            if value is not None:
-                self.suggestions = close_matches(str(value), names)
-            if self.suggestions:
-                text += f"; did you mean {' or '.join(repr(n) for n in self.suggestions)}?"
+        names = sorted(str(c) for c in choices) if choices is not None else None
+        if not self.suggestions and names is not None and value is not None:
+            self.suggestions = close_matches(str(value), names)
+        if self.suggestions:
+            text += f"; did you mean {' or '.join(repr(n) for n in self.suggestions)}?"
+        if names is not None:
             text += f" (valid: {', '.join(names)})"
         super().__init__(text)
 

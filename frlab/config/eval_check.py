@@ -1,52 +1,30 @@
 """Preflight for the optional `eval` node (avg@k during training, configs/eval/*.yaml).
 
-`eval: null` (eval=none, the default) turns evaluation off. Otherwise every key is checked
-here, without loading a dataset or importing `envs.math` (dry runs stay offline and light):
-`eval.kind` (`math`: single-turn replies graded 0/1, frlab.tracking.AvgAtKEvaluation;
-`episodes`: whole agent episodes in the training environment, EpisodeEvaluation), types and
-ranges (`eval.k must be >= 1`), the benchmark specs (math: a dataset source string or a
-mapping with `source` and `load_math_dataset` keyword arguments; episodes: a mapping of keys
-of the training `env` node to change), the prompt template, and two cross-field rules: an evaluation interval that the run reaches (`eval.every_n_steps <=
-trainer.max_steps`) and a generation budget that leaves room for the prompt
-(`eval.sampling.max_new_tokens < rollout.max_len`). Errors are `ConfigError`s naming the key.
+`eval: null` (eval=none, the default) turns evaluation off. Otherwise the node is checked
+against its declaration (frlab.config.schema_eval, chosen by `eval.kind`: `math` or
+`episodes`) without loading a dataset or importing `envs.math` (dry runs stay offline and
+light): types and ranges (`eval.k must be >= 1`), unknown keys, the benchmark specs (math: a
+dataset source string or a mapping of `MathBenchmarkConfig` keys; episodes: a mapping of keys
+of the training `env` node to change), the prompt template, and two cross-field rules: an
+evaluation interval that the run reaches (`eval.every_n_steps <= trainer.max_steps`) and a
+generation budget that leaves room for the prompt (`eval.sampling.max_new_tokens <
+rollout.max_len`). Errors are `ConfigError`s naming the key.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from frlab.config.declare import check_declared
 from frlab.config.errors import ConfigError, unknown
-from frlab.config.schema import Field, check_section
+from frlab.config.schema_eval import EVALS, KINDS, MathBenchmarkConfig
 
-KINDS = ("math", "episodes")
-COMMON = {
-    "kind": Field("str", choices=KINDS),
-    "benchmarks": Field("mapping"),
-    "k": Field("int", low=1),
-    "every_n_steps": Field("int", low=1),
-    "sampling": Field("mapping"),
-    "limit": Field("int", optional=True, low=1),
-}
-FIELDS = {
-    "math": {
-        **COMMON,
-        "template": Field("str"),
-        "timeout_s": Field("float", low=0.0, low_open=True),
-        "max_workers": Field("int", low=1),
-    },
-    "episodes": {**COMMON, "concurrency": Field("int", low=1)},
-}
-EVAL_SAMPLING = {
-    "temperature": Field("float", low=0.0, low_open=True),
-    "top_p": Field("float", low=0.0, high=1.0, low_open=True),
-    "max_new_tokens": Field("int", low=1),
-}
-# Keyword arguments of envs.math.load_math_dataset besides `source` (a benchmark mapping).
-BENCHMARK_KEYS = ("source", "split", "question_key", "answer_key", "limit", "subset", "seed",
-                  "options")  # fmt: skip
+# Keyword arguments of envs.math.load_math_dataset that a benchmark mapping may give.
+BENCHMARK_KEYS = tuple(f.name for f in dataclasses.fields(MathBenchmarkConfig))
 # envs.math.env.TEMPLATES names (not imported: a dry run must not import envs.math).
 TEMPLATE_NAMES = ("instruct", "base")
 
@@ -67,8 +45,14 @@ def check_eval(
     kind = values.get("kind")
     if kind not in KINDS:
         raise unknown("eval.kind", "evaluation kind", kind, KINDS)
-    check_section("eval", values, FIELDS[kind])
-    check_section("eval.sampling", values["sampling"], EVAL_SAMPLING)
+    other = [k for k, cls in EVALS.items() if cls._target_ == values.get("_target_") and k != kind]
+    if other:
+        raise ConfigError(
+            "eval.kind",
+            f"is {kind!r} but the node is a {other[0]} evaluation: choose an eval option of kind "
+            f"{kind} (e.g. eval=math or eval=alfworld) instead of changing eval.kind",
+        )
+    check_declared("eval", values, EVALS[kind], {"eval": values})
     if not values["benchmarks"]:
         raise ConfigError("eval.benchmarks", "is empty: name at least one benchmark or eval=none")
     env_keys = [str(k) for k in (cfg.get("env") or {}) if k != "_target_"]

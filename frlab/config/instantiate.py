@@ -1,23 +1,87 @@
 """The one door through which frlab turns `_target_` config nodes into objects.
 
-Hydra's next release wants instantiation restricted to an allowlist; frlab keeps its own
-module-prefix allowlist here so that no config (an experiment file, a command-line override)
-can make frlab call arbitrary code: every `_target_` in a node, nested ones included, must
-start with one of `ALLOWED_PREFIXES`. Import failures are reported as `ConfigError`s that name
-the key, and a missing optional environment (math, python_tool, alfworld) is reported as
-"not yet implemented / not installed" instead of a bare traceback.
+A config (an experiment file, a command-line override) may name as `_target_` only
+
+- a class or function of frlab's own packages, `frlab.` and `envs.`;
+- one of the third-party classes in `ALLOWED_TARGETS` (Lightning's Trainer, loggers,
+  callbacks and strategies, torch optimizers), by exact name;
+- a class or function inside a package the run lists in `user_modules` (e.g.
+  `user_modules=[mypkg]` admits `mypkg.envs.MyEnv`). Standard-library modules and the large
+  frameworks (torch, transformers, ...) cannot be listed there: they hold functions that run
+  arbitrary code (`os.system`, `torch.hub.load`, `trust_remote_code`).
+
+So a config cannot make frlab call an arbitrary function; it can run code of the packages it
+is allowed to name, which is the point of user modules. Every `_target_` of a node, nested ones
+included, is checked before anything is built. Import failures are reported as `ConfigError`s
+that name the key, and a missing optional environment (math, python_tool, alfworld) reads as
+"not yet implemented / not installed" instead of a bare traceback. Keys a section declares
+with `arg=False` (read by frlab itself, e.g. `optim.grad_clip`) are not passed to its target.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import functools
+import sys
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from frlab.config.errors import ConfigError
 
-ALLOWED_PREFIXES: tuple[str, ...] = ("frlab.", "envs.", "lightning.", "torch.")
+BUILTIN_PREFIXES: tuple[str, ...] = ("frlab.", "envs.")
+ALLOWED_TARGETS: frozenset[str] = frozenset(
+    {
+        "lightning.Trainer",
+        "lightning.pytorch.Trainer",
+        *(f"lightning.pytorch.loggers.{n}" for n in (
+            "CSVLogger", "TensorBoardLogger", "WandbLogger", "MLFlowLogger", "CometLogger",
+            "NeptuneLogger")),
+        *(f"lightning.pytorch.callbacks.{n}" for n in (
+            "ModelCheckpoint", "LearningRateMonitor", "EarlyStopping", "Timer",
+            "TQDMProgressBar", "RichProgressBar", "RichModelSummary", "ModelSummary",
+            "DeviceStatsMonitor", "GradientAccumulationScheduler")),
+        *(f"lightning.pytorch.strategies.{n}" for n in (
+            "DDPStrategy", "FSDPStrategy", "ModelParallelStrategy", "SingleDeviceStrategy")),
+        *(f"torch.optim.{n}" for n in ("AdamW", "Adam", "SGD", "RMSprop", "Adagrad")),
+    }
+)  # fmt: skip
+# Top-level packages that cannot be listed in `user_modules` (besides the standard library).
+FRAMEWORKS = frozenset({
+    "torch", "lightning", "pytorch_lightning", "transformers", "huggingface_hub", "hydra",
+    "omegaconf", "numpy", "scipy", "pandas", "datasets", "vllm", "accelerate", "safetensors",
+    "tokenizers", "wandb", "tensorboard", "httpx", "requests", "pip", "setuptools", "pkg_resources",
+    "yaml", "dill", "cloudpickle", "joblib", "IPython", "frlab", "envs",
+})  # fmt: skip
+
+
+def check_user_modules(names: Iterable[Any]) -> tuple[str, ...]:
+    """The `user_modules` entries as target prefixes (`mypkg` -> `mypkg.`); refuses the
+    standard library and the frameworks, whose functions would run arbitrary code."""
+    prefixes = []
+    for i, name in enumerate(names):
+        key = f"user_modules[{i}]"
+        text = str(name).strip().rstrip(".")
+        if (
+            not isinstance(name, str)
+            or not text
+            or not all(part.isidentifier() for part in text.split("."))
+        ):
+            raise ConfigError(key, f"must be a Python package name like mypkg, got {name!r}")
+        top = text.split(".")[0]
+        if top in sys.stdlib_module_names or top in FRAMEWORKS or top == "builtins":
+            raise ConfigError(
+                key,
+                f"{top!r} is the standard library or a framework frlab uses: configs may not "
+                "call into it (it holds functions that run arbitrary code); list your own "
+                "package",
+            )
+        prefixes.append(text + ".")
+    return tuple(prefixes)
+
+
+def allowed(target: str, user_modules: tuple[str, ...] = ()) -> bool:
+    return target in ALLOWED_TARGETS or target.startswith(BUILTIN_PREFIXES + user_modules)
 
 
 def iter_targets(node: Any, key: str) -> Iterator[tuple[str, str]]:
@@ -35,21 +99,27 @@ def iter_targets(node: Any, key: str) -> Iterator[tuple[str, str]]:
             yield from iter_targets(child, f"{key}[{i}]")
 
 
-def check_allowed(node: Any, key: str) -> None:
+def check_allowed(node: Any, key: str, user_modules: tuple[str, ...] = ()) -> None:
     """Raise `ConfigError` for any `_target_` outside the allowlist."""
     for target_key, target in iter_targets(node, key):
-        if not target.startswith(ALLOWED_PREFIXES):
+        if not allowed(target, user_modules):
+            mine = ", ".join(p + "*" for p in BUILTIN_PREFIXES + user_modules)
             raise ConfigError(
                 target_key,
-                f"target {target!r} is not allowed; frlab instantiates only "
-                f"{', '.join(p + '*' for p in ALLOWED_PREFIXES)}",
+                f"target {target!r} is not allowed; frlab instantiates {mine} and the listed "
+                "Lightning and torch.optim classes; add your own package with "
+                "user_modules=[PACKAGE]",
             )
 
 
-def instantiate(node: Any, *, key: str = "", **kwargs: Any) -> Any:
+def instantiate(
+    node: Any, *, key: str = "", user_modules: Iterable[str] = (), **kwargs: Any
+) -> Any:
     """`hydra.utils.instantiate(node, **kwargs)` after the allowlist check.
 
-    `key` is the node's config key (e.g. `env`, `logger`), used in error messages.
+    `key` is the node's config key (e.g. `env`, `logger`), used in error messages;
+    `user_modules` the run's `user_modules`. Containers reach the target as plain
+    dicts/lists, and keys its declaration marks `arg=False` are left out.
     """
     from hydra.errors import InstantiationException
     from hydra.utils import instantiate as hydra_instantiate
@@ -57,7 +127,9 @@ def instantiate(node: Any, *, key: str = "", **kwargs: Any) -> Any:
 
     if isinstance(node, Mapping) and not isinstance(node, DictConfig):
         node = OmegaConf.create(dict(node))
-    check_allowed(node, key)
+    check_allowed(node, key, check_user_modules(user_modules))
+    node = _without_frlab_keys(node)
+    kwargs.setdefault("_convert_", "all")
     try:
         return hydra_instantiate(node, **kwargs)
     except InstantiationException as exc:
@@ -66,11 +138,53 @@ def instantiate(node: Any, *, key: str = "", **kwargs: Any) -> Any:
         raise ConfigError(key or "_target_", f"cannot resolve the node: {exc}") from exc
 
 
+def _without_frlab_keys(node: Any) -> Any:
+    """The node without the keys its declaration marks `arg=False` (resolved, as a new node);
+    unchanged when its `_target_` has no declaration or drops nothing."""
+    from frlab.config.declare import not_args
+    from frlab.config.schema import declaration_for
+
+    if not isinstance(node, DictConfig):
+        return node
+    cls = declaration_for(str(node.get("_target_", "")))
+    drop = not_args(cls) if cls is not None else ()
+    if not drop:
+        return node
+    values = OmegaConf.to_container(node, resolve=True)
+    return OmegaConf.create({k: v for k, v in values.items() if k not in drop})  # type: ignore[union-attr]
+
+
+def env_factory(node: DictConfig, *, user_modules: Iterable[str] = ()) -> Callable[[], Any]:
+    """A zero-argument factory of fresh environments (one per episode) from an env node.
+
+    Builds one environment right away so that a missing implementation or a bad kwarg fails
+    before training starts, with a ConfigError naming `env._target_`. A flat node (one
+    `_target_`, no Hydra flags) becomes a plain `functools.partial`, cheap and thread-safe.
+    """
+    modules = tuple(user_modules)
+    first = instantiate(node, key="env", user_modules=modules)
+    close = getattr(first, "close", None)
+    if callable(close):
+        close()
+    kwargs = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
+    kwargs = dict(kwargs)  # type: ignore[arg-type]
+    flat = len(list(iter_targets(node, "env"))) == 1 and not any(
+        k.startswith("_") and k != "_target_" for k in kwargs
+    )
+    if flat:
+        from hydra.utils import get_object
+
+        return functools.partial(get_object(kwargs.pop("_target_")), **kwargs)
+    return functools.partial(instantiate, OmegaConf.create(kwargs), key="env", user_modules=modules)
+
+
 def _explain(node: Any, key: str, exc: Exception) -> ConfigError:
     """A ConfigError naming the key; import failures read as 'not implemented/installed'."""
     target = node.get("_target_") if isinstance(node, DictConfig) else None
     where = f"{key}._target_" if key else "_target_"
     cause = exc.__cause__ or exc
+    if isinstance(cause, ConfigError):
+        return cause
     text = str(exc)
     if isinstance(cause, ImportError) or "Error locating target" in text:
         return ConfigError(

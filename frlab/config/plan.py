@@ -9,7 +9,8 @@ component names and the output folder, without loading anything.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -62,9 +63,16 @@ class Plan:
     output_dir: str = NOT_RESOLVED
     ckpt_path: str | None = None
     seed: int = 0
+    changed: dict[str, Any] = field(default_factory=dict)  # values unlike the declared defaults
+    # The composed objective, built once by preflight and handed to the learner (not recorded).
+    objective: Any = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Every recorded field as plain values (JSON-serialisable)."""
+        import copy
+
+        return {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self)
+                if f.name != "objective"}  # fmt: skip
 
     def format(self) -> str:
         """A human-readable multi-line summary."""
@@ -97,7 +105,10 @@ class Plan:
             ("seed", str(self.seed)),
         ]  # fmt: skip
         width = max(len(k) for k, _ in rows)
-        return "\n".join(["frlab plan"] + [f"  {k:<{width}} : {v}" for k, v in rows])
+        lines = [f"  {k:<{width}} : {v}" for k, v in rows]
+        settings = [f"{k}={_yaml(v)}" for k, v in self.changed.items() if not isinstance(v, dict)]
+        lines += wrapped(f"  {'changed':<{width}} : ", settings or ["(declared defaults)"])
+        return "\n".join(["frlab plan", *lines])
 
     def _micro_batching(self) -> str:
         tokens = self.max_tokens_per_micro_batch
@@ -111,14 +122,49 @@ class Plan:
         return f"{self.engine} ({self.servers} server{'s' if self.servers != 1 else ''})"
 
 
+def _yaml(value: Any) -> str:
+    """A value as written on the command line (null, true, 1e-06, [0.9, 0.95])."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
+
+
+def wrapped(head: str, items: list[str], width: int = 100) -> list[str]:
+    """`head` + comma-separated items, continued on indented lines of at most `width`."""
+    lines, line = [], head
+    for i, item in enumerate(items):
+        text = item + ("," if i < len(items) - 1 else "")
+        if len(line) + len(text) > width and line.strip():
+            lines.append(line.rstrip())
+            line = " " * len(head)
+        line += text + " "
+    return [*lines, line.rstrip()]
+
+
+def changed_settings(sec: Mapping[str, Any], trainer: Mapping[str, Any]) -> dict[str, Any]:
+    """The keys of the declared sections whose values differ from their declared defaults."""
+    from frlab.config import schema
+    from frlab.config.declare import changed
+
+    out: dict[str, Any] = {}
+    for name, cls in (("model", schema.ModelConfig), ("rollout", schema.RolloutConfig),
+                      ("data", schema.DataConfig), ("optim", schema.OptimConfig)):  # fmt: skip
+        out.update(changed(name, sec[name], cls))
+    out.update(changed("trainer", trainer, schema.TrainerConfig))
+    return out
+
+
 def build_plan(
     cfg: DictConfig,
     sec: dict[str, dict[str, Any]],
     trainer: dict[str, Any],
     objective: Any,
     world: int,
+    engine: str,
 ) -> Plan:
-    """Assemble the Plan from the validated, resolved sections."""
+    """Assemble the Plan from the validated, resolved sections (`engine`: its name)."""
     model, rollout, data = sec["model"], sec["rollout"], sec["data"]
     names = dict(objective.names)
     params = objective.component_params()  # the built components' values, defaults included
@@ -131,7 +177,7 @@ def build_plan(
         tokenizer=str(model["tokenizer"]),
         dtype=model["dtype"],
         env=str(cfg.env.get("_target_")),
-        engine=rollout["engine"],
+        engine=engine,
         mode=rollout["mode"],
         accelerator=trainer["accelerator"],
         devices=world,
@@ -161,13 +207,26 @@ def build_plan(
         delta=None if delta is None or not objective.uses_off_policy_correction else float(delta),
         trust=describe_trust_region(names["trust_region"], objective.trust_region),
         q=float(q),
-        servers=len(rollout["remote"]["servers"]) if rollout["engine"] == "remote" else None,
+        servers=len(rollout["remote"]["servers"]) if engine == "remote" else None,
         evaluation=describe_eval(cfg.get("eval")),
         logger=None if cfg.get("logger") is None else str(cfg.logger.get("_target_")),
         output_dir=output_dir(cfg),
         ckpt_path=cfg.get("ckpt_path"),
         seed=int(cfg.seed),
+        changed=changed_settings(sec, trainer),
+        objective=objective,
     )
+
+
+def engine_name(node: Mapping[str, Any]) -> str:
+    """The rollout/engine option whose declared `_target_` the engine node has (or the target)."""
+    from frlab.config.schema import ENGINES
+
+    target = str(node.get("_target_"))
+    for name, cls in ENGINES.items():
+        if cls._target_ == target:
+            return name
+    return target
 
 
 # Trust regions with no parameter of their own: what they do to the off-policy ratio.

@@ -1,9 +1,10 @@
 """Preflight: validate a composed config and resolve it into a `Plan`, before anything heavy.
 
 Runs in well under a second, loads no model and imports no `transformers` (only
-`frlab.objective`, for the component registries). It resolves every component name, checks
-every parameter (type, range, unknown keys with close-match suggestions) and the cross-field
-rules of the method (FlashREINFORCE paper; SPEC §2-3):
+`frlab.objective`, for the component registries, after every lighter check). Every key is
+checked against its one declaration (frlab.config.schema: type, range, choices, unknown keys
+with close-match suggestions; `check_declared`), then the cross-field rules of the method
+(FlashREINFORCE paper, Sec. 3):
 
 - the global batch B splits evenly over ranks and each rank's share over micro-batches; each
   rank's share B / W is a whole number of groups of `rollout.samples_per_prompt` (each rank's
@@ -16,15 +17,18 @@ rules of the method (FlashREINFORCE paper; SPEC §2-3):
 - in async mode weights reach the engine at least every `rollout.max_policy_lag` steps
   (`rollout.sync_every <= rollout.max_policy_lag`), else admission control stalls;
 - a trajectory's context (`rollout.max_len`) leaves room for the prompt beyond one turn's
-  generation budget (`rollout.sampling.max_new_tokens`).
-- MoE routing replay (`model.routing_replay`) needs `rollout.engine=torch`, the engine that
-  records the experts it used.
-- `rollout.engine=remote` needs the `rollout.remote` block (`rollout=remote`) with a list of
+  generation budget (`rollout.sampling.max_new_tokens`);
+- a model is either loaded (`model.name_or_path`, which must exist when it is a local path)
+  or random-initialised from `model.config`, not both;
+- MoE routing replay (`model.routing_replay`) needs `rollout/engine=torch`, the engine that
+  records the experts it used;
+- `rollout/engine=remote` needs the `rollout.remote` block (`rollout=remote`) with a list of
   distinct http(s) server URLs; filesystem weight sync serves any number of learner ranks
-  (they share the fleet), nccl exactly one (the single NCCL sender); a `remote` block under another engine is refused (an experiment preset may
-  have pinned the engine).
-- the optional `eval` node (avg@k during training) is checked by
-  `frlab.config.eval_check` (interval within `trainer.max_steps`, generation budget).
+  (they share the fleet), nccl exactly one (the single NCCL sender); a `remote` block under
+  another engine is refused (an experiment preset may have pinned the engine);
+- every `_target_` is on the instantiation allowlist (frlab.config.instantiate), with the
+  packages of `user_modules`;
+- the optional `eval` node (avg@k during training) is checked by `frlab.config.eval_check`.
 
 Every error is a `ConfigError` naming the full key.
 """
@@ -34,14 +38,24 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from frlab.config import schema
+from frlab.config.declare import (
+    check_declared,
+    check_value,
+    declared,
+    meta_of,
+    rule,
+    section_type,
+)
 from frlab.config.errors import ConfigError, unknown
 from frlab.config.eval_check import check_eval
-from frlab.config.instantiate import check_allowed
+from frlab.config.instantiate import check_allowed, check_user_modules
 from frlab.config.objective_check import check_objective
-from frlab.config.plan import Plan, build_plan
+from frlab.config.plan import Plan, build_plan, engine_name
+from frlab.config.resources import local_source_problem
+from frlab.config.schema_trainer import world_size
 
 __all__ = ["ConfigError", "Plan", "preflight"]
 
@@ -51,24 +65,25 @@ def preflight(cfg: DictConfig) -> Plan:
     _check_root(cfg)
     sec = {name: _resolve(cfg, name) for name in ("model", "rollout", "data", "objective", "optim")}
     trainer = _resolve(cfg, "trainer")
-    schema.check_section("model", sec["model"], schema.MODEL)
-    schema.check_section("rollout", sec["rollout"], schema.ROLLOUT)
-    schema.check_section("rollout.sampling", sec["rollout"]["sampling"], schema.SAMPLING)
-    schema.check_section("data", sec["data"], schema.DATA)
-    schema.check_section("optim", sec["optim"], schema.OPTIM)
-    schema.check_trainer(trainer)
-    _check_infrastructure(cfg)
-    objective = check_objective(sec["objective"])
-    world = schema.world_size(trainer)
-    _check_model(sec["model"], sec["rollout"])
+    root = {**sec, "trainer": trainer}
+    for name, cls in (("model", schema.ModelConfig), ("rollout", schema.RolloutConfig),
+                      ("data", schema.DataConfig), ("optim", schema.OptimConfig),
+                      ("trainer", schema.TrainerConfig)):  # fmt: skip
+        check_declared(name, root[name], cls, root)
+    user_modules = check_user_modules(cfg.get("user_modules") or [])
+    engine = _check_engine_node(sec["rollout"])
+    _check_infrastructure(cfg, user_modules)
+    world = world_size(trainer)
+    _check_model(sec["model"], sec["rollout"], engine)
     _check_batch(sec["data"], sec["rollout"], world)
+    _check_sync(sec["rollout"])
+    _check_engine(engine, sec["rollout"], trainer)
+    _check_remote(engine, sec["rollout"], world)
+    check_eval(cfg, sec["rollout"], trainer)
+    objective = check_objective(sec["objective"])
     _check_support(objective, sec["rollout"]["sampling"])
     _check_groups(objective, sec["rollout"], sec["data"])
-    _check_sync(sec["rollout"])
-    _check_engine(sec["rollout"], trainer)
-    _check_remote(sec["rollout"], world)
-    check_eval(cfg, sec["rollout"], trainer)
-    return build_plan(cfg, sec, trainer, objective, world)
+    return build_plan(cfg, sec, trainer, objective, world, engine)
 
 
 def _resolve(cfg: DictConfig, section: str) -> dict[str, Any]:
@@ -102,33 +117,54 @@ def _missing_keys(node: DictConfig, prefix: str) -> list[str]:
 
 
 def _check_root(cfg: DictConfig) -> None:
+    names = [f.name for f, _ in declared(schema.FrlabConfig)]
     for key in cfg:
-        if key not in schema.ROOT_KEYS:
-            raise unknown(str(key), "top-level key", key, schema.ROOT_KEYS)
-    specs = {
-        "seed": schema.Field("int", low=0),
-        "dry_run": schema.Field("bool"),
-        "ckpt_path": schema.Field("str", optional=True),
-        "task_name": schema.Field("str"),
-        "plots": schema.Field("bool"),
-    }
-    for key, spec in specs.items():
-        if key not in cfg:
-            raise ConfigError(key, "missing (required key)")
-        schema.check_value(key, cfg[key], spec)
+        if key not in (*names, "hydra"):
+            raise unknown(str(key), "top-level key", key, names)
+    for f, annotation in declared(schema.FrlabConfig):
+        if annotation is Any or section_type(annotation) is not None:
+            continue  # an open node or a section, checked on its own
+        if f.name not in cfg:
+            raise ConfigError(f.name, "missing (required key)")
+        value = cfg[f.name]
+        if isinstance(value, ListConfig):
+            value = OmegaConf.to_container(value, resolve=True)
+        check_value(f.name, value, rule(annotation, meta_of(f)))
 
 
-def _check_infrastructure(cfg: DictConfig) -> None:
+def _check_engine_node(rollout: Mapping[str, Any]) -> str:
+    """The engine node is one of the rollout/engine options (or a user engine): its name."""
+    node = rollout.get("engine")
+    if isinstance(node, str):
+        raise ConfigError(
+            "rollout.engine",
+            f"is the name {node!r}, but the engine is the config group rollout/engine: write "
+            f"rollout/engine={node} on the command line, or `- override /rollout/engine: "
+            f"{node}` in a preset's defaults list",
+        )
+    if not isinstance(node, Mapping) or "_target_" not in node:
+        raise ConfigError(
+            "rollout.engine",
+            f"must be an engine node (rollout/engine=torch|vllm|remote), got {node!r}",
+        )
+    name = engine_name(node)
+    if name in schema.ENGINES:
+        check_declared("rollout.engine", node, schema.ENGINES[name])
+    return name
+
+
+def _check_infrastructure(cfg: DictConfig, user_modules: tuple[str, ...]) -> None:
     """`_target_` nodes: env needs one; every target (logger, callbacks too) on the allowlist."""
     env = cfg.get("env")
     if not isinstance(env, DictConfig) or "_target_" not in env:
         raise ConfigError("env._target_", "missing: the env group must name an environment class")
-    check_allowed(env, "env")
+    nodes = {"env": env, "model": cfg.model, "data": cfg.data, "optim": cfg.optim,
+             "trainer": cfg.trainer, "rollout.engine": cfg.rollout.engine}  # fmt: skip
     logger = cfg.get("logger")
     if logger is not None:
         if not isinstance(logger, DictConfig) or "_target_" not in logger:
             raise ConfigError("logger._target_", "missing: choose logger=csv|tensorboard|wandb")
-        check_allowed(logger, "logger")
+        nodes["logger"] = logger
     callbacks = cfg.get("callbacks")
     if callbacks is not None:
         if not isinstance(callbacks, DictConfig):
@@ -138,14 +174,29 @@ def _check_infrastructure(cfg: DictConfig) -> None:
                 raise ConfigError(
                     f"callbacks.{name}._target_", "missing (or set the entry to null)"
                 )
-        check_allowed(callbacks, "callbacks")
-    check_allowed(cfg.trainer, "trainer")
+        nodes["callbacks"] = callbacks
+    if isinstance(cfg.get("eval"), DictConfig):
+        nodes["eval"] = cfg.eval
+    for key, node in nodes.items():
+        check_allowed(node, key, user_modules)
 
 
-def _check_model(model: Mapping[str, Any], rollout: Mapping[str, Any]) -> None:
-    if model["name_or_path"] is None and model["config"] is None:
+def _check_model(model: Mapping[str, Any], rollout: Mapping[str, Any], engine: str) -> None:
+    source, config = model["name_or_path"], model["config"]
+    if source is None and config is None:
         raise ConfigError("model.name_or_path", "set a hub id / local folder, or model.config")
-    if model["config"] is not None and "model_type" not in model["config"]:
+    if source is not None:
+        problem = local_source_problem(str(source))
+        if problem:
+            raise ConfigError("model.name_or_path", problem)
+    if source is not None and config is not None:
+        raise ConfigError(
+            "model.config",
+            f"is set (a random-init architecture) while model.name_or_path loads {source!r}: "
+            "choose one (model=hf model.name_or_path=... loads a checkpoint; "
+            "model.name_or_path=null keeps the random-init model)",
+        )
+    if config is not None and "model_type" not in config:
         raise ConfigError("model.config.model_type", "missing (e.g. qwen2, llama, qwen3_moe)")
     max_len = rollout["max_len"]
     new = rollout["sampling"]["max_new_tokens"]
@@ -155,17 +206,17 @@ def _check_model(model: Mapping[str, Any], rollout: Mapping[str, Any]) -> None:
             f"({max_len}) must exceed rollout.sampling.max_new_tokens ({new}) to leave room "
             "for the prompt",
         )
-    positions = (model["config"] or {}).get("max_position_embeddings")
+    positions = (config or {}).get("max_position_embeddings")
     if isinstance(positions, int) and max_len > positions:
         raise ConfigError(
             "rollout.max_len",
             f"({max_len}) exceeds model.config.max_position_embeddings ({positions})",
         )
-    if model.get("routing_replay") and rollout["engine"] != "torch":
+    if model.get("routing_replay") and engine != "torch":
         raise ConfigError(
             "model.routing_replay",
-            f"needs rollout.engine=torch (the only engine that records MoE routing), got "
-            f"{rollout['engine']!r}",
+            f"needs rollout.engine=torch (rollout/engine=torch: the only engine that records "
+            f"MoE routing), got {engine!r}",
         )
 
 
@@ -206,7 +257,7 @@ def _check_batch(data: Mapping[str, Any], rollout: Mapping[str, Any], world: int
 
 
 def _check_support(objective: Any, sampling: Mapping[str, Any]) -> None:
-    """Importance ratios need the full support of the sampling distribution (SPEC §3)."""
+    """Importance ratios need the full support of the sampling distribution."""
     if not objective.uses_off_policy_correction:
         return
     if sampling["top_p"] != 1.0:
@@ -255,17 +306,17 @@ def _check_sync(rollout: Mapping[str, Any]) -> None:
 VLLM_ARGS_SET_BY_FRLAB = {"model", "seed", "max_model_len", "worker_extension_cls"}
 
 
-def _check_engine(rollout: Mapping[str, Any], trainer: Mapping[str, Any]) -> None:
-    if rollout["engine"] == "vllm" and trainer["accelerator"] not in ("gpu", "cuda", "auto"):
+def _check_engine(engine: str, rollout: Mapping[str, Any], trainer: Mapping[str, Any]) -> None:
+    if engine == "vllm" and trainer["accelerator"] not in ("gpu", "cuda", "auto"):
         raise ConfigError(
             "rollout.engine",
             f"'vllm' needs a GPU trainer (trainer.accelerator is {trainer['accelerator']!r}); "
-            "use rollout.engine=torch on CPU",
+            "use rollout/engine=torch on CPU",
         )
     extra = rollout.get("vllm_engine_args")
     if extra is None:
         return
-    # Used only by rollout.engine=vllm; kept (not refused) when a preset's in-process vLLM
+    # Used only by rollout/engine=vllm; kept (not refused) when a preset's in-process vLLM
     # settings meet rollout=remote, so the fleet recipes run the presets unchanged.
     owned = sorted(set(extra) & VLLM_ARGS_SET_BY_FRLAB)
     if owned:
@@ -276,20 +327,23 @@ def _check_engine(rollout: Mapping[str, Any], trainer: Mapping[str, Any]) -> Non
         )
 
 
-def _check_remote(rollout: Mapping[str, Any], world: int) -> None:
-    """The `rollout.remote` block: present exactly with engine=remote, servers well formed."""
+def _check_remote(engine: str, rollout: Mapping[str, Any], world: int) -> None:
+    """The `rollout.remote` block: present exactly with engine remote, servers well formed."""
     remote = rollout.get("remote")
-    if rollout["engine"] != "remote":
+    if engine != "remote":
         if remote is not None:
             raise ConfigError(
                 "rollout.engine",
-                f"is {rollout['engine']!r} but a rollout.remote block is set (rollout=remote): "
-                "add rollout.engine=remote (an experiment preset may pin the engine)",
+                f"is {engine!r} but a rollout.remote block is set (rollout=remote): add "
+                "rollout/engine=remote (or rollout.engine=remote; an experiment preset may pin "
+                "the engine)",
             )
         return
     if remote is None:
         raise ConfigError("rollout.remote", "missing: select the backend with rollout=remote")
-    schema.check_section("rollout.remote", remote, schema.REMOTE)
+    if not isinstance(remote, Mapping):
+        raise ConfigError("rollout.remote", f"must be a mapping, got {remote!r}")
+    check_declared("rollout.remote", remote, schema.RemoteConfig)
     servers = remote["servers"]
     if not isinstance(servers, list) or not servers:
         raise ConfigError(
@@ -306,5 +360,5 @@ def _check_remote(rollout: Mapping[str, Any], world: int) -> None:
             f"nccl supports one learner rank (the single NCCL sender), this run has {world}; "
             "use filesystem with several ranks",
         )
-    # W > 1 learner ranks share the fleet: weight syncs are collective (frlab.rollout.remote.fleet_sync)
-    # and each rank writes its snapshots under `<snapshot_dir>/rank<R>`.
+    # W > 1 learner ranks share the fleet: weight syncs are collective
+    # (frlab.rollout.remote.fleet_sync) and each rank writes under `<snapshot_dir>/rank<R>`.

@@ -1,254 +1,244 @@
-"""Typed field specs for frlab's config sections (the keys of frlab/config/SCHEMA.md).
+"""Every frlab config key, declared once: type (the annotation), default, range and meaning.
 
-Hydra configs here are plain YAML (no structured configs), so a typo in an experiment file or
-a value of the wrong type would otherwise travel silently into the run. `check_section`
-rejects unknown keys (suggesting close matches), missing keys, wrong types and out-of-range
-values, always naming the full key. Cross-field rules live in `frlab.config.preflight`.
+These dataclasses are Hydra structured configs (registered by `frlab.config.store`): the
+root `FrlabConfig` is the first entry of `configs/train.yaml`'s defaults list, so Hydra
+checks types and refuses unknown keys while it composes, and a group option (a YAML file)
+only holds the values that differ from the defaults declared here. Preflight
+(`frlab.config.declare.check_declared`), the dry-run plan and `frlab/config/SCHEMA.md`
+(`python -m frlab.config.schema_doc`) read the same declarations.
+
+Nodes whose keys depend on the chosen class stay open mappings (`Any`): `env` (the
+environment's constructor arguments), `objective` (frlab.config.objective_check), `logger`,
+`callbacks`, `eval` (frlab.config.schema_eval) and the engine node `rollout.engine` (one of
+`ENGINES`, chosen with the config group `rollout/engine=torch|vllm|remote`).
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from frlab.config.errors import ConfigError, unknown
+from omegaconf import II, MISSING
 
-ROOT_KEYS = (
-    "seed", "dry_run", "ckpt_path", "task_name", "plots", "model", "env", "rollout", "data",
-    "objective", "optim", "trainer", "logger", "callbacks", "paths", "hydra", "eval",
-)  # fmt: skip
+from frlab.config.declare import Field, check_value, spec
+from frlab.config.schema_trainer import TrainerConfig
 
-# lightning.Trainer.__init__ parameters (Lightning 2.6; tests/config checks the installed one).
-TRAINER_KEYS = (
-    "accelerator", "strategy", "devices", "num_nodes", "precision", "logger", "callbacks",
-    "fast_dev_run", "max_epochs", "min_epochs", "max_steps", "min_steps", "max_time",
-    "limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches",
-    "overfit_batches", "val_check_interval", "check_val_every_n_epoch", "num_sanity_val_steps",
-    "log_every_n_steps", "enable_checkpointing", "enable_progress_bar", "enable_model_summary",
-    "accumulate_grad_batches", "gradient_clip_val", "gradient_clip_algorithm", "deterministic",
-    "benchmark", "inference_mode", "use_distributed_sampler", "profiler", "detect_anomaly",
-    "barebones", "plugins", "sync_batchnorm", "reload_dataloaders_every_n_epochs",
-    "default_root_dir", "enable_autolog_hparams", "model_registry",
-)  # fmt: skip
-
-# Trainer arguments frlab sets itself, or that contradict manual optimisation.
-TRAINER_FORBIDDEN = {
-    "logger": "choose a logger with the `logger` group (logger=csv|tensorboard|wandb)",
-    "callbacks": "add callbacks under the `callbacks` group",
-    "plugins": "frlab installs AtomicCheckpointIO itself",
-    "accumulate_grad_batches": "one optimizer step per learner batch; use data.micro_batch_size",
-    "gradient_clip_val": "manual optimisation clips in the learner; use optim.grad_clip",
-    "gradient_clip_algorithm": "manual optimisation clips in the learner; use optim.grad_clip",
-    "max_epochs": "the rollout stream is endless; use trainer.max_steps",
-}
-
-PRECISIONS = (
-    "32-true", "32", "64-true", "64", "bf16-mixed", "bf16-true", "16-mixed", "16-true",
-    "transformer-engine",
-)  # fmt: skip
-ACCELERATORS = ("cpu", "gpu", "cuda", "mps", "tpu", "auto")
+__all__ = ["Field", "check_value", "FrlabConfig", "ENGINES", "TrainerConfig"]
 
 
-@dataclass(frozen=True)
-class Field:
-    """One config value: its type, whether null is allowed, choices and an inclusive range."""
+@dataclass
+class ModelConfig:
+    """The policy: a pretrained causal LM or a random-init architecture."""
 
-    kind: str  # "int" | "float" | "bool" | "str" | "mapping" | "any" | "float_pair"
-    optional: bool = False
-    choices: tuple[str, ...] | None = None
-    low: float | None = None
-    high: float | None = None
-    low_open: bool = False  # exclude `low` itself
-    high_open: bool = False
+    _target_: str = spec("frlab.model.policy.build_policy", doc="builds the policy (seed given)")
+    name_or_path: str | None = spec(
+        MISSING, doc="Hugging Face id, local folder or gguf:NAME / gguf:/path.gguf; null: random "
+        "init from `config`")  # fmt: skip
+    config: Any = spec(
+        None, kind="mapping", doc="mapping for transformers.AutoConfig.for_model (needs model_type); null "
+        "when name_or_path loads a checkpoint")  # fmt: skip
+    tokenizer: str = spec(
+        II("model.name_or_path"), arg=False,
+        doc="`toy` (frlab.model.toy_tokenizer) or a Hugging Face id / folder / gguf source",
+    )  # fmt: skip
+    dtype: str = spec("float32", choices=("float32", "bfloat16", "float16", "float64"),
+                      doc="learner master weights; compute precision is trainer.precision")  # fmt: skip
+    gradient_checkpointing: bool = spec(False, doc="recompute activations in backward")
+    logprob_chunk_size: int = spec(1024, low=1, arg=False, doc="tokens per LM-head chunk")
+    routing_replay: bool = spec(
+        False, arg=False, doc="MoE: replay the sampler's experts (needs rollout/engine=torch)"
+    )
+    trust_remote_code: bool = spec(False, doc="passed to transformers")
+    attn_implementation: str | None = spec(
+        None, doc="transformers attention; null: eager on CPU-only machines, else sdpa"
+    )
 
 
-def _f(kind: str, **kw: Any) -> Field:
-    return Field(kind, **kw)
+@dataclass
+class SamplingConfig:
+    """How every turn is sampled (`frlab.rollout.engine.SamplingParams`)."""
+
+    temperature: float = spec(1.0, low=0.0, low_open=True, doc="the learner applies it too")
+    top_p: float = spec(1.0, low=0.0, high=1.0, low_open=True,
+                        doc="1: full support (needed by off-policy correction)")  # fmt: skip
+    top_k: int = spec(0, low=0, doc="0: off (needed by off-policy correction)")
+    max_new_tokens: int = spec(16, low=1, doc="generation budget of one turn")
 
 
-MODEL = {
-    "name_or_path": _f("str", optional=True),
-    "config": _f("mapping", optional=True),
-    "tokenizer": _f("str"),
-    "dtype": _f("str", choices=("float32", "bfloat16", "float16", "float64")),
-    "gradient_checkpointing": _f("bool"),
-    "logprob_chunk_size": _f("int", low=1),
-    "routing_replay": _f("bool"),
-    "trust_remote_code": _f("bool"),
-    "attn_implementation": _f("str", optional=True),
-}
-ROLLOUT = {
-    "mode": _f("str", choices=("async", "sync")),
-    "engine": _f("str", choices=("torch", "vllm", "remote")),
-    "max_in_flight": _f("int", low=1),
-    "max_policy_lag": _f("int", low=0),
-    "samples_per_prompt": _f("int", low=1),
-    "sync_every": _f("int", low=1),
-    "max_turns": _f("int", low=1),
-    "max_len": _f("int", low=2),
-    "sampling": _f("mapping"),
-    "device": _f("str"),
-    "remote": _f("mapping"),  # rollout=remote only (frlab.rollout.remote.engine)
-    "vllm_engine_args": _f("mapping"),  # rollout.engine=vllm only: extra vLLM AsyncEngineArgs
-}
-REMOTE = {
-    "servers": _f("any"),  # a non-empty list of distinct http(s) URLs (checked in preflight)
-    "snapshot_dir": _f("str", optional=True),
-    "weight_sync": _f("str", choices=("filesystem", "nccl")),
-    "request_timeout_s": _f("float", low=0.0, low_open=True),
-    "max_retries": _f("int", low=0),
-    "probe_interval_s": _f("float", low=0.0, low_open=True),
-    "startup_timeout_s": _f("float", low=0.0, low_open=True),
-    "keep_snapshots": _f("int", low=1),
-    "model": _f("str", optional=True),
-    # weight_sync=nccl only (frlab.rollout.remote.nccl): the learner's NCCL rendezvous address
-    # (null: this host's), port (0: a free port per group), vLLM's packed broadcast
-    "nccl_master_address": _f("str", optional=True),
-    "nccl_master_port": _f("int", low=0, high=65535),
-    "nccl_packed": _f("bool"),
-}
-SAMPLING = {
-    "temperature": _f("float", low=0.0, low_open=True),
-    "top_p": _f("float", low=0.0, high=1.0, low_open=True),
-    "top_k": _f("int", low=0),
-    "max_new_tokens": _f("int", low=1),
-}
-DATA = {
-    "batch_size": _f("int", low=1),
-    "micro_batch_size": _f("int", low=1),
-    "max_tokens_per_micro_batch": _f("int", low=1, optional=True),
-    "pack_sequences": _f("bool"),
-}
-OPTIM = {
-    "lr": _f("float", low=0.0, low_open=True),
-    "weight_decay": _f("float", low=0.0),
-    "betas": _f("float_pair", low=0.0, high=1.0, high_open=True),
-    "eps": _f("float", low=0.0, low_open=True),
-    "grad_clip": _f("float", low=0.0),
-    "scheduler": _f("str", choices=("cosine", "constant")),
-    "warmup_ratio": _f("float", low=0.0, high=1.0, high_open=True),
-    "min_lr_ratio": _f("float", low=0.0, high=1.0),
-    "skip_zero_signal_steps": _f("bool"),
-}
-TRAINER = {
-    "_target_": _f("str"),
-    "max_steps": _f("int", low=1),
-    "accelerator": _f("str", choices=ACCELERATORS),
-    "num_nodes": _f("int", low=1),
-    "precision": _f("str", choices=PRECISIONS),
-}
-OPTIONAL_KEYS = {
-    "model": ("trust_remote_code", "attn_implementation"),
-    "data": ("max_tokens_per_micro_batch", "pack_sequences"),
-    "optim": ("skip_zero_signal_steps",),
-    "rollout": ("remote", "vllm_engine_args"),
-    "rollout.remote": ("nccl_master_address", "nccl_master_port", "nccl_packed"),
+@dataclass
+class RemoteConfig:
+    """A fleet of generation servers over HTTP (`rollout=remote`)."""
+
+    servers: list[str] = spec(MISSING, doc="distinct http(s) base URLs")
+    snapshot_dir: str | None = spec(
+        None, doc="shared folder for weight snapshots; null: a private temp folder (servers "
+        "on this host only); rank R of W > 1 writes <snapshot_dir>/rank<R>")  # fmt: skip
+    weight_sync: str = spec("filesystem", choices=("filesystem", "nccl"),
+                            doc="snapshot + reload, or vLLM's NCCL broadcast (one rank)")  # fmt: skip
+    request_timeout_s: float = spec(120.0, low=0.0, low_open=True,
+                                    doc="a slower request counts as a hung server (retried)")  # fmt: skip
+    max_retries: int = spec(3, low=0, doc="retries of one request on other servers")
+    probe_interval_s: float = spec(1.0, low=0.0, low_open=True,
+                                   doc="how often dead / stale servers are probed")  # fmt: skip
+    startup_timeout_s: float = spec(60.0, low=0.0, low_open=True,
+                                    doc="wait for a server at the current version at start")  # fmt: skip
+    keep_snapshots: int = spec(2, low=1, doc="newest snapshot versions kept on disk")
+    model: str | None = spec(None, doc="served model id; null: each server's first /v1/models")
+    nccl_master_address: str | None = spec(
+        None, doc="nccl: address the servers reach the learner at; null: this host's"
+    )
+    nccl_master_port: int = spec(0, low=0, high=65535,
+                                 doc="nccl: rendezvous port (+1 per group); 0: a free port")  # fmt: skip
+    nccl_packed: bool = spec(True, doc="nccl: vLLM's packed (batched) broadcast")
+
+
+@dataclass
+class TorchEngineConfig:
+    """`rollout/engine=torch`: the in-process PyTorch engine (CPU or CUDA)."""
+
+    _target_: str = "frlab.rollout.engines.torch.TorchEngine.for_policy"
+    _partial_: bool = True
+    device: str = spec(II("rollout.device"), doc="follows rollout.device")
+    max_batch_size: int = spec(II("rollout.max_in_flight"), low=1,
+                               doc="requests decoded together; follows rollout.max_in_flight")  # fmt: skip
+    record_routing: bool = spec(II("model.routing_replay"), doc="record MoE experts per token")
+
+
+@dataclass
+class VLLMEngineConfig:
+    """`rollout/engine=vllm`: vLLM's engine in-process (GPU, extra `vllm`)."""
+
+    _target_: str = "frlab.rollout.engines.vllm.VLLMEngine.for_policy"
+    _partial_: bool = True
+    model: str | None = spec(II("model.name_or_path"), doc="follows model.name_or_path")
+    max_model_len: int = spec(II("rollout.max_len"), low=1, doc="follows rollout.max_len")
+    engine_args: Any = spec(II("rollout.vllm_engine_args"), doc="follows rollout.vllm_engine_args")
+
+
+@dataclass
+class RemoteEngineConfig:
+    """`rollout/engine=remote`: the fleet of `rollout.remote` (select both with rollout=remote)."""
+
+    _target_: str = "frlab.rollout.remote.engine.RemoteEngine.for_policy"
+    _partial_: bool = True
+    settings: Any = spec(II("rollout.remote"), doc="follows rollout.remote")
+
+
+# rollout/engine options: name -> declaration (the names are the group's options).
+ENGINES: dict[str, type] = {
+    "torch": TorchEngineConfig,
+    "vllm": VLLMEngineConfig,
+    "remote": RemoteEngineConfig,
 }
 
 
-def check_section(section: str, values: Mapping[str, Any], fields: Mapping[str, Field]) -> None:
-    """Validate `values` against `fields`: no unknown or missing keys, right types and ranges."""
-    for key in values:
-        if key not in fields:
-            raise unknown(f"{section}.{key}", f"key in `{section}`", key, fields)
-    optional = OPTIONAL_KEYS.get(section, ())
-    for key, spec in fields.items():
-        if key not in values:
-            if key in optional:
-                continue
-            raise ConfigError(f"{section}.{key}", "missing (required key)")
-        check_value(f"{section}.{key}", values[key], spec)
+@dataclass
+class RolloutConfig:
+    """Rollout collection: the pool, the agent loop and its engine."""
+
+    mode: str = spec("async", choices=("async", "sync"),
+                     doc="async: first B finished form a batch; sync: collect, then train")  # fmt: skip
+    engine: Any = spec(None, doc="the engine node: config group rollout/engine=torch|vllm|remote")
+    max_in_flight: int = spec(32, low=1, doc="rollouts running at once")
+    max_policy_lag: int = spec(4, low=0, doc="admission-control bound on policy lag")
+    samples_per_prompt: int = spec(1, low=1, doc="G; > 1 only for group baselines (mode sync)")
+    sync_every: int = spec(1, low=1, doc="push weights every N steps; <= max_policy_lag (async)")
+    max_turns: int = spec(1, low=1, doc="turns per episode")
+    max_len: int = spec(64, low=2, doc="tokens per trajectory (prompt + all turns)")
+    sampling: SamplingConfig = spec(factory=SamplingConfig)
+    device: str = spec("cpu", doc="device of the in-process engine (torch)")
+    remote: Any = spec(None, kind="mapping", doc="the fleet (RemoteConfig), set by rollout=remote")
+    vllm_engine_args: Any = spec(
+        None, kind="mapping", doc="rollout/engine=vllm only: extra vLLM AsyncEngineArgs, e.g. "
+        "{gpu_memory_utilization: 0.4}")  # fmt: skip
 
 
-def check_value(key: str, value: Any, spec: Field) -> None:
-    """Raise ConfigError unless `value` fits `spec`."""
-    if value is None:
-        if spec.optional:
-            return
-        raise ConfigError(key, f"must be set ({spec.kind}), got null")
-    if spec.kind == "float_pair":
-        if not isinstance(value, list | tuple) or len(value) != 2:
-            raise ConfigError(key, f"must be a list of two numbers, got {value!r}")
-        for i, item in enumerate(value):
-            check_value(
-                f"{key}[{i}]",
-                item,
-                Field("float", low=spec.low, high=spec.high, high_open=spec.high_open),
-            )
-        return
-    _check_type(key, value, spec.kind)
-    if spec.choices is not None and value not in spec.choices:
-        raise unknown(key, "value", value, spec.choices)
-    if spec.kind in ("int", "float"):
-        _check_range(key, float(value), spec)
+@dataclass
+class DataConfig:
+    """The learner batch (`frlab.data.datamodule.RolloutDataModule`)."""
+
+    _target_: str = "frlab.data.datamodule.RolloutDataModule"
+    batch_size: int = spec(16, low=1, doc="B trajectories per optimizer step (global)")
+    micro_batch_size: int = spec(16, low=1, arg=False,
+                                 doc="at most this many rows per forward/backward on one rank; "
+                                 "divides B / ranks")  # fmt: skip
+    max_tokens_per_micro_batch: int | None = spec(
+        None, low=1, arg=False, doc="also at most this many tokens per micro-batch (packed: sum "
+        "of lengths; padded: rows x longest); rows grouped longest first; a longer trajectory "
+        "runs alone; null: rows only")  # fmt: skip
+    pack_sequences: bool = spec(
+        True, arg=False, doc="each micro-batch as ONE padding-free row, attention per trajectory "
+        "(sdpa/eager: per-trajectory sdpa; flash_attention_2/3: varlen); exact (same loss and "
+        "gradient as padded rows); other model.attn_implementation values need false")  # fmt: skip
 
 
-def _check_type(key: str, value: Any, kind: str) -> None:
-    ok = {
-        "int": isinstance(value, int) and not isinstance(value, bool),
-        "float": isinstance(value, int | float) and not isinstance(value, bool),
-        "bool": isinstance(value, bool),
-        "str": isinstance(value, str),
-        "mapping": isinstance(value, Mapping),
-        "any": True,
-    }[kind]
-    if not ok:
-        raise ConfigError(key, f"must be {_article(kind)}, got {value!r} ({type(value).__name__})")
+@dataclass
+class OptimConfig:
+    """AdamW, one optimizer step per learner batch, and its schedule (frlab.learner.optim)."""
+
+    _target_: str = "torch.optim.AdamW"
+    _partial_: bool = True
+    lr: float = spec(1.0e-6, low=0.0, low_open=True)
+    weight_decay: float = spec(0.1, low=0.0)
+    betas: list[float] = spec(factory=lambda: [0.9, 0.999], pair=True, low=0.0, high=1.0,
+                              high_open=True)  # fmt: skip
+    eps: float = spec(1.0e-8, low=0.0, low_open=True)
+    grad_clip: float = spec(1.0, low=0.0, arg=False, doc="total grad-norm clip; 0 disables")
+    scheduler: str = spec("cosine", choices=("cosine", "constant"), arg=False)
+    warmup_ratio: float = spec(0.0, low=0.0, high=1.0, high_open=True, arg=False,
+                               doc="linear warmup over warmup_ratio * max_steps")  # fmt: skip
+    min_lr_ratio: float = spec(0.0, low=0.0, high=1.0, arg=False,
+                               doc="cosine floor as a fraction of lr")  # fmt: skip
+    skip_zero_signal_steps: bool = spec(
+        False, arg=False, doc="true: a batch whose gradient is exactly 0 (all advantages 0, every "
+        "trajectory rejected or every token filtered) leaves weights and AdamW state untouched "
+        "and skips the work it can; a frlab choice, off in the paper presets (the reference "
+        "steps AdamW on every batch)")  # fmt: skip
 
 
-def _article(kind: str) -> str:
-    return {"int": "an integer", "float": "a number", "bool": "true or false",
-            "str": "a string", "mapping": "a mapping"}.get(kind, kind)  # fmt: skip
+@dataclass
+class PathsConfig:
+    """Where runs are written."""
+
+    log_dir: str = spec("outputs", doc="runs under <log_dir>/runs, sweeps under <log_dir>/multirun")
+    output_dir: str = spec(II("hydra:runtime.output_dir"), doc="this run's folder")
 
 
-def _check_range(key: str, x: float, spec: Field) -> None:
-    if math.isnan(x):
-        raise ConfigError(key, "must not be NaN")
-    below = spec.low is not None and (x < spec.low or (spec.low_open and x == spec.low))
-    above = spec.high is not None and (x > spec.high or (spec.high_open and x == spec.high))
-    if below or above:
-        lo = "(" if spec.low_open else "["
-        hi = ")" if spec.high_open else "]"
-        low = "-inf" if spec.low is None else f"{spec.low:g}"
-        high = "inf" if spec.high is None else f"{spec.high:g}"
-        raise ConfigError(key, f"must be in {lo}{low}, {high}{hi}, got {x:g}")
+@dataclass
+class FrlabConfig:
+    """The root config (`configs/train.yaml`)."""
+
+    seed: int = spec(0, low=0)
+    dry_run: bool = spec(False, doc="validate, print the plan, exit 0 (nothing is loaded)")
+    ckpt_path: str | None = spec(None, doc="null | last | /path/to.ckpt (resume)")
+    task_name: str = "train"
+    plots: bool = spec(True, doc="PNG curves into <run>/plots at the end")
+    user_modules: list[str] = spec(
+        factory=list, doc="your packages whose classes configs may name as _target_ "
+        "(e.g. [mypkg]); standard-library and framework packages are refused")  # fmt: skip
+    model: ModelConfig = spec(factory=ModelConfig)
+    env: Any = spec(None, doc="the environment: _target_ + its constructor arguments")
+    rollout: RolloutConfig = spec(factory=RolloutConfig)
+    data: DataConfig = spec(factory=DataConfig)
+    objective: Any = spec(None, doc="component names + per-component kwargs (objective group)")
+    optim: OptimConfig = spec(factory=OptimConfig)
+    trainer: TrainerConfig = spec(factory=TrainerConfig)
+    logger: Any = spec(None, doc="a Lightning logger node (logger=csv|tensorboard|wandb)")
+    callbacks: Any = spec(None, doc="name -> Lightning callback node; null entries skipped")
+    paths: PathsConfig = spec(factory=PathsConfig)
+    eval: Any = spec(None, doc="evaluation during training (eval group); null: off")
 
 
-def check_trainer(values: Mapping[str, Any]) -> None:
-    """Trainer kwargs: known Lightning names, frlab-owned ones refused, core values typed."""
-    for key in values:
-        if key == "_target_":
-            continue
-        if key not in TRAINER_KEYS:
-            raise unknown(f"trainer.{key}", "lightning.Trainer argument", key, TRAINER_KEYS)
-        if key in TRAINER_FORBIDDEN and values[key] is not None:
-            raise ConfigError(f"trainer.{key}", f"frlab sets this itself: {TRAINER_FORBIDDEN[key]}")
-    for key, spec in TRAINER.items():
-        if key not in values:
-            raise ConfigError(f"trainer.{key}", "missing (required key)")
-        check_value(f"trainer.{key}", values[key], spec)
-    world_size(values)
+# Typed sections of the root, checked by preflight in this order.
+SECTIONS = ("model", "rollout", "data", "optim", "trainer", "paths")
 
 
-def world_size(trainer: Mapping[str, Any]) -> int:
-    """devices x num_nodes; `devices` may be an int, a list of ids, or "auto" (counts as 1)."""
-    devices = trainer.get("devices", 1)
-    if isinstance(devices, list | tuple):
-        n = len(devices)
-    elif isinstance(devices, int) and not isinstance(devices, bool):
-        n = devices
-    elif isinstance(devices, str) and devices == "auto":
-        n = 1
-    elif isinstance(devices, str) and devices.lstrip("-").isdigit():
-        n = int(devices)
-    else:
-        raise ConfigError(
-            "trainer.devices", f"must be an int, a list of ids or 'auto', got {devices!r}"
-        )
-    if n == -1:
-        n = 1
-    if n < 1:
-        raise ConfigError("trainer.devices", f"must be >= 1, got {devices!r}")
-    return n * int(trainer.get("num_nodes", 1))
+def declaration_for(target: str) -> type | None:
+    """The declared section whose default `_target_` is `target` (None if none is)."""
+    from frlab.config.schema_eval import EVALS
+
+    for cls in (ModelConfig, DataConfig, OptimConfig, TrainerConfig, *ENGINES.values(),
+                *EVALS.values()):  # fmt: skip
+        if getattr(cls, "_target_", None) == target:
+            return cls
+    return None

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import lightning as L
@@ -88,6 +88,8 @@ class FlashReinforceModule(DataParallelMixin, L.LightningModule):
         temperature: float = 1.0,
         max_steps: int | None = None,
         policy: Any | None = None,
+        built_objective: Objective | None = None,
+        optimizer: Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer] | None = None,
     ) -> None:
         super().__init__()
         self.automatic_optimization = False
@@ -137,7 +139,9 @@ class FlashReinforceModule(DataParallelMixin, L.LightningModule):
                 raise ValueError(f"model.routing_replay=true needs an MoE policy: {exc}") from exc
         if self.micro.pack:
             check_packable(self.policy)
-        self.objective = Objective.from_config(objective_cfg)
+        # `built_objective`: the one preflight composed from the same node (built once a run)
+        self.objective = built_objective or Objective.from_config(objective_cfg)
+        self.optimizer_factory = optimizer  # the `optim` node's partial; else build_optimizer
         self.policy_version = 0
         self.step_metrics = StepMetrics(self.objective)
         self._scorer: LogprobScorer | None = None  # FSDP2 root; set by configure_model
@@ -156,7 +160,10 @@ class FlashReinforceModule(DataParallelMixin, L.LightningModule):
 
     def configure_optimizers(self) -> dict[str, Any]:
         params = [p for p in self._trained_module().parameters() if p.requires_grad]
-        optimizer = build_optimizer(params, **self.optim_cfg)
+        if self.optimizer_factory is not None:
+            optimizer = self.optimizer_factory(params)
+        else:
+            optimizer = build_optimizer(params, **self.optim_cfg)
         scheduler = build_scheduler(
             optimizer,
             scheduler=self.optim_cfg.get("scheduler", "constant"),

@@ -2,9 +2,10 @@
 
 Three committed texts derive from the registered components (`frlab.objective.base`), so a new
 component needs no hand edit outside its own file: the per-component defaults
-`configs/objective/params/default.yaml`, the component table of `README.md` and the objective
-section and component metric names of `frlab/config/SCHEMA.md`. `tests/objective/
-test_catalog.py` fails when a committed text differs from what this module generates.
+`configs/objective/params/default.yaml`, the component table of `README.md`, and (through
+`python -m frlab.config.schema_doc`, which writes the whole file) the objective section and
+component metric names of `frlab/config/SCHEMA.md`. `tests/objective/test_catalog.py` and
+`tests/config/test_schema.py` fail when a committed text differs from what is generated.
 
     python -m frlab.objective.catalog           # exit 1 and list the stale files
     python -m frlab.objective.catalog --write   # rewrite them

@@ -14,7 +14,6 @@ _EXPORTS = {
     "EngineError": "frlab.rollout.engine",
     "GenerationResult": "frlab.rollout.engine",
     "SamplingParams": "frlab.rollout.engine",
-    "build_engine": "frlab.rollout.engine",
     "AgentLoopConfig": "frlab.rollout.agent_loop",
     "RolloutError": "frlab.rollout.agent_loop",
     "run_episode": "frlab.rollout.agent_loop",

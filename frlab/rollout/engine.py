@@ -7,9 +7,11 @@ distribution it was actually drawn from and the weight version that drew it. Fla
 reproduce what the engine used. Importance sampling also needs the full support, so with
 off-policy correction on, top-p / top-k truncation is refused at start.
 
-Implementations: `torch` (frlab.rollout.engines.torch, CPU/CUDA, test default), `vllm`
-(frlab.rollout.engines.vllm, GPU only, imported lazily so `import frlab` never imports vllm)
-and `remote` (frlab.rollout.remote.engine: a fleet of vLLM / frlab.serve servers over HTTP).
+Implementations (this module imports none of them): `torch` (frlab.rollout.engines.torch,
+CPU/CUDA, test default), `vllm` (frlab.rollout.engines.vllm, GPU only; vllm itself is imported
+lazily so `import frlab` never imports it) and `remote` (frlab.rollout.remote.engine: a fleet
+of vLLM / frlab.serve servers over HTTP). A run picks one with the config group
+`rollout/engine=torch|vllm|remote`, whose node names the engine's `for_policy` constructor.
 """
 
 from __future__ import annotations
@@ -151,24 +153,3 @@ class Engine(abc.ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
-
-
-ENGINE_KINDS = ("torch", "vllm", "remote")
-
-
-def build_engine(kind: str, **kwargs: Any) -> Engine:
-    """Build an engine by name: "torch" (TorchEngine), "vllm" (VLLMEngine, lazy import) or
-    "remote" (RemoteEngine: a fleet of HTTP generation servers)."""
-    if kind == "torch":
-        from frlab.rollout.engines.torch import TorchEngine
-
-        return TorchEngine(**kwargs)
-    if kind == "vllm":
-        from frlab.rollout.engines.vllm import VLLMEngine
-
-        return VLLMEngine(**kwargs)
-    if kind == "remote":
-        from frlab.rollout.remote.engine import RemoteEngine
-
-        return RemoteEngine(**kwargs)
-    raise ValueError(f"unknown rollout.engine {kind!r}; choose one of: {', '.join(ENGINE_KINDS)}")

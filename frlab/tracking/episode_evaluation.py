@@ -19,7 +19,7 @@ once, on the pool's event loop. Only global rank 0 evaluates.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from frlab.rollout.agent_loop import AgentLoopConfig, RolloutError, run_episode
@@ -84,6 +84,29 @@ class EpisodeEvaluation(PeriodicEvaluation):
         self.loop_cfg = AgentLoopConfig(max_turns=max_turns, max_len=max_len, sampling=sampling)
         self.prefix = prefix
         self._tasks: dict[str, list[dict[str, Any]]] = {}
+
+    @classmethod
+    def from_config(
+        cls,
+        *,
+        benchmarks: Mapping[str, Mapping[str, Any] | None],
+        sampling: Mapping[str, Any],
+        env: Mapping[str, Any],
+        user_modules: Sequence[str] = (),
+        **kw: Any,
+    ) -> EpisodeEvaluation:
+        """From an `eval` node of kind episodes (frlab.config.schema_eval.EpisodesEvalConfig):
+        one environment factory per benchmark, the `env` node with the benchmark's keys
+        changed."""
+        from omegaconf import OmegaConf
+
+        from frlab.config.instantiate import env_factory
+
+        factories = {
+            name: env_factory(OmegaConf.merge(env, changes or {}), user_modules=user_modules)
+            for name, changes in benchmarks.items()
+        }  # fmt: skip
+        return cls(factories, **kw, **sampling)
 
     def tasks(self, name: str) -> list[dict[str, Any]]:
         """Benchmark `name`'s tasks (listed once, on first use)."""

@@ -183,6 +183,13 @@ class AvgAtKEvaluation(PeriodicEvaluation):
         self.prefix = prefix
         self._benchmarks: dict[str, list[dict[str, Any]]] | None = None
 
+    @classmethod
+    def from_config(
+        cls, *, benchmarks: Mapping[str, BenchmarkSpec], sampling: Mapping[str, Any], **kw: Any
+    ) -> AvgAtKEvaluation:
+        """From an `eval` node of kind math (frlab.config.schema_eval.MathEvalConfig)."""
+        return cls(benchmarks, **kw, **sampling)
+
     @property
     def benchmarks(self) -> dict[str, list[dict[str, Any]]]:
         """The loaded problems per benchmark (loaded once, on first use)."""

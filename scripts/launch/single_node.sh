@@ -33,6 +33,6 @@ GPUS="$(seq -s, 0 $((LEARNER_GPUS - 1)))"
 run_or_print env CUDA_VISIBLE_DEVICES="$GPUS" OMP_NUM_THREADS=8 \
   torchrun --standalone --nproc-per-node "$LEARNER_GPUS" -m frlab \
   "experiment=$EXP" "trainer=$TRAINER" "trainer.devices=$LEARNER_GPUS" trainer.num_nodes=1 \
-  rollout=remote rollout.engine=remote "rollout.remote.servers=[$URLS]" \
+  rollout=remote rollout/engine=remote "rollout.remote.servers=[$URLS]" \
   "rollout.remote.snapshot_dir=$RUN_DIR/snapshots" rollout.remote.weight_sync=filesystem \
   "hydra.run.dir=$RUN_DIR" "$@"

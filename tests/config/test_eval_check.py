@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from frlab.config.compose import compose
+from frlab.config.compose import compose, group_options
 from frlab.config.errors import ConfigError
-from frlab.config.overrides import group_options
 from frlab.config.preflight import preflight
 
 

@@ -6,24 +6,65 @@ import pytest
 from omegaconf import OmegaConf
 
 from frlab.config.errors import ConfigError
-from frlab.config.instantiate import ALLOWED_PREFIXES, check_allowed, instantiate, iter_targets
+from frlab.config.instantiate import (
+    ALLOWED_TARGETS,
+    BUILTIN_PREFIXES,
+    check_allowed,
+    check_user_modules,
+    instantiate,
+    iter_targets,
+)
 
 
-def test_allowlist_prefixes() -> None:
-    assert ALLOWED_PREFIXES == ("frlab.", "envs.", "lightning.", "torch.")
+def test_the_allowlist_names_third_party_classes_exactly() -> None:
+    assert BUILTIN_PREFIXES == ("frlab.", "envs.")
+    assert "torch.optim.AdamW" in ALLOWED_TARGETS and "lightning.Trainer" in ALLOWED_TARGETS
+    assert not any(t.startswith("torch.hub") for t in ALLOWED_TARGETS)
 
 
 def test_builds_allowed_targets_with_extra_kwargs() -> None:
+    import torch
+
     node = OmegaConf.create({"_target_": "envs.toy.ParityEnv", "num_digits": 2})
     env = instantiate(node, key="env")
     assert type(env).__name__ == "ParityEnv" and env.num_digits == 2
-    layer = instantiate({"_target_": "torch.nn.Linear", "in_features": 3}, key="x", out_features=5)
-    assert tuple(layer.weight.shape) == (5, 3)
+    params = [torch.nn.Parameter(torch.zeros(2))]
+    make = instantiate({"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 0.5}, key="optim")
+    optimizer = make(params, weight_decay=0.0)
+    assert type(optimizer) is torch.optim.AdamW and optimizer.defaults["lr"] == 0.5
+
+
+@pytest.mark.parametrize(
+    "target", ["torch.hub.load", "torch.load", "torch.nn.Linear", "lightning.fabric.Fabric",
+               "os.system", "builtins.eval", "frlabx.Foo", "subprocess.run", "pickle.loads"]
+)  # fmt: skip
+def test_arbitrary_callables_are_refused(target: str) -> None:
+    with pytest.raises(ConfigError, match="not allowed"):
+        check_allowed(OmegaConf.create({"_target_": target}), "env")
+
+
+def test_user_modules_admit_the_users_own_package(tmp_path, monkeypatch) -> None:
+    """`user_modules=[mypkg]` admits mypkg.envs.MyEnv, not the standard library or torch."""
+    (tmp_path / "mypkg").mkdir()
+    (tmp_path / "mypkg" / "__init__.py").write_text("")
+    (tmp_path / "mypkg" / "envs.py").write_text(
+        "class MyEnv:\n    def __init__(self, size=1):\n        self.size = size\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    node = OmegaConf.create({"_target_": "mypkg.envs.MyEnv", "size": 3})
+    with pytest.raises(ConfigError, match="user_modules"):
+        instantiate(node, key="env")
+    assert instantiate(node, key="env", user_modules=["mypkg"]).size == 3
+    assert check_user_modules(["mypkg", "mypkg.sub"]) == ("mypkg.", "mypkg.sub.")
+    for bad in ("os", "subprocess", "torch", "transformers", "builtins", "my-pkg", ""):
+        with pytest.raises(ConfigError) as info:
+            check_user_modules([bad])
+        assert info.value.key == "user_modules[0]"
 
 
 def test_nested_targets_are_checked_before_anything_is_built() -> None:
     node = OmegaConf.create(
-        {"_target_": "torch.nn.Sequential", "_args_": [{"_target_": "os.getcwd"}]}
+        {"_target_": "frlab.tracking.ProgressBar", "_args_": [{"_target_": "os.getcwd"}]}
     )
     keys = [k for k, _ in iter_targets(node, "m")]
     assert keys == ["m._target_", "m._args_[0]._target_"]
@@ -31,12 +72,6 @@ def test_nested_targets_are_checked_before_anything_is_built() -> None:
         ConfigError, match=r"`m\._args_\[0\]\._target_`.*'os\.getcwd' is not allowed"
     ):
         instantiate(node, key="m")
-
-
-@pytest.mark.parametrize("target", ["os.system", "builtins.eval", "frlabx.Foo", "subprocess.run"])
-def test_targets_outside_the_allowlist_raise(target: str) -> None:
-    with pytest.raises(ConfigError, match="not allowed"):
-        check_allowed(OmegaConf.create({"_target_": target}), "env")
 
 
 def test_missing_module_reads_as_not_implemented() -> None:

@@ -131,3 +131,14 @@ def test_bad_micro_batching_values_name_the_key() -> None:
     ):
         with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
             preflight(compose([override]))
+
+
+def test_the_plan_lists_the_values_that_differ_from_the_declared_defaults() -> None:
+    plan = preflight(compose(["rollout.max_in_flight=7", "optim.lr=0.5"]))
+    assert plan.changed["rollout.max_in_flight"] == 7 and plan.changed["optim.lr"] == 0.5
+    assert "rollout.sampling.temperature" not in plan.changed  # the declared default
+    assert plan.changed["trainer.max_steps"] == 300  # set by the toy_cpu preset
+    assert "rollout.engine.device" not in plan.changed  # follows rollout.device
+    text = plan.format()
+    assert "rollout.max_in_flight=7" in text and "optim.lr=0.5" in text
+    assert "model.name_or_path=null" in text

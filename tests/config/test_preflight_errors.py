@@ -175,7 +175,7 @@ def test_missing_values() -> None:
     fails(["model=hf"], "model.name_or_path", "???")
     fails(["model.config=null"], "model.name_or_path", "model.config")
     fails(["~model.config.model_type"], "model.config.model_type")
-    fails(["~data.micro_batch_size"], "data.micro_batch_size", "missing")
+    fails(["~data.micro_batch_size"], "data.micro_batch_size", "cannot be removed")
 
 
 def test_targets_outside_the_allowlist_are_refused() -> None:
@@ -199,3 +199,12 @@ def test_preflight_does_not_import_environments() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_user_modules_admit_the_users_own_package_and_nothing_general() -> None:
+    fails(["env._target_=mypkg.envs.MyEnv"], "env._target_", "user_modules=[PACKAGE]")
+    plan = preflight(compose(["user_modules=[mypkg]", "env._target_=mypkg.envs.MyEnv"]))
+    assert plan.env == "mypkg.envs.MyEnv"
+    fails(["user_modules=[os]", "env._target_=os.system"], "user_modules[0]", "standard library")
+    fails(["user_modules=[torch]", "optim._target_=torch.hub.load"], "user_modules[0]")
+    fails(["optim._target_=torch.hub.load"], "optim._target_", "not allowed")

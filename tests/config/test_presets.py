@@ -6,8 +6,7 @@ import math
 
 import pytest
 
-from frlab.config.compose import compose, sweep_jobs
-from frlab.config.overrides import group_options
+from frlab.config.compose import compose, group_options, sweep_jobs
 from frlab.config.preflight import preflight
 
 EXPERIMENTS = group_options("experiment")

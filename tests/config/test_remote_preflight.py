@@ -1,5 +1,5 @@
 """`rollout=remote`: preflight errors name the `rollout.remote` key; a valid config builds a
-RemoteEngine with exactly the configured settings (frlab.train.build_engine_for)."""
+RemoteEngine with exactly the configured settings (the `rollout.engine` node, instantiated)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,14 @@ import pytest
 
 from frlab.config.compose import compose
 from frlab.config.errors import ConfigError
+from frlab.config.instantiate import instantiate
 from frlab.config.preflight import preflight
+
+
+def build_engine(cfg, policy, seed):
+    """What each rank's pool does: the engine partial called with the policy and its seed."""
+    return instantiate(cfg.rollout.engine, key="rollout.engine")(policy=policy, seed=seed)
+
 
 REMOTE = ["rollout=remote", "rollout.engine=remote"]
 ONE = "rollout.remote.servers=[http://127.0.0.1:8100]"
@@ -58,14 +65,13 @@ def test_rollout_remote_alone_selects_the_fleet_for_the_toy_presets() -> None:
 
 def test_a_valid_remote_config_builds_the_configured_engine(tmp_path: Path) -> None:
     from frlab.rollout.remote.engine import RemoteEngine
-    from frlab.train import build_engine_for, build_policy_from, plain
+    from frlab.train import build_policy_from, plain
 
     servers = "rollout.remote.servers=[http://127.0.0.1:8100,http://127.0.0.1:8101/]"
     cfg = compose([*REMOTE, servers, "rollout.remote.max_retries=5",
                    f"rollout.remote.snapshot_dir={tmp_path}"])  # fmt: skip
     preflight(cfg)
-    model = plain(cfg.model)
-    engine = build_engine_for(plain(cfg.rollout), model, build_policy_from(model, 0), seed=3)
+    engine = build_engine(cfg, build_policy_from(plain(cfg.model), 0), seed=3)
     assert isinstance(engine, RemoteEngine)
     assert [s.url for s in engine.servers] == ["http://127.0.0.1:8100", "http://127.0.0.1:8101"]
     assert (engine.max_retries, engine.request_timeout_s, engine.seed) == (5, 120.0, 3)
@@ -74,14 +80,13 @@ def test_a_valid_remote_config_builds_the_configured_engine(tmp_path: Path) -> N
 
 
 def test_a_one_rank_nccl_config_passes_and_builds_the_nccl_engine() -> None:
-    from frlab.train import build_engine_for, build_policy_from, plain
+    from frlab.train import build_policy_from, plain
 
     cfg = compose([*REMOTE, ONE, "rollout.remote.weight_sync=nccl",
                    "rollout.remote.nccl_master_address=10.0.0.7",
                    "rollout.remote.nccl_master_port=29500"])  # fmt: skip
     assert preflight(cfg).engine == "remote"
-    model = plain(cfg.model)
-    engine = build_engine_for(plain(cfg.rollout), model, build_policy_from(model, 0), seed=0)
+    engine = build_engine(cfg, build_policy_from(plain(cfg.model), 0), seed=0)
     nccl = engine._nccl
     assert (nccl.master_address, nccl.master_port, nccl.packed) == ("10.0.0.7", 29500, True)
     assert engine.snapshot_dir is None  # nccl writes snapshots only into a given snapshot_dir
@@ -91,14 +96,12 @@ def test_a_one_rank_nccl_config_passes_and_builds_the_nccl_engine() -> None:
 def test_vllm_engine_args_reach_the_in_process_engine_and_frlab_owned_keys_are_refused() -> None:
     """`rollout.vllm_engine_args` (e.g. the paper presets' gpu_memory_utilization) become vLLM
     AsyncEngineArgs of the in-process engine; keys frlab sets itself are refused by name."""
-    from frlab.train import build_engine_for, plain
-
     cfg = compose(["experiment=qwen_math_1p5b"])
     assert cfg.rollout.vllm_engine_args.gpu_memory_utilization == 0.4
-    rollout = plain(cfg.rollout)
-    engine = build_engine_for(rollout, plain(cfg.model), None, seed=0)
+    engine = build_engine(cfg, None, seed=0)
     assert engine.engine_options["gpu_memory_utilization"] == 0.4
-    assert engine.engine_options["max_model_len"] == rollout["max_len"]
+    assert engine.engine_options["max_model_len"] == cfg.rollout.max_len == 6144
+    assert engine.model_path == "Qwen/Qwen2.5-Math-1.5B"
     with pytest.raises(ConfigError) as info:
         preflight(compose(["experiment=qwen_math_1p5b", "+rollout.vllm_engine_args.seed=3"]))
     assert info.value.key == "rollout.vllm_engine_args" and "seed" in str(info.value)

@@ -83,6 +83,20 @@ def _truncate(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
 class TorchEngine(Engine):
     """Sampler over a private copy of `model`, batched across concurrent requests."""
 
+    @classmethod
+    def for_policy(
+        cls,
+        policy: PreTrainedModel,
+        *,
+        seed: int = 0,
+        device: str | torch.device = "cpu",
+        max_batch_size: int = 32,
+        record_routing: bool = False,
+    ) -> TorchEngine:
+        """The engine of `rollout/engine=torch`: a copy of the learner's `policy`."""
+        return cls(policy, device=device, max_batch_size=max_batch_size, seed=seed,
+                   record_routing=record_routing)  # fmt: skip
+
     def __init__(
         self,
         model: PreTrainedModel,

@@ -167,6 +167,23 @@ def _import_vllm() -> SimpleNamespace:
 class VLLMEngine(Engine):
     """vLLM AsyncLLMEngine on a private event-loop thread (single node, one GPU)."""
 
+    @classmethod
+    def for_policy(
+        cls,
+        policy: Any,
+        *,
+        seed: int = 0,
+        model: str,
+        max_model_len: int,
+        engine_args: Mapping[str, Any] | None = None,
+    ) -> VLLMEngine:
+        """The engine of `rollout/engine=vllm`: vLLM loads `model` (a `gguf:` source is
+        converted first) itself; the learner's `policy` reaches it by weight sync."""
+        from frlab.model.gguf import resolve_model_source
+
+        return cls(resolve_model_source(model), seed=seed, max_model_len=max_model_len,
+                   **dict(engine_args or {}))  # fmt: skip
+
     def __init__(
         self,
         model: str,

@@ -112,6 +112,12 @@ class RemoteEngine(FleetMixin, Engine):
 
     shared_across_ranks = True  # every learner rank drives the same servers: collective syncs
 
+    @classmethod
+    def for_policy(cls, policy: Any, *, seed: int = 0, settings: Mapping[str, Any]) -> RemoteEngine:
+        """The engine of `rollout=remote`: the fleet of `settings` (the `rollout.remote`
+        block), starting from the learner's `policy` weights."""
+        return cls(**dict(settings), seed=seed, initial_weights=policy.state_dict())
+
     def __init__(
         self,
         servers: Sequence[str],

@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from frlab.rollout.engine import EngineError, SamplingParams, build_engine
+from frlab.rollout.engine import EngineError, SamplingParams
 from frlab.rollout.engines.torch import TorchEngine, sampling_log_probs
 
 VOCAB = 64
@@ -232,8 +232,14 @@ def test_bad_requests_raise_clear_errors() -> None:
         TorchEngine(tiny_model(0), max_batch_size=0)
 
 
-def test_build_engine_by_name() -> None:
-    engine = build_engine("torch", model=tiny_model(0), seed=1)
+def test_the_engine_group_builds_a_copy_of_the_policy() -> None:
+    """`rollout/engine=torch`: the config node is a partial called with (policy, seed)."""
+    from frlab.config.compose import compose
+    from frlab.config.instantiate import instantiate
+
+    policy = tiny_model(0)
+    cfg = compose(["rollout.max_in_flight=5", "rollout.device=cpu"])
+    engine = instantiate(cfg.rollout.engine, key="rollout.engine")(policy=policy, seed=1)
     assert isinstance(engine, TorchEngine) and engine.version == 0
-    with pytest.raises(ValueError, match="rollout.engine"):
-        build_engine("tensorrt")
+    assert engine.max_batch_size == 5 and engine.device == torch.device("cpu")
+    assert engine._model is not policy

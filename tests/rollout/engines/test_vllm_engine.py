@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from frlab.rollout.engine import EngineError, SamplingParams, build_engine
+from frlab.rollout.engine import EngineError, SamplingParams
 from frlab.rollout.engines import vllm as vllm_engine
 from frlab.rollout.engines.vllm import (
     VLLMEngine,
@@ -190,7 +190,7 @@ def fake_vllm(monkeypatch):
 
 
 def test_engine_bridges_loops_and_updates_weights_by_method_name(fake_vllm) -> None:
-    engine = build_engine("vllm", model="some/model", seed=3)
+    engine = VLLMEngine("some/model", seed=3)
     assert isinstance(engine, VLLMEngine)
     engine.start()
     try:

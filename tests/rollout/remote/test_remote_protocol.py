@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from frlab.rollout.callbacks import rollout_metrics
-from frlab.rollout.engine import ENGINE_KINDS, SamplingParams, build_engine
+from frlab.rollout.engine import SamplingParams
 from frlab.rollout.remote import protocol as proto
 from frlab.rollout.remote.engine import RemoteEngine, Server
 from frlab.rollout.remote.snapshot import (
@@ -156,9 +156,9 @@ def test_engine_counters_become_rollout_metrics() -> None:
     assert rollout_metrics({"engine": {}}) == {} == rollout_metrics({"started": 1})
 
 
-def test_remote_engine_is_built_by_name_and_checks_its_arguments(tmp_path: Path) -> None:
-    assert "remote" in ENGINE_KINDS
-    engine = build_engine("remote", servers=["http://127.0.0.1:1/"], snapshot_dir=str(tmp_path))
+def test_remote_engine_is_built_from_its_settings_and_checks_its_arguments(tmp_path: Path) -> None:
+    settings = {"servers": ["http://127.0.0.1:1/"], "snapshot_dir": str(tmp_path)}
+    engine = RemoteEngine.for_policy(torch.nn.Linear(1, 1), seed=0, settings=settings)
     assert isinstance(engine, RemoteEngine) and engine.servers[0].url == "http://127.0.0.1:1"
     assert engine.version == 0 and engine.stats()["servers_healthy"] == 0
     engine.shutdown()  # never started: nothing to stop

@@ -1,0 +1,255 @@
+"""Hydra's composition errors as frlab `ConfigError`s: the key named, close matches, exit 2.
+
+With structured configs (frlab.config.schema) Hydra itself refuses an unknown key, a value of
+the wrong type or an unknown group option while it composes, and `@hydra.main` would print
+its own message and exit 1. `explain` turns those exceptions into a `ConfigError`;
+`report_config_errors` makes `python -m frlab` print it as `frlab: config error: ...` and
+exit 2, for single runs and every job of a sweep; `frlab.config.compose.compose` raises it.
+
+`legacy_overrides` keeps an old command-line spelling working: `rollout.engine=NAME` (a plain
+string key before the engine became a config group) means `rollout/engine=NAME`.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from frlab.config.declare import describe, unknown_key
+from frlab.config.errors import ConfigError
+
+# old key -> config group, for command-line overrides `KEY=VALUE` (also `-m` sweeps).
+LEGACY_GROUP_KEYS = {"rollout.engine": "rollout/engine"}
+
+NODE_KINDS = {"IntegerNode": "int", "FloatNode": "float", "BooleanNode": "bool",
+              "StringNode": "str"}  # fmt: skip
+
+
+def legacy_overrides(args: Sequence[str]) -> list[str]:
+    """`rollout.engine=vllm` -> `rollout/engine=vllm`; `+trainer.KEY=V` (needed before every
+    Lightning argument was declared) -> `++trainer.KEY=V` for a declared KEY; every other
+    argument unchanged."""
+    import dataclasses
+
+    from frlab.config.schema_trainer import TrainerConfig
+
+    declared = {f"+trainer.{f.name}" for f in dataclasses.fields(TrainerConfig)}
+    out = []
+    for arg in args:
+        key, sep, value = arg.partition("=")
+        if sep and key in LEGACY_GROUP_KEYS:
+            arg = f"{LEGACY_GROUP_KEYS[key]}={value}"
+        elif sep and key in declared:
+            arg = f"+{arg}"
+        out.append(arg)
+    return out
+
+
+def explain(exc: BaseException) -> ConfigError | None:
+    """The ConfigError for a Hydra composition / override error; None for anything else."""
+    from hydra.errors import (
+        ConfigCompositionException,
+        MissingConfigException,
+        OverrideParseException,
+    )
+    from omegaconf.errors import OmegaConfBaseException
+
+    if isinstance(exc, ConfigError):
+        return exc
+    if isinstance(exc, MissingConfigException):
+        return _missing_option(exc)
+    if isinstance(exc, OverrideParseException):
+        return ConfigError("command line", str(exc).strip().splitlines()[0])
+    if not isinstance(exc, ConfigCompositionException):
+        return None
+    text = str(exc)
+    where = re.match(r"In '([^']+)'", text)
+    source = f" (in config '{where.group(1)}')" if where else ""
+    cause = exc.__cause__ or exc.__context__
+    if isinstance(cause, OmegaConfBaseException):
+        return _from_omegaconf(cause, source)
+    quoted = re.search(r"'([^']+)'", text)
+    key = quoted.group(1) if quoted else "command line"
+    if "An item is already at" in text:
+        return ConfigError(key, f"exists already: set it without the +, as {key}=...")
+    return ConfigError(key, text.strip().splitlines()[0] + source)
+
+
+def _missing_option(exc: Any) -> ConfigError | None:
+    """`objective=flashreinforse`: an unknown option of a config group."""
+    found = re.search(r"Could not find '([^']+)'", str(exc))
+    if not found or "/" not in found.group(1):
+        return None
+    group, _, value = found.group(1).rpartition("/")
+    options = [o for o in (getattr(exc, "options", None) or []) if not o.startswith("_")]
+    return ConfigError(
+        group.replace("/", "."),
+        f"unknown option {value!r} of config group `{group}`",
+        value=value,
+        choices=options or None,
+    )
+
+
+def _from_omegaconf(cause: Any, source: str) -> ConfigError:
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ConfigTypeError
+
+    key = str(getattr(cause, "full_key", "") or "")
+    msg = str(getattr(cause, "msg", "") or cause).strip().splitlines()[0]
+    parent = getattr(cause, "parent_node", None)
+    root = _root_values(parent)
+    if isinstance(cause, ConfigAttributeError | ConfigKeyError) and key:
+        head = key.rsplit(".", 1)[0] if "." in key else ""
+        if head and not _keys(parent):  # the parent is null (or empty) here
+            return ConfigError(key, f"`{head}` has no keys here: {_null_hint(head)}")
+        open_node = not _typed(parent)  # env, callbacks, eval: new keys are added with +
+        return unknown_key(key, _keys(parent), root, _refused(parent, key),
+                           f"to add a new key write +{key}=..." if open_node else "")  # fmt: skip
+    if isinstance(cause, ConfigTypeError) and "deletion" in msg:
+        return ConfigError(key, "is a declared key and cannot be removed (~): set a value")
+    typed = re.search(r"(\w+) is not a subclass of (\w+)\. value: (.*)", msg)
+    if typed:
+        return _wrong_node(key, typed.group(2), typed.group(3).strip(), source)
+    if "is not Optional" in msg or "cannot be assigned None" in msg:
+        return ConfigError(key, f"must be set ({describe(_node_kind(parent, key))}), got null")
+    value = re.match(r"Value '(.*)' (?:of type|is not)", msg)
+    if value and key:
+        shown = value.group(1)
+        return ConfigError(key, f"must be {describe(_node_kind(parent, key))}, got {shown!r}")
+    return ConfigError(key or "config", msg + source)
+
+
+def _wrong_node(key: str, cls_name: str, value: str, source: str) -> ConfigError:
+    """A plain value where a declared section (or an engine node) belongs."""
+    from frlab.config.schema import ENGINES
+
+    if cls_name in {cls.__name__ for cls in ENGINES.values()}:
+        return ConfigError(
+            "rollout.engine",
+            f"{value!r} is a name, but the engine is the config group rollout/engine: write "
+            f"rollout/engine={value} on the command line, or `- override /rollout/engine: "
+            f"{value}` in a preset's defaults list{source}",
+        )
+    return ConfigError(key or "config", f"must be a mapping of {cls_name} keys, got {value!r}")
+
+
+def _null_hint(head: str) -> str:
+    if head == "rollout.remote":
+        return "select the fleet with rollout=remote"
+    return f"set the whole mapping, e.g. {head}={{name: value}}"
+
+
+def _root(node: Any) -> Any:
+    return node._get_root() if node is not None else None
+
+
+def _root_values(node: Any) -> dict[str, Any]:
+    """The composed config as plain containers, interpolations left as written."""
+    from omegaconf import DictConfig, OmegaConf
+
+    root = _root(node)
+    if not isinstance(root, DictConfig):
+        return {}
+    return OmegaConf.to_container(root, resolve=False)  # type: ignore[return-value]
+
+
+def _keys(node: Any) -> list[str]:
+    from omegaconf import DictConfig
+
+    if isinstance(node, DictConfig) and not node._is_none() and not node._is_missing():
+        return [str(k) for k in node.keys()]
+    return []
+
+
+def _typed(node: Any) -> bool:
+    from omegaconf import OmegaConf
+
+    try:
+        return OmegaConf.get_type(node) not in (dict, None)
+    except Exception:  # a None or missing node
+        return False
+
+
+def _refused(node: Any, key: str) -> str | None:
+    from omegaconf import OmegaConf
+
+    try:
+        refused = getattr(OmegaConf.get_type(node), "REFUSED", {})
+    except Exception:
+        return None
+    return refused.get(key.rsplit(".", 1)[-1])
+
+
+def _node_kind(parent: Any, key: str) -> str:
+    """The declared kind of `key` (from the typed node holding it)."""
+    try:
+        node = parent._get_node(key.rsplit(".", 1)[-1])
+    except Exception:
+        return "value"
+    return NODE_KINDS.get(type(node).__name__, "value")
+
+
+def report_config_errors() -> None:
+    """Make `@hydra.main` report composition errors as frlab config errors (exit code 2).
+
+    Hydra (hydra-core 1.3) first composes the config once to read `hydra.mode`
+    (`Hydra.get_mode`, which hides any error), then composes it again inside
+    `hydra._internal.utils.run_and_report`, which prints any exception and exits 1. frlab
+    wraps both so that a composition error reaches `explain` at the first composition and is
+    reported once, with exit code 2. Other exceptions keep Hydra's own report.
+    """
+    import hydra._internal.utils as hydra_utils
+    from hydra._internal.hydra import Hydra
+
+    original = hydra_utils.run_and_report
+    if getattr(original, "frlab_wrapped", False):
+        return
+
+    def run_and_report(func: Callable[[], Any]) -> Any:
+        return original(lambda: exit_2_on_config_error(func))
+
+    get_mode = Hydra.get_mode
+
+    def get_mode_or_report(self: Any, config_name: Any, overrides: Any) -> Any:
+        from hydra.types import RunMode
+
+        def compose() -> Any:
+            return self.compose_config(
+                config_name=config_name, overrides=overrides, with_log_configuration=False,
+                run_mode=RunMode.MULTIRUN, validate_sweep_overrides=False,
+            )  # fmt: skip
+
+        try:
+            cfg = exit_2_on_config_error(compose)
+        except Exception:  # what Hydra's get_mode does with any other error
+            return None
+        if cfg.hydra.mode is None and not {"-m", "--multirun"} & set(sys.argv):
+            early_machine_check(cfg)  # a single run: this is its config
+        return cfg.hydra.mode
+
+    run_and_report.frlab_wrapped = True  # type: ignore[attr-defined]
+    hydra_utils.run_and_report = run_and_report
+    if get_mode.__qualname__ == "Hydra.get_mode":
+        Hydra.get_mode = get_mode_or_report  # type: ignore[method-assign]
+
+
+def early_machine_check(cfg: Any) -> None:
+    """frlab.config.resources.check_machine on a single run's config, at its first
+    composition (a GPU preset on a CPU machine stops before Hydra composes again)."""
+    from frlab.config.resources import check_machine
+
+    if cfg.get("dry_run") is False:
+        exit_2_on_config_error(lambda: check_machine(cfg))
+
+
+def exit_2_on_config_error(func: Callable[[], Any]) -> Any:
+    """Run `func`; a config error is printed as `frlab: config error: ...` and exits 2."""
+    try:
+        return func()
+    except Exception as exc:
+        err = explain(exc)
+        if err is None:
+            raise
+        print(f"frlab: config error: {err}", file=sys.stderr, flush=True)
+        sys.exit(2)

@@ -1,0 +1,224 @@
+"""Generate `frlab/config/SCHEMA.md` from the declarations: `python -m frlab.config.schema_doc`.
+
+Every table row comes from a declaration (frlab.config.schema, schema_trainer, schema_eval:
+type, default, allowed values, meaning), from the registered objective components, or from
+the option files of the config groups (env, logger, callbacks: their keys and comments).
+`--check` exits 1 when the committed file differs from what would be generated (a test runs it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from frlab.config import schema
+from frlab.config.compose import group_dir, group_options
+from frlab.config.declare import Field, declared, interval, meta_of, rule, section_type, unwrap
+from frlab.config.instantiate import ALLOWED_TARGETS, BUILTIN_PREFIXES
+from frlab.config.schema_eval import EVALS, MathBenchmarkConfig
+from frlab.config.schema_trainer import TrainerConfig
+
+PATH = Path(__file__).with_name("SCHEMA.md")
+GROUPS = ("model", "env", "rollout", "rollout/engine", "data", "objective", "optim", "trainer",
+          "logger", "callbacks", "eval", "paths", "hydra", "ablation", "experiment", "sweep")  # fmt: skip
+
+HEAD = """# frlab config schema
+
+Generated from the declarations by `python -m frlab.config.schema_doc` (do not edit by hand;
+a test checks that this file is current). Every key's type, default and allowed values are
+declared once, as structured configs: `frlab/config/schema.py` (root and sections),
+`schema_trainer.py` (`trainer`), `schema_eval.py` (`eval`). Hydra checks types and unknown keys
+while it composes; preflight checks ranges and the rules between keys; both report
+`frlab: config error: config key `KEY`: ...` with close matches and exit with code 2.
+
+Hydra root: `configs/train.yaml`; groups under `configs/`; experiment presets in
+`experiments/experiment/NAME.yaml` and sweep presets in `experiments/sweep/NAME.yaml`
+(`experiments/` is on Hydra's search path). Defaults: `model=toy_qwen2 env=toy_single
+rollout=async rollout/engine=torch data=default objective=flashreinforce optim=adamw
+trainer=cpu logger=csv callbacks=default eval=none experiment=toy_cpu`; `python -m frlab`
+therefore runs `toy_cpu`. A group option only sets the values that differ from the defaults
+below. The rollout engine is the config group `rollout/engine` (on the command line the older
+`rollout.engine=NAME` is read as `rollout/engine=NAME`; `+trainer.KEY=...` still sets a
+Lightning argument).
+"""
+
+TAIL = """## Run folders and files
+
+Single runs: `<paths.log_dir>/runs/<experiment>/<date>_<time>[_<hash>]`, `<hash>` 6 hex digits
+of the command-line overrides (the overrides themselves are in the folder,
+`.hydra/overrides.yaml`); sweeps: `<paths.log_dir>/multirun/<experiment or sweep>/<date>_<time>/
+<the job's overrides>` (`job<N>_<hash>` when longer than 80 characters). The keys experiment,
+sweep, dry_run, ckpt_path, logger, plots, paths.log_dir and task_name are left out of both.
+
+Every run writes `metrics.csv` (step, elapsed_s, every `train/`, `timing/`, `rollout/` and
+`eval/` metric) and `summary.json` (steps, reward_mean_first_10 / last_10 / last_20,
+acceptance, lag, wall time, components, plan, rollout_stats) into its run folder. Metric names:
+learner `train/reward_mean`, `train/acceptance_rate` (trust regions that can reject),
+`train/sequence_kl_mean`, `train/policy_lag_mean` and `train/policy_lag_max` (per trajectory,
+oldest action token), `train/policy_lag_token_mean` (per action token),
+`train/response_tokens_mean`, `train/advantage_abs_mean`, `train/retained_tokens_frac`,
+`train/loss`, `train/grad_norm`, `train/lr`, `train/zero_signal_step` (1 when the update's
+gradient was exactly 0), `train/micro_batches` (forward passes on one rank; 0 when a
+zero-signal batch skipped them; statistics that need the forward are then NaN),
+`timing/step_s`, `timing/logprob_s`, `timing/backward_s`; component diagnostics
+`train/<component>/<name>` (the objective section); rollout pool counters since the pool
+started `rollout/paused_for_lag`, `rollout/lag_violations`, `rollout/failed`,
+`rollout/rejected` and per reason `rollout/failed/<reason>`, `rollout/rejected/<reason>`;
+engine counters
+`rollout/retries`, `rollout/servers_healthy`, `rollout/servers_stale`, `rollout/servers_dead`,
+`rollout/stale_refusals`, `rollout/readmissions`, `rollout/server_faults`; evaluation
+`eval/<benchmark>/avg@<k>`, `eval/mean/avg@<k>`, `eval/<benchmark>/errors` (kind episodes).
+"""
+
+
+def type_name(annotation: Any, spec_: Field) -> str:
+    inner, optional = unwrap(annotation)
+    if section_type(annotation) is not None:
+        name = inner.__name__
+    elif spec_.kind == "float_pair":
+        name = "[float, float]"
+    elif spec_.kind in ("mapping", "list", "int", "float", "bool", "str"):
+        name = getattr(inner, "__name__", spec_.kind) if spec_.kind == "list" else spec_.kind
+        name = str(inner).replace("typing.", "") if spec_.kind == "list" else name
+    else:
+        name = "any"
+    return f"{name} | null" if optional and name != "any" else name
+
+
+def show(value: Any) -> str:
+    if value is dataclasses.MISSING:
+        return ""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, str) and value == "???":
+        return "??? (required)"
+    return str(value)
+
+
+def default_of(f: dataclasses.Field) -> str:
+    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+        value = f.default_factory()  # type: ignore[misc]
+        return "" if dataclasses.is_dataclass(value) else show(value)
+    return show(f.default)
+
+
+def allowed_of(spec_: Field) -> str:
+    if spec_.choices:
+        return " | ".join(spec_.choices)
+    if spec_.low is not None or spec_.high is not None:
+        return interval(spec_)
+    return ""
+
+
+def row(cells: list[str]) -> str:
+    """A markdown table row (pipes inside cells escaped)."""
+    return "| " + " | ".join(c.replace("\n", " ").replace("|", "\\|") for c in cells) + " |"
+
+
+def table(prefix: str, cls: type) -> list[str]:
+    """One markdown table of a declaration (nested sections get their own table)."""
+    rows = ["| key | type | default | allowed | meaning |", "|---|---|---|---|---|"]
+    nested: list[tuple[str, type]] = []
+    for f, annotation in declared(cls):
+        meta = meta_of(f)
+        spec_ = rule(annotation, meta)
+        sub = section_type(annotation)
+        if sub is not None:
+            nested.append((f"{prefix}.{f.name}", sub))
+        doc = meta.doc + (" (read by frlab, not passed to `_target_`)" if not meta.arg else "")
+        cells = [f"`{prefix}.{f.name}`", type_name(annotation, spec_), f"`{default_of(f)}`"
+                 if default_of(f) else "", allowed_of(spec_), doc or (sub.__doc__ or "")]  # fmt: skip
+        rows.append(row(cells))
+    out = [f"### `{prefix}` ({cls.__name__})", "", (cls.__doc__ or "").strip(), "", *rows, ""]
+    for key, sub in nested:
+        out += table(key, sub)
+    return out
+
+
+def yaml_keys(path: Path) -> list[tuple[str, str, str]]:
+    """(key, value, comment) of the top-level lines of a group option file."""
+    out = []
+    for line in path.read_text().splitlines():
+        match = re.match(r"^([A-Za-z_][\w]*):\s*([^#]*?)\s*(?:#\s*(.*))?$", line)
+        if match and match.group(1) != "defaults":
+            out.append((match.group(1), match.group(2), match.group(3) or ""))
+    return out
+
+
+def option_tables(group: str, title: str) -> list[str]:
+    """The keys each option of an open group (env, logger, callbacks) sets, from its file."""
+    folder = group_dir(group)
+    out = [f"### `{title}` options", ""]
+    for name in group_options(group):
+        out += [f"`{group}={name}`:", "", "| key | value | meaning |", "|---|---|---|"]
+        for key, value, comment in yaml_keys(folder / f"{name}.yaml"):  # type: ignore[operator]
+            out.append(row([f"`{title}.{key}`", f"`{value}`" if value else "(mapping)", comment]))
+        out.append("")
+    return out
+
+
+def objective_section() -> list[str]:
+    """The objective node, from the component declarations (frlab.objective.catalog)."""
+    from frlab.objective.catalog import component_metrics_text, schema_objective_section
+
+    intro = ("Component names (plain strings), one per slot, and each component's "
+             "hyperparameters under its own name (`objective.NAME.ARG`), declared once on the "
+             "component class and checked by frlab/config/objective_check.py; presets "
+             "`objective=" + "|".join(group_options("objective")) + "`.")  # fmt: skip
+    return ["## `objective`", "", intro, "", "```yaml",
+            "# objective:begin (generated from the component declarations)",
+            schema_objective_section(), "# objective:end", "```", "",
+            "Component metrics:", "", component_metrics_text(), ""]  # fmt: skip
+
+
+def generate() -> str:
+    out = [HEAD, "## Config groups", "", "| group | options |", "|---|---|"]
+    out += [row([f"`{g}`", ", ".join(group_options(g))]) for g in GROUPS if group_options(g)]
+    out += ["", "## Keys", ""]
+    root_scalars = [f for f, a in declared(schema.FrlabConfig) if section_type(a) is None]
+    out += ["| key | type | default | meaning |", "|---|---|---|---|"]
+    hints = dict((f.name, a) for f, a in declared(schema.FrlabConfig))
+    for f in root_scalars:
+        spec_ = rule(hints[f.name], meta_of(f))
+        out.append(row([f"`{f.name}`", type_name(hints[f.name], spec_), f"`{default_of(f)}`",
+                        meta_of(f).doc]))  # fmt: skip
+    out.append("")
+    for name in ("model", "rollout", "data", "optim", "paths"):
+        out += table(name, section_type(hints[name]))  # type: ignore[arg-type]
+    out += table("rollout.remote", schema.RemoteConfig)
+    for name, cls in schema.ENGINES.items():
+        out += [f"`rollout/engine={name}`:", ""] + table("rollout.engine", cls)
+    out += table("trainer", TrainerConfig)
+    refused = "; ".join(f"`{k}` ({v})" for k, v in TrainerConfig.REFUSED.items())
+    out += [f"Refused trainer arguments: {refused}.", ""]
+    out += option_tables("env", "env") + objective_section()
+    for kind, cls in EVALS.items():
+        out += [f"`eval` of kind `{kind}`:", ""] + table("eval", cls)
+    out += table("eval.benchmarks.NAME", MathBenchmarkConfig)
+    out += option_tables("logger", "logger") + option_tables("callbacks", "callbacks")
+    targets = ", ".join(f"`{t}`" for t in sorted(ALLOWED_TARGETS))
+    out += ["## Allowed `_target_`s", "", f"Anything under {', '.join(f'`{p}`' for p in BUILTIN_PREFIXES)}, "
+            f"under a package listed in `user_modules`, and exactly: {targets}.", "", TAIL]  # fmt: skip
+    return "\n".join(out).rstrip() + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    text = generate()
+    if "--check" in args:
+        if PATH.read_text() != text:
+            print(f"{PATH} is out of date: run python -m frlab.config.schema_doc", file=sys.stderr)
+            return 1
+        return 0
+    PATH.write_text(text)
+    print(f"wrote {PATH}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,111 @@
+"""Hydra's composition errors (unknown keys, wrong types, unknown group options) come back as
+ConfigErrors naming the key, with close matches, from compose() as from `python -m frlab`."""
+
+from __future__ import annotations
+
+import pytest
+
+from frlab.config.compose import compose, group_options
+from frlab.config.errors import ConfigError
+from frlab.config.hydra_errors import legacy_overrides
+
+
+def composition_error(overrides: list[str]) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        compose(overrides)
+    return info.value
+
+
+def test_group_options_list_the_yaml_files() -> None:
+    assert {"flashreinforce", "pg_is", "grpo", "dr_grpo", "rloo"} <= set(group_options("objective"))
+    assert {"csv", "tensorboard", "wandb"} <= set(group_options("logger"))
+    assert group_options("rollout/engine") == ["remote", "torch", "vllm"]
+    assert "toy_cpu" in group_options("experiment")
+    assert group_options("not_a_group") == []
+
+
+@pytest.mark.parametrize(
+    ("args", "key", "suggestion"),
+    [
+        (["objective=flashreinforse"], "objective", "flashreinforce"),
+        (["experiment=toy_cpus"], "experiment", "toy_cpu"),
+        (["logger=tensorbord"], "logger", "tensorboard"),
+        (["sweep=r1_ablation"], "sweep", "r1_ablations"),
+        (["rollout/engine=vlm"], "rollout.engine", "vllm"),
+        (["rollout.engine=torhc"], "rollout.engine", "torch"),
+        (["rollout.max_inflight=3"], "rollout.max_inflight", "max_in_flight"),
+        (["trainer.max_step=3"], "trainer.max_step", "max_steps"),
+        (["rollout.sampling.temprature=1"], "rollout.sampling.temprature", "temperature"),
+        (["objective.sequence_bernouli_kl.delta=1"], "objective.sequence_bernouli_kl",
+         "sequence_bernoulli_kl"),
+        (["env.num_digit=3"], "env.num_digit", "num_digits"),
+    ],
+)  # fmt: skip
+def test_typos_raise_with_suggestions(args: list[str], key: str, suggestion: str) -> None:
+    err = composition_error(args)
+    assert err.key == key, str(err)
+    assert suggestion in err.suggestions, str(err)
+
+
+def test_a_key_of_another_section_suggests_where_it_lives() -> None:
+    """`rollout.temperature` is `rollout.sampling.temperature` (not max_turns, not a `+` key)."""
+    err = composition_error(["rollout.temperature=0"])
+    assert err.key == "rollout.temperature"
+    assert err.suggestions == ["rollout.sampling.temperature"], str(err)
+    assert "max_turns" not in str(err).split("(valid")[0] and "+rollout" not in str(err)
+
+
+@pytest.mark.parametrize(
+    ("args", "key", "fragment"),
+    [
+        (["data.batch_size=abc"], "data.batch_size", "must be an integer, got 'abc'"),
+        (["data.batch_size=16.5"], "data.batch_size", "must be an integer"),
+        (["dry_run=maybe"], "dry_run", "true or false"),
+        (["optim.lr=fast"], "optim.lr", "must be a number"),
+        (["data.batch_size=null"], "data.batch_size", "got null"),
+        (["~data.micro_batch_size"], "data.micro_batch_size", "cannot be removed"),
+        (["rollout.sampling=3"], "rollout.sampling", "SamplingConfig"),
+        (["trainer.gradient_clip_val=1.0"], "trainer.gradient_clip_val", "optim.grad_clip"),
+        (["rollout.remote.servers=[http://a:1]"], "rollout.remote.servers", "rollout=remote"),
+        (["env=math", "env.options.min_terms=2"], "env.options.min_terms", "env.options={"),
+    ],
+)  # fmt: skip
+def test_wrong_values_name_the_key(args: list[str], key: str, fragment: str) -> None:
+    err = composition_error(args)
+    assert err.key == key, str(err)
+    assert fragment in str(err), str(err)
+
+
+def test_valid_overrides_compose() -> None:
+    compose(["experiment=r1_distill_1p5b", "model.name_or_path=/x", "+trainer.max_time=1"])
+    compose(["~logger", "~callbacks.model_checkpoint", "hydra/launcher=basic"])
+    compose(["objective=grpo", "objective.ppo_clip.eps_high=0.3"])
+    cfg = compose(["env=math", "env.options={min_terms: 2, max_terms: 3}", "env.seed=4"])
+    assert dict(cfg.env.options) == {"min_terms": 2, "max_terms": 3} and cfg.env.seed == 4
+    assert compose(["trainer.max_time=00:01:00:00"]).trainer.max_time == "00:01:00:00"
+
+
+def test_lightning_arguments_keep_their_plus_spelling_and_a_plus_on_a_key_is_explained() -> None:
+    """Before every Lightning argument was declared, `+trainer.X=...` added one."""
+    assert compose(["+trainer.detect_anomaly=true"]).trainer.detect_anomaly is True
+    assert compose(["trainer.detect_anomaly=true"]).trainer.detect_anomaly is True
+    err = composition_error(["+rollout.max_len=3"])
+    assert err.key == "rollout.max_len" and "without the +" in str(err)
+
+
+def test_the_engine_group_and_its_legacy_spelling() -> None:
+    assert legacy_overrides(["rollout.engine=vllm", "-m", "seed=1", "+trainer.max_time=1"]) == [
+        "rollout/engine=vllm", "-m", "seed=1", "++trainer.max_time=1"]  # fmt: skip
+    for args in (["rollout/engine=vllm"], ["rollout.engine=vllm"]):
+        node = compose(args).rollout.engine
+        assert node._target_ == "frlab.rollout.engines.vllm.VLLMEngine.for_policy", args
+    # a preset written with the old string key gets a message pointing to the group
+    from omegaconf import OmegaConf
+
+    from frlab.config.preflight import preflight
+
+    cfg = compose([])
+    OmegaConf.update(cfg, "rollout.engine", "vllm", force_add=True)
+    with pytest.raises(ConfigError, match="override /rollout/engine: vllm") as info:
+        preflight(cfg)
+    assert info.value.key == "rollout.engine"

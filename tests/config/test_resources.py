@@ -1,0 +1,117 @@
+"""Before a real run: devices, model sources and data files are checked first, fast, offline,
+each problem naming its key and pointing to dry_run=true."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from frlab.config import resources
+from frlab.config.compose import compose
+from frlab.config.errors import ConfigError
+from frlab.config.preflight import preflight
+from frlab.config.resources import check_machine
+
+
+@pytest.fixture
+def no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(resources, "GPU_DEVICE_FILES", ("/nonexistent/nvidia0",))
+    monkeypatch.setattr(resources.platform, "system", lambda: "Linux")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+
+def machine_error(overrides: list[str]) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        check_machine(compose(overrides))
+    return info.value
+
+
+@pytest.mark.parametrize("experiment", ["alfworld_qwen7b", "qwen_math_1p5b", "r1_distill_1p5b"])
+def test_a_gpu_preset_on_a_cpu_machine_fails_on_the_device_and_points_to_dry_run(
+    no_gpu: None, experiment: str
+) -> None:
+    err = machine_error([f"experiment={experiment}"])
+    assert err.key == "trainer.accelerator"
+    assert "no GPU" in str(err) and "dry_run=true" in str(err)
+
+
+def test_gpu_use_outside_the_trainer_is_caught_too(no_gpu: None) -> None:
+    assert machine_error(["rollout.device=cuda"]).key == "rollout.device"
+    assert machine_error(["rollout/engine=vllm"]).key == "rollout.engine"
+    check_machine(compose([]))  # the CPU default needs nothing
+
+
+def test_a_visible_gpu_passes_the_device_check(monkeypatch, tmp_path: Path) -> None:
+    device = tmp_path / "nvidia0"
+    device.write_text("")
+    monkeypatch.setattr(resources, "GPU_DEVICE_FILES", (str(device),))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert resources.gpu_visible()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert not resources.gpu_visible()
+
+
+def test_a_missing_model_folder_names_the_key_not_the_config_clash(tmp_path: Path) -> None:
+    """On the toy default (which also sets model.config), a wrong path is reported as such."""
+    missing = tmp_path / "no_such_model"
+    with pytest.raises(ConfigError) as info:
+        preflight(compose([f"model.name_or_path={missing}"]))
+    assert info.value.key == "model.name_or_path"
+    assert "not an existing folder" in str(info.value) and "not both" not in str(info.value)
+
+
+def test_a_loadable_model_next_to_a_random_init_config_is_refused_at_model_config(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        preflight(compose([f"model.name_or_path={tmp_path}"]))
+    assert info.value.key == "model.config" and "model=hf" in str(info.value)
+
+
+def test_an_uncached_hub_model_offline_is_found_before_anything_loads(monkeypatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(resources, "gpu_visible", lambda: True)
+    monkeypatch.setattr(resources, "cached_on_hub", lambda repo: False)
+    err = machine_error(["experiment=qwen_math_1p5b"])
+    assert err.key == "model.name_or_path" and "local Hugging Face cache" in str(err)
+    monkeypatch.setattr(resources, "cached_on_hub", lambda repo: repo == "Qwen/Qwen2.5-Math-1.5B")
+    check_machine(compose(["experiment=qwen_math_1p5b", "eval=none"]))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "0")
+    monkeypatch.setattr(resources, "cached_on_hub", lambda repo: False)
+    check_machine(compose(["experiment=qwen_math_1p5b", "eval=none"]))  # online: downloadable
+
+
+def test_missing_data_files_name_their_keys(monkeypatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(resources, "gpu_visible", lambda: True)
+    monkeypatch.setenv("FRLAB_DATA_DIR", str(tmp_path))
+    monkeypatch.setattr(resources, "cached_on_hub", lambda repo: True)
+    err = machine_error(["experiment=python_tool_qwen7b", "eval=none"])
+    assert err.key == "env.data_path" and "deepscaler_train.jsonl" in str(err)
+    (tmp_path / "deepscaler_train.jsonl").write_text("")
+    err = machine_error(["experiment=python_tool_qwen7b", "eval=tool_episodes"])
+    assert err.key == "eval.benchmarks.AMC23.data_path"
+    err = machine_error(["env=math", f"env.source={tmp_path}/train.jsonl"])
+    assert err.key == "env.source"
+    err = machine_error(["eval=math", f"eval.benchmarks.GSM8K={tmp_path}/gsm8k.jsonl"])
+    assert err.key == "eval.benchmarks.GSM8K"
+
+
+def test_the_checks_import_neither_torch_nor_transformers() -> None:
+    import subprocess
+
+    code = (
+        "import sys\n"
+        "from frlab.config.compose import compose\n"
+        "from frlab.config.resources import check_machine\n"
+        "try:\n"
+        "    check_machine(compose(['experiment=alfworld_qwen7b']))\n"
+        "except Exception as exc:\n"
+        "    print(type(exc).__name__)\n"
+        "print(sorted(m for m in ('torch', 'transformers', 'lightning') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"
