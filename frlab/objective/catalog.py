@@ -166,11 +166,9 @@ def component_metrics_text() -> str:
 MARKERS = {
     README_FILE: [("<!-- components:begin (generated: {cmd}) -->", "<!-- components:end -->",
                    component_table)],
-    SCHEMA_FILE: [("# objective:begin (generated: {cmd})", "# objective:end",
-                   schema_objective_section),
-                  ("<!-- component-metrics:begin (generated: {cmd}) -->",
-                   "<!-- component-metrics:end -->", component_metrics_text)],
 }  # fmt: skip
+# frlab/config/SCHEMA.md is written whole by `python -m frlab.config.schema_doc`, which takes its
+# objective section from schema_objective_section and component_metrics_text.
 
 
 def _replace_between(text: str, begin: str, end: str, body: str, path: Path) -> str:

@@ -126,7 +126,7 @@ def test_bad_micro_batching_values_name_the_key() -> None:
 
     for override, key in (
         ("data.max_tokens_per_micro_batch=0", "data.max_tokens_per_micro_batch"),
-        ("data.pack_sequences=3", "data.pack_sequences"),
+        ("data.pack_sequences=sometimes", "data.pack_sequences"),
         ("optim.skip_zero_signal_steps=maybe", "optim.skip_zero_signal_steps"),
     ):
         with pytest.raises(ConfigError, match=key.replace(".", r"\.")):

@@ -45,7 +45,8 @@ def test_check_value_types_and_bounds() -> None:
 
 
 def test_check_declared_unknown_removed_and_nested_keys() -> None:
-    values = {"batch_size": 8, "micro_batch_size": 4, "_target_": "x"}
+    values = {"batch_size": 8, "micro_batch_size": 4, "_target_": "x",
+              "max_tokens_per_micro_batch": None, "pack_sequences": True}  # fmt: skip
     check_declared("data", values, schema.DataConfig)
     with pytest.raises(ConfigError, match="missing"):
         check_declared("data", {"batch_size": 8, "_target_": "x"}, schema.DataConfig)
@@ -61,10 +62,11 @@ def test_check_declared_unknown_removed_and_nested_keys() -> None:
 
 def test_keys_frlab_reads_itself_are_not_target_arguments() -> None:
     assert not_args(schema.OptimConfig) == ("grad_clip", "scheduler", "warmup_ratio",
-                                            "min_lr_ratio")  # fmt: skip
+                                            "min_lr_ratio", "skip_zero_signal_steps")  # fmt: skip
     assert set(not_args(schema.ModelConfig)) == {"tokenizer", "logprob_chunk_size",
                                                  "routing_replay"}  # fmt: skip
-    assert not_args(schema.DataConfig) == ("micro_batch_size",)
+    assert not_args(schema.DataConfig) == ("micro_batch_size", "max_tokens_per_micro_batch",
+                                           "pack_sequences")  # fmt: skip
 
 
 @pytest.mark.parametrize(
