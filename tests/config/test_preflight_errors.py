@@ -180,7 +180,9 @@ def test_missing_values() -> None:
 
 def test_targets_outside_the_allowlist_are_refused() -> None:
     fails(["env._target_=os.system"], "env._target_", "not allowed")
-    fails(["logger._target_=subprocess.run"], "logger._target_", "not allowed")
+    fails(
+        ["logger=tensorboard", "logger._target_=subprocess.run"], "logger._target_", "not allowed"
+    )
     fails(["+callbacks.evil._target_=builtins.eval"], "callbacks.evil._target_", "not allowed")
 
 
