@@ -102,6 +102,11 @@ def measure(path: Path, g: int) -> dict[str, float | int | None]:
     }
 
 
+def _acceptance(x: float | None) -> str:
+    """`-` for a trust region that admits everything by construction (no acceptance logged)."""
+    return "-" if x is None else f"{x:.2f}"
+
+
 def fmt(x: float | int | None, spec: str) -> str:
     return "never" if x is None else format(x, spec)
 
@@ -122,7 +127,7 @@ def table(root: Path, tasks: list[str], seeds: list[int]) -> str:
                 lines.append(
                     f"| {task} | {arm} | {seed} | {m['first10']:.2f} | {m['last20']:.2f} | "
                     f"{fmt(m['to_0.8'], 'd')} | {m['wall_s']:.0f} | {m['rollouts']:.0f} | "
-                    f"{m['prompts']:.0f} | {m['generated']:.0f} | {m['acceptance']:.2f} |"
+                    f"{m['prompts']:.0f} | {m['generated']:.0f} | {_acceptance(m['acceptance'])} |"
                 )
     return "\n".join(lines)
 

@@ -121,11 +121,11 @@ class TokenBatch:
     @cached_property
     def ratio(self) -> Tensor:
         """rho on kept tokens, exactly 1 elsewhere (filtered tokens are never exponentiated)."""
+        if "log_ratio" not in self.__dict__:  # one pass: log-ratio on kept tokens, exp in place
+            return log_ratio(self.log_probs, self.behavior_log_probs, self.keep).exp_()
         if self.keep is not self.action_mask:
             return torch.where(self.keep, self.log_ratio, 0.0).exp_()
-        if "log_ratio" in self.__dict__:  # already computed (and maybe still in use): keep it
-            return self.log_ratio.exp()
-        return log_ratio(self.log_probs, self.behavior_log_probs, self.action_mask).exp_()
+        return self.log_ratio.exp()  # the cached log-ratio may still be in use: not in place
 
     @cached_property
     def token_kl(self) -> Tensor:
