@@ -1,6 +1,6 @@
 """`run(cfg) -> summary`: wire a validated config into a FlashREINFORCE training run.
 
-Order (FlashREINFORCE paper; SPEC §3): preflight, seed, tokenizer, policy, the learner module
+Order (the FlashREINFORCE paper's one-pass update): preflight, seed, tokenizer, policy, the learner module
 (policy + composed objective), the rollout side (engine with its OWN copy of the weights, one
 environment per episode, the asynchronous pool behind a DataModule), callbacks (weight sync
 every `rollout.sync_every` steps, avg@k evaluation from the `eval` group, run files,
