@@ -13,8 +13,9 @@ process; medians and the median of per-round ratios are printed. Target: frlab /
 `--part pipeline`: `experiment=toy_cpu rollout=sync` (collect B, then train: the parts add up)
 for `--steps` updates through `frlab.train.run`, then, alone in the same process, the
 generation of the same number of batches (the same pool and engine, no learner) and the
-learner updates on those batches (no pool, no callbacks). Overhead fraction = (pipeline
-seconds per update - generation alone - learner alone) / pipeline seconds per update. Where the
+learner updates on those batches (no pool, no callbacks); the weight push to the engine
+after each batch is timed on its own. Overhead fraction = (pipeline seconds per update -
+generation alone - learner alone) / pipeline seconds per update. Where the
 per-update time goes is read from a cProfile of a second pipeline run (main thread only: the
 engine and environments run in their own threads).
 
@@ -186,8 +187,7 @@ def part_update(args: argparse.Namespace) -> None:
 
 def pipeline_overrides(args: argparse.Namespace, out: Path) -> list[str]:
     return ["experiment=toy_cpu", "rollout=sync", f"trainer.max_steps={args.pipeline_steps}",
-            "plots=false", f"hydra.run.dir={out}", f"paths.output_dir={out}",
-            "callbacks.model_checkpoint.every_n_train_steps=null"]  # fmt: skip
+            "plots=false", f"paths.output_dir={out}"]  # fmt: skip
 
 
 def run_pipeline(args: argparse.Namespace, out: Path, profile: cProfile.Profile | None):
@@ -209,8 +209,9 @@ def run_pipeline(args: argparse.Namespace, out: Path, profile: cProfile.Profile 
     return cfg, [b - a for a, b in zip(elapsed, elapsed[1:], strict=False)], learner
 
 
-def alone(cfg, args: argparse.Namespace) -> tuple[list[float], list[float]]:
-    """Seconds per batch of the pool alone, then per update of the learner alone."""
+def alone(cfg, args: argparse.Namespace) -> tuple[list[float], list[float], list[float]]:
+    """Seconds per batch of the pool alone (and per weight push to its engine), then per
+    update of the learner alone."""
     from frlab.model.toy_tokenizer import build_toy_tokenizer
     from frlab.train import build_policy_from, plain, pool_factory
 
@@ -224,13 +225,17 @@ def alone(cfg, args: argparse.Namespace) -> tuple[list[float], list[float]]:
     tokenizer = build_toy_tokenizer()
     pool = pool_factory(cfg, policy, tokenizer)(batch_size=data["batch_size"], seed=0)
     pool.start()
-    gen, batches = [], []
+    gen, sync, batches = [], [], []
     try:
-        for _ in range(args.pipeline_steps):
+        for step in range(args.pipeline_steps):
             start = time.perf_counter()
             trajectories = pool.next_batch(120.0)
             gen.append(time.perf_counter() - start)
             batches.append(collate(trajectories, int(tokenizer.pad_token_id)))
+            start = time.perf_counter()  # what WeightSyncCallback does after an update
+            pool.set_learner_version(step + 1)
+            pool.update_weights(policy.state_dict(), step + 1)
+            sync.append(time.perf_counter() - start)
     finally:
         pool.stop()
     clock = BatchClock()
@@ -239,7 +244,7 @@ def alone(cfg, args: argparse.Namespace) -> tuple[list[float], list[float]]:
                         enable_model_summary=False)  # fmt: skip
     trainer.fit(module, DataLoader(batches, batch_size=None))
     learn = [b - a for a, b in zip(clock.starts, clock.starts[1:], strict=False)]
-    return gen[1:], learn
+    return gen[1:], sync[1:], learn
 
 
 def attribution(profile: cProfile.Profile, steps: int) -> list[tuple[str, float]]:
@@ -254,34 +259,42 @@ def attribution(profile: cProfile.Profile, steps: int) -> list[tuple[str, float]
         "Lightning logging": ("logger_connector.py", "update_train_step_metrics"),
     }
     found = {name: 0.0 for name in parts}
+    total = 0.0
     for (file, _, func), (_, _, _, cum, _) in stats.stats.items():  # type: ignore[attr-defined]
+        if file.endswith("lightning/pytorch/trainer/trainer.py") and func == "fit":
+            total = max(total, cum)
         for name, (suffix, fn) in parts.items():
             if file.endswith(suffix) and func == fn:
                 found[name] = max(found[name], cum)
+    found["rest of Trainer.fit (start-up, hooks)"] = total - sum(found.values())
     return [(name, t / steps) for name, t in found.items()]
 
 
 def part_pipeline(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         cfg, wall, learner_in = run_pipeline(args, Path(tmp) / "plain", None)
-        gen, learn = alone(cfg, args)
+        gen, sync, learn = alone(cfg, args)
         profile = cProfile.Profile()
         _, wall_p, _ = run_pipeline(args, Path(tmp) / "profiled", profile)
     per_update = statistics.median(wall[1:])
-    g, lrn = statistics.median(gen), statistics.median(learn)
+    g, lrn, w = statistics.median(gen), statistics.median(learn), statistics.median(sync)
     overhead = per_update - g - lrn
     print(
         f"pipeline (toy_cpu, rollout=sync, {args.pipeline_steps} updates): "
         f"{per_update:.4f} s/update (median); learner step inside it "
         f"{statistics.median(learner_in[1:]):.4f} s"
     )
-    print(f"alone: generation {g:.4f} s/batch, learner {lrn:.4f} s/update -> sum {g + lrn:.4f} s")
     print(
-        f"overhead: {overhead:.4f} s/update = {100 * overhead / per_update:.1f}% of the "
-        "pipeline's time per update"
+        f"alone: generation {g:.4f} s/batch, learner {lrn:.4f} s/update -> sum {g + lrn:.4f} s"
+        f" (one weight push to the engine alone: {w:.4f} s)"
     )
     print(
-        f"where the main thread's time goes per update (cProfile run, "
+        f"overhead: {overhead:.4f} s/update = {100 * overhead / per_update:.1f}% of the "
+        f"pipeline's time per update ({100 * (overhead - w) / per_update:.1f}% besides the "
+        "weight push)"
+    )
+    print(
+        f"where the main thread's time goes, Trainer.fit / updates (cProfile run, median "
         f"{statistics.median(wall_p[1:]):.4f} s/update under the profiler):"
     )
     for name, seconds in attribution(profile, args.pipeline_steps):

@@ -1,6 +1,6 @@
 """`run(cfg) -> summary`: a composed config becomes a FlashREINFORCE training run.
 
-The story (FlashREINFORCE paper, Sec. 3): validate the config (preflight: the plan and the
+The story (the FlashREINFORCE paper's one-pass update): validate the config (preflight: the plan and the
 objective, built once), build the policy and its tokenizer, the learner module (policy,
 objective, optimizer), the rollout side (a data module whose pool drives its own engine copy
 of the weights and one environment per episode), the callbacks (weight sync every

@@ -87,7 +87,7 @@ class Plan:
             ("batch", f"B={self.batch_size} (global), {self.per_rank_batch_size}/rank, "
                       f"micro {self.micro_batch_size} x {self.micro_batches_per_step}/step, "
                       f"G={self.samples_per_prompt}"),
-            ("micro-batch", self._micro_batching()),
+            ("micro", self._micro_batching()),
             ("rollout", f"{self.mode} on {self._engine()}, in flight {self.max_in_flight}, "
                         f"sync every {self.sync_every}, turns {self.max_turns}, max_len "
                         f"{self.max_len}, new tokens {self.max_new_tokens}, T={self.temperature:g}"),

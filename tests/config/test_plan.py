@@ -112,7 +112,7 @@ def test_plan_records_servers_and_evaluation() -> None:
     ],
 )  # fmt: skip
 def test_micro_batch_row_shows_the_caps_and_the_layout(overrides: list[str], row: str) -> None:
-    assert plan_row(overrides, "micro-batch") == row
+    assert plan_row(overrides, "micro") == row
 
 
 def test_updates_row_says_what_zero_gradient_batches_do() -> None:

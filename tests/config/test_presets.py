@@ -168,7 +168,7 @@ def test_submitit_launcher_is_documented_in_every_sweep() -> None:
         assert "hydra/launcher=submitit_slurm" in text, name
 
 
-# Training data (SPEC §4 names none: frlab's documented choices) and evaluation (SPEC §4:
+# Training data (frlab's documented choices) and evaluation (the paper's settings:
 # r1 AIME24/25 avg@32 at temp 0.6 / top_p 0.95; math and tool AMC23, Minerva, AIME25 avg@4
 # at 0.7 / 0.7; ALFWorld seen + unseen games, 3 samples each).
 DEEPSCALER = {"source": "agentica-org/DeepScaleR-Preview-Dataset", "split": "train",

@@ -179,9 +179,9 @@ def reference_update(
     q: float = 1.0,
     **_: Any,
 ) -> dict[str, torch.Tensor]:
-    """One hand-written FlashREINFORCE update (SPEC §2): naive log-probs, gate, AdamW, clip.
+    """One hand-written FlashREINFORCE update: naive log-probs, gate, AdamW, clip.
 
-    `q < 1` applies the entropy filter to failed rows (SPEC §2 rule 4).
+    `q < 1` keeps only the ceil(q T_i) highest-entropy tokens of failed rows (entropy filter).
     """
     optimizer = torch.optim.AdamW(
         policy.parameters(), lr=lr, weight_decay=weight_decay, betas=tuple(betas), eps=eps

@@ -1,6 +1,6 @@
 """Routing replay end to end: TorchEngine records, the agent loop keeps, collate pads, and the
-learner replays the sampler's experts (frlab.model.routing_replay; SPEC §3, NOTES "MoE router
-mismatch")."""
+learner replays the sampler's experts (frlab.model.routing_replay: an expert flip between
+sampler and learner would move the token ratio far more than the trust region allows)."""
 
 from __future__ import annotations
 
