@@ -1,0 +1,38 @@
+"""Two `python -m frlab rollout.mode=sync` runs with the same seed write identical metrics.csv
+files, timing columns aside (the CPU torch engine, the default toy experiment)."""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline"}
+TIMING = ("elapsed_s", "timing/")
+
+
+def run(folder: Path, *overrides: str) -> list[dict[str, str]]:
+    """Train in a fresh process; the metrics.csv rows without timing columns."""
+    args = ["rollout.mode=sync", "trainer.max_steps=6", "plots=false", f"hydra.run.dir={folder}"]
+    out = subprocess.run(
+        [sys.executable, "-m", "frlab", *args, *overrides],
+        env=ENV, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    with open(folder / "metrics.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    return [{k: v for k, v in row.items() if not k.startswith(TIMING)} for row in rows]
+
+
+@pytest.mark.slow
+def test_two_sync_runs_with_the_same_seed_write_identical_metrics(tmp_path: Path) -> None:
+    first = run(tmp_path / "a")
+    second = run(tmp_path / "b")
+    assert len(first) == 6 and "train/reward_mean" in first[0] and "train/loss" in first[0]
+    assert first == second
+    third = run(tmp_path / "c", "seed=1")
+    assert [r["train/loss"] for r in third] != [r["train/loss"] for r in first]
