@@ -78,3 +78,29 @@ def test_two_sync_pools_with_the_same_seed_hand_out_identical_trajectories() -> 
     assert {row[3][-1] for row in first} == {0, 1}  # the second batch sampled at version 1
     other = collect(seed=8, max_in_flight=4)
     assert [row[1] for row in other] != [row[1] for row in first]
+
+
+def test_each_rollout_samples_with_the_seed_of_its_prompt_sample_and_version() -> None:
+    """Every engine request of a pool carries turn_seed(rollout_seed(...), turn)."""
+    from test_pool import Board, make_pool
+
+    from frlab.rollout.seeding import rollout_seed, turn_seed
+
+    pool, engine = make_pool(Board(open_by_default=True), mode="sync", batch_size=4,
+                             samples_per_prompt=2, max_in_flight=4, seed=5)  # fmt: skip
+    seen: list[int | None] = []
+    generate = engine.generate
+
+    async def spy(prompt, params):
+        seen.append(params.seed)
+        return await generate(prompt, params)
+
+    engine.generate = spy
+    pool.start()
+    try:
+        batch = pool.next_batch(timeout=30)
+    finally:
+        pool.stop()
+    assert [t.prompt_id for t in batch] == [0, 0, 1, 1]
+    expected = {turn_seed(rollout_seed(5, p, g, 0), 0) for p in (0, 1) for g in (0, 1)}
+    assert set(seen) == expected and len(seen) == 4
