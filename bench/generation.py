@@ -20,6 +20,7 @@ forward of the same tokens (no cache, no padding): kernel-level differences only
 
     python bench/generation.py                     # SmolLM2-135M, batch 8, 32 tokens, 3 rounds
     python bench/generation.py --model-config configs/model/toy_qwen2.yaml   # random-init
+    python bench/generation.py --threads 1 --rounds 5   # steadier on a loaded machine
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--arms", default="greedy,sampled,ragged")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     return p.parse_args()
 
 
@@ -180,6 +182,8 @@ class Arms:
 
 def main() -> None:
     args = parse_args()
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)  # the engine's thread follows the same setting
     model = load_model(args)
     engine = TorchEngine(model, max_batch_size=args.batch, seed=args.seed)
     engine.start()

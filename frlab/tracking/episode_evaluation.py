@@ -1,6 +1,6 @@
 """`EpisodeEvaluation`: avg@k of multi-turn environments (ALFWorld seen / unseen games).
 
-The paper evaluates ALFWorld on 140 seen and 134 unseen games with 3 samples each (SPEC §4).
+The FlashREINFORCE paper evaluates ALFWorld on 140 seen and 134 unseen games with 3 samples each.
 Every `every_n_steps` optimizer steps this callback plays every task of each benchmark
 environment k times with the agent loop (`run_episode`, the training loop's turn protocol and
 token handling) on the running rollout engine, which holds the learner's latest weights. It

@@ -1,7 +1,7 @@
 """`AvgAtKEvaluation`: avg@k accuracy per benchmark, measured during training every N steps.
 
 The FlashREINFORCE paper reports avg@k (mean over problems of the fraction of k sampled
-replies graded correct; avg@32 on AIME at temperature 0.6) as its evaluation metric (SPEC §4).
+replies graded correct; avg@32 on AIME at temperature 0.6) as its evaluation metric.
 This callback measures it on the running rollout engine (the trainer's datamodule -> pool ->
 engine, which always holds the learner's latest weights), every `every_n_steps` optimizer
 steps (never at step 0), and reports `eval/<benchmark>/avg@k` and `eval/mean/avg@k` for that

@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 import time
 
+import pytest
 import torch
 
 from envs.toy.multi import KeyParityEnv
@@ -69,6 +70,7 @@ def collect(seed: int, max_in_flight: int) -> list[tuple]:
     return out
 
 
+@pytest.mark.slow
 def test_two_sync_pools_with_the_same_seed_hand_out_identical_trajectories() -> None:
     first = collect(seed=7, max_in_flight=4)  # fewer slots than rollouts: admission mid-batch
     second = collect(seed=7, max_in_flight=4)

@@ -30,13 +30,13 @@ import contextlib
 import copy
 import inspect
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
 from transformers import PreTrainedModel
 
-from frlab.model.routing_replay import moe_routers, record_routing
+from frlab.model.routing_replay import RoutingRecord, moe_routers, record_routing
 from frlab.rollout.engine import Engine, EngineError, GenerationResult, SamplingParams
 from frlab.rollout.engines.kv_batch import DecodeRows, GrowingCache, left_pad
 from frlab.rollout.engines.sampling import inverse_cdf, request_generator, uniforms
@@ -101,6 +101,7 @@ class TorchEngine(Engine):
         self._paused = False
         self._stopping = False
         self._thread: threading.Thread | None = None
+        self._record: RoutingRecord | None = None  # open while the serving thread runs
 
     # -- lifecycle ---------------------------------------------------------------------------
     @property
@@ -212,6 +213,13 @@ class TorchEngine(Engine):
 
     # -- the serving thread ------------------------------------------------------------------
     def _serve(self) -> None:
+        """The serving thread: MoE routing is recorded (if asked) for the thread's lifetime."""
+        recording = record_routing(self._model) if self.record_routing else contextlib.nullcontext()
+        with recording as record:
+            self._record = record
+            self._serve_loop()
+
+    def _serve_loop(self) -> None:
         rows: DecodeRows | None = None
         reqs: list[_Request] = []  # the requests of `rows`, row by row
         while True:
@@ -284,26 +292,20 @@ class TorchEngine(Engine):
         counts: list[int],
     ) -> torch.Tensor:
         """Last-position logits [b, V] of one forward; routing attributed when recording."""
-        with self._recording(reqs, counts):
-            out = self._model(
-                input_ids=ids, attention_mask=attention, position_ids=positions,
-                use_cache=True, **{self._cache_kwarg: cache}, **self._forward_extra,
-            )  # fmt: skip
+        record = self._record
+        if record is not None:
+            record.steps.clear()
+        out = self._model(
+            input_ids=ids, attention_mask=attention, position_ids=positions,
+            use_cache=True, **{self._cache_kwarg: cache}, **self._forward_extra,
+        )  # fmt: skip
+        if record is not None:
+            (step,) = record.steps
+            for row, (req, n) in enumerate(zip(reqs, counts, strict=True)):
+                if req.routing is None:
+                    req.routing = []
+                req.routing.append(step[row, step.shape[1] - n :].clone())
         return out.logits[:, -1, :]
-
-    @contextlib.contextmanager
-    def _recording(self, reqs: list[_Request], counts: list[int]) -> Iterator[None]:
-        """Record one forward's routing and give each request its columns (if recording)."""
-        if not self.record_routing:
-            yield
-            return
-        with record_routing(self._model) as record:
-            yield
-        (step,) = record.steps
-        for row, (req, n) in enumerate(zip(reqs, counts, strict=True)):
-            if req.routing is None:
-                req.routing = []
-            req.routing.append(step[row, step.shape[1] - n :].clone())
 
     def _sample(self, logits: torch.Tensor, reqs: list[_Request]) -> torch.Tensor:
         log_probs = sampling_log_probs(logits, [r.params for r in reqs])
