@@ -64,6 +64,29 @@ def truncate(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     return scaled.masked_fill(~keep, float("-inf"))
 
 
+def draw(
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    generators: list[torch.Generator | None],
+    shared: torch.Generator,
+) -> tuple[torch.Tensor, list[float]]:
+    """Sample one token per row [b] and its log-prob under the row's sampling distribution.
+
+    Every row consumes one uniform draw. When every row is greedy (top_k=1, no top-p) and its
+    maximum is unique, the distribution is a point mass: the token is the argmax and its
+    log-prob exactly 0.0, as the general path gives, without full-vocabulary work."""
+    u = uniforms(generators, shared)
+    if all(p.top_k == 1 and p.top_p >= 1.0 for p in params):
+        temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32)
+        scaled = logits.float() / temperature.to(logits.device).unsqueeze(1)
+        best = scaled.amax(dim=-1, keepdim=True)
+        if bool(((scaled == best).sum(dim=-1) == 1).all()):
+            return scaled.argmax(dim=-1), [0.0] * len(params)
+    log_probs = sampling_log_probs(logits, params)
+    tokens = inverse_cdf(log_probs, u)
+    return tokens, log_probs.gather(1, tokens.unsqueeze(1)).squeeze(1).tolist()
+
+
 def request_generator(seed: int | None) -> torch.Generator | None:
     """A CPU generator seeded with `seed` (None when the request has no seed of its own)."""
     return None if seed is None else torch.Generator().manual_seed(int(seed))

@@ -39,7 +39,7 @@ from transformers import PreTrainedModel
 from frlab.model.routing_replay import RoutingRecord, moe_routers, record_routing
 from frlab.rollout.engine import Engine, EngineError, GenerationResult, SamplingParams
 from frlab.rollout.engines.kv_batch import DecodeRows, GrowingCache, left_pad
-from frlab.rollout.engines.sampling import inverse_cdf, request_generator, uniforms
+from frlab.rollout.engines.sampling import draw, request_generator
 from frlab.rollout.engines.sampling import sampling_log_probs as sampling_log_probs
 
 
@@ -308,10 +308,8 @@ class TorchEngine(Engine):
         return out.logits[:, -1, :]
 
     def _sample(self, logits: torch.Tensor, reqs: list[_Request]) -> torch.Tensor:
-        log_probs = sampling_log_probs(logits, [r.params for r in reqs])
-        u = uniforms([r.generator for r in reqs], self._generator)
-        tokens = inverse_cdf(log_probs, u)
-        chosen = log_probs.gather(1, tokens.unsqueeze(1)).squeeze(1).tolist()
+        params, generators = [r.params for r in reqs], [r.generator for r in reqs]
+        tokens, chosen = draw(logits, params, generators, self._generator)
         version = self._version
         for req, tok, lp in zip(reqs, tokens.tolist(), chosen, strict=True):
             req.token_ids.append(int(tok))

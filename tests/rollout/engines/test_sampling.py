@@ -13,6 +13,7 @@ from frlab.rollout.engine import SamplingParams
 from frlab.rollout.engines.sampling import (
     BLOCK,
     _inverse_cdf_flat,
+    draw,
     inverse_cdf,
     sampling_log_probs,
     truncate,
@@ -79,3 +80,21 @@ def test_batched_top_k_masking_equals_the_per_row_definition() -> None:
     kept = torch.isfinite(greedy).sum(-1)
     assert torch.equal(kept, ties)
     assert math.isclose(float(greedy[0].exp().sum()), 1.0, rel_tol=1e-6)
+
+
+def test_the_greedy_fast_path_gives_what_the_general_path_gives() -> None:
+    logits = torch.randn(5, 300, generator=torch.Generator().manual_seed(2)) * 3
+    greedy = [SamplingParams(top_k=1, temperature=t) for t in (1.0, 0.5, 2.0, 1.0, 0.9)]
+    shared = torch.Generator().manual_seed(0)
+    tokens, chosen = draw(logits, greedy, [None] * 5, shared)
+    general = sampling_log_probs(logits, greedy)
+    expected = inverse_cdf(general, torch.rand(5, dtype=torch.float64))
+    assert torch.equal(tokens, expected) and torch.equal(tokens, logits.argmax(-1))
+    assert chosen == general.gather(1, tokens.unsqueeze(1)).squeeze(1).tolist() == [0.0] * 5
+    # one uniform per row was consumed, as on the general path
+    after = torch.Generator().manual_seed(0)
+    torch.rand(5, generator=after, dtype=torch.float64)
+    assert torch.equal(torch.rand(1, generator=shared), torch.rand(1, generator=after))
+    tied = torch.zeros(2, 4)  # ties: the general path (each tied token equally likely)
+    tokens, chosen = draw(tied, greedy[:2], [None] * 2, shared)
+    assert chosen == pytest.approx([math.log(0.25)] * 2)

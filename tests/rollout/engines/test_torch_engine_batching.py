@@ -13,7 +13,7 @@ import torch
 from torch_testlib import generate_all, recomputed_log_probs, tiny_model
 
 from frlab.rollout.engine import SamplingParams
-from frlab.rollout.engines import torch as torch_engine
+from frlab.rollout.engines import sampling as sampler
 from frlab.rollout.engines.torch import TorchEngine
 
 
@@ -71,7 +71,7 @@ def test_recorded_log_prob_is_exactly_the_sampled_distributions() -> None:
     drawn: set[tuple[int, float]] = set()
     logits_seen: list[torch.Tensor] = []
     engine.model.register_forward_hook(lambda m, a, out: logits_seen.append(out.logits[:, -1]))
-    real_draw = torch_engine.inverse_cdf
+    real_draw = sampler.inverse_cdf
 
     def spy(log_probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         tokens = real_draw(log_probs, u)
@@ -81,12 +81,12 @@ def test_recorded_log_prob_is_exactly_the_sampled_distributions() -> None:
         return tokens
 
     params = [SamplingParams(temperature=0.7, max_new_tokens=n) for n in BUDGETS]
-    torch_engine.inverse_cdf = spy
+    sampler.inverse_cdf = spy
     try:
         with engine:
             results = asyncio.run(submit_together(engine, PROMPTS, params))
     finally:
-        torch_engine.inverse_cdf = real_draw
+        sampler.inverse_cdf = real_draw
     for res in results:
         assert set(zip(res.token_ids, res.log_probs, strict=True)) <= drawn
 
