@@ -3,7 +3,7 @@
 The chat template is applied ONCE, to the environment's initial messages. Each turn then
 samples from the engine with the per-turn budget min(max_new_tokens, max_len - used), appends
 the sampled ids verbatim (action mask True, with the engine's own log-probs and weight
-versions: the behaviour log-probs of FlashREINFORCE's token ratios, paper Sec. 3), steps the environment off the
+versions: FlashREINFORCE's behaviour log-probs, paper Sec. 3), steps the environment off the
 event loop, and appends the observation as a chat turn whose text is encoded on its own with
 the template's turn pieces (action mask False). Earlier tokens are never decoded and
 re-encoded, so the learner scores exactly the tokens the sampler produced.

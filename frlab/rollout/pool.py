@@ -1,14 +1,14 @@
 """The rollout pool: one rollout per prompt, first B finishers out, staleness bounded by admission.
 
-FlashREINFORCE (paper, Sec. 3: one rollout per prompt, one-pass asynchronous update) trains on
-a batch of B finished trajectories of B distinct prompts as soon as they exist: the pool keeps
-up to `max_in_flight` rollouts running on an asyncio loop in a background thread, hands out the
-first B that finish and carries the rest over (no drain between steps). Finished trajectories
-are never dropped for being slow; staleness is bounded by admission control (the
-earliest-deadline invariant and lag bookkeeping in `frlab.rollout.admission`), so every
-trajectory satisfies `learner_version - min token version <= max_policy_lag` at consumption,
-and the per-trajectory lag is written into `Trajectory.info`. Rollout records and their
-checkpoint form live in `frlab.rollout.rollouts`.
+FlashREINFORCE (paper, Sec. 3) trains on a batch of B finished trajectories of B distinct prompts
+as soon as they exist: the pool keeps up to `max_in_flight` rollouts running on an asyncio loop
+in a background thread, hands out the first B that finish and carries the rest over (no drain
+between steps). Finished trajectories are never dropped for being slow; staleness is bounded by
+admission control (the earliest-deadline invariant and lag bookkeeping in
+`frlab.rollout.admission`), so every trajectory satisfies
+`learner_version - min token version <= max_policy_lag` at consumption, and the per-trajectory
+lag is written into `Trajectory.info`. Rollout records and their checkpoint form live in
+`frlab.rollout.rollouts`.
 
 `mode="sync"` (collect, then train) uses the same code: `next_batch` requests exactly B/G
 prompts x G samples, which run together and are handed out together in prompt order; nothing
