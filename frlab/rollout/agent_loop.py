@@ -3,10 +3,12 @@
 The chat template is applied ONCE, to the environment's initial messages. Each turn then
 samples from the engine with the per-turn budget min(max_new_tokens, max_len - used), appends
 the sampled ids verbatim (action mask True, with the engine's own log-probs and weight
-versions: FlashREINFORCE's behaviour log-probs, SPEC §2-3), steps the environment off the
+versions: FlashREINFORCE's behaviour log-probs, paper Sec. 3), steps the environment off the
 event loop, and appends the observation as a chat turn whose text is encoded on its own with
 the template's turn pieces (action mask False). Earlier tokens are never decoded and
 re-encoded, so the learner scores exactly the tokens the sampler produced.
+
+With a rollout `seed`, turn t's request carries `turn_seed(seed, t)` (frlab.rollout.seeding).
 
 An episode that ends on the turn cap or the length budget before the environment says done
 is marked truncated.
@@ -31,6 +33,7 @@ import torch
 from envs.base import Env, StepResult
 from frlab.data.batch import Trajectory, TrajectoryError
 from frlab.rollout.engine import Engine, GenerationResult, SamplingParams
+from frlab.rollout.seeding import turn_seed
 
 _ACTION_SENTINEL = "FRLABACTIONSENTINEL"
 _OBSERVATION_SENTINEL = "FRLABOBSERVATIONSENTINEL"
@@ -154,8 +157,10 @@ async def run_episode(
     *,
     prompt_id: int,
     executor: concurrent.futures.Executor | None = None,
+    seed: int | None = None,
 ) -> Trajectory:
-    """Play one episode of `env` on `task` with `engine`; return its finished trajectory."""
+    """Play one episode of `env` on `task` with `engine`; return its finished trajectory.
+    `seed`: the rollout's sampling seed (None: the engine's own random stream)."""
     try:
         messages = await _off_loop(executor, env.reset, task)
     except Exception as exc:
@@ -172,7 +177,8 @@ async def run_episode(
         budget = min(cfg.sampling.max_new_tokens, cfg.max_len - len(stream.token_ids))
         if budget < 1:
             break
-        params = _turn_params(cfg.sampling, budget, stop_ids)
+        turn = None if seed is None else turn_seed(seed, len(boundaries))
+        params = _turn_params(cfg.sampling, budget, stop_ids, turn)
         try:
             gen = await engine.generate(list(stream.token_ids), params)
         except Exception as exc:
@@ -244,6 +250,9 @@ def _stop_ids(tokenizer: Any, sampling: SamplingParams) -> tuple[int, ...]:
 
 
 def _turn_params(
-    sampling: SamplingParams, budget: int, stop_ids: tuple[int, ...]
+    sampling: SamplingParams, budget: int, stop_ids: tuple[int, ...], seed: int | None
 ) -> SamplingParams:
-    return dataclasses.replace(sampling, max_new_tokens=int(budget), stop_token_ids=stop_ids)
+    seed = sampling.seed if seed is None else seed
+    return dataclasses.replace(
+        sampling, max_new_tokens=int(budget), stop_token_ids=stop_ids, seed=seed
+    )

@@ -3,9 +3,14 @@
 An engine turns prompt token ids into sampled token ids (token in, token out: no
 re-tokenisation between turns) and records, for every sampled token, the log-prob of the
 distribution it was actually drawn from and the weight version that drew it. FlashREINFORCE
-(SPEC §3) needs the sampler's own probabilities: recomputing an "old" log-prob later does not
-reproduce what the engine used. Importance sampling also needs the full support, so with
-off-policy correction on, top-p / top-k truncation is refused at start.
+(paper, Sec. 3) needs the sampler's own probabilities: recomputing an "old" log-prob later does
+not reproduce what the engine used (other kernels, batch shapes, MoE routing). Importance
+sampling also needs the full support, so with off-policy correction on, top-p / top-k
+truncation is refused at start.
+
+`SamplingParams.seed` (set per request by the agent loop, derived from the run seed, prompt id,
+sample index, weight version and turn: frlab.rollout.seeding) makes a request's random draws
+independent of what else the engine is serving; None lets the engine use its own stream.
 
 Implementations (this module imports none of them): `torch` (frlab.rollout.engines.torch,
 CPU/CUDA, test default), `vllm` (frlab.rollout.engines.vllm, GPU only; vllm itself is imported
@@ -17,23 +22,30 @@ of vLLM / frlab.serve servers over HTTP). A run picks one with the config group
 from __future__ import annotations
 
 import abc
+import asyncio
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+SEED_LIMIT = 2**63  # per-request seeds fit a signed 64-bit integer (vLLM's and torch's range)
+
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to sample one turn. `top_k=0` and `top_p=1.0` mean "off" (full support)."""
+    """How to sample one turn. `top_k=0` and `top_p=1.0` mean "off" (full support).
+
+    `seed`: this request's own random stream (an int in [0, 2**63), None = the engine's shared
+    stream). It is not a config key: the agent loop derives it per rollout and turn."""
 
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
     max_new_tokens: int = 16
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    seed: int | None = None
 
     def validate(self, off_policy_correction: bool) -> None:
         """Raise ValueError naming the config key of the first invalid field."""
@@ -47,6 +59,13 @@ class SamplingParams:
         if int(self.max_new_tokens) < 1:
             raise ValueError(
                 f"rollout.sampling.max_new_tokens must be >= 1, got {self.max_new_tokens}"
+            )
+        seed = self.seed
+        if seed is not None and (
+            isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < SEED_LIMIT
+        ):
+            raise ValueError(
+                f"SamplingParams.seed must be None or an int in [0, 2**63), got {seed!r}"
             )
         if off_policy_correction and float(self.top_p) < 1.0:
             raise ValueError(
@@ -130,6 +149,16 @@ class Engine(abc.ABC):
         self, prompt_token_ids: list[int], params: SamplingParams
     ) -> GenerationResult:
         """Sample a continuation of `prompt_token_ids`; safe to call concurrently from one loop."""
+
+    def generate_many(
+        self, requests: Sequence[tuple[list[int], SamplingParams]]
+    ) -> list[asyncio.Future[GenerationResult]]:
+        """Submit several requests together, in this order; one future per request.
+
+        Call it on the running event loop. An engine that batches (the torch engine) enqueues
+        them atomically, so they start decoding together in this order whatever the thread
+        timing; the default starts one `generate` task per request."""
+        return [asyncio.ensure_future(self.generate(p, params)) for p, params in requests]
 
     @abc.abstractmethod
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:

@@ -1,6 +1,6 @@
 """The rollout pool: one rollout per prompt, first B finishers out, staleness bounded by admission.
 
-FlashREINFORCE (SPEC §1, §3) trains on a batch of B finished trajectories of B distinct prompts
+FlashREINFORCE (paper, Sec. 3) trains on a batch of B finished trajectories of B distinct prompts
 as soon as they exist: the pool keeps up to `max_in_flight` rollouts running on an asyncio loop
 in a background thread, hands out the first B that finish and carries the rest over (no drain
 between steps). Finished trajectories are never dropped for being slow; staleness is bounded by
@@ -11,9 +11,12 @@ lag is written into `Trajectory.info`. Rollout records and their checkpoint form
 `frlab.rollout.rollouts`.
 
 `mode="sync"` (collect, then train) uses the same code: `next_batch` requests exactly B/G
-prompts x G samples, which run together and are handed out together; nothing else starts until
-the next request. A failed sample fails its whole group (the finished siblings are counted in
-`rejected_by_reason["incomplete_group"]`) and a replacement group starts.
+prompts x G samples, which run together and are handed out together in prompt order; nothing
+else starts until the next request. A failed sample fails its whole group (the finished
+siblings are counted in `rejected_by_reason["incomplete_group"]`) and a replacement group
+starts. Reproducibility: every rollout samples with its own seed (frlab.rollout.seeding); in
+sync mode engine calls also go through a lockstep gate (frlab.rollout.lockstep) so that engine
+batches do not depend on timing: two sync runs on the CPU torch engine are bit-identical.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from frlab.rollout.admission import required_early as required_early
 from frlab.rollout.admission import select_batch as select_batch
 from frlab.rollout.agent_loop import AgentLoopConfig
 from frlab.rollout.engine import Engine
+from frlab.rollout.lockstep import LockstepClient, LockstepGate
 from frlab.rollout.rollouts import REJECT_REASONS as REJECT_REASONS
 from frlab.rollout.rollouts import (
     Failure,
@@ -50,6 +54,7 @@ from frlab.rollout.rollouts import (
     restore_ready,
     run_rollout,
 )
+from frlab.rollout.seeding import rollout_seed
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +84,8 @@ class RolloutPool:
         off_policy_correction: bool = True,
     ) -> None:
         validate_pool_args(batch_size, max_in_flight, max_policy_lag, mode, samples_per_prompt)
-        # Importance ratios need the full sampling support (SPEC §3): refuse top-p / top-k
-        # here too, so pools built outside train.py (benches, scripts) cannot bias them.
+        # Importance ratios need the full sampling support (truncation biases them): refuse
+        # top-p / top-k here too, so pools built outside train.py (benches, scripts) cannot.
         loop_cfg.sampling.validate(off_policy_correction)
         if num_env_workers < 1 or not 0 <= prompt_id_offset < prompt_id_stride:
             raise ValueError("need num_env_workers >= 1 and 0 <= prompt_id_offset < stride")
@@ -96,6 +101,7 @@ class RolloutPool:
         self.num_env_workers = int(num_env_workers)
         self._id_offset, self._id_stride = int(prompt_id_offset), int(prompt_id_stride)
         self._cond = threading.Condition()
+        self._seed = int(seed)
         self._rng = random.Random(seed)
         self._prompt_counter = self._learner_version = self._next_consume_version = 0
         self._pending: deque[tuple[int, dict[str, Any]]] = deque()
@@ -113,6 +119,7 @@ class RolloutPool:
         self._task_env: Any = None
         self._wake: asyncio.Event | None = None
         self._tasks: set[asyncio.Task] = set()
+        self._gate: LockstepGate | None = None  # sync mode: deterministic engine batches
 
     def _reset_queues(self) -> None:
         self._queue = DeadlineQueue()  # started, not yet consumed or dropped
@@ -133,6 +140,8 @@ class RolloutPool:
         )
         self._task_env = self.env_factory()
         self._loop = asyncio.new_event_loop()
+        if self.mode == "sync":
+            self._gate = LockstepGate(self.engine, self._wake_in_loop)
         ready = threading.Event()
         self._thread = threading.Thread(
             target=self._thread_main, args=(ready,), name="frlab-rollout-loop", daemon=True
@@ -185,6 +194,8 @@ class RolloutPool:
         try:
             while not self._stopping:
                 self._admit()
+                if self._gate is not None:
+                    self._gate.release()  # after admission: new rollouts count as live
                 await self._wake.wait()
                 self._wake.clear()
         finally:
@@ -195,6 +206,10 @@ class RolloutPool:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _wake_in_loop(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
 
     def _notify_loop(self) -> None:
         loop, wake = self._loop, self._wake
@@ -229,16 +244,25 @@ class RolloutPool:
         group = Group(prompt_id, task, unresolved=self.samples_per_prompt)
         assert self._loop is not None
         for _ in range(self.samples_per_prompt):
-            t = self._loop.create_task(self._run(self._queue.add(group, version, due)))
+            ro = self._queue.add(group, version, due)
+            client = None if self._gate is None else self._gate.client(ro.seq)
+            t = self._loop.create_task(self._run(ro, client))
             self._tasks.add(t)
             t.add_done_callback(self._tasks.discard)
         self._counts["started"] += self.samples_per_prompt
         self._sync_need -= self.mode == "sync"
 
-    async def _run(self, ro: Rollout) -> None:
+    async def _run(self, ro: Rollout, client: LockstepClient | None) -> None:
         assert self._executor is not None
-        args = (self.engine, self.env_factory, self.tokenizer, self.loop_cfg, ro.group)
-        await run_rollout(*args, self._executor, functools.partial(self._resolve, ro))
+        engine = self.engine if client is None else client
+        group = ro.group
+        seed = rollout_seed(self._seed, group.prompt_id, group.members.index(ro), ro.start_version)
+        args = (engine, self.env_factory, self.tokenizer, self.loop_cfg, group, self._executor)
+        try:
+            await run_rollout(*args, functools.partial(self._resolve, ro), seed=seed)
+        finally:
+            if client is not None:
+                client.close()
 
     def _resolve(self, ro: Rollout, traj: Trajectory | None, failure: Failure | None) -> None:
         with self._cond:
@@ -310,6 +334,8 @@ class RolloutPool:
     def _hand_out(self, chosen: list[Rollout]) -> list[Trajectory]:
         version = self._next_consume_version
         self._queue.take(chosen)
+        if self.mode == "sync":  # admission (prompt) order, not the timing-dependent finish order
+            chosen = sorted(chosen, key=lambda ro: ro.seq)
         batch = []
         for ro in chosen:
             traj = ro.trajectory

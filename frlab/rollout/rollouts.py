@@ -1,7 +1,7 @@
 """What the rollout pool records: each rollout, its outcome and its checkpoint form.
 
 A `Rollout` is one sample in flight or finished, with the learner version `due` by which it must
-be consumed (FlashREINFORCE SPEC §3, see `frlab.rollout.admission`); a `Group` is the G samples of
+be consumed (the policy-lag bound, see `frlab.rollout.admission`); a `Group` is the G samples of
 one prompt (G = 1 in async mode). `run_rollout` plays one sample in a fresh env and reports its
 outcome: a trajectory, or a failure classified as "failed" or "rejected" with a reason the pool
 counts (never raised: one bad rollout must not stop the run). The checkpoint form of the pool's
@@ -65,9 +65,12 @@ async def run_rollout(
     group: Group,
     executor: concurrent.futures.Executor,
     resolve: Callable[[Trajectory | None, Failure | None], None],
+    *,
+    seed: int | None = None,
 ) -> None:
     """Play one sample of `group` in a fresh env built on `executor`, pass its outcome to
-    `resolve`, then close the env (also when cancelled)."""
+    `resolve`, then close the env (also when cancelled). `seed`: the rollout's sampling seed
+    (frlab.rollout.seeding), None for the engine's own stream."""
     built = executor.submit(env_factory)
     try:
         env = await asyncio.wrap_future(built)
@@ -86,6 +89,7 @@ async def run_rollout(
             loop_cfg,
             prompt_id=group.prompt_id,
             executor=executor,
+            seed=seed,
         )
         if not isinstance(traj, Trajectory):
             raise TypeError(f"episode returned {type(traj).__name__}, not Trajectory")

@@ -13,7 +13,9 @@ reports, for that step only (see `PeriodicEvaluation`):
 Tasks come from one environment instance: `games()` (ALFWorld, one `{"game_file"}` task per
 game folder, sorted) or a `tasks` list (the Python-tool env). Each episode gets a fresh
 environment from the benchmark's factory and closes it. At most `concurrency` episodes run at
-once, on the pool's event loop. Only global rank 0 evaluates.
+once, on the pool's event loop. Each episode samples with a seed derived from the engine's
+weight version, the benchmark, the task and the sample number (frlab.rollout.seeding). Only
+global rank 0 evaluates.
 """
 
 from __future__ import annotations
@@ -24,7 +26,14 @@ from typing import Any
 
 from frlab.rollout.agent_loop import AgentLoopConfig, RolloutError, run_episode
 from frlab.rollout.engine import SamplingParams
-from frlab.tracking.evaluation import PeriodicEvaluation, positive_int, run_on_loop
+from frlab.rollout.seeding import derive_seed
+from frlab.tracking.evaluation import (
+    EVAL_SEED_SALT,
+    PeriodicEvaluation,
+    engine_version,
+    positive_int,
+    run_on_loop,
+)
 
 WHO = "EpisodeEvaluation"
 
@@ -119,15 +128,18 @@ class EpisodeEvaluation(PeriodicEvaluation):
         return self._tasks[name]
 
     async def _episode(
-        self, engine: Any, tokenizer: Any, name: str, index: int, sem: asyncio.Semaphore
-    ) -> float | None:
-        """The reward of one episode on task `index` of `name`; None when it failed."""
+        self, engine: Any, tokenizer: Any, name: str, index: int, sample: int,
+        sem: asyncio.Semaphore,
+    ) -> float | None:  # fmt: skip
+        """The reward of sample `sample` of task `index` of `name`; None when it failed."""
         task = self.tasks(name)[index]
+        bench = list(self.factories).index(name)
+        seed = derive_seed(EVAL_SEED_SALT, engine_version(engine), bench, index, sample)
         async with sem:
             env = self.factories[name]()
             try:
                 traj = await run_episode(
-                    engine, env, task, tokenizer, self.loop_cfg, prompt_id=index
+                    engine, env, task, tokenizer, self.loop_cfg, prompt_id=index, seed=seed
                 )
                 return float(traj.reward)
             except RolloutError:
@@ -139,9 +151,9 @@ class EpisodeEvaluation(PeriodicEvaluation):
         sem = asyncio.Semaphore(self.concurrency)
         jobs = {
             name: [
-                self._episode(engine, tokenizer, name, i, sem)
+                self._episode(engine, tokenizer, name, i, j, sem)
                 for i in range(len(self.tasks(name)))
-                for _ in range(self.k)
+                for j in range(self.k)
             ]
             for name in self.factories
         }

@@ -12,7 +12,10 @@ in the trainer's callbacks (frlab.train does, from the `eval` config group) so t
 in the same step's row.
 
 Evaluation sampling involves no importance sampling, so `top_p < 1` is allowed here even when
-training refuses it; the `SamplingParams` go straight to `engine.generate`. Prompts are the
+training refuses it; the `SamplingParams` go straight to the engine, all requests of one call
+submitted together (`engine.generate_many`), each with a seed derived from the engine's weight
+version, the call number and the request index (frlab.rollout.seeding), so an evaluation in a
+synchronous run is as reproducible as its training. Prompts are the
 chat template applied to the benchmark template (`template_ids`), replies are decoded without
 special tokens and graded by `envs.math.evaluate_avg_at_k`. Only global rank 0 evaluates.
 The schedule and the publishing live in `PeriodicEvaluation`, shared with
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -30,8 +34,10 @@ from lightning.pytorch.callbacks import Callback
 
 from frlab.rollout.agent_loop import template_ids
 from frlab.rollout.engine import SamplingParams
+from frlab.rollout.seeding import derive_seed
 
 T = TypeVar("T")
+EVAL_SEED_SALT = 0x45564C  # evaluation seeds never coincide with a training rollout's
 Problems = Sequence[Mapping[str, Any]]
 BenchmarkSpec = str | Mapping[str, Any] | Problems
 
@@ -126,6 +132,11 @@ class PeriodicEvaluation(Callback):
         publish(trainer, step, metrics)
 
 
+def engine_version(engine: Any) -> int:
+    """The engine's weight version (0 for an engine that reports none)."""
+    return int(getattr(engine, "version", 0))
+
+
 class EngineGenerate:
     """`generate(prompts) -> replies` over an async engine: one sampled reply per chat prompt.
 
@@ -140,9 +151,19 @@ class EngineGenerate:
         loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         self.engine, self.tokenizer, self.params, self.loop = engine, tokenizer, params, loop
+        self.calls = 0
 
     async def _generate_all(self, prompt_ids: list[list[int]]) -> list[Any]:
-        return await asyncio.gather(*(self.engine.generate(ids, self.params) for ids in prompt_ids))
+        self.calls += 1
+        base = derive_seed(EVAL_SEED_SALT, engine_version(self.engine), self.calls)
+        requests = [
+            (ids, dataclasses.replace(self.params, seed=derive_seed(base, i)))
+            for i, ids in enumerate(prompt_ids)
+        ]
+        many = getattr(self.engine, "generate_many", None)  # every frlab Engine has it
+        if many is None:
+            return await asyncio.gather(*(self.engine.generate(*r) for r in requests))
+        return await asyncio.gather(*many(requests))
 
     def __call__(self, prompts: list[list[dict[str, str]]]) -> list[str]:
         prompt_ids = [template_ids(self.tokenizer, messages) for messages in prompts]

@@ -1,22 +1,25 @@
-"""`torch` engine: batched KV-cache sampling from a Hugging Face causal LM in its own thread.
+"""`torch` engine: continuous-batching KV-cache sampling from a Hugging Face causal LM.
 
 The engine holds its OWN deep copy of the policy (the learner's model keeps training) and
-serves `generate` requests from a background thread. Requests waiting when the thread is
-free form one wave: their prompts are left-padded into one batch, prefilled once, then
-decoded step by step with the model's own `past_key_values`; rows leave the batch (and their
-callers resume) as soon as they sample a stop token or reach their token budget.
+serves `generate` requests from a background thread. Each iteration of that thread admits the
+requests waiting in the queue (up to `max_batch_size` rows in all): they are left-padded,
+prefilled together and merged into the running batch (frlab.rollout.engines.kv_batch); then
+one decode step feeds every row's last token through the shared KV cache. A row leaves the
+batch (and its caller resumes) as soon as it samples a stop token or reaches its token
+budget, and a waiting request takes its place at the next iteration.
 
-What it records is what FlashREINFORCE needs (SPEC §3, "store the real sampling
-probability"): for each sampled token, the log-prob under the distribution actually sampled
-from (logits / temperature, then top-k / top-p if set, renormalised) and the weight version
-that sampled it. `update_weights` takes the step lock, so new weights land between two decode
-steps; tokens sampled afterwards carry the new version (the KV cache of earlier tokens is
-kept, as in-flight updates do in asynchronous RL systems).
+What it records is what FlashREINFORCE needs (paper, Sec. 3: store the real sampling
+probability): for each sampled token, the log-prob under the distribution actually sampled
+from (logits / temperature, then top-k / top-p if set, renormalised:
+frlab.rollout.engines.sampling) and the weight version that sampled it. A request with
+`SamplingParams.seed` draws from its own generator, so its tokens do not depend on the other
+rows. `update_weights` takes the step lock, so new weights land between two decode steps;
+tokens sampled afterwards carry the new version (the KV cache of earlier tokens is kept, as
+in-flight updates do in asynchronous RL systems).
 
 With `record_routing=True` (MoE routing replay, frlab.model.routing_replay) every forward also
 records the experts each MoE layer picked; each request gets the rows of its own positions:
-the last `len(prompt)` columns of the left-padded prefill, then one column per decode step
-(rows are re-indexed as finished requests leave the batch).
+the last `len(prompt)` columns of its prefill, then one column per decode step.
 """
 
 from __future__ import annotations
@@ -27,21 +30,26 @@ import contextlib
 import copy
 import inspect
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
 
 from frlab.model.routing_replay import RoutingRecord, moe_routers, record_routing
 from frlab.rollout.engine import Engine, EngineError, GenerationResult, SamplingParams
+from frlab.rollout.engines.kv_batch import DecodeRows, GrowingCache, left_pad
+from frlab.rollout.engines.sampling import draw, request_generator
+from frlab.rollout.engines.sampling import sampling_log_probs as sampling_log_probs
 
 
-@dataclass
+@dataclass(eq=False)
 class _Request:
     prompt: list[int]
     params: SamplingParams
     future: concurrent.futures.Future
+    generator: torch.Generator | None = None
+    abandoned: bool = False  # the caller stopped waiting: drop the row at the next step
     token_ids: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
@@ -52,32 +60,6 @@ class _Request:
         result = GenerationResult(self.token_ids, self.log_probs, self.versions, reason, routing)
         if not self.future.done():
             self.future.set_result(result)
-
-
-def sampling_log_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
-    """Log-probs [b,V] of the distributions sampled from: logits / T, then top-k/top-p, renormalised."""
-    temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32)
-    scaled = logits.float() / temperature.to(logits.device).unsqueeze(1)
-    for row, p in enumerate(params):
-        if p.top_k > 0 or p.top_p < 1.0:
-            scaled[row] = _truncate(scaled[row], p.top_k, p.top_p)
-    return torch.log_softmax(scaled, dim=-1)
-
-
-def _truncate(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """Mask (to -inf) tokens outside the top-k and outside the smallest top-p nucleus."""
-    keep = torch.ones_like(scaled, dtype=torch.bool)
-    if top_k > 0 and top_k < scaled.numel():
-        kth = torch.topk(scaled, top_k).values[-1]
-        keep &= scaled >= kth
-    if top_p < 1.0:
-        order = torch.argsort(scaled, descending=True)
-        probs = torch.softmax(scaled.masked_fill(~keep, float("-inf")), dim=-1)[order]
-        mass_before = torch.cumsum(probs, dim=0) - probs
-        nucleus = torch.zeros_like(keep)
-        nucleus[order] = mass_before < top_p
-        keep &= nucleus
-    return scaled.masked_fill(~keep, float("-inf"))
 
 
 class TorchEngine(Engine):
@@ -124,8 +106,8 @@ class TorchEngine(Engine):
                     f"TorchEngine record_routing=True needs an MoE model: {exc}"
                 ) from exc
         self.vocab_size = int(self._model.get_input_embeddings().weight.shape[0])
-        self._forward_extra = _forward_kwargs(self._model)
-        self._generator = torch.Generator(device=self.device).manual_seed(int(seed))
+        self._cache_kwarg, self._forward_extra = _forward_kwargs(self._model)
+        self._generator = torch.Generator().manual_seed(int(seed))  # requests without a seed
         self._version = int(initial_version)
         self._pending: list[_Request] = []
         self._cond = threading.Condition()
@@ -133,6 +115,7 @@ class TorchEngine(Engine):
         self._paused = False
         self._stopping = False
         self._thread: threading.Thread | None = None
+        self._record: RoutingRecord | None = None  # open while the serving thread runs
 
     # -- lifecycle ---------------------------------------------------------------------------
     @property
@@ -178,16 +161,33 @@ class TorchEngine(Engine):
     async def generate(
         self, prompt_token_ids: list[int], params: SamplingParams
     ) -> GenerationResult:
-        req = _Request(self._check_prompt(prompt_token_ids), params, concurrent.futures.Future())
-        params.validate(off_policy_correction=False)
+        (future,) = self.generate_many([(prompt_token_ids, params)])
+        return await future
+
+    def generate_many(
+        self, requests: Sequence[tuple[list[int], SamplingParams]]
+    ) -> list[asyncio.Future[GenerationResult]]:
+        """Enqueue `requests` atomically, in order (they join the batch together); validates
+        all of them first, so a bad one raises before any is queued."""
+        reqs = []
+        for prompt, params in requests:
+            params.validate(off_policy_correction=False)
+            reqs.append(
+                _Request(
+                    self._check_prompt(prompt),
+                    params,
+                    concurrent.futures.Future(),
+                    request_generator(params.seed),
+                )
+            )
         with self._cond:
             if self._stopping or self._thread is None:
                 raise EngineError(
                     "TorchEngine is not running: call start() first (or it was shut down)"
                 )
-            self._pending.append(req)
+            self._pending.extend(reqs)
             self._cond.notify_all()
-        return await asyncio.wrap_future(req.future)
+        return [_awaitable(req) for req in reqs]
 
     def _check_prompt(self, prompt_token_ids: list[int]) -> list[int]:
         prompt = [int(t) for t in prompt_token_ids]
@@ -227,88 +227,103 @@ class TorchEngine(Engine):
 
     # -- the serving thread ------------------------------------------------------------------
     def _serve(self) -> None:
+        """The serving thread: MoE routing is recorded (if asked) for the thread's lifetime."""
+        recording = record_routing(self._model) if self.record_routing else contextlib.nullcontext()
+        with recording as record:
+            self._record = record
+            self._serve_loop()
+
+    def _serve_loop(self) -> None:
+        rows: DecodeRows | None = None
+        reqs: list[_Request] = []  # the requests of `rows`, row by row
         while True:
-            with self._cond:
-                while not self._stopping and (self._paused or not self._pending):
-                    self._cond.wait()
-                if self._stopping:
-                    return
-                wave = self._pending[: self.max_batch_size]
-                self._pending = self._pending[self.max_batch_size :]
-            wave = [r for r in wave if r.future.set_running_or_notify_cancel()]
-            if not wave:
-                continue
+            newcomers = self._admit(len(reqs))
+            if newcomers is None:  # stopping
+                for req in reqs:
+                    _fail(req, EngineError("engine shut down during generation"))
+                return
             try:
-                self._run_wave(wave)
-            except Exception as exc:  # fail this wave, keep serving
-                for req in wave:
+                with self._step_lock, torch.no_grad():
+                    rows, reqs = self._iterate(rows, reqs, newcomers)
+            except Exception as exc:  # fail this batch, keep serving
+                for req in reqs + newcomers:
                     _fail(req, EngineError(f"torch engine step failed: {exc!r}"))
+                rows, reqs = None, []
 
-    def _wait_unpaused(self) -> bool:
-        """Block while paused; False when the engine is stopping."""
+    def _admit(self, running: int) -> list[_Request] | None:
+        """Wait until there is work and the engine is not paused; take the queued requests
+        that fit next to `running` rows (None when stopping)."""
         with self._cond:
-            while self._paused and not self._stopping:
+            while not self._stopping and (self._paused or (not running and not self._pending)):
                 self._cond.wait()
-            return not self._stopping
+            if self._stopping:
+                return None
+            room = self.max_batch_size - running
+            taken, self._pending = self._pending[:room], self._pending[room:]
+        return [r for r in taken if r.future.set_running_or_notify_cancel()]
 
-    def _run_wave(self, wave: list[_Request]) -> None:
-        with self._recording(wave) as record:
-            self._decode(wave, record)
+    def _iterate(
+        self, rows: DecodeRows | None, reqs: list[_Request], newcomers: list[_Request]
+    ) -> tuple[DecodeRows | None, list[_Request]]:
+        """Prefill `newcomers` into the batch, then one decode step for every row."""
+        if newcomers:
+            fresh, fresh_reqs = self._prefill(newcomers)
+            if fresh is not None:
+                rows = fresh if rows is None else rows.merge(fresh)
+                reqs = reqs + fresh_reqs
+        if rows is None:
+            return None, []
+        return self._decode(rows, reqs)
 
-    @contextlib.contextmanager
-    def _recording(self, wave: list[_Request]) -> Iterator[RoutingRecord | None]:
-        """`record_routing` over the engine's model for one wave (None when not recording)."""
-        if not self.record_routing:
-            yield None
-            return
-        for req in wave:
-            req.routing = []
-        with record_routing(self._model) as record:
-            yield record
+    def _prefill(self, reqs: list[_Request]) -> tuple[DecodeRows | None, list[_Request]]:
+        ids, attention, positions = left_pad([r.prompt for r in reqs], self.device)
+        cache = GrowingCache()
+        logits = self._forward(
+            ids, attention, positions, cache, reqs, [len(r.prompt) for r in reqs]
+        )
+        rows = DecodeRows(cache, attention, positions[:, -1] + 1, self._sample(logits, reqs))
+        return _drop_finished(rows, reqs)
 
-    def _decode(self, wave: list[_Request], record: RoutingRecord | None) -> None:
-        """Prefill, then decode one token per active row until every row has finished."""
-        ids, attention, positions = _left_pad([r.prompt for r in wave], self.device)
-        cache = DynamicCache()
-        extra = dict(self._forward_extra)
-        extra[extra.pop("cache_kwarg")] = cache
-        active = list(range(len(wave)))
-        new_tokens = [len(r.prompt) for r in wave]  # columns each row forwards in this step
-        while active:
-            if not self._wait_unpaused():
-                for i in active:
-                    _fail(wave[i], EngineError("engine shut down during generation"))
-                return
-            with self._step_lock, torch.no_grad():
-                out = self._model(
-                    input_ids=ids,
-                    attention_mask=attention,
-                    position_ids=positions,
-                    use_cache=True,
-                    **extra,
-                )
-                reqs = [wave[i] for i in active]
-                if record is not None:
-                    counts = [new_tokens[i] for i in active]
-                    _attribute_routing(record.steps.pop(), reqs, counts)
-                tokens = self._sample(out.logits[:, -1, :], reqs)
-            new_tokens = [1] * len(wave)
-            keep = [row for row, req in enumerate(reqs) if not _finished(req)]
-            active = [active[row] for row in keep]
-            if not active:
-                return
-            if len(keep) < len(reqs):
-                index = torch.tensor(keep, device=self.device)
-                cache.batch_select_indices(index)
-                attention, positions, tokens = attention[index], positions[index], tokens[index]
-            ids = tokens.unsqueeze(1)
-            attention = torch.cat([attention, torch.ones_like(ids, dtype=attention.dtype)], dim=1)
-            positions = positions[:, -1:] + 1
+    def _decode(
+        self, rows: DecodeRows, reqs: list[_Request]
+    ) -> tuple[DecodeRows | None, list[_Request]]:
+        attention = torch.cat([rows.attention, rows.attention.new_ones((len(rows), 1))], dim=1)
+        logits = self._forward(
+            rows.tokens.unsqueeze(1), attention, rows.positions.unsqueeze(1), rows.cache,
+            reqs, [1] * len(reqs),
+        )  # fmt: skip
+        rows.attention, rows.positions = attention, rows.positions + 1
+        rows.tokens = self._sample(logits, reqs)
+        return _drop_finished(rows, reqs)
+
+    def _forward(
+        self,
+        ids: torch.Tensor,
+        attention: torch.Tensor,
+        positions: torch.Tensor,
+        cache: GrowingCache,
+        reqs: list[_Request],
+        counts: list[int],
+    ) -> torch.Tensor:
+        """Last-position logits [b, V] of one forward; routing attributed when recording."""
+        record = self._record
+        if record is not None:
+            record.steps.clear()
+        out = self._model(
+            input_ids=ids, attention_mask=attention, position_ids=positions,
+            use_cache=True, **{self._cache_kwarg: cache}, **self._forward_extra,
+        )  # fmt: skip
+        if record is not None:
+            (step,) = record.steps
+            for row, (req, n) in enumerate(zip(reqs, counts, strict=True)):
+                if req.routing is None:
+                    req.routing = []
+                req.routing.append(step[row, step.shape[1] - n :].clone())
+        return out.logits[:, -1, :]
 
     def _sample(self, logits: torch.Tensor, reqs: list[_Request]) -> torch.Tensor:
-        log_probs = sampling_log_probs(logits, [r.params for r in reqs])
-        tokens = torch.multinomial(log_probs.exp(), 1, generator=self._generator).squeeze(1)
-        chosen = log_probs.gather(1, tokens.unsqueeze(1)).squeeze(1).tolist()
+        params, generators = [r.params for r in reqs], [r.generator for r in reqs]
+        tokens, chosen = draw(logits, params, generators, self._generator)
         version = self._version
         for req, tok, lp in zip(reqs, tokens.tolist(), chosen, strict=True):
             req.token_ids.append(int(tok))
@@ -317,36 +332,51 @@ class TorchEngine(Engine):
         return tokens
 
 
-def _attribute_routing(step: torch.Tensor, reqs: list[_Request], counts: list[int]) -> None:
-    """Give row `r` of one forward's routing `[b, t, L, k]` to `reqs[r]`: its last `counts[r]`
-    columns (a prefill row's left padding sits before its own prompt)."""
-    if step.shape[0] != len(reqs):
-        raise RuntimeError(f"routing step has {step.shape[0]} rows, the batch has {len(reqs)}")
-    for row, (req, n) in enumerate(zip(reqs, counts, strict=True)):
-        if req.routing is None:
-            raise RuntimeError("routing recorded for a request that is not recording")
-        req.routing.append(step[row, step.shape[1] - n :].clone())
+def _drop_finished(
+    rows: DecodeRows, reqs: list[_Request]
+) -> tuple[DecodeRows | None, list[_Request]]:
+    """Resolve the rows that just finished and remove them (and abandoned ones) from `rows`."""
+    keep = [i for i, req in enumerate(reqs) if not _finished(req)]
+    if not keep:
+        return None, []
+    if len(keep) < len(reqs):
+        rows.select(keep)
+    return rows, [reqs[i] for i in keep]
 
 
 def _finished(req: _Request) -> bool:
-    """Resolve `req` if it just sampled a stop token or used its budget."""
+    """Resolve `req` if it just sampled a stop token or used its budget; True also when its
+    caller abandoned it."""
     if req.token_ids[-1] in req.params.stop_token_ids:
         req.finish("stop")
         return True
     if len(req.token_ids) >= req.params.max_new_tokens:
         req.finish("length")
         return True
+    if req.abandoned:
+        _fail(req, EngineError("request abandoned by its caller"))
+        return True
     return False
 
 
-def _forward_kwargs(model: PreTrainedModel) -> dict[str, object]:
+def _awaitable(req: _Request) -> asyncio.Future[GenerationResult]:
+    """An asyncio future of `req` on the running loop; cancelling it abandons the request."""
+    future = asyncio.wrap_future(req.future)
+
+    def on_done(f: asyncio.Future[GenerationResult]) -> None:
+        if f.cancelled():
+            req.abandoned = True
+
+    future.add_done_callback(on_done)
+    return future
+
+
+def _forward_kwargs(model: PreTrainedModel) -> tuple[str, dict[str, object]]:
     """Name of the forward's cache argument (`cache` in newer transformers, else
     `past_key_values`) and `logits_to_keep=1` where supported (only the last logits are used)."""
     names = inspect.signature(model.forward).parameters
-    extra: dict[str, object] = {"cache_kwarg": "cache" if "cache" in names else "past_key_values"}
-    if "logits_to_keep" in names:
-        extra["logits_to_keep"] = 1
-    return extra
+    extra: dict[str, object] = {"logits_to_keep": 1} if "logits_to_keep" in names else {}
+    return ("cache" if "cache" in names else "past_key_values"), extra
 
 
 def _fail(req: _Request, exc: Exception) -> None:
@@ -355,15 +385,3 @@ def _fail(req: _Request, exc: Exception) -> None:
             req.future.set_exception(exc)
         except concurrent.futures.InvalidStateError:
             pass
-
-
-def _left_pad(prompts: list[list[int]], device: torch.device) -> tuple[torch.Tensor, ...]:
-    """Left-padded ids, attention mask and position ids (0 at each row's first real token)."""
-    width = max(len(p) for p in prompts)
-    ids = torch.zeros((len(prompts), width), dtype=torch.long)
-    attention = torch.zeros((len(prompts), width), dtype=torch.long)
-    for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-        attention[row, width - len(prompt) :] = 1
-    positions = (attention.cumsum(dim=1) - 1).clamp_min(0)
-    return ids.to(device), attention.to(device), positions.to(device)

@@ -106,9 +106,20 @@ def sampling_from_request(body: Mapping[str, Any]) -> tuple[list[int], SamplingP
         top_k=0 if top_k < 0 else top_k,
         max_new_tokens=int(body.get("max_tokens", 16)),
         stop_token_ids=tuple(int(t) for t in body.get("stop_token_ids") or ()),
+        seed=request_seed(body.get("seed")),
     )
     params.validate(off_policy_correction=False)
     return [int(t) for t in prompt], params
+
+
+def request_seed(seed: Any) -> int | None:
+    """A completions body's `seed` (vLLM takes any signed 64-bit int) as a SamplingParams seed
+    in [0, 2**63): negative values are folded (seed mod 2**63); None stays None."""
+    if seed is None:
+        return None
+    if isinstance(seed, bool) or not _is_int(seed) or not -(2**63) <= int(seed) < 2**63:
+        raise ValueError(f"`seed` must be a 64-bit integer, got {seed!r}")
+    return int(seed) % 2**63
 
 
 def completion_response(

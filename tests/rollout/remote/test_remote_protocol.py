@@ -52,7 +52,7 @@ def test_completion_request_uses_vllm_field_names() -> None:
         "return_tokens_as_token_ids": True, "skip_special_tokens": False, "seed": 5,
     }  # fmt: skip
     prompt, params = proto.sampling_from_request(body)
-    assert prompt == [1, 2] and params == SamplingParams(0.7, 1.0, 0, 12, (2, 9))
+    assert prompt == [1, 2] and params == SamplingParams(0.7, 1.0, 0, 12, (2, 9), seed=5)
     for bad in ({"prompt": "text"}, {"prompt": []}, {"prompt": [1], "n": 2}):
         with pytest.raises(ValueError):
             proto.sampling_from_request(bad)

@@ -1,0 +1,181 @@
+"""The torch engine's running batch: rows that decode together over one KV cache.
+
+Rows are left-padded: every row's newest position is the last column, so one decode step
+feeds one token per row. New requests are prefilled on their own and then MERGED into the
+running batch (both caches left-padded to the wider one), finished rows are removed, and
+leading columns that are padding for every remaining row are dropped. Padding columns carry
+attention mask 0 and zero keys/values.
+
+`GrowingLayer` keeps a layer's keys and values at the front of a buffer with spare room on the
+time axis, so a decode step writes one column in place; transformers' `DynamicLayer`
+concatenates, which copies the whole cache at every step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+GROWTH_MIN = 64  # columns added at least when a buffer grows
+
+
+class GrowingLayer(DynamicLayer):
+    """One layer's cache: `keys`/`values` are views `[b, heads, length, dim]` of larger buffers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.length = 0
+        self._kbuf: torch.Tensor | None = None
+        self._vbuf: torch.Tensor | None = None
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.device, self.dtype = key_states.device, key_states.dtype
+        self.is_initialized = True
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append `[b, heads, n, dim]` states at the end; return all cached states."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        start, end = self.length, self.length + key_states.shape[-2]
+        self._reserve(end, key_states, value_states)
+        assert self._kbuf is not None and self._vbuf is not None
+        self._kbuf[:, :, start:end].copy_(key_states)
+        self._vbuf[:, :, start:end].copy_(value_states)
+        self.set(self._kbuf, self._vbuf, end)
+        return self.keys, self.values
+
+    def _reserve(self, needed: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Make the buffers hold at least `needed` columns (grow by half, at least GROWTH_MIN)."""
+        capacity = 0 if self._kbuf is None else self._kbuf.shape[2]
+        if needed <= capacity:
+            return
+        capacity = max(needed, capacity + max(GROWTH_MIN, capacity // 2))
+        kbuf = keys.new_empty((*keys.shape[:2], capacity, keys.shape[3]))
+        vbuf = values.new_empty((*values.shape[:2], capacity, values.shape[3]))
+        if self.length:
+            kbuf[:, :, : self.length].copy_(self.keys)
+            vbuf[:, :, : self.length].copy_(self.values)
+        self._kbuf, self._vbuf = kbuf, vbuf
+
+    def set(self, kbuf: torch.Tensor, vbuf: torch.Tensor, length: int) -> None:
+        """Use `kbuf`/`vbuf` as buffers whose first `length` columns are the cache."""
+        self._kbuf, self._vbuf, self.length = kbuf, vbuf, int(length)
+        self.keys, self.values = kbuf[:, :, :length], vbuf[:, :, :length]
+        self.is_initialized = True
+
+    def get_seq_length(self, *args: object) -> int:
+        return self.length
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Keep the rows `indices` (a copy of those rows' buffers)."""
+        if self._kbuf is not None:
+            self.set(self._kbuf[indices], self._vbuf[indices], self.length)  # type: ignore[index]
+
+    def drop_left(self, n: int) -> None:
+        """Forget the first `n` columns (a view: no copy)."""
+        if n > 0 and self._kbuf is not None:
+            assert self._vbuf is not None
+            self.set(self._kbuf[:, :, n:], self._vbuf[:, :, n:], self.length - n)
+
+
+class GrowingCache(DynamicCache):
+    """A DynamicCache whose layers are `GrowingLayer`s (created on first use, or given)."""
+
+    def __init__(self, layers: list[GrowingLayer] | None = None) -> None:
+        super().__init__()
+        self.layer_class_to_replicate = GrowingLayer
+        if layers:
+            self.layers = list(layers)
+
+    def growing_layers(self) -> list[GrowingLayer]:
+        """The layers, checked to be GrowingLayers (a model that made its own cannot merge)."""
+        if not all(isinstance(layer, GrowingLayer) for layer in self.layers):
+            kinds = sorted({type(layer).__name__ for layer in self.layers})
+            raise TypeError(f"the model replaced the engine's cache layers with {kinds}")
+        return list(self.layers)  # type: ignore[arg-type]
+
+
+def merge_layers(a: GrowingLayer, b: GrowingLayer) -> GrowingLayer:
+    """Rows of `a` then rows of `b`, both left-padded (zeros) to the wider one."""
+    width = max(a.length, b.length)
+    ka, kb = a.keys, b.keys
+    rows, heads, dim = ka.shape[0] + kb.shape[0], ka.shape[1], ka.shape[3]
+    capacity = width + GROWTH_MIN
+    kbuf = ka.new_zeros((rows, heads, capacity, dim))
+    vbuf = a.values.new_zeros((rows, heads, capacity, a.values.shape[3]))
+    n = ka.shape[0]
+    kbuf[:n, :, width - a.length : width].copy_(ka)
+    vbuf[:n, :, width - a.length : width].copy_(a.values)
+    kbuf[n:, :, width - b.length : width].copy_(kb)
+    vbuf[n:, :, width - b.length : width].copy_(b.values)
+    out = GrowingLayer()
+    out.lazy_initialization(ka, a.values)
+    out.set(kbuf, vbuf, width)
+    return out
+
+
+@dataclass
+class DecodeRows:
+    """Rows decoding together: their cache, which cached columns are real (`attention` [b, L],
+    1 = a real token), the position id of the token fed next (`positions` [b]) and that token,
+    the last one sampled (`tokens` [b])."""
+
+    cache: GrowingCache
+    attention: torch.Tensor
+    positions: torch.Tensor
+    tokens: torch.Tensor
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+    def select(self, rows: list[int]) -> None:
+        """Keep `rows` (in this order); drop leading columns that are padding in all of them."""
+        index = torch.tensor(rows, device=self.tokens.device, dtype=torch.long)
+        self.cache.batch_select_indices(index)
+        self.attention, self.positions = self.attention[index], self.positions[index]
+        self.tokens = self.tokens[index]
+        real = self.attention.any(dim=0)
+        lead = int(real.int().argmax()) if bool(real.any()) else 0
+        if lead:
+            for layer in self.cache.growing_layers():
+                layer.drop_left(lead)
+            self.attention = self.attention[:, lead:]
+
+    def merge(self, other: DecodeRows) -> DecodeRows:
+        """A batch of this one's rows, then `other`'s (left-padded to the same width)."""
+        mine, theirs = self.cache.growing_layers(), other.cache.growing_layers()
+        if len(mine) != len(theirs):
+            raise RuntimeError(f"cannot merge caches of {len(mine)} and {len(theirs)} layers")
+        layers = [merge_layers(a, b) for a, b in zip(mine, theirs, strict=True)]
+        width = layers[0].length if layers else 0
+        return DecodeRows(
+            GrowingCache(layers),
+            torch.cat([_left_fill(self.attention, width), _left_fill(other.attention, width)]),
+            torch.cat([self.positions, other.positions]),
+            torch.cat([self.tokens, other.tokens]),
+        )
+
+
+def _left_fill(attention: torch.Tensor, width: int) -> torch.Tensor:
+    """`attention` [b, L] left-padded with zeros to [b, width]."""
+    pad = width - attention.shape[1]
+    if pad <= 0:
+        return attention
+    return torch.cat([attention.new_zeros((attention.shape[0], pad)), attention], dim=1)
+
+
+def left_pad(prompts: list[list[int]], device: torch.device) -> tuple[torch.Tensor, ...]:
+    """Left-padded ids, attention mask and position ids (0 at each row's first real token)."""
+    width = max(len(p) for p in prompts)
+    ids = torch.zeros((len(prompts), width), dtype=torch.long)
+    attention = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+        attention[row, width - len(prompt) :] = 1
+    positions = (attention.cumsum(dim=1) - 1).clamp_min(0)
+    return ids.to(device), attention.to(device), positions.to(device)
