@@ -56,6 +56,18 @@ def raise_if_stop_requested() -> None:
         raise RunInterrupted(signum, safe=True)
 
 
+def exception_status(exc: BaseException) -> dict[str, str]:
+    """summary.json fields for a run that ended with `exc`: `status` ("interrupted" for a
+    signal, else "failed") and, for a signal, its name."""
+    if isinstance(exc, RunInterrupted):
+        return {"status": "interrupted", "signal": exc.signal_name}
+    if type(exc).__name__ == "SIGTERMException":  # Lightning's own SIGTERM stop
+        return {"status": "interrupted", "signal": "SIGTERM"}
+    if isinstance(exc, KeyboardInterrupt):
+        return {"status": "interrupted", "signal": "SIGINT"}
+    return {"status": "failed"}
+
+
 def clear() -> None:
     """Forget stop requests (at the start of a run)."""
     with _lock:

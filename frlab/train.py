@@ -171,13 +171,10 @@ def pool_factory(
     with `batch_size`, `seed`, `prompt_id_offset`, `prompt_id_stride`). `off_policy_correction`
     is the objective's: the pool refuses truncated sampling (top_p/top_k) when it is True."""
     from frlab.rollout.agent_loop import AgentLoopConfig
-    from frlab.rollout.engine import SamplingParams
     from frlab.rollout.pool import RolloutPool
 
     rollout, model = plain(cfg.rollout), plain(cfg.model)
-    sampling = SamplingParams.from_mapping(rollout["sampling"])
-    loop_cfg = AgentLoopConfig(max_turns=rollout["max_turns"], max_len=rollout["max_len"],
-                               sampling=sampling)  # fmt: skip
+    loop_cfg = AgentLoopConfig.from_rollout(rollout)  # limits, sampling, deadlines
     make_env = env_factory(cfg.env)
 
     def make(*, batch_size: int, seed: int, **shard: Any) -> Any:
@@ -216,6 +213,7 @@ def build_evaluation(cfg: DictConfig) -> Any:
     return EpisodeEvaluation(
         factories, **spec, **sampling,
         max_turns=int(cfg.rollout.max_turns), max_len=int(cfg.rollout.max_len),
+        env_timeout_s=cfg.rollout.env_timeout_s, engine_timeout_s=cfg.rollout.engine_timeout_s,
     )  # fmt: skip
 
 
@@ -283,6 +281,7 @@ def quiet_expected_noise() -> None:
 
 def run(cfg: DictConfig, plan: Plan | None = None) -> dict[str, Any]:
     """Train as configured; return the run summary (also written to summary.json)."""
+    from frlab.config.availability import check_availability
     from frlab.config.preflight import preflight
 
     plan = plan or preflight(cfg)
@@ -290,11 +289,16 @@ def run(cfg: DictConfig, plan: Plan | None = None) -> dict[str, Any]:
 
     from frlab.data.datamodule import RolloutDataModule
     from frlab.learner import FlashReinforceModule
+    from frlab.run_guard import RunGuard
     from frlab.tracking import RunFilesCallback
 
     quiet_expected_noise()
     output_dir = resolve_output_dir(cfg, plan)
     check_resume(cfg.get("ckpt_path"), cfg, output_dir)
+    check_availability(cfg)  # every dataset, game folder and model source exists
+    guard = RunGuard.prepare(cfg, output_dir)  # run folder, resume checkpoint, temp files
+    if guard.finished:
+        return guard.previous_summary  # a resume of a finished run changes nothing
     output_dir.mkdir(parents=True, exist_ok=True)
     L.seed_everything(int(cfg.seed), workers=True)
     model = plain(cfg.model)
@@ -319,8 +323,9 @@ def run(cfg: DictConfig, plan: Plan | None = None) -> dict[str, Any]:
     run_files = RunFilesCallback(
         output_dir, components=plan.components, extra={"plan": plan.to_dict()}
     )
-    trainer = build_trainer(cfg, build_callbacks(cfg, run_files), output_dir)
-    trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+    trainer = build_trainer(cfg, [*build_callbacks(cfg, run_files), guard.callback], output_dir)
+    with guard.signals():  # SIGINT/SIGTERM: final checkpoint, then RunInterrupted
+        trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
     summary = run_files.summary or run_files.finish("finished")
     if cfg.get("plots", True) and trainer.is_global_zero and run_files.rows:
         summary["plots"] = [str(p) for p in write_plots(output_dir)]

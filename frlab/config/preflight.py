@@ -109,6 +109,7 @@ def _check_root(cfg: DictConfig) -> None:
         "seed": schema.Field("int", low=0),
         "dry_run": schema.Field("bool"),
         "ckpt_path": schema.Field("str", optional=True),
+        "overwrite": schema.Field("bool"),
         "task_name": schema.Field("str"),
         "plots": schema.Field("bool"),
     }

@@ -16,8 +16,9 @@ from typing import Any
 from frlab.config.errors import ConfigError, unknown
 
 ROOT_KEYS = (
-    "seed", "dry_run", "ckpt_path", "task_name", "plots", "model", "env", "rollout", "data",
-    "objective", "optim", "trainer", "logger", "callbacks", "paths", "hydra", "eval",
+    "seed", "dry_run", "ckpt_path", "overwrite", "task_name", "plots", "model", "env",
+    "rollout", "data", "objective", "optim", "trainer", "logger", "callbacks", "paths", "hydra",
+    "eval",
 )  # fmt: skip
 
 # lightning.Trainer.__init__ parameters (Lightning 2.6; tests/config checks the installed one).
@@ -88,6 +89,8 @@ ROLLOUT = {
     "sync_every": _f("int", low=1),
     "max_turns": _f("int", low=1),
     "max_len": _f("int", low=2),
+    "env_timeout_s": _f("float", low=0.0, low_open=True),  # per environment call
+    "engine_timeout_s": _f("float", low=0.0, low_open=True),  # per engine request
     "sampling": _f("mapping"),
     "device": _f("str"),
     "remote": _f("mapping"),  # rollout=remote only (frlab.rollout.remote.engine)
