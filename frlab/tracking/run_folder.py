@@ -35,7 +35,7 @@ def partial_writes(folder: Path) -> list[Path]:
     for path in folder.iterdir():
         name = path.name
         checkpoint_tmp = name.startswith(".") and name.endswith(".tmp")
-        run_file_tmp = name in (f"{METRICS_FILE}.tmp", f"{SUMMARY_FILE}.tmp")
+        run_file_tmp = name in (f"{METRICS_FILE}.tmp", f"{SUMMARY_FILE}.tmp", f"{SAMPLES_FILE}.tmp")
         if path.is_file() and (checkpoint_tmp or run_file_tmp):
             found.append(path)
     return sorted(found)
