@@ -213,7 +213,7 @@ def build_evaluation(cfg: DictConfig) -> Any:
     return EpisodeEvaluation(
         factories, **spec, **sampling,
         max_turns=int(cfg.rollout.max_turns), max_len=int(cfg.rollout.max_len),
-        env_timeout_s=cfg.rollout.env_timeout_s, engine_timeout_s=cfg.rollout.engine_timeout_s,
+        **{k: cfg.rollout[k] for k in ("env_timeout_s", "engine_timeout_s") if k in cfg.rollout},
     )  # fmt: skip
 
 

@@ -141,7 +141,7 @@ TRAINER = {
 }
 OPTIONAL_KEYS = {
     "model": ("trust_remote_code", "attn_implementation"),
-    "rollout": ("remote", "vllm_engine_args"),
+    "rollout": ("remote", "vllm_engine_args", "env_timeout_s", "engine_timeout_s"),
     "rollout.remote": ("nccl_master_address", "nccl_master_port", "nccl_packed"),
 }
 
