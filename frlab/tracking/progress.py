@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import math
 import sys
+import time
 from typing import Any
 
 from lightning.pytorch.callbacks import TQDMProgressBar
@@ -87,11 +88,13 @@ class ProgressBar(TQDMProgressBar):
 
     def on_train_epoch_start(self, trainer: Any, *_: Any) -> None:
         bar = self.train_progress_bar
+        if bar is None or bar.disable:  # other ranks: a disabled bar has no state to set
+            return
         total = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None
         # Not bar.reset(): it draws 0/total once. Rate and ETA count this session's steps.
         bar.total = total
         bar.n = bar.initial = bar.last_print_n = trainer.global_step
-        bar.start_t = bar.last_print_t = bar._time()
+        bar.start_t = bar.last_print_t = time.time()
         bar.set_description("updates", refresh=False)
         bar.refresh()
 

@@ -63,3 +63,12 @@ def test_lightning_advertising_tips_are_not_shown() -> None:
         logger.removeHandler(handler)
         logger.setLevel(level)
     assert seen == ["GPU available: False, used: False"]
+
+
+def test_a_disabled_bar_on_other_ranks_is_left_alone() -> None:
+    bar = ProgressBar()
+    bar.disable()
+    bar._trainer = SimpleNamespace(global_step=3, max_steps=9, is_global_zero=False)  # type: ignore
+    bar.train_progress_bar = bar.init_train_tqdm()
+    bar.on_train_epoch_start(bar._trainer)  # used to raise AttributeError on rank 1
+    assert bar.train_progress_bar.disable
