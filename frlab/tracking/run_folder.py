@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 from pathlib import Path
@@ -88,16 +89,17 @@ def check_new_run(output_dir: Path, ckpt_dir: Path, *, overwrite: bool) -> None:
 
 def _remove(path: Path) -> None:
     """Delete a file, a folder, or a symlink together with the folder it points to (a sharded
-    checkpoint)."""
-    if path.is_symlink():
-        target = path.resolve()
-        path.unlink()
-        if target.is_dir():
-            shutil.rmtree(target)
-    elif path.is_dir():
-        shutil.rmtree(path)
-    elif path.exists():
-        path.unlink()
+    checkpoint); already gone is fine (several ranks may clean up at once)."""
+    with contextlib.suppress(FileNotFoundError):
+        if path.is_symlink():
+            target = path.resolve()
+            path.unlink()
+            if target.is_dir():
+                shutil.rmtree(target, ignore_errors=True)
+        elif path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        elif path.exists():
+            path.unlink()
 
 
 def resolve_checkpoint(ckpt_path: object, ckpt_dir: Path) -> Path | None:
