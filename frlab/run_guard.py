@@ -180,7 +180,8 @@ class GracefulStop(Callback):
         callback = getattr(trainer, "checkpoint_callback", None)
         saved = getattr(callback, "_last_global_step_saved", None)
         if callback is not None and saved != trainer.global_step:
-            save_final_checkpoint(trainer, reason="end of training")
+            # every rank is here together, so the collective save is safe with several ranks
+            save_final_checkpoint(trainer, reason="end of training", all_ranks_here=True)
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         if self._stopper is not None:
@@ -194,14 +195,17 @@ class GracefulStop(Callback):
                 log.warning("resume with ckpt_path=last (final checkpoint %s)", path)
 
 
-def save_final_checkpoint(trainer: Any, reason: str = "stop") -> Path | None:
-    """Write `last.ckpt` into the checkpoint callback's folder now (one process only)."""
+def save_final_checkpoint(
+    trainer: Any, reason: str = "stop", all_ranks_here: bool = False
+) -> Path | None:
+    """Write `last.ckpt` into the checkpoint callback's folder now. Saving is collective, so
+    with several ranks only where every rank is known to call it (`all_ranks_here`)."""
     callback = getattr(trainer, "checkpoint_callback", None)
     dirpath = getattr(callback, "dirpath", None)
     if dirpath is None:
         log.warning("no final checkpoint: the run has no checkpoint callback")
         return None
-    if int(getattr(trainer, "world_size", 1)) > 1:
+    if int(getattr(trainer, "world_size", 1)) > 1 and not all_ranks_here:
         log.warning("no final checkpoint with several ranks: resume from the last periodic one")
         return None
     path = Path(dirpath) / f"{callback.CHECKPOINT_NAME_LAST}{callback.FILE_EXTENSION}"

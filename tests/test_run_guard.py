@@ -90,11 +90,17 @@ def test_the_callback_stops_after_the_step_and_writes_the_final_checkpoint(
     assert saved == [tmp_path / "last.ckpt"] * 2
 
 
-def test_no_final_checkpoint_with_several_ranks_or_without_a_checkpoint_callback() -> None:
+def test_no_signal_checkpoint_with_several_ranks_or_without_a_checkpoint_callback() -> None:
     calls: list[str] = []
     trainer = SimpleNamespace(checkpoint_callback=SimpleNamespace(dirpath="/x"), world_size=2,
                               save_checkpoint=lambda *a, **k: calls.append("saved"))  # fmt: skip
     assert save_final_checkpoint(trainer) is None
+    trainer.checkpoint_callback.CHECKPOINT_NAME_LAST = "last"
+    trainer.checkpoint_callback.FILE_EXTENSION = ".ckpt"
+    trainer.global_step = 4
+    assert save_final_checkpoint(trainer, all_ranks_here=True) == Path("/x/last.ckpt")  # train end
+    assert calls == ["saved"]
+    calls.clear()
     trainer.checkpoint_callback, trainer.world_size = None, 1
     assert save_final_checkpoint(trainer) is None and calls == []
 

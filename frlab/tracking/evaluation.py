@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 
 from lightning.pytorch.callbacks import Callback
 
-from frlab.rollout.agent_loop import template_ids
+from frlab.rollout.agent_loop import DEFAULT_ENGINE_TIMEOUT_S, template_ids
 from frlab.rollout.engine import SamplingParams
 
 T = TypeVar("T")
@@ -130,7 +130,8 @@ class EngineGenerate:
     """`generate(prompts) -> replies` over an async engine: one sampled reply per chat prompt.
 
     Runs on `loop` (the pool's event loop, where the engine lives) when it is running, else on
-    a fresh event loop in a worker thread."""
+    a fresh event loop in a worker thread. Each request has a deadline (`timeout_s`); one past
+    it fails the evaluation with a TimeoutError instead of hanging the run."""
 
     def __init__(
         self,
@@ -138,11 +139,21 @@ class EngineGenerate:
         tokenizer: Any,
         params: SamplingParams,
         loop: asyncio.AbstractEventLoop | None = None,
+        timeout_s: float = DEFAULT_ENGINE_TIMEOUT_S,
     ) -> None:
         self.engine, self.tokenizer, self.params, self.loop = engine, tokenizer, params, loop
+        self.timeout_s = float(timeout_s)
+
+    async def _generate_one(self, ids: list[int]) -> Any:
+        try:
+            return await asyncio.wait_for(self.engine.generate(ids, self.params), self.timeout_s)
+        except TimeoutError as exc:
+            raise TimeoutError(
+                f"evaluation engine request did not return within {self.timeout_s:g} s"
+            ) from exc
 
     async def _generate_all(self, prompt_ids: list[list[int]]) -> list[Any]:
-        return await asyncio.gather(*(self.engine.generate(ids, self.params) for ids in prompt_ids))
+        return await asyncio.gather(*(self._generate_one(ids) for ids in prompt_ids))
 
     def __call__(self, prompts: list[list[dict[str, str]]]) -> list[str]:
         prompt_ids = [template_ids(self.tokenizer, messages) for messages in prompts]
