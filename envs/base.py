@@ -5,7 +5,8 @@ the policy's action text each turn (`step` -> observation, reward, done, info) a
 tasks for the rollout pool (`sample_task`). Instances hold per-episode state: build a fresh
 one per rollout. `step` may be slow (tools, games): the agent loop runs it off the event loop.
 Rewards are summed over the episode; `failure` labels failed trajectories for the entropy
-filter (explicit labels, never the advantage sign).
+filter (explicit labels, never the advantage sign). `missing_sources` lets frlab check, before
+training starts, that the files and datasets an environment's config names exist.
 """
 
 from __future__ import annotations
@@ -41,6 +42,13 @@ class Env(abc.ABC):
     @abc.abstractmethod
     def sample_task(self, rng: random.Random) -> dict[str, Any]:
         """Draw one task (a plain dict; the pool assigns prompt ids)."""
+
+    @classmethod
+    def missing_sources(cls, config: Mapping[str, Any]) -> dict[str, str]:
+        """{config key: what is missing} for every file, folder or dataset named by `config`
+        (the env node's keyword arguments) that is not available locally; {} when all are.
+        Cheap: looks at the file system and caches, never loads or downloads. Default: none."""
+        return {}
 
     def failure(self, reward: float) -> bool:
         """Whether an episode with total `reward` counts as failed (default: reward <= 0)."""

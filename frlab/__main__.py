@@ -6,7 +6,8 @@ cheap checks of the machine first (devices, model and data sources, frlab.config
 then the preflight (validation, the resolved plan); it prints the plan and stops for
 `dry_run=true`, and otherwise hands over to `frlab.train.run`. Every config error, from Hydra's
 composition or from frlab's checks, is printed as `frlab: config error: ...` naming the key and
-exits with code 2. With no arguments the embedded CPU default experiment `toy_cpu` runs.
+exits with code 2; a failure exits 1 (disk full: one line naming the folder), and 130 / 143
+when SIGINT / SIGTERM stopped the run (frlab.run_guard). With no arguments the embedded CPU default experiment `toy_cpu` runs.
 """
 
 from __future__ import annotations
@@ -42,11 +43,23 @@ def task(cfg: DictConfig) -> dict[str, Any]:
 
 @hydra.main(config_path="../configs", config_name="train", version_base="1.3")
 def _hydra_main(cfg: DictConfig) -> dict[str, Any]:
+    from frlab.fsio import DiskFullError
+    from frlab.stop import RunInterrupted
+
     try:
         return task(cfg)
     except ConfigError as exc:
         print(f"frlab: config error: {exc}", file=sys.stderr, flush=True)
         sys.exit(2)
+    except DiskFullError as exc:
+        print(f"frlab: error: {exc}", file=sys.stderr, flush=True)
+        sys.exit(1)
+    except RunInterrupted as exc:  # SIGINT -> 130, SIGTERM -> 143 (what schedulers expect)
+        from frlab.run_guard import exit_now
+
+        print(f"frlab: {exc}", file=sys.stderr, flush=True)
+        exit_now(exc.exit_code)
+        raise  # not reached
 
 
 def main() -> None:

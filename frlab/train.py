@@ -52,7 +52,9 @@ def run(cfg: DictConfig, plan: Plan | None = None) -> dict[str, Any]:
     from frlab.tracking import RunFilesCallback
 
     quiet_expected_noise()
-    output_dir = run_folder(cfg, plan)
+    output_dir, guard = run_folder(cfg, plan)
+    if guard.finished:
+        return guard.previous_summary  # a resume of a finished run changes nothing
     L.seed_everything(int(cfg.seed), workers=True)
     model = plain(cfg.model)
     tokenizer = load_tokenizer(model)
@@ -78,10 +80,11 @@ def run(cfg: DictConfig, plan: Plan | None = None) -> dict[str, Any]:
     )
     trainer = instantiate(
         cfg.trainer, key="trainer", user_modules=user_modules(cfg),
-        callbacks=build_callbacks(cfg, run_files), logger=build_logger(cfg),
+        callbacks=[*build_callbacks(cfg, run_files), guard.callback], logger=build_logger(cfg),
         plugins=[AtomicCheckpointIO()], default_root_dir=str(output_dir),
     )  # fmt: skip
-    trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+    with guard.signals():  # SIGINT/SIGTERM: final checkpoint, then RunInterrupted (130/143)
+        trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
     summary = run_files.summary or run_files.finish("finished")
     if cfg.get("plots", True) and trainer.is_global_zero and run_files.rows:
         summary["plots"] = [str(p) for p in write_plots(output_dir)]

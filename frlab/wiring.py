@@ -140,14 +140,18 @@ def check_resume(ckpt_path: Any, cfg: DictConfig, output_dir: Path) -> None:
         raise ConfigError("ckpt_path", f"checkpoint {ckpt_path} does not exist")
 
 
-def run_folder(cfg: DictConfig, plan: Plan) -> Path:
-    """The run folder (created), after checking that a resume has something to resume."""
+def run_folder(cfg: DictConfig, plan: Plan) -> tuple[Path, Any]:
+    """The run folder (created) and its RunGuard (frlab.run_guard), after checking that a
+    resume has something to resume and that a new run does not overwrite another's files."""
+    from frlab.run_guard import RunGuard
+
     if plan.output_dir == NOT_RESOLVED:
         raise ConfigError("paths.output_dir", "cannot be resolved outside a Hydra run: set it")
     output_dir = Path(plan.output_dir)
     check_resume(cfg.get("ckpt_path"), cfg, output_dir)
+    guard = RunGuard.prepare(cfg, output_dir)  # used folder, resume checkpoint, temp files
     output_dir.mkdir(parents=True, exist_ok=True)
-    return output_dir
+    return output_dir, guard
 
 
 def pool_factory(
@@ -158,13 +162,10 @@ def pool_factory(
     `prompt_id_stride`). `off_policy_correction` is the objective's: the pool refuses
     truncated sampling (top_p/top_k) when it is True."""
     from frlab.rollout.agent_loop import AgentLoopConfig
-    from frlab.rollout.engine import SamplingParams
     from frlab.rollout.pool import RolloutPool
 
     rollout = plain(cfg.rollout)
-    sampling = SamplingParams.from_mapping(rollout["sampling"])
-    loop_cfg = AgentLoopConfig(max_turns=rollout["max_turns"], max_len=rollout["max_len"],
-                               sampling=sampling)  # fmt: skip
+    loop_cfg = AgentLoopConfig.from_rollout(rollout)  # limits, sampling, deadlines
     make_env = env_factory(cfg.env, user_modules=user_modules(cfg))
     make_engine = instantiate(cfg.rollout.engine, key="rollout.engine",
                               user_modules=user_modules(cfg))  # fmt: skip

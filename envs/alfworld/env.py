@@ -90,6 +90,18 @@ def find_games(data_dir: str | os.PathLike[str]) -> list[Path]:
 class AlfworldEnv(Env):
     """One ALFWorld episode per instance; tasks are `{"game_file": path}`."""
 
+    @classmethod
+    def missing_sources(cls, config: Mapping[str, Any]) -> dict[str, str]:
+        """The game folder (`env.data_dir`, else ALFWORLD_DATA) must hold at least one game."""
+        data_dir = config.get("data_dir") or os.environ.get("ALFWORLD_DATA")
+        if not data_dir:
+            return {"data_dir": "not set and ALFWORLD_DATA is empty (the game folder)"}
+        try:
+            find_games(data_dir)
+        except FileNotFoundError as exc:
+            return {"data_dir": str(exc)}
+        return {}
+
     def __init__(
         self,
         data_dir: str | None = None,

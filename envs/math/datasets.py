@@ -20,7 +20,9 @@ content of a solution's last `\\boxed{}`). `source` is one of:
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -161,6 +163,48 @@ def _hugging_face_rows(source: str, split: str | None, subset: str | None) -> li
             f"(offline runs need it in the cache first). Cause: {type(exc).__name__}: {exc}"
         ) from exc
     return [dict(row) for row in loaded]
+
+
+def source_problem(source: Any, split: str | None = None, subset: str | None = None) -> str | None:
+    """Why `source` cannot be loaded here (a missing file, package or uncached dataset while
+    offline), or None when it can; never downloads."""
+    if not isinstance(source, str) or not source:
+        return f"dataset source must be a non-empty string, got {source!r}"
+    if source.startswith(_AI_INFRA):
+        try:
+            missing = [
+                p for p in _ai_infra_files(source[len(_AI_INFRA) :], split) if not p.is_file()
+            ]
+        except (ImportError, ValueError) as exc:
+            return str(exc)
+        return f"package files missing: {missing}" if missing else None
+    if source.startswith(_REASONING_GYM):
+        if importlib.util.find_spec("reasoning_gym") is None:
+            return f"source {source!r} needs reasoning-gym (pip install 'frlab[data]')"
+        return None
+    if Path(source).suffix.lower() in LOCAL_SUFFIXES:
+        path = Path(source).expanduser()
+        return None if path.is_file() else f"dataset file not found: {path}"
+    return _hub_dataset_problem(source)
+
+
+def _hub_dataset_problem(source: str) -> str | None:
+    """A Hugging Face dataset id: fine online; offline it must be in a local cache."""
+    flags = ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")
+    if not any(os.environ.get(k, "").strip().upper() in {"1", "ON", "YES", "TRUE"} for k in flags):
+        return None
+    home = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")).expanduser()
+    datasets_cache = Path(os.environ.get("HF_DATASETS_CACHE", home / "datasets")).expanduser()
+    hub_cache = Path(os.environ.get("HF_HUB_CACHE", home / "hub")).expanduser()
+    flat = source.replace("/", "___")
+    candidates = [datasets_cache / flat, hub_cache / f"datasets--{source.replace('/', '--')}"]
+    if any(p.exists() for p in candidates):
+        return None
+    return (
+        f"Hugging Face dataset {source!r} is not in the local cache and HF_DATASETS_OFFLINE / "
+        "HF_HUB_OFFLINE is set: download it where there is network (or export it to a .jsonl "
+        "file with python -m envs.math.export) first"
+    )
 
 
 def load_math_dataset(

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from envs.base import Env, StepResult
-from envs.math.datasets import LOCAL_SUFFIXES, MathDataset, load_math_dataset
+from envs.math.datasets import LOCAL_SUFFIXES, MathDataset, load_math_dataset, source_problem
 from envs.math.extract import extract_answer
 from envs.math.grading import grade
 
@@ -61,6 +61,17 @@ def _cached_dataset(key: str) -> MathDataset:
 
 class MathEnv(Env):
     """Single-turn math environment (reward = grade(reply, answer))."""
+
+    @classmethod
+    def missing_sources(cls, config: Mapping[str, Any]) -> dict[str, str]:
+        """`env.source` must be loadable here (file, package, or cached dataset offline)."""
+        source = config.get("source")
+        problem = (
+            None
+            if source is None
+            else source_problem(source, config.get("split"), config.get("subset"))
+        )
+        return {"source": problem} if problem else {}
 
     def __init__(
         self,

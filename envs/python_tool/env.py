@@ -78,6 +78,14 @@ def format_observation(result: PythonResult, timeout_s: float) -> str:
 class PythonToolEnv(Env):
     """Maths with a Python tool: call tools for up to `max_turns` turns, then commit an answer."""
 
+    @classmethod
+    def missing_sources(cls, config: Mapping[str, Any]) -> dict[str, str]:
+        """`env.data_path`, when set, must be an existing file."""
+        path = config.get("data_path")
+        if path and not Path(str(path)).expanduser().is_file():
+            return {"data_path": f"task file not found: {path}"}
+        return {}
+
     def __init__(
         self,
         tasks: Sequence[Mapping[str, Any]] | None = None,

@@ -11,7 +11,9 @@ under a second: it imports neither torch nor transformers. It checks
   and with HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE set a Hugging Face id must already be in the
   local cache (without the flags it may still be downloaded);
 - data files: the environment's `data_dir` / `data_path` and a file `source`, and the same
-  keys of every evaluation benchmark.
+  keys of every evaluation benchmark; then what each environment class declares it reads
+  (`Env.missing_sources`: math datasets, the Python tool's task file, ALFWorld's game
+  folders), for the training env and every evaluation benchmark (frlab.config.availability).
 
 Each problem is a `ConfigError` naming the key, with the way to check a config without the
 machine it needs: `dry_run=true`. `local_source_problem` is also used by preflight.
@@ -105,10 +107,14 @@ def source_problem(source: str) -> str | None:
 
 
 def check_machine(cfg: DictConfig) -> None:
-    """Devices, then model sources, then data files; ConfigError naming the key."""
+    """Devices, then model sources, then data files, then what each environment and benchmark
+    declares it reads (frlab.config.availability); ConfigError naming the key."""
+    from frlab.config.availability import check_availability
+
     check_devices(cfg)
     check_model_sources(cfg)
     check_data_files(cfg)
+    check_availability(cfg)
 
 
 def check_devices(cfg: DictConfig) -> None:

@@ -145,6 +145,13 @@ class RolloutConfig:
     sync_every: int = spec(1, low=1, doc="push weights every N steps; <= max_policy_lag (async)")
     max_turns: int = spec(1, low=1, doc="turns per episode")
     max_len: int = spec(64, low=2, doc="tokens per trajectory (prompt + all turns)")
+    env_timeout_s: float = spec(
+        300.0, low=0.0, low_open=True, arg=False, doc="deadline of one environment call (build, "
+        "reset, step); a call past it fails its rollout (env_step_timeout, ...) and is "
+        "abandoned")  # fmt: skip
+    engine_timeout_s: float = spec(
+        1800.0, low=0.0, low_open=True, arg=False,
+        doc="deadline of one engine request (one turn's generation)")  # fmt: skip
     sampling: SamplingConfig = spec(factory=SamplingConfig)
     device: str = spec("cpu", doc="device of the in-process engine (torch)")
     remote: Any = spec(None, kind="mapping", doc="the fleet (RemoteConfig), set by rollout=remote")
@@ -213,6 +220,9 @@ class FrlabConfig:
     ckpt_path: str | None = spec(None, doc="null | last | /path/to.ckpt (resume)")
     task_name: str = "train"
     plots: bool = spec(True, doc="PNG curves into <run>/plots at the end")
+    overwrite: bool = spec(
+        False, doc="true: a new run may replace another run's files in its run folder (else "
+        "refused: resume with ckpt_path=last or choose another folder)")  # fmt: skip
     user_modules: list[str] = spec(
         factory=list, doc="your packages whose classes configs may name as _target_ "
         "(e.g. [mypkg]); standard-library and framework packages are refused")  # fmt: skip

@@ -79,6 +79,10 @@ class EpisodesEvalConfig:
     env: Any = spec(II("env"), kind="mapping", doc="the environment node (the training env)")
     max_turns: int = spec(II("rollout.max_turns"), low=1, doc="follows rollout.max_turns")
     max_len: int = spec(II("rollout.max_len"), low=2, doc="follows rollout.max_len")
+    env_timeout_s: float = spec(II("rollout.env_timeout_s"), low=0.0, low_open=True,
+                                doc="follows rollout.env_timeout_s")  # fmt: skip
+    engine_timeout_s: float = spec(II("rollout.engine_timeout_s"), low=0.0, low_open=True,
+                                   doc="follows rollout.engine_timeout_s")  # fmt: skip
     user_modules: list[str] = spec(II("user_modules"), doc="follows user_modules")
 
 

@@ -10,8 +10,13 @@ from pre-fetching the next batch before the current optimizer step and weight sy
 would add one version of lag and, in sync mode, collect a batch before the update it must
 follow (collect, then train).
 
-Teardown stops the pool and joins every thread it started, also when training raises
-(Lightning calls `on_exception`, not `teardown`, on that path).
+Teardown stops the pool (a bounded wait: hung environment threads are abandoned), also when
+training raises (Lightning calls `on_exception`, not `teardown`, on that path). While it waits
+for a batch the stream checks, twice a second, whether SIGINT/SIGTERM asked the run to stop
+(`frlab.stop`): the learner is then between two steps, the one safe point for a final
+checkpoint. A wait longer than a minute is logged with the pool's counters. The pool's state is
+part of the checkpoint (`state_dict`), so Lightning's warning that a mid-epoch resume has a
+non-resumable dataloader does not apply and is filtered.
 
 Distributed data parallel: each rank runs its own pool and engine and consumes B/W
 trajectories of the global batch B. `pool_factory` is called with per-rank keyword arguments
@@ -24,6 +29,7 @@ rank's pool cursor; resume with the same number of ranks.
 from __future__ import annotations
 
 import logging
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -33,13 +39,19 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from frlab.data.batch import RolloutBatch, collate
+from frlab.stop import raise_if_stop_requested
 
 log = logging.getLogger(__name__)
 
 UNBOUNDED_BATCHES = 2**62
 
+POLL_S = 0.5  # how often a waiting stream checks for a stop request
+REPORT_S = 60.0  # a wait for one batch longer than this is logged (then every REPORT_S)
+
 # Our loader is sized on purpose (see above) and single-process, so its length is exact.
 warnings.filterwarnings("ignore", message="Your `IterableDataset` has `__len__` defined")
+# The pool cursor is restored from the checkpoint (RolloutDataModule.state_dict): resumable.
+warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before")
 
 
 class PoolBatches(IterableDataset):
@@ -61,7 +73,25 @@ class PoolBatches(IterableDataset):
 
     def __iter__(self) -> Iterator[RolloutBatch]:
         for _ in range(self.length):
-            yield collate(self.pool.next_batch(self.timeout_s), self.pad_token_id)
+            yield collate(self._next_batch(), self.pad_token_id)
+
+    def _next_batch(self) -> list[Any]:
+        """`pool.next_batch` in POLL_S slices: a stop request raises RunInterrupted between
+        slices; a long wait is logged; `timeout_s` (None: none) bounds the whole wait."""
+        start = time.monotonic()
+        next_report = start + REPORT_S
+        while True:
+            raise_if_stop_requested()
+            now = time.monotonic()
+            left = None if self.timeout_s is None else start + self.timeout_s - now
+            if now >= next_report:
+                log.warning("waiting %.0f s for a batch: %s", now - start, self.pool.stats())
+                next_report += REPORT_S
+            try:
+                return self.pool.next_batch(POLL_S if left is None else max(0.0, min(POLL_S, left)))
+            except TimeoutError:
+                if left is not None and left <= POLL_S:
+                    raise
 
 
 def _as_is(batch: RolloutBatch) -> RolloutBatch:

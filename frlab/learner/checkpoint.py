@@ -3,7 +3,9 @@
 `AtomicCheckpointIO` streams the checkpoint to a temporary file in the target's folder, fsyncs
 it, then `os.replace()`s it over the target and fsyncs the folder. A crash (or an exception)
 mid-save leaves the previous file intact, so `ckpt_path=last` always finds a loadable
-`last.ckpt`. The rename is atomic because source and target live on one filesystem.
+`last.ckpt`. The rename is atomic because source and target live on one filesystem. The
+SHA-256 of the bytes written goes into a sidecar `<name>.sha256` and is checked before a load
+(frlab.learner.integrity); running out of space raises `DiskFullError` naming the folder.
 
 `capture_rng_states` / `restore_rng_states` hold the python, numpy and torch (CPU and CUDA)
 generators in a form that `torch.load(weights_only=True)` accepts (tensors, ints, tuples).
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import random
 import tempfile
 from pathlib import Path
@@ -23,7 +26,15 @@ import torch
 from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from frlab.fsio import fsync_path
+from frlab.fsio import disk_full_error, fsync_path, is_disk_full
+from frlab.learner.integrity import (
+    CheckpointCorrupt,
+    HashingWriter,
+    previous_digest,
+    sidecar_of,
+    verify_checkpoint,
+    write_sidecar,
+)
 
 RNG_KEYS = ("python", "numpy", "torch")
 
@@ -34,24 +45,39 @@ def _is_remote(path: _PATH) -> bool:
 
 
 def atomic_torch_save(obj: Any, path: _PATH) -> None:
-    """`torch.save(obj, path)` that never leaves a partial file at `path`."""
+    """`torch.save(obj, path)` that never leaves a partial file at `path`, with a SHA-256
+    sidecar (frlab.learner.integrity); out of space raises DiskFullError naming the folder."""
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        _write_verified(obj, target)
+    except Exception as exc:
+        if is_disk_full(exc):
+            raise disk_full_error(target.parent, target.name) from exc
+        raise
+    fsync_path(target.parent)
+
+
+def _write_verified(obj: Any, target: Path) -> None:
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
-            torch.save(obj, handle)
+            writer = HashingWriter(handle)
+            torch.save(obj, writer)
             handle.flush()
             os.fsync(handle.fileno())
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp_name, 0o666 & ~umask)
+        digest, old = writer.sha256.hexdigest(), previous_digest(target)
+        # Sidecar first, accepting both files: a crash before the rename still verifies.
+        write_sidecar(target, [digest] + ([old] if old and old != digest else []), writer.size)
         os.replace(tmp_name, target)
+        write_sidecar(target, [digest], writer.size)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_name)
         raise
-    fsync_path(target.parent)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -72,8 +98,32 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         if _is_remote(path):
             super().save_checkpoint(checkpoint, path)
             return
-        local = str(path)[len("file://") :] if str(path).startswith("file://") else path
-        atomic_torch_save(checkpoint, local)
+        atomic_torch_save(checkpoint, _local(path))
+
+    def load_checkpoint(self, path: _PATH, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """Verify the checkpoint's digest first; a damaged file raises CheckpointCorrupt
+        (naming the file and the intact checkpoints next to it) instead of a torch error."""
+        if _is_remote(path):
+            return super().load_checkpoint(path, *args, **kwargs)
+        local = _local(path)
+        verify_checkpoint(local)
+        try:
+            return super().load_checkpoint(local, *args, **kwargs)
+        except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError) as exc:
+            if isinstance(exc, FileNotFoundError):
+                raise
+            raise CheckpointCorrupt(local, f"torch cannot load it: {exc}") from exc
+
+    def remove_checkpoint(self, path: _PATH) -> None:
+        """Remove a checkpoint and its digest sidecar."""
+        super().remove_checkpoint(path)
+        if not _is_remote(path):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(sidecar_of(_local(path)))
+
+
+def _local(path: _PATH) -> _PATH:
+    return str(path)[len("file://") :] if str(path).startswith("file://") else path
 
 
 def capture_rng_states() -> dict[str, Any]:

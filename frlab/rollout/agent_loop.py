@@ -15,8 +15,14 @@ is marked truncated.
 
 MoE routing replay: when the engine returns `GenerationResult.routing`, the trajectory keeps,
 for every position, the experts of the LATEST engine call that forwarded it (each call
-re-forwards the whole stream, so later calls overwrite earlier positions). A failing environment step or engine request raises `RolloutError`,
-which the rollout pool counts by `reason` (it fails that rollout, not the run).
+re-forwards the whole stream, so later calls overwrite earlier positions).
+
+Deadlines: every environment call (`reset`, `step`) runs on `EnvThreads` under
+`env_timeout_s` and every engine request under `engine_timeout_s`; a call past its deadline
+fails the rollout (`env_reset_timeout`, `env_step_timeout`, `engine_timeout`) and a hung
+environment thread is abandoned (frlab.rollout.env_threads). A failing environment step or
+engine request, or a reward that is not a real number (bool, int, float), raises
+`RolloutError`, which the rollout pool counts by `reason` (it fails that rollout, not the run).
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import numbers
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,8 +41,16 @@ import torch
 from envs.base import Env, StepResult
 from frlab.data.batch import Trajectory, TrajectoryError
 from frlab.rollout.engine import Engine, GenerationResult, SamplingParams
+from frlab.rollout.env_threads import (
+    DeadlineExceeded,
+    EnvThreads,
+    call_with_deadline,
+    check_deadline,
+)
 from frlab.rollout.seeding import turn_seed
 
+DEFAULT_ENV_TIMEOUT_S = 300.0  # rollout.env_timeout_s
+DEFAULT_ENGINE_TIMEOUT_S = 1800.0  # rollout.engine_timeout_s
 _ACTION_SENTINEL = "FRLABACTIONSENTINEL"
 _OBSERVATION_SENTINEL = "FRLABOBSERVATIONSENTINEL"
 
@@ -50,12 +66,15 @@ class RolloutError(RuntimeError):
 
 @dataclass
 class AgentLoopConfig:
-    """Episode limits: turn cap, total token budget (prompt + all turns), per-turn sampling."""
+    """Episode limits: turn cap, total token budget (prompt + all turns), per-turn sampling,
+    and the deadlines of one environment call and one engine request (seconds)."""
 
     max_turns: int = 1
     max_len: int = 64
     sampling: SamplingParams = field(default_factory=SamplingParams)
     observation_role: str = "user"
+    env_timeout_s: float = DEFAULT_ENV_TIMEOUT_S
+    engine_timeout_s: float = DEFAULT_ENGINE_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if int(self.max_turns) < 1:
@@ -64,6 +83,19 @@ class AgentLoopConfig:
             raise ValueError(f"rollout.max_len must be >= 2, got {self.max_len}")
         if not isinstance(self.sampling, SamplingParams):
             raise TypeError(f"rollout.sampling must be SamplingParams, got {type(self.sampling)}")
+        self.env_timeout_s = check_deadline("rollout.env_timeout_s", self.env_timeout_s)
+        self.engine_timeout_s = check_deadline("rollout.engine_timeout_s", self.engine_timeout_s)
+
+    @classmethod
+    def from_rollout(cls, rollout: Mapping[str, Any]) -> AgentLoopConfig:
+        """The agent-loop settings of a resolved `rollout` config node."""
+        return cls(
+            max_turns=rollout["max_turns"],
+            max_len=rollout["max_len"],
+            sampling=SamplingParams.from_mapping(rollout["sampling"]),
+            env_timeout_s=rollout.get("env_timeout_s", DEFAULT_ENV_TIMEOUT_S),
+            engine_timeout_s=rollout.get("engine_timeout_s", DEFAULT_ENGINE_TIMEOUT_S),
+        )
 
 
 @dataclass
@@ -142,10 +174,58 @@ def observation_ids(
     return list(tokenizer.encode(between + observation + after, add_special_tokens=False))
 
 
-async def _off_loop(
-    executor: concurrent.futures.Executor | None, fn: Callable[..., Any], *args: Any
+_SHARED: EnvThreads | None = None
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_env_threads() -> EnvThreads:
+    """The process-wide EnvThreads for callers that bring none (evaluation episodes)."""
+    global _SHARED
+    with _SHARED_LOCK:
+        if _SHARED is None:
+            _SHARED = EnvThreads(32, name="frlab-env-shared")
+        return _SHARED
+
+
+async def env_call(
+    executor: concurrent.futures.Executor | None,
+    deadline_s: float,
+    reason: str,
+    fn: Callable[..., Any],
+    *args: Any,
 ) -> Any:
-    return await asyncio.get_running_loop().run_in_executor(executor, fn, *args)
+    """`fn(*args)` off the event loop under a deadline; a call past it raises
+    RolloutError(f"{reason}_timeout"), any other failure RolloutError(reason)."""
+    try:
+        return await call_with_deadline(
+            executor or shared_env_threads(), deadline_s, reason, fn, *args
+        )
+    except DeadlineExceeded as exc:
+        raise RolloutError(f"{reason}_timeout", str(exc)) from exc
+    except Exception as exc:
+        raise RolloutError(reason, repr(exc)) from exc
+
+
+async def _generate(
+    engine: Engine, ids: list[int], params: SamplingParams, deadline_s: float
+) -> Any:
+    try:
+        return await asyncio.wait_for(engine.generate(ids, params), deadline_s)
+    except TimeoutError as exc:
+        detail = f"engine request did not return within {deadline_s:g} s"
+        raise RolloutError("engine_timeout", detail) from exc
+    except Exception as exc:
+        raise RolloutError("engine", repr(exc)) from exc
+
+
+def check_reward(value: Any) -> float:
+    """A step reward as float: a real number (bool, int, float, numpy scalar), else
+    RolloutError("bad_reward") (a string "1" is not a reward)."""
+    if isinstance(value, str | bytes) or not isinstance(value, numbers.Real):
+        raise RolloutError(
+            "bad_reward", f"step reward must be a real number (bool, int, float), got {value!r}"
+        )
+    return float(value)
 
 
 async def run_episode(
@@ -160,11 +240,9 @@ async def run_episode(
     seed: int | None = None,
 ) -> Trajectory:
     """Play one episode of `env` on `task` with `engine`; return its finished trajectory.
-    `seed`: the rollout's sampling seed (None: the engine's own random stream)."""
-    try:
-        messages = await _off_loop(executor, env.reset, task)
-    except Exception as exc:
-        raise RolloutError("env_reset", repr(exc)) from exc
+    Environment calls run on `executor` (default: a shared EnvThreads). `seed`: the rollout's
+    sampling seed (None: the engine's own random stream)."""
+    messages = await env_call(executor, cfg.env_timeout_s, "env_reset", env.reset, task)
     try:
         prompt = template_ids(tokenizer, list(messages))
     except Exception as exc:
@@ -179,16 +257,13 @@ async def run_episode(
             break
         turn = None if seed is None else turn_seed(seed, len(boundaries))
         params = _turn_params(cfg.sampling, budget, stop_ids, turn)
-        try:
-            gen = await engine.generate(list(stream.token_ids), params)
-        except Exception as exc:
-            raise RolloutError("engine", repr(exc)) from exc
+        gen = await _generate(engine, list(stream.token_ids), params, cfg.engine_timeout_s)
         boundaries.append(len(stream.token_ids))
         stream.add_action(gen)
         finish.append(gen.finish_reason)
         action_text = tokenizer.decode(gen.token_ids, skip_special_tokens=True)
-        step = await _step(env, action_text, executor)
-        reward, info = reward + float(step.reward), dict(step.info)
+        step = await _step(env, action_text, executor, cfg.env_timeout_s)
+        reward, info = reward + check_reward(step.reward), dict(step.info)
         tool_calls += int(info.get("tool_calls", 0) or 0)
         done = bool(step.done)
         if done or len(boundaries) >= cfg.max_turns:
@@ -229,12 +304,9 @@ async def run_episode(
 
 
 async def _step(
-    env: Env, action_text: str, executor: concurrent.futures.Executor | None
+    env: Env, action_text: str, executor: concurrent.futures.Executor | None, deadline_s: float
 ) -> StepResult:
-    try:
-        step = await _off_loop(executor, env.step, action_text)
-    except Exception as exc:
-        raise RolloutError("env_step", repr(exc)) from exc
+    step = await env_call(executor, deadline_s, "env_step", env.step, action_text)
     if not isinstance(step, StepResult):
         raise RolloutError("env_step", f"step returned {type(step).__name__}, not StepResult")
     return step

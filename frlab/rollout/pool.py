@@ -17,12 +17,17 @@ siblings are counted in `rejected_by_reason["incomplete_group"]`) and a replacem
 starts. Reproducibility: every rollout samples with its own seed (frlab.rollout.seeding); in
 sync mode engine calls also go through a lockstep gate (frlab.rollout.lockstep) so that engine
 batches do not depend on timing: two sync runs on the CPU torch engine are bit-identical.
+
+Nothing here waits without a deadline: every environment call and engine request has one
+(`AgentLoopConfig.env_timeout_s`, `engine_timeout_s`), environment calls run on
+`EnvThreads` (hung ones are abandoned, never joined), and `stop()` is bounded (the event loop
+lives in frlab.rollout.loop_thread). The counters in `stats()` travel with `state_dict()`, so
+after a resume they cover the whole run.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import functools
 import logging
 import random
@@ -40,7 +45,9 @@ from frlab.rollout.admission import required_early as required_early
 from frlab.rollout.admission import select_batch as select_batch
 from frlab.rollout.agent_loop import AgentLoopConfig
 from frlab.rollout.engine import Engine
+from frlab.rollout.env_threads import EnvThreads
 from frlab.rollout.lockstep import LockstepClient, LockstepGate
+from frlab.rollout.loop_thread import LoopThread, run_bounded
 from frlab.rollout.rollouts import REJECT_REASONS as REJECT_REASONS
 from frlab.rollout.rollouts import (
     Failure,
@@ -49,14 +56,18 @@ from frlab.rollout.rollouts import (
     as_rng_state,
     check_state,
     close_env,
+    counter_records,
     pending_records,
     ready_record,
+    restore_counters,
     restore_ready,
     run_rollout,
 )
 from frlab.rollout.seeding import rollout_seed
 
 log = logging.getLogger(__name__)
+
+STOP_WAIT_S = 10.0  # stop(): longest wait for the loop thread, the engine, and env closes
 
 
 class RolloutPool:
@@ -113,12 +124,9 @@ class RolloutPool:
         self._lag_max_seen = 0
         self._started = self._stopping = self._stopped = self._loading = False
         self._error: BaseException | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._runner = LoopThread(self._tick, self._crashed)
+        self._executor: EnvThreads | None = None
         self._task_env: Any = None
-        self._wake: asyncio.Event | None = None
-        self._tasks: set[asyncio.Task] = set()
         self._gate: LockstepGate | None = None  # sync mode: deterministic engine batches
 
     def _reset_queues(self) -> None:
@@ -127,7 +135,7 @@ class RolloutPool:
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
-        """Start the engine, the env executor and the event-loop thread (idempotent)."""
+        """Start the engine, the env threads and the event-loop thread (idempotent)."""
         with self._cond:
             if self._stopped or self._stopping:
                 raise RuntimeError("RolloutPool was stopped; build a new pool")
@@ -135,86 +143,56 @@ class RolloutPool:
                 return
             self._started = True
         self.engine.start()
-        self._executor = concurrent.futures.ThreadPoolExecutor(
-            self.num_env_workers, thread_name_prefix="frlab-env"
-        )
+        self._executor = EnvThreads(self.num_env_workers)
         self._task_env = self.env_factory()
-        self._loop = asyncio.new_event_loop()
         if self.mode == "sync":
-            self._gate = LockstepGate(self.engine, self._wake_in_loop)
-        ready = threading.Event()
-        self._thread = threading.Thread(
-            target=self._thread_main, args=(ready,), name="frlab-rollout-loop", daemon=True
-        )
-        self._thread.start()
-        ready.wait()
+            self._gate = LockstepGate(self.engine, self._runner.wake_in_loop)
+        self._runner.start()
 
     def stop(self) -> None:
-        """Cancel in-flight work; join the loop thread, env threads and engine (idempotent)."""
+        """Cancel in-flight work; stop the loop thread and the engine, close envs; each wait is
+        bounded by STOP_WAIT_S and hung environment threads are abandoned (idempotent)."""
         with self._cond:
             if self._stopped or self._stopping:
                 return
             self._stopping = True
             self._cond.notify_all()
         try:
-            if self._thread is not None:
-                self._notify_loop()
-                self._thread.join()
+            self._runner.stop(STOP_WAIT_S)
         finally:
             try:
                 if self._started:
-                    self.engine.shutdown()
+                    run_bounded(self.engine.shutdown, "engine shutdown", STOP_WAIT_S)
             finally:
                 if self._executor is not None:
-                    self._executor.shutdown(wait=True)
-                close_env(self._task_env)
-                if self._loop is not None:
-                    self._loop.close()
+                    self._executor.shutdown(wait=True, timeout=STOP_WAIT_S)
+                if self._task_env is not None:
+                    run_bounded(
+                        functools.partial(close_env, self._task_env), "env close", STOP_WAIT_S
+                    )
                 with self._cond:
                     self._stopped = True
                     self._cond.notify_all()
 
-    def _thread_main(self, ready: threading.Event) -> None:
-        assert self._loop is not None
-        asyncio.set_event_loop(self._loop)
-        try:
-            self._loop.run_until_complete(self._main(ready))
-        except BaseException as exc:  # a bug in the pool itself: surface it in next_batch
-            log.exception("rollout pool loop crashed")
-            with self._cond:
-                self._error = exc
-                self._cond.notify_all()
-        finally:
-            ready.set()
-            self._loop.run_until_complete(self._loop.shutdown_asyncgens())
+    @property
+    def _loop(self) -> asyncio.AbstractEventLoop | None:
+        """The event loop the engine's requests run on (evaluation runs there too)."""
+        return self._runner.loop
 
-    async def _main(self, ready: threading.Event) -> None:
-        self._wake = asyncio.Event()
-        ready.set()
-        try:
-            while not self._stopping:
-                self._admit()
-                if self._gate is not None:
-                    self._gate.release()  # after admission: new rollouts count as live
-                await self._wake.wait()
-                self._wake.clear()
-        finally:
-            await self._cancel_all()
+    def _crashed(self, exc: BaseException) -> None:
+        with self._cond:
+            self._error = exc
+            self._cond.notify_all()
 
-    async def _cancel_all(self) -> None:
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-    def _wake_in_loop(self) -> None:
-        if self._wake is not None:
-            self._wake.set()
+    def _tick(self) -> None:
+        """One round of the loop: admit new work, then (sync mode) release the lockstep gate,
+        so rollouts admitted in this round count as live before the next engine batch."""
+        self._admit()
+        if self._gate is not None:
+            self._gate.release()
 
     def _notify_loop(self) -> None:
-        loop, wake = self._loop, self._wake
-        if loop is not None and wake is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(wake.set)
+        self._runner.wake()
 
     # -- admission and rollouts (loop thread) ------------------------------------------------
     def _admit(self) -> None:
@@ -242,13 +220,10 @@ class RolloutPool:
             self._prompt_counter += 1
             task = dict(self._task_env.sample_task(self._rng))
         group = Group(prompt_id, task, unresolved=self.samples_per_prompt)
-        assert self._loop is not None
         for _ in range(self.samples_per_prompt):
             ro = self._queue.add(group, version, due)
             client = None if self._gate is None else self._gate.client(ro.seq)
-            t = self._loop.create_task(self._run(ro, client))
-            self._tasks.add(t)
-            t.add_done_callback(self._tasks.discard)
+            self._runner.spawn(self._run(ro, client))
         self._counts["started"] += self.samples_per_prompt
         self._sync_need -= self.mode == "sync"
 
@@ -281,8 +256,7 @@ class RolloutPool:
             if group.unresolved == 0:
                 self._close_group(group)
             self._cond.notify_all()
-        if self._wake is not None:
-            self._wake.set()
+        self._runner.wake_in_loop()
 
     def _close_group(self, group: Group) -> None:
         dropped = self._queue.close_group(group)  # the finished siblings of a failed sample
@@ -408,20 +382,21 @@ class RolloutPool:
                 "ready": [ready_record(ro) for ro in queue.ready],
                 "learner_version": self._learner_version,
                 "next_consume_version": self._next_consume_version,
+                "counters": counter_records(self._counts, self._failed, self._rejected),
             }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore the cursor; in-flight work (if running) is cancelled and its prompts rerun."""
         check_state(state)
-        if self._thread is not None and self._thread.is_alive() and self._loop is not None:
-            asyncio.run_coroutine_threadsafe(self._load_in_loop(state), self._loop).result()
+        if self._runner.is_alive():
+            self._runner.run(self._load_in_loop(state), timeout=STOP_WAIT_S)
         else:
             self._apply_state(state)
 
     async def _load_in_loop(self, state: Mapping[str, Any]) -> None:
         self._loading = True  # no admission while the old work is cancelled
         try:
-            await self._cancel_all()
+            await self._runner.cancel_all()
             self._apply_state(state)
         finally:
             self._loading = False
@@ -436,6 +411,7 @@ class RolloutPool:
             self._learner_version = int(state.get("learner_version", 0))
             self._next_consume_version = int(state.get("next_consume_version", 0))
             self._queue.restore(restore_ready(state["ready"], self.max_policy_lag))
+            restore_counters(state.get("counters"), self._counts, self._failed, self._rejected)
             self._cond.notify_all()
 
 

@@ -7,7 +7,7 @@ outcome: a trajectory, or a failure classified as "failed" or "rejected" with a 
 counts (never raised: one bad rollout must not stop the run). The checkpoint form of the pool's
 data cursor is plain Python values only (so it loads with `torch.load(weights_only=True)`):
 prompts not yet finished, to be rerun on resume, and finished-but-unconsumed trajectories with
-their start version.
+their start version, and the pool's counters (so run totals survive a resume).
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ import concurrent.futures
 import copy
 import dataclasses
 import logging
+import threading
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +26,7 @@ from typing import Any
 from frlab.data.batch import Trajectory
 from frlab.rollout.agent_loop import AgentLoopConfig, RolloutError, run_episode
 from frlab.rollout.engine import Engine
+from frlab.rollout.env_threads import DeadlineExceeded, call_with_deadline
 
 log = logging.getLogger(__name__)
 
@@ -68,15 +71,19 @@ async def run_rollout(
     *,
     seed: int | None = None,
 ) -> None:
-    """Play one sample of `group` in a fresh env built on `executor`, pass its outcome to
-    `resolve`, then close the env (also when cancelled). `seed`: the rollout's sampling seed
-    (frlab.rollout.seeding), None for the engine's own stream."""
-    built = executor.submit(env_factory)
+    """Play one sample of `group` in a fresh env built on `executor` (under the env deadline),
+    pass its outcome to `resolve`, then close the env (also when cancelled). `seed`: the
+    rollout's sampling seed (frlab.rollout.seeding), None for the engine's own stream."""
+    built = _BuiltEnv(env_factory)
     try:
-        env = await asyncio.wrap_future(built)
+        env = await call_with_deadline(executor, loop_cfg.env_timeout_s, "env_factory", built)
     except asyncio.CancelledError:
-        built.add_done_callback(_close_built_env)
+        built.give_up(executor)
         raise
+    except DeadlineExceeded as exc:
+        built.give_up(executor)
+        resolve(None, ("failed", "env_factory_timeout", exc))
+        return
     except Exception as exc:
         resolve(None, ("failed", "env_factory", exc))
         return
@@ -100,16 +107,41 @@ async def run_rollout(
     else:
         resolve(traj, None)
     finally:
-        try:
-            executor.submit(close_env, env)
-        except RuntimeError:  # executor already shut down
-            close_env(env)
+        close_later(executor, env)
 
 
-def _close_built_env(built: concurrent.futures.Future) -> None:
-    """Close an env whose construction finished after its rollout was cancelled."""
-    if not built.cancelled() and built.exception() is None:
-        close_env(built.result())
+class _BuiltEnv:
+    """Builds one env; an env finished after its rollout gave up on it is closed, not leaked."""
+
+    def __init__(self, env_factory: Callable[[], Any]) -> None:
+        self.env_factory = env_factory
+        self.lock = threading.Lock()
+        self.env: Any = None
+        self.abandoned = False
+
+    def __call__(self) -> Any:
+        env = self.env_factory()
+        with self.lock:
+            if self.abandoned:
+                close_env(env)
+                return None
+            self.env = env
+        return env
+
+    def give_up(self, executor: concurrent.futures.Executor) -> None:
+        with self.lock:
+            self.abandoned = True
+            env, self.env = self.env, None
+        if env is not None:
+            close_later(executor, env)
+
+
+def close_later(executor: concurrent.futures.Executor, env: Any) -> None:
+    """Close `env` on `executor` without waiting (a hung close costs a thread, not the pool)."""
+    try:
+        executor.submit(close_env, env)
+    except RuntimeError:  # executor already shut down
+        close_env(env)
 
 
 def close_env(env: Any) -> None:
@@ -168,6 +200,18 @@ def restore_ready(items: Iterable[Mapping[str, Any]], max_policy_lag: int) -> It
         ro = Rollout(i, group, start, start + max_policy_lag, traj, finish_seq=i)
         group.members.append(ro)
         yield ro
+
+
+def counter_records(*counters: Counter[str]) -> list[dict[str, int]]:
+    """Checkpoint form of the pool's counters (plain dicts), so totals survive a resume."""
+    return [{str(k): int(v) for k, v in c.items()} for c in counters]
+
+
+def restore_counters(records: Any, *counters: Counter[str]) -> None:
+    """Inverse of `counter_records`; a checkpoint without counters leaves them at zero."""
+    for counter, record in zip(counters, records or [{}] * len(counters), strict=True):
+        counter.clear()
+        counter.update({str(k): int(v) for k, v in dict(record).items()})
 
 
 def as_rng_state(state: Any) -> tuple:

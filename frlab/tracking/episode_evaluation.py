@@ -14,17 +14,27 @@ Tasks come from one environment instance: `games()` (ALFWorld, one `{"game_file"
 game folder, sorted) or a `tasks` list (the Python-tool env). Each episode gets a fresh
 environment from the benchmark's factory and closes it. At most `concurrency` episodes run at
 once, on the pool's event loop. Each episode samples with a seed derived from the engine's
-weight version, the benchmark, the task and the sample number (frlab.rollout.seeding). Only
+weight version, the benchmark, the task and the sample number (frlab.rollout.seeding);
+environment calls and engine requests have the training deadlines (`env_timeout_s`,
+`engine_timeout_s`): a hung episode counts as an error. Only
 global rank 0 evaluates.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from frlab.rollout.agent_loop import AgentLoopConfig, RolloutError, run_episode
+from frlab.rollout.agent_loop import (
+    DEFAULT_ENGINE_TIMEOUT_S,
+    DEFAULT_ENV_TIMEOUT_S,
+    AgentLoopConfig,
+    RolloutError,
+    env_call,
+    run_episode,
+)
 from frlab.rollout.engine import SamplingParams
 from frlab.rollout.seeding import derive_seed
 from frlab.tracking.evaluation import (
@@ -78,6 +88,8 @@ class EpisodeEvaluation(PeriodicEvaluation):
         limit: int | None = None,
         concurrency: int = 16,
         prefix: str = "eval",
+        env_timeout_s: float = DEFAULT_ENV_TIMEOUT_S,
+        engine_timeout_s: float = DEFAULT_ENGINE_TIMEOUT_S,
     ) -> None:
         if not isinstance(benchmarks, Mapping) or not benchmarks:
             raise ValueError(f"{WHO}.benchmarks must be a non-empty mapping name -> env factory")
@@ -90,7 +102,10 @@ class EpisodeEvaluation(PeriodicEvaluation):
             temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens
         )
         sampling.validate(off_policy_correction=False)
-        self.loop_cfg = AgentLoopConfig(max_turns=max_turns, max_len=max_len, sampling=sampling)
+        self.loop_cfg = AgentLoopConfig(
+            max_turns=max_turns, max_len=max_len, sampling=sampling,
+            env_timeout_s=env_timeout_s, engine_timeout_s=engine_timeout_s,
+        )  # fmt: skip
         self.prefix = prefix
         self._tasks: dict[str, list[dict[str, Any]]] = {}
 
@@ -145,7 +160,8 @@ class EpisodeEvaluation(PeriodicEvaluation):
             except RolloutError:
                 return None
             finally:
-                await asyncio.get_running_loop().run_in_executor(None, _close, env)
+                with contextlib.suppress(RolloutError):  # a hung close is abandoned
+                    await env_call(None, self.loop_cfg.env_timeout_s, "env_close", _close, env)
 
     async def _play_all(self, engine: Any, tokenizer: Any) -> dict[str, list[float | None]]:
         sem = asyncio.Semaphore(self.concurrency)

@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 
 from lightning.pytorch.callbacks import Callback
 
-from frlab.rollout.agent_loop import template_ids
+from frlab.rollout.agent_loop import DEFAULT_ENGINE_TIMEOUT_S, template_ids
 from frlab.rollout.engine import SamplingParams
 from frlab.rollout.seeding import derive_seed
 
@@ -141,7 +141,8 @@ class EngineGenerate:
     """`generate(prompts) -> replies` over an async engine: one sampled reply per chat prompt.
 
     Runs on `loop` (the pool's event loop, where the engine lives) when it is running, else on
-    a fresh event loop in a worker thread."""
+    a fresh event loop in a worker thread. Each request has a deadline (`timeout_s`); one past
+    it fails the evaluation with a TimeoutError instead of hanging the run."""
 
     def __init__(
         self,
@@ -149,11 +150,15 @@ class EngineGenerate:
         tokenizer: Any,
         params: SamplingParams,
         loop: asyncio.AbstractEventLoop | None = None,
+        timeout_s: float = DEFAULT_ENGINE_TIMEOUT_S,
     ) -> None:
         self.engine, self.tokenizer, self.params, self.loop = engine, tokenizer, params, loop
+        self.timeout_s = float(timeout_s)
         self.calls = 0
 
     async def _generate_all(self, prompt_ids: list[list[int]]) -> list[Any]:
+        """Every prompt with its own seed (version, call, index), submitted together; the
+        whole set under the engine deadline."""
         self.calls += 1
         base = derive_seed(EVAL_SEED_SALT, engine_version(self.engine), self.calls)
         requests = [
@@ -161,9 +166,13 @@ class EngineGenerate:
             for i, ids in enumerate(prompt_ids)
         ]
         many = getattr(self.engine, "generate_many", None)  # every frlab Engine has it
-        if many is None:
-            return await asyncio.gather(*(self.engine.generate(*r) for r in requests))
-        return await asyncio.gather(*many(requests))
+        pending = [self.engine.generate(*r) for r in requests] if many is None else many(requests)
+        try:
+            return await asyncio.wait_for(asyncio.gather(*pending), self.timeout_s)
+        except TimeoutError as exc:
+            raise TimeoutError(
+                f"evaluation engine request did not return within {self.timeout_s:g} s"
+            ) from exc
 
     def __call__(self, prompts: list[list[dict[str, str]]]) -> list[str]:
         prompt_ids = [template_ids(self.tokenizer, messages) for messages in prompts]

@@ -13,16 +13,20 @@ overwritten: rows past the restored step (written after the last checkpoint)
 are dropped and new rows continue the step count; a metric that appears later widens the
 header (the file is rewritten once).
 
-`summary.json` (written atomically at the end, also when training fails) holds the number of
+`summary.json` (written atomically at the end, also when training fails or a signal stops it:
+`status` finished / failed / interrupted, with the `signal`; a run that fails before training
+starts leaves an existing summary.json as it was) holds the number of
 steps, the mean reward over the FIRST 10 and the LAST 10 and 20 steps, acceptance and lag
 statistics, wall time and updates per minute, the resolved component names, the output
 folder and, when the trainer's DataModule has a rollout pool, its counters (`rollout_stats`:
-started/finished/failed/rejected by reason, pauses for the lag bound).
+started/finished/failed/rejected by reason, pauses for the lag bound; restored with the pool's
+checkpoint, so they cover the whole run across resumes).
 """
 
 from __future__ import annotations
 
 import csv
+import logging
 import math
 import os
 import time
@@ -32,6 +36,7 @@ from typing import Any
 
 from lightning.pytorch.callbacks import Callback
 
+from frlab.stop import exception_status
 from frlab.tracking.metrics_file import (
     FIXED_COLUMNS,
     METRICS_FILE,
@@ -43,6 +48,8 @@ from frlab.tracking.metrics_file import (
     summarize,
     write_json_atomic,
 )
+
+log = logging.getLogger(__name__)
 
 RUN_PREFIXES = (*PREFIXES, "eval/", "rollout/")  # eval/: avg@k (AvgAtKEvaluation); rollout/:
 # engine counters logged by WeightSyncCallback (remote backend: retries, servers_healthy)
@@ -71,6 +78,7 @@ class RunFilesCallback(Callback):
         self._fh: Any = None
         self._writer: csv.DictWriter | None = None
         self._staged: dict[str, float] = {}
+        self._started = False
 
     @property
     def metrics_path(self) -> Path:
@@ -84,6 +92,7 @@ class RunFilesCallback(Callback):
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         if not trainer.is_global_zero:
             return
+        self._started = True
         self.output_dir.mkdir(parents=True, exist_ok=True)
         kept = [
             r
@@ -123,10 +132,12 @@ class RunFilesCallback(Callback):
             self.finish("finished")
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
-        if trainer.is_global_zero:
-            self._rollout_stats(trainer)
-            status = "interrupted" if isinstance(exception, KeyboardInterrupt) else "failed"
-            self.finish(status, error=f"{type(exception).__name__}: {exception}")
+        if not trainer.is_global_zero or (not self._started and self.summary_path.exists()):
+            return  # failed before training started (e.g. a resume): keep the previous files
+        self._rollout_stats(trainer)
+        fields = exception_status(exception)
+        self.extra.update({k: v for k, v in fields.items() if k != "status"})
+        self.finish(fields["status"], error=f"{type(exception).__name__}: {exception}")
 
     def _rollout_stats(self, trainer: Any) -> None:
         """Record the rollout pool's counters (failures, rejections by reason) if there is one."""
@@ -183,7 +194,10 @@ class RunFilesCallback(Callback):
         )
         if error:
             summary["error"] = error
-        self.output_dir.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(self.summary_path, summary)
+        try:
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(self.summary_path, summary)
+        except OSError as exc:  # e.g. disk full: never hide the error that ended the run
+            log.error("summary.json not written: %s", exc)
         self.summary = summary
         return summary

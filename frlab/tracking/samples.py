@@ -6,11 +6,14 @@ JSON lines: step, row, reward, the prompt (the tokens before the first policy to
 template applied by the agent loop) and the rest of the trajectory (policy and observation
 tokens), as token ids and, when the rollout pool has a tokenizer, as text decoded with special
 tokens kept (so the template's markers are visible). Each line is flushed as it is written.
+On resume, lines of steps past the restored step (written after the last checkpoint, before a
+crash) are dropped, so every step appears once.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +33,18 @@ class TrajectorySamples(Callback):
         self.path = Path(path)
         self.rows = int(rows)
         self.every_n_steps = int(every_n_steps)
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        """Drop lines past the restored step (atomic rewrite; nothing to do on a fresh run)."""
+        if not trainer.is_global_zero or not self.path.is_file():
+            return
+        step = int(trainer.global_step)
+        lines = self.path.read_text(encoding="utf-8").splitlines(keepends=True)
+        kept = [line for line in lines if _step_of(line) is not None and _step_of(line) <= step]
+        if len(kept) != len(lines):
+            tmp = self.path.with_name(self.path.name + ".tmp")
+            tmp.write_text("".join(kept), encoding="utf-8")
+            os.replace(tmp, self.path)
 
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
@@ -62,6 +77,14 @@ def sample_record(batch: Any, row: int, tokenizer: Any = None) -> dict[str, Any]
         record["prompt"] = tokenizer.decode(ids[:start], skip_special_tokens=False)
         record["completion"] = tokenizer.decode(ids[start:], skip_special_tokens=False)
     return record
+
+
+def _step_of(line: str) -> int | None:
+    """The step of one samples.jsonl line (None for a torn or foreign line)."""
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def _pool_tokenizer(trainer: Any) -> Any:

@@ -261,3 +261,34 @@ def test_each_rank_saves_and_resumes_its_own_pool_cursor(monkeypatch: pytest.Mon
             global_rank=0, world_size=3, max_steps=3, accumulate_grad_batches=1
         )
         three.load_state_dict(saved)
+
+
+def test_a_stop_request_ends_the_wait_for_a_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The learner waiting for a batch that never comes (every rollout hung) must still stop
+    on SIGINT/SIGTERM: the stream polls the stop request between short waits."""
+    import signal
+
+    from frlab import stop
+    from frlab.data import datamodule as dm
+
+    class StuckPool:
+        calls = 0
+
+        def next_batch(self, timeout: float | None = None):
+            StuckPool.calls += 1
+            assert timeout is not None and timeout <= dm.POLL_S  # never an unbounded wait
+            if StuckPool.calls == 3:
+                stop.request_stop(signal.SIGTERM)
+            raise TimeoutError("no batch")
+
+        def stats(self) -> dict:
+            return {}
+
+    monkeypatch.setattr(dm, "POLL_S", 0.01)
+    stream = iter(dm.PoolBatches(StuckPool(), pad_token_id=0, length=5))
+    try:
+        with pytest.raises(stop.RunInterrupted) as info:
+            next(stream)
+    finally:
+        stop.clear()
+    assert info.value.safe and StuckPool.calls == 3

@@ -129,3 +129,30 @@ def test_a_uniform_one_token_reply_rarely_succeeds(name: str) -> None:
 def test_same_parity() -> None:
     assert same_parity("8", 2) and same_parity(" 1x", 9) and not same_parity("1", 2)
     assert not same_parity("none", 2) and not same_parity("x8", 2)
+
+
+def test_faulty_parity_env_faults_follow_the_task_not_the_timing() -> None:
+    import threading
+
+    from envs.toy import FaultyParityEnv
+
+    env = FaultyParityEnv(hang_every=10, raise_every=10, bad_reward_every=10, hang_s=0.01)
+    kinds = {}
+    for n in (120, 121, 122, 123):
+        env.reset({"digits": [int(c) for c in f"{n:03d}"]})
+        kinds[n] = env.fault()
+    assert kinds == {120: "hang", 121: "raise", 122: "bad_reward", 123: None}
+    env.reset({"digits": [1, 2, 1]})
+    with pytest.raises(RuntimeError, match="injected failure on task 121"):
+        env.step("1")
+    env.reset({"digits": [1, 2, 2]})
+    assert env.step("2").reward == "1.0"  # a string: the agent loop must refuse it
+    env.reset({"digits": [1, 2, 0]})
+    stepper = threading.Thread(target=env.step, args=("0",))
+    stepper.start()
+    stepper.join(60)
+    assert not stepper.is_alive()  # hang_s bounds the injected hang
+    env.reset({"digits": [1, 2, 3]})
+    assert env.step("5").reward == 1.0
+    with pytest.raises(ValueError, match="env.hang_every"):
+        FaultyParityEnv(hang_every=-1)

@@ -29,7 +29,8 @@ def test_save_then_load_round_trip(tmp_path) -> None:
     loaded = io.load_checkpoint(path, weights_only=True)
     assert loaded["global_step"] == 7
     assert torch.equal(loaded["state_dict"]["w"], torch.arange(4.0))
-    assert os.listdir(path.parent) == ["last.ckpt"]  # no temp file left behind
+    # no temp file left behind; the digest sidecar sits next to the checkpoint
+    assert sorted(os.listdir(path.parent)) == ["last.ckpt", "last.ckpt.sha256"]
 
 
 def test_crash_mid_save_keeps_old_checkpoint(tmp_path, monkeypatch) -> None:
@@ -49,7 +50,7 @@ def test_crash_mid_save_keeps_old_checkpoint(tmp_path, monkeypatch) -> None:
 
     assert path.read_bytes() == old_bytes
     assert io.load_checkpoint(path)["global_step"] == 1
-    assert os.listdir(tmp_path) == ["last.ckpt"]
+    assert sorted(os.listdir(tmp_path)) == ["last.ckpt", "last.ckpt.sha256"]
 
 
 def test_replace_happens_only_after_fsync(tmp_path, monkeypatch) -> None:
@@ -61,6 +62,8 @@ def test_replace_happens_only_after_fsync(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(ckpt_mod.os, "fsync", lambda fd: (calls.append("fsync"), real_fsync(fd)))
 
     def replace(src, dst):
+        if str(dst).endswith(".sha256"):  # the digest sidecar (frlab.learner.integrity)
+            return real_replace(src, dst)
         calls.append("replace")
         assert os.path.dirname(os.path.abspath(src)) == str(tmp_path)  # same folder: atomic
         assert torch.load(src, weights_only=True)["global_step"] == 2  # complete before rename

@@ -9,6 +9,7 @@ import copy
 import random
 import threading
 
+import numpy as np
 import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -25,6 +26,7 @@ from frlab.rollout.agent_loop import (
 )
 from frlab.rollout.engine import Engine, GenerationResult, SamplingParams
 from frlab.rollout.engines.torch import TorchEngine
+from frlab.rollout.env_threads import EnvThreads
 
 TOK = build_toy_tokenizer()
 EOS = TOK.eos_token_id
@@ -251,6 +253,95 @@ def test_config_rejects_bad_limits() -> None:
         AgentLoopConfig(max_turns=0)
     with pytest.raises(ValueError, match="max_len"):
         AgentLoopConfig(max_len=1)
+    for key in ("env_timeout_s", "engine_timeout_s"):
+        for bad in (0, -1.0, float("inf"), "60", True):
+            with pytest.raises(ValueError, match=f"rollout.{key}"):
+                AgentLoopConfig(**{key: bad})
+
+
+def test_agent_loop_config_from_a_rollout_node_carries_the_deadlines() -> None:
+    node = {"max_turns": 3, "max_len": 40, "env_timeout_s": 60, "engine_timeout_s": 90.5,
+            "sampling": {"temperature": 0.5, "top_p": 1.0, "top_k": 0, "max_new_tokens": 8}}  # fmt: skip
+    cfg = AgentLoopConfig.from_rollout(node)
+    assert (cfg.max_turns, cfg.max_len, cfg.env_timeout_s, cfg.engine_timeout_s) == (
+        3,
+        40,
+        60.0,
+        90.5,
+    )
+    assert cfg.sampling.temperature == 0.5 and cfg.sampling.max_new_tokens == 8
+
+
+class HangingEnv(ScriptedEnv):
+    """Blocks in `hang_in` ("reset" or "step") until `release` is set."""
+
+    def __init__(self, hang_in: str) -> None:
+        super().__init__()
+        self.hang_in, self.release = hang_in, threading.Event()
+
+    def reset(self, task):
+        if self.hang_in == "reset":
+            self.release.wait()
+        return super().reset(task)
+
+    def step(self, action_text: str) -> StepResult:
+        if self.hang_in == "step":
+            self.release.wait()
+        return super().step(action_text)
+
+
+@pytest.mark.parametrize("hang_in", ["reset", "step"])
+def test_a_hung_env_call_fails_the_rollout_at_its_deadline(hang_in: str) -> None:
+    env = HangingEnv(hang_in)
+    threads = EnvThreads(1)
+    try:
+        with pytest.raises(RolloutError) as err:
+            run(ScriptedEngine([[7]]), env, AgentLoopConfig(env_timeout_s=0.1), executor=threads)
+        assert err.value.reason == f"env_{hang_in}_timeout" and "0.1 s" in str(err.value)
+        assert threads.abandoned == 1
+    finally:
+        env.release.set()
+        threads.shutdown()
+
+
+def test_a_hung_engine_request_fails_the_rollout_and_is_cancelled() -> None:
+    cancelled = threading.Event()
+
+    class HungEngine(ScriptedEngine):
+        async def generate(self, prompt_token_ids, params):
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                cancelled.set()
+                raise
+
+    with pytest.raises(RolloutError) as err:
+        run(HungEngine([]), ScriptedEnv(), AgentLoopConfig(engine_timeout_s=0.1))
+    assert err.value.reason == "engine_timeout" and cancelled.is_set()
+
+
+@pytest.mark.parametrize("reward", ["1", b"1", None, [1.0], {"r": 1}])
+def test_a_reward_that_is_not_a_real_number_fails_the_rollout(reward) -> None:
+    class OddReward(ScriptedEnv):
+        def step(self, action_text: str) -> StepResult:
+            return StepResult(None, reward, True)
+
+    with pytest.raises(RolloutError) as err:
+        run(ScriptedEngine([[7]]), OddReward(), AgentLoopConfig())
+    assert err.value.reason == "bad_reward" and repr(reward) in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("reward", "expected"), [(True, 1.0), (0, 0.0), (0.25, 0.25), (np.float32(0.5), 0.5),
+                             (np.int64(2), 2.0)],
+)  # fmt: skip
+def test_bool_int_float_and_numpy_rewards_are_accepted(reward, expected: float) -> None:
+    class Reward(ScriptedEnv):
+        def step(self, action_text: str) -> StepResult:
+            return StepResult(None, reward, True)
+
+    traj = run(ScriptedEngine([[7]]), Reward(), AgentLoopConfig())
+    assert traj.reward == expected and type(traj.reward) is float
 
 
 def test_toy_multi_episode_with_the_torch_engine_is_consistent() -> None:

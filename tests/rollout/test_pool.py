@@ -76,6 +76,7 @@ class Board:
         self.gates: dict[int, threading.Event] = {}
         self.attempts: Counter[int] = Counter()
         self.closed_envs = 0
+        self.release = threading.Event()
 
     def gate(self, n: int) -> threading.Event:
         with self.lock:
@@ -122,6 +123,8 @@ class GatedEnv(Env):
         kind = self.board.plan.get(self.n, "ok")
         if kind == "env_fail" or (kind == "flaky" and first):
             raise RuntimeError(f"env step failed for task {self.n}")
+        if kind == "hang":
+            self.board.release.wait()  # until the test ends: never within the deadline
         if not self.board.gate(self.n).wait(timeout=20):
             raise TimeoutError(f"gate {self.n} never opened")
         return StepResult(None, float(self.n % 2), True, {"n": self.n, "x": self.x})
@@ -131,9 +134,10 @@ class GatedEnv(Env):
             self.board.closed_envs += 1
 
 
-def make_pool(board: Board, **kw) -> tuple[RolloutPool, FakeEngine]:
+def make_pool(board: Board, env_timeout_s: float = 300.0, **kw) -> tuple[RolloutPool, FakeEngine]:
     engine = FakeEngine()
-    cfg = AgentLoopConfig(max_turns=1, max_len=64, sampling=SamplingParams(max_new_tokens=4))
+    cfg = AgentLoopConfig(max_turns=1, max_len=64, sampling=SamplingParams(max_new_tokens=4),
+                          env_timeout_s=env_timeout_s)  # fmt: skip
     opts = dict(batch_size=2, max_in_flight=4, max_policy_lag=8, num_env_workers=8)
     opts.update(kw)
     pool = RolloutPool(engine, lambda: GatedEnv(board), TOKENIZER, cfg, **opts)
@@ -293,6 +297,55 @@ def test_failures_are_counted_by_reason_and_do_not_stop_the_run() -> None:
     assert stats["failed_by_reason"] == {"env_step": 1, "engine": 1}
     assert stats["rejected_by_reason"] == {"zero_action_tokens": 1}
     assert stats["failed"] == 2 and stats["rejected"] == 1
+
+
+def test_hung_env_steps_fail_their_rollouts_at_the_deadline_and_the_pool_moves_on() -> None:
+    """Before deadlines, one step that never returned held its batch back forever and pool.stop()
+    joined the hung thread (SIGINT/SIGTERM could not end the process)."""
+    board = Board(open_by_default=True, plan={0: "hang", 3: "hang"})
+    pool, _ = make_pool(board, env_timeout_s=0.2, batch_size=2, max_in_flight=4,
+                        num_env_workers=2)  # fmt: skip
+    pool.start()
+    try:
+        batches = [pool.next_batch(timeout=60) for _ in range(4)]
+        stats = pool.stats()
+        stopper = threading.Thread(target=pool.stop)
+        stopper.start()
+        stopper.join(60)  # a hang detector, not a timing bound
+        assert not stopper.is_alive(), "pool.stop() waited for the hung environment threads"
+    finally:
+        board.release.set()
+        pool.stop()
+    assert not {0, 3} & {n for b in batches for n in task_ids(b)}
+    assert stats["failed_by_reason"] == {"env_step_timeout": 2}
+    assert stats["consumed"] == 8
+
+
+def test_counters_travel_with_the_state_so_run_totals_survive_a_resume() -> None:
+    board = Board(open_by_default=True, plan={1: "env_fail"})
+    pool, _ = make_pool(board, batch_size=2, max_in_flight=2)
+    pool.start()
+    try:
+        for _ in range(2):
+            pool.next_batch(timeout=10)
+        state, before = pool.state_dict(), pool.stats()
+    finally:
+        pool.stop()
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    buf.seek(0)
+    resumed, _ = make_pool(Board(open_by_default=True), batch_size=2, max_in_flight=2)
+    resumed.load_state_dict(torch.load(buf, weights_only=True))
+    resumed.start()
+    try:
+        resumed.next_batch(timeout=10)
+        after = resumed.stats()
+    finally:
+        resumed.stop()
+    assert before["failed_by_reason"] == {"env_step": 1} == after["failed_by_reason"]
+    assert (before["consumed"], after["consumed"]) == (4, 6)
+    assert (before["batches"], after["batches"]) == (2, 3)
+    assert after["started"] >= before["started"] + 2
 
 
 def test_stop_joins_every_thread_even_after_an_exception(board: Board) -> None:

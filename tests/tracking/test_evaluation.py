@@ -217,3 +217,13 @@ def test_metrics_reach_metrics_csv_in_a_real_lightning_run(tmp_path: Path) -> No
         assert rows[step]["eval/mean/avg@2"] == 0.625
     for step in (1, 3, 5):
         assert math.isnan(rows[step].get("eval/algebra/avg@2", math.nan))
+
+
+def test_an_evaluation_request_that_hangs_fails_at_its_deadline() -> None:
+    class HungEngine:
+        async def generate(self, ids, params):
+            await asyncio.Event().wait()
+
+    generate = EngineGenerate(HungEngine(), build_toy_tokenizer(), SamplingParams(), timeout_s=0.1)
+    with pytest.raises(TimeoutError, match="within 0.1 s"):
+        generate([[{"role": "user", "content": "1+1?"}]])

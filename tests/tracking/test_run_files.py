@@ -99,6 +99,31 @@ def test_exception_writes_a_failed_summary(tmp_path: Path) -> None:
     assert summary["steps"] == 1
 
 
+def test_a_run_that_fails_before_training_keeps_the_previous_summary(tmp_path: Path) -> None:
+    """A resume that fails while loading its checkpoint used to overwrite summary.json with
+    0 steps and 0 rows."""
+    first = RunFilesCallback(tmp_path)
+    drive(first, [0.1, 0.2, 0.3])
+    first.finish("finished")
+    before = (tmp_path / "summary.json").read_bytes()
+    resumed = RunFilesCallback(tmp_path)
+    resumed.on_exception(fake_trainer(0), None, RuntimeError("bad checkpoint"))
+    assert (tmp_path / "summary.json").read_bytes() == before
+
+
+def test_a_signal_records_status_interrupted_and_the_signal(tmp_path: Path) -> None:
+    import signal
+
+    from frlab.stop import RunInterrupted
+
+    cb = RunFilesCallback(tmp_path)
+    trainer = drive(cb, [0.2, 0.4])
+    cb.on_exception(trainer, None, RunInterrupted(signal.SIGTERM, safe=True))
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["signal"] == "SIGTERM"
+    assert summary["steps"] == 2
+
+
 def test_summary_records_the_rollout_pools_counters(tmp_path: Path) -> None:
     cb = RunFilesCallback(tmp_path)
     trainer = drive(cb, [0.2])

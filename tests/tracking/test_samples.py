@@ -71,3 +71,15 @@ def test_callback_appends_the_first_rows_every_n_steps(tmp_path: Path) -> None:
 def test_bad_settings_name_the_field(tmp_path: Path, kwargs: dict, field: str) -> None:
     with pytest.raises(ValueError, match=f"callbacks.samples.{field}"):
         TrajectorySamples(str(tmp_path / "s.jsonl"), **kwargs)
+
+
+def test_a_resume_drops_lines_past_the_restored_step(tmp_path: Path) -> None:
+    """Steps written after the last checkpoint, before a crash, would otherwise appear twice."""
+    path = tmp_path / "samples.jsonl"
+    lines = [json.dumps({"step": s, "row": 0}) + "\n" for s in (1, 2, 3, 4)]
+    path.write_text("".join(lines) + '{"step": 5, "ro')  # a torn last line from a kill
+    cb = TrajectorySamples(str(path))
+    cb.on_train_start(SimpleNamespace(global_step=2, is_global_zero=True), None)
+    assert path.read_text() == "".join(lines[:2])
+    cb.on_train_start(SimpleNamespace(global_step=2, is_global_zero=True), None)  # idempotent
+    assert path.read_text() == "".join(lines[:2])

@@ -1,0 +1,121 @@
+"""One run per run folder; a resume changes nothing it should not; no leftovers of killed writes.
+
+- `clean_partial_writes`: temporary files that a killed atomic write left behind (a checkpoint
+  `.last.ckpt.<random>.tmp`, its sidecar's, `metrics.csv.tmp`, `summary.json.tmp`) are
+  removed when a run starts; the files they were meant to replace are intact.
+- `check_new_run`: starting a NEW run (no `ckpt_path`) in a folder that already holds a run's
+  files (metrics.csv, summary.json, samples.jsonl, checkpoints) is refused with a ConfigError
+  (resume it with `ckpt_path=last`, or choose another folder), unless `overwrite=true`, which
+  deletes those files first. Hydra's own `.hydra/` and log file are not run files.
+- `checkpoint_step`: the optimizer step a checkpoint file was taken at, so a resume of a run
+  that already reached `trainer.max_steps` can say so and change nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shutil
+from pathlib import Path
+
+from frlab.config.errors import ConfigError
+from frlab.tracking.metrics_file import METRICS_FILE, SUMMARY_FILE
+
+log = logging.getLogger(__name__)
+
+SAMPLES_FILE = "samples.jsonl"  # frlab.tracking.samples (kept Lightning-free here)
+RUN_FILES = (METRICS_FILE, SUMMARY_FILE, SAMPLES_FILE)
+PLOTS_DIR = "plots"
+
+
+def partial_writes(folder: Path) -> list[Path]:
+    """Temporary files of interrupted atomic writes directly inside `folder`."""
+    if not folder.is_dir():
+        return []
+    found = []
+    for path in folder.iterdir():
+        name = path.name
+        checkpoint_tmp = name.startswith(".") and name.endswith(".tmp")
+        run_file_tmp = name in (f"{METRICS_FILE}.tmp", f"{SUMMARY_FILE}.tmp", f"{SAMPLES_FILE}.tmp")
+        if path.is_file() and (checkpoint_tmp or run_file_tmp):
+            found.append(path)
+    return sorted(found)
+
+
+def clean_partial_writes(*folders: Path) -> list[Path]:
+    """Remove the temp files of killed writes in `folders`; returns what was removed."""
+    removed = []
+    for folder in folders:
+        for path in partial_writes(folder):
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                continue
+            removed.append(path)
+    if removed:
+        log.info("removed %d temp file(s) of interrupted writes: %s", len(removed), removed)
+    return removed
+
+
+def existing_run_files(output_dir: Path, ckpt_dir: Path) -> list[Path]:
+    """The run files and checkpoints a previous run left in these folders."""
+    found = [output_dir / name for name in RUN_FILES if (output_dir / name).exists()]
+    if ckpt_dir.is_dir():
+        found += sorted(p for p in ckpt_dir.iterdir() if p.name.endswith(".ckpt"))
+    return found
+
+
+def check_new_run(output_dir: Path, ckpt_dir: Path, *, overwrite: bool) -> None:
+    """Refuse a new run in a folder holding another run's files, or delete them (overwrite)."""
+    found = existing_run_files(output_dir, ckpt_dir)
+    if not found:
+        return
+    names = ", ".join(str(p.relative_to(output_dir)) if p.is_relative_to(output_dir) else str(p)
+                      for p in found[:6])  # fmt: skip
+    if not overwrite:
+        raise ConfigError(
+            "paths.output_dir",
+            f"{output_dir} already holds a run ({names}). Resume it with ckpt_path=last, "
+            "choose another folder (hydra.run.dir=...), or pass overwrite=true to delete its "
+            "run files and checkpoints and start over",
+        )
+    log.warning("overwrite=true: deleting the previous run's files in %s (%s)", output_dir, names)
+    for path in found:
+        _remove(path)
+        if path.suffix == ".ckpt":
+            _remove(path.with_name(path.name + ".sha256"))
+    _remove(output_dir / PLOTS_DIR)
+
+
+def _remove(path: Path) -> None:
+    """Delete a file, a folder, or a symlink together with the folder it points to (a sharded
+    checkpoint); already gone is fine (several ranks may clean up at once)."""
+    with contextlib.suppress(FileNotFoundError):
+        if path.is_symlink():
+            target = path.resolve()
+            path.unlink()
+            if target.is_dir():
+                shutil.rmtree(target, ignore_errors=True)
+        elif path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        elif path.exists():
+            path.unlink()
+
+
+def resolve_checkpoint(ckpt_path: object, ckpt_dir: Path) -> Path | None:
+    """The checkpoint file a `ckpt_path` value names (`last`: `<ckpt_dir>/last.ckpt`)."""
+    if ckpt_path is None:
+        return None
+    return ckpt_dir / "last.ckpt" if str(ckpt_path) == "last" else Path(str(ckpt_path))
+
+
+def checkpoint_step(path: Path) -> int | None:
+    """`global_step` of a checkpoint file (memory-mapped, tensors not read); None for a
+    sharded checkpoint folder."""
+    if path.is_dir():
+        return None
+    import torch
+
+    state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    step = state.get("global_step") if isinstance(state, dict) else None
+    return int(step) if isinstance(step, int) else None

@@ -1,0 +1,77 @@
+"""SIGTERM and SIGINT: a final checkpoint between learner steps, summary.json status, exit codes
+143 / 130, an exact continuation on resume; a hung environment worker cannot keep the process
+alive."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from reliability_testlib import B, Running, ckpt_step, run, steps, summary
+
+from frlab.learner.integrity import verify_checkpoint
+
+pytestmark = pytest.mark.slow
+
+LONG = ("trainer.max_steps=500",)  # never reached: the signal ends the run
+
+
+def _stop_with(run_dir: Path, signum: int, *args: str) -> tuple[int, str]:
+    proc = Running(run_dir, *LONG, *args)
+    proc.wait_for_step(3)
+    proc.signal(signum)
+    code = proc.wait()
+    return code, proc.output()
+
+
+def test_sigterm_writes_a_final_checkpoint_exits_143_and_the_resume_continues(
+    tmp_path: Path,
+) -> None:
+    """Before: SIGTERM exited 0 and saved nothing (a scheduler saw success)."""
+    run_dir = tmp_path / "run"
+    code, output = _stop_with(run_dir, signal.SIGTERM)
+    assert code == 143, output[-3000:]
+    done = steps(run_dir)
+    stopped = summary(run_dir)
+    assert stopped["status"] == "interrupted" and stopped["signal"] == "SIGTERM"
+    assert stopped["steps"] == done[-1] and done == list(range(1, done[-1] + 1))
+    last = run_dir / "checkpoints" / "last.ckpt"
+    verify_checkpoint(last)
+    assert ckpt_step(last) == done[-1]  # the step the learner had finished: nothing lost
+
+    total = done[-1] + 3
+    out = run(run_dir, f"trainer.max_steps={total}", "ckpt_path=last")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert steps(run_dir) == list(range(1, total + 1))
+    final = summary(run_dir)
+    assert final["status"] == "finished" and "signal" not in final
+    assert final["rollout_stats"]["consumed"] == total * B  # both segments, counted once
+
+
+def test_sigint_writes_a_final_checkpoint_and_exits_130(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    code, output = _stop_with(run_dir, signal.SIGINT)
+    assert code == 130, output[-3000:]
+    assert "Traceback" not in output
+    stopped = summary(run_dir)
+    assert stopped["status"] == "interrupted" and stopped["signal"] == "SIGINT"
+    assert ckpt_step(run_dir / "checkpoints" / "last.ckpt") == steps(run_dir)[-1]
+
+
+def test_sigterm_stops_a_run_whose_environment_steps_hang(tmp_path: Path) -> None:
+    """A quarter of the steps hang (600 s deadline): they soon hold every env thread and the
+    learner waits for a batch that cannot come. Before: SIGINT/SIGTERM could not end such a
+    process (the env threads were joined)."""
+    run_dir = tmp_path / "run"
+    proc = Running(run_dir, *LONG, "env=toy_faulty", "env.hang_every=4",
+                   "rollout.env_timeout_s=600")  # fmt: skip
+    proc.wait_for_output("updates:")  # training has started: the signal handlers are in place
+    time.sleep(2.0)  # let rollouts start and hang (not a timing assertion)
+    proc.signal(signal.SIGTERM)
+    code = proc.wait()
+    assert code == 143, proc.output()[-3000:]
+    assert summary(run_dir)["status"] == "interrupted"
+    done = steps(run_dir)
+    assert ckpt_step(run_dir / "checkpoints" / "last.ckpt") == (done[-1] if done else 0)
