@@ -88,11 +88,6 @@ def test_kill_9_at_several_points_then_resume_loses_and_repeats_no_step(
     assert sorted(_prompts_per_step(run_dir)) == list(range(1, STEPS + 1))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sync-mode sampling is not yet bit-reproducible (per-rollout seeds: issue 13 "
-    "point 7); remove this marker when it is",
-)
 def test_killed_and_resumed_sync_run_ends_with_the_uninterrupted_parameters(
     killed: tuple[Path, list[int]], straight: Path
 ) -> None:
