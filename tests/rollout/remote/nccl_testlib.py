@@ -33,9 +33,9 @@ from typing import Any
 
 import pytest
 import torch
+from vllm_worker_testlib import FakeModel, FakeWorker, fake_worker  # noqa: F401 (re-exported)
 
 from frlab.rollout.remote import protocol as proto
-from frlab.rollout.remote.worker_extension import WeightUpdateExtension
 
 WIRE: dict[int, list[tuple[str, torch.Tensor]]] = {}
 EVENTS: list[tuple[str, str, Any]] = []
@@ -58,42 +58,6 @@ def parse_info(info: dict[str, Any], fields: set[str], required: set[str]) -> di
     if extra or missing:
         raise ValueError(f"Invalid info: unexpected {sorted(extra)}, missing {sorted(missing)}")
     return info
-
-
-class FakeModel:
-    """The served model: `load_weights` keeps a copy of every tensor it is given."""
-
-    def __init__(self) -> None:
-        self.params: dict[str, torch.Tensor] = {}
-
-    def load_weights(self, weights: Any) -> set[str]:
-        weights = list(weights)
-        for name, tensor in weights:
-            self.params[name] = tensor.detach().clone()
-        return {name for name, _ in weights}
-
-
-class FakeWorker(WeightUpdateExtension):
-    """vLLM's worker class with frlab's extension mixed in: `reload_weights` as
-    `Worker.reload_weights` (keywords `weights_iterator`, `is_checkpoint_format`) loads
-    through the model's `load_weights`; `weight_transfer_engine.model` is the same model."""
-
-    def __init__(self) -> None:
-        self.model = FakeModel()
-        self.weight_transfer_engine = types.SimpleNamespace(model=self.model)
-        self.reloads: list[bool] = []
-
-    def reload_weights(self, weights_iterator: Any = None, weights_path: Any = None,
-                       is_checkpoint_format: bool = True) -> None:  # fmt: skip
-        self.reloads.append(is_checkpoint_format)
-        self.model.load_weights(weights_iterator)
-
-    def get_model(self) -> FakeModel:
-        return self.model
-
-
-def fake_worker() -> FakeWorker:
-    return FakeWorker()
 
 
 class FakeVllmServer:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from nccl_testlib import FakeWorker
+from vllm_worker_testlib import FakeWorker
 
 from frlab.rollout.callbacks import rollout_metrics
 from frlab.rollout.engine import ENGINE_KINDS, SamplingParams, build_engine
