@@ -24,9 +24,9 @@ def tiny_model(path: Path) -> Path:
 
     torch.manual_seed(0)
     Qwen2ForCausalLM(Qwen2Config(**TINY)).save_pretrained(path)
-    GenerationConfig(repetition_penalty=1.3, temperature=0.6, top_p=0.9, top_k=20).save_pretrained(
-        path
-    )
+    defaults = {"do_sample": True, "repetition_penalty": 1.3, "temperature": 0.6, "top_p": 0.9,
+                "top_k": 20}  # fmt: skip
+    GenerationConfig(**defaults).save_pretrained(path)
     return path
 
 
