@@ -42,7 +42,13 @@ fi
 echo "vllm contract env: building $VENV ($VLLM_REQ)" >&2
 rm -f "$STAMP"
 python3 -m venv "$VENV"
-pip_() { "$PY" -m pip install -q --disable-pip-version-check "$@"; }
+# pip's resolver lists vllm's (deliberately) missing CUDA dependencies after every step: hide
+# those lines, keep everything else
+pip_() {
+  "$PY" -m pip install -q --disable-pip-version-check "$@" 2>&1 \
+    | { grep -Ev "^vllm .* requires |dependency resolver|dependency conflicts|Location '" || true; }
+  return "${PIPESTATUS[0]}"
+}
 pip_ torch==2.13.0 "pytest>=8"
 pip_ --no-deps "$VLLM_REQ"
 pip_ --no-deps "xgrammar>=0.2.1,<1.0.0" "apache-tvm-ffi==0.1.11"
