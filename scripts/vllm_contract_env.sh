@@ -49,11 +49,10 @@ pip_() {
     | { grep -Ev "^vllm .* requires |dependency resolver|dependency conflicts|Location '" || true; }
   return "${PIPESTATUS[0]}"
 }
-pip_ torch==2.13.0 "pytest>=8"
-pip_ --no-deps "$VLLM_REQ"
-pip_ --no-deps "xgrammar>=0.2.1,<1.0.0" "apache-tvm-ffi==0.1.11"
-pip_ -r "$REQS"
-pip_ -e "$ROOT"
+# two pip runs (each resolves once): the packages installed without their dependencies, then
+# everything else with theirs
+pip_ --no-deps "$VLLM_REQ" "xgrammar>=0.2.1,<1.0.0" "apache-tvm-ffi==0.1.11"
+pip_ torch==2.13.0 "pytest>=8" -r "$REQS" -e "$ROOT"
 # every vLLM module the contract tests import must load (a missing package fails here, loudly)
 HF_HUB_OFFLINE=1 VLLM_TARGET_DEVICE=cpu "$PY" - << 'PYEOF'
 import importlib

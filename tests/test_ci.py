@@ -43,3 +43,27 @@ def test_ci_runs_the_readme_commands() -> None:
         "WANDB_MODE=offline",
     ):
         assert var in ci
+
+
+def test_a_missing_vllm_skips_the_contract_tier_or_fails_it_when_required() -> None:
+    """Without vLLM the tier skips naming the script; FRLAB_REQUIRE_VLLM_CONTRACT=1 (CI) turns
+    that into a failure, so CI cannot pass with the tier silently skipped."""
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("vllm") is not None:
+        import pytest
+
+        pytest.skip("vLLM is installed here: the tier runs")
+    target = str(ROOT / "tests/vllm_contract/test_nccl_contract.py")
+    base = {k: v for k, v in os.environ.items() if k != "FRLAB_REQUIRE_VLLM_CONTRACT"}
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", target]
+    skipped = subprocess.run(cmd, env=base, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert skipped.returncode == 0 and "scripts/vllm_contract_env.sh" in skipped.stdout
+    required = {**base, "FRLAB_REQUIRE_VLLM_CONTRACT": "1"}
+    failed = subprocess.run(
+        cmd, env=required, cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert failed.returncode != 0 and "FRLAB_REQUIRE_VLLM_CONTRACT=1 but" in failed.stdout

@@ -61,6 +61,7 @@ class FakeWorker(WeightUpdateExtension):
     def __init__(self) -> None:
         self.model = FakeModel()
         self.weight_transfer_engine = types.SimpleNamespace(model=self.model)
+        self.model_runner = types.SimpleNamespace(model=self.model)  # as vLLM's Worker has
         self.reloads: list[bool] = []
 
     def reload_weights(self, weights_iterator: Any = None, weights_path: Any = None,
@@ -74,3 +75,21 @@ class FakeWorker(WeightUpdateExtension):
 
 def fake_worker() -> FakeWorker:
     return FakeWorker()
+
+
+def vllm_router_answer(results: list[Any] | None) -> Any:
+    """What vLLM's dev router `POST /collective_rpc` answers for these worker results
+    (vllm/entrypoints/serve/dev/rpc/api_router.py): None -> an empty 200 body (None here);
+    else `{"results": [...]}` with dicts, lists and None as they are, anything else as
+    `str(result)`. Written from vLLM's source independently of frlab's `rpc_answer`; the
+    `vllm_contract` tier checks both against the router itself."""
+    if results is None:
+        return None
+    return {"results": [r if r is None or isinstance(r, dict | list) else str(r)
+                        for r in results]}  # fmt: skip
+
+
+def vllm_server_info(logprobs_mode: str) -> dict[str, Any]:
+    """The part of vLLM's `GET /server_info?config_format=json` answer frlab reads."""
+    return {"vllm_config": {"model_config": {"logprobs_mode": logprobs_mode}}, "vllm_env": {},
+            "system_env": {}}  # fmt: skip

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from vllm_worker_testlib import msgspec_transport
+from vllm_worker_testlib import msgspec_transport, vllm_router_answer
 
 from frlab.rollout.remote import protocol as proto
 from frlab.rollout.remote.worker_extension import SNAPSHOT_METHOD
@@ -104,7 +104,7 @@ def test_the_dev_router_stringifies_scalars_as_frlab_expects(results) -> None:  
     body = proto.rpc_request("frlab_weight_version", ["/p", 3, {"sum": 1.0}], timeout=5.0)
     resp = http.post(proto.COLLECTIVE_RPC, json=body)
     assert resp.status_code == 200
-    assert resp.json() == proto.rpc_answer(results)
+    assert resp.json() == proto.rpc_answer(results) == vllm_router_answer(results)
     assert client.calls == [("frlab_weight_version", ("/p", 3, {"sum": 1.0}), {})]
     if results == [3, 3]:
         with pytest.raises(proto.MalformedResponse):

@@ -28,7 +28,6 @@ from frlab.rollout.engines.vllm import (
     vllm_engine_kwargs,
     vllm_sampling_kwargs,
 )
-from frlab.rollout.engines.vllm_args import engine_visible_devices, rank_visible_devices
 from frlab.rollout.remote.worker_extension import (
     SNAPSHOT_METHOD,
     check_acks,
@@ -317,6 +316,8 @@ def test_each_rank_starts_its_engine_on_its_own_gpu(
 
 
 def test_rank_visible_devices() -> None:
+    from frlab.rollout.engines.vllm_args import engine_visible_devices, rank_visible_devices
+
     assert rank_visible_devices(0, None) == "0" and rank_visible_devices(2, "") == "2"
     assert rank_visible_devices(1, "3, 5") == "5"
     with pytest.raises(EngineError, match="CUDA_VISIBLE_DEVICES"):

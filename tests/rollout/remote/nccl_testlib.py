@@ -10,7 +10,7 @@ source=)`, `send_weights()`, `shutdown()`). The fake "broadcast" puts the source
 answering as vLLM 0.28/0.29 does (read from its sources; the `vllm_contract` tier checks the
 same rules against vLLM's own code): `GET /health` 200 with an EMPTY body; `POST
 /collective_rpc` results through vLLM's router rule (dicts, lists and None as they are,
-anything else as `str(result)`: `protocol.rpc_answer`); `POST /reset_prefix_cache` ->
+anything else as `str(result)`: `vllm_router_answer`); `POST /reset_prefix_cache` ->
 `{"success": bool}`; `GET /server_info` -> the config's `logprobs_mode`; init and update infos
 parsed with exactly the fields of vLLM's `NCCLWeightTransferInitInfo` /
 `NCCLWeightTransferUpdateInfo` (any other key is a worker error: HTTP 500). Each of its
@@ -33,7 +33,13 @@ from typing import Any
 
 import pytest
 import torch
-from vllm_worker_testlib import FakeModel, FakeWorker, fake_worker  # noqa: F401 (re-exported)
+from vllm_worker_testlib import (  # noqa: F401 (FakeModel, FakeWorker re-exported)
+    FakeModel,
+    FakeWorker,
+    fake_worker,
+    vllm_router_answer,
+    vllm_server_info,
+)
 
 from frlab.rollout.remote import protocol as proto
 
@@ -92,7 +98,7 @@ class FakeVllmServer:
         if path == proto.HEALTH:
             return b""  # vLLM: 200, empty body
         if path == "/server_info":
-            return proto.server_info(self.logprobs_mode)
+            return vllm_server_info(self.logprobs_mode)
         if path == proto.MODELS:
             return {"object": "list", "data": [{"id": "fake", "object": "model"}]}
         if path == proto.WORLD_SIZE:
@@ -119,8 +125,8 @@ class FakeVllmServer:
 
     def rpc(self, method: str, args: list[Any]) -> Any:
         if method == "frlab_weight_version" and self.version_lie is not None:
-            return proto.rpc_answer([{"version": self.version_lie}] * self.n_workers)
-        return proto.rpc_answer([getattr(w, method)(*args) for w in self.workers])
+            return vllm_router_answer([{"version": self.version_lie}] * self.n_workers)
+        return vllm_router_answer([getattr(w, method)(*args) for w in self.workers])
 
     def receive(self, info: dict[str, Any]) -> None:
         """The workers' side of the broadcast: what the update info declares, from the wire."""

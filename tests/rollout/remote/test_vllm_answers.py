@@ -24,7 +24,6 @@ from frlab.config.errors import ConfigError
 from frlab.config.preflight import preflight
 from frlab.rollout.engine import EngineError, SamplingParams
 from frlab.rollout.remote.engine import RemoteEngine
-from frlab.rollout.remote.hosts import nccl_master_address
 
 WEIGHTS = {"w": torch.arange(6.0).reshape(2, 3), "b": torch.ones(2)}
 
@@ -121,6 +120,8 @@ def test_a_prefix_cache_reset_that_failed_refuses_the_server(
 def test_nccl_with_servers_on_other_hosts_needs_an_explicit_master_address() -> None:
     """Point 8: `gethostbyname(gethostname())` may be the loopback alias 127.0.1.1, which
     servers on other hosts cannot reach: with such servers the address must be given."""
+    from frlab.rollout.remote.hosts import nccl_master_address
+
     assert nccl_master_address(None, ["http://127.0.0.1:8100", "http://localhost:1"]) == (
         "127.0.0.1"
     )
