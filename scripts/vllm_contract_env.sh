@@ -58,9 +58,9 @@ HF_HUB_OFFLINE=1 VLLM_TARGET_DEVICE=cpu "$PY" - << 'PYEOF'
 import importlib
 for name in (
     "vllm", "vllm.v1.serial_utils", "vllm.v1.worker.gpu_worker", "vllm.v1.worker.worker_base",
-    "vllm.entrypoints.openai.completion.protocol", "vllm.entrypoints.launchers.cli_args",
-    "vllm.entrypoints.launchers.app", "vllm.entrypoints.launchers.api_server.app_state",
-    "vllm.distributed.weight_transfer.nccl_engine", "vllm.engine.arg_utils",
+    "vllm.entrypoints.openai.completion.protocol", "vllm.entrypoints.cli.serve",
+    "vllm.entrypoints.openai.api_server", "vllm.distributed.weight_transfer.nccl_engine",
+    "vllm.engine.arg_utils",
 ):
     importlib.import_module(name)
 import torch

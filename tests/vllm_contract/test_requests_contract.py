@@ -88,7 +88,11 @@ def test_frlab_reads_vllms_own_completion_response() -> None:
         CompletionResponse,
         CompletionResponseChoice,
     )
-    from vllm.entrypoints.serve.engine.protocol import UsageInfo
+
+    try:  # vllm 0.29
+        from vllm.entrypoints.serve.engine.protocol import UsageInfo
+    except ImportError:  # vllm 0.28
+        from vllm.entrypoints.openai.engine.protocol import UsageInfo
 
     logprobs = CompletionLogProbs(text_offset=[0, 0], token_logprobs=[-0.25, -1.5],
                                   tokens=["token_id:7", "token_id:3"],

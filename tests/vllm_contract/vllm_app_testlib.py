@@ -147,8 +147,12 @@ class VllmAppServer:
     async def _serve(self) -> None:
         import uvicorn
         from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.entrypoints.launchers.api_server.app_state import init_app_state
-        from vllm.entrypoints.launchers.app import build_app
+
+        try:  # vllm 0.29
+            from vllm.entrypoints.launchers.api_server.app_state import init_app_state
+            from vllm.entrypoints.launchers.app import build_app
+        except ImportError:  # vllm 0.28
+            from vllm.entrypoints.openai.api_server import build_app, init_app_state
 
         config = AsyncEngineArgs.from_cli_args(self.args).create_engine_config()
         self.client = make_client(config)
