@@ -4,6 +4,12 @@
 # weight sync, then the GPU-marked tests. Prints rollout tokens/s, learner tokens/s and step
 # time (see scripts/gpu_check.py). Sized for well under 8 minutes on one H200.
 #
+# With vllm installed (vllm>=0.28,<0.30), also scripts/gpu_check_vllm.py (issue 9): the
+# in-process vLLM engine with a weight update and its processed log-probs against the
+# learner's (max / mean |diff|, bf16), then one `vllm serve` server with the recipes' flags,
+# filesystem weight sync and a short `rollout=remote` run. Without vllm that part prints
+# "SKIPPED (vllm is not installed)" and the rest runs. NOT run yet on a GPU with vllm.
+#
 # STATUS: written and tested on CPU only (`--tiny --device cpu`, tests/test_gpu_check.py);
 # the session that wrote it had no GPU lent, so it has NOT run on a GPU yet.
 #
@@ -53,5 +59,18 @@ timeout 120 "$PY" -m pytest -q -m gpu tests/
 test_rc=$?
 [ "$test_rc" -eq 5 ] && { echo "gpu_check: no GPU-marked tests collected"; test_rc=0; }
 
-echo "gpu_check.sh: check rc=$check_rc, gpu tests rc=$test_rc"
-[ "$check_rc" -eq 0 ] && [ "$test_rc" -eq 0 ]
+echo "== vLLM: in-process engine + one vllm serve server (skipped without vllm)"
+timeout 600 "$PY" scripts/gpu_check_vllm.py
+vllm_rc=$?
+if "$PY" -c "import vllm" 2>/dev/null; then
+  echo "== pytest -m vllm"
+  timeout 300 "$PY" -m pytest -q -m vllm tests/
+  vllm_tests_rc=$?
+  [ "$vllm_tests_rc" -eq 5 ] && vllm_tests_rc=0
+else
+  echo "gpu_check: pytest -m vllm SKIPPED (vllm is not installed)"
+  vllm_tests_rc=0
+fi
+
+echo "gpu_check.sh: check rc=$check_rc, gpu tests rc=$test_rc, vllm rc=$vllm_rc, vllm tests rc=$vllm_tests_rc"
+[ "$check_rc" -eq 0 ] && [ "$test_rc" -eq 0 ] && [ "$vllm_rc" -eq 0 ] && [ "$vllm_tests_rc" -eq 0 ]

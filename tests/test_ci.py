@@ -6,12 +6,29 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+CONTRACT_BUILD = "bash scripts/vllm_contract_env.sh"
+CONTRACT_TEST = (
+    "FRLAB_REQUIRE_VLLM_CONTRACT=1 .venv-vllm-contract/bin/python -m pytest -q -m vllm_contract "
+    "tests/vllm_contract"
+)
+
+
 def _readme_commands() -> tuple[str, str]:
     text = (ROOT / "README.md").read_text()
     install = re.search(r"^(pip install -e '\.\[test\]')\s*$", text, flags=re.M)
     test = re.search(r"^(python -m pytest -q)\s*$", text, flags=re.M)
     assert install and test, "README must show the install and the test command on their own lines"
     return install.group(1), test.group(1)
+
+
+def test_ci_runs_the_readmes_vllm_contract_commands_with_the_tier_required() -> None:
+    """The contract tier runs in CI, where a missing vLLM is a failure (not a skip)."""
+    text = (ROOT / "README.md").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    for command in (CONTRACT_BUILD, CONTRACT_TEST):
+        assert re.search(rf"^{re.escape(command)}\s*$", text, flags=re.M), command
+        assert re.search(rf"^{re.escape(command)}( |$)", ci, flags=re.M), command
+    assert ci.index(CONTRACT_BUILD) < ci.index(CONTRACT_TEST)
 
 
 def test_ci_runs_the_readme_commands() -> None:
@@ -26,3 +43,27 @@ def test_ci_runs_the_readme_commands() -> None:
         "WANDB_MODE=offline",
     ):
         assert var in ci
+
+
+def test_a_missing_vllm_skips_the_contract_tier_or_fails_it_when_required() -> None:
+    """Without vLLM the tier skips naming the script; FRLAB_REQUIRE_VLLM_CONTRACT=1 (CI) turns
+    that into a failure, so CI cannot pass with the tier silently skipped."""
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("vllm") is not None:
+        import pytest
+
+        pytest.skip("vLLM is installed here: the tier runs")
+    target = str(ROOT / "tests/vllm_contract/test_nccl_contract.py")
+    base = {k: v for k, v in os.environ.items() if k != "FRLAB_REQUIRE_VLLM_CONTRACT"}
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", target]
+    skipped = subprocess.run(cmd, env=base, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert skipped.returncode == 0 and "scripts/vllm_contract_env.sh" in skipped.stdout
+    required = {**base, "FRLAB_REQUIRE_VLLM_CONTRACT": "1"}
+    failed = subprocess.run(
+        cmd, env=required, cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert failed.returncode != 0 and "FRLAB_REQUIRE_VLLM_CONTRACT=1 but" in failed.stdout

@@ -106,3 +106,32 @@ def test_cpu_run_prints_the_three_throughput_numbers_and_exits_0(tmp_path: Path)
         assert math.isfinite(value) and value > 0, (key, value)
     assert lines["engine_version"] == "2" and lines["timed_steps"] == "1"
     assert proc.stdout.rstrip().endswith("gpu_check: OK")
+
+
+def _vllm_check():  # noqa: ANN202
+    spec = importlib.util.spec_from_file_location(
+        "gpu_check_vllm", REPO / "scripts/gpu_check_vllm.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_vllm_check_diffs_and_server_command() -> None:
+    check = _vllm_check()
+    assert check.abs_diffs([-1.0, -2.0, -0.5], [-1.25, -2.0, -0.25]) == (0.25, pytest.approx(1 / 6))
+    with pytest.raises(ValueError, match="length"):
+        check.abs_diffs([-1.0], [])
+    words = check.serve_command(Path("/m"), 8199)
+    assert words[words.index("--logprobs-mode") + 1] == "processed_logprobs"
+    assert words[words.index("--generation-config") + 1] == "vllm"
+    assert "VLLM_SERVER_DEV_MODE=1" in words and words[words.index("--port") + 1] == "8199"
+
+
+def test_vllm_check_reports_skipped_without_vllm_or_cuda() -> None:
+    if importlib.util.find_spec("vllm") is not None and torch.cuda.is_available():
+        pytest.skip("vllm and a GPU are here: scripts/gpu_check.sh runs the real check")
+    proc = subprocess.run([sys.executable, str(REPO / "scripts/gpu_check_vllm.py")],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0 and "gpu_check_vllm: SKIPPED" in proc.stdout, proc.stderr

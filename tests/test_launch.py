@@ -110,6 +110,8 @@ def test_single_node_recipe_composes_for_each_one_node_setting(exp: str) -> None
         assert ext == "frlab.rollout.remote.worker_extension.WeightUpdateExtension"
         # the importance ratios need the log-probs of the distribution actually sampled from
         assert s[s.index("--logprobs-mode") + 1] == "processed_logprobs"
+        # and no sampling default from the model's generation_config.json
+        assert s[s.index("--generation-config") + 1] == "vllm"
     learner = shlex.split(lines[-1])
     assert learner[learner.index("--nproc-per-node") + 1] == str(gpus)
     urls = [f"http://127.0.0.1:{p}" for p in ports]

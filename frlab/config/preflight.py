@@ -327,6 +327,17 @@ def _check_engine(engine: str, rollout: Mapping[str, Any], trainer: Mapping[str,
         )
 
 
+def _check_nccl_address(remote: Mapping[str, Any]) -> None:
+    """nccl with servers on other hosts needs `rollout.remote.nccl_master_address`."""
+    from frlab.rollout.remote.hosts import nccl_master_address
+
+    try:
+        nccl_master_address(remote.get("nccl_master_address"), remote["servers"])
+    except ValueError as exc:
+        key = "rollout.remote.nccl_master_address"
+        raise ConfigError(key, str(exc).removeprefix(key + " ")) from exc
+
+
 def _check_remote(engine: str, rollout: Mapping[str, Any], world: int) -> None:
     """The `rollout.remote` block: present exactly with engine remote, servers well formed."""
     remote = rollout.get("remote")
@@ -360,5 +371,7 @@ def _check_remote(engine: str, rollout: Mapping[str, Any], world: int) -> None:
             f"nccl supports one learner rank (the single NCCL sender), this run has {world}; "
             "use filesystem with several ranks",
         )
+    if remote["weight_sync"] == "nccl":
+        _check_nccl_address(remote)
     # W > 1 learner ranks share the fleet: weight syncs are collective
     # (frlab.rollout.remote.fleet_sync) and each rank writes under `<snapshot_dir>/rank<R>`.

@@ -85,8 +85,8 @@ class RemoteConfig:
     keep_snapshots: int = spec(2, low=1, doc="newest snapshot versions kept on disk")
     model: str | None = spec(None, doc="served model id; null: each server's first /v1/models")
     nccl_master_address: str | None = spec(
-        None, doc="nccl: address the servers reach the learner at; null: this host's"
-    )
+        None, doc="nccl: address the servers reach the learner at; null: loopback (every "
+        "server on 127.0.0.1/localhost; else required)")  # fmt: skip
     nccl_master_port: int = spec(0, low=0, high=65535,
                                  doc="nccl: rendezvous port (+1 per group); 0: a free port")  # fmt: skip
     nccl_packed: bool = spec(True, doc="nccl: vLLM's packed (batched) broadcast")

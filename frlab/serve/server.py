@@ -3,10 +3,14 @@
 A stdlib `ThreadingHTTPServer` (no web framework dependency): each connection gets a thread,
 which hands its request to the torch engine running on one private asyncio loop, so concurrent
 requests are batched by the engine as in-process ones are. Endpoints (field names as vLLM
-documents them, see `frlab.rollout.remote.protocol`): `GET /health`, `GET /v1/models`,
-`POST /v1/completions`, `POST /collective_rpc` (methods `frlab_load_snapshot`,
-`frlab_weight_version`), `POST /reset_prefix_cache` (no cache: a no-op). vLLM's NCCL
-weight-transfer endpoints answer 501: this is a CPU/test vehicle, not vLLM. A snapshot push
+documents them, see `frlab.rollout.remote.protocol`) answered as vLLM answers them:
+`GET /health` (200, empty body), `GET /v1/models`, `GET /server_info` (the
+`vllm_config.model_config.logprobs_mode` frlab checks: processed log-probs, which the torch
+engine returns), `POST /v1/completions` (penalties must be neutral or unset: the torch engine
+applies none), `POST /collective_rpc` (methods `frlab_load_snapshot`, `frlab_weight_version`;
+results through vLLM's router rule, `protocol.rpc_answer`), `POST /reset_prefix_cache`
+(no cache: `{"success": true}`). vLLM's NCCL weight-transfer endpoints answer 501: this is a
+CPU/test vehicle, not vLLM. A snapshot push
 of the version and fingerprint already loaded (several learner ranks push identical weights to
 one fleet) is answered with the same acknowledgement without reloading ("deduplicated").
 
@@ -99,14 +103,18 @@ class Handler(BaseHTTPRequestHandler):
 
     # -- dispatch ------------------------------------------------------------------------
     def do_GET(self) -> None:
-        routes = {proto.HEALTH: lambda: None, proto.MODELS: self._models}
+        routes = {
+            proto.HEALTH: lambda: b"",
+            proto.MODELS: self._models,
+            proto.SERVER_INFO.split("?", 1)[0]: lambda: proto.server_info(proto.PROCESSED_LOGPROBS),
+        }
         self._dispatch(routes, body=None)
 
     def do_POST(self) -> None:
         routes = {
             proto.COMPLETIONS: self._completions,
             proto.COLLECTIVE_RPC: self._rpc,
-            proto.RESET_PREFIX_CACHE: lambda _body: None,
+            proto.RESET_PREFIX_CACHE: lambda _body: {"success": True},
         }
         if self.state.test_faults:
             routes[FAULT_PATH] = self._switch_fault
@@ -123,7 +131,9 @@ class Handler(BaseHTTPRequestHandler):
             if body is ApiError:
                 raise ApiError(400, "request body is not a JSON object")
             result = route() if body is None else route(body)
-            if isinstance(result, bytes):
+            if result == b"":  # vLLM's /health: status 200, no body
+                self._send(200, result, "text/plain")
+            elif isinstance(result, bytes):
                 self._send(200, result, "application/octet-stream")
             else:
                 self._send_json(200, {} if result is None else result)
@@ -192,12 +202,13 @@ class Handler(BaseHTTPRequestHandler):
         log.info("fault switch -> %s", self.state.fault)
         return {"fault": self.state.fault}
 
-    def _rpc(self, body: dict[str, Any]) -> dict[str, Any]:
+    def _rpc(self, body: dict[str, Any]) -> Any:
+        """One worker's answer, through vLLM's router rule (`protocol.rpc_answer`)."""
         method, args = body.get("method"), body.get("args") or []
         if method == VERSION_METHOD:
             version = self.state.engine.version
             log.info("rpc %s -> %d", VERSION_METHOD, version)
-            return {"results": [version]}
+            return proto.rpc_answer([{"version": version}])
         if method == SNAPSHOT_METHOD:
             if len(args) not in (2, 3):
                 raise ApiError(
@@ -205,7 +216,7 @@ class Handler(BaseHTTPRequestHandler):
                     f"{SNAPSHOT_METHOD} takes args [path, version(, fingerprint)], got {args!r}",
                 )
             fingerprint = args[2] if len(args) == 3 else None
-            return {"results": [self._load_snapshot(str(args[0]), int(args[1]), fingerprint)]}
+            return proto.rpc_answer([self._load_snapshot(str(args[0]), int(args[1]), fingerprint)])
         raise ApiError(400, f"unknown collective_rpc method {method!r}")
 
     def _load_snapshot(self, path: str, version: int, fingerprint: Any = None) -> dict[str, Any]:

@@ -34,15 +34,17 @@ run_or_print() {
 }
 
 # start_server HOST_GPUS PORT MODEL TP MAX_LEN: one `vllm serve` in the background (dev mode
-# for /collective_rpc, frlab's worker extension for versioned weight loads, log-probs of the
-# distribution actually sampled from, which the importance ratios need).
+# for /collective_rpc and /server_info, frlab's worker extension for versioned weight loads,
+# log-probs of the distribution actually sampled from, which the importance ratios need, and
+# vLLM's neutral sampling defaults instead of the model's generation_config.json). These
+# flags are checked with vLLM's own argument parser by tests/vllm_contract.
 start_server() {
   local gpus="$1" port="$2" model="$3" tp="$4" max_len="$5"
   local cmd=(env CUDA_VISIBLE_DEVICES="$gpus" VLLM_SERVER_DEV_MODE=1
     vllm serve "$model" --host 0.0.0.0 --port "$port" --tensor-parallel-size "$tp"
     --max-model-len "$max_len" --seed "${SEED:-0}"
     --worker-extension-cls frlab.rollout.remote.worker_extension.WeightUpdateExtension
-    --logprobs-mode processed_logprobs)
+    --logprobs-mode processed_logprobs --generation-config vllm)
   if [[ "${PRINT_ONLY:-0}" == 1 ]]; then run_or_print "${cmd[@]}"; else "${cmd[@]}" & fi
 }
 

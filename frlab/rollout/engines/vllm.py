@@ -2,23 +2,37 @@
 
 GPU only (extra `vllm`); `vllm` is imported inside `VLLMEngine.start`, never at module import,
 so `import frlab.rollout` stays light. The adapter is thin on purpose: the logic that can be
-checked without a GPU lives in pure functions tested on CPU with fake vLLM objects
-(`vllm_sampling_kwargs`, `vllm_engine_kwargs`, `sampled_log_probs`, `generation_result`, and
-the worker side in `frlab.rollout.remote.worker_extension`).
+checked without a GPU lives in pure functions (`vllm_sampling_kwargs`, `vllm_engine_kwargs`,
+`sampled_log_probs`, `generation_result`, `rank_visible_devices`, and the worker side in
+`frlab.rollout.remote.worker_extension`), tested on CPU with fakes and, in the
+`vllm_contract` tier, against vLLM's own Python code (its `SamplingParams`,
+`AsyncEngineArgs`, msgspec serialiser and worker class).
 
-Behaviour log-probs (SPEC §3) come from vLLM itself: `logprobs=1` returns the sampled token's
-log-prob, and the engine runs with `logprobs_mode="processed_logprobs"` (vLLM >= 0.10.2) so
-it is the log-prob after temperature / top-k / top-p, i.e. of the distribution sampled from.
-vLLM runs on its own event loop in a background thread; `generate` bridges to it from the
-caller's loop.
+Behaviour log-probs (FlashREINFORCE paper, Sec. 3) come from vLLM itself: `logprobs=1` returns
+the sampled token's log-prob, and the engine runs with `logprobs_mode="processed_logprobs"`
+so it is the log-prob after temperature / top-k / top-p, i.e. of the distribution sampled
+from: the engine refuses to start without it (a vLLM without the field, an override in
+`rollout.vllm_engine_args`, or a built engine whose config reports another mode). It runs
+with `generation_config="vllm"` and every sampling field explicit (penalties neutral), so
+the model's `generation_config.json` cannot add a penalty the learner never applies.
+vLLM runs on its own event loop in a background thread; `generate` bridges to it.
 
-Weight updates use vLLM's in-process RLHF path: the engine is built with
-`worker_extension_cls="frlab.rollout.remote.worker_extension.WeightUpdateExtension"` and `update_weights`
-calls the worker method by NAME, `collective_rpc("frlab_load_weights", args=(weights,
-version))` (vLLM V1 ships only names, not callables, to its worker processes unless
-`VLLM_ALLOW_INSECURE_SERIALIZATION=1`). Every worker acknowledges the version and a
-fingerprint of the tensors it loaded; a missing or different acknowledgement is an error
-and leaves the engine refusing requests (its weights may be half-loaded).
+Device: each learner rank builds its own engine. vLLM's single-GPU engine core process
+uses `cuda:0` of the devices it sees (`vllm/v1/worker/gpu_worker.py`, `Worker.init_device`),
+so the engine is started with `CUDA_VISIBLE_DEVICES` narrowed to this rank's GPU
+(`torch.cuda.current_device()`, else `LOCAL_RANK`; an inherited list is indexed), restored
+once the engine-core process has started.
+
+Weight updates use vLLM's RLHF path: the engine is built with
+`worker_extension_cls="frlab.rollout.remote.worker_extension.WeightUpdateExtension"` and
+`update_weights` writes a safetensors snapshot (private temp folder) and calls
+`collective_rpc("frlab_load_snapshot", args=(path, version, fingerprint))`: a path and plain
+values survive vLLM's msgspec transport to the engine-core process, tensors inside rpc
+arguments do not (they arrive without their buffers). Every worker streams the file through
+`Worker.reload_weights(..., is_checkpoint_format=True)` and acknowledges the version and a
+fingerprint of the tensors it loaded; a missing or different acknowledgement, or a prefix-cache
+reset that does not report success, is an error and leaves the engine refusing requests (its
+weights may be half-loaded).
 
 Versions are exact, not conservative. `pause()` and `update_weights` first stop admitting
 requests, then WAIT for every in-flight request to finish (each is one turn, bounded by
@@ -26,88 +40,44 @@ requests, then WAIT for every in-flight request to finish (each is one turn, bou
 version seen when it started, and that version sampled all of them, KV cache included (the
 prefix cache is reset after loading, when no request is running). We drain rather than use
 vLLM's `pause_generation(mode="keep")` because frozen requests would resume on a KV cache
-computed by the old weights, so their later tokens would claim weights that did not wholly
-sample them (and that API's signature changed between vLLM releases). The cost: an update
-waits for the longest in-flight turn.
+computed by the old weights. The cost: an update waits for the longest in-flight turn.
 
-What has run where: NOTHING in this module has run on a GPU or against a real vLLM (none
-was available: vllm has no CPU wheel, and the lent GPU machine has no vllm). The CPU tests
-drive it with a fake AsyncLLM that dispatches `collective_rpc` by method name to a fake
-worker carrying `WeightUpdateExtension`. The vLLM API used (`AsyncLLMEngine.from_engine_args`,
-`generate`, `collective_rpc(method, timeout, args, kwargs)`, `reset_prefix_cache`,
-`AsyncEngineArgs.worker_extension_cls`) was read from vLLM's documentation and source, not
-exercised; `test_real_vllm_log_probs_match_a_forward` (marker `vllm`) is the first check to
-run where a GPU and vllm exist.
+What has run where: the `vllm_contract` tests build this adapter's engine arguments and
+sampling parameters with vLLM's own classes and pass its rpc arguments through vLLM's own
+serialiser on CPU; the engine itself (generation, a weight update on a GPU) has not run:
+`scripts/gpu_check.sh` runs it where a GPU and vllm exist.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
+import shutil
+import tempfile
 import threading
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from types import SimpleNamespace
 from typing import Any
 
 import torch
 
 from frlab.rollout.engine import Engine, EngineError, GenerationResult, SamplingParams
-from frlab.rollout.remote.worker_extension import (
-    LOAD_WEIGHTS_METHOD,
-    WORKER_EXTENSION_CLS,
-    check_acks,
-    weights_fingerprint,
+from frlab.rollout.engines.vllm_args import (
+    check_served_mode,
+    engine_visible_devices,
+    rank_device_index,
+    required_engine_options,
+    visible_devices,
+    vllm_engine_kwargs,
+    vllm_sampling_kwargs,
 )
+from frlab.rollout.remote.snapshot import prune_snapshots, write_snapshot
+from frlab.rollout.remote.worker_extension import SNAPSHOT_METHOD, check_acks
 
-
-def vllm_sampling_kwargs(params: SamplingParams, *, seed: int | None = None) -> dict[str, Any]:
-    """Keyword arguments for `vllm.SamplingParams` that reproduce frlab's sampling contract:
-    stop only on `stop_token_ids` (eos ignored, as in the torch engine), one sampled-token
-    log-prob per step, no detokenisation (token in, token out)."""
-    params.validate(off_policy_correction=False)
-    kwargs: dict[str, Any] = {
-        "n": 1,
-        "temperature": float(params.temperature),
-        "top_p": float(params.top_p),
-        "top_k": int(params.top_k) if params.top_k > 0 else -1,
-        "max_tokens": int(params.max_new_tokens),
-        "stop_token_ids": [int(t) for t in params.stop_token_ids],
-        "ignore_eos": True,
-        "logprobs": 1,
-        "detokenize": False,
-        "skip_special_tokens": False,
-    }
-    if seed is not None:
-        kwargs["seed"] = int(seed)
-    return kwargs
-
-
-def vllm_engine_kwargs(model: str, supported: Iterable[str], **options: Any) -> dict[str, Any]:
-    """`AsyncEngineArgs` keywords: `model`, `options`, frlab's worker extension (weight sync by
-    method name) and processed log-probs where the installed vLLM supports `logprobs_mode`
-    (`supported`: its field names). Unknown option names raise ValueError naming them."""
-    names = set(supported)
-    kwargs: dict[str, Any] = {"model": model, **options}
-    unknown = sorted(k for k in kwargs if k not in names)
-    if unknown:
-        raise ValueError(
-            f"rollout.vllm_engine_args: vLLM AsyncEngineArgs has no field(s): {', '.join(unknown)}"
-        )
-    if "worker_extension_cls" not in names:
-        raise ValueError(
-            "the installed vLLM has no AsyncEngineArgs.worker_extension_cls, which frlab's "
-            "weight sync needs: install the `vllm` extra (vllm>=0.28,<0.30)"
-        )
-    given = kwargs.setdefault("worker_extension_cls", WORKER_EXTENSION_CLS)
-    if given != WORKER_EXTENSION_CLS:
-        raise ValueError(
-            f"worker_extension_cls must be {WORKER_EXTENSION_CLS!r} (update_weights calls its "
-            f"methods by name), got {given!r}"
-        )
-    if "logprobs_mode" in names:
-        kwargs.setdefault("logprobs_mode", "processed_logprobs")
-    return kwargs
+__all__ = ["VLLMEngine", "generation_result", "sampled_log_probs", "vllm_engine_kwargs",
+           "vllm_sampling_kwargs"]  # fmt: skip
 
 
 def _logprob_value(entry: Any) -> float:
@@ -190,11 +160,20 @@ class VLLMEngine(Engine):
         *,
         seed: int = 0,
         initial_version: int = 0,
+        device: int | None = None,
+        snapshot_dir: str | None = None,
         **engine_options: Any,
     ) -> None:
+        """`device`: this process's logical CUDA device the engine runs on (None: this rank's,
+        `rank_device_index`); `snapshot_dir`: where weight updates are written (None: a
+        private temp folder, removed at shutdown)."""
         self.model_path = str(model)
         self.seed = int(seed)
         self.engine_options = {"seed": int(seed), **engine_options}
+        required_engine_options(self.engine_options)  # refused before anything is built
+        self.device = device
+        self.snapshot_dir = snapshot_dir
+        self._own_dir: str | None = None
         self._version = int(initial_version)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -228,21 +207,33 @@ class VLLMEngine(Engine):
             target=self._loop.run_forever, name="frlab-vllm-engine", daemon=True
         )
         self._thread.start()
-        self._call(self._build())
+        try:
+            self._call(self._build())
+        except BaseException:
+            self.shutdown()
+            raise
 
     async def _build(self) -> None:
         import dataclasses
 
         fields = [f.name for f in dataclasses.fields(self._vllm.AsyncEngineArgs)]
         kwargs = vllm_engine_kwargs(self.model_path, fields, **self.engine_options)
-        self._engine = self._vllm.AsyncLLMEngine.from_engine_args(
-            self._vllm.AsyncEngineArgs(**kwargs)
-        )
+        index = rank_device_index() if self.device is None else int(self.device)
+        devices = engine_visible_devices(index, kwargs)
+        args = self._vllm.AsyncEngineArgs(**kwargs)
+        with visible_devices(devices) if devices is not None else contextlib.nullcontext():
+            self._engine = self._vllm.AsyncLLMEngine.from_engine_args(args)
+        check_served_mode(self._engine)
+        if self.snapshot_dir is None:
+            self._own_dir = tempfile.mkdtemp(prefix="frlab-vllm-weights-")
         self._gate, self._idle, self._update_lock = asyncio.Event(), asyncio.Event(), asyncio.Lock()
         self._idle.set()
         self._refresh_gate()
 
     def shutdown(self) -> None:
+        if self._own_dir is not None:
+            shutil.rmtree(self._own_dir, ignore_errors=True)
+            self._own_dir = None
         if self._thread is None or self._loop is None:
             return
         if self._engine is not None and hasattr(self._engine, "shutdown"):
@@ -337,19 +328,21 @@ class VLLMEngine(Engine):
 
     # -- weights -----------------------------------------------------------------------------
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
-        """Drain in-flight requests, load `state_dict` (HF names) on every worker through the
-        frlab worker extension, check their acknowledgements, reset the prefix cache, then
-        bump the version and admit requests again."""
+        """Write `state_dict` (HF names) as a snapshot, drain in-flight requests, have every
+        worker load it through the frlab worker extension, check their acknowledgements,
+        reset the prefix cache, then bump the version and admit requests again."""
         if int(version) < 0:
             raise ValueError(f"update_weights version must be >= 0, got {version}")
-        weights = [(str(name), t.detach().to("cpu")) for name, t in state_dict.items()]
-        if not weights:
+        if not state_dict:
             raise ValueError("update_weights got an empty state_dict")
-        self._call(self._update(weights, int(version), weights_fingerprint(weights)))
+        folder = self.snapshot_dir or self._own_dir
+        if folder is None:
+            raise EngineError("VLLMEngine is not running: call start() first")
+        path, fingerprint = write_snapshot(state_dict, folder, int(version))
+        self._call(self._update(str(path), int(version), fingerprint))
+        prune_snapshots(folder, keep=1)  # every worker has loaded it (or the engine is broken)
 
-    async def _update(
-        self, weights: list[tuple[str, torch.Tensor]], version: int, sent: Mapping[str, Any]
-    ) -> None:
+    async def _update(self, path: str, version: int, sent: Mapping[str, Any]) -> None:
         async with self._update_lock:
             if self._broken is not None:
                 raise EngineError(self._broken)
@@ -357,23 +350,23 @@ class VLLMEngine(Engine):
             self._refresh_gate()
             try:
                 await self._drain()
-                await self._load(weights, version, sent)
+                await self._load(path, version, sent)
                 self._version = version
             finally:
                 self._updating = False
                 self._refresh_gate()
 
-    async def _load(
-        self, weights: list[tuple[str, torch.Tensor]], version: int, sent: Mapping[str, Any]
-    ) -> None:
+    async def _load(self, path: str, version: int, sent: Mapping[str, Any]) -> None:
         """Load on the workers; any failure marks the engine broken (weights may be mixed)."""
         try:
-            acks = await self._engine.collective_rpc(LOAD_WEIGHTS_METHOD, args=(weights, version))
+            acks = await self._engine.collective_rpc(
+                SNAPSHOT_METHOD, args=(path, version, dict(sent))
+            )
             check_acks(acks, version, sent)
-            if hasattr(self._engine, "reset_prefix_cache"):
-                # cached KV came from the old weights; no request runs now, so it must succeed
-                if await self._engine.reset_prefix_cache() is False:
-                    raise EngineError("vLLM refused to reset its prefix cache")
+            # cached KV came from the old weights; no request runs now, so it must succeed
+            reset = await self._engine.reset_prefix_cache()
+            if reset is not True:
+                raise EngineError(f"vLLM's prefix-cache reset answered {reset!r}, not True")
         except Exception as exc:
             self._broken = (
                 f"vLLM weight update to version {version} failed ({exc}); the engine's weights "

@@ -14,40 +14,16 @@ raises `EngineError`, which the pool counts as a failed rollout. A background pr
 dead and stale servers every `probe_interval_s`; one that answers `/health` again must load
 the current snapshot and report the current weight version before it is re-admitted.
 
-Weight sync (`weight_sync="filesystem"`): `update_weights` writes
-`<snapshot_dir>/v<version>/model.safetensors` (snapshot_dir None: a private temp folder,
-removed at shutdown, for servers on this host) atomically (frlab.rollout.remote.snapshot), stops
-dispatching, waits for in-flight requests to finish (no request spans a weight change), asks
-every live server to load it (`/collective_rpc frlab_load_snapshot`, acknowledged with a
-fingerprint of the tensors loaded), then asks each server its version
-(`frlab_weight_version`). A server that answers another version is stale: it is refused
-(`stale_refusals`) until it proves the current version. Old snapshots are deleted (the newest
-`keep_snapshots` stay). Token versions come from the server: `frlab_versions` in the answer
-(frlab.serve), else the version that server reported at its last verification (vLLM).
-
-Several learner ranks (DDP / FSDP) share one fleet: each rank has its own RemoteEngine on the
-same servers (`shared_across_ranks`), `WeightSyncCallback` makes every sync collective (all
-ranks drain, then push, then resume: frlab.rollout.remote.fleet_sync), the servers load each version
-once and deduplicate the other ranks' identical pushes by (version, fingerprint), and each rank
-writes its snapshots under `<snapshot_dir>/rank<R>` so no two ranks write one file. While the
-engine is paused the prober admits nothing, so a rank never reloads an older snapshot over a
-version another rank has just pushed.
-
-Server states, admission and probing live in `frlab.rollout.remote.fleet` (mixed in).
-
-Weight sync (`weight_sync="nccl"`, one learner rank only): after the same drain,
-frlab.rollout.remote.nccl broadcasts through vLLM's own trainer engine, each server's workers
-commit the version only if what they loaded matches the learner's fingerprint, then every
-server is asked its version as above. Snapshots are written only if `snapshot_dir` is set:
-they re-admit a server outside the NCCL group (restarted, refused) before the next sync
-re-forms the group with it; without them it stays out until then. Tested with fake vllm
-modules and fake servers on CPU; never run on GPUs with a real vLLM.
+Weight sync (filesystem snapshots or vLLM's NCCL broadcast, the version check, several learner
+ranks sharing one fleet) lives in `frlab.rollout.remote.weight_sync` and server states,
+admission and probing in `frlab.rollout.remote.fleet` (both mixed in). Token versions come
+from the server: `frlab_versions` in the answer (frlab.serve), else the version that server
+reported at its last verification (vLLM).
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import shutil
 import tempfile
@@ -64,7 +40,7 @@ from frlab.rollout.engine import Engine, EngineError, GenerationResult, Sampling
 from frlab.rollout.remote import protocol as proto
 from frlab.rollout.remote.fleet import FleetMixin, Server, ServerFault, Snapshot
 from frlab.rollout.remote.nccl import NcclSync
-from frlab.rollout.remote.snapshot import prune_snapshots, write_snapshot
+from frlab.rollout.remote.weight_sync import WeightSyncMixin
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +83,7 @@ def _check_settings(
         raise ValueError(f"rollout.remote.keep_snapshots must be >= 1, got {keep_snapshots}")
 
 
-class RemoteEngine(FleetMixin, Engine):
+class RemoteEngine(WeightSyncMixin, FleetMixin, Engine):
     """Generation on a fleet of HTTP servers, with versioned weight sync and failover."""
 
     shared_across_ranks = True  # every learner rank drives the same servers: collective syncs
@@ -143,7 +119,7 @@ class RemoteEngine(FleetMixin, Engine):
         )
         self.servers = [Server(u) for u in urls]
         self._nccl = (
-            NcclSync(nccl_master_address, nccl_master_port, nccl_packed, request_timeout_s)
+            NcclSync(nccl_master_address, nccl_master_port, nccl_packed, request_timeout_s, urls)
             if weight_sync == "nccl" else None
         )  # fmt: skip
         # a private temp folder for servers on this host only; nccl: snapshots only if asked
@@ -369,53 +345,3 @@ class RemoteEngine(FleetMixin, Engine):
             raise ServerFault("stale", f"weights changed from v{sent_at} to v{server.version} "
                               "during the request")  # fmt: skip
         return [sent_at] * len(done.token_ids)
-
-    # -- weights -----------------------------------------------------------------------------
-    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
-        """Write the snapshot, drain, load it on every live server and verify their versions."""
-        if int(version) < 0:
-            raise ValueError(f"update_weights version must be >= 0, got {version}")
-        snap = self._write(state_dict, int(version))
-        self._call(self._sync(int(version), snap, self._push(state_dict, int(version))))
-        if self.snapshot_dir is not None:
-            prune_snapshots(self.snapshot_dir, self.keep_snapshots)
-
-    def _write(self, state_dict: Mapping[str, torch.Tensor], version: int) -> Snapshot | None:
-        """The snapshot of `version` (None under nccl without a snapshot_dir)."""
-        if self.snapshot_dir is None:
-            return None
-        path, fingerprint = write_snapshot(state_dict, self.snapshot_dir, version)
-        return Snapshot(path, version, fingerprint)
-
-    def _push(self, state_dict: Mapping[str, torch.Tensor], version: int) -> Any:
-        """The NCCL broadcast to run once drained (None for filesystem sync)."""
-        if self._nccl is None:
-            return None
-        return functools.partial(self._nccl.push, self, list(state_dict.items()), version)
-
-    async def _sync(self, version: int, snap: Snapshot | None, push: Any = None) -> None:
-        async with self._sync_lock:
-            self._syncing = True
-            self._refresh_gate()
-            try:
-                await self._drain()
-                if push is not None:
-                    await push()
-                self._snapshot, self._version = snap, version
-                live = [s for s in self.servers if s.state != "dead"]
-                for s in self.servers:
-                    s.state = "unverified" if s.state == "ok" else s.state
-                await asyncio.gather(*(self._admit(s) for s in live))
-            finally:
-                self._syncing = False
-                self._refresh_gate()
-        log.info("remote engine: weights v%d on %s", version, self._describe())
-
-    async def _drain(self) -> None:
-        """Wait for in-flight requests (each ends within request_timeout_s: done or failed)."""
-        try:
-            await asyncio.wait_for(self._idle.wait(), self.request_timeout_s + 5.0)
-        except TimeoutError:
-            log.warning(
-                "remote engine: %d requests still in flight at a weight sync", self._in_flight
-            )

@@ -1,12 +1,15 @@
 """The fleet side of the `remote` engine: server state, admission, probing, HTTP calls.
 
 `FleetMixin` is mixed into `frlab.rollout.remote.engine.RemoteEngine` (which owns the event
-loop, the request gate and weight sync). A server is `ok` only after it reported the fleet's
+loop, the request gate and weight sync). A server is `ok` only after it reported
+`logprobs_mode=processed_logprobs` (`GET /server_info`, vLLM's dev mode) and the fleet's
 current weight version in answer to `frlab_weight_version` (having first loaded and
-acknowledged the current snapshot, if there is one); `stale` when it reported another version
-or did not acknowledge the load; `dead` after a transport error, a timeout, an HTTP 5xx or a
-malformed answer; `unverified` before its first check or during a sync. Only `ok` servers get
-requests; the prober re-checks the others every `probe_interval_s`.
+acknowledged the current snapshot, if there is one, and reset its prefix cache with
+success); `stale` when it reported another version or mode, did not acknowledge the load or
+the reset; `dead` after a transport error, a timeout, an HTTP 5xx or a malformed answer;
+`unverified` before its first check or during a sync. Only `ok` servers get requests; the
+prober re-checks the others every `probe_interval_s` once `/health` answers 200 (vLLM's
+health answer has an empty body: the status code is the answer).
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ import httpx
 from frlab.rollout.engine import EngineError
 from frlab.rollout.remote import protocol as proto
 from frlab.rollout.remote.worker_extension import SNAPSHOT_METHOD, VERSION_METHOD, check_acks
+
+REFUSED = (RuntimeError, proto.MalformedResponse)  # EngineError (a 4xx answer) is a RuntimeError
 
 log = logging.getLogger("frlab.rollout.remote.engine")
 
@@ -45,6 +50,7 @@ class Server:
     in_flight: int = 0
     version: int | None = None  # the version it last PROVED (its own answer)
     model: str | None = None
+    why: str = ""  # why it was last refused or marked dead (shown in `_describe`)
 
 
 @dataclass(frozen=True)
@@ -84,7 +90,10 @@ class FleetMixin:
         }
 
     def _describe(self) -> str:
-        return ", ".join(f"{s.url}={s.state}@v{s.version}" for s in self.servers)
+        return ", ".join(
+            f"{s.url}={s.state}@v{s.version}" + (f" ({s.why})" if s.why and s.state != "ok" else "")
+            for s in self.servers
+        )
 
     def _pick(self) -> Server | None:
         """The healthy server with the fewest requests in flight (first listed on ties)."""
@@ -109,41 +118,54 @@ class FleetMixin:
         self._counts["stale_refusals"] += fault.kind == "stale"
         if server.state == "ok":
             log.warning("remote engine: server %s marked %s: %s", server.url, fault.kind, fault)
-        server.state = fault.kind
+        server.state, server.why = fault.kind, str(fault)
 
     # -- admission, probing ------------------------------------------------------------------
     async def _admit(self, server: Server) -> None:
-        """Load the current snapshot (if any) on `server`, then admit it only if it reports the
-        current version; call with `_sync_lock` held."""
+        """Check the server's log-prob mode, load the current snapshot (if any) on it, then
+        admit it only if it reports the current version; call with `_sync_lock` held."""
         was = server.state
         try:
             if server.model is None:
                 server.model = self.model or proto.served_model(
                     await self._get(server, proto.MODELS)
                 )
+            # the first /server_info of a vLLM server collects its environment: allow time
+            info = await self._get(server, proto.SERVER_INFO, self.request_timeout_s)
+            mode = proto.served_logprobs_mode(info)
+            if mode != proto.PROCESSED_LOGPROBS:
+                self._refuse(server, f"it serves logprobs_mode={mode!r}: run it with "
+                             f"--logprobs-mode {proto.PROCESSED_LOGPROBS}")  # fmt: skip
+                return
             snap = self._snapshot
             if snap is not None:
                 args = [str(snap.path), snap.version, dict(snap.fingerprint)]  # 3rd: dedup key
                 body = proto.rpc_request(SNAPSHOT_METHOD, args)
-                acks = proto.rpc_results(await self._post(server, proto.COLLECTIVE_RPC, body))
+                acks = proto.rpc_dicts(
+                    await self._post(server, proto.COLLECTIVE_RPC, body), "version"
+                )
                 check_acks(acks, snap.version, snap.fingerprint)
-                await self._post(server, proto.RESET_PREFIX_CACHE, {})
+                if not proto.reset_succeeded(
+                    await self._post(server, proto.RESET_PREFIX_CACHE, {})
+                ):
+                    self._refuse(server, "its prefix-cache reset did not succeed")
+                    return
             answer = await self._post(
                 server, proto.COLLECTIVE_RPC, proto.rpc_request(VERSION_METHOD)
             )
-            reported = proto.rpc_results(answer)
+            reported = proto.rpc_versions(answer)
         except ServerFault as fault:
             if was in ("ok", "unverified"):
                 log.warning("remote engine: server %s marked %s: %s", server.url, fault.kind, fault)
-            server.state = fault.kind
+            server.state, server.why = fault.kind, str(fault)
             return
-        except (RuntimeError, proto.MalformedResponse) as exc:  # EngineError: a 4xx answer
+        except REFUSED as exc:
             self._refuse(server, f"weight load not acknowledged: {exc}")
             return
         if any(v != self._version for v in reported):
             self._refuse(server, f"reports version(s) {reported}, expected {self._version}")
             return
-        server.version, server.state = self._version, "ok"
+        server.version, server.state, server.why = self._version, "ok", ""
         if was in ("dead", "stale"):
             self._counts["readmissions"] += 1
             log.warning("remote engine: server %s re-admitted: it reported version %d",
@@ -151,17 +173,27 @@ class FleetMixin:
 
     def _refuse(self, server: Server, why: str) -> None:
         self._counts["stale_refusals"] += 1
-        server.state = "stale"
+        server.state, server.why = "stale", why
         log.warning("remote engine: server %s refused as stale: %s", server.url, why)
 
-    async def _get(self, server: Server, path: str) -> Any:
+    async def _get(self, server: Server, path: str, timeout: float | None = None) -> Any:
         try:
             resp = await self._client.get(
-                server.url + path, timeout=min(5.0, self.request_timeout_s)
+                server.url + path, timeout=timeout or min(5.0, self.request_timeout_s)
             )
         except httpx.HTTPError as exc:
             raise ServerFault("dead", f"GET {path}: {exc!r}") from exc
         return decode(resp, path)
+
+    async def _healthy(self, server: Server) -> bool:
+        """`GET /health` answered 200 (vLLM answers with an empty body: only the status counts)."""
+        try:
+            resp = await self._client.get(
+                server.url + proto.HEALTH, timeout=min(5.0, self.request_timeout_s)
+            )
+        except httpx.HTTPError:
+            return False
+        return resp.status_code == 200
 
     async def _probe_forever(self) -> None:
         """Re-check dead / stale servers; admit none while the engine is paused (a collective sync
@@ -169,9 +201,7 @@ class FleetMixin:
         while True:
             await asyncio.sleep(self.probe_interval_s)
             for server in [s for s in self.servers if s.state != "ok"]:
-                try:
-                    await self._get(server, proto.HEALTH)
-                except ServerFault:
+                if not await self._healthy(server):
                     continue
                 async with self._sync_lock:
                     if server.state != "ok" and not self._user_paused:

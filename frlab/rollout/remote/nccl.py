@@ -22,11 +22,16 @@ restarted server rejoins at the next sync. Until then, or if no group can be for
 broadcast fails (no server commits), a server outside the group loads the latest snapshot if
 `snapshot_dir` is set (snapshots are then written at every sync), else it stays out as stale.
 Every server must run vLLM with `--weight-transfer-config '{"backend": "nccl"}'` and dev mode:
-one that answers `/get_world_size` but cannot init the transfer fails every formation.
+one that answers `/get_world_size` but cannot init the transfer fails every formation. The
+servers reach the learner at `rollout.remote.nccl_master_address` (required when a server is
+on another host: frlab.rollout.remote.hosts), loopback otherwise. The worker rpcs answer dicts
+(`{"group"}`, `{"ready"}`, an ack) because vLLM's HTTP router stringifies other results.
 
-Tested on CPU with fake vllm modules and fake servers only; never run on GPUs with a real
-vLLM. A member that dies DURING a broadcast can hang NCCL in the learner (vLLM's send has no
-timeout): the HTTP calls time out, the broadcast thread may not.
+The `vllm_contract` tests build vLLM's real `NCCLTrainerInitInfo` with frlab's arguments and
+parse the bodies the trainer engine sends with vLLM's own worker-side info classes; the
+broadcast itself has not run (it needs GPUs). A member that dies DURING a broadcast can hang
+NCCL in the learner (vLLM's send has no timeout): the HTTP calls time out, the broadcast
+thread may not.
 """
 
 from __future__ import annotations
@@ -45,7 +50,8 @@ import torch
 
 from frlab.rollout.engine import EngineError
 from frlab.rollout.remote import protocol as proto
-from frlab.rollout.remote.fleet import Server, ServerFault
+from frlab.rollout.remote.fleet import REFUSED, Server, ServerFault
+from frlab.rollout.remote.hosts import nccl_master_address
 from frlab.rollout.remote.worker_extension import (
     COMMIT_METHOD,
     NCCL_BEGIN_METHOD,
@@ -170,14 +176,6 @@ class FleetClient:
         self._fan_out(proto.FINISH_WEIGHT_UPDATE, [body] * len(self.urls))
 
 
-def this_host() -> str:
-    """This machine's address as other hosts reach it (loopback if it cannot be resolved)."""
-    try:
-        return socket.gethostbyname(socket.gethostname())
-    except OSError:
-        return "127.0.0.1"
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
@@ -188,10 +186,12 @@ class NcclSync:
     """One learner's NCCL group with the fleet: formed, verified, re-formed when broken."""
 
     def __init__(
-        self, master_address: str | None, master_port: int, packed: bool, timeout: float
-    ) -> None:
+        self, master_address: str | None, master_port: int, packed: bool, timeout: float,
+        servers: Sequence[str] = (),
+    ) -> None:  # fmt: skip
         check_nccl_settings(master_address, master_port, packed)
-        self.master_address, self.master_port = master_address, int(master_port)
+        self.master_address = nccl_master_address(master_address, servers)
+        self.master_port = int(master_port)
         self.packed, self.timeout = bool(packed), float(timeout)
         self.api: TrainerApi | None = None
         self.trainer: Any = None
@@ -237,12 +237,14 @@ class NcclSync:
         self, engine: Any, server: Server, body: Any, version: int, fingerprint: Any
     ) -> None:
         try:
-            check_acks(proto.rpc_results(await engine._post(server, proto.COLLECTIVE_RPC, body)),
-                       version, fingerprint)  # fmt: skip
-            await engine._post(server, proto.RESET_PREFIX_CACHE, {})  # no KV of old weights
+            answer = await engine._post(server, proto.COLLECTIVE_RPC, body)
+            check_acks(proto.rpc_dicts(answer, "version"), version, fingerprint)
+            reset = await engine._post(server, proto.RESET_PREFIX_CACHE, {})  # no old-weight KV
+            if not proto.reset_succeeded(reset):
+                raise RuntimeError("its prefix-cache reset did not succeed")
         except ServerFault as fault:
             server.state = fault.kind
-        except (RuntimeError, proto.MalformedResponse) as exc:  # refused by the version check
+        except REFUSED as exc:  # refused by the version check (the version check follows)
             log.warning("remote engine: %s did not commit NCCL weights v%d: %s",
                         server.url, version, exc)  # fmt: skip
 
@@ -265,15 +267,22 @@ class NcclSync:
         if any(s.state == "dead" for s in self.members):
             return False
         body = proto.rpc_request(NCCL_BEGIN_METHOD, [self.token])
-        return all(await asyncio.gather(*(self._rpc_true(engine, s, body) for s in self.members)))
+        ready = (self._rpc_ok(engine, s, body, self._ready_flags) for s in self.members)
+        return all(await asyncio.gather(*ready))
 
-    async def _rpc_true(self, engine: Any, server: Server, body: Any) -> bool:
-        """True when every worker of `server` answered the rpc with something truthy."""
+    def _ready_flags(self, answer: Any) -> bool:
+        return all(proto.rpc_flags(answer, "ready"))
+
+    def _joined(self, answer: Any) -> bool:
+        return all(r["group"] == self.token for r in proto.rpc_dicts(answer, "group"))
+
+    async def _rpc_ok(self, engine: Any, server: Server, body: Any, check: Any) -> bool:
+        """True when `server` answered the rpc and `check(answer)` holds for it."""
         try:
-            return all(proto.rpc_results(await engine._post(server, proto.COLLECTIVE_RPC, body)))
+            return bool(check(await engine._post(server, proto.COLLECTIVE_RPC, body)))
         except ServerFault as fault:
             server.state = fault.kind
-        except (RuntimeError, proto.MalformedResponse) as exc:
+        except REFUSED as exc:
             log.warning("remote engine: %s refused an NCCL group rpc: %s", server.url, exc)
         return False
 
@@ -288,7 +297,7 @@ class NcclSync:
         self.generation += 1
         client = FleetClient([s.url for s in members], offsets, self.timeout)
         info = self.api.init_info_cls(
-            master_address=self.master_address or this_host(), master_port=port,
+            master_address=self.master_address, master_port=port,
             world_size=world, packed=self.packed, rank=0,
         )  # fmt: skip
         try:
@@ -302,7 +311,9 @@ class NcclSync:
         log.info("remote engine: NCCL group of %d ranks on %s:%d: %s", world,
                  info.master_address, port, [s.url for s in members])  # fmt: skip
         body = proto.rpc_request(NCCL_JOIN_METHOD, [self.token])
-        if all(await asyncio.gather(*(self._rpc_true(engine, s, body) for s in members))):
+        if all(
+            await asyncio.gather(*(self._rpc_ok(engine, s, body, self._joined) for s in members))
+        ):
             return True
         self._retire()
         return False

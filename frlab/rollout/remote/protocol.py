@@ -6,25 +6,41 @@ documented extras `return_token_ids` (the choice carries `token_ids` and `prompt
 `return_tokens_as_token_ids` (log-prob tokens spelled `token_id:<id>`, a fallback source of
 ids), `logprobs: 1` (the choice's `logprobs.token_logprobs` holds the sampled token's
 log-prob; vLLM must run with `--logprobs-mode processed_logprobs` so that it is the log-prob
-after temperature / top-k / top-p), `ignore_eos` and `stop_token_ids` (frlab stops only on
-its own stop ids, as the torch engine does), `skip_special_tokens: false`.
+after temperature / top-k / top-p: `served_logprobs_mode` reads it from the dev endpoint
+`GET /server_info?config_format=json`, and a server that does not report it is refused),
+`ignore_eos` and `stop_token_ids` (frlab stops only on its own stop ids, as the torch engine
+does), `skip_special_tokens: false`. Every sampling field is sent, penalties neutral: vLLM's
+`CompletionRequest.to_sampling_params` fills an unsent field from the model's
+`generation_config.json` (`vllm serve` defaults to `--generation-config auto`), and a
+repetition penalty the learner never applies would bias the importance ratios silently.
 
 Weight versions are frlab's extension. A server run with frlab's worker extension
 (`frlab.rollout.remote.worker_extension.WeightUpdateExtension`, reached through vLLM's dev endpoint
 `POST /collective_rpc {"method", "args", "kwargs", "timeout"} -> {"results": [...]}`) answers
-`frlab_weight_version` and loads snapshots with `frlab_load_snapshot`. `python -m frlab.serve`
-additionally returns `frlab_versions` (one per sampled token) in each choice; vLLM does not,
-and the client then uses the version the server itself reported after the last sync.
+`frlab_weight_version` and loads snapshots with `frlab_load_snapshot`. vLLM's router
+(`vllm/entrypoints/serve/dev/rpc/api_router.py`, `collective_rpc`) sends a worker's result
+as it is only when it is a dict, a list or None, anything else as `str(result)` (a version 3
+arrives as "3", False as the truthy "False"); so every frlab worker method answers a dict and
+the client parses it strictly (`rpc_dicts`, `rpc_versions`, `rpc_flags`). `rpc_answer` is the
+router's rule, for servers that imitate vLLM (frlab.serve, the test fakes). `GET /health`
+answers 200 with an EMPTY body (`vllm/entrypoints/serve/instrumentator/health.py`): health is
+the status code. `POST /reset_prefix_cache` answers `{"success": bool}` (`reset_succeeded`).
+`python -m frlab.serve` additionally returns `frlab_versions` (one per sampled token) in each
+choice; vLLM does not, and the client then uses the version the server itself reported after
+the last sync.
 
 vLLM's NCCL weight-transfer endpoints (`--weight-transfer-config '{"backend": "nccl"}'`):
 `POST /init_weight_transfer_engine {"init_info": {master_address, master_port, rank_offset,
 world_size, packed, ...}}`, `POST /start_weight_update`, `POST /update_weights {"update_info":
 {names, dtype_names, shapes}}`, `POST /finish_weight_update {"weight_version"}`, and `GET
-/get_world_size -> {"world_size"}` (a server's worker count, TP x PP x DP). vLLM's trainer
-engine (frlab.rollout.remote.nccl) builds the bodies it sends itself; frlab only sets each
-server's `rank_offset` (`nccl_rank_offsets`). `nccl_init_request` / `nccl_update_request`
-spell the same bodies out for tests and tools. All of it is tested on CPU against fakes; none
-of it has run against a real vLLM.
+/get_world_size -> {"world_size"}` (a server's worker count, TP x PP x DP). `packed` is a wire
+parameter of the INIT info (`NCCLWeightTransferInitInfo`); the update info has exactly names,
+dtype_names and shapes (`NCCLWeightTransferUpdateInfo`, which refuses any other key). vLLM's
+trainer engine (frlab.rollout.remote.nccl) builds the bodies it sends itself; frlab only sets
+each server's `rank_offset` (`nccl_rank_offsets`). `nccl_init_request` / `nccl_update_request`
+spell the same bodies out for tests and tools. The `vllm_contract` tests parse every body
+here with vLLM's own request models and feed the parsers vLLM's own answers (CPU, the pinned
+wheel); nothing here has run against a vLLM serving on a GPU.
 """
 
 from __future__ import annotations
@@ -48,6 +64,8 @@ START_WEIGHT_UPDATE = "/start_weight_update"
 UPDATE_WEIGHTS = "/update_weights"
 FINISH_WEIGHT_UPDATE = "/finish_weight_update"
 WORLD_SIZE = "/get_world_size"
+SERVER_INFO = "/server_info?config_format=json"
+PROCESSED_LOGPROBS = "processed_logprobs"
 VERSIONS_FIELD = "frlab_versions"
 TOKEN_ID_PREFIX = "token_id:"
 
@@ -69,7 +87,8 @@ class Completion:
 def completion_request(
     model: str, prompt: Sequence[int], params: SamplingParams, *, seed: int | None = None
 ) -> dict[str, Any]:
-    """The `/v1/completions` body for one token-id prompt (vLLM's documented field names)."""
+    """The `/v1/completions` body for one token-id prompt (vLLM's documented field names); every
+    sampling field is explicit so no server default (generation config) can change it."""
     params.validate(off_policy_correction=False)
     body: dict[str, Any] = {
         "model": model,
@@ -79,7 +98,11 @@ def completion_request(
         "max_tokens": int(params.max_new_tokens),
         "temperature": float(params.temperature),
         "top_p": float(params.top_p),
-        "top_k": int(params.top_k) if params.top_k > 0 else -1,
+        "top_k": int(params.top_k),  # 0: off
+        "min_p": 0.0,
+        "repetition_penalty": 1.0,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
         "stop_token_ids": [int(t) for t in params.stop_token_ids],
         "ignore_eos": True,
         "logprobs": 1,
@@ -92,6 +115,10 @@ def completion_request(
     return body
 
 
+NEUTRAL_SAMPLING = {"min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0,
+                    "frequency_penalty": 0.0}  # fmt: skip
+
+
 def sampling_from_request(body: Mapping[str, Any]) -> tuple[list[int], SamplingParams]:
     """Server side: the prompt ids and SamplingParams of a completions body (ValueError if bad)."""
     prompt = body.get("prompt")
@@ -99,10 +126,13 @@ def sampling_from_request(body: Mapping[str, Any]) -> tuple[list[int], SamplingP
         raise ValueError("`prompt` must be a non-empty list of token ids")
     if int(body.get("n", 1)) != 1 or body.get("stream", False):
         raise ValueError("only n=1, stream=false is served")
-    top_k = int(body.get("top_k", -1))
+    for key, neutral in NEUTRAL_SAMPLING.items():
+        if body.get(key) is not None and float(body[key]) != neutral:
+            raise ValueError(f"`{key}` must be {neutral} (unset or neutral), got {body[key]}")
+    top_k = int(_given(body, "top_k", 0))
     params = SamplingParams(
-        temperature=float(body.get("temperature", 1.0)),
-        top_p=float(body.get("top_p", 1.0)),
+        temperature=float(_given(body, "temperature", 1.0)),
+        top_p=float(_given(body, "top_p", 1.0)),
         top_k=0 if top_k < 0 else top_k,
         max_new_tokens=int(body.get("max_tokens", 16)),
         stop_token_ids=tuple(int(t) for t in body.get("stop_token_ids") or ()),
@@ -178,6 +208,12 @@ def parse_completion(body: Any, prompt: Sequence[int] | None = None) -> Completi
     return Completion(token_ids, log_probs, versions, reason)
 
 
+def _given(body: Mapping[str, Any], key: str, default: Any) -> Any:
+    """`body[key]`, or `default` when absent or null (vLLM's defaults for unset fields)."""
+    value = body.get(key)
+    return default if value is None else value
+
+
 def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
@@ -237,6 +273,75 @@ def rpc_results(body: Any) -> list[Any]:
     return results
 
 
+def rpc_dicts(body: Any, key: str) -> list[Mapping[str, Any]]:
+    """The per-worker results, each a dict holding `key` (MalformedResponse otherwise: e.g. a
+    scalar that vLLM's router stringified, from a worker extension that answers no dict)."""
+    results = rpc_results(body)
+    for i, result in enumerate(results):
+        if not isinstance(result, Mapping) or key not in result:
+            raise MalformedResponse(
+                f"collective_rpc result {i} is {result!r:.120}, not a dict with {key!r}: is the "
+                "server's --worker-extension-cls this frlab's WeightUpdateExtension?"
+            )
+    return results
+
+
+def rpc_versions(body: Any) -> list[int | None]:
+    """Each worker's `{"version": int | None}` (`frlab_weight_version`), strictly."""
+    out = []
+    for result in rpc_dicts(body, "version"):
+        version = result["version"]
+        if version is not None and not _is_int(version):
+            raise MalformedResponse(f"weight version {version!r} is not an int or null")
+        out.append(version)
+    return out
+
+
+def rpc_flags(body: Any, key: str) -> list[bool]:
+    """Each worker's `{key: bool}`, strictly (a stringified "False" is not True)."""
+    out = []
+    for result in rpc_dicts(body, key):
+        if not isinstance(result[key], bool):
+            raise MalformedResponse(f"{key} {result[key]!r} is not a boolean")
+        out.append(result[key])
+    return out
+
+
+def rpc_answer(results: Sequence[Any] | None) -> dict[str, Any] | None:
+    """What vLLM's dev router answers for these worker results (None: an empty 200 body):
+    dicts, lists and None as they are, anything else as `str(result)`. For servers that
+    imitate vLLM (frlab.serve, test fakes)."""
+    if results is None:
+        return None
+    return {"results": [r if r is None or isinstance(r, dict | list) else str(r)
+                        for r in results]}  # fmt: skip
+
+
+def reset_succeeded(body: Any) -> bool:
+    """The `success` flag of a `/reset_prefix_cache` answer (MalformedResponse if absent)."""
+    success = body.get("success") if isinstance(body, Mapping) else None
+    if not isinstance(success, bool):
+        raise MalformedResponse(f"/reset_prefix_cache answer has no success flag: {body!r:.200}")
+    return success
+
+
+def served_logprobs_mode(body: Any) -> str:
+    """`vllm_config.model_config.logprobs_mode` of a `/server_info?config_format=json` answer."""
+    try:
+        mode = body["vllm_config"]["model_config"]["logprobs_mode"]
+    except (KeyError, TypeError) as exc:
+        raise MalformedResponse(f"/server_info answer has no logprobs_mode: {body!r:.200}") from exc
+    if not isinstance(mode, str):
+        raise MalformedResponse(f"logprobs_mode {mode!r} is not a string")
+    return mode
+
+
+def server_info(logprobs_mode: str, generation_config: str = "vllm") -> dict[str, Any]:
+    """Server side: the part of vLLM's `/server_info?config_format=json` answer frlab reads."""
+    model_config = {"logprobs_mode": logprobs_mode, "generation_config": generation_config}
+    return {"vllm_config": {"model_config": model_config}, "vllm_env": {}, "system_env": {}}
+
+
 def served_model(body: Any) -> str:
     """The first model id of a `/v1/models` answer."""
     try:
@@ -246,27 +351,28 @@ def served_model(body: Any) -> str:
 
 
 def nccl_init_request(
-    master_address: str, master_port: int, world_size: int, rank_offset: int = 1
-) -> dict[str, Any]:
-    """`POST /init_weight_transfer_engine` body (the trainer is rank 0 of the NCCL group)."""
+    master_address: str, master_port: int, world_size: int, rank_offset: int = 1,
+    packed: bool = True,
+) -> dict[str, Any]:  # fmt: skip
+    """`POST /init_weight_transfer_engine` body (the trainer is rank 0 of the NCCL group);
+    `packed` is a wire parameter of the init info, as vLLM's trainer engine sends it."""
     if int(world_size) < 2 or not 0 < int(rank_offset) < int(world_size):
         raise ValueError("NCCL weight transfer needs world_size >= 2 and 0 < rank_offset < it")
     info = {"master_address": str(master_address), "master_port": int(master_port),
-            "rank_offset": int(rank_offset), "world_size": int(world_size)}  # fmt: skip
+            "rank_offset": int(rank_offset), "world_size": int(world_size),
+            "packed": bool(packed)}  # fmt: skip
     return {"init_info": info}
 
 
-def nccl_update_request(
-    named_tensors: Sequence[tuple[str, torch.Tensor]], packed: bool = False
-) -> dict[str, Any]:
-    """`POST /update_weights` body: names, dtypes and shapes in the order they are broadcast."""
+def nccl_update_request(named_tensors: Sequence[tuple[str, torch.Tensor]]) -> dict[str, Any]:
+    """`POST /update_weights` body: names, dtypes and shapes in the order they are broadcast
+    (exactly the fields of vLLM's `NCCLWeightTransferUpdateInfo`)."""
     if not named_tensors:
         raise ValueError("nothing to send: the state dict is empty")
     names = [str(n) for n, _ in named_tensors]
     dtypes = [str(t.dtype).removeprefix("torch.") for _, t in named_tensors]
     shapes = [list(t.shape) for _, t in named_tensors]
-    return {"update_info": {"names": names, "dtype_names": dtypes, "shapes": shapes,
-                            "packed": bool(packed)}}  # fmt: skip
+    return {"update_info": {"names": names, "dtype_names": dtypes, "shapes": shapes}}
 
 
 def world_size_of(body: Any) -> int:

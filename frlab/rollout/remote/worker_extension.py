@@ -2,54 +2,67 @@
 
 vLLM's V1 engine runs its GPU workers in other processes and forwards `collective_rpc`
 calls to them; a Python callable is only shipped there with
-`VLLM_ALLOW_INSECURE_SERIALIZATION=1`, a method NAME always is. vLLM's documented in-process
-RLHF path is therefore a worker extension class: the engine is built with
-`worker_extension_cls=WORKER_EXTENSION_CLS`, vLLM mixes `WeightUpdateExtension` into its
-worker class, and the adapter calls `collective_rpc(LOAD_WEIGHTS_METHOD, args=(named, version))`.
+`VLLM_ALLOW_INSECURE_SERIALIZATION=1`, a method NAME always is. vLLM's documented RLHF path
+is therefore a worker extension class: the engine is built with
+`worker_extension_cls=WORKER_EXTENSION_CLS` (`--worker-extension-cls` for `vllm serve`) and
+vLLM mixes `WeightUpdateExtension` into its worker class (`WorkerWrapperBase.init_worker`
+appends it to the worker class's bases and refuses any attribute name the worker already has).
 
-Each worker answers with an acknowledgement (`weight_ack`): the version it now holds and a
-fingerprint (tensor count, element count, float64 sum) of the tensors it received. The
-sender compares it with the fingerprint of what it sent (`check_acks`), so a weight sync
-that was dropped, truncated or corrupted in transport is an error rather than stale weights
-under a new version number (NOTES: "weight sync silently not applied"). The ack proves the
-worker received these tensors and that the model's `load_weights` returned without error;
-it cannot compare against the served parameters, whose names differ (vLLM fuses q/k/v and
-gate/up projections).
+Weights travel as a safetensors snapshot PATH, never as tensors in the rpc arguments: vLLM
+serialises `collective_rpc` arguments to its engine-core process with its msgspec encoder
+(`vllm/v1/serial_utils.py`), and a tensor nested in the arguments arrives as an untyped
+`[dtype, shape, buffer index]` list without its buffer. `frlab_load_snapshot(path, version,
+fingerprint)` streams the file into the worker's documented reload path,
+`Worker.reload_weights(weights_iterator=..., is_checkpoint_format=True)`
+(`vllm/v1/worker/gpu_worker.py`, `GPUModelRunner.reload_weights`), which runs vLLM's
+post-load weight processing (kernels that repack weights: some MoE backends, quantised
+models); a bare `model.load_weights` would skip it. The in-process engine
+(frlab.rollout.engines.vllm) and the server fleet (frlab.rollout.remote) use the same method.
+
+Every method returns a dict: vLLM's HTTP dev endpoint `POST /collective_rpc` answers results
+that are not a dict, a list or None as `str(result)`. A load answers an acknowledgement
+(`weight_ack`): the version it now holds and a fingerprint (tensor count, element count,
+float64 sum) of the tensors it streamed into the model; the sender compares it with the
+fingerprint of what it wrote (`check_acks`), so a sync that was dropped, truncated or
+corrupted is an error rather than stale weights under a new version number. The ack cannot
+compare against the served parameters, whose names differ (vLLM fuses q/k/v and gate/up).
 
 NCCL sync (remote backend, `rollout.remote.weight_sync=nccl`): vLLM's own weight-transfer
-engine receives the broadcast and calls the served model's `load_weights`, so frlab never sees
-the tensors. Three rpcs make that verifiable: `frlab_nccl_join(token)` marks the workers of one
-NCCL group (a restarted server does not know the token and answers False to the next
-`frlab_nccl_begin(token)`), `frlab_nccl_begin` forgets the held version (the weights are about
-to change) and taps `load_weights` to fingerprint every tensor vLLM loads, and
-`frlab_commit_version(version, fingerprint)` commits the version only if what was loaded
-matches the fingerprint the learner sent (else the worker keeps no version: stale).
+engine receives the broadcast and calls the served model's `load_weights` inside its
+layerwise reload, so frlab never sees the tensors. Three rpcs make that verifiable:
+`frlab_nccl_join(token)` marks the workers of one NCCL group (a restarted server does not
+know the token and answers `{"ready": false}` to the next `frlab_nccl_begin(token)`),
+`frlab_nccl_begin` forgets the held version (the weights are about to change) and taps
+`load_weights` to fingerprint every tensor vLLM loads, and `frlab_commit_version(version,
+fingerprint)` commits the version only if what was loaded matches the learner's fingerprint
+(else the worker keeps no version: stale).
 
-This module never imports vllm (only torch): frlab imports it to share the fingerprint,
-vLLM workers import it by its qualified name. Nothing here has run inside a real vLLM
-worker (no GPU with vllm was available); the CPU tests drive it with a fake worker.
+This module never imports vllm (only torch and safetensors): frlab imports it to share the
+fingerprint, vLLM workers import it by its qualified name. The `vllm_contract` tests mix it
+into vLLM's real worker class and reload through vLLM's real `Worker.reload_weights` on CPU;
+it has not run inside a vLLM worker on a GPU.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 
 WORKER_EXTENSION_CLS = "frlab.rollout.remote.worker_extension.WeightUpdateExtension"
-LOAD_WEIGHTS_METHOD = "frlab_load_weights"
-VERSION_METHOD = "frlab_weight_version"
-SNAPSHOT_METHOD = "frlab_load_snapshot"  # remote backend: load a safetensors snapshot file
-NCCL_JOIN_METHOD = "frlab_nccl_join"  # remote backend, nccl: remember the group token
-NCCL_BEGIN_METHOD = "frlab_nccl_begin"  # ... before a broadcast: tap load_weights
-COMMIT_METHOD = "frlab_commit_version"  # ... after it: verify what was loaded, commit
+VERSION_METHOD = "frlab_weight_version"  # -> {"version": int | None}
+SNAPSHOT_METHOD = "frlab_load_snapshot"  # load a safetensors snapshot file -> weight_ack
+NCCL_JOIN_METHOD = "frlab_nccl_join"  # remote backend, nccl: the group token -> {"group"}
+NCCL_BEGIN_METHOD = "frlab_nccl_begin"  # ... before a broadcast: tap load_weights -> {"ready"}
+COMMIT_METHOD = "frlab_commit_version"  # ... after it: verify what was loaded, commit -> ack
 
 
 def as_named_tensors(named_tensors: Any) -> list[tuple[str, torch.Tensor]]:
-    """`(name, tensor)` pairs from a mapping or a sequence of pairs (vLLM's msgpack transport
-    turns tuples into lists). Raises TypeError / ValueError naming the bad entry."""
+    """`(name, tensor)` pairs from a mapping or a sequence of pairs. Raises TypeError /
+    ValueError naming the bad entry."""
     items: Iterable[Any] = (
         named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
     )
@@ -149,52 +162,86 @@ class ReceiveTap:
         return {"tensors": self.tensors, "numel": self.numel, "sum": self.sum}
 
 
+class Fingerprint:
+    """A running `weights_fingerprint` of the tensors that pass through `stream`."""
+
+    def __init__(self) -> None:
+        self.tensors, self.numel, self.sum = 0, 0, 0.0
+
+    def stream(self, named: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, Any]]:
+        for name, tensor in named:
+            self.tensors += 1
+            self.numel += int(tensor.numel())
+            self.sum += float(tensor.detach().sum(dtype=torch.float64).item())
+            yield name, tensor
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"tensors": self.tensors, "numel": self.numel, "sum": self.sum}
+
+
+def snapshot_tensors(path: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """The tensors of a safetensors file, one at a time, sorted by name (FileNotFoundError
+    naming the path at once if it is absent)."""
+    from safetensors import safe_open
+
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"weight snapshot {path} does not exist")
+
+    def tensors() -> Iterator[tuple[str, torch.Tensor]]:
+        with safe_open(str(path), framework="pt") as f:
+            for name in sorted(f.keys()):
+                yield name, f.get_tensor(name)
+
+    return tensors()
+
+
 class WeightUpdateExtension:
     """Mixed into vLLM's worker class by `worker_extension_cls`; `self` is the vLLM worker,
-    so `self.model_runner.model` is the served model (HF parameter names accepted by its
-    `load_weights`)."""
-
-    def frlab_load_weights(self, named_tensors: Any, version: int) -> dict[str, Any]:
-        """Load `named_tensors` into the served model and acknowledge `version`."""
-        weights = as_named_tensors(named_tensors)
-        self.model_runner.model.load_weights(weights=weights)  # type: ignore[attr-defined]
-        self.frlab_version = int(version)
-        self.frlab_ack = weight_ack(version, weights_fingerprint(weights))
-        return dict(self.frlab_ack)
+    whose `reload_weights(weights_iterator=..., is_checkpoint_format=True)` loads HF-named
+    checkpoint tensors and runs vLLM's post-load processing."""
 
     def frlab_load_snapshot(
         self, path: str, version: int, fingerprint: Mapping[str, Any] | None = None
     ) -> dict[str, Any]:
-        """Load the safetensors snapshot at `path` (the remote backend's filesystem sync,
-        reached through vLLM's `/collective_rpc` dev endpoint) and acknowledge `version`; if
-        this worker already holds `version` with that `fingerprint` (another learner rank
-        pushed the same weights), answer the same acknowledgement without reloading."""
-        from safetensors.torch import load_file
-
+        """Stream the safetensors snapshot at `path` into the served model through the
+        worker's reload path and acknowledge `version`; if this worker already holds
+        `version` with that `fingerprint` (another learner rank pushed the same weights),
+        answer the same acknowledgement without reloading."""
         held = getattr(self, "frlab_ack", None)
         if getattr(self, "frlab_version", None) == int(version) and same_weights(
             held, version, fingerprint
         ):
             return dict(held)
+        reload = getattr(self, "reload_weights", None)
+        if not callable(reload):
+            raise RuntimeError(
+                "this vLLM worker has no reload_weights(weights_iterator=..., "
+                "is_checkpoint_format=...): frlab needs vllm>=0.28,<0.30"
+            )
+        tensors = snapshot_tensors(str(path))
+        self.frlab_version, self.frlab_ack = None, None  # the weights are about to change
+        seen = Fingerprint()
+        reload(weights_iterator=seen.stream(tensors), is_checkpoint_format=True)
+        self.frlab_version = int(version)
+        self.frlab_ack = weight_ack(version, seen.as_dict())
+        return dict(self.frlab_ack)
 
-        return self.frlab_load_weights(sorted(load_file(str(path)).items()), version)
-
-    def frlab_nccl_join(self, token: str) -> str:
+    def frlab_nccl_join(self, token: str) -> dict[str, str]:
         """Remember the token of the NCCL group this worker has just joined."""
         self.frlab_group = str(token)
-        return self.frlab_group
+        return {"group": self.frlab_group}
 
-    def frlab_nccl_begin(self, token: str) -> bool:
-        """Before a broadcast: False (and no change) unless this worker joined group `token`;
-        else forget the held version and fingerprint what vLLM loads from now on."""
+    def frlab_nccl_begin(self, token: str) -> dict[str, bool]:
+        """Before a broadcast: not ready (and no change) unless this worker joined group
+        `token`; else forget the held version and fingerprint what vLLM loads from now on."""
         if getattr(self, "frlab_group", None) != str(token):
-            return False
+            return {"ready": False}
         self._frlab_close_tap()
         engine = getattr(self, "weight_transfer_engine", None)
-        model = getattr(engine, "model", None) or self.model_runner.model  # type: ignore[attr-defined]
+        model = getattr(engine, "model", None) or self.get_model()  # type: ignore[attr-defined]
         self.frlab_tap = ReceiveTap(model)
         self.frlab_version, self.frlab_ack = None, None
-        return True
+        return {"ready": True}
 
     def frlab_commit_version(self, version: int, fingerprint: Mapping[str, Any]) -> dict[str, Any]:
         """After a broadcast: commit `version` only if the tensors loaded since
@@ -213,6 +260,6 @@ class WeightUpdateExtension:
         self.frlab_tap = None
         return None if tap is None else tap.close()
 
-    def frlab_weight_version(self) -> int | None:
-        """The last version loaded through `frlab_load_weights` (None before the first)."""
-        return getattr(self, "frlab_version", None)
+    def frlab_weight_version(self) -> dict[str, int | None]:
+        """The version this worker holds (None before the first load, or after a failed one)."""
+        return {"version": getattr(self, "frlab_version", None)}

@@ -1,11 +1,14 @@
 """The vLLM adapter on CPU: parameter mapping, log-prob extraction from vLLM's output shapes,
 the engine's loop bridging, draining pause and by-name weight updates against a fake vLLM
-whose workers carry frlab's worker extension. Real runs need a GPU (none has happened)."""
+whose workers carry frlab's worker extension. The fake answers as vLLM 0.28/0.29 does (rules
+read from its sources, checked against its own code by tests/vllm_contract): rpc arguments
+go through a stand-in for its msgspec transport (`msgspec_transport`: a tensor arrives as a
+`[dtype, shape, buffer]` list), `reset_prefix_cache` returns a bool, the engine reports its
+`vllm_config.model_config.logprobs_mode`. Real runs need a GPU (scripts/gpu_check.sh)."""
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import importlib.util
 import subprocess
 import sys
@@ -14,6 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from vllm_testlib import FakeAsyncLLM, msgspec_transport
 
 from frlab.rollout.engine import EngineError, SamplingParams
 from frlab.rollout.engines import vllm as vllm_engine
@@ -25,9 +29,7 @@ from frlab.rollout.engines.vllm import (
     vllm_sampling_kwargs,
 )
 from frlab.rollout.remote.worker_extension import (
-    LOAD_WEIGHTS_METHOD,
-    WORKER_EXTENSION_CLS,
-    WeightUpdateExtension,
+    SNAPSHOT_METHOD,
     check_acks,
     weights_fingerprint,
 )
@@ -35,7 +37,14 @@ from frlab.rollout.remote.worker_extension import (
 
 def test_sampling_kwargs_follow_the_frlab_contract() -> None:
     kw = vllm_sampling_kwargs(SamplingParams(0.7, 1.0, 0, 12, (2, 9)), seed=5)
-    assert kw["temperature"] == 0.7 and kw["top_p"] == 1.0 and kw["top_k"] == -1
+    assert kw["temperature"] == 0.7 and kw["top_p"] == 1.0 and kw["top_k"] == 0
+    # point 5 of issue 9: nothing left for a generation config to fill, penalties neutral
+    assert (kw["repetition_penalty"], kw["presence_penalty"], kw["frequency_penalty"]) == (
+        1.0,
+        0.0,
+        0.0,
+    )
+    assert kw["min_p"] == 0.0
     assert kw["max_tokens"] == 12 and kw["stop_token_ids"] == [2, 9] and kw["seed"] == 5
     assert kw["logprobs"] == 1 and kw["ignore_eos"] is True and kw["detokenize"] is False
     assert vllm_sampling_kwargs(SamplingParams(top_k=4))["top_k"] == 4
@@ -44,22 +53,33 @@ def test_sampling_kwargs_follow_the_frlab_contract() -> None:
         vllm_sampling_kwargs(SamplingParams(temperature=0.0))
 
 
-def test_engine_kwargs_ask_for_processed_log_probs_and_the_worker_extension() -> None:
-    fields = ["model", "seed", "logprobs_mode", "worker_extension_cls"]
+def test_engine_kwargs_fix_processed_log_probs_the_extension_and_neutral_defaults() -> None:
+    fields = ["model", "seed", "logprobs_mode", "worker_extension_cls", "generation_config"]
     kw = vllm_engine_kwargs("m", fields, seed=1)
     assert kw == {
         "model": "m",
         "seed": 1,
         "logprobs_mode": "processed_logprobs",
         "worker_extension_cls": "frlab.rollout.remote.worker_extension.WeightUpdateExtension",
+        "generation_config": "vllm",
     }
-    assert "logprobs_mode" not in vllm_engine_kwargs("m", ["model", "worker_extension_cls"])
     with pytest.raises(ValueError, match="gpu_mem"):
         vllm_engine_kwargs("m", fields, gpu_mem=0.5)
-    with pytest.raises(ValueError, match="worker_extension_cls"):
-        vllm_engine_kwargs("m", ["model", "logprobs_mode"])  # a vLLM without the field
+    for missing in ("worker_extension_cls", "logprobs_mode", "generation_config"):
+        with pytest.raises(ValueError, match=f"no AsyncEngineArgs.{missing}"):
+            vllm_engine_kwargs("m", [f for f in fields if f != missing])  # refuse, not skip
     with pytest.raises(ValueError, match="by name"):
         vllm_engine_kwargs("m", fields, worker_extension_cls="other.Ext")
+
+
+@pytest.mark.parametrize(
+    ("key", "value"), [("logprobs_mode", "raw_logprobs"), ("generation_config", "auto")]
+)
+def test_engine_args_cannot_override_what_the_log_probs_mean(key: str, value: str) -> None:
+    """`rollout.vllm_engine_args` cannot switch off processed log-probs or bring back the
+    model's generation config: refused at construction, naming the key."""
+    with pytest.raises(ValueError, match=f"rollout.vllm_engine_args.{key}"):
+        VLLMEngine("m", **{key: value})
 
 
 def Logprob(value: float) -> SimpleNamespace:  # noqa: N802 - mirrors vllm.logprobs.Logprob
@@ -99,89 +119,14 @@ def test_generation_result_maps_finish_reasons() -> None:
         generation_result(completion([4], "abort"), [0])
 
 
-# -- a fake vLLM: enough of AsyncLLM to drive the adapter's threads and weight path ------------
-@dataclasses.dataclass
-class FakeArgs:
-    model: str
-    seed: int = 0
-    logprobs_mode: str = "raw_logprobs"
-    worker_extension_cls: str = ""
-
-
-class FakeModel:
-    def __init__(self) -> None:
-        self.loaded: list[dict[str, torch.Tensor]] = []
-
-    def load_weights(self, weights):
-        self.loaded.append(dict(weights))
-        return {name for name, _ in weights}
-
-
-class FakeWorker(WeightUpdateExtension):
-    """What vLLM builds from `worker_extension_cls`: its worker class with the extension."""
-
-    def __init__(self) -> None:
-        self.model_runner = SimpleNamespace(model=FakeModel())
-
-
-def msgpack_like(value):
-    """vLLM's transport to its worker processes: tuples arrive as lists, tensors as copies."""
-    if isinstance(value, tuple | list):
-        return [msgpack_like(v) for v in value]
-    return value.clone() if isinstance(value, torch.Tensor) else value
-
-
-class FakeAsyncLLM:
-    instances: list[FakeAsyncLLM] = []
-
-    def __init__(self, args: FakeArgs) -> None:
-        self.args, self.shut, self.rpc_calls, self.events = args, False, [], []
-        self.workers = [FakeWorker(), FakeWorker()]  # two tensor-parallel ranks
-        self.release: threading.Event | None = None  # when set, requests wait for it
-        self.corrupt = False
-        FakeAsyncLLM.instances.append(self)
-
-    @classmethod
-    def from_engine_args(cls, args: FakeArgs) -> FakeAsyncLLM:
-        assert args.worker_extension_cls == WORKER_EXTENSION_CLS
-        return cls(args)
-
-    async def generate(self, prompt, sampling, request_id):
-        tokens = []
-        self.events.append(("start", request_id))
-        for step in range(sampling["max_tokens"]):
-            tokens.append(prompt["prompt_token_ids"][-1] + step + 1)
-            await asyncio.sleep(0)
-            while step == 0 and self.release is not None and not self.release.is_set():
-                await asyncio.sleep(0.001)
-            done = step == sampling["max_tokens"] - 1
-            yield SimpleNamespace(outputs=[completion(list(tokens), "length" if done else None)])
-        self.events.append(("finish", request_id))
-
-    async def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
-        if not isinstance(method, str):  # V1 refuses callables without insecure serialisation
-            raise TypeError("collective_rpc callables need VLLM_ALLOW_INSECURE_SERIALIZATION=1")
-        self.rpc_calls.append((method, args))
-        self.events.append(("rpc", method))
-        sent = msgpack_like(args)
-        if self.corrupt:
-            sent[0] = sent[0][:-1]
-        return [getattr(w, method)(*sent, **(kwargs or {})) for w in self.workers]
-
-    async def reset_prefix_cache(self):
-        self.events.append(("reset", None))
-        return True
-
-    def shutdown(self):
-        self.shut = True
-
-
 @pytest.fixture
 def fake_vllm(monkeypatch):
     FakeAsyncLLM.instances.clear()
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
     ns = SimpleNamespace(
         AsyncLLMEngine=FakeAsyncLLM,
-        AsyncEngineArgs=FakeArgs,
+        AsyncEngineArgs=FakeAsyncLLM.Args,
         SamplingParams=dict,
         TokensPrompt=dict,
     )
@@ -196,6 +141,7 @@ def test_engine_bridges_loops_and_updates_weights_by_method_name(fake_vllm) -> N
     try:
         fake = FakeAsyncLLM.instances[0]
         assert fake.args.logprobs_mode == "processed_logprobs" and fake.args.seed == 3
+        assert fake.args.generation_config == "vllm"
         res = asyncio.run(engine.generate([1, 10], SamplingParams(max_new_tokens=3)))
         assert (
             res.token_ids == [11, 12, 13]
@@ -204,15 +150,15 @@ def test_engine_bridges_loops_and_updates_weights_by_method_name(fake_vllm) -> N
         )
         assert res.log_probs == pytest.approx([-0.1, -0.2, -0.3])
         engine.update_weights({"w": torch.ones(2), "b": torch.tensor([0.5])}, version=4)
-        assert [(m, a[1]) for m, a in fake.rpc_calls] == [(LOAD_WEIGHTS_METHOD, 4)]
+        assert [(m, a[1]) for m, a in fake.rpc_calls] == [(SNAPSHOT_METHOD, 4)]
         assert engine.version == 4
         for worker in fake.workers:
-            (loaded,) = worker.model_runner.model.loaded
-            assert torch.equal(loaded["w"], torch.ones(2)) and torch.equal(
-                loaded["b"], torch.tensor([0.5])
-            )
-            assert worker.frlab_weight_version() == 4
-        assert fake.events[-2:] == [("rpc", LOAD_WEIGHTS_METHOD), ("reset", None)]
+            params = worker.get_model().params
+            assert torch.equal(params["w"], torch.ones(2))
+            assert torch.equal(params["b"], torch.tensor([0.5]))
+            assert worker.frlab_weight_version() == {"version": 4}
+            assert worker.reloads == [True]  # Worker.reload_weights(is_checkpoint_format=True)
+        assert fake.events[-2:] == [("rpc", SNAPSHOT_METHOD), ("reset", None)]
         res = asyncio.run(engine.generate([5], SamplingParams(max_new_tokens=2)))
         assert res.versions == [4, 4]
     finally:
@@ -293,7 +239,7 @@ def test_a_bad_worker_ack_fails_the_update_and_the_engine(fake_vllm) -> None:
     engine = VLLMEngine("m")
     engine.start()
     try:
-        FakeAsyncLLM.instances[0].corrupt = True  # the workers receive one tensor fewer
+        FakeAsyncLLM.instances[0].corrupt = True  # the workers ack another fingerprint
         with pytest.raises(EngineError, match="different weights"):
             engine.update_weights({"a": torch.ones(2), "b": torch.ones(3)}, version=1)
         assert engine.version == 0
@@ -301,6 +247,84 @@ def test_a_bad_worker_ack_fails_the_update_and_the_engine(fake_vllm) -> None:
             asyncio.run(engine.generate([1], SamplingParams(max_new_tokens=1)))
     finally:
         engine.shutdown()
+
+
+def test_weights_survive_vllms_rpc_transport(fake_vllm) -> None:
+    """Point 1 of issue 9: `collective_rpc` arguments reach vLLM's engine-core process through
+    its msgspec encoder (vllm/v1/serial_utils.py MsgpackEncoder; decoded untyped by
+    EngineCoreProc's generic decoder): a tensor in the arguments arrives as a `[dtype, shape,
+    buffer index]` list without its buffer. The engine sends a snapshot path instead."""
+    engine = VLLMEngine("m")
+    engine.start()
+    try:
+        fake = FakeAsyncLLM.instances[0]
+        engine.update_weights({"w": torch.arange(4.0), "b": torch.tensor([-1.0])}, version=2)
+        ((method, args),) = fake.rpc_calls
+        assert method == SNAPSHOT_METHOD and msgspec_transport(args) == list(args)
+        assert all(not isinstance(a, torch.Tensor) for a in args)
+        for worker in fake.workers:
+            assert torch.equal(worker.get_model().params["w"], torch.arange(4.0))
+        res = asyncio.run(engine.generate([1], SamplingParams(max_new_tokens=1)))
+        assert res.versions == [2]
+    finally:
+        engine.shutdown()
+
+
+@pytest.mark.parametrize("answer", [None, False])
+def test_a_prefix_cache_reset_without_success_fails_the_update(fake_vllm, answer) -> None:
+    """`AsyncLLM.reset_prefix_cache` returns a bool (vllm/v1/engine/async_llm.py); anything
+    but True leaves KV of the old weights in the cache."""
+    engine = VLLMEngine("m")
+    engine.start()
+    try:
+        FakeAsyncLLM.instances[0].reset_answer = answer
+        with pytest.raises(EngineError, match="prefix-cache reset"):
+            engine.update_weights({"w": torch.ones(1)}, version=1)
+    finally:
+        engine.shutdown()
+
+
+def test_an_engine_that_reports_raw_log_probs_is_refused(fake_vllm, monkeypatch) -> None:
+    monkeypatch.setattr(FakeAsyncLLM, "served_mode", "raw_logprobs")
+    engine = VLLMEngine("m")
+    with pytest.raises(EngineError, match="logprobs_mode='raw_logprobs'"):
+        engine.start()
+    assert FakeAsyncLLM.instances[0].shut  # nothing left running
+
+
+@pytest.mark.parametrize(
+    ("local_rank", "inherited", "expected"), [("0", None, "0"), ("1", None, "1"), ("1", "4,6", "6")]
+)
+def test_each_rank_starts_its_engine_on_its_own_gpu(
+    fake_vllm, monkeypatch, local_rank, inherited, expected
+) -> None:
+    """Point 7 of issue 9: vLLM's single-GPU engine core uses cuda:0 of what it sees
+    (vllm/v1/worker/gpu_worker.py Worker.init_device), so every rank's engine landed on GPU 0.
+    The engine-core process is started with only this rank's GPU visible."""
+    monkeypatch.setenv("LOCAL_RANK", local_rank)
+    if inherited is not None:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", inherited)
+    engine = VLLMEngine("m")
+    engine.start()
+    try:
+        assert FakeAsyncLLM.instances[0].visible_at_start == expected
+    finally:
+        engine.shutdown()
+    import os
+
+    assert os.environ.get("CUDA_VISIBLE_DEVICES") == inherited  # restored
+
+
+def test_rank_visible_devices() -> None:
+    from frlab.rollout.engines.vllm_args import engine_visible_devices, rank_visible_devices
+
+    assert rank_visible_devices(0, None) == "0" and rank_visible_devices(2, "") == "2"
+    assert rank_visible_devices(1, "3, 5") == "5"
+    with pytest.raises(EngineError, match="CUDA_VISIBLE_DEVICES"):
+        rank_visible_devices(2, "3,5")
+    assert engine_visible_devices(0, {"tensor_parallel_size": 2}) is None  # spans GPUs 0..1
+    with pytest.raises(EngineError, match="tensor/pipeline"):
+        engine_visible_devices(1, {"tensor_parallel_size": 2})
 
 
 def test_check_acks_names_what_went_wrong() -> None:
@@ -316,22 +340,19 @@ def test_check_acks_names_what_went_wrong() -> None:
         check_acks([None], 2, sent)
 
 
-def test_worker_extension_loads_by_name_and_acknowledges() -> None:
+def test_worker_extension_streams_a_snapshot_and_acknowledges(tmp_path) -> None:
+    from vllm_worker_testlib import FakeWorker
+
+    from frlab.rollout.remote.snapshot import write_snapshot
+
     worker = FakeWorker()
-    weights = [("w", torch.arange(4.0)), ("b", torch.tensor([-1.0]))]
-    ack = worker.frlab_load_weights(msgpack_like(weights), 7)
+    weights = {"w": torch.arange(4.0), "b": torch.tensor([-1.0])}
+    path, sent = write_snapshot(weights, tmp_path, 7)
+    ack = worker.frlab_load_snapshot(*msgspec_transport((str(path), 7, sent)))
     assert ack == {"version": 7, "tensors": 2, "numel": 5, "sum": 5.0}
-    assert ack == {"version": 7, **weights_fingerprint(weights)}
-    assert list(worker.model_runner.model.loaded[0]) == ["w", "b"]
-    assert worker.frlab_weight_version() == 7
-    assert worker.frlab_load_weights({"w": torch.ones(1)}, 8)["version"] == 8
-    with pytest.raises(TypeError, match="'w' is list"):
-        worker.frlab_load_weights([("w", [1.0])], 9)
-    with pytest.raises(TypeError, match="entry 0"):
-        worker.frlab_load_weights([(3, torch.ones(1))], 9)
-    with pytest.raises(ValueError, match="empty"):
-        worker.frlab_load_weights([], 9)
-    assert worker.frlab_weight_version() == 8
+    assert ack == {"version": 7, **weights_fingerprint(list(weights.items()))}
+    assert list(worker.get_model().params) == ["b", "w"]  # streamed in name order
+    assert worker.frlab_weight_version() == {"version": 7}
 
 
 def test_generate_before_start_is_a_clear_error() -> None:

@@ -6,11 +6,18 @@ nccl_engine}` modules into `sys.modules`, shaped like vLLM 0.28/0.29's trainer A
 source=)`, `send_weights()`, `shutdown()`). The fake "broadcast" puts the source's tensors on
 `WIRE[master_port]`, then drives the client like vLLM does (start, update, finish).
 
-`FakeVllmServer` is an HTTP server on a thread with vLLM's routes the remote engine uses; each
-of its workers is a real `WeightUpdateExtension` on a fake model whose `load_weights` keeps
-copies. `/update_weights` "receives" the wire's tensors and loads them on every worker, so
-the frlab rpcs (join, begin, commit, version) run unchanged. Every request is logged to
-`EVENTS` as (what, server url, detail).
+`FakeVllmServer` is an HTTP server on a thread with vLLM's routes the remote engine uses,
+answering as vLLM 0.28/0.29 does (read from its sources; the `vllm_contract` tier checks the
+same rules against vLLM's own code): `GET /health` 200 with an EMPTY body; `POST
+/collective_rpc` results through vLLM's router rule (dicts, lists and None as they are,
+anything else as `str(result)`: `vllm_router_answer`); `POST /reset_prefix_cache` ->
+`{"success": bool}`; `GET /server_info` -> the config's `logprobs_mode`; init and update infos
+parsed with exactly the fields of vLLM's `NCCLWeightTransferInitInfo` /
+`NCCLWeightTransferUpdateInfo` (any other key is a worker error: HTTP 500). Each of its
+workers is a real `WeightUpdateExtension` on a fake worker whose `reload_weights` loads into
+a fake model keeping copies. `/update_weights` "receives" the wire's tensors and loads them
+on every worker, so the frlab rpcs (join, begin, commit, version) run unchanged. Every
+request is logged to `EVENTS` as (what, server url, detail).
 """
 
 from __future__ import annotations
@@ -26,9 +33,15 @@ from typing import Any
 
 import pytest
 import torch
+from vllm_worker_testlib import (  # noqa: F401 (FakeModel, FakeWorker re-exported)
+    FakeModel,
+    FakeWorker,
+    fake_worker,
+    vllm_router_answer,
+    vllm_server_info,
+)
 
 from frlab.rollout.remote import protocol as proto
-from frlab.rollout.remote.worker_extension import WeightUpdateExtension
 
 WIRE: dict[int, list[tuple[str, torch.Tensor]]] = {}
 EVENTS: list[tuple[str, str, Any]] = []
@@ -36,24 +49,21 @@ TOKENS = [7, 8]
 LOG_PROBS = [-0.5, -0.25]
 
 
-class FakeModel:
-    """The served model: `load_weights` keeps a copy of every tensor it is given."""
-
-    def __init__(self) -> None:
-        self.params: dict[str, torch.Tensor] = {}
-
-    def load_weights(self, weights: Any) -> set[str]:
-        for name, tensor in weights:
-            self.params[name] = tensor.detach().clone()
-        return {name for name, _ in weights}
+# vLLM's worker-side NCCL info fields (vllm/distributed/weight_transfer/nccl_common.py
+# NCCLWeightTransferInitInfo, nccl_engine.py NCCLWeightTransferUpdateInfo): a dict with any
+# other key fails `parse_init_info` / `parse_update_info` (a TypeError turned ValueError).
+INIT_FIELDS = {"master_address", "master_port", "rank_offset", "world_size", "packed",
+               "packed_buffer_size_bytes", "packed_num_buffers"}  # fmt: skip
+INIT_REQUIRED = {"master_address", "master_port", "rank_offset", "world_size"}
+UPDATE_FIELDS = {"names", "dtype_names", "shapes"}
 
 
-def fake_worker() -> WeightUpdateExtension:
-    worker = WeightUpdateExtension()
-    model = FakeModel()
-    worker.model_runner = types.SimpleNamespace(model=model)  # type: ignore[attr-defined]
-    worker.weight_transfer_engine = types.SimpleNamespace(model=model)  # type: ignore[attr-defined]
-    return worker
+def parse_info(info: dict[str, Any], fields: set[str], required: set[str]) -> dict[str, Any]:
+    """What `WeightTransferEngine.parse_*_info` accepts: exactly the dataclass's fields."""
+    extra, missing = set(info) - fields, required - set(info)
+    if extra or missing:
+        raise ValueError(f"Invalid info: unexpected {sorted(extra)}, missing {sorted(missing)}")
+    return info
 
 
 class FakeVllmServer:
@@ -65,6 +75,8 @@ class FakeVllmServer:
         self.corrupt = False  # add 1 to the first received tensor
         self.version_lie: int | None = None  # answer frlab_weight_version with this
         self.down = False  # answer every request with HTTP 503
+        self.logprobs_mode = "processed_logprobs"
+        self.reset_ok = True  # what /reset_prefix_cache reports
         self.master_port: int | None = None
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
@@ -84,7 +96,9 @@ class FakeVllmServer:
 
     def get(self, path: str) -> Any:
         if path == proto.HEALTH:
-            return {}
+            return b""  # vLLM: 200, empty body
+        if path == "/server_info":
+            return vllm_server_info(self.logprobs_mode)
         if path == proto.MODELS:
             return {"object": "list", "data": [{"id": "fake", "object": "model"}]}
         if path == proto.WORLD_SIZE:
@@ -95,10 +109,13 @@ class FakeVllmServer:
         EVENTS.append((path, self.url, body))
         if path == proto.COLLECTIVE_RPC:
             return self.rpc(body["method"], body.get("args", []))
+        if path == proto.RESET_PREFIX_CACHE:
+            return {"success": self.reset_ok}
         if path == proto.INIT_WEIGHT_TRANSFER:
-            self.master_port = int(body["init_info"]["master_port"])
+            info = parse_info(body["init_info"], INIT_FIELDS, INIT_REQUIRED)
+            self.master_port = int(info["master_port"])
         elif path == proto.UPDATE_WEIGHTS:
-            self.receive(body["update_info"])
+            self.receive(parse_info(body["update_info"], UPDATE_FIELDS, UPDATE_FIELDS))
         elif path == proto.COMPLETIONS:
             answer = proto.completion_response("fake", body["prompt"], TOKENS, LOG_PROBS,
                                                [0, 0], "length", "r")  # fmt: skip
@@ -108,8 +125,8 @@ class FakeVllmServer:
 
     def rpc(self, method: str, args: list[Any]) -> Any:
         if method == "frlab_weight_version" and self.version_lie is not None:
-            return {"results": [self.version_lie] * self.n_workers}
-        return {"results": [getattr(w, method)(*args) for w in self.workers]}
+            return vllm_router_answer([{"version": self.version_lie}] * self.n_workers)
+        return vllm_router_answer([getattr(w, method)(*args) for w in self.workers])
 
     def receive(self, info: dict[str, Any]) -> None:
         """The workers' side of the broadcast: what the update info declares, from the wire."""
@@ -146,7 +163,7 @@ def _handler(server: FakeVllmServer) -> type[BaseHTTPRequestHandler]:
                 self._answer(500, {"error": repr(exc)})
 
         def _answer(self, status: int, body: Any) -> None:
-            data = json.dumps(body).encode()
+            data = body if isinstance(body, bytes) else json.dumps(body).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
@@ -199,7 +216,8 @@ class FakeTrainerEngine:
         EVENTS.append(("trainer_init", "", init_info))
         worker_info = {"master_address": init_info.master_address,
                        "master_port": init_info.master_port, "rank_offset": 1,
-                       "world_size": init_info.world_size, "packed": init_info.packed}  # fmt: skip
+                       "world_size": init_info.world_size, "packed": init_info.packed,
+                       "packed_buffer_size_bytes": 1 << 30, "packed_num_buffers": 2}  # fmt: skip
         client.init_weight_transfer_engine(worker_info)
         return cls(init_info, client, source)
 

@@ -184,8 +184,8 @@ def test_a_private_engine_with_several_ranks_pushes_without_collectives() -> Non
 def test_the_vllm_worker_deduplicates_a_push_of_the_weights_it_holds(tmp_path: Path) -> None:
     loads: list[int] = []
     worker = WeightUpdateExtension()
-    worker.model_runner = SimpleNamespace(
-        model=SimpleNamespace(load_weights=lambda weights: loads.append(len(weights)))
+    worker.reload_weights = lambda weights_iterator, is_checkpoint_format: loads.append(
+        len(list(weights_iterator))
     )
     state = {"w": torch.full((3,), 2.0), "v": torch.ones(1)}
     path0, fp = write_snapshot(state, tmp_path / "rank0", 5)
@@ -196,7 +196,7 @@ def test_the_vllm_worker_deduplicates_a_push_of_the_weights_it_holds(tmp_path: P
     other, fp_other = write_snapshot({**state, "v": torch.zeros(1)}, tmp_path / "rank1", 6)
     worker.frlab_load_snapshot(str(other), 6, fp_other)  # a new version: loads
     worker.frlab_load_snapshot(str(path0), 5, fp)  # back to v5 (a resumed run): loads
-    assert loads == [2, 2, 2, 2] and worker.frlab_weight_version() == 5
+    assert loads == [2, 2, 2, 2] and worker.frlab_weight_version() == {"version": 5}
 
 
 def test_same_weights_needs_the_version_and_the_fingerprint() -> None:

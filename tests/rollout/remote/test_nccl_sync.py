@@ -73,7 +73,7 @@ def generate(engine: RemoteEngine) -> Any:
 
 
 def held(server: FakeVllmServer) -> list[dict[str, torch.Tensor]]:
-    return [w.model_runner.model.params for w in server.workers]
+    return [w.get_model().params for w in server.workers]
 
 
 def events(path: str) -> list[tuple[str, Any]]:
@@ -102,7 +102,9 @@ def test_start_forms_one_group_over_the_fleet_and_sends_the_exact_weights(
             for params in held(server):
                 for name, tensor in weights(0).items():
                     assert torch.equal(params[name], tensor)
-            assert [w.frlab_weight_version() for w in server.workers] == [0] * server.n_workers
+            assert [w.frlab_weight_version()["version"] for w in server.workers] == [
+                0
+            ] * server.n_workers
         assert [s.state for s in engine.servers] == ["ok", "ok"]
         assert [s.version for s in engine.servers] == [0, 0]
     assert ("trainer_shutdown", "", 29500) in EVENTS
@@ -148,7 +150,7 @@ def test_a_server_with_the_wrong_weights_or_version_is_refused_as_stale(
         assert [s.state for s in engine.servers] == ["ok", "stale"]
         assert engine.stats()["stale_refusals"] >= 1
         if fault == "corrupt":  # the worker did not commit what it received
-            assert [w.frlab_weight_version() for w in b.workers] == [None]
+            assert [w.frlab_weight_version()["version"] for w in b.workers] == [None]
         for _ in range(3):
             assert generate(engine).versions == [1, 1]
         assert len({url for url, _ in events(proto.COMPLETIONS)}) == 1  # only server a
@@ -172,7 +174,7 @@ def test_a_restarted_server_stays_out_until_the_next_sync_re_forms_the_group(
         inits = [e[2] for e in EVENTS if e[0] == "trainer_init"]
         assert [i.master_port for i in inits] == [29500, 29501]  # a new group, next port
         assert [s.state for s in engine.servers] == ["ok", "ok"]
-        assert [w.frlab_weight_version() for w in b.workers] == [1]
+        assert [w.frlab_weight_version()["version"] for w in b.workers] == [1]
         assert torch.equal(held(b)[0]["embed.weight"], weights(1)["embed.weight"])
 
 
@@ -206,7 +208,7 @@ def test_with_a_snapshot_dir_a_restarted_server_loads_the_latest_snapshot(
         b.restart()
         engine.servers[1].state = "dead"
         wait_until(lambda: engine.servers[1].state == "ok")
-        assert [w.frlab_weight_version() for w in b.workers] == [1]
+        assert [w.frlab_weight_version()["version"] for w in b.workers] == [1]
         assert torch.equal(held(b)[0]["norm.weight"], weights(1)["norm.weight"])
         assert len([e for e in EVENTS if e[0] == "trainer_init"]) == 1  # no NCCL for it yet
     finally:
@@ -222,7 +224,7 @@ def test_a_failed_broadcast_commits_nothing_and_the_next_sync_forms_a_new_group(
         engine.update_weights(weights(1), 1)
         assert not rpcs("frlab_commit_version")  # nothing to commit after a failed send
         assert [s.state for s in engine.servers] == ["stale", "stale"]
-        assert all(w.frlab_weight_version() is None for s in servers for w in s.workers)
+        assert all(w.frlab_weight_version()["version"] is None for s in servers for w in s.workers)
         FakeTrainerEngine.fail_send = False
         engine.update_weights(weights(2), 2)
         assert [e[2].master_port for e in EVENTS if e[0] == "trainer_init"] == [29501]

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
+from vllm_worker_testlib import FakeWorker
 
 from frlab.rollout.callbacks import rollout_metrics
 from frlab.rollout.engine import SamplingParams
@@ -20,7 +20,7 @@ from frlab.rollout.remote.snapshot import (
     snapshot_path,
     write_snapshot,
 )
-from frlab.rollout.remote.worker_extension import WeightUpdateExtension, check_acks
+from frlab.rollout.remote.worker_extension import check_acks
 
 # The shape vLLM's OpenAI server documents for /v1/completions with logprobs=1,
 # return_token_ids and return_tokens_as_token_ids (no frlab_versions: that is frlab.serve's).
@@ -47,15 +47,30 @@ def test_completion_request_uses_vllm_field_names() -> None:
     body = proto.completion_request("m", [1, 2], SamplingParams(0.7, 1.0, 0, 12, (2, 9)), seed=5)
     assert body == {
         "model": "m", "prompt": [1, 2], "n": 1, "stream": False, "max_tokens": 12,
-        "temperature": 0.7, "top_p": 1.0, "top_k": -1, "stop_token_ids": [2, 9],
+        "temperature": 0.7, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0,
+        "presence_penalty": 0.0, "frequency_penalty": 0.0, "stop_token_ids": [2, 9],
         "ignore_eos": True, "logprobs": 1, "return_token_ids": True,
         "return_tokens_as_token_ids": True, "skip_special_tokens": False, "seed": 5,
     }  # fmt: skip
     prompt, params = proto.sampling_from_request(body)
     assert prompt == [1, 2] and params == SamplingParams(0.7, 1.0, 0, 12, (2, 9), seed=5)
-    for bad in ({"prompt": "text"}, {"prompt": []}, {"prompt": [1], "n": 2}):
+    for bad in ({"prompt": "text"}, {"prompt": []}, {"prompt": [1], "n": 2},
+                {"prompt": [1], "repetition_penalty": 1.1}):  # fmt: skip
         with pytest.raises(ValueError):
             proto.sampling_from_request(bad)
+
+
+def test_every_sampling_field_a_server_default_could_fill_is_sent() -> None:
+    """Point 5 of issue 9: `vllm serve` defaults to `--generation-config auto`, and vLLM's
+    `CompletionRequest.to_sampling_params` (vllm/entrypoints/openai/completion/protocol.py)
+    takes repetition_penalty, temperature, top_p, top_k and min_p from the model's
+    generation_config.json whenever the request leaves them unset (None). So each must be
+    sent, neutral unless frlab samples with it; the OpenAI-side penalties too."""
+    body = proto.completion_request("m", [1], SamplingParams(), seed=None)
+    defaults_could_fill = ("repetition_penalty", "temperature", "top_p", "top_k", "min_p")
+    assert all(body.get(k) is not None for k in defaults_could_fill)
+    assert (body["repetition_penalty"], body["min_p"], body["top_k"]) == (1.0, 0.0, 0)
+    assert (body["presence_penalty"], body["frequency_penalty"]) == (0.0, 0.0)
 
 
 def test_parse_a_vllm_answer_without_versions_and_one_with_ids_only_as_tokens() -> None:
@@ -105,15 +120,64 @@ def test_control_plane_bodies() -> None:
         proto.rpc_results({"error": "no dev mode"})
     assert proto.served_model({"object": "list", "data": [{"id": "q"}]}) == "q"
     assert proto.nccl_init_request("10.0.0.1", 29500, 3) == {"init_info": {
-        "master_address": "10.0.0.1", "master_port": 29500, "rank_offset": 1, "world_size": 3
+        "master_address": "10.0.0.1", "master_port": 29500, "rank_offset": 1, "world_size": 3,
+        "packed": True,
     }}  # fmt: skip
     with pytest.raises(ValueError, match="world_size"):
         proto.nccl_init_request("h", 1, 1)
+
+
+def test_the_nccl_update_body_has_exactly_the_fields_vllm_parses() -> None:
+    """Point 4 of issue 9: vLLM's `NCCLWeightTransferUpdateInfo`
+    (vllm/distributed/weight_transfer/nccl_engine.py) has exactly names, dtype_names, shapes;
+    `WeightTransferEngine.parse_update_info` refuses any other key, and `packed` is a field of
+    the INIT info (`NCCLWeightTransferInitInfo`, nccl_common.py)."""
+    from nccl_testlib import INIT_FIELDS, INIT_REQUIRED, UPDATE_FIELDS, parse_info
+
     named = [("a.weight", torch.zeros(2, 3, dtype=torch.bfloat16)), ("b", torch.zeros(4))]
-    assert proto.nccl_update_request(named) == {"update_info": {
+    update = proto.nccl_update_request(named)["update_info"]
+    assert parse_info(update, UPDATE_FIELDS, UPDATE_FIELDS) == {
         "names": ["a.weight", "b"], "dtype_names": ["bfloat16", "float32"],
-        "shapes": [[2, 3], [4]], "packed": False,
-    }}  # fmt: skip
+        "shapes": [[2, 3], [4]],
+    }  # fmt: skip
+    init = proto.nccl_init_request("10.0.0.1", 29500, 3, packed=False)["init_info"]
+    assert parse_info(init, INIT_FIELDS, INIT_REQUIRED)["packed"] is False
+
+
+def test_rpc_answers_are_parsed_strictly_as_vllm_sends_them() -> None:
+    """Point 2 of issue 9: vLLM's dev router (vllm/entrypoints/serve/dev/rpc/api_router.py,
+    `collective_rpc`) sends results that are not a dict, list or None as `str(result)`: a
+    version 3 arrives as "3" and never equals 3, False as the truthy "False". frlab's worker
+    methods answer dicts and the client parses them strictly."""
+    assert proto.rpc_answer([3, False, None, {"a": 1}, [2]]) == {
+        "results": ["3", "False", None, {"a": 1}, [2]]
+    }
+    assert proto.rpc_answer(None) is None  # vLLM: an empty 200 body
+    assert proto.rpc_versions(proto.rpc_answer([{"version": 3}, {"version": None}])) == [3, None]
+    assert proto.rpc_flags(proto.rpc_answer([{"ready": False}]), "ready") == [False]
+    for bad in (proto.rpc_answer([3]), {"results": [{"version": "3"}]},
+                {"results": [{"version": True}]}, {"results": [{"v": 3}]}):  # fmt: skip
+        with pytest.raises(proto.MalformedResponse):
+            proto.rpc_versions(bad)
+    with pytest.raises(proto.MalformedResponse):
+        proto.rpc_flags(proto.rpc_answer([False]), "ready")  # "False": not a flag
+    with pytest.raises(proto.MalformedResponse):
+        proto.rpc_flags({"results": [{"ready": "False"}]}, "ready")
+
+
+def test_reset_and_server_info_answers() -> None:
+    """vLLM's `/reset_prefix_cache` answers `{"success": bool}`
+    (vllm/entrypoints/serve/dev/cache/api_router.py); `/server_info?config_format=json`
+    dumps the VllmConfig (vllm/entrypoints/serve/dev/server_info/api_router.py)."""
+    assert proto.reset_succeeded({"success": True}) is True
+    assert proto.reset_succeeded({"success": False}) is False
+    for bad in ({}, {"success": "true"}, None):
+        with pytest.raises(proto.MalformedResponse):
+            proto.reset_succeeded(bad)
+    info = proto.server_info("processed_logprobs")
+    assert proto.served_logprobs_mode(info) == "processed_logprobs"
+    with pytest.raises(proto.MalformedResponse):
+        proto.served_logprobs_mode({"vllm_config": "ModelConfig(...)"})  # config_format=text
 
 
 def test_snapshots_are_written_whole_tied_tensors_included_and_pruned(tmp_path: Path) -> None:
@@ -137,17 +201,21 @@ def test_snapshots_are_written_whole_tied_tensors_included_and_pruned(tmp_path: 
 def test_the_vllm_worker_extension_loads_a_snapshot_and_acks_its_fingerprint(
     tmp_path: Path,
 ) -> None:
-    loaded: list = []
-    worker = WeightUpdateExtension()
-    worker.model_runner = SimpleNamespace(
-        model=SimpleNamespace(load_weights=lambda weights: loaded.extend(weights))
-    )
+    """Point 6 of issue 9: the load goes through the worker's documented reload path,
+    `Worker.reload_weights(weights_iterator=..., is_checkpoint_format=True)`
+    (vllm/v1/worker/gpu_worker.py), which runs vLLM's post-load processing."""
+    worker = FakeWorker()
     path, fingerprint = write_snapshot(
         {"w": torch.full((3,), 2.0), "v": torch.ones(1)}, tmp_path, 4
     )
     ack = worker.frlab_load_snapshot(str(path), 4)
     check_acks([ack], 4, fingerprint)
-    assert [name for name, _ in loaded] == ["v", "w"] and worker.frlab_weight_version() == 4
+    assert worker.reloads == [True]  # is_checkpoint_format=True
+    assert sorted(worker.get_model().params) == ["v", "w"]
+    assert worker.frlab_weight_version() == {"version": 4}
+    with pytest.raises(FileNotFoundError):
+        worker.frlab_load_snapshot(str(tmp_path / "v9/model.safetensors"), 9)
+    assert worker.frlab_weight_version() == {"version": 4}  # nothing started: still v4
 
 
 def test_engine_counters_become_rollout_metrics() -> None:

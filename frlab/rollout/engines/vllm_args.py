@@ -1,0 +1,160 @@
+"""The pure, CPU-testable half of the `vllm` engine adapter (frlab.rollout.engines.vllm): the
+keyword arguments frlab gives vLLM's `SamplingParams` and `AsyncEngineArgs`, the check of the
+built engine's log-prob mode, and the choice of this learner rank's GPU. Never imports vllm.
+
+The `vllm_contract` tier builds vLLM's own `SamplingParams` and `AsyncEngineArgs` from these
+keywords (vllm/sampling_params.py, vllm/engine/arg_utils.py) on CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+import torch
+
+from frlab.rollout.engine import EngineError, SamplingParams
+from frlab.rollout.remote.worker_extension import WORKER_EXTENSION_CLS
+
+PROCESSED_LOGPROBS = "processed_logprobs"
+
+
+def vllm_sampling_kwargs(params: SamplingParams, *, seed: int | None = None) -> dict[str, Any]:
+    """Keyword arguments for `vllm.SamplingParams` that reproduce frlab's sampling contract:
+    stop only on `stop_token_ids` (eos ignored, as in the torch engine), one sampled-token
+    log-prob per step, no detokenisation (token in, token out), every other sampling field
+    neutral and explicit (no penalty, min_p 0, top_k 0 = off)."""
+    params.validate(off_policy_correction=False)
+    kwargs: dict[str, Any] = {
+        "n": 1,
+        "temperature": float(params.temperature),
+        "top_p": float(params.top_p),
+        "top_k": int(params.top_k),
+        "min_p": 0.0,
+        "repetition_penalty": 1.0,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+        "max_tokens": int(params.max_new_tokens),
+        "stop_token_ids": [int(t) for t in params.stop_token_ids],
+        "ignore_eos": True,
+        "logprobs": 1,
+        "detokenize": False,
+        "skip_special_tokens": False,
+    }
+    if seed is not None:
+        kwargs["seed"] = int(seed)
+    return kwargs
+
+
+def vllm_engine_kwargs(model: str, supported: Iterable[str], **options: Any) -> dict[str, Any]:
+    """`AsyncEngineArgs` keywords: `model`, `options`, frlab's worker extension (weight sync by
+    method name), processed log-probs and vLLM's neutral generation config (`supported`: the
+    installed vLLM's field names). ValueError naming the `rollout.vllm_engine_args` key of an
+    unknown option, or of one that would change what the behaviour log-probs mean."""
+    names = set(supported)
+    kwargs: dict[str, Any] = {"model": model, **options}
+    unknown = sorted(k for k in kwargs if k not in names)
+    if unknown:
+        raise ValueError(
+            f"rollout.vllm_engine_args: vLLM AsyncEngineArgs has no field(s): {', '.join(unknown)}"
+        )
+    for field in ("worker_extension_cls", "logprobs_mode", "generation_config"):
+        if field not in names:
+            raise ValueError(
+                f"the installed vLLM has no AsyncEngineArgs.{field}, which frlab needs: install "
+                "the `vllm` extra (vllm>=0.28,<0.30)"
+            )
+    return {**kwargs, **required_engine_options(kwargs)}
+
+
+_REQUIRED = {
+    "worker_extension_cls": (WORKER_EXTENSION_CLS, "update_weights calls its methods by name"),
+    "logprobs_mode": (PROCESSED_LOGPROBS, "the behaviour log-probs must be those of the "
+                      "distribution sampled from, after temperature"),
+    "generation_config": ("vllm", "the model's generation_config.json would change sampling "
+                          "defaults, e.g. a repetition penalty the learner never applies"),
+}  # fmt: skip
+
+
+def required_engine_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The engine arguments frlab fixes; ValueError naming `rollout.vllm_engine_args.<key>`
+    when `options` sets one of them to another value."""
+    for field, (value, why) in _REQUIRED.items():
+        if field in options and options[field] != value:
+            raise ValueError(
+                f"rollout.vllm_engine_args.{field} must be {value!r} ({why}), "
+                f"got {options[field]!r}"
+            )
+    return {field: value for field, (value, _) in _REQUIRED.items()}
+
+
+def check_served_mode(engine: Any) -> None:
+    """EngineError unless the built engine's config reports processed log-probs."""
+    model_config = getattr(getattr(engine, "vllm_config", None), "model_config", None)
+    mode = getattr(model_config, "logprobs_mode", None)
+    if str(getattr(mode, "value", mode)) != PROCESSED_LOGPROBS:
+        raise EngineError(
+            f"the vLLM engine reports logprobs_mode={mode!r}, not {PROCESSED_LOGPROBS!r}: its "
+            "log-probs would not be those of the distribution sampled from; refusing to start"
+        )
+
+
+def rank_visible_devices(index: int, visible: str | None) -> str:
+    """The `CUDA_VISIBLE_DEVICES` that shows an engine only logical CUDA device `index` of
+    this process: entry `index` of the inherited list `visible`, or `index` itself."""
+    if index < 0:
+        raise EngineError(f"CUDA device index {index} is negative")
+    if visible is None or not visible.strip():
+        return str(index)
+    entries = [e.strip() for e in visible.split(",") if e.strip()]
+    if index >= len(entries):
+        raise EngineError(
+            f"CUDA device {index} of this rank is not among CUDA_VISIBLE_DEVICES={visible!r}"
+        )
+    return entries[index]
+
+
+def rank_device_index() -> int:
+    """This process's CUDA device: the current one once CUDA is initialised (Lightning sets it
+    per rank), else `LOCAL_RANK` (0 when unset)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return int(torch.cuda.current_device())
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+@contextlib.contextmanager
+def visible_devices(value: str) -> Iterator[None]:
+    """Set `CUDA_VISIBLE_DEVICES` while vLLM starts its engine-core process, then restore it."""
+    old = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = old
+
+
+def engine_visible_devices(index: int, options: Mapping[str, Any]) -> str | None:
+    """The devices this rank's engine may see (None: leave them as they are). Tensor or
+    pipeline parallel engines span several GPUs and are left alone on device 0 only."""
+    parallel = int(options.get("tensor_parallel_size", 1)) * int(
+        options.get("pipeline_parallel_size", 1)
+    )
+    if parallel > 1:
+        if index != 0:
+            raise EngineError(
+                "rollout.vllm_engine_args: a tensor/pipeline parallel in-process engine per "
+                f"learner rank is not supported (this rank is on CUDA device {index}); serve "
+                "the model with rollout=remote instead"
+            )
+        return None
+    if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") == "0" and index != 0:
+        raise EngineError(
+            "VLLM_ENABLE_V1_MULTIPROCESSING=0 runs vLLM's engine core in this process, where it "
+            f"would use cuda:0, not this rank's device {index}: unset it"
+        )
+    return rank_visible_devices(index, os.environ.get("CUDA_VISIBLE_DEVICES"))

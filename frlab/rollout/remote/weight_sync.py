@@ -1,0 +1,110 @@
+"""Weight sync of the `remote` engine (mixed into `frlab.rollout.remote.engine.RemoteEngine`).
+
+Weight sync (`weight_sync="filesystem"`): `update_weights` writes
+`<snapshot_dir>/v<version>/model.safetensors` (snapshot_dir None: a private temp folder,
+removed at shutdown, for servers on this host) atomically (frlab.rollout.remote.snapshot), stops
+dispatching, waits for in-flight requests to finish (no request spans a weight change), asks
+every live server to load it (`/collective_rpc frlab_load_snapshot`, acknowledged with a
+fingerprint of the tensors loaded), then asks each server its version
+(`frlab_weight_version`). A server that answers another version is stale: it is refused
+(`stale_refusals`) until it proves the current version. Old snapshots are deleted (the newest
+`keep_snapshots` stay). Token versions come from the server: `frlab_versions` in the answer
+(frlab.serve), else the version that server reported at its last verification (vLLM).
+
+Several learner ranks (DDP / FSDP) share one fleet: each rank has its own RemoteEngine on the
+same servers (`shared_across_ranks`), `WeightSyncCallback` makes every sync collective (all
+ranks drain, then push, then resume: frlab.rollout.remote.fleet_sync), the servers load each version
+once and deduplicate the other ranks' identical pushes by (version, fingerprint), and each rank
+writes its snapshots under `<snapshot_dir>/rank<R>` so no two ranks write one file. While the
+engine is paused the prober admits nothing, so a rank never reloads an older snapshot over a
+version another rank has just pushed.
+
+Weight sync (`weight_sync="nccl"`, one learner rank only): after the same drain,
+frlab.rollout.remote.nccl broadcasts through vLLM's own trainer engine, each server's workers
+commit the version only if what they loaded matches the learner's fingerprint, then every
+server is asked its version as above. Snapshots are written only if `snapshot_dir` is set:
+they re-admit a server outside the NCCL group (restarted, refused) before the next sync
+re-forms the group with it; without them it stays out until then. Tested with fake vllm
+modules and fake servers on CPU; never run on GPUs with a real vLLM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from frlab.rollout.remote.fleet import Server, Snapshot
+from frlab.rollout.remote.snapshot import prune_snapshots, write_snapshot
+
+log = logging.getLogger("frlab.rollout.remote.engine")
+
+
+class WeightSyncMixin:
+    """`update_weights` of the remote engine: snapshot, drain, load everywhere, verify."""
+
+    servers: list[Server]
+    snapshot_dir: Path | None
+    keep_snapshots: int
+    request_timeout_s: float
+    _nccl: Any
+    _version: int
+    _snapshot: Snapshot | None
+    _sync_lock: asyncio.Lock | None
+    _idle: asyncio.Event | None
+    _in_flight: int
+    _syncing: bool
+
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        """Write the snapshot, drain, load it on every live server and verify their versions."""
+        if int(version) < 0:
+            raise ValueError(f"update_weights version must be >= 0, got {version}")
+        snap = self._write(state_dict, int(version))
+        self._call(self._sync(int(version), snap, self._push(state_dict, int(version))))
+        if self.snapshot_dir is not None:
+            prune_snapshots(self.snapshot_dir, self.keep_snapshots)
+
+    def _write(self, state_dict: Mapping[str, torch.Tensor], version: int) -> Snapshot | None:
+        """The snapshot of `version` (None under nccl without a snapshot_dir)."""
+        if self.snapshot_dir is None:
+            return None
+        path, fingerprint = write_snapshot(state_dict, self.snapshot_dir, version)
+        return Snapshot(path, version, fingerprint)
+
+    def _push(self, state_dict: Mapping[str, torch.Tensor], version: int) -> Any:
+        """The NCCL broadcast to run once drained (None for filesystem sync)."""
+        if self._nccl is None:
+            return None
+        return functools.partial(self._nccl.push, self, list(state_dict.items()), version)
+
+    async def _sync(self, version: int, snap: Snapshot | None, push: Any = None) -> None:
+        async with self._sync_lock:
+            self._syncing = True
+            self._refresh_gate()
+            try:
+                await self._drain()
+                if push is not None:
+                    await push()
+                self._snapshot, self._version = snap, version
+                live = [s for s in self.servers if s.state != "dead"]
+                for s in self.servers:
+                    s.state = "unverified" if s.state == "ok" else s.state
+                await asyncio.gather(*(self._admit(s) for s in live))
+            finally:
+                self._syncing = False
+                self._refresh_gate()
+        log.info("remote engine: weights v%d on %s", version, self._describe())
+
+    async def _drain(self) -> None:
+        """Wait for in-flight requests (each ends within request_timeout_s: done or failed)."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), self.request_timeout_s + 5.0)
+        except TimeoutError:
+            log.warning(
+                "remote engine: %d requests still in flight at a weight sync", self._in_flight
+            )

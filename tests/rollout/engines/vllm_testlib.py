@@ -1,0 +1,93 @@
+"""A fake of vLLM's in-process `AsyncLLM` for the `vllm` engine tests, answering as vLLM
+0.28/0.29 does (rules read from its sources; tests/vllm_contract checks `msgspec_transport`
+against vLLM's own serialiser).
+
+- `msgspec_transport(value)` (tests/vllm_worker_testlib.py): what `collective_rpc`
+  arguments look like in the engine-core process.
+- `FakeAsyncLLM`: `from_engine_args`, `generate` (a scripted stream), `collective_rpc` by
+  method name through that transport to two workers carrying frlab's worker extension (with
+  `Worker.reload_weights`), `reset_prefix_cache` -> bool, `vllm_config.model_config
+  .logprobs_mode` from the engine arguments.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import threading
+from types import SimpleNamespace
+from typing import Any, ClassVar
+
+from vllm_worker_testlib import FakeWorker, msgspec_transport  # noqa: F401 (re-exported)
+
+from frlab.rollout.remote.worker_extension import WORKER_EXTENSION_CLS
+
+
+def completion(tokens: list[int], reason: str | None) -> SimpleNamespace:
+    logprobs = [{t: SimpleNamespace(logprob=-0.1 * (i + 1))} for i, t in enumerate(tokens)]
+    return SimpleNamespace(token_ids=tokens, logprobs=logprobs, finish_reason=reason)
+
+
+class FakeAsyncLLM:
+    """See the module docstring; `instances` holds every engine built."""
+
+    instances: ClassVar[list[FakeAsyncLLM]] = []
+    served_mode: ClassVar[str | None] = None  # None: report the mode it was built with
+
+    @dataclasses.dataclass
+    class Args:
+        model: str
+        seed: int = 0
+        logprobs_mode: str = "raw_logprobs"
+        generation_config: str = "auto"
+        worker_extension_cls: str = ""
+        tensor_parallel_size: int = 1
+
+    def __init__(self, args: FakeAsyncLLM.Args) -> None:
+        self.args, self.shut, self.rpc_calls, self.events = args, False, [], []
+        self.workers = [FakeWorker(), FakeWorker()]  # two tensor-parallel ranks
+        self.release: threading.Event | None = None  # when set, requests wait for it
+        self.corrupt = False
+        self.reset_answer: Any = True
+        self.visible_at_start = os.environ.get("CUDA_VISIBLE_DEVICES")
+        mode = self.served_mode or args.logprobs_mode
+        self.vllm_config = SimpleNamespace(model_config=SimpleNamespace(logprobs_mode=mode))
+        FakeAsyncLLM.instances.append(self)
+
+    @classmethod
+    def from_engine_args(cls, args: FakeAsyncLLM.Args) -> FakeAsyncLLM:
+        assert args.worker_extension_cls == WORKER_EXTENSION_CLS
+        return cls(args)
+
+    async def generate(self, prompt: Any, sampling: Any, request_id: str) -> Any:
+        tokens = []
+        self.events.append(("start", request_id))
+        for step in range(sampling["max_tokens"]):
+            tokens.append(prompt["prompt_token_ids"][-1] + step + 1)
+            await asyncio.sleep(0)
+            while step == 0 and self.release is not None and not self.release.is_set():
+                await asyncio.sleep(0.001)
+            done = step == sampling["max_tokens"] - 1
+            yield SimpleNamespace(outputs=[completion(list(tokens), "length" if done else None)])
+        self.events.append(("finish", request_id))
+
+    async def collective_rpc(
+        self, method: Any, timeout: float | None = None, args: tuple = (), kwargs: Any = None
+    ) -> list[Any]:
+        if not isinstance(method, str):  # V1 refuses callables without insecure serialisation
+            raise TypeError("collective_rpc callables need VLLM_ALLOW_INSECURE_SERIALIZATION=1")
+        self.rpc_calls.append((method, args))
+        self.events.append(("rpc", method))
+        sent = msgspec_transport(args)
+        acks = [getattr(w, method)(*sent, **(kwargs or {})) for w in self.workers]
+        if self.corrupt:
+            acks = [{**a, "sum": a["sum"] + 1.0} for a in acks]
+        return acks
+
+    async def reset_prefix_cache(self) -> Any:
+        self.events.append(("reset", None))
+        return self.reset_answer
+
+    def shutdown(self) -> None:
+        self.shut = True

@@ -1,0 +1,61 @@
+"""Helpers of the `vllm_contract` tier: a tiny model folder, the real `VllmConfig` built from
+it by vLLM's own `AsyncEngineArgs` (CPU platform), and a FastAPI app carrying vLLM's own
+routers over a stand-in engine client. Imported only where vllm is installed."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+HAVE_VLLM = importlib.util.find_spec("vllm") is not None
+TINY = {
+    "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128,
+    "tie_word_embeddings": True,
+}  # fmt: skip
+
+
+def tiny_model(path: Path) -> Path:
+    """A random-init Qwen2 folder (config, weights, a generation config with a penalty)."""
+    import torch
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(Qwen2Config(**TINY)).save_pretrained(path)
+    defaults = {"do_sample": True, "repetition_penalty": 1.3, "temperature": 0.6, "top_p": 0.9,
+                "top_k": 20}  # fmt: skip
+    GenerationConfig(**defaults).save_pretrained(path)
+    return path
+
+
+@functools.cache
+def vllm_config(model_dir: str, **overrides: Any) -> Any:
+    """vLLM's own config for `model_dir`, built as `vllm serve` builds it (CPU platform)."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    kwargs = {"model": model_dir, "skip_tokenizer_init": True, "max_model_len": 128,
+              "enforce_eager": True, **overrides}  # fmt: skip
+    return AsyncEngineArgs(**kwargs).create_engine_config()
+
+
+def router_app(client: Any, *routers: str, vllm_config: Any = None) -> Any:
+    """A FastAPI app with vLLM's own routers (`dev.rpc`, `dev.cache`, `dev.rlhf`,
+    `dev.server_info`, `health`) over the engine client `client`."""
+    import importlib
+
+    from fastapi import FastAPI
+
+    app = FastAPI()
+    for name in routers:
+        if name == "health":
+            from vllm.entrypoints.serve.instrumentator.health import router
+
+            app.include_router(router)
+        else:
+            module = importlib.import_module(f"vllm.entrypoints.serve.{name}.api_router")
+            module.attach_router(app)
+    app.state.engine_client = client
+    app.state.vllm_config = vllm_config
+    return app

@@ -1,0 +1,90 @@
+"""The exact `vllm serve` commands frlab documents, parsed by vLLM's own argument parser (the
+`serve` subcommand's, vllm/entrypoints/cli/serve.py + vllm/entrypoints/launchers/cli_args.py),
+and the engine arguments vLLM builds from them: the launch recipes (scripts/launch, printed
+with PRINT_ONLY=1) and every `vllm serve` command in the training guide."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.vllm_contract
+
+REPO = Path(__file__).resolve().parents[2]
+EXTENSION = "frlab.rollout.remote.worker_extension.WeightUpdateExtension"
+
+
+def serve_parser():  # noqa: ANN201
+    from vllm.entrypoints.cli.serve import ServeSubcommand
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser(prog="vllm")
+    ServeSubcommand().subparser_init(parser.add_subparsers(dest="subparser"))
+    return parser
+
+
+def vllm_argv(words: list[str]) -> list[str]:
+    """The words after `vllm` of a command line (env assignments before it dropped)."""
+    return words[words.index("vllm") + 1 :]
+
+
+def recipe_servers() -> list[list[str]]:
+    env = {**os.environ, "PRINT_ONLY": "1", "RUN_DIR": "/shared/run"}
+    out = subprocess.run(["bash", str(REPO / "scripts/launch/single_node.sh"), "qwen_math_1p5b"],
+                         capture_output=True, text=True, env=env, cwd=REPO, timeout=60,
+                         check=True).stdout  # fmt: skip
+    return [vllm_argv(shlex.split(x)) for x in out.splitlines() if " vllm serve " in x]
+
+
+def guide_servers() -> list[list[str]]:
+    text = (REPO / "experiments/README.md").read_text()
+    joined = re.sub(r"\\\n\s*", " ", text)  # shell line continuations
+    lines = [x.strip() for x in joined.splitlines() if "vllm serve " in x and "`" not in x]
+    return [vllm_argv(shlex.split(x)) for x in lines]
+
+
+def check(argv: list[str], local_model: Path) -> None:
+    """Parse `argv` as `vllm serve` does, then build AsyncEngineArgs from it (the model id is
+    swapped for a local folder: offline, vLLM resolves hub ids to a local snapshot)."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    args = serve_parser().parse_args(argv)
+    assert args.subparser == "serve" and args.model_tag == argv[1]
+    args.model = str(local_model)
+    assert args.worker_extension_cls == EXTENSION
+    assert args.logprobs_mode == "processed_logprobs"
+    assert args.generation_config == "vllm"
+    engine_args = AsyncEngineArgs.from_cli_args(args)
+    assert engine_args.logprobs_mode == "processed_logprobs"
+    assert engine_args.generation_config == "vllm"
+    assert engine_args.worker_extension_cls == EXTENSION
+
+
+@pytest.fixture(scope="module")
+def local_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from contract_testlib import tiny_model
+
+    return tiny_model(tmp_path_factory.mktemp("cli") / "tiny")
+
+
+def test_the_launch_recipes_serve_flags_parse_in_vllm(local_model: Path) -> None:
+    servers = recipe_servers()
+    assert len(servers) == 3
+    for argv in servers:
+        check(argv, local_model)
+
+
+def test_the_guides_vllm_serve_commands_parse_in_vllm(local_model: Path) -> None:
+    servers = guide_servers()
+    assert len(servers) >= 2
+    for argv in servers:
+        check(argv, local_model)
+    nccl = [a for a in servers if "--weight-transfer-config" in a]
+    assert nccl, "the guide's NCCL server command"
+    args = serve_parser().parse_args(nccl[0])
+    assert args.weight_transfer_config.backend == "nccl"

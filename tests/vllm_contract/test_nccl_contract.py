@@ -1,0 +1,114 @@
+"""frlab's NCCL weight sync against vLLM's own weight-transfer classes (vllm 0.28/0.29):
+`NCCLTrainerInitInfo` built with frlab's arguments, frlab's `WeightSource` checked by the
+trainer engine's own metadata/iteration check, and every body the learner sends parsed by
+vLLM's worker-side `parse_init_info` / `parse_update_info` behind vLLM's own RLHF router
+(vllm/entrypoints/serve/dev/rlhf/api_router.py). The NCCL broadcast itself needs GPUs."""
+
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from frlab.rollout.remote import protocol as proto
+from frlab.rollout.remote.nccl import FleetClient, load_trainer_api, make_source
+
+pytestmark = pytest.mark.vllm_contract
+
+NAMED = [("embed.weight", torch.randn(4, 3)), ("norm.weight", torch.ones(3, dtype=torch.bfloat16))]
+
+
+class WorkerSideClient:
+    """The engine client behind vLLM's RLHF router: parses what arrives as vLLM's worker does."""
+
+    def __init__(self) -> None:
+        from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
+
+        self.engine = SimpleNamespace(init_info_cls=NCCLWeightTransferEngine.init_info_cls,
+                                      update_info_cls=NCCLWeightTransferEngine.update_info_cls)  # fmt: skip
+        self.parsed: list = []
+        self.vllm_config = SimpleNamespace(
+            parallel_config=SimpleNamespace(world_size_across_dp=2, world_size=2)
+        )
+
+    async def init_weight_transfer_engine(self, request) -> None:  # noqa: ANN001
+        from vllm.distributed.weight_transfer.base import WeightTransferEngine
+
+        self.parsed.append(WeightTransferEngine.parse_init_info(self.engine, request.init_info))
+
+    async def start_weight_update(self) -> None:
+        self.parsed.append("start")
+
+    async def update_weights(self, request) -> None:  # noqa: ANN001
+        from vllm.distributed.weight_transfer.base import WeightTransferEngine
+
+        self.parsed.append(WeightTransferEngine.parse_update_info(self.engine, request.update_info))
+
+    async def finish_weight_update(self, weight_version=None) -> None:  # noqa: ANN001
+        self.parsed.append(("finish", weight_version))
+
+
+@pytest.fixture
+def rlhf():  # noqa: ANN201
+    from contract_testlib import router_app
+    from fastapi.testclient import TestClient
+
+    client = WorkerSideClient()
+    return client, TestClient(router_app(client, "dev.rlhf"), raise_server_exceptions=False)
+
+
+def test_frlab_builds_vllms_trainer_init_info_and_a_source_it_accepts() -> None:
+    from vllm.distributed.weight_transfer.nccl_engine import (
+        NCCLTrainerInitInfo,
+        NCCLTrainerWeightTransferEngine,
+    )
+
+    api = load_trainer_api()
+    assert api.init_info_cls is NCCLTrainerInitInfo
+    info = api.init_info_cls(
+        master_address="10.0.0.5", master_port=29500, world_size=3, packed=False, rank=0
+    )  # fmt: skip  (as NcclSync._form does)
+    assert info.is_sender and info.backend == "nccl" and info.packed is False
+    source = make_source(api)
+    source.set(NAMED)
+    meta = source.metadata()
+    sent = list(NCCLTrainerWeightTransferEngine._checked_iter(source, meta))
+    assert [n for n, _ in sent] == [n for n, _ in NAMED]
+
+
+def test_every_body_the_learner_sends_parses_on_the_worker_side(rlhf) -> None:  # noqa: ANN001
+    """The init body (vLLM's trainer engine builds it: asdict of NCCLWeightTransferInitInfo,
+    frlab's FleetClient sets each server's rank_offset) and the update body (asdict of
+    NCCLWeightTransferUpdateInfo) parse; frlab's own spelled-out bodies parse; the update
+    body frlab used to spell (with `packed`) is refused (point 4 of issue 9)."""
+    from vllm.distributed.weight_transfer.nccl_common import NCCLWeightTransferInitInfo
+    from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferUpdateInfo
+
+    client, http = rlhf
+    fleet = FleetClient(["http://s0", "http://s1"], [1, 3], timeout=5.0)
+    posted: list = []
+    fleet._fan_out = lambda path, bodies: posted.extend((path, b) for b in bodies)
+    worker_info = NCCLWeightTransferInitInfo(master_address="10.0.0.5", master_port=29500,
+                                             rank_offset=1, world_size=5, packed=True)  # fmt: skip
+    fleet.init_weight_transfer_engine(dataclasses.asdict(worker_info))
+    fleet.start_weight_update()
+    update = NCCLWeightTransferUpdateInfo(names=[n for n, _ in NAMED],
+                                          dtype_names=["float32", "bfloat16"],
+                                          shapes=[[4, 3], [3]])  # fmt: skip
+    fleet.update_weights(dataclasses.asdict(update))
+    fleet.weight_version = "7"
+    fleet.finish_weight_update()
+    posted += [(proto.INIT_WEIGHT_TRANSFER, proto.nccl_init_request("10.0.0.5", 29500, 5, 1)),
+               (proto.UPDATE_WEIGHTS, proto.nccl_update_request(NAMED))]  # fmt: skip
+    for path, body in posted:
+        assert http.post(path, json=body).status_code == 200, (path, body)
+    inits = [p for p in client.parsed if isinstance(p, NCCLWeightTransferInitInfo)]
+    assert [i.rank_offset for i in inits] == [1, 3, 1] and all(i.packed for i in inits)
+    updates = [p for p in client.parsed if isinstance(p, NCCLWeightTransferUpdateInfo)]
+    assert len(updates) == 3 and updates[-1].dtype_names == ["float32", "bfloat16"]
+    assert client.parsed.count(("finish", "7")) == 2
+    old = {"update_info": {**proto.nccl_update_request(NAMED)["update_info"], "packed": True}}
+    assert http.post(proto.UPDATE_WEIGHTS, json=old).status_code != 200  # parse_update_info refuses
+    assert proto.world_size_of(http.get(proto.WORLD_SIZE).json()) == 2
