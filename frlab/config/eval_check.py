@@ -29,6 +29,7 @@ COMMON = {
     "every_n_steps": Field("int", low=1),
     "sampling": Field("mapping"),
     "limit": Field("int", optional=True, low=1),
+    "at_start": Field("bool"),  # also evaluate at step 0, before the first update (optional)
 }
 FIELDS = {
     "math": {
@@ -46,9 +47,9 @@ EVAL_SAMPLING = {
 }
 # Keyword arguments of envs.math.load_math_dataset besides `source` (a benchmark mapping).
 BENCHMARK_KEYS = ("source", "split", "question_key", "answer_key", "limit", "subset", "seed",
-                  "options")  # fmt: skip
+                  "options", "deduplicate")  # fmt: skip
 # envs.math.env.TEMPLATES names (not imported: a dry run must not import envs.math).
-TEMPLATE_NAMES = ("instruct", "base")
+TEMPLATE_NAMES = ("instruct", "base", "messages")
 
 
 def check_eval(

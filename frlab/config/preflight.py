@@ -17,6 +17,8 @@ rules of the method (FlashREINFORCE paper; SPEC §2-3):
   (`rollout.sync_every <= rollout.max_policy_lag`), else admission control stalls;
 - a trajectory's context (`rollout.max_len`) leaves room for the prompt beyond one turn's
   generation budget (`rollout.sampling.max_new_tokens`).
+- the lr schedule (`optim.schedule_steps`, default `trainer.max_steps`) is at least as long as
+  the run: a preset may stop at a headline step before the reference's schedule ends.
 - MoE routing replay (`model.routing_replay`) needs `rollout.engine=torch`, the engine that
   records the experts it used.
 - `rollout.engine=remote` needs the `rollout.remote` block (`rollout=remote`) with a list of
@@ -67,6 +69,7 @@ def preflight(cfg: DictConfig) -> Plan:
     _check_sync(sec["rollout"])
     _check_engine(sec["rollout"], trainer)
     _check_remote(sec["rollout"], world)
+    _check_schedule(sec["optim"], trainer)
     check_eval(cfg, sec["rollout"], trainer)
     return build_plan(cfg, sec, trainer, objective, world)
 
@@ -249,6 +252,18 @@ def _check_sync(rollout: Mapping[str, Any]) -> None:
             "rollout.sync_every",
             f"({every}) must be <= rollout.max_policy_lag ({lag}) in async mode: otherwise no "
             "rollout could finish within the lag bound and the pool would stall",
+        )
+
+
+def _check_schedule(optim: Mapping[str, Any], trainer: Mapping[str, Any]) -> None:
+    """A run may stop before the end of its lr schedule, never run past it."""
+    length, steps = optim.get("schedule_steps"), trainer["max_steps"]
+    if length is not None and length < steps:
+        raise ConfigError(
+            "optim.schedule_steps",
+            f"({length}) is shorter than trainer.max_steps ({steps}): the run would continue "
+            "past the end of its lr schedule; set optim.schedule_steps >= trainer.max_steps "
+            "(null: the schedule spans trainer.max_steps)",
         )
 
 

@@ -128,6 +128,8 @@ OPTIM = {
     "scheduler": _f("str", choices=("cosine", "constant")),
     "warmup_ratio": _f("float", low=0.0, high=1.0, high_open=True),
     "min_lr_ratio": _f("float", low=0.0, high=1.0),
+    # the lr schedule's length in updates; null: trainer.max_steps (frlab.learner.optim)
+    "schedule_steps": _f("int", optional=True, low=1),
 }
 TRAINER = {
     "_target_": _f("str"),
@@ -140,6 +142,8 @@ OPTIONAL_KEYS = {
     "model": ("trust_remote_code", "attn_implementation"),
     "rollout": ("remote", "vllm_engine_args"),
     "rollout.remote": ("nccl_master_address", "nccl_master_port", "nccl_packed"),
+    "optim": ("schedule_steps",),
+    "eval": ("at_start",),
 }
 
 
