@@ -6,10 +6,6 @@ from __future__ import annotations
 import math
 
 import pytest
-
-from frlab.learner import FlashReinforceModule
-from frlab.learner import metrics as M
-
 from learner_testlib import (
     MODEL_CFG,
     OBJECTIVE_CFG,
@@ -20,6 +16,9 @@ from learner_testlib import (
     tiny_policy,
     trainer,
 )
+
+from frlab.learner import FlashReinforceModule
+from frlab.learner import metrics as M
 
 
 def _cosine(step: int, horizon: int, warmup: float, floor: float) -> float:
@@ -46,7 +45,9 @@ def test_lr_follows_the_schedule_length_not_the_stop_step(schedule_steps: int | 
     expected = [OPTIM_CFG["lr"] * _cosine(s, horizon, 0.05, 0.1) for s in range(3)]
     assert lrs == pytest.approx(expected, rel=1e-6)  # logged as float32
     if schedule_steps:  # 2 warm-up updates of 40, then the start of a 38-update cosine
-        assert lrs == pytest.approx([OPTIM_CFG["lr"] * f for f in (0.5, 1.0, 1.0)], rel=1e-6)  # logged as float32
+        assert lrs == pytest.approx(
+            [OPTIM_CFG["lr"] * f for f in (0.5, 1.0, 1.0)], rel=1e-6
+        )  # logged as float32
 
 
 def test_a_bad_schedule_length_names_the_key() -> None:
