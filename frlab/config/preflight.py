@@ -10,9 +10,9 @@ rules of the method (FlashREINFORCE paper; SPEC §2-3):
   pool collects whole groups), and `rollout.max_in_flight` holds at least one group;
 - off-policy correction (token importance ratios) needs the sampler's full support, so
   `rollout.sampling.top_p == 1` and `rollout.sampling.top_k == 0`;
-- group baselines (GRPO, RLOO, Dr. GRPO) need `rollout.samples_per_prompt > 1`, which only the
-  `sync` collection mode provides (the async pool runs one rollout per prompt; `batch_mean`
-  with one sample per prompt is the paper's case);
+- group baselines (GRPO, RLOO, Dr. GRPO) need `rollout.samples_per_prompt > 1` (in either
+  collection mode: the async pool admits a prompt's samples together and batches whole groups;
+  `batch_mean` with one sample per prompt is the paper's case);
 - in async mode weights reach the engine at least every `rollout.max_policy_lag` steps
   (`rollout.sync_every <= rollout.max_policy_lag`), else admission control stalls;
 - a trajectory's context (`rollout.max_len`) leaves room for the prompt beyond one turn's
@@ -235,12 +235,6 @@ def _check_groups(objective: Any, rollout: Mapping[str, Any], data: Mapping[str,
             f"baseline {objective.names['baseline']!r} compares sibling rollouts of a prompt and "
             f"needs samples_per_prompt > 1 (got {g}; with one sample its advantages are zero or "
             "undefined); use objective.baseline=batch_mean for one rollout per prompt",
-        )
-    if g > 1 and rollout["mode"] != "sync":
-        raise ConfigError(
-            "rollout.mode",
-            f"samples_per_prompt={g} needs mode 'sync' (collect whole groups, then train); the "
-            "async pool runs one rollout per prompt",
         )
 
 
