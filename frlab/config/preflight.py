@@ -3,7 +3,7 @@
 Runs in well under a second, loads no model and imports no `transformers` (only
 `frlab.objective`, for the component registries). It resolves every component name, checks
 every parameter (type, range, unknown keys with close-match suggestions) and the cross-field
-rules of the method (FlashREINFORCE paper; SPEC §2-3):
+rules of the method (FlashREINFORCE paper, Sec. 3):
 
 - the global batch B splits evenly over ranks and each rank's share over micro-batches; each
   rank's share B / W is a whole number of groups of `rollout.samples_per_prompt` (each rank's
@@ -209,7 +209,7 @@ def _check_batch(data: Mapping[str, Any], rollout: Mapping[str, Any], world: int
 
 
 def _check_support(objective: Any, sampling: Mapping[str, Any]) -> None:
-    """Importance ratios need the full support of the sampling distribution (SPEC §3)."""
+    """Importance ratios need the full support of the sampling distribution (top_p 1, no top-k)."""
     if not objective.uses_off_policy_correction:
         return
     if sampling["top_p"] != 1.0:
