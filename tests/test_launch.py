@@ -201,3 +201,20 @@ def test_submitit_launcher_config_matches_the_installed_plugin() -> None:
     fields = {f.name for f in dataclasses.fields(plugin.SlurmQueueConf)}
     assert set(cfg.hydra.launcher) == fields  # this file replaces the plugin's node: all keys
     assert get_class(cfg.hydra.launcher._target_).__name__ == "SlurmLauncher"
+
+
+@pytest.mark.parametrize("exp", sorted(e for e in LAYOUTS if LAYOUTS[e][2] == 1))
+def test_servers_get_the_models_context_as_the_preset_sets_it(exp: str) -> None:
+    """Qwen2.5-Math-1.5B declares 4,096 positions: its servers are told 6,144, as the preset's
+    in-process vLLM is (rollout.vllm_engine_args.hf_overrides); other models need nothing."""
+    import json
+
+    servers = _servers(_run("single_node.sh", exp).stdout.splitlines())
+    assert servers
+    cfg = compose([f"experiment={exp}"])
+    extra = dict(cfg.rollout.get("vllm_engine_args") or {}).get("hf_overrides")
+    for words in servers:
+        if extra is None:
+            assert "--hf-overrides" not in words
+        else:
+            assert json.loads(words[words.index("--hf-overrides") + 1]) == dict(extra)

@@ -1,7 +1,10 @@
 """`AlfworldEnv`: ALFWorld household text games behind the frlab `Env` interface.
 
 A task is one game folder (ALFRED format: `traj_data.json` + `game.tw-pddl`) found under
-`data_dir` (default: the `ALFWORLD_DATA` environment variable). Each episode runs its game in
+`data_dir` (default: the `ALFWORLD_DATA` environment variable). `num_games` keeps a fixed
+subset: the first N games after shuffling the sorted list with `random.Random(games_seed)`
+(the FlashREINFORCE reference trains on 1,024 ALFWorld training games; it does not publish
+which, so frlab draws them reproducibly from the whole training split). Each episode runs its game in
 its own worker process (envs.alfworld.worker: TextWorld's parser is not safe to share) with a
 timeout on every step; a hung step kills the worker and raises, failing that rollout.
 
@@ -109,6 +112,8 @@ class AlfworldEnv(Env):
         reset_timeout_s: float = 120.0,
         max_game_steps: int = 1000,
         worker: GameWorker | None = None,
+        num_games: int | None = None,
+        games_seed: int = 0,
     ) -> None:
         for name, value in (
             ("step_timeout_s", step_timeout_s),
@@ -118,6 +123,10 @@ class AlfworldEnv(Env):
                 raise ValueError(f"env.{name} must be > 0, got {value}")
         if int(max_game_steps) < 1:
             raise ValueError(f"env.max_game_steps must be >= 1, got {max_game_steps}")
+        if num_games is not None and (isinstance(num_games, bool) or int(num_games) < 1):
+            raise ValueError(f"env.num_games must be >= 1 or null, got {num_games!r}")
+        self.num_games = None if num_games is None else int(num_games)
+        self.games_seed = int(games_seed)
         self.data_dir = data_dir if data_dir is not None else os.environ.get("ALFWORLD_DATA")
         self.step_timeout_s = float(step_timeout_s)
         self.reset_timeout_s = float(reset_timeout_s)
@@ -133,11 +142,20 @@ class AlfworldEnv(Env):
         return self._worker
 
     def games(self) -> list[Path]:
-        """The game files under `data_dir` (listed once per instance)."""
+        """The game files under `data_dir`, or its `num_games` subset (listed once)."""
         if self._games is None:
             if not self.data_dir:
                 raise ValueError("env.data_dir is not set and ALFWORLD_DATA is empty")
-            self._games = find_games(self.data_dir)
+            games = find_games(self.data_dir)
+            if self.num_games is not None:
+                if self.num_games > len(games):
+                    raise ValueError(
+                        f"env.num_games={self.num_games} but {self.data_dir} holds only "
+                        f"{len(games)} games"
+                    )
+                random.Random(self.games_seed).shuffle(games)
+                games = sorted(games[: self.num_games])
+            self._games = games
         return self._games
 
     def sample_task(self, rng: random.Random) -> dict[str, Any]:

@@ -1,9 +1,20 @@
 """Math problem sets: local files, Hugging Face datasets and offline package sources.
 
-`load_math_dataset(source, split=None, *, question_key=None, answer_key=None, limit=None)`
-returns a `MathDataset`: a sequence of tasks {"question", "answer", "source", "index"}, the
-answer reduced to the final answer by `ground_truth_text` (text after GSM8K's `####`, or the
-content of a solution's last `\\boxed{}`). `source` is one of:
+`load_math_dataset(source, split=None, *, question_key=None, answer_key=None, limit=None,
+deduplicate=False)` returns a `MathDataset`: a sequence of tasks {"question", "answer",
+"source", "index"} (plus "messages", below), the answer reduced to the final answer by
+`ground_truth_text` (text after GSM8K's `####`, or the content of a solution's last
+`\\boxed{}`).
+
+Keys may be dotted paths into nested fields: the RL parquet layout of verl and of the
+FlashREINFORCE reference implementation (sail/Sanity-Test-R1D-1.5B, BytedTsinghua-SIA/
+DAPO-Math-17k: `prompt` a list of chat messages, `reward_model: {ground_truth, style}`) reads
+with `question_key="prompt"`, `answer_key="reward_model.ground_truth"`. A question field that
+is a list of chat messages gives the task its `messages` (kept verbatim, for
+`env.template=messages`) and, as `question`, the content of its last user message. An answer
+field that is a list (math-ai/olympiadbench's `final_answer`) must hold one answer.
+`deduplicate=True` keeps the first row of each question text (before `limit`), as the
+reference's DAPO preparation does. `source` is one of:
 
 - a local `.jsonl`, `.json` (a list of objects) or `.parquet` file (parquet needs `pyarrow`);
   keys default to "question" / "answer";
@@ -21,9 +32,10 @@ content of a solution's last `\\boxed{}`). `source` is one of:
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,20 +76,87 @@ def _task(name: str, index: int, row: Mapping[str, Any]) -> dict[str, Any]:
     gold = ground_truth_text(answer)
     if not gold:
         raise ValueError(f"{name}: row {index} field 'answer' is empty")
-    return {"question": question, "answer": gold, "source": name, "index": index}
+    task = {"question": question, "answer": gold, "source": name, "index": index}
+    if row.get("messages") is not None:
+        task["messages"] = [dict(m) for m in row["messages"]]
+    return task
+
+
+def field(row: Mapping[str, Any], key: str) -> Any:
+    """`row[key]`, following a dotted path into nested mappings ("reward_model.ground_truth");
+    KeyError naming the missing part."""
+    if key in row:
+        return row[key]
+    value: Any = row
+    for part in key.split("."):
+        if not isinstance(value, Mapping) or part not in value:
+            raise KeyError(part)
+        value = value[part]
+    return value
+
+
+def chat_messages(value: Any) -> list[dict[str, str]] | None:
+    """`value` as a list of {role, content} chat messages, or None if it is not one."""
+    if isinstance(value, str) or not isinstance(value, Sequence) or not value:
+        return None
+    messages = []
+    for message in value:
+        if not isinstance(message, Mapping):
+            return None
+        role, content = message.get("role"), message.get("content")
+        if not isinstance(role, str) or not isinstance(content, str):
+            return None
+        messages.append({"role": role, "content": content})
+    return messages
+
+
+def _question(value: Any, where: str) -> tuple[Any, list[dict[str, str]] | None]:
+    """(question text, chat messages or None) of a question field."""
+    messages = chat_messages(value)
+    if messages is None:
+        return value, None
+    users = [m["content"] for m in messages if m["role"] == "user"]
+    if not users:
+        raise ValueError(f"{where}: the chat messages hold no user message")
+    return users[-1], messages
+
+
+def _answer(value: Any, where: str) -> Any:
+    """A scalar answer; a list must hold exactly one (math-ai/olympiadbench `final_answer`)."""
+    if isinstance(value, (list, tuple)):
+        if len(value) != 1:
+            raise ValueError(f"{where}: a list answer must hold exactly one answer, got {value!r}")
+        return value[0]
+    return value
 
 
 def _rekey(
     rows: Iterable[Mapping[str, Any]], question_key: str, answer_key: str, name: str
-) -> list[dict[str, Any]]:
-    """Rows renamed to {question, answer}; a missing key is a ValueError naming it."""
-    out = []
+) -> Iterator[dict[str, Any]]:
+    """Rows renamed to {question, answer[, messages]}; a missing key is a ValueError naming it."""
     for i, row in enumerate(rows):
+        values = {}
         for key in (question_key, answer_key):
-            if key not in row:
-                raise ValueError(f"{name}: row {i} has no field {key!r} (keys: {sorted(row)})")
-        out.append({"question": row[question_key], "answer": row[answer_key]})
-    return out
+            try:
+                values[key] = field(row, key)
+            except KeyError:
+                raise ValueError(
+                    f"{name}: row {i} has no field {key!r} (keys: {sorted(row)})"
+                ) from None
+        where = f"{name}: row {i} field {question_key!r}"
+        question, messages = _question(values[question_key], where)
+        answer = _answer(values[answer_key], f"{name}: row {i} field {answer_key!r}")
+        yield {"question": question, "answer": answer, "messages": messages}
+
+
+def _unique(rows: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """The first row of each question text (the reference's DAPO deduplication)."""
+    seen: set[Any] = set()
+    for row in rows:
+        key = row["question"]
+        if key not in seen:
+            seen.add(key)
+            yield row
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -145,7 +224,7 @@ def _reasoning_gym_rows(
     return [{"question": row["question"], "answer": str(row["answer"])} for row in generated]
 
 
-def _hugging_face_rows(source: str, split: str | None, subset: str | None) -> list[dict]:
+def _hugging_face_rows(source: str, split: str | None, subset: str | None) -> Iterator[dict]:
     try:
         import datasets
     except ImportError as exc:
@@ -162,7 +241,7 @@ def _hugging_face_rows(source: str, split: str | None, subset: str | None) -> li
             f"{split or 'train'!r}): it is not cached locally or the hub is unreachable "
             f"(offline runs need it in the cache first). Cause: {type(exc).__name__}: {exc}"
         ) from exc
-    return [dict(row) for row in loaded]
+    return (dict(row) for row in loaded)  # lazily: DAPO-Math-17k has ~1.79M rows
 
 
 def source_problem(source: Any, split: str | None = None, subset: str | None = None) -> str | None:
@@ -217,6 +296,7 @@ def load_math_dataset(
     subset: str | None = None,
     seed: int = 0,
     options: Mapping[str, Any] | None = None,
+    deduplicate: bool = False,
 ) -> MathDataset:
     """Load a math problem set (see the module docstring for `source`)."""
     if not isinstance(source, str) or not source:
@@ -224,11 +304,10 @@ def load_math_dataset(
     if limit is not None and (isinstance(limit, bool) or int(limit) < 1):
         raise ValueError(f"dataset limit must be >= 1 or None, got {limit!r}")
     q_key, a_key = question_key or "question", answer_key or "answer"
+    rows: Iterable[Mapping[str, Any]]
     if source.startswith(_AI_INFRA):
         name = source[len(_AI_INFRA) :]
-        rows: list[Mapping[str, Any]] = []
-        for path in _ai_infra_files(name, split):
-            rows += _read_jsonl(path)
+        rows = [row for path in _ai_infra_files(name, split) for row in _read_jsonl(path)]
     elif source.startswith(_REASONING_GYM):
         size = int(limit) if limit is not None else 1000
         rows = _reasoning_gym_rows(source[len(_REASONING_GYM) :], size, seed, options or {})
@@ -240,8 +319,9 @@ def load_math_dataset(
         rows = _read_local(path)
     else:
         rows = _hugging_face_rows(source, split, subset)
+    tasks = _rekey(rows, q_key, a_key, source)
+    if deduplicate:
+        tasks = _unique(tasks)
     if limit is not None:
-        rows = rows[: int(limit)]
-    return MathDataset(
-        source if split is None else f"{source}[{split}]", _rekey(rows, q_key, a_key, source)
-    )
+        tasks = itertools.islice(tasks, int(limit))
+    return MathDataset(source if split is None else f"{source}[{split}]", tasks)

@@ -6,8 +6,11 @@ One turn: the prompt holds the question in a template, the policy's reply is gra
 
 Templates: `instruct` asks for step-by-step reasoning and a `\\boxed{}` answer in a user turn
 (chat models); `base` is a plain "Question: ... Answer:" completion prompt for base models
-whose chat template passes the user text through; any other string containing `{question}`
-is used as a format string.
+whose chat template passes the user text through; `messages` sends each task's own chat
+messages verbatim (datasets whose question field is a chat message list, e.g. the RL parquet
+layout of sail/Sanity-Test-R1D-1.5B and DAPO-Math-17k; the tokenizer's chat template renders
+them, as the FlashREINFORCE reference does with its chat template applied); any other string
+containing `{question}` is used as a format string.
 
 Tasks come from a dataset object (`dataset=`, any sequence of {question, answer} mappings)
 or from `source=` and the other `load_math_dataset` arguments. The rollout pool builds one
@@ -40,6 +43,23 @@ TEMPLATES = {
 }
 
 
+MESSAGES = "messages"  # the template that sends a task's own chat messages
+
+
+def prompt_messages(template: str, task: Mapping[str, Any]) -> list[dict[str, str]]:
+    """The chat messages that open an episode on `task` with `template` (see module doc)."""
+    if template == MESSAGES:
+        messages = task.get("messages")
+        if not messages:
+            raise ValueError(
+                "env.template=messages needs tasks with chat messages (a dataset whose question "
+                "field is a list of {role, content}); this task has none: use instruct or base"
+            )
+        return [{"role": str(m["role"]), "content": str(m["content"])} for m in messages]
+    fmt = resolve_template(template)
+    return [{"role": "user", "content": fmt.format(question=task["question"])}]
+
+
 def resolve_template(template: str) -> str:
     """The format string for `template` (a TEMPLATES name or a string with `{question}`)."""
     if template in TEMPLATES:
@@ -47,8 +67,8 @@ def resolve_template(template: str) -> str:
     if isinstance(template, str) and "{question}" in template:
         return template
     raise ValueError(
-        f"env.template must be one of {sorted(TEMPLATES)} or contain '{{question}}', "
-        f"got {template!r}"
+        f"env.template must be one of {sorted([*TEMPLATES, MESSAGES])} or contain "
+        f"'{{question}}', got {template!r}"
     )
 
 
@@ -87,6 +107,7 @@ class MathEnv(Env):
         dataset: Sequence[Mapping[str, Any]] | None = None,
         template: str = "instruct",
         timeout_s: float = 5.0,
+        deduplicate: bool = False,
     ) -> None:
         if (source is None) == (dataset is None):
             raise ValueError("MathEnv needs exactly one of env.source or a dataset object")
@@ -95,13 +116,14 @@ class MathEnv(Env):
                 raise FileNotFoundError(f"env.source: dataset file not found: {source}")
         if not float(timeout_s) > 0:
             raise ValueError(f"env.timeout_s must be > 0, got {timeout_s}")
-        self.template = resolve_template(template)
+        self.template_name = str(template)
+        self.template = template if template == MESSAGES else resolve_template(template)
         self.timeout_s = float(timeout_s)
         self._dataset = dataset
         self._load_args = {
             "source": source, "split": split, "question_key": question_key,
             "answer_key": answer_key, "limit": limit, "subset": subset, "seed": int(seed),
-            "options": dict(options or {}),
+            "options": dict(options or {}), "deduplicate": bool(deduplicate),
         }  # fmt: skip
         self._order: list[int] = []
         self._answer: str | None = None
@@ -121,8 +143,8 @@ class MathEnv(Env):
         return dict(self.dataset[self._order.pop()])
 
     def prompt(self, question: str) -> str:
-        """The user message for `question`."""
-        return self.template.format(question=question)
+        """The user message for `question` (format-string templates)."""
+        return resolve_template(self.template_name).format(question=question)
 
     def reset(self, task: Mapping[str, Any]) -> list[dict[str, str]]:
         question, answer = task.get("question"), task.get("answer")
@@ -131,7 +153,7 @@ class MathEnv(Env):
         if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
             raise ValueError(f"math task field 'answer' must be a string or number: {answer!r}")
         self._answer = str(answer)
-        return [{"role": "user", "content": self.prompt(question)}]
+        return prompt_messages(self.template_name, task)
 
     def step(self, action_text: str) -> StepResult:
         if self._answer is None:

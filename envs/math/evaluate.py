@@ -7,7 +7,9 @@ avg@16 (temp 0.7, top_p 0.7). Sampling settings belong to the caller's `generate
 
 `evaluate_avg_at_k` is engine-agnostic: `generate` maps a list of chat prompts (each a list
 of {role, content} messages) to one sampled reply per prompt; each problem is asked k times
-in one call. Grading runs in a thread pool (envs.math.grade is thread-safe).
+in one call. Prompts follow the math env's templates (`envs.math.env.prompt_messages`;
+`messages` sends a benchmark's own chat messages, e.g. the AIME files of the
+sail/Sanity-Test-R1D-1.5B test split). Grading runs in a thread pool (envs.math.grade is thread-safe).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import concurrent.futures
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from envs.math.env import resolve_template
+from envs.math.env import MESSAGES, prompt_messages, resolve_template
 from envs.math.grading import grade
 
 Generate = Callable[[list[list[dict[str, str]]]], Sequence[str]]
@@ -44,11 +46,13 @@ def benchmark_avg_at_k(
         raise ValueError(f"k must be >= 1, got {k!r}")
     if len(problems) == 0:
         raise ValueError("benchmark has no problems")
-    fmt = resolve_template(template)
+    if template != MESSAGES:
+        resolve_template(template)  # a bad template fails before any generation
     prompts, answers = [], []
     for problem in problems:
+        messages = prompt_messages(template, problem)
         for _ in range(int(k)):
-            prompts.append([{"role": "user", "content": fmt.format(question=problem["question"])}])
+            prompts.append([dict(m) for m in messages])
             answers.append(str(problem["answer"]))
     replies = list(generate(prompts))
     if len(replies) != len(prompts):

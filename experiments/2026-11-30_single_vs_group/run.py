@@ -1,6 +1,6 @@
 """Reproduce the single-vs-group study: one rollout per prompt (FlashREINFORCE) vs GRPO groups of 4.
 
-Both arms use the same toy preset (`experiment=toy_cpu` or `toy_multi_cpu`), the same B = 64
+Every arm uses the same toy preset (`experiment=toy_cpu` or `toy_multi_cpu`), the same B = 64
 trajectories per optimizer step and the same 200 steps, so the same rollout budget (12,800
 rollouts). They differ in how those rollouts are spent:
 
@@ -9,6 +9,13 @@ rollouts). They differ in how those rollouts are spent:
   so 64 distinct prompts per step.
 - `grpo4`: `objective=grpo rollout.mode=sync rollout.samples_per_prompt=4` (group-normalised
   advantages, PPO clip; Shao et al., 2024), synchronous collection, 16 prompts x 4 per step.
+- `grpo4_async`: GRPO as the FlashREINFORCE paper ran it: group-mean advantages without std
+  whitening, PPO clip 0.2 / 0.2, token-mean reduction, 16 prompts x 4 per step, in the same
+  asynchronous pipeline as `single` (groups admitted together, whole groups per batch, the
+  preset's lag bound).
+
+Each run also records the machine's load average (/proc/loadavg) before and after it, into
+`load.json` in its folder; wall times are only compared within one batch of runs.
 
 Usage (from the repository root; runs are sequential, folders under --root, default /tmp/svg):
 
@@ -38,8 +45,14 @@ TASKS = {"single_turn": "toy_cpu", "multi_turn": "toy_multi_cpu"}
 ARMS = {
     "single": [],
     "grpo4": ["objective=grpo", "rollout.mode=sync", "rollout.samples_per_prompt=4"],
-}
-G = {"single": 1, "grpo4": 4}
+    "grpo4_async": [
+        "objective.baseline=group_mean", "objective.trust_region=ppo_clip",
+        "objective.aggregation=token_mean", "objective.token_filter=none",
+        "objective.ppo_clip.eps_low=0.2", "objective.ppo_clip.eps_high=0.2",
+        "rollout.samples_per_prompt=4",
+    ],
+}  # fmt: skip
+G = {"single": 1, "grpo4": 4, "grpo4_async": 4}
 SEEDS = tuple(range(8))
 TARGET, WINDOW = 0.8, 10
 # Pinned: the presets' own max_steps may change (toy_cpu went from 200 to 300 during this study).
@@ -68,9 +81,17 @@ def run_all(root: Path, tasks: list[str], seeds: list[int], dry: bool) -> None:
                 print(shlex.join(cmd), flush=True)
                 if dry or (run_dir(root, task, arm, seed) / "summary.json").exists():
                     continue
-                t0 = time.monotonic()
+                t0, load0 = time.monotonic(), loadavg()
                 subprocess.run(cmd, cwd=REPO, env=env, check=True, stdout=subprocess.DEVNULL)
-                print(f"  done in {time.monotonic() - t0:.0f} s", flush=True)
+                load = {"before": load0, "after": loadavg(), "run_s": time.monotonic() - t0}
+                (run_dir(root, task, arm, seed) / "load.json").write_text(json.dumps(load))
+                print(f"  done in {load['run_s']:.0f} s, load {load0} -> {load['after']}",
+                      flush=True)  # fmt: skip
+
+
+def loadavg() -> list[float]:
+    """The 1, 5 and 15 minute load averages of the machine."""
+    return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
 
 
 def steps_to_target(rewards: list[float]) -> int | None:
@@ -88,6 +109,8 @@ def measure(path: Path, g: int) -> dict[str, float | int | None]:
     rewards = [float(r["train/reward_mean"]) for r in rows]
     summary = json.loads((path / "summary.json").read_text())
     stats = summary.get("rollout_stats", {})
+    load_file = path / "load.json"
+    load = json.loads(load_file.read_text()) if load_file.exists() else {}
     consumed = stats.get("consumed", math.nan)
     return {
         "steps": len(rewards),
@@ -99,6 +122,7 @@ def measure(path: Path, g: int) -> dict[str, float | int | None]:
         "prompts": consumed / g,
         "generated": stats.get("started", math.nan),
         "acceptance": summary.get("acceptance_rate_mean", math.nan),
+        "load": (load["before"][0] + load["after"][0]) / 2 if load else math.nan,
     }
 
 
@@ -114,9 +138,9 @@ def fmt(x: float | int | None, spec: str) -> str:
 def table(root: Path, tasks: list[str], seeds: list[int]) -> str:
     head = (
         "| task | arm | seed | reward first 10 | reward last 20 | updates to 0.8 | train wall s "
-        "| rollouts trained | distinct prompts | rollouts generated | acceptance |"
+        "| rollouts trained | distinct prompts | rollouts generated | acceptance | load |"
     )
-    lines = [head, "|" + "---|" * 11]
+    lines = [head, "|" + "---|" * 12]
     for task in tasks:
         for arm in ARMS:
             for seed in seeds:
@@ -127,7 +151,8 @@ def table(root: Path, tasks: list[str], seeds: list[int]) -> str:
                 lines.append(
                     f"| {task} | {arm} | {seed} | {m['first10']:.2f} | {m['last20']:.2f} | "
                     f"{fmt(m['to_0.8'], 'd')} | {m['wall_s']:.0f} | {m['rollouts']:.0f} | "
-                    f"{m['prompts']:.0f} | {m['generated']:.0f} | {_acceptance(m['acceptance'])} |"
+                    f"{m['prompts']:.0f} | {m['generated']:.0f} | {_acceptance(m['acceptance'])} | "
+                    f"{m['load']:.1f} |"
                 )
     return "\n".join(lines)
 
@@ -148,8 +173,9 @@ def aggregate(root: Path, tasks: list[str], seeds: list[int]) -> str:
     """Per task and arm: mean over seeds (updates to 0.8 over the runs that reached it)."""
     lines = [
         "| task | arm | runs | reward first 10 | reward last 20 (min-max) | reached 0.8 "
-        "| updates to 0.8: median (mean of runs that reached it) | train wall s | distinct prompts |",
-        "|" + "---|" * 9,
+        "| updates to 0.8: median (mean of runs that reached it) | train wall s: mean (min-max) "
+        "| wall s to 0.8: median | load (mean) | distinct prompts |",
+        "|" + "---|" * 11,
     ]
     for task in tasks:
         for arm in ARMS:
@@ -159,14 +185,33 @@ def aggregate(root: Path, tasks: list[str], seeds: list[int]) -> str:
                 continue
             hits = [m["to_0.8"] for m in ms if m["to_0.8"] is not None]
             last = [m["last20"] for m in ms]
+            walls = [m["wall_s"] for m in ms]
+            to_wall = [wall_to_target(d) for d in dirs if (d / "summary.json").exists()]
             lines.append(
                 f"| {task} | {arm} | {len(ms)} | {mean_of(ms, 'first10'):.2f} | {mean_of(ms, 'last20'):.2f} "
                 f"({min(last):.2f}-{max(last):.2f}) | {len(hits)}/{len(ms)} | "
                 f"{median_steps(ms)} ({fmt(sum(hits) / len(hits) if hits else None, '.0f')}) | "
-                f"{mean_of(ms, 'wall_s'):.0f} | "
+                f"{mean_of(ms, 'wall_s'):.0f} ({min(walls):.0f}-{max(walls):.0f}) | "
+                f"{median_or_never(to_wall)} | {mean_of(ms, 'load'):.1f} | "
                 f"{mean_of(ms, 'prompts'):.0f} |"
             )
     return "\n".join(lines)
+
+
+def wall_to_target(path: Path) -> float | None:
+    """Training seconds (`elapsed_s`) at the step where the run first reached 0.8."""
+    with open(path / "metrics.csv", newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r.get("train/reward_mean", "") != ""]
+    step = steps_to_target([float(r["train/reward_mean"]) for r in rows])
+    return None if step is None else float(rows[step - 1]["elapsed_s"])
+
+
+def median_or_never(xs: list[float | None]) -> str:
+    """Median with a run that never got there counting as the largest."""
+    vals = sorted(math.inf if x is None else x for x in xs)
+    n = len(vals)
+    med = vals[n // 2] if n % 2 else (vals[n // 2 - 1] + vals[n // 2]) / 2
+    return "never" if math.isinf(med) else f"{med:.0f}"
 
 
 def plots(root: Path, tasks: list[str], seeds: list[int]) -> None:
@@ -204,7 +249,7 @@ def mean_plot(root: Path, tasks: list[str], seeds: list[int]) -> None:
 
     fig, axes = plt.subplots(1, len(tasks), figsize=(5.5 * len(tasks), 3.6), squeeze=False)
     for ax, task in zip(axes[0], tasks, strict=True):
-        for arm, color in zip(ARMS, ("tab:blue", "tab:orange"), strict=True):
+        for arm, color in zip(ARMS, ("tab:blue", "tab:orange", "tab:green"), strict=True):
             dirs = [run_dir(root, task, arm, s) for s in seeds]
             curves = [moving_average(rewards_of(d)) for d in dirs if (d / "summary.json").exists()]
             if not curves:

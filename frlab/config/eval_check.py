@@ -26,7 +26,7 @@ from frlab.config.schema_eval import EVALS, KINDS, MathBenchmarkConfig
 # Keyword arguments of envs.math.load_math_dataset that a benchmark mapping may give.
 BENCHMARK_KEYS = tuple(f.name for f in dataclasses.fields(MathBenchmarkConfig))
 # envs.math.env.TEMPLATES names (not imported: a dry run must not import envs.math).
-TEMPLATE_NAMES = ("instruct", "base")
+TEMPLATE_NAMES = ("instruct", "base", "messages")
 
 
 def check_eval(

@@ -3,8 +3,10 @@
 Model, devices, batch sizes (global B, per rank, micro-batches per step, token budget and
 packing), the rollout engine (with the number of servers of a `remote` fleet), the trust region with its own parameters
 (delta, cap, clip range, ratio bounds) and the entropy-filter q, the staleness (policy-lag)
-bound, the number of optimizer updates, the evaluation during training (`eval` group), the
-component names and the output folder, without loading anything.
+bound, the number of optimizer updates (where the run stops) next to the lr schedule's own
+length (`optim.schedule_steps`: a paper preset may stop at a headline step before the reference
+run's schedule ends), the evaluation during training (`eval` group), the component names and
+the output folder, without loading anything.
 """
 
 from __future__ import annotations
@@ -53,6 +55,9 @@ class Plan:
     lr: float
     scheduler: str
     components: dict[str, str]
+    schedule_steps: int = 0  # the lr schedule's length (optim.schedule_steps or `updates`)
+    warmup_ratio: float = 0.0
+    min_lr_ratio: float = 0.0
     component_params: dict[str, dict[str, Any]] = field(default_factory=dict)
     delta: float | None = None
     trust: str = "-"
@@ -95,9 +100,10 @@ class Plan:
             ("objective", f"baseline={c['baseline']} trust_region={c['trust_region']} "
                           f"aggregation={c['aggregation']} token_filter={c['token_filter']}"),
             ("trust", f"{self.trust}; token filter q={self.q:g}"),
-            ("updates", f"{self.updates} optimizer steps ({self.rollouts} rollouts), lr "
-                        f"{self.lr:g} {self.scheduler}; zero-gradient batches "
+            ("updates", f"{self.updates} optimizer steps ({self.rollouts} rollouts); "
+                        f"zero-gradient batches "
                         f"{'skipped' if self.skip_zero_signal_steps else 'step AdamW'}"),
+            ("lr", self._schedule()),
             ("eval", self.evaluation),
             ("logger", self.logger or "none (metrics.csv in the run folder)"),
             ("output dir", self.output_dir),
@@ -115,6 +121,17 @@ class Plan:
         caps = f"<= {self.micro_batch_size} rows" + (f", <= {tokens} tokens" if tokens else "")
         layout = "packed (one padding-free row each)" if self.pack_sequences else "padded rows"
         return f"{caps}; {layout}"
+
+    def _schedule(self) -> str:
+        """`1e-06 cosine over N updates (warm-up 3%, floor 10%)[, run stops at step M]`."""
+        shape = [f"warm-up {self.warmup_ratio:.0%}"] if self.warmup_ratio else []
+        if self.scheduler == "cosine":
+            shape.append(f"floor {self.min_lr_ratio:.0%}")
+        text = f"{self.lr:g} {self.scheduler} over {self.schedule_steps} updates"
+        text += f" ({', '.join(shape)})" if shape else ""
+        if self.schedule_steps != self.updates:
+            text += f"; the run stops at step {self.updates}"
+        return text
 
     def _engine(self) -> str:
         if self.servers is None:
@@ -202,6 +219,9 @@ def build_plan(
         rollouts=trainer["max_steps"] * data["batch_size"],
         lr=float(sec["optim"]["lr"]),
         scheduler=sec["optim"]["scheduler"],
+        schedule_steps=int(sec["optim"].get("schedule_steps") or trainer["max_steps"]),
+        warmup_ratio=float(sec["optim"]["warmup_ratio"]),
+        min_lr_ratio=float(sec["optim"]["min_lr_ratio"]),
         components=names,
         component_params=params,
         delta=None if delta is None or not objective.uses_off_policy_correction else float(delta),
@@ -242,7 +262,8 @@ def describe_trust_region(name: str, trust_region: Any) -> str:
 
 
 def describe_eval(node: DictConfig | None) -> str:
-    """`KIND avg@K every N steps on A, B (T=t, top_p=p[, first L each])`, or `none` (eval=none).
+    """`KIND avg@K every N steps[ and at step 0] on A, B (T=t, top_p=p[, first L each])`, or
+    `none` (eval=none).
 
     Expects a node that passed `frlab.config.eval_check.check_eval` (it resolves cleanly)."""
     if node is None:
@@ -252,8 +273,9 @@ def describe_eval(node: DictConfig | None) -> str:
     details = [f"T={float(sampling['temperature']):g}", f"top_p={float(sampling['top_p']):g}"]
     if ev.get("limit") is not None:
         details.append(f"first {ev['limit']} each")
+    start = " and at step 0" if ev.get("at_start") else ""
     return (
-        f"{ev['kind']} avg@{ev['k']} every {ev['every_n_steps']} steps on "
+        f"{ev['kind']} avg@{ev['k']} every {ev['every_n_steps']} steps{start} on "
         f"{', '.join(str(name) for name in ev['benchmarks'])} ({', '.join(details)})"
     )
 

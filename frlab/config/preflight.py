@@ -11,13 +11,15 @@ with close-match suggestions; `check_declared`), then the cross-field rules of t
   pool collects whole groups), and `rollout.max_in_flight` holds at least one group;
 - off-policy correction (token importance ratios) needs the sampler's full support, so
   `rollout.sampling.top_p == 1` and `rollout.sampling.top_k == 0`;
-- group baselines (GRPO, RLOO, Dr. GRPO) need `rollout.samples_per_prompt > 1`, which only the
-  `sync` collection mode provides (the async pool runs one rollout per prompt; `batch_mean`
-  with one sample per prompt is the paper's case);
+- group baselines (GRPO, RLOO, Dr. GRPO) need `rollout.samples_per_prompt > 1` (in either
+  collection mode: the async pool admits a prompt's samples together and batches whole groups;
+  `batch_mean` with one sample per prompt is the paper's case);
 - in async mode weights reach the engine at least every `rollout.max_policy_lag` steps
   (`rollout.sync_every <= rollout.max_policy_lag`), else admission control stalls;
 - a trajectory's context (`rollout.max_len`) leaves room for the prompt beyond one turn's
   generation budget (`rollout.sampling.max_new_tokens`);
+- the lr schedule (`optim.schedule_steps`, default `trainer.max_steps`) is at least as long as
+  the run: a preset may stop at a headline step before the reference's schedule ends;
 - a model is either loaded (`model.name_or_path`, which must exist when it is a local path)
   or random-initialised from `model.config`, not both;
 - MoE routing replay (`model.routing_replay`) needs `rollout/engine=torch`, the engine that
@@ -79,6 +81,7 @@ def preflight(cfg: DictConfig) -> Plan:
     _check_sync(sec["rollout"])
     _check_engine(engine, sec["rollout"], trainer)
     _check_remote(engine, sec["rollout"], world)
+    _check_schedule(sec["optim"], trainer)
     check_eval(cfg, sec["rollout"], trainer)
     objective = check_objective(sec["objective"])
     _check_support(objective, sec["rollout"]["sampling"])
@@ -257,7 +260,7 @@ def _check_batch(data: Mapping[str, Any], rollout: Mapping[str, Any], world: int
 
 
 def _check_support(objective: Any, sampling: Mapping[str, Any]) -> None:
-    """Importance ratios need the full support of the sampling distribution."""
+    """Importance ratios need the full support of the sampling distribution (top_p 1, no top-k)."""
     if not objective.uses_off_policy_correction:
         return
     if sampling["top_p"] != 1.0:
@@ -284,12 +287,6 @@ def _check_groups(objective: Any, rollout: Mapping[str, Any], data: Mapping[str,
             f"needs samples_per_prompt > 1 (got {g}; with one sample its advantages are zero or "
             "undefined); use objective.baseline=batch_mean for one rollout per prompt",
         )
-    if g > 1 and rollout["mode"] != "sync":
-        raise ConfigError(
-            "rollout.mode",
-            f"samples_per_prompt={g} needs mode 'sync' (collect whole groups, then train); the "
-            "async pool runs one rollout per prompt",
-        )
 
 
 def _check_sync(rollout: Mapping[str, Any]) -> None:
@@ -300,6 +297,18 @@ def _check_sync(rollout: Mapping[str, Any]) -> None:
             "rollout.sync_every",
             f"({every}) must be <= rollout.max_policy_lag ({lag}) in async mode: otherwise no "
             "rollout could finish within the lag bound and the pool would stall",
+        )
+
+
+def _check_schedule(optim: Mapping[str, Any], trainer: Mapping[str, Any]) -> None:
+    """A run may stop before the end of its lr schedule, never run past it."""
+    length, steps = optim.get("schedule_steps"), trainer["max_steps"]
+    if length is not None and length < steps:
+        raise ConfigError(
+            "optim.schedule_steps",
+            f"({length}) is shorter than trainer.max_steps ({steps}): the run would continue "
+            "past the end of its lr schedule; set optim.schedule_steps >= trainer.max_steps "
+            "(null: the schedule spans trainer.max_steps)",
         )
 
 

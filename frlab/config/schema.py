@@ -196,6 +196,9 @@ class OptimConfig:
                                doc="linear warmup over warmup_ratio * max_steps")  # fmt: skip
     min_lr_ratio: float = spec(0.0, low=0.0, high=1.0, arg=False,
                                doc="cosine floor as a fraction of lr")  # fmt: skip
+    schedule_steps: int | None = spec(
+        None, low=1, arg=False, doc="the lr schedule's length in updates (a preset may stop "
+        "earlier, at trainer.max_steps); null: trainer.max_steps")  # fmt: skip
     skip_zero_signal_steps: bool = spec(
         False, arg=False, doc="true: a batch whose gradient is exactly 0 (all advantages 0, every "
         "trajectory rejected or every token filtered) leaves weights and AdamW state untouched "

@@ -42,6 +42,7 @@ class MathBenchmarkConfig:
     subset: str | None = spec(None, doc="Hugging Face config name")
     seed: int = spec(0, doc="reasoning-gym generator seed")
     options: Any = spec(None, kind="mapping", doc="reasoning-gym generator settings")
+    deduplicate: bool = spec(False, doc="keep the first row of each question text (before limit)")
 
 
 @dataclass
@@ -54,10 +55,12 @@ class MathEvalConfig:
                            doc="name -> dataset source, or a MathBenchmarkConfig mapping")  # fmt: skip
     k: int = spec(4, low=1, doc="sampled replies per problem")
     every_n_steps: int = spec(50, low=1, doc="optimizer steps between evaluations (<= max_steps)")
+    at_start: bool = spec(False, doc="also evaluate at step 0, before the first update")
     sampling: EvalSamplingConfig = spec(factory=EvalSamplingConfig)
     limit: int | None = spec(None, low=1, doc="first N problems per benchmark; null: all")
     template: str = spec(II("oc.select:env.template,instruct"),
-                         doc="instruct | base | a string containing {question}")  # fmt: skip
+                         doc="instruct | base | messages (a benchmark's own chat messages) | a "
+                         "string containing {question}")  # fmt: skip
     timeout_s: float = spec(5.0, low=0.0, low_open=True, doc="per symbolic check when grading")
     max_workers: int = spec(4, low=1, doc="grading threads")
 
@@ -73,6 +76,7 @@ class EpisodesEvalConfig:
                            doc="name -> keys of the `env` node to change (may be empty)")  # fmt: skip
     k: int = spec(4, low=1, doc="episodes per task")
     every_n_steps: int = spec(50, low=1, doc="optimizer steps between evaluations (<= max_steps)")
+    at_start: bool = spec(False, doc="also evaluate at step 0, before the first update")
     sampling: EvalSamplingConfig = spec(factory=EvalSamplingConfig)
     limit: int | None = spec(None, low=1, doc="first N tasks per benchmark; null: all")
     concurrency: int = spec(II("rollout.max_in_flight"), low=1, doc="episodes played at once")

@@ -182,6 +182,11 @@ class FlashReinforceModule(DataParallelMixin, L.LightningModule):
         return trainer.model if trainer is not None and trainer.model is not None else self
 
     def _horizon(self) -> int | None:
+        """The lr schedule's length: `optim.schedule_steps`, else `max_steps`, else the
+        trainer's `max_steps` (frlab.learner.optim)."""
+        schedule_steps = self.optim_cfg.get("schedule_steps")
+        if schedule_steps is not None:
+            return _positive_int("optim.schedule_steps", schedule_steps)
         if self.max_steps is not None:
             return self.max_steps
         trainer = self._trainer

@@ -5,6 +5,11 @@ either a cosine schedule (linear warmup over `warmup_ratio * max_steps` updates,
 to `min_lr_ratio * lr`) or a constant one (ALFWorld). A schedule advances once per optimizer
 update, never per micro-batch, because the learner takes exactly one update per batch.
 
+The schedule's length `max_steps` is `optim.schedule_steps` when set, else `trainer.max_steps`:
+the paper presets keep the reference run's update count as the schedule (e.g. 3,944) and may
+stop earlier at a headline step (`trainer.max_steps`, e.g. 600), exactly as a longer reference
+run would have been at that step.
+
 Schedule conventions (0-based update index `s`, `W = round(warmup_ratio * max_steps)` warmup
 updates, `S = max_steps`), as a factor on the base lr:
 
@@ -30,7 +35,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from frlab.registry import Registry, close_matches
 
 # Keys of the `optim` config node that are not optimizer arguments (read elsewhere).
-SCHEDULE_KEYS = ("scheduler", "warmup_ratio", "min_lr_ratio")
+SCHEDULE_KEYS = ("scheduler", "warmup_ratio", "min_lr_ratio", "schedule_steps")
 LEARNER_KEYS = ("grad_clip", "skip_zero_signal_steps")
 ADAMW_KEYS = ("lr", "weight_decay", "betas", "eps")
 

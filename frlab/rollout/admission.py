@@ -1,7 +1,7 @@
 """Admission control for the rollout pool: the deadline maths that bounds policy lag.
 
-FlashREINFORCE (SPEC §1, §3) never drops a finished trajectory for being slow (that would bias
-training toward short rollouts); staleness is bounded by ADMISSION CONTROL instead.
+FlashREINFORCE (paper, Sec. 3) never drops a finished trajectory for being slow (that would
+bias training toward short rollouts); staleness is bounded by ADMISSION CONTROL instead.
 
 Lag bookkeeping. Learner version L = optimizer steps completed; the batch handed out next is
 trained at `next_consume_version` (one batch = one optimizer step). A rollout admitted while
@@ -17,6 +17,13 @@ for them if they are still running), the rest in finish order. So every trajecto
 `learner_version - min token version <= max_policy_lag` at consumption, and the per-trajectory
 lag (`lag_info`) is written into `Trajectory.info`. `DeadlineQueue` holds the outstanding
 rollouts these counts are over.
+
+Groups (G = `rollout.samples_per_prompt` > 1, group baselines such as GRPO): the G samples of a
+prompt are admitted together with one deadline, and a batch is built from whole groups only
+(`select_batch` takes groups as units, the earliest-due first, then in the order they
+completed), in the asynchronous mode as in the synchronous one. B is a multiple of G and every
+group's members share their due, so the counts of the invariant stay multiples of G and the
+lag bound holds for every member. A group with a failed sample is dropped whole.
 """
 
 from __future__ import annotations
@@ -52,10 +59,21 @@ def required_early(dues: list[int], learner_version: int, batch_size: int) -> di
     return need
 
 
+def group_units(ready: list[Rollout]) -> list[list[Rollout]]:
+    """The finished rollouts as whole groups, in the order the groups completed (a group
+    completes with its last member; G = 1: one rollout per unit, in finish order)."""
+    units: dict[int, list[Rollout]] = {}
+    for ro in ready:
+        units.setdefault(id(ro.group), []).append(ro)
+    done = [sorted(unit, key=lambda ro: ro.finish_seq) for unit in units.values()]
+    return sorted(done, key=lambda unit: unit[-1].finish_seq)
+
+
 def select_batch(
     ready: list[Rollout], dues: list[int], learner_version: int, batch_size: int
 ) -> list[Rollout] | None:
-    """B finished rollouts that keep every deadline, else None (wait for more to finish)."""
+    """B finished rollouts, whole groups only, that keep every deadline, else None (wait for
+    more to finish)."""
     if len(ready) < batch_size:
         return None
     need = required_early(dues, learner_version, batch_size)
@@ -63,10 +81,22 @@ def select_batch(
         if sum(1 for ro in ready if ro.due <= d) < min(n, batch_size):
             return None
     n_early = min(batch_size, max(need.values(), default=0))
-    early = sorted(ready, key=lambda ro: (ro.due, ro.finish_seq))[:n_early]
-    taken = {id(ro) for ro in early}
-    rest = [ro for ro in ready if id(ro) not in taken][: batch_size - n_early]
-    return sorted(early + rest, key=lambda ro: ro.finish_seq)
+    units = group_units(ready)
+    chosen: list[list[Rollout]] = []
+    count = 0
+    for unit in sorted(units, key=lambda u: (u[0].due, u[-1].finish_seq)):  # earliest due first
+        if count >= n_early:
+            break
+        if count + len(unit) <= batch_size:
+            chosen.append(unit)
+            count += len(unit)
+    for unit in units:  # the rest in completion order
+        if count + len(unit) <= batch_size and not any(unit is c for c in chosen):
+            chosen.append(unit)
+            count += len(unit)
+    if count < batch_size:
+        return None
+    return [ro for unit in sorted(chosen, key=lambda u: u[-1].finish_seq) for ro in unit]
 
 
 def lag_info(learner_version: int, start_version: int, traj: Trajectory) -> dict[str, int]:
@@ -89,8 +119,8 @@ def validate_pool_args(
         raise ValueError(f"data.batch_size must be >= 1, got {batch_size}")
     if mode not in MODES:
         raise ValueError(f"rollout.mode must be one of {MODES}, got {mode!r}")
-    if int(g) < 1 or (mode == "async" and int(g) != 1):
-        raise ValueError(f"rollout.samples_per_prompt={g}: must be 1 in async mode, >= 1 in sync")
+    if int(g) < 1:
+        raise ValueError(f"rollout.samples_per_prompt={g}: must be >= 1")
     if int(batch_size) % int(g):
         raise ValueError(
             f"data.batch_size={batch_size} must be a multiple of rollout.samples_per_prompt={g}"

@@ -10,6 +10,10 @@ admission control (the earliest-deadline invariant and lag bookkeeping in
 lag is written into `Trajectory.info`. Rollout records and their checkpoint form live in
 `frlab.rollout.rollouts`.
 
+Group baselines (GRPO; `samples_per_prompt` G > 1) run in the same asynchronous pipeline: the G
+samples of a prompt are admitted together, batches hold whole groups (`select_batch`), and a
+failed sample fails its group (counted as in sync mode); the lag bound holds for every member.
+
 `mode="sync"` (collect, then train) uses the same code: `next_batch` requests exactly B/G
 prompts x G samples, which run together and are handed out together in prompt order; nothing
 else starts until the next request. A failed sample fails its whole group (the finished

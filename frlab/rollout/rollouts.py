@@ -2,7 +2,8 @@
 
 A `Rollout` is one sample in flight or finished, with the learner version `due` by which it must
 be consumed (the policy-lag bound, see `frlab.rollout.admission`); a `Group` is the G samples of
-one prompt (G = 1 in async mode). `run_rollout` plays one sample in a fresh env and reports its
+one prompt (`rollout.samples_per_prompt`; G = 1 for one rollout per prompt). `run_rollout`
+plays one sample in a fresh env and reports its
 outcome: a trajectory, or a failure classified as "failed" or "rejected" with a reason the pool
 counts (never raised: one bad rollout must not stop the run). The checkpoint form of the pool's
 data cursor is plain Python values only (so it loads with `torch.load(weights_only=True)`):
@@ -36,7 +37,7 @@ STATE_KEYS = frozenset({"prompt_counter", "rng_state", "pending", "ready"})
 
 @dataclass(eq=False)
 class Group:
-    """The G samples of one prompt (G = 1 in async mode)."""
+    """The G samples of one prompt (G = 1: one rollout per prompt)."""
 
     prompt_id: int
     task: dict[str, Any]
@@ -193,10 +194,15 @@ def check_state(state: Mapping[str, Any]) -> None:
 
 
 def restore_ready(items: Iterable[Mapping[str, Any]], max_policy_lag: int) -> Iterator[Rollout]:
-    """Finished rollouts from their checkpoint form, numbered 0.. in order (seq = finish_seq)."""
+    """Finished rollouts from their checkpoint form, numbered 0.. in order (seq = finish_seq);
+    the samples of one prompt started at one version form one group again."""
+    groups: dict[tuple[int, int], Group] = {}
     for i, item in enumerate(items):
         traj, start = Trajectory(**item["trajectory"]), int(item["start_version"])
-        group = Group(traj.prompt_id, dict(item.get("task", {})))
+        key = (int(traj.prompt_id), start)
+        if key not in groups:
+            groups[key] = Group(traj.prompt_id, dict(item.get("task", {})))
+        group = groups[key]
         ro = Rollout(i, group, start, start + max_policy_lag, traj, finish_seq=i)
         group.members.append(ro)
         yield ro

@@ -1,7 +1,8 @@
 """`EpisodeEvaluation`: avg@k of multi-turn environments (ALFWorld seen / unseen games).
 
-The FlashREINFORCE paper evaluates ALFWorld on 140 seen and 134 unseen games with 3 samples each.
-Every `every_n_steps` optimizer steps this callback plays every task of each benchmark
+The paper evaluates ALFWorld on 140 seen and 134 unseen games with 3 samples each (temperature
+1.0, top_p 0.7, every 40 updates and before training). Every `every_n_steps` optimizer steps
+(and at step 0 with `at_start`) this callback plays every task of each benchmark
 environment k times with the agent loop (`run_episode`, the training loop's turn protocol and
 token handling) on the running rollout engine, which holds the learner's latest weights. It
 reports, for that step only (see `PeriodicEvaluation`):
@@ -90,10 +91,11 @@ class EpisodeEvaluation(PeriodicEvaluation):
         prefix: str = "eval",
         env_timeout_s: float = DEFAULT_ENV_TIMEOUT_S,
         engine_timeout_s: float = DEFAULT_ENGINE_TIMEOUT_S,
+        at_start: bool = False,
     ) -> None:
         if not isinstance(benchmarks, Mapping) or not benchmarks:
             raise ValueError(f"{WHO}.benchmarks must be a non-empty mapping name -> env factory")
-        super().__init__(every_n_steps, WHO)
+        super().__init__(every_n_steps, WHO, at_start)
         self.factories = dict(benchmarks)
         self.k = positive_int("k", k, WHO)
         self.limit = None if limit is None else positive_int("limit", limit, WHO)

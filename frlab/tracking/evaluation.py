@@ -4,9 +4,11 @@ The FlashREINFORCE paper reports avg@k (mean over problems of the fraction of k 
 replies graded correct; avg@32 on AIME at temperature 0.6) as its evaluation metric.
 This callback measures it on the running rollout engine (the trainer's datamodule -> pool ->
 engine, which always holds the learner's latest weights), every `every_n_steps` optimizer
-steps (never at step 0), and reports `eval/<benchmark>/avg@k` and `eval/mean/avg@k` for that
-step only: to every `RunFilesCallback` (`log_step_metrics`, metrics.csv) and to the trainer's
-loggers (`log_metrics(step=...)`). Not through `pl_module.log`: Lightning keeps such a value
+steps and, with `at_start=True` (the reference implementation's evaluation before training),
+once at step 0 when a run starts from scratch (not on resume). It reports
+`eval/<benchmark>/avg@k` and `eval/mean/avg@k` for that step only: to every
+`RunFilesCallback` (`log_step_metrics`, or `log_start_metrics` for the step-0 row of
+metrics.csv) and to the trainer's loggers (`log_metrics(step=...)`). Not through `pl_module.log`: Lightning keeps such a value
 and would repeat it in every later step's row. List this callback BEFORE `RunFilesCallback`
 in the trainer's callbacks (frlab.train does, from the `eval` config group) so the values land
 in the same step's row.
@@ -86,11 +88,13 @@ def run_on_loop(
 
 
 def publish(trainer: Any, step: int, metrics: Mapping[str, float]) -> None:
-    """Hand one step's metrics to the run files (metrics.csv row) and to every logger."""
+    """Hand one step's metrics to the run files (metrics.csv row) and to every logger; step 0
+    (before training) goes to `log_start_metrics`, its own row."""
+    hook = "log_start_metrics" if step == 0 else "log_step_metrics"
     for callback in getattr(trainer, "callbacks", None) or ():
-        log_step_metrics = getattr(callback, "log_step_metrics", None)
-        if callable(log_step_metrics):
-            log_step_metrics(metrics)
+        log_metrics = getattr(callback, hook, None)
+        if callable(log_metrics):
+            log_metrics(metrics)
     for logger in getattr(trainer, "loggers", None) or ():
         logger.log_metrics(dict(metrics), step=step)
 
@@ -103,27 +107,37 @@ def positive_int(name: str, value: Any, who: str = "AvgAtKEvaluation") -> int:
 
 
 class PeriodicEvaluation(Callback):
-    """Runs `evaluate_pool(pool) -> metrics` every `every_n_steps` optimizer steps (never at
-    step 0, once per step, global rank 0 only) and publishes the metrics for that step."""
+    """Runs `evaluate_pool(pool) -> metrics` every `every_n_steps` optimizer steps (once per
+    step, global rank 0 only) and, with `at_start`, at step 0 of a fresh run; publishes the
+    metrics for that step."""
 
-    def __init__(self, every_n_steps: int, who: str) -> None:
+    def __init__(self, every_n_steps: int, who: str, at_start: bool = False) -> None:
         self.every_n_steps = positive_int("every_n_steps", every_n_steps, who)
-        self.who = who
+        if not isinstance(at_start, bool):
+            raise ValueError(f"{who}.at_start must be true or false, got {at_start!r}")
+        self.who, self.at_start = who, at_start
         self._last_step = -1
         self.history: list[tuple[int, dict[str, float]]] = []
 
     def due(self, step: int) -> bool:
-        """Whether optimizer step `step` is an evaluation step (N, 2N, ...; never 0, once each)."""
+        """Whether optimizer step `step` is a periodic evaluation step (N, 2N, ...; once each)."""
         return step > 0 and step % self.every_n_steps == 0 and step != self._last_step
 
     def evaluate_pool(self, pool: Any) -> dict[str, float]:
         """The metrics of one evaluation on the running rollout pool's engine."""
         raise NotImplementedError
 
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        """The step-0 evaluation (`at_start`), before the first update of a fresh run."""
+        if self.at_start and int(trainer.global_step) == 0 and self._last_step < 0:
+            self._run(trainer, 0)
+
     def on_train_batch_end(self, trainer: Any, pl_module: Any, *_: Any) -> None:
         step = int(trainer.global_step)
-        if not self.due(step):
-            return
+        if self.due(step):
+            self._run(trainer, step)
+
+    def _run(self, trainer: Any, step: int) -> None:
         self._last_step = step
         if not trainer.is_global_zero:
             return
@@ -197,10 +211,11 @@ class AvgAtKEvaluation(PeriodicEvaluation):
         timeout_s: float = 5.0,
         max_workers: int = 4,
         prefix: str = "eval",
+        at_start: bool = False,
     ) -> None:
         if not isinstance(benchmarks, Mapping) or not benchmarks:
             raise ValueError("AvgAtKEvaluation.benchmarks must be a non-empty mapping name -> spec")
-        super().__init__(every_n_steps, "AvgAtKEvaluation")
+        super().__init__(every_n_steps, "AvgAtKEvaluation", at_start)
         self.k = positive_int("k", k)
         self.limit = None if limit is None else positive_int("limit", limit)
         self.max_new_tokens = positive_int("max_new_tokens", max_new_tokens)

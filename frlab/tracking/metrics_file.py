@@ -71,7 +71,9 @@ def _column(rows: Sequence[Mapping[str, float]], key: str) -> list[float]:
 
 
 def summarize(rows: Sequence[Mapping[str, float]]) -> dict[str, Any]:
-    """Statistics of a run's metric rows (first/last windows named by their length)."""
+    """Statistics of a run's metric rows (first/last windows named by their length); a step-0
+    row (evaluation before training) is no update and counts in no window or rate."""
+    rows = [r for r in rows if not r.get("step", 1.0) < 1]
     reward = _column(rows, "train/reward_mean")
     accept = _column(rows, "train/acceptance_rate")
     lag_max = [v for v in _column(rows, "train/policy_lag_max") if math.isfinite(v)]

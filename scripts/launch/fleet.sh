@@ -4,13 +4,17 @@
 # PRINT_ONLY=1 prints every command (one per line, shell-quoted) instead of running it; the
 # tests use it to check the commands compose.
 
-# layout EXPERIMENT -> sets TRAINER LEARNER_GPUS LEARNER_NODES SERVERS TP MAX_MODEL_LEN.
-# Learner GPUs per node x nodes = trainer.devices x trainer.num_nodes; SERVERS vLLM servers
-# of TP GPUs each (the paper does not state its GPU counts: these are frlab's sizing).
+# layout EXPERIMENT -> sets TRAINER LEARNER_GPUS LEARNER_NODES SERVERS TP MAX_MODEL_LEN
+# HF_OVERRIDES. Learner GPUs per node x nodes = trainer.devices x trainer.num_nodes; SERVERS
+# vLLM servers of TP GPUs each (the paper does not state its GPU counts: these are frlab's
+# sizing). HF_OVERRIDES (vLLM --hf-overrides): Qwen2.5-Math-1.5B's config declares 4,096
+# positions and the reference runs it at 6,144 tokens of context.
 layout() {
+  HF_OVERRIDES=""
   case "$1" in
     r1_distill_1p5b)  TRAINER=gpu;          LEARNER_GPUS=1; LEARNER_NODES=1; SERVERS=7; TP=1; MAX_MODEL_LEN=9216 ;;
-    qwen_math_1p5b)   TRAINER=gpu;          LEARNER_GPUS=1; LEARNER_NODES=1; SERVERS=3; TP=1; MAX_MODEL_LEN=6144 ;;
+    qwen_math_1p5b)   TRAINER=gpu;          LEARNER_GPUS=1; LEARNER_NODES=1; SERVERS=3; TP=1; MAX_MODEL_LEN=6144
+                      HF_OVERRIDES='{"max_position_embeddings": 6144}' ;;
     python_tool_qwen7b) TRAINER=fsdp_7b;    LEARNER_GPUS=4; LEARNER_NODES=1; SERVERS=4; TP=1; MAX_MODEL_LEN=8192 ;;
     alfworld_qwen7b)  TRAINER=fsdp_7b;      LEARNER_GPUS=4; LEARNER_NODES=1; SERVERS=4; TP=1; MAX_MODEL_LEN=16384 ;;
     python_tool_qwen3_30b_a3b) TRAINER=fsdp_30b_a3b; LEARNER_GPUS=8; LEARNER_NODES=2; SERVERS=4; TP=2; MAX_MODEL_LEN=16384 ;;
@@ -45,6 +49,7 @@ start_server() {
     --max-model-len "$max_len" --seed "${SEED:-0}"
     --worker-extension-cls frlab.rollout.remote.worker_extension.WeightUpdateExtension
     --logprobs-mode processed_logprobs --generation-config vllm)
+  if [[ -n "${HF_OVERRIDES:-}" ]]; then cmd+=(--hf-overrides "$HF_OVERRIDES"); fi
   if [[ "${PRINT_ONLY:-0}" == 1 ]]; then run_or_print "${cmd[@]}"; else "${cmd[@]}" & fi
 }
 

@@ -125,10 +125,11 @@ def test_off_policy_correction_needs_full_support() -> None:
     assert plan.delta is None
 
 
-def test_group_baselines_need_several_samples_in_sync_mode() -> None:
+def test_group_baselines_need_several_samples_in_either_mode() -> None:
     for preset in ("grpo", "dr_grpo", "rloo"):
         fails([f"objective={preset}"], "rollout.samples_per_prompt", "batch_mean")
-    fails(["objective=grpo", "rollout.samples_per_prompt=4"], "rollout.mode", "sync")
+    plan = preflight(compose(["objective=grpo", "rollout.samples_per_prompt=4"]))
+    assert (plan.mode, plan.samples_per_prompt) == ("async", 4)  # groups in the async pool
     fails(
         ["rollout=sync", "objective=rloo", "rollout.samples_per_prompt=5"], "data.batch_size", "5"
     )

@@ -438,7 +438,7 @@ def test_admission_and_deadline_arithmetic() -> None:
 @pytest.mark.parametrize(
     ("kw", "key"),
     [
-        (dict(samples_per_prompt=2), "samples_per_prompt"),
+        (dict(samples_per_prompt=0), "samples_per_prompt"),
         (dict(mode="sync", samples_per_prompt=3, batch_size=4), "samples_per_prompt"),
         (dict(mode="later"), "rollout.mode"),
         (dict(batch_size=0), "data.batch_size"),

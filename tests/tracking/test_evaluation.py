@@ -1,4 +1,5 @@
-"""AvgAtKEvaluation: exact avg@k from a scripted engine, the step interval, metrics.csv rows."""
+"""AvgAtKEvaluation: exact avg@k from a scripted engine, the step interval (and step 0),
+metrics.csv rows."""
 
 from __future__ import annotations
 
@@ -75,6 +76,9 @@ class Recorder:
     def log_step_metrics(self, metrics: dict[str, float]) -> None:
         self.staged.append(dict(metrics))
 
+    def log_start_metrics(self, metrics: dict[str, float]) -> None:
+        self.staged.append({"step0": 1.0, **metrics})
+
 
 def fake_trainer(step: int, pool: Any, recorder: Recorder, rank_zero: bool = True) -> Any:
     return SimpleNamespace(global_step=step, is_global_zero=rank_zero, loggers=[recorder],
@@ -121,7 +125,7 @@ def test_generation_runs_on_the_pools_event_loop() -> None:
         loop.close()
 
 
-def test_logs_every_n_steps_and_never_at_step_zero() -> None:
+def test_logs_every_n_steps_and_not_at_step_zero_by_default() -> None:
     pool, recorder = make_pool(), Recorder()
     trainer = fake_trainer(0, pool, recorder)
     cb = AvgAtKEvaluation({"arith": ARITH}, k=1, every_n_steps=3)
@@ -132,6 +136,27 @@ def test_logs_every_n_steps_and_never_at_step_zero() -> None:
     expected = {"eval/arith/avg@1": 1.0, "eval/mean/avg@1": 1.0}
     assert recorder.logged == [(3, expected), (6, expected)]
     assert recorder.staged == [expected, expected]
+
+
+def test_at_start_evaluates_at_step_zero_of_a_fresh_run_only() -> None:
+    pool, recorder = make_pool(), Recorder()
+    trainer = fake_trainer(0, pool, recorder)
+    cb = AvgAtKEvaluation({"arith": ARITH}, k=1, every_n_steps=3, at_start=True)
+    cb.on_train_start(trainer, None)
+    expected = {"eval/arith/avg@1": 1.0, "eval/mean/avg@1": 1.0}
+    assert cb.history == [(0, expected)] and recorder.logged == [(0, expected)]
+    assert recorder.staged == [{"step0": 1.0, **expected}]  # its own row, not step 1's
+    for step in (1, 2, 3):
+        trainer.global_step = step
+        cb.on_train_batch_end(trainer, None, None, None, 0)
+    assert [s for s, _ in cb.history] == [0, 3]
+    resumed = AvgAtKEvaluation({"arith": ARITH}, k=1, every_n_steps=3, at_start=True)
+    resumed.on_train_start(fake_trainer(6, pool, Recorder()), None)  # resume: no step-0 eval
+    off = AvgAtKEvaluation({"arith": ARITH}, k=1, every_n_steps=3)
+    off.on_train_start(fake_trainer(0, pool, Recorder()), None)
+    assert resumed.history == [] and off.history == []
+    with pytest.raises(ValueError, match="at_start"):
+        AvgAtKEvaluation({"arith": ARITH}, k=1, every_n_steps=3, at_start="yes")  # type: ignore[arg-type]
 
 
 def test_other_ranks_do_not_evaluate() -> None:
@@ -204,15 +229,17 @@ def test_metrics_reach_metrics_csv_in_a_real_lightning_run(tmp_path: Path) -> No
         def train_dataloader(self) -> list[torch.Tensor]:
             return [torch.zeros(1)] * 100
 
-    evaluation = AvgAtKEvaluation({"algebra": ALGEBRA}, k=2, every_n_steps=2)
+    evaluation = AvgAtKEvaluation({"algebra": ALGEBRA}, k=2, every_n_steps=2, at_start=True)
     run_files = RunFilesCallback(tmp_path)
     trainer = L.Trainer(max_steps=5, logger=False, callbacks=[evaluation, run_files],
                         enable_model_summary=False, enable_progress_bar=False,
                         enable_checkpointing=False, accelerator="cpu", devices=1)  # fmt: skip
     trainer.fit(Dummy(), datamodule=Data())
     rows = {int(r["step"]): r for r in read_metrics(tmp_path)}
-    assert sorted(rows) == [1, 2, 3, 4, 5]
-    for step in (2, 4):
+    assert sorted(rows) == [0, 1, 2, 3, 4, 5]  # step 0: the evaluation before training
+    assert math.isnan(rows[0].get("train/loss", math.nan))
+    assert run_files.summary["steps"] == 5 and run_files.summary["rows"] == 5
+    for step in (0, 2, 4):
         assert rows[step]["eval/algebra/avg@2"] == 0.625  # (1 + 1 + 0 + 1/2) / 4
         assert rows[step]["eval/mean/avg@2"] == 0.625
     for step in (1, 3, 5):
