@@ -186,7 +186,7 @@ class FlashReinforceModule(DataParallelMixin, L.LightningModule):
         trainer's `max_steps` (frlab.learner.optim)."""
         schedule_steps = self.optim_cfg.get("schedule_steps")
         if schedule_steps is not None:
-            return _positive_int("optim.schedule_steps", schedule_steps)
+            return positive_int("optim.schedule_steps", schedule_steps)
         if self.max_steps is not None:
             return self.max_steps
         trainer = self._trainer
