@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# frlab GPU check (issue 4): a few asynchronous FlashREINFORCE updates on CUDA in bf16 at
-# Qwen2.5-0.5B's shape (random init, no download): torch engine + pool + Lightning learner +
-# weight sync, then the GPU-marked tests. Prints rollout tokens/s, learner tokens/s and step
-# time (see scripts/gpu_check.py). Sized for well under 8 minutes on one H200.
+# frlab GPU check: a few asynchronous FlashREINFORCE updates on CUDA in bf16 at Qwen2.5-0.5B's
+# shape (random init, no download): torch engine + pool + Lightning learner + weight sync, then
+# the GPU-marked tests, packed micro-batches on CUDA (scripts/gpu_packing_check.py: exactness
+# per attention implementation, packed vs padded speed), and bench/gpu_mfu.py (learner MFU at
+# Qwen2.5-1.5B's shape, peak memory at 8,192-token trajectories, torch-engine decode
+# throughput). Prints rollout tokens/s, learner tokens/s and step time (scripts/gpu_check.py).
+# Sized for about 8 minutes on one H200.
 #
 # With vllm installed (vllm>=0.28,<0.30), also scripts/gpu_check_vllm.py (issue 9): the
 # in-process vLLM engine with a weight update and its processed log-probs against the
@@ -59,6 +62,14 @@ timeout 120 "$PY" -m pytest -q -m gpu tests/
 test_rc=$?
 [ "$test_rc" -eq 5 ] && { echo "gpu_check: no GPU-marked tests collected"; test_rc=0; }
 
+echo "== packed micro-batches on CUDA: exactness, then packed vs padded learner speed"
+timeout 300 "$PY" scripts/gpu_packing_check.py --repeats "${PACKING_REPEATS:-1}"
+packing_rc=$?
+
+echo "== learner MFU (Qwen2.5-1.5B shape), peak memory at 8192-token trajectories, decode"
+timeout 300 "$PY" bench/gpu_mfu.py
+mfu_rc=$?
+
 echo "== vLLM: in-process engine + one vllm serve server (skipped without vllm)"
 timeout 600 "$PY" scripts/gpu_check_vllm.py
 vllm_rc=$?
@@ -72,5 +83,7 @@ else
   vllm_tests_rc=0
 fi
 
-echo "gpu_check.sh: check rc=$check_rc, gpu tests rc=$test_rc, vllm rc=$vllm_rc, vllm tests rc=$vllm_tests_rc"
-[ "$check_rc" -eq 0 ] && [ "$test_rc" -eq 0 ] && [ "$vllm_rc" -eq 0 ] && [ "$vllm_tests_rc" -eq 0 ]
+echo "gpu_check.sh: check rc=$check_rc, gpu tests rc=$test_rc, packing rc=$packing_rc," \
+  "mfu rc=$mfu_rc, vllm rc=$vllm_rc, vllm tests rc=$vllm_tests_rc"
+[ "$check_rc" -eq 0 ] && [ "$test_rc" -eq 0 ] && [ "$packing_rc" -eq 0 ] && [ "$mfu_rc" -eq 0 ] \
+  && [ "$vllm_rc" -eq 0 ] && [ "$vllm_tests_rc" -eq 0 ]
