@@ -42,6 +42,11 @@ def problems(cfg: DictConfig) -> Iterator[tuple[str, str]]:
         if problem:
             yield f"model.{key}", problem
             break  # the tokenizer usually follows name_or_path: report the source once
+    yield from data_problems(cfg)
+
+
+def data_problems(cfg: DictConfig) -> Iterator[tuple[str, str]]:
+    """(config key, what is missing) for the training environment and every benchmark."""
     env = _plain(cfg.get("env")) or {}
     yield from _env_problems(env, {}, "env")
     evaluation = _plain(cfg.get("eval"))

@@ -109,12 +109,13 @@ def source_problem(source: str) -> str | None:
 def check_machine(cfg: DictConfig) -> None:
     """Devices, then model sources, then data files, then what each environment and benchmark
     declares it reads (frlab.config.availability); ConfigError naming the key."""
-    from frlab.config.availability import check_availability
+    from frlab.config.availability import data_problems
 
     check_devices(cfg)
     check_model_sources(cfg)
     check_data_files(cfg)
-    check_availability(cfg)
+    for key, problem in data_problems(cfg):
+        raise ConfigError(key, f"{problem}; {DRY_RUN_HINT}")
 
 
 def check_devices(cfg: DictConfig) -> None:

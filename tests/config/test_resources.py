@@ -77,9 +77,10 @@ def test_an_uncached_hub_model_offline_is_found_before_anything_loads(monkeypatc
     err = machine_error(["experiment=qwen_math_1p5b"])
     assert err.key == "model.name_or_path" and "local Hugging Face cache" in str(err)
     monkeypatch.setattr(resources, "cached_on_hub", lambda repo: repo == "Qwen/Qwen2.5-Math-1.5B")
-    check_machine(compose(["experiment=qwen_math_1p5b", "eval=none"]))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
-    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "0")
+    err = machine_error(["experiment=qwen_math_1p5b", "eval=none"])
+    assert err.key == "env.source"  # the model is cached, the DAPO training set is not
+    for flag in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.setenv(flag, "0")
     monkeypatch.setattr(resources, "cached_on_hub", lambda repo: False)
     check_machine(compose(["experiment=qwen_math_1p5b", "eval=none"]))  # online: downloadable
 
@@ -89,8 +90,8 @@ def test_missing_data_files_name_their_keys(monkeypatch, tmp_path: Path) -> None
     monkeypatch.setenv("FRLAB_DATA_DIR", str(tmp_path))
     monkeypatch.setattr(resources, "cached_on_hub", lambda repo: True)
     err = machine_error(["experiment=python_tool_qwen7b", "eval=none"])
-    assert err.key == "env.data_path" and "deepscaler_train.jsonl" in str(err)
-    (tmp_path / "deepscaler_train.jsonl").write_text("")
+    assert err.key == "env.data_path" and "dapo_math_7500_tool.jsonl" in str(err)
+    (tmp_path / "dapo_math_7500_tool.jsonl").write_text("")
     err = machine_error(["experiment=python_tool_qwen7b", "eval=tool_episodes"])
     assert err.key == "eval.benchmarks.AMC23.data_path"
     err = machine_error(["env=math", f"env.source={tmp_path}/train.jsonl"])

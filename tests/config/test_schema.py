@@ -62,7 +62,8 @@ def test_check_declared_unknown_removed_and_nested_keys() -> None:
 
 def test_keys_frlab_reads_itself_are_not_target_arguments() -> None:
     assert not_args(schema.OptimConfig) == ("grad_clip", "scheduler", "warmup_ratio",
-                                            "min_lr_ratio", "skip_zero_signal_steps")  # fmt: skip
+                                            "min_lr_ratio", "schedule_steps",
+                                            "skip_zero_signal_steps")  # fmt: skip
     assert set(not_args(schema.ModelConfig)) == {"tokenizer", "logprob_chunk_size",
                                                  "routing_replay"}  # fmt: skip
     assert not_args(schema.DataConfig) == ("micro_batch_size", "max_tokens_per_micro_batch",
