@@ -82,30 +82,22 @@ def packed_sdpa_attention(
         or any(a >= b for a, b in zip(cuts[:-1], cuts[1:], strict=True))
     ):
         raise ValueError(f"cu_seq_lens_q {cuts} does not partition {query.shape[2]} positions")
-    # Trajectories of equal length share one batched call; then the rows go back in order.
+    # One split per tensor (its backward is one concatenation, not one full-size copy per
+    # slice); trajectories of equal length share one batched call; one cat back in order.
+    lengths = [end - start for start, end in zip(cuts[:-1], cuts[1:], strict=True)]
+    parts = [t.split(lengths, dim=2) for t in (query, key, value)]
     by_length: dict[int, list[int]] = {}
-    for start, end in zip(cuts[:-1], cuts[1:], strict=True):
-        by_length.setdefault(end - start, []).append(start)
-    pieces, order = [], []
-    for n, starts in by_length.items():
-        index = (
-            torch.tensor(starts, device=query.device)[:, None]
-            + torch.arange(n, device=query.device)
-        ).flatten()
-        q, k, v = (_segments(t, index, len(starts), n) for t in (query, key, value))
+    for i, n in enumerate(lengths):
+        by_length.setdefault(n, []).append(i)
+    outputs: list[Tensor] = [query] * len(lengths)  # placeholders, all replaced below
+    for members in by_length.values():
+        q, k, v = (torch.cat([p[i] for i in members]) for p in parts)
         out = sdpa_attention_forward(
             module, q, k, v, None, dropout=dropout, scaling=scaling, is_causal=True
-        )[0]  # [segments, n, heads, d]
-        pieces.append(out.reshape(len(starts) * n, *out.shape[2:]))
-        order.append(index)
-    rows = torch.cat(pieces)[torch.argsort(torch.cat(order))]
-    return rows.unsqueeze(0), None
-
-
-def _segments(x: Tensor, index: Tensor, count: int, length: int) -> Tensor:
-    """`[1, heads, N, d]` -> `[count, heads, length, d]`: the positions `index`, per segment."""
-    heads, dim = x.shape[1], x.shape[3]
-    return x[0][:, index].view(heads, count, length, dim).transpose(0, 1)
+        )[0]  # [len(members), n, heads, d]
+        for i, piece in zip(members, out.unbind(0), strict=True):
+            outputs[i] = piece
+    return torch.cat(outputs).unsqueeze(0), None
 
 
 def _register() -> None:
