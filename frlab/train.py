@@ -194,19 +194,35 @@ def pool_factory(
     return make
 
 
+def training_questions(make_env: Callable[[], Any]) -> Callable[[], set[str]]:
+    """A callable giving the training env's questions (empty when its tasks are not a
+    dataset), to count evaluation problems that training also sees."""
+
+    def questions() -> set[str]:
+        dataset = getattr(make_env(), "dataset", None) or ()
+        return {str(task.get("question", "")).strip() for task in dataset}
+
+    return questions
+
+
 def build_evaluation(cfg: DictConfig) -> Any:
     """The evaluation callback of the `eval` node (None when off, eval=none): kind `math` ->
     AvgAtKEvaluation; `episodes` -> EpisodeEvaluation, one env factory per benchmark (the
     training env node with the benchmark's keys changed)."""
+    from frlab.tracking.benchmarks import benchmark_specs
+
     node = cfg.get("eval")
     if node is None:
         return None
     spec = plain(node)
     kind, sampling, benchmarks = spec.pop("kind"), spec.pop("sampling"), spec.pop("benchmarks")
+    benchmarks = benchmark_specs(benchmarks)
     if kind == "math":
         from frlab.tracking.evaluation import AvgAtKEvaluation
 
-        return AvgAtKEvaluation(benchmarks, **spec, **sampling)
+        env = plain(cfg.env)
+        questions = training_questions(env_factory(cfg.env)) if "source" in env else None
+        return AvgAtKEvaluation(benchmarks, **spec, **sampling, training_questions=questions)
     from frlab.tracking.episode_evaluation import EpisodeEvaluation
 
     factories = {

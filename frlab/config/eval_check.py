@@ -9,10 +9,21 @@ mapping with `source` and `load_math_dataset` keyword arguments; episodes: a map
 of the training `env` node to change), the prompt template, and two cross-field rules: an evaluation interval that the run reaches (`eval.every_n_steps <=
 trainer.max_steps`) and a generation budget that leaves room for the prompt
 (`eval.sampling.max_new_tokens < rollout.max_len`). Errors are `ConfigError`s naming the key.
+
+`eval.benchmarks` is a named mapping or a list (frlab.tracking.benchmarks: a list is replaced
+by one override). `eval.at_start` (evaluate before the first update too), and for kind math
+`eval.answer_format` and `eval.system_prompt` (the env's by default) are optional keys.
+
+A benchmark drawn from the training env's source overlaps the training problems unless both
+hold out complementary parts (`holdout: {fraction: f, part: train}` for the env and
+`{fraction: f, part: heldout}` for the benchmark; envs.math.holdout): preflight logs a warning
+naming it (`overlap_warnings`). Overlaps between different sources are counted when the
+evaluation loads its problems (frlab.tracking.evaluation).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,15 +31,21 @@ from omegaconf import DictConfig, OmegaConf
 
 from frlab.config.errors import ConfigError, unknown
 from frlab.config.schema import Field, check_section
+from frlab.tracking.benchmarks import benchmark_specs
+
+log = logging.getLogger(__name__)
 
 KINDS = ("math", "episodes")
+# envs.math.extract.ANSWER_FORMATS (not imported: a dry run must not import envs.math).
+ANSWER_FORMATS = ("any", "boxed", "final_line")
 COMMON = {
     "kind": Field("str", choices=KINDS),
-    "benchmarks": Field("mapping"),
+    "benchmarks": Field("any"),
     "k": Field("int", low=1),
     "every_n_steps": Field("int", low=1),
     "sampling": Field("mapping"),
     "limit": Field("int", optional=True, low=1),
+    "at_start": Field("bool"),
 }
 FIELDS = {
     "math": {
@@ -36,9 +53,12 @@ FIELDS = {
         "template": Field("str"),
         "timeout_s": Field("float", low=0.0, low_open=True),
         "max_workers": Field("int", low=1),
+        "answer_format": Field("str", choices=ANSWER_FORMATS),
+        "system_prompt": Field("str"),
     },
     "episodes": {**COMMON, "concurrency": Field("int", low=1)},
 }
+OPTIONAL = {"at_start": False, "answer_format": "any", "system_prompt": "default"}
 EVAL_SAMPLING = {
     "temperature": Field("float", low=0.0, low_open=True),
     "top_p": Field("float", low=0.0, high=1.0, low_open=True),
@@ -46,7 +66,7 @@ EVAL_SAMPLING = {
 }
 # Keyword arguments of envs.math.load_math_dataset besides `source` (a benchmark mapping).
 BENCHMARK_KEYS = ("source", "split", "question_key", "answer_key", "limit", "subset", "seed",
-                  "options")  # fmt: skip
+                  "options", "holdout")  # fmt: skip
 # envs.math.env.TEMPLATES names (not imported: a dry run must not import envs.math).
 TEMPLATE_NAMES = ("instruct", "base")
 
@@ -67,8 +87,15 @@ def check_eval(
     kind = values.get("kind")
     if kind not in KINDS:
         raise unknown("eval.kind", "evaluation kind", kind, KINDS)
+    for key, default in OPTIONAL.items():
+        if key in FIELDS[kind]:
+            values.setdefault(key, default)
     check_section("eval", values, FIELDS[kind])
     check_section("eval.sampling", values["sampling"], EVAL_SAMPLING)
+    try:
+        values["benchmarks"] = benchmark_specs(values["benchmarks"])
+    except ValueError as exc:
+        raise ConfigError("eval.benchmarks", str(exc).removeprefix("eval.benchmarks ")) from exc
     if not values["benchmarks"]:
         raise ConfigError("eval.benchmarks", "is empty: name at least one benchmark or eval=none")
     env_keys = [str(k) for k in (cfg.get("env") or {}) if k != "_target_"]
@@ -79,8 +106,40 @@ def check_eval(
             _check_env_benchmark(f"eval.benchmarks.{name}", spec, env_keys)
     if kind == "math":
         _check_template(values["template"])
+        env = OmegaConf.to_container(cfg.env, resolve=True) if cfg.get("env") else {}
+        for message in overlap_warnings(env, values["benchmarks"]):  # type: ignore[arg-type]
+            log.warning(message)
     _check_cross(values, rollout, trainer)
     return values
+
+
+def _holdout(spec: Any) -> tuple[float, str] | None:
+    holdout = spec.get("holdout") if isinstance(spec, Mapping) else None
+    if not isinstance(holdout, Mapping):
+        return None
+    return holdout.get("fraction"), holdout.get("part")
+
+
+def overlap_warnings(env: Mapping[str, Any], benchmarks: Mapping[str, Any]) -> list[str]:
+    """Warnings for benchmarks drawn from the training env's source without complementary
+    hold-out parts (same fraction, `train` for the env and `heldout` for the benchmark)."""
+    source, env_part = env.get("source"), _holdout(env)
+    out = []
+    for name, spec in benchmarks.items():
+        bench_source = spec.get("source") if isinstance(spec, Mapping) else spec
+        if source is None or bench_source != source:
+            continue
+        part = _holdout(spec)
+        if env_part and part and env_part[0] == part[0] and (env_part[1], part[1]) == (
+            "train", "heldout"
+        ):
+            continue
+        out.append(
+            f"eval.benchmarks.{name} draws from the training source {source!r} without a "
+            "disjoint hold-out, so it overlaps the training problems: set env.holdout="
+            "{fraction: f, part: train} and the benchmark's holdout={fraction: f, part: heldout}"
+        )
+    return out
 
 
 def _check_benchmark(key: str, spec: Any) -> None:

@@ -14,7 +14,9 @@ admission control can never admit new rollouts.
 
 After every training batch it also logs the engine's own counters from `pool.stats()["engine"]`
 as `rollout/<name>` (the remote backend: `rollout/retries`, `rollout/servers_healthy`, ...),
-so they reach every logger and metrics.csv; engines without counters log nothing.
+so they reach every logger and metrics.csv; engines without counters log nothing. The pool's
+generation window of the batch (`timing/generation_s`, `timing/generation_tokens_per_s`,
+`timing/batch_wait_s`: frlab.rollout.metering) is logged the same way.
 """
 
 from __future__ import annotations
@@ -90,15 +92,19 @@ class WeightSyncCallback(L.Callback):
 
 
 def rollout_metrics(stats: Any) -> dict[str, float]:
-    """`rollout/<name>` floats of the numeric engine counters in a pool's `stats()`."""
-    engine = stats.get("engine") if isinstance(stats, dict) else None
-    if not isinstance(engine, dict):
+    """`rollout/<name>` floats of the numeric engine counters in a pool's `stats()`, plus the
+    last batch's generation window (`timing/generation_s`, ..., frlab.rollout.metering)."""
+    if not isinstance(stats, dict):
         return {}
-    return {
+    engine, generation = stats.get("engine"), stats.get("generation")
+    out = {
         f"rollout/{name}": float(value)
-        for name, value in engine.items()
+        for name, value in (engine if isinstance(engine, dict) else {}).items()
         if isinstance(value, int | float) and not isinstance(value, bool)
     }
+    if isinstance(generation, dict):
+        out.update({name: float(value) for name, value in generation.items()})
+    return out
 
 
 def _version(pl_module: L.LightningModule) -> int:

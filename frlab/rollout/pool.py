@@ -14,6 +14,12 @@ lag is written into `Trajectory.info`. Rollout records and their checkpoint form
 prompts x G samples, which run together and are handed out together; nothing else starts until
 the next request. A failed sample fails its whole group (the finished siblings are counted in
 `rejected_by_reason["incomplete_group"]`) and a replacement group starts.
+
+Each handed-out batch carries its generation window (frlab.rollout.metering: generation time,
+tokens/s, the learner's wait) in `stats()["generation"]`; `run_pinned` runs background work
+(evaluation) that weight updates wait for (frlab.rollout.pinning); `close_admission` (after the
+last planned batch) starts no more rollouts and cancels the unconsumed ones, so an evaluation
+at the end of a run has the engine to itself.
 """
 
 from __future__ import annotations
@@ -37,6 +43,8 @@ from frlab.rollout.admission import required_early as required_early
 from frlab.rollout.admission import select_batch as select_batch
 from frlab.rollout.agent_loop import AgentLoopConfig
 from frlab.rollout.engine import Engine
+from frlab.rollout.metering import GenerationMeter, MeteredEngine
+from frlab.rollout.pinning import WeightPins
 from frlab.rollout.rollouts import REJECT_REASONS as REJECT_REASONS
 from frlab.rollout.rollouts import (
     Failure,
@@ -113,6 +121,11 @@ class RolloutPool:
         self._task_env: Any = None
         self._wake: asyncio.Event | None = None
         self._tasks: set[asyncio.Task] = set()
+        self._meter = GenerationMeter()
+        self._metered = MeteredEngine(engine, self._meter)
+        self._generation: dict[str, float] = {}
+        self._admission_closed = False
+        self.pins = WeightPins()
 
     def _reset_queues(self) -> None:
         self._queue = DeadlineQueue()  # started, not yet consumed or dropped
@@ -156,6 +169,7 @@ class RolloutPool:
                 if self._started:
                     self.engine.shutdown()
             finally:
+                self.pins.shutdown()
                 if self._executor is not None:
                     self._executor.shutdown(wait=True)
                 close_env(self._task_env)
@@ -205,7 +219,7 @@ class RolloutPool:
     def _admit(self) -> None:
         g = self.samples_per_prompt
         with self._cond:
-            while not (self._stopping or self._loading):
+            while not (self._stopping or self._loading or self._admission_closed):
                 if self._queue.in_flight() + g > self.max_in_flight or (
                     self.mode == "sync" and self._sync_need <= 0
                 ):
@@ -237,7 +251,7 @@ class RolloutPool:
 
     async def _run(self, ro: Rollout) -> None:
         assert self._executor is not None
-        args = (self.engine, self.env_factory, self.tokenizer, self.loop_cfg, ro.group)
+        args = (self._metered, self.env_factory, self.tokenizer, self.loop_cfg, ro.group)
         await run_rollout(*args, self._executor, functools.partial(self._resolve, ro))
 
     def _resolve(self, ro: Rollout, traj: Trajectory | None, failure: Failure | None) -> None:
@@ -270,7 +284,8 @@ class RolloutPool:
     # -- consumer side -----------------------------------------------------------------------
     def next_batch(self, timeout: float | None = None) -> list[Trajectory]:
         """Block until B finished trajectories can be handed out; annotate their lag."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+        called = time.monotonic()
+        deadline = None if timeout is None else called + timeout
         with self._cond:
             self._request_sync_batch()
             while True:
@@ -285,8 +300,22 @@ class RolloutPool:
                     )
                 self._cond.wait(left)
             batch = self._hand_out(chosen)
+            self._generation = self._meter.take_window(time.monotonic() - called)
         self._notify_loop()
         return batch
+
+    def close_admission(self) -> None:
+        """No more batches will be asked for: start no rollout and cancel those in flight
+        (their prompts stay in the checkpoint cursor and rerun on resume)."""
+        with self._cond:
+            self._admission_closed = True
+        loop = self._loop
+        if loop is not None and loop.is_running() and not loop.is_closed():
+            asyncio.run_coroutine_threadsafe(self._cancel_all(), loop).result(timeout=60)
+
+    def run_pinned(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future:
+        """Run `fn(*args)` in the background; `update_weights` waits until it has finished."""
+        return self.pins.run(fn, *args)
 
     def _request_sync_batch(self) -> None:
         if self.mode == "sync" and self._sync_need <= 0:
@@ -337,6 +366,7 @@ class RolloutPool:
         """Push learner weights at `version` to the engine (it pauses, loads, bumps, resumes)."""
         if int(version) < int(self.engine.version):
             raise ValueError(f"update_weights version {version} < engine {self.engine.version}")
+        self.pins.wait()  # an evaluation in flight measures the current weights
         self.engine.update_weights(state_dict, int(version))
         if int(self.engine.version) != int(version):
             raise RuntimeError(
@@ -365,6 +395,7 @@ class RolloutPool:
                 next_consume_version=self._next_consume_version,
                 engine_version=int(self.engine.version),
                 engine=engine_stats(self.engine),
+                generation=dict(self._generation),
             )
             return out
 

@@ -13,7 +13,8 @@ reports, for that step only (see `PeriodicEvaluation`):
 Tasks come from one environment instance: `games()` (ALFWorld, one `{"game_file"}` task per
 game folder, sorted) or a `tasks` list (the Python-tool env). Each episode gets a fresh
 environment from the benchmark's factory and closes it. At most `concurrency` episodes run at
-once, on the pool's event loop. Only global rank 0 evaluates.
+once, on the pool's event loop, in the pool's pinned background thread (the learner goes on;
+see `PeriodicEvaluation`). Only global rank 0 evaluates.
 """
 
 from __future__ import annotations
@@ -69,10 +70,11 @@ class EpisodeEvaluation(PeriodicEvaluation):
         limit: int | None = None,
         concurrency: int = 16,
         prefix: str = "eval",
+        at_start: bool = False,
     ) -> None:
         if not isinstance(benchmarks, Mapping) or not benchmarks:
             raise ValueError(f"{WHO}.benchmarks must be a non-empty mapping name -> env factory")
-        super().__init__(every_n_steps, WHO)
+        super().__init__(every_n_steps, WHO, at_start)
         self.factories = dict(benchmarks)
         self.k = positive_int("k", k, WHO)
         self.limit = None if limit is None else positive_int("limit", limit, WHO)
