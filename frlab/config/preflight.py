@@ -138,6 +138,10 @@ def _check_infrastructure(cfg: DictConfig) -> None:
                 raise ConfigError(
                     f"callbacks.{name}._target_", "missing (or set the entry to null)"
                 )
+            if node is not None and not isinstance(node.get("enabled", True), bool):
+                raise ConfigError(
+                    f"callbacks.{name}.enabled", f"must be true or false, got {node.enabled!r}"
+                )
         check_allowed(callbacks, "callbacks")
     check_allowed(cfg.trainer, "trainer")
 
