@@ -192,7 +192,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("out_dir", help="the Hugging Face folder to write (must not exist)")
     parser.add_argument("--ckpt", default=None, help="a checkpoint other than last.ckpt")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing OUT_DIR")
-    parser.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: the run's)")
+    parser.add_argument(
+        "--dtype", default=None, help="float32 | bfloat16 | float16 (default: the run's)"
+    )
     args = parser.parse_args(argv)
     try:
         out = export(args.run_dir, args.out_dir, ckpt=args.ckpt, overwrite=args.overwrite,

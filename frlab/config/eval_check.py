@@ -130,8 +130,11 @@ def overlap_warnings(env: Mapping[str, Any], benchmarks: Mapping[str, Any]) -> l
         if source is None or bench_source != source:
             continue
         part = _holdout(spec)
-        if env_part and part and env_part[0] == part[0] and (env_part[1], part[1]) == (
-            "train", "heldout"
+        if (
+            env_part
+            and part
+            and env_part[0] == part[0]
+            and (env_part[1], part[1]) == ("train", "heldout")
         ):
             continue
         out.append(

@@ -40,9 +40,7 @@ def with_system_prompt(
 
 
 def _render(tokenizer: Any, messages: list[dict[str, str]], generation: bool) -> str:
-    return tokenizer.apply_chat_template(
-        messages, add_generation_prompt=generation, tokenize=False
-    )
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=generation, tokenize=False)
 
 
 def render_without_system(tokenizer: Any, messages: list[dict[str, str]]) -> str:

@@ -148,7 +148,9 @@ def test_a_benchmark_list_names_its_entries_and_replaces_in_one_piece() -> None:
 
 def test_eval_limit_caps_a_benchmark_that_sets_its_own(tmp_path: Path) -> None:
     path = tmp_path / "bench.jsonl"
-    path.write_text("".join(json.dumps({"question": f"q{i}", "answer": i}) + "\n" for i in range(9)))
+    path.write_text(
+        "".join(json.dumps({"question": f"q{i}", "answer": i}) + "\n" for i in range(9))
+    )
     spec = {"source": str(path), "limit": 6}
     assert len(load_benchmark("b", spec, limit=None)) == 6
     assert [p["answer"] for p in load_benchmark("b", spec, limit=2)] == ["0", "1"]
