@@ -89,7 +89,10 @@ def main() -> None:
         row = {"task": name, "samples": len(replies), "system_prompt": args.system_prompt,
                "seconds": round(seconds, 1)}  # fmt: skip
         for fmt in ("any", "final_line"):
-            scores = [grade(r, t["answer"], answer_format=fmt) for r, t in zip(replies, tasks)]
+            scores = [
+                grade(r, t["answer"], answer_format=fmt)
+                for r, t in zip(replies, tasks, strict=True)
+            ]
             row[fmt], row[f"{fmt}_se"] = (round(x, 3) for x in rate(scores))
         print(json.dumps(row), flush=True)
     engine.shutdown()
