@@ -7,10 +7,10 @@ frlab.tracking.evaluation, measured every N steps: Lightning would repeat a valu
 `self.log` in every later row until the epoch ends). `log_step_metrics(metrics, step=N)` puts
 them in step N's row even when they arrive late (an evaluation running in the background):
 a row already written is updated (the file is rewritten atomically), a step without a row of
-its own (step 0: an evaluation before the first update) gets one, placed in step order. Each row is flushed as it is written,
-so a crash keeps every finished step. On resume (`ckpt_path=last`) the file is continued, not
-overwritten: rows past the restored step (written after the last checkpoint)
-are dropped and new rows continue the step count; a metric that appears later widens the
+its own (step 0: an evaluation before the first update) gets one, placed in step order. Each
+row is flushed as it is written, so a crash keeps every finished step. On resume
+(`ckpt_path=last`) the file is continued, not overwritten: rows past the restored step
+(written after the last checkpoint) are dropped and new rows continue the step count; a metric that appears later widens the
 header (the file is rewritten once).
 
 `summary.json` (written atomically at the end, also when training fails) holds the number of
