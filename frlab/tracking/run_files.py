@@ -10,8 +10,8 @@ a row already written is updated (the file is rewritten atomically), a step with
 its own (step 0: an evaluation before the first update) gets one, placed in step order. Each
 row is flushed as it is written, so a crash keeps every finished step. On resume
 (`ckpt_path=last`) the file is continued, not overwritten: rows past the restored step
-(written after the last checkpoint) are dropped and new rows continue the step count; a metric that appears later widens the
-header (the file is rewritten once).
+(written after the last checkpoint) are dropped and new rows continue the step count; a
+metric that appears later widens the header (the file is rewritten once).
 
 `summary.json` (written atomically at the end, also when training fails) holds the number of
 steps, the mean reward over the FIRST 10 and the LAST 10 and 20 steps, acceptance and lag
