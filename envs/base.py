@@ -7,6 +7,11 @@ one per rollout. `step` may be slow (tools, games): the agent loop runs it off t
 Rewards are summed over the episode; `failure` labels failed trajectories for the entropy
 filter (explicit labels, never the advantage sign). `missing_sources` lets frlab check, before
 training starts, that the files and datasets an environment's config names exist.
+
+`system_prompt` is the conversation's system turn, applied by the agent loop when it renders
+the chat template (frlab.rollout.chat): `default` leaves the messages and the template's own
+default system prompt alone (SmolLM2 and Qwen templates inject one when the conversation has
+no system turn), `none` renders no system turn at all, any other text becomes the system turn.
 """
 
 from __future__ import annotations
@@ -28,8 +33,23 @@ class StepResult:
     info: dict[str, Any] = field(default_factory=dict)
 
 
+SYSTEM_PROMPT_MODES = ("default", "none")
+
+
+def check_system_prompt(value: object, key: str = "env.system_prompt") -> str:
+    """`value` if it is `default`, `none` or a non-empty text; ValueError naming `key`."""
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(
+            f"{key} must be 'default' (the chat template's), 'none' (no system turn) or the "
+            f"system prompt text, got {value!r}"
+        )
+    return value
+
+
 class Env(abc.ABC):
     """A text environment for an LLM agent."""
+
+    system_prompt: str = "default"  # default | none | the text (module docstring)
 
     @abc.abstractmethod
     def reset(self, task: Mapping[str, Any]) -> list[dict[str, str]]:

@@ -27,6 +27,7 @@ from frlab.wiring import (
     build_tokenizer,
     check_resume,
     check_vocab,
+    checkpoints_enabled,
     load_tokenizer,
     plain,
     pool_factory,
@@ -82,6 +83,7 @@ def run(cfg: DictConfig, plan: Plan | None = None) -> dict[str, Any]:
         cfg.trainer, key="trainer", user_modules=user_modules(cfg),
         callbacks=[*build_callbacks(cfg, run_files), guard.callback], logger=build_logger(cfg),
         plugins=[AtomicCheckpointIO()], default_root_dir=str(output_dir),
+        **({} if checkpoints_enabled(cfg) else {"enable_checkpointing": False}),
     )  # fmt: skip
     with guard.signals():  # SIGINT/SIGTERM: final checkpoint, then RunInterrupted (130/143)
         trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))

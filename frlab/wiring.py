@@ -192,8 +192,19 @@ def build_evaluation(cfg: DictConfig) -> Any:
     return instantiate(node, key="eval", user_modules=user_modules(cfg))
 
 
+def callback_enabled(node: Any) -> bool:
+    """Whether a `callbacks.NAME` entry is on: not null and not `enabled: false`."""
+    return node is not None and node.get("enabled", True) is not False
+
+
+def checkpoints_enabled(cfg: DictConfig) -> bool:
+    """Whether the run writes checkpoints (`callbacks.model_checkpoint.enabled`, default on)."""
+    return callback_enabled((cfg.get("callbacks") or {}).get("model_checkpoint"))
+
+
 def build_callbacks(cfg: DictConfig, run_files: Any) -> list[Any]:
-    """Weight sync, avg@k evaluation (if configured), run files, then the `callbacks` group.
+    """Weight sync, avg@k evaluation (if configured), run files, then the `callbacks` group
+    (entries that are null or have `enabled: false` are skipped).
 
     Evaluation comes after the weight sync (it measures the step's new weights) and before
     the run files, so its values land in the same step's metrics.csv row."""
@@ -204,7 +215,9 @@ def build_callbacks(cfg: DictConfig, run_files: Any) -> list[Any]:
     callbacks += [evaluation] if evaluation is not None else []
     callbacks.append(run_files)
     for name, node in (cfg.get("callbacks") or {}).items():
-        if node is not None:
+        if callback_enabled(node):
+            kwargs = {k: v for k, v in plain(node).items() if k != "enabled"}
+            node = OmegaConf.create(kwargs)
             callbacks.append(
                 instantiate(node, key=f"callbacks.{name}", user_modules=user_modules(cfg))
             )

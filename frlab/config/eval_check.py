@@ -9,11 +9,21 @@ of the training `env` node to change), the prompt template, and two cross-field 
 evaluation interval that the run reaches (`eval.every_n_steps <= trainer.max_steps`) and a
 generation budget that leaves room for the prompt (`eval.sampling.max_new_tokens <
 rollout.max_len`). Errors are `ConfigError`s naming the key.
+
+`eval.benchmarks` is a named mapping or a list (frlab.tracking.benchmarks: a list is replaced
+by one override); it is turned into the mapping before the declaration check.
+
+A benchmark drawn from the training env's source overlaps the training problems unless both
+hold out complementary parts (`holdout: {fraction: f, part: train}` for the env and
+`{fraction: f, part: heldout}` for the benchmark; envs.math.holdout): preflight logs a warning
+naming it (`overlap_warnings`). Overlaps between different sources are counted when the
+evaluation loads its problems (frlab.tracking.evaluation).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,6 +32,9 @@ from omegaconf import DictConfig, OmegaConf
 from frlab.config.declare import check_declared
 from frlab.config.errors import ConfigError, unknown
 from frlab.config.schema_eval import EVALS, KINDS, MathBenchmarkConfig
+from frlab.tracking.benchmarks import benchmark_specs
+
+log = logging.getLogger(__name__)
 
 # Keyword arguments of envs.math.load_math_dataset that a benchmark mapping may give.
 BENCHMARK_KEYS = tuple(f.name for f in dataclasses.fields(MathBenchmarkConfig))
@@ -52,6 +65,10 @@ def check_eval(
             f"is {kind!r} but the node is a {other[0]} evaluation: choose an eval option of kind "
             f"{kind} (e.g. eval=math or eval=alfworld) instead of changing eval.kind",
         )
+    try:
+        values["benchmarks"] = benchmark_specs(values.get("benchmarks"))
+    except ValueError as exc:
+        raise ConfigError("eval.benchmarks", str(exc).removeprefix("eval.benchmarks ")) from exc
     check_declared("eval", values, EVALS[kind], {"eval": values})
     if not values["benchmarks"]:
         raise ConfigError("eval.benchmarks", "is empty: name at least one benchmark or eval=none")
@@ -63,8 +80,43 @@ def check_eval(
             _check_env_benchmark(f"eval.benchmarks.{name}", spec, env_keys)
     if kind == "math":
         _check_template(values["template"])
+        env = OmegaConf.to_container(cfg.env, resolve=True) if cfg.get("env") else {}
+        for message in overlap_warnings(env, values["benchmarks"]):  # type: ignore[arg-type]
+            log.warning(message)
     _check_cross(values, rollout, trainer)
     return values
+
+
+def _holdout(spec: Any) -> tuple[float, str] | None:
+    holdout = spec.get("holdout") if isinstance(spec, Mapping) else None
+    if not isinstance(holdout, Mapping):
+        return None
+    return holdout.get("fraction"), holdout.get("part")
+
+
+def overlap_warnings(env: Mapping[str, Any], benchmarks: Mapping[str, Any]) -> list[str]:
+    """Warnings for benchmarks drawn from the training env's source without complementary
+    hold-out parts (same fraction, `train` for the env and `heldout` for the benchmark)."""
+    source, env_part = env.get("source"), _holdout(env)
+    out = []
+    for name, spec in benchmarks.items():
+        bench_source = spec.get("source") if isinstance(spec, Mapping) else spec
+        if source is None or bench_source != source:
+            continue
+        part = _holdout(spec)
+        if (
+            env_part
+            and part
+            and env_part[0] == part[0]
+            and (env_part[1], part[1]) == ("train", "heldout")
+        ):
+            continue
+        out.append(
+            f"eval.benchmarks.{name} draws from the training source {source!r} without a "
+            "disjoint hold-out, so it overlaps the training problems: set env.holdout="
+            "{fraction: f, part: train} and the benchmark's holdout={fraction: f, part: heldout}"
+        )
+    return out
 
 
 def _check_benchmark(key: str, spec: Any) -> None:

@@ -177,6 +177,10 @@ def _check_infrastructure(cfg: DictConfig, user_modules: tuple[str, ...]) -> Non
                 raise ConfigError(
                     f"callbacks.{name}._target_", "missing (or set the entry to null)"
                 )
+            if node is not None and not isinstance(node.get("enabled", True), bool):
+                raise ConfigError(
+                    f"callbacks.{name}.enabled", f"must be true or false, got {node.enabled!r}"
+                )
         nodes["callbacks"] = callbacks
     if isinstance(cfg.get("eval"), DictConfig):
         nodes["eval"] = cfg.eval

@@ -42,6 +42,9 @@ class MathBenchmarkConfig:
     subset: str | None = spec(None, doc="Hugging Face config name")
     seed: int = spec(0, doc="reasoning-gym generator seed")
     options: Any = spec(None, kind="mapping", doc="reasoning-gym generator settings")
+    holdout: Any = spec(None, kind="mapping",
+                        doc="{fraction: f, part: train | heldout}: one part of the distinct "
+                        "questions (envs.math.holdout)")  # fmt: skip
     deduplicate: bool = spec(False, doc="keep the first row of each question text (before limit)")
 
 
@@ -50,9 +53,11 @@ class MathEvalConfig:
     """`kind: math`: avg@k of single-turn replies graded 0/1 on math benchmarks."""
 
     _target_: str = "frlab.tracking.evaluation.AvgAtKEvaluation.from_config"
+    _recursive_: bool = False
     kind: str = spec("math", choices=KINDS, arg=False)
     benchmarks: Any = spec(MISSING, kind="mapping",
-                           doc="name -> dataset source, or a MathBenchmarkConfig mapping")  # fmt: skip
+                           doc="name -> dataset source, or a MathBenchmarkConfig mapping; a "
+                           "list replaces the set in one override (frlab.tracking.benchmarks)")  # fmt: skip
     k: int = spec(4, low=1, doc="sampled replies per problem")
     every_n_steps: int = spec(50, low=1, doc="optimizer steps between evaluations (<= max_steps)")
     at_start: bool = spec(False, doc="also evaluate at step 0, before the first update")
@@ -63,6 +68,15 @@ class MathEvalConfig:
                          "string containing {question}")  # fmt: skip
     timeout_s: float = spec(5.0, low=0.0, low_open=True, doc="per symbolic check when grading")
     max_workers: int = spec(4, low=1, doc="grading threads")
+    answer_format: str = spec(II("oc.select:env.answer_format,any"),
+                              choices=("any", "boxed", "final_line"),
+                              doc="any (box, final-answer phrase, last number) | boxed | "
+                              "final_line; the env's by default")  # fmt: skip
+    system_prompt: str = spec(II("oc.select:env.system_prompt,default"),
+                              doc="default (the chat template's) | none | the text; the env's "
+                              "by default")  # fmt: skip
+    env: Any = spec(II("env"), kind="mapping",
+                    doc="the training environment (to count questions it shares with a benchmark)")  # fmt: skip
 
 
 @dataclass

@@ -8,7 +8,8 @@ with `batch_size=None` and `num_workers=0` (the pool already yields whole batche
 process) and reports a length of `trainer.max_steps` batches: a sized loader stops Lightning
 from pre-fetching the next batch before the current optimizer step and weight sync, which
 would add one version of lag and, in sync mode, collect a batch before the update it must
-follow (collect, then train).
+follow (collect, then train). Once the last planned batch is handed out the pool starts no
+more rollouts (`close_admission`).
 
 Teardown stops the pool (a bounded wait: hung environment threads are abandoned), also when
 training raises (Lightning calls `on_exception`, not `teardown`, on that path). While it waits
@@ -72,8 +73,12 @@ class PoolBatches(IterableDataset):
         return self.length
 
     def __iter__(self) -> Iterator[RolloutBatch]:
-        for _ in range(self.length):
-            yield collate(self._next_batch(), self.pad_token_id)
+        for index in range(self.length):
+            batch = self._next_batch()
+            close = getattr(self.pool, "close_admission", None)
+            if index == self.length - 1 and callable(close):
+                close()  # the last planned batch: free the engine (e.g. for a final evaluation)
+            yield collate(batch, self.pad_token_id)
 
     def _next_batch(self) -> list[Any]:
         """`pool.next_batch` in POLL_S slices: a stop request raises RunInterrupted between

@@ -1,6 +1,7 @@
 """The multi-turn agent loop: one environment episode -> one `Trajectory` (token in, token out).
 
-The chat template is applied ONCE, to the environment's initial messages. Each turn then
+The chat template is applied ONCE, to the environment's initial messages (with the env's
+`system_prompt` setting: frlab.rollout.chat). Each turn then
 samples from the engine with the per-turn budget min(max_new_tokens, max_len - used), appends
 the sampled ids verbatim (action mask True, with the engine's own log-probs and weight
 versions: FlashREINFORCE's behaviour log-probs, paper Sec. 3), steps the environment off the
@@ -40,6 +41,7 @@ import torch
 
 from envs.base import Env, StepResult
 from frlab.data.batch import Trajectory, TrajectoryError
+from frlab.rollout.chat import template_ids, with_system_prompt
 from frlab.rollout.engine import Engine, GenerationResult, SamplingParams
 from frlab.rollout.env_threads import (
     DeadlineExceeded,
@@ -135,15 +137,6 @@ class _Stream:
     def final_routing(self) -> torch.Tensor | None:
         """The recorded routing when every engine call returned one, else None."""
         return None if self.routing_missing else self.routing
-
-
-def template_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
-    """Token ids of the chat template applied to `messages`, with the generation prompt."""
-    out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    ids = out["input_ids"] if isinstance(out, Mapping) else out
-    if ids and isinstance(ids[0], list):  # a batch of one
-        ids = ids[0]
-    return [int(t) for t in ids]
 
 
 def observation_ids(
@@ -243,8 +236,10 @@ async def run_episode(
     Environment calls run on `executor` (default: a shared EnvThreads). `seed`: the rollout's
     sampling seed (None: the engine's own random stream)."""
     messages = await env_call(executor, cfg.env_timeout_s, "env_reset", env.reset, task)
+    system_prompt = getattr(env, "system_prompt", "default")
     try:
-        prompt = template_ids(tokenizer, list(messages))
+        prompt = template_ids(tokenizer, list(messages), system_prompt)
+        messages = with_system_prompt(list(messages), system_prompt)
     except Exception as exc:
         raise RolloutError("chat_template", repr(exc)) from exc
     stop_ids = _stop_ids(tokenizer, cfg.sampling)

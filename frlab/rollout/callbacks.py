@@ -18,7 +18,9 @@ After every training batch it also logs the rollout pool's counters and the engi
 `rollout/failed/<reason>`, `rollout/rejected/<reason>` (counts since this pool started; with
 several ranks, the logged row is rank 0's pool), then the engine counters from
 `pool.stats()["engine"]` as `rollout/<name>` (the remote backend: `rollout/retries`,
-`rollout/servers_healthy`, ...; engines without counters log none).
+`rollout/servers_healthy`, ...; engines without counters log none). The pool's generation
+window of the batch (`timing/generation_s`, `timing/generation_tokens_per_s`,
+`timing/batch_wait_s`: frlab.rollout.metering) is logged the same way.
 """
 
 from __future__ import annotations
@@ -99,7 +101,8 @@ POOL_COUNTERS = ("paused_for_lag", "lag_violations", "failed", "rejected")
 
 def rollout_metrics(stats: Any) -> dict[str, float]:
     """`rollout/<name>` floats of a pool's `stats()`: its counters (POOL_COUNTERS, and failed
-    and rejected rollouts per reason) and the engine's numeric counters."""
+    and rejected rollouts per reason) and the engine's numeric counters; plus the last batch's
+    generation window (`timing/generation_s`, ..., frlab.rollout.metering)."""
     if not isinstance(stats, dict):
         return {}
     out = {f"rollout/{k}": float(stats[k]) for k in POOL_COUNTERS if _number(stats.get(k))}
@@ -109,6 +112,9 @@ def rollout_metrics(stats: Any) -> dict[str, float]:
     engine = stats.get("engine")
     if isinstance(engine, dict):
         out.update({f"rollout/{k}": float(v) for k, v in engine.items() if _number(v)})
+    generation = stats.get("generation")
+    if isinstance(generation, dict):
+        out.update({k: float(v) for k, v in generation.items() if _number(v)})
     return out
 
 

@@ -27,11 +27,18 @@ Nothing here waits without a deadline: every environment call and engine request
 `EnvThreads` (hung ones are abandoned, never joined), and `stop()` is bounded (the event loop
 lives in frlab.rollout.loop_thread). The counters in `stats()` travel with `state_dict()`, so
 after a resume they cover the whole run.
+
+Each handed-out batch carries its generation window (frlab.rollout.metering: generation time,
+tokens/s, the learner's wait) in `stats()["generation"]`; `run_pinned` runs background work
+(evaluation) that weight updates wait for (frlab.rollout.pinning); `close_admission` (after the
+last planned batch) starts no more rollouts and cancels the unconsumed ones, so an evaluation
+at the end of a run has the engine to itself.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import logging
 import random
@@ -52,6 +59,8 @@ from frlab.rollout.engine import Engine
 from frlab.rollout.env_threads import EnvThreads
 from frlab.rollout.lockstep import LockstepClient, LockstepGate
 from frlab.rollout.loop_thread import LoopThread, run_bounded
+from frlab.rollout.metering import GenerationMeter, MeteredEngine
+from frlab.rollout.pinning import WeightPins
 from frlab.rollout.rollouts import REJECT_REASONS as REJECT_REASONS
 from frlab.rollout.rollouts import (
     Failure,
@@ -132,6 +141,11 @@ class RolloutPool:
         self._executor: EnvThreads | None = None
         self._task_env: Any = None
         self._gate: LockstepGate | None = None  # sync mode: deterministic engine batches
+        self._meter = GenerationMeter()
+        self._metered = MeteredEngine(engine, self._meter)
+        self._generation: dict[str, float] = {}
+        self._admission_closed = False
+        self.pins = WeightPins()
 
     def _reset_queues(self) -> None:
         self._queue = DeadlineQueue()  # started, not yet consumed or dropped
@@ -150,7 +164,7 @@ class RolloutPool:
         self._executor = EnvThreads(self.num_env_workers)
         self._task_env = self.env_factory()
         if self.mode == "sync":
-            self._gate = LockstepGate(self.engine, self._runner.wake_in_loop)
+            self._gate = LockstepGate(self._metered, self._runner.wake_in_loop)
         self._runner.start()
 
     def stop(self) -> None:
@@ -168,6 +182,7 @@ class RolloutPool:
                 if self._started:
                     run_bounded(self.engine.shutdown, "engine shutdown", STOP_WAIT_S)
             finally:
+                self.pins.shutdown()
                 if self._executor is not None:
                     self._executor.shutdown(wait=True, timeout=STOP_WAIT_S)
                 if self._task_env is not None:
@@ -202,7 +217,7 @@ class RolloutPool:
     def _admit(self) -> None:
         g = self.samples_per_prompt
         with self._cond:
-            while not (self._stopping or self._loading):
+            while not (self._stopping or self._loading or self._admission_closed):
                 if self._queue.in_flight() + g > self.max_in_flight or (
                     self.mode == "sync" and self._sync_need <= 0
                 ):
@@ -233,7 +248,7 @@ class RolloutPool:
 
     async def _run(self, ro: Rollout, client: LockstepClient | None) -> None:
         assert self._executor is not None
-        engine = self.engine if client is None else client
+        engine = self._metered if client is None else client
         group = ro.group
         seed = rollout_seed(self._seed, group.prompt_id, group.members.index(ro), ro.start_version)
         args = (engine, self.env_factory, self.tokenizer, self.loop_cfg, group, self._executor)
@@ -272,7 +287,8 @@ class RolloutPool:
     # -- consumer side -----------------------------------------------------------------------
     def next_batch(self, timeout: float | None = None) -> list[Trajectory]:
         """Block until B finished trajectories can be handed out; annotate their lag."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+        called = time.monotonic()
+        deadline = None if timeout is None else called + timeout
         with self._cond:
             self._request_sync_batch()
             while True:
@@ -287,8 +303,21 @@ class RolloutPool:
                     )
                 self._cond.wait(left)
             batch = self._hand_out(chosen)
+            self._generation = self._meter.take_window(time.monotonic() - called)
         self._notify_loop()
         return batch
+
+    def close_admission(self) -> None:
+        """No more batches will be asked for: start no rollout and cancel those in flight
+        (their prompts stay in the checkpoint cursor and rerun on resume)."""
+        with self._cond:
+            self._admission_closed = True
+        if self._runner.is_alive():
+            self._runner.run(self._runner.cancel_all(), timeout=STOP_WAIT_S)
+
+    def run_pinned(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future:
+        """Run `fn(*args)` in the background; `update_weights` waits until it has finished."""
+        return self.pins.run(fn, *args)
 
     def _request_sync_batch(self) -> None:
         if self.mode == "sync" and self._sync_need <= 0:
@@ -341,6 +370,7 @@ class RolloutPool:
         """Push learner weights at `version` to the engine (it pauses, loads, bumps, resumes)."""
         if int(version) < int(self.engine.version):
             raise ValueError(f"update_weights version {version} < engine {self.engine.version}")
+        self.pins.wait()  # an evaluation in flight measures the current weights
         self.engine.update_weights(state_dict, int(version))
         if int(self.engine.version) != int(version):
             raise RuntimeError(
@@ -369,6 +399,7 @@ class RolloutPool:
                 next_consume_version=self._next_consume_version,
                 engine_version=int(self.engine.version),
                 engine=engine_stats(self.engine),
+                generation=dict(self._generation),
             )
             return out
 

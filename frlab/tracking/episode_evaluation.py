@@ -17,8 +17,9 @@ environment from the benchmark's factory and closes it. At most `concurrency` ep
 once, on the pool's event loop. Each episode samples with a seed derived from the engine's
 weight version, the benchmark, the task and the sample number (frlab.rollout.seeding);
 environment calls and engine requests have the training deadlines (`env_timeout_s`,
-`engine_timeout_s`): a hung episode counts as an error. Only
-global rank 0 evaluates.
+`engine_timeout_s`): a hung episode counts as an error. Episodes run in the pool's pinned
+background thread (the learner goes on; see `PeriodicEvaluation`). Only global rank 0
+evaluates.
 """
 
 from __future__ import annotations
@@ -127,10 +128,13 @@ class EpisodeEvaluation(PeriodicEvaluation):
         from omegaconf import OmegaConf
 
         from frlab.config.instantiate import env_factory
+        from frlab.tracking.benchmarks import benchmark_specs
 
+        if OmegaConf.is_config(benchmarks):
+            benchmarks = OmegaConf.to_container(benchmarks, resolve=True)  # type: ignore[assignment]
         factories = {
             name: env_factory(OmegaConf.merge(env, changes or {}), user_modules=user_modules)
-            for name, changes in benchmarks.items()
+            for name, changes in benchmark_specs(benchmarks).items()
         }  # fmt: skip
         return cls(factories, **kw, **sampling)
 

@@ -4,22 +4,31 @@ The FlashREINFORCE paper reports avg@k (mean over problems of the fraction of k 
 replies graded correct; avg@32 on AIME at temperature 0.6) as its evaluation metric.
 This callback measures it on the running rollout engine (the trainer's datamodule -> pool ->
 engine, which always holds the learner's latest weights), every `every_n_steps` optimizer
-steps and, with `at_start=True` (the reference implementation's evaluation before training),
+steps and, with `at_start` (the reference implementation's evaluation before training),
 once at step 0 when a run starts from scratch (not on resume). It reports
-`eval/<benchmark>/avg@k` and `eval/mean/avg@k` for that step only: to every
-`RunFilesCallback` (`log_step_metrics`, or `log_start_metrics` for the step-0 row of
-metrics.csv) and to the trainer's loggers (`log_metrics(step=...)`). Not through `pl_module.log`: Lightning keeps such a value
-and would repeat it in every later step's row. List this callback BEFORE `RunFilesCallback`
-in the trainer's callbacks (frlab.train does, from the `eval` config group) so the values land
-in the same step's row.
+`eval/<benchmark>/avg@k`, its standard error `eval/<benchmark>/avg@k_se` and
+`eval/mean/avg@k` for that step only: to every `RunFilesCallback` (`log_step_metrics(...,
+step=)`, that step's metrics.csv row, step 0 a row of its own) and to the trainer's loggers
+(`log_metrics(step=...)`). Not through `pl_module.log`: Lightning keeps such a value and would
+repeat it in every later step's row.
+
+The learner does not stop for it where the pool allows: the evaluation runs in the pool's
+pinned background thread (`RolloutPool.run_pinned`), its requests share the engine with the
+training rollouts, and only the next weight push waits until it has finished (so it measures
+exactly the weights of its step). Its metrics are published when it finishes (at the latest
+at the end of training). A pool without `run_pinned` is evaluated synchronously.
 
 Evaluation sampling involves no importance sampling, so `top_p < 1` is allowed here even when
 training refuses it; the `SamplingParams` go straight to the engine, all requests of one call
-submitted together (`engine.generate_many`), each with a seed derived from the engine's weight
-version, the call number and the request index (frlab.rollout.seeding), so an evaluation in a
-synchronous run is as reproducible as its training. Prompts are the
-chat template applied to the benchmark template (`template_ids`), replies are decoded without
-special tokens and graded by `envs.math.evaluate_avg_at_k`. Only global rank 0 evaluates.
+submitted together (`engine.generate_many`) under the engine deadline, each with a seed
+derived from the engine's weight version, the call number and the request index
+(frlab.rollout.seeding), so an evaluation in a synchronous run is as reproducible as its
+training. Prompts are the chat template applied to the benchmark template (`template_ids`,
+with the `system_prompt` setting of the training env), replies are decoded without special
+tokens and graded by `envs.math.evaluate_avg_at_k` in `answer_format`. `limit` caps every
+benchmark at its first N problems, also one that sets its own `limit`. A benchmark list
+(`[source, {name, source, ...}]`) names its entries by `name` or by the source
+(`benchmark_specs`). Only global rank 0 evaluates.
 The schedule and the publishing live in `PeriodicEvaluation`, shared with
 `frlab.tracking.episode_evaluation.EpisodeEvaluation` (whole agent episodes, ALFWorld).
 """
@@ -29,43 +38,24 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import functools
+import logging
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
 
 from lightning.pytorch.callbacks import Callback
+from omegaconf import OmegaConf
 
-from frlab.rollout.agent_loop import DEFAULT_ENGINE_TIMEOUT_S, template_ids
+from frlab.rollout.agent_loop import DEFAULT_ENGINE_TIMEOUT_S
+from frlab.rollout.chat import template_ids
 from frlab.rollout.engine import SamplingParams
 from frlab.rollout.seeding import derive_seed
+from frlab.tracking.benchmarks import BenchmarkSpec, benchmark_specs, load_benchmark
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 EVAL_SEED_SALT = 0x45564C  # evaluation seeds never coincide with a training rollout's
-Problems = Sequence[Mapping[str, Any]]
-BenchmarkSpec = str | Mapping[str, Any] | Problems
-
-
-def load_benchmark(name: str, spec: BenchmarkSpec, limit: int | None) -> list[dict[str, Any]]:
-    """Problems of one benchmark: a dataset source string, a mapping of `load_math_dataset`
-    keyword arguments (with `source`), or an in-memory sequence of {question, answer} dicts."""
-    if isinstance(spec, str):
-        from envs.math.datasets import load_math_dataset
-
-        return list(load_math_dataset(spec, limit=limit))
-    if isinstance(spec, Mapping):
-        if "source" not in spec:
-            raise ValueError(f"benchmarks.{name} needs a 'source' key (got {sorted(spec)})")
-        from envs.math.datasets import load_math_dataset
-
-        kwargs = dict(spec)
-        kwargs.setdefault("limit", limit)
-        return list(load_math_dataset(kwargs.pop("source"), **kwargs))
-    if isinstance(spec, Sequence):
-        problems = [dict(p) for p in spec]
-        return problems[:limit] if limit is not None else problems
-    raise ValueError(
-        f"benchmarks.{name} must be a dataset source, a mapping or a list of problems, "
-        f"got {type(spec).__name__}"
-    )
 
 
 def find_pool(trainer: Any, who: str = "AvgAtKEvaluation") -> Any:
@@ -80,21 +70,28 @@ def run_on_loop(
     loop: asyncio.AbstractEventLoop | None, make: Callable[[], Coroutine[Any, Any, T]]
 ) -> T:
     """Run the coroutine `make()` on `loop` (the pool's event loop, where the engine lives)
-    when it is running, else on a fresh event loop in a worker thread; wait for its result."""
+    when it is running, else on a fresh event loop in a worker thread; wait for its result
+    (RuntimeError if the pool's loop stops first: it would never answer)."""
     if loop is not None and loop.is_running() and not loop.is_closed():
-        return asyncio.run_coroutine_threadsafe(make(), loop).result()
+        future = asyncio.run_coroutine_threadsafe(make(), loop)
+        while True:
+            try:
+                return future.result(timeout=1.0)
+            except concurrent.futures.TimeoutError:
+                if loop.is_closed() or not loop.is_running():
+                    future.cancel()
+                    raise RuntimeError("the rollout pool stopped during the evaluation") from None
     with concurrent.futures.ThreadPoolExecutor(1) as worker:
         return worker.submit(lambda: asyncio.run(make())).result()
 
 
 def publish(trainer: Any, step: int, metrics: Mapping[str, float]) -> None:
-    """Hand one step's metrics to the run files (metrics.csv row) and to every logger; step 0
-    (before training) goes to `log_start_metrics`, its own row."""
-    hook = "log_start_metrics" if step == 0 else "log_step_metrics"
+    """Hand one step's metrics to the run files (that step's metrics.csv row, written late if
+    need be; step 0, before training, a row of its own) and to every logger."""
     for callback in getattr(trainer, "callbacks", None) or ():
-        log_metrics = getattr(callback, hook, None)
-        if callable(log_metrics):
-            log_metrics(metrics)
+        log_step_metrics = getattr(callback, "log_step_metrics", None)
+        if callable(log_step_metrics):
+            log_step_metrics(metrics, step=step)
     for logger in getattr(trainer, "loggers", None) or ():
         logger.log_metrics(dict(metrics), step=step)
 
@@ -107,9 +104,9 @@ def positive_int(name: str, value: Any, who: str = "AvgAtKEvaluation") -> int:
 
 
 class PeriodicEvaluation(Callback):
-    """Runs `evaluate_pool(pool) -> metrics` every `every_n_steps` optimizer steps (once per
-    step, global rank 0 only) and, with `at_start`, at step 0 of a fresh run; publishes the
-    metrics for that step."""
+    """Runs `evaluate_pool(pool) -> metrics` every `every_n_steps` optimizer steps (and at
+    step 0 with `at_start`; once per step, global rank 0 only), in the pool's pinned
+    background thread when it has one, and publishes the metrics for that step."""
 
     def __init__(self, every_n_steps: int, who: str, at_start: bool = False) -> None:
         self.every_n_steps = positive_int("every_n_steps", every_n_steps, who)
@@ -117,6 +114,7 @@ class PeriodicEvaluation(Callback):
             raise ValueError(f"{who}.at_start must be true or false, got {at_start!r}")
         self.who, self.at_start = who, at_start
         self._last_step = -1
+        self._pending: tuple[int, concurrent.futures.Future] | None = None
         self.history: list[tuple[int, dict[str, float]]] = []
 
     def due(self, step: int) -> bool:
@@ -133,17 +131,58 @@ class PeriodicEvaluation(Callback):
             self._run(trainer, 0)
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, *_: Any) -> None:
+        self._collect(trainer, wait=False)
         step = int(trainer.global_step)
         if self.due(step):
             self._run(trainer, step)
 
     def _run(self, trainer: Any, step: int) -> None:
         self._last_step = step
-        if not trainer.is_global_zero:
+        if trainer.is_global_zero:
+            self._start(trainer, step)
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        self._collect(trainer, wait=True)
+
+    def _start(self, trainer: Any, step: int) -> None:
+        """Start one evaluation of the current weights (after the previous one finished)."""
+        self._collect(trainer, wait=True)
+        pool = find_pool(trainer, self.who)
+        run_pinned = getattr(pool, "run_pinned", None)
+        if callable(run_pinned):
+            future = run_pinned(self.evaluate_pool, pool)
+        else:
+            future = concurrent.futures.Future()
+            future.set_result(self.evaluate_pool(pool))
+        self._pending = (step, future)
+
+    def _collect(self, trainer: Any, wait: bool) -> None:
+        """Publish a finished evaluation (with `wait`, wait for it first; its errors raise)."""
+        if self._pending is None or (not wait and not self._pending[1].done()):
             return
-        metrics = self.evaluate_pool(find_pool(trainer, self.who))
+        (step, future), self._pending = self._pending, None
+        metrics = future.result()
         self.history.append((step, metrics))
         publish(trainer, step, metrics)
+
+
+def _plain(node: Any) -> Any:
+    """A config node as plain containers (anything else as is)."""
+    return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+
+
+def env_questions(env: Mapping[str, Any]) -> set[str]:
+    """The questions of the training environment built from its `env` node (empty when its
+    tasks are not a dataset)."""
+    from hydra.utils import instantiate
+
+    made = instantiate(dict(env))
+    try:
+        return {str(task.get("question", "")).strip() for task in getattr(made, "dataset", ())}
+    finally:
+        close = getattr(made, "close", None)
+        if callable(close):
+            close()
 
 
 def engine_version(engine: Any) -> int:
@@ -165,9 +204,11 @@ class EngineGenerate:
         params: SamplingParams,
         loop: asyncio.AbstractEventLoop | None = None,
         timeout_s: float = DEFAULT_ENGINE_TIMEOUT_S,
+        system_prompt: str = "default",
     ) -> None:
         self.engine, self.tokenizer, self.params, self.loop = engine, tokenizer, params, loop
         self.timeout_s = float(timeout_s)
+        self.system_prompt = system_prompt
         self.calls = 0
 
     async def _generate_all(self, prompt_ids: list[list[int]]) -> list[Any]:
@@ -189,7 +230,9 @@ class EngineGenerate:
             ) from exc
 
     def __call__(self, prompts: list[list[dict[str, str]]]) -> list[str]:
-        prompt_ids = [template_ids(self.tokenizer, messages) for messages in prompts]
+        prompt_ids = [
+            template_ids(self.tokenizer, messages, self.system_prompt) for messages in prompts
+        ]
         results = run_on_loop(self.loop, lambda: self._generate_all(prompt_ids))
         return [self.tokenizer.decode(r.token_ids, skip_special_tokens=True) for r in results]
 
@@ -212,7 +255,12 @@ class AvgAtKEvaluation(PeriodicEvaluation):
         max_workers: int = 4,
         prefix: str = "eval",
         at_start: bool = False,
+        answer_format: str = "any",
+        system_prompt: str = "default",
+        training_questions: Callable[[], set[str]] | None = None,
     ) -> None:
+        if isinstance(benchmarks, Sequence) and not isinstance(benchmarks, str):
+            benchmarks = benchmark_specs(benchmarks)
         if not isinstance(benchmarks, Mapping) or not benchmarks:
             raise ValueError("AvgAtKEvaluation.benchmarks must be a non-empty mapping name -> spec")
         super().__init__(every_n_steps, "AvgAtKEvaluation", at_start)
@@ -225,15 +273,27 @@ class AvgAtKEvaluation(PeriodicEvaluation):
         self.sampling.validate(off_policy_correction=False)
         self.benchmark_specs = dict(benchmarks)
         self.template, self.timeout_s, self.max_workers = template, timeout_s, max_workers
-        self.prefix = prefix
+        self.prefix, self.answer_format, self.system_prompt = prefix, answer_format, system_prompt
+        self.training_questions = training_questions
+        self.overlap: dict[str, int] = {}
         self._benchmarks: dict[str, list[dict[str, Any]]] | None = None
 
     @classmethod
     def from_config(
-        cls, *, benchmarks: Mapping[str, BenchmarkSpec], sampling: Mapping[str, Any], **kw: Any
+        cls,
+        *,
+        benchmarks: Mapping[str, BenchmarkSpec],
+        sampling: Mapping[str, Any],
+        env: Mapping[str, Any] | None = None,
+        **kw: Any,
     ) -> AvgAtKEvaluation:
-        """From an `eval` node of kind math (frlab.config.schema_eval.MathEvalConfig)."""
-        return cls(benchmarks, **kw, **sampling)
+        """From an `eval` node of kind math (frlab.config.schema_eval.MathEvalConfig); with the
+        training `env` node, benchmark questions that training also sees are counted."""
+        benchmarks, sampling, env = _plain(benchmarks), _plain(sampling), _plain(env)
+        questions = None
+        if isinstance(env, Mapping) and "source" in env:
+            questions = functools.partial(env_questions, env)
+        return cls(benchmarks, **kw, **sampling, training_questions=questions)
 
     @property
     def benchmarks(self) -> dict[str, list[dict[str, Any]]]:
@@ -243,7 +303,24 @@ class AvgAtKEvaluation(PeriodicEvaluation):
                 name: load_benchmark(name, spec, self.limit)
                 for name, spec in self.benchmark_specs.items()
             }
+            self._check_overlap(self._benchmarks)
         return self._benchmarks
+
+    def _check_overlap(self, benchmarks: Mapping[str, list[dict[str, Any]]]) -> None:
+        """Count (and warn about) benchmark questions that the training set also holds."""
+        if self.training_questions is None:
+            return
+        seen = self.training_questions()
+        for name, problems in benchmarks.items():
+            shared = sum(str(p["question"]).strip() in seen for p in problems)
+            self.overlap[name] = shared
+            if shared:
+                log.warning(
+                    "evaluation benchmark %r shares %d of its %d questions with the training "
+                    "set: its score measures recall of trained problems, not generalisation "
+                    "(hold problems out with holdout={fraction, part})", name, shared,
+                    len(problems),
+                )  # fmt: skip
 
     def params_for(self, tokenizer: Any) -> SamplingParams:
         """Evaluation sampling params, stopping at the tokenizer's eos (end of the reply)."""
@@ -260,7 +337,8 @@ class AvgAtKEvaluation(PeriodicEvaluation):
         """avg@k metrics of every benchmark on `engine` (no logging)."""
         from envs.math.evaluate import evaluate_avg_at_k
 
-        generate = EngineGenerate(engine, tokenizer, self.params_for(tokenizer), loop)
+        params = self.params_for(tokenizer)
+        generate = EngineGenerate(engine, tokenizer, params, loop, system_prompt=self.system_prompt)
         return evaluate_avg_at_k(
             generate,
             self.benchmarks,
@@ -269,6 +347,7 @@ class AvgAtKEvaluation(PeriodicEvaluation):
             timeout_s=self.timeout_s,
             max_workers=self.max_workers,
             prefix=self.prefix,
+            answer_format=self.answer_format,
         )
 
     def evaluate_pool(self, pool: Any) -> dict[str, float]:

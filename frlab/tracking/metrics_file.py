@@ -70,9 +70,24 @@ def _column(rows: Sequence[Mapping[str, float]], key: str) -> list[float]:
     return [r.get(key, math.nan) for r in rows]
 
 
+def evaluation_summary(rows: Sequence[Mapping[str, float]]) -> dict[str, Any]:
+    """Per `eval/` metric, its first and last measurement and their steps (before/after
+    training when the run evaluates at step 0 and at its last step)."""
+    out: dict[str, Any] = {}
+    names = sorted({k for row in rows for k in row if k.startswith("eval/")})
+    for name in names:
+        points = [(r["step"], r[name]) for r in rows if math.isfinite(r.get(name, math.nan))]
+        if points:
+            (first_step, first), (last_step, last) = points[0], points[-1]
+            out[name] = {"first_step": int(first_step), "first": first,
+                         "last_step": int(last_step), "last": last}  # fmt: skip
+    return out
+
+
 def summarize(rows: Sequence[Mapping[str, float]]) -> dict[str, Any]:
-    """Statistics of a run's metric rows (first/last windows named by their length); a step-0
-    row (evaluation before training) is no update and counts in no window or rate."""
+    """Statistics of a run's metric rows (first/last windows named by their length); a row
+    of step 0 (an evaluation before the first update) counts only for `eval`."""
+    evaluation = evaluation_summary(rows)
     rows = [r for r in rows if not r.get("step", 1.0) < 1]
     reward = _column(rows, "train/reward_mean")
     accept = _column(rows, "train/acceptance_rate")
@@ -93,6 +108,7 @@ def summarize(rows: Sequence[Mapping[str, float]]) -> dict[str, Any]:
         "response_tokens_mean_last_10": _mean(_column(rows, "train/response_tokens_mean")[-10:]),
         "wall_time_s": wall,
         "updates_per_minute": (60.0 * len(rows) / wall) if wall > 0 else None,
+        "eval": evaluation,
     }
 
 

@@ -8,11 +8,14 @@ logged under `train/`, `timing/` or `eval/` (names of frlab/config/SCHEMA.md), p
 other callbacks hand to `log_step_metrics` for that step only, and a row with `step` 0 when an
 evaluation ran before the first update (`log_start_metrics`) (avg@k from
 frlab.tracking.evaluation, measured every N steps: Lightning would repeat a value logged with
-`self.log` in every later row until the epoch ends). Each row is flushed as it is written,
-so a crash keeps every finished step. On resume (`ckpt_path=last`) the file is continued, not
-overwritten: rows past the restored step (written after the last checkpoint)
-are dropped and new rows continue the step count; a metric that appears later widens the
-header (the file is rewritten once).
+`self.log` in every later row until the epoch ends). `log_step_metrics(metrics, step=N)` puts
+them in step N's row even when they arrive late (an evaluation running in the background):
+a row already written is updated (the file is rewritten atomically), a step without a row of
+its own (step 0: an evaluation before the first update) gets one, placed in step order. Each
+row is flushed as it is written, so a crash keeps every finished step. On resume
+(`ckpt_path=last`) the file is continued, not overwritten: rows past the restored step
+(written after the last checkpoint) are dropped and new rows continue the step count; a
+metric that appears later widens the header (the file is rewritten once).
 
 `summary.json` (written atomically at the end, also when training fails or a signal stops it:
 `status` finished / failed / interrupted, with the `signal`; a run that fails before training
@@ -81,6 +84,7 @@ class RunFilesCallback(Callback):
         self._staged: dict[str, float] = {}
         self._start_staged: dict[str, float] = {}
         self._started = False
+        self._staged_steps: dict[int, dict[str, float]] = {}
 
     @property
     def metrics_path(self) -> Path:
@@ -117,19 +121,38 @@ class RunFilesCallback(Callback):
     def on_train_batch_end(self, trainer: Any, pl_module: Any, *_: Any) -> None:
         if not trainer.is_global_zero:
             return
-        row: dict[str, float] = {
-            "step": float(trainer.global_step),
-            "elapsed_s": self._elapsed0 + time.perf_counter() - self._t0,
-        }
+        step = int(trainer.global_step)
+        self._flush_staged_steps(below=step)
+        row: dict[str, float] = {"step": float(step), "elapsed_s": self._elapsed()}
         row.update(scalar_metrics(dict(trainer.callback_metrics), self.prefixes))
         row.update(self._staged)
+        row.update(self._staged_steps.pop(step, {}))
         self._staged = {}
         self.append(row)
 
-    def log_step_metrics(self, metrics: Mapping[str, float]) -> None:
-        """Add `metrics` to the current step's row only (call before this callback's
-        `on_train_batch_end`, i.e. from a callback listed earlier)."""
-        self._staged.update({name: float(value) for name, value in metrics.items()})
+    def _elapsed(self) -> float:
+        return self._elapsed0 + time.perf_counter() - self._t0
+
+    def log_step_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        """Add `metrics` to one step's row only: without `step`, the row of the step being
+        completed (call from a callback listed earlier); with it, step `step`'s row, written
+        now if it exists already, else when that step's row is written."""
+        values = {name: float(value) for name, value in metrics.items()}
+        if step is None:
+            self._staged.update(values)
+            return
+        for row in self.rows:
+            if int(row["step"]) == int(step):
+                row.update(values)
+                self.columns += [k for k in values if k not in self.columns]
+                self._rewrite()
+                return
+        self._staged_steps.setdefault(int(step), {"elapsed_s": self._elapsed()}).update(values)
+
+    def _flush_staged_steps(self, below: float = math.inf) -> None:
+        """Write rows of their own for staged steps below `below` that no update completes."""
+        for step in sorted(s for s in self._staged_steps if s < below):
+            self.append({"step": float(step), **self._staged_steps.pop(step)}, sort=True)
 
     def log_start_metrics(self, metrics: Mapping[str, float]) -> None:
         """`metrics` measured before the first update (evaluation at step 0): their own row,
@@ -170,11 +193,15 @@ class RunFilesCallback(Callback):
         self._close()
 
     # -- file handling ----------------------------------------------------------------------
-    def append(self, row: dict[str, Any]) -> None:
-        """Add one step's row; widen the header (rewrite) if it brings a new metric."""
+    def append(self, row: dict[str, Any], sort: bool = False) -> None:
+        """Add one step's row; widen the header (rewrite) if it brings a new metric. With
+        `sort`, a row that belongs before written rows is placed in step order (rewrite)."""
         self.rows.append(row)
+        late = sort and len(self.rows) > 1 and self.rows[-2]["step"] > row["step"]
+        if late:
+            self.rows.sort(key=lambda r: r["step"])
         new = [k for k in row if k not in self.columns]
-        if new or self._writer is None:
+        if new or late or self._writer is None:
             self.columns += new
             self._rewrite()
             return
@@ -200,6 +227,7 @@ class RunFilesCallback(Callback):
 
     def finish(self, status: str, error: str | None = None) -> dict[str, Any]:
         """Close metrics.csv and write summary.json; returns the summary."""
+        self._flush_staged_steps()
         self._close()
         summary = summarize(self.rows)
         summary.update(

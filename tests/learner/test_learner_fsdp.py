@@ -80,6 +80,15 @@ def test_two_process_fsdp2_equals_one_process_and_resumes(tmp_path) -> None:
     assert max_abs_diff(rank0["resumed_params"], snapshot(uninterrupted.policy)) < 1e-9
     assert max_abs_diff(rank0["resumed_params"], rank0["params"]) > 1e-4
 
+    # `python -m frlab.export` reads the shards in one process: the gathered weights, exactly.
+    from safetensors.torch import load_file
+
+    from frlab.export import export
+
+    exported = load_file(export(ckpt, tmp_path / "hf", dtype="float64") / "model.safetensors")
+    assert sorted(exported) == sorted(rank0["params"])
+    assert all(torch.equal(exported[k], rank0["params"][k]) for k in exported)
+
 
 def test_lightning_fsdp1_strategy_is_refused_naming_the_field() -> None:
     from lightning.pytorch.strategies import FSDPStrategy

@@ -68,13 +68,13 @@ class Recorder:
 
     def __init__(self) -> None:
         self.logged: list[tuple[int, dict[str, float]]] = []
-        self.staged: list[dict[str, float]] = []
+        self.staged: list[tuple[int | None, dict[str, float]]] = []
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         self.logged.append((step, metrics))
 
-    def log_step_metrics(self, metrics: dict[str, float]) -> None:
-        self.staged.append(dict(metrics))
+    def log_step_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        self.staged.append((step, dict(metrics)))
 
     def log_start_metrics(self, metrics: dict[str, float]) -> None:
         self.staged.append({"step0": 1.0, **metrics})
@@ -91,7 +91,11 @@ def test_avg_at_k_is_exact_per_benchmark_and_mean() -> None:
     metrics = cb.evaluate(pool.engine, pool.tokenizer)
     assert metrics == {
         "eval/algebra/avg@4": 0.625,  # (1 + 1 + 0 + 2/4) / 4
+        # per-problem accuracies 1, 1, 0, 1/2: squared deviations sum to 0.6875 -> sample
+        # variance 0.6875 / 3, standard error sqrt(0.6875 / 3 / 4)
+        "eval/algebra/avg@4_se": pytest.approx(math.sqrt(0.6875 / 12), rel=1e-12),
         "eval/arith/avg@4": 1.0,
+        "eval/arith/avg@4_se": 0.0,
         "eval/mean/avg@4": 0.8125,
     }
     assert pool.engine.calls == {q: 4 for q in REPLIES}  # every problem asked k times
@@ -133,9 +137,9 @@ def test_logs_every_n_steps_and_not_at_step_zero_by_default() -> None:
         trainer.global_step = step
         cb.on_train_batch_end(trainer, None, None, None, 0)
     assert [s for s, _ in cb.history] == [3, 6]
-    expected = {"eval/arith/avg@1": 1.0, "eval/mean/avg@1": 1.0}
+    expected = {"eval/arith/avg@1": 1.0, "eval/arith/avg@1_se": 0.0, "eval/mean/avg@1": 1.0}
     assert recorder.logged == [(3, expected), (6, expected)]
-    assert recorder.staged == [expected, expected]
+    assert recorder.staged == [(3, expected), (6, expected)]
 
 
 def test_at_start_evaluates_at_step_zero_of_a_fresh_run_only() -> None:

@@ -19,9 +19,16 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HYDRA_
 @pytest.mark.slow
 def test_ppo_clip_run_logs_component_lag_and_pool_counters_in_one_file(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    args = [f"hydra.run.dir={run_dir}", "objective.trust_region=ppo_clip", "data.batch_size=8",
-            "data.micro_batch_size=4", "rollout.max_in_flight=8", "trainer.max_steps=3",
-            "plots=false", "optim.skip_zero_signal_steps=false"]  # every step runs its forward
+    args = [
+        f"hydra.run.dir={run_dir}",
+        "objective.trust_region=ppo_clip",
+        "data.batch_size=8",
+        "data.micro_batch_size=4",
+        "rollout.max_in_flight=8",
+        "trainer.max_steps=3",
+        "plots=false",
+        "optim.skip_zero_signal_steps=false",
+    ]  # every step runs its forward
     # fmt: skip
     out = subprocess.run([sys.executable, "-m", "frlab", *args], cwd=tmp_path, env=ENV,
                          capture_output=True, text=True, timeout=300)  # fmt: skip

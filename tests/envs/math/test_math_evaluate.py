@@ -39,7 +39,9 @@ def test_avg_at_k_per_benchmark_and_mean() -> None:
     metrics = evaluate_avg_at_k(policy, {"easy": EASY, "hard": HARD}, k=4)
     assert metrics == {
         "eval/easy/avg@4": pytest.approx(0.75),  # (1 + 0.5) / 2
+        "eval/easy/avg@4_se": pytest.approx(0.25),  # sqrt(((1/4)^2 * 2) / 1 / 2)
         "eval/hard/avg@4": 0.0,
+        "eval/hard/avg@4_se": 0.0,
         "eval/mean/avg@4": pytest.approx(0.375),
     }
     prompt = TEMPLATES["instruct"].format(question="2 + 2?")

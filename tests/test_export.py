@@ -1,0 +1,112 @@
+"""`python -m frlab.export RUN_DIR OUT_DIR`: a trained run as a Hugging Face model folder.
+
+A real toy run (2 updates, checkpoints switched on with `callbacks.model_checkpoint.enabled`)
+is exported; transformers loads the folder and its logits equal those of the policy restored
+from the run's checkpoint, exactly (same dtype, same attention kernel). The folder holds the
+layout `vllm serve` reads for a Hugging Face model: `config.json` naming the architecture
+class, safetensors weights under the model's own parameter names (no `policy.` prefix), the
+tokenizer with its chat template. An existing OUT_DIR is refused unless `--overwrite`, and
+a run without a checkpoint is a clear error (exit code 2). The sharded FSDP2 case is checked
+in tests/learner/test_learner_fsdp.py, on the checkpoint that test writes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from frlab.export import main
+
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HYDRA_FULL_ERROR": "1"}
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("export") / "run"
+    command = [sys.executable, "-m", "frlab", "trainer.max_steps=2", "plots=false",
+               "callbacks.model_checkpoint.enabled=true",
+               "callbacks.model_checkpoint.every_n_train_steps=2", f"hydra.run.dir={out}"]  # fmt: skip
+    done = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return out
+
+
+def trained_policy(run_dir: Path) -> torch.nn.Module:
+    from frlab.learner import FlashReinforceModule
+
+    module = FlashReinforceModule.load_from_checkpoint(
+        run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True
+    )
+    return module.policy.eval()
+
+
+def test_the_export_loads_in_transformers_with_the_trained_logits(run_dir, tmp_path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from frlab.model.toy_tokenizer import CHAT_TEMPLATE, build_toy_tokenizer
+
+    out = tmp_path / "hf"
+    assert main([str(run_dir), str(out)]) == 0
+    exported = AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager").eval()
+    policy = trained_policy(run_dir)
+    ids = torch.tensor([[1, 7, 12, 30, 9, 4], [2, 5, 5, 40, 11, 3]])
+    with torch.no_grad():
+        want, got = policy(input_ids=ids).logits, exported(input_ids=ids).logits
+    assert torch.equal(want, got)
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    assert checkpoint["global_step"] == 2  # the weights after 2 updates
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    assert tokenizer.chat_template == CHAT_TEMPLATE
+    assert tokenizer.get_vocab() == build_toy_tokenizer().get_vocab()
+
+
+def test_the_folder_has_the_layout_vllm_reads(run_dir, tmp_path) -> None:
+    from safetensors import safe_open
+
+    out = tmp_path / "hf"
+    assert main([str(run_dir), str(out)]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["Qwen2ForCausalLM"] and config["model_type"] == "qwen2"
+    assert config["dtype"] == "float32"
+    with safe_open(str(out / "model.safetensors"), "pt") as weights:
+        names = set(weights.keys())
+    policy_names = set(trained_policy(run_dir).state_dict())
+    assert names <= policy_names and "model.embed_tokens.weight" in names
+    assert not any(name.startswith("policy.") for name in names)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
+                 "generation_config.json", "frlab_export.json"):  # fmt: skip
+        assert (out / name).is_file(), name
+    assert json.loads((out / "frlab_export.json").read_text())["global_step"] == 2
+
+
+def test_an_existing_out_dir_is_refused_unless_overwrite(run_dir, tmp_path, capsys) -> None:
+    out = tmp_path / "hf"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    assert main([str(run_dir), str(out)]) == 2
+    assert "exists" in capsys.readouterr().err and (out / "keep.txt").read_text() == "mine"
+    assert main([str(run_dir), str(out), "--overwrite"]) == 0
+    assert not (out / "keep.txt").exists() and (out / "config.json").is_file()
+    assert [p.name for p in tmp_path.iterdir()] == ["hf"]  # no temporary folder left
+
+
+def test_a_run_without_checkpoint_is_a_clear_error(tmp_path, capsys) -> None:
+    assert main([str(tmp_path), str(tmp_path / "out")]) == 2
+    assert "callbacks.model_checkpoint.enabled=true" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_command_line_entry_point(run_dir, tmp_path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "frlab.export", str(run_dir), str(tmp_path / "hf"),
+         "--dtype", "bfloat16"],
+        env=ENV, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["dtype"] == "bfloat16"
