@@ -22,12 +22,11 @@ from frlab.wiring import (
     arguments,
     build_callbacks,
     build_evaluation,
-    build_logger,
     build_policy_from,
     build_tokenizer,
+    build_trainer,
     check_resume,
     check_vocab,
-    checkpoints_enabled,
     load_tokenizer,
     plain,
     pool_factory,
@@ -38,7 +37,7 @@ from frlab.wiring import (
 )
 
 __all__ = ["build_callbacks", "build_evaluation", "build_policy_from", "build_tokenizer",
-           "check_resume", "check_vocab", "env_factory", "plain", "run"]  # fmt: skip
+           "build_trainer", "check_resume", "check_vocab", "env_factory", "plain", "run"]  # fmt: skip
 
 
 def run(cfg: DictConfig, plan: Plan | None = None) -> dict[str, Any]:
@@ -49,7 +48,6 @@ def run(cfg: DictConfig, plan: Plan | None = None) -> dict[str, Any]:
     import lightning as L
 
     from frlab.learner import FlashReinforceModule
-    from frlab.learner.checkpoint import AtomicCheckpointIO
     from frlab.tracking import RunFilesCallback
 
     quiet_expected_noise()
@@ -79,12 +77,8 @@ def run(cfg: DictConfig, plan: Plan | None = None) -> dict[str, Any]:
     run_files = RunFilesCallback(
         output_dir, components=plan.components, extra={"plan": plan.to_dict()}
     )
-    trainer = instantiate(
-        cfg.trainer, key="trainer", user_modules=user_modules(cfg),
-        callbacks=[*build_callbacks(cfg, run_files), guard.callback], logger=build_logger(cfg),
-        plugins=[AtomicCheckpointIO()], default_root_dir=str(output_dir),
-        **({} if checkpoints_enabled(cfg) else {"enable_checkpointing": False}),
-    )  # fmt: skip
+    callbacks = [*build_callbacks(cfg, run_files), guard.callback]
+    trainer = build_trainer(cfg, callbacks, output_dir)
     with guard.signals():  # SIGINT/SIGTERM: final checkpoint, then RunInterrupted (130/143)
         trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
     summary = run_files.summary or run_files.finish("finished")

@@ -224,6 +224,20 @@ def build_callbacks(cfg: DictConfig, run_files: Any) -> list[Any]:
     return callbacks
 
 
+def build_trainer(cfg: DictConfig, callbacks: list[Any], output_dir: Path) -> Any:
+    """The Lightning Trainer of the `trainer` node: atomic checkpoint writes, the run folder
+    as its root; `callbacks.model_checkpoint.enabled: false` also turns off Lightning's own
+    default checkpointing."""
+    from frlab.learner.checkpoint import AtomicCheckpointIO
+
+    extra = {} if checkpoints_enabled(cfg) else {"enable_checkpointing": False}
+    return instantiate(
+        cfg.trainer, key="trainer", user_modules=user_modules(cfg), callbacks=callbacks,
+        logger=build_logger(cfg), plugins=[AtomicCheckpointIO()],
+        default_root_dir=str(output_dir), **extra,
+    )  # fmt: skip
+
+
 def build_logger(cfg: DictConfig) -> Any:
     """The `logger` node's logger, or False (no logger) when it is removed."""
     if cfg.get("logger") is None:

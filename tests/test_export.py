@@ -53,8 +53,9 @@ def test_the_export_loads_in_transformers_with_the_trained_logits(run_dir, tmp_p
 
     out = tmp_path / "hf"
     assert main([str(run_dir), str(out)]) == 0
-    exported = AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager").eval()
     policy = trained_policy(run_dir)
+    attention = policy.config._attn_implementation  # the same kernels: bit-equal logits
+    exported = AutoModelForCausalLM.from_pretrained(out, attn_implementation=attention).eval()
     ids = torch.tensor([[1, 7, 12, 30, 9, 4], [2, 5, 5, 40, 11, 3]])
     with torch.no_grad():
         want, got = policy(input_ids=ids).logits, exported(input_ids=ids).logits

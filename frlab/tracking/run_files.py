@@ -5,8 +5,7 @@ This is the one writer of `metrics.csv` (the default `logger=csv` adds no Lightn
 
 `metrics.csv` has one row per optimizer step: `step`, `elapsed_s` and every metric the learner
 logged under `train/`, `timing/` or `eval/` (names of frlab/config/SCHEMA.md), plus the values
-other callbacks hand to `log_step_metrics` for that step only, and a row with `step` 0 when an
-evaluation ran before the first update (`log_start_metrics`) (avg@k from
+other callbacks hand to `log_step_metrics` for that step only (avg@k from
 frlab.tracking.evaluation, measured every N steps: Lightning would repeat a value logged with
 `self.log` in every later row until the epoch ends). `log_step_metrics(metrics, step=N)` puts
 them in step N's row even when they arrive late (an evaluation running in the background):
@@ -82,7 +81,6 @@ class RunFilesCallback(Callback):
         self._fh: Any = None
         self._writer: csv.DictWriter | None = None
         self._staged: dict[str, float] = {}
-        self._start_staged: dict[str, float] = {}
         self._started = False
         self._staged_steps: dict[int, dict[str, float]] = {}
 
@@ -115,8 +113,6 @@ class RunFilesCallback(Callback):
         self._t0 = time.perf_counter()
         self._rewrite()
         self._started = True
-        if self._start_staged:
-            self._append_start_row()
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, *_: Any) -> None:
         if not trainer.is_global_zero:
@@ -153,18 +149,6 @@ class RunFilesCallback(Callback):
         """Write rows of their own for staged steps below `below` that no update completes."""
         for step in sorted(s for s in self._staged_steps if s < below):
             self.append({"step": float(step), **self._staged_steps.pop(step)}, sort=True)
-
-    def log_start_metrics(self, metrics: Mapping[str, float]) -> None:
-        """`metrics` measured before the first update (evaluation at step 0): their own row,
-        `step` 0, written now or as soon as the file is opened in `on_train_start`."""
-        self._start_staged.update({name: float(value) for name, value in metrics.items()})
-        if self._started:
-            self._append_start_row()
-
-    def _append_start_row(self) -> None:
-        row = {"step": 0.0, "elapsed_s": self._elapsed0, **self._start_staged}
-        self._start_staged = {}
-        self.append(row)
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         if trainer.is_global_zero:

@@ -43,7 +43,7 @@ def test_the_preset_is_the_measured_setting() -> None:
     assert cfg.eval.benchmarks[1].options.min_digits == 2
     assert cfg.callbacks.model_checkpoint.enabled is False
     assert plan.evaluation.startswith(
-        "math avg@4 at step 0 and every 30 steps on heldout, transfer"
+        "math avg@4 every 30 steps and at step 0 on heldout, transfer"
     )
 
 

@@ -76,9 +76,6 @@ class Recorder:
     def log_step_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         self.staged.append((step, dict(metrics)))
 
-    def log_start_metrics(self, metrics: dict[str, float]) -> None:
-        self.staged.append({"step0": 1.0, **metrics})
-
 
 def fake_trainer(step: int, pool: Any, recorder: Recorder, rank_zero: bool = True) -> Any:
     return SimpleNamespace(global_step=step, is_global_zero=rank_zero, loggers=[recorder],
@@ -147,12 +144,15 @@ def test_at_start_evaluates_at_step_zero_of_a_fresh_run_only() -> None:
     trainer = fake_trainer(0, pool, recorder)
     cb = AvgAtKEvaluation({"arith": ARITH}, k=1, every_n_steps=3, at_start=True)
     cb.on_train_start(trainer, None)
-    expected = {"eval/arith/avg@1": 1.0, "eval/mean/avg@1": 1.0}
+    trainer.global_step = 1
+    cb.on_train_batch_end(trainer, None, None, None, 0)  # publishes the finished evaluation
+    expected = {"eval/arith/avg@1": 1.0, "eval/arith/avg@1_se": 0.0, "eval/mean/avg@1": 1.0}
     assert cb.history == [(0, expected)] and recorder.logged == [(0, expected)]
-    assert recorder.staged == [{"step0": 1.0, **expected}]  # its own row, not step 1's
-    for step in (1, 2, 3):
+    assert recorder.staged == [(0, expected)]  # step 0's row, not step 1's
+    for step in (2, 3):
         trainer.global_step = step
         cb.on_train_batch_end(trainer, None, None, None, 0)
+    cb.on_train_end(trainer, None)  # publishes the step-3 evaluation
     assert [s for s, _ in cb.history] == [0, 3]
     resumed = AvgAtKEvaluation({"arith": ARITH}, k=1, every_n_steps=3, at_start=True)
     resumed.on_train_start(fake_trainer(6, pool, Recorder()), None)  # resume: no step-0 eval

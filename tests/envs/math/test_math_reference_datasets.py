@@ -137,6 +137,7 @@ def test_sanity_test_split_feeds_the_r1_aime_evaluation(tmp_path: Path) -> None:
 
     metrics = evaluate_avg_at_k(generate, benchmarks, 2, template="messages")
     assert metrics == {"eval/AIME24/avg@2": 0.5, "eval/AIME25/avg@2": 0.0,
+                       "eval/AIME24/avg@2_se": 0.5, "eval/AIME25/avg@2_se": 0.0,
                        "eval/mean/avg@2": 0.25}  # fmt: skip
     assert asked[0] == [{"role": "user", "content": "AIME 24 #1" + BOXED}]
     assert len(asked) == 8
