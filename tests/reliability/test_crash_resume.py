@@ -106,21 +106,29 @@ def _prompts_per_step(run_dir: Path) -> dict[int, list[list[int]]]:
     return {step: sorted(prompts) for step, prompts in per_step.items()}
 
 
+HYDRA_RECORD = (".hydra/config.yaml", ".hydra/overrides.yaml")
+
+
 def test_resume_of_a_finished_run_says_so_and_changes_nothing(straight: Path) -> None:
     before = file_bytes(straight, *RUN_FILES)
+    record = file_bytes(straight, *HYDRA_RECORD)
+    kept_before = set((straight / ".hydra" / "previous").glob("*"))
     out = run(straight, *SYNC, "ckpt_path=last")
     assert out.returncode == 0, out.stderr[-3000:]
     assert "already finished" in out.stdout + out.stderr
     assert file_bytes(straight, *RUN_FILES) == before
+    # Hydra records the resume's launch; the earlier record is kept, not replaced
+    (kept,) = set((straight / ".hydra" / "previous").glob("*")) - kept_before
+    assert file_bytes(kept, "config.yaml", "overrides.yaml") == record
 
 
 def test_a_new_run_in_a_used_folder_is_refused_and_changes_nothing(straight: Path) -> None:
-    before = file_bytes(straight, *RUN_FILES)
-    out = run(straight, *SYNC)
+    before = file_bytes(straight, *RUN_FILES, *HYDRA_RECORD)
+    out = run(straight, *SYNC, "seed=7")  # other overrides: Hydra would record them
     assert out.returncode == 2, out.stderr[-3000:]
     assert "config key `paths.output_dir`" in out.stderr
     assert "ckpt_path=last" in out.stderr and "overwrite=true" in out.stderr
-    assert file_bytes(straight, *RUN_FILES) == before
+    assert file_bytes(straight, *RUN_FILES, *HYDRA_RECORD) == before  # .hydra/ too
     assert not list((straight / "checkpoints").glob("last-v*.ckpt"))
 
 

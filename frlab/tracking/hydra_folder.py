@@ -1,0 +1,74 @@
+"""Protect a run folder's Hydra record before Hydra writes a new one (a Hydra callback).
+
+Hydra saves `.hydra/config.yaml`, `hydra.yaml` and `overrides.yaml` into the run folder as a
+job starts, before frlab's own checks run. Pointed at a folder that already holds a run
+(`hydra.run.dir=...`), that would replace the record of how the earlier run was launched.
+`KeepRunRecord.on_run_start` runs first (single runs; sweep folders are new per launch):
+
+- a NEW run (no `ckpt_path`, no `overwrite=true`, not a dry run) in a folder that holds
+  another run's files is refused right there, with the message and exit code 2 of frlab's
+  run-folder check (frlab.tracking.run_folder.check_new_run), so nothing in it changes;
+- otherwise (a resume, a dry run, `overwrite=true`) the existing `.hydra/*.yaml` are copied to
+  `.hydra/previous/<date>_<time>/` first, so every launch's record stays in the folder.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+from frlab.config.errors import ConfigError
+from frlab.tracking.run_folder import check_new_run
+
+RECORD = ("config.yaml", "hydra.yaml", "overrides.yaml")
+PREVIOUS = "previous"
+
+
+def keep_record(hydra_dir: Path) -> Path | None:
+    """Copy the `.hydra/*.yaml` record to `.hydra/previous/<date>_<time>[_n]/` (atomically: a
+    temporary folder renamed into place); the new folder, or None when there is no record."""
+    files = [hydra_dir / name for name in RECORD if (hydra_dir / name).is_file()]
+    if not files:
+        return None
+    root = hydra_dir / PREVIOUS
+    root.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
+    staging = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
+    for path in files:
+        shutil.copy2(path, staging / path.name)
+    for n in range(1000):
+        target = root / (stamp if n == 0 else f"{stamp}_{n}")
+        try:
+            staging.rename(target)  # fails if the name is taken: never replaces a record
+            return target
+        except OSError:
+            continue
+    raise RuntimeError(f"cannot name a folder for the previous Hydra record under {root}")
+
+
+class KeepRunRecord(Callback):
+    """See the module docstring."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        try:
+            run_dir = Path(str(config.hydra.run.dir))
+        except Exception:  # an unresolvable folder is Hydra's error to report
+            return
+        hydra_dir = run_dir / str(config.hydra.output_subdir or ".hydra")
+        if not hydra_dir.is_dir():
+            return
+        new_run = config.get("ckpt_path") is None and not config.get("dry_run", False)
+        if new_run and not config.get("overwrite", False):
+            try:
+                check_new_run(run_dir, run_dir / "checkpoints", overwrite=False)
+            except ConfigError as exc:
+                print(f"frlab: config error: {exc}", file=sys.stderr, flush=True)
+                sys.exit(2)
+        keep_record(hydra_dir)
