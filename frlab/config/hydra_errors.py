@@ -27,10 +27,15 @@ NODE_KINDS = {"IntegerNode": "int", "FloatNode": "float", "BooleanNode": "bool",
               "StringNode": "str"}  # fmt: skip
 
 
+BENCHMARKS = "eval.benchmarks"
+
+
 def legacy_overrides(args: Sequence[str]) -> list[str]:
     """`rollout.engine=vllm` -> `rollout/engine=vllm`; `+trainer.KEY=V` (needed before every
-    Lightning argument was declared) -> `++trainer.KEY=V` for a declared KEY; every other
-    argument unchanged."""
+    Lightning argument was declared) -> `++trainer.KEY=V` for a declared KEY;
+    `eval.benchmarks=[...]` (a list replaces the benchmark set, frlab.tracking.benchmarks) ->
+    `~eval.benchmarks +eval.benchmarks=[...]`, since Hydra cannot merge a list into the
+    mapping of an eval group file; every other argument unchanged."""
     import dataclasses
 
     from frlab.config.schema_trainer import TrainerConfig
@@ -42,6 +47,9 @@ def legacy_overrides(args: Sequence[str]) -> list[str]:
         if sep and key in LEGACY_GROUP_KEYS:
             arg = f"{LEGACY_GROUP_KEYS[key]}={value}"
         elif sep and key in declared:
+            arg = f"+{arg}"
+        elif sep and key == BENCHMARKS and value.lstrip().startswith("["):
+            out.append(f"~{BENCHMARKS}")
             arg = f"+{arg}"
         out.append(arg)
     return out

