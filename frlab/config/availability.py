@@ -118,10 +118,21 @@ def _env_problems(
         yield (f"{key}.{name}" if name in changes else f"env.{name}"), problem
 
 
+def named_benchmarks(evaluation: Mapping[str, Any]) -> dict[str, Any]:
+    """`eval.benchmarks` as `{name: spec}` (a list named as frlab.tracking.benchmarks does);
+    empty when it is malformed: preflight reports that, naming the key."""
+    from frlab.tracking.benchmarks import benchmark_specs
+
+    try:
+        return benchmark_specs(evaluation.get("benchmarks") or {})
+    except ValueError:
+        return {}
+
+
 def _eval_problems(
     evaluation: Mapping[str, Any], env: Mapping[str, Any]
 ) -> Iterator[tuple[str, str]]:
-    benchmarks = evaluation.get("benchmarks") or {}
+    benchmarks = named_benchmarks(evaluation)
     if evaluation.get("kind") == "episodes":
         for name, changes in benchmarks.items():
             yield from _env_problems(env, changes or {}, f"eval.benchmarks.{name}")

@@ -29,6 +29,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from frlab.config.availability import named_benchmarks
 from frlab.config.errors import ConfigError
 
 DRY_RUN_HINT = "to check the configuration and see the plan without running it, add dry_run=true"
@@ -162,7 +163,7 @@ def data_paths(cfg: DictConfig) -> Iterator[tuple[str, str]]:
     env = _plain(cfg.get("env"))
     yield from _paths_of("env", env)
     ev = _plain(cfg.get("eval"))
-    for name, spec in (ev.get("benchmarks") or {}).items():
+    for name, spec in named_benchmarks(ev).items():
         key = f"eval.benchmarks.{name}"
         if isinstance(spec, str):
             yield from _paths_of(key, {"source": spec}, field=False)
