@@ -56,9 +56,9 @@ from frlab.learner.optim import build_optimizer, build_scheduler, grad_clip_norm
 from frlab.learner.settings import (
     MicroBatching,
     flag,
+    mapping_copy,
     policy_kwargs,
     positive_int,
-    to_plain,
 )
 from frlab.learner.sharding import LogprobScorer, scorer_for, sequence_logprobs_of
 from frlab.model.packed_attention import check_packable
@@ -93,8 +93,11 @@ class FlashReinforceModule(DataParallelMixin, L.LightningModule):
     ) -> None:
         super().__init__()
         self.automatic_optimization = False
-        model_cfg, objective_cfg = to_plain(model, "model"), to_plain(objective, "objective")
-        optim_cfg = to_plain(optim, "optim")
+        model_cfg, objective_cfg = (
+            mapping_copy(model, "model"),
+            mapping_copy(objective, "objective"),
+        )
+        optim_cfg = mapping_copy(optim, "optim")
         self.batch_size = positive_int("data.batch_size", batch_size)
         self.micro = MicroBatching.checked(
             micro_batch_size, max_tokens_per_micro_batch, pack_sequences

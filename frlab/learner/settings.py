@@ -17,7 +17,7 @@ from frlab.model.policy import build_policy
 LEARNER_MODEL_KEYS = ("tokenizer", "logprob_chunk_size", "routing_replay")
 
 
-def to_plain(node: Mapping[str, Any] | None, name: str) -> dict[str, Any]:
+def mapping_copy(node: Mapping[str, Any] | None, name: str) -> dict[str, Any]:
     """A plain-dict copy of a config node (OmegaConf resolved); ValueError naming `name`."""
     if node is None:
         return {}
@@ -28,7 +28,8 @@ def to_plain(node: Mapping[str, Any] | None, name: str) -> dict[str, Any]:
     if not isinstance(node, Mapping):
         raise ValueError(f"{name} must be a mapping, got {type(node).__name__}")
     return {
-        k: (to_plain(v, f"{name}.{k}") if isinstance(v, Mapping) else v) for k, v in node.items()
+        k: (mapping_copy(v, f"{name}.{k}") if isinstance(v, Mapping) else v)
+        for k, v in node.items()
     }
 
 
