@@ -176,7 +176,7 @@ def env_questions(env: Mapping[str, Any]) -> set[str]:
     tasks are not a dataset)."""
     from hydra.utils import instantiate
 
-    made = instantiate(dict(env))
+    made = instantiate(dict(env), _convert_="all")  # plain containers, as the pool's envs
     try:
         return {str(task.get("question", "")).strip() for task in getattr(made, "dataset", ())}
     finally:

@@ -258,3 +258,21 @@ def test_an_evaluation_request_that_hangs_fails_at_its_deadline() -> None:
     generate = EngineGenerate(HungEngine(), build_toy_tokenizer(), SamplingParams(), timeout_s=0.1)
     with pytest.raises(TimeoutError, match="within 0.1 s"):
         generate([[{"role": "user", "content": "1+1?"}]])
+
+
+def test_from_config_counts_questions_shared_with_the_training_env(tmp_path) -> None:
+    """The eval node carries the training `env` node (nested values as config nodes): the
+    evaluation builds the env's dataset to count benchmark questions training also sees."""
+    from omegaconf import OmegaConf
+
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"question": "1+1", "answer": "2"}\n{"question": "2+2", "answer": "4"}\n')
+    env = OmegaConf.create({"_target_": "envs.math.MathEnv", "source": str(data),
+                            "options": {}, "holdout": None})  # fmt: skip
+    benchmarks = OmegaConf.create({"mixed": [{"question": "2+2", "answer": "4"},
+                                             {"question": "3+3", "answer": "6"}]})  # fmt: skip
+    cb = AvgAtKEvaluation.from_config(
+        benchmarks=benchmarks, sampling=OmegaConf.create({"temperature": 1.0}), env=env,
+        k=1, every_n_steps=1,
+    )  # fmt: skip
+    assert len(cb.benchmarks["mixed"]) == 2 and cb.overlap == {"mixed": 1}
