@@ -1,7 +1,7 @@
 """`python -m frlab.toy`: the CPU sanity step.
 
 Builds a tiny random-init causal LM, samples a small batch while recording the sampler's own
-log-probs (the behaviour log-probs of SPEC §2), runs ONE optimizer update through the composed
+log-probs (the behaviour log-probs: what the sampler actually used), runs ONE optimizer update through the composed
 `flashreinforce` objective, and prints the loss, the acceptance rate and how far the parameters
 moved. Exits non-zero on any non-finite value. No network, well under 30 s on 2 cores.
 """

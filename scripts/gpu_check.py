@@ -1,6 +1,6 @@
 """GPU check: a few asynchronous FlashREINFORCE updates at Qwen2.5-0.5B's shape, timed.
 
-The FlashREINFORCE update loop (SPEC §3): the rollout pool keeps one rollout per prompt in
+The FlashREINFORCE update loop (paper, Sec. 3): the rollout pool keeps one rollout per prompt in
 flight on the torch engine (its own bf16 copy of the weights, sampling in a background
 thread), the learner (`FlashReinforceModule` under a Lightning Trainer, bf16-mixed) takes the
 first B finished trajectories, makes one optimizer step, and `WeightSyncCallback` pushes the

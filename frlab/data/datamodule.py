@@ -1,6 +1,6 @@
 """`RolloutDataModule`: the rollout pool as a Lightning data source of `RolloutBatch`es.
 
-FlashREINFORCE's learner (SPEC §3) takes the next B finished trajectories, makes one update
+FlashREINFORCE's learner (paper, Sec. 3) takes the next B finished trajectories, makes one update
 and never replays them. The DataModule starts a `RolloutPool` in `setup`, and its train
 dataloader yields one collated `RolloutBatch` per optimizer step, each row carrying its policy
 lag (`infos[i]["policy_lag_min"/"policy_lag_max"]`, `"learner_version"`). The loader is built
@@ -22,7 +22,7 @@ non-resumable dataloader does not apply and is filtered.
 Distributed data parallel: each rank runs its own pool and engine and consumes B/W
 trajectories of the global batch B. `pool_factory` is called with per-rank keyword arguments
 `batch_size=B // W, seed=seed + rank, prompt_id_offset=rank, prompt_id_stride=W`, so prompt
-ids stay distinct across ranks. Centring rewards over the GLOBAL batch (SPEC §2 rule 1) is
+ids stay distinct across ranks. Centring rewards over the GLOBAL batch (A_i = R_i - mean over all B) is
 the learner's job (an all-gather of rewards before the per-rank split). Checkpoints hold every
 rank's pool cursor; resume with the same number of ranks.
 """

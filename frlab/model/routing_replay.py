@@ -1,6 +1,6 @@
 """Rollout routing replay for Qwen3-MoE: record the sampler's experts, reuse them in the learner.
 
-Why (SPEC §3 and §5; NOTES "MoE router mismatch"): FlashREINFORCE's token ratio
+Why (FlashREINFORCE paper, Sec. 3, and its MoE setting): FlashREINFORCE's token ratio
 `rho_t = pi_theta(y_t | y_<t) / mu(y_t | y_<t)` divides the learner's log-prob by the one the
 sampler stored. In a mixture-of-experts model the top-k expert choice is discrete: a tiny
 difference in the router's input (other kernels, batch shapes, bf16, a weight update in flight)
