@@ -1,4 +1,4 @@
-"""The environment interface: episodes (`Env`, one instance per episode) and tasks (`TaskSampler`).
+"""The environment interface: episodes (`Env`, one instance each) and tasks (`TaskSampler`).
 
 An environment opens an episode from a task (`reset` -> the initial chat messages) and takes
 the policy's action text each turn (`step` -> observation, reward, done, info). Instances hold

@@ -192,9 +192,14 @@ def task_sampler_factory(node: Any, *, user_modules: Iterable[str] = ()) -> Call
 
         built = instantiate(node, key="env", user_modules=modules, _partial_=True)
         target, args, kwargs = built.func, built.args, built.keywords
-        if callable(getattr(target, "task_sampler", None)):
-            return target.task_sampler(*args, **kwargs)
-        return EnvTaskSampler(target(*args, **kwargs))
+        try:
+            if callable(getattr(target, "task_sampler", None)):
+                return target.task_sampler(*args, **kwargs)
+            return EnvTaskSampler(target(*args, **kwargs))
+        except ConfigError:
+            raise
+        except (TypeError, ValueError, OSError) as exc:  # bad or missing env arguments
+            raise ConfigError("env", f"cannot build its task sampler: {exc}") from exc
 
     return make
 

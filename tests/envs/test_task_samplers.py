@@ -181,3 +181,14 @@ def test_math_starts_a_new_pass_when_the_state_does_not_fit_the_dataset(caplog) 
     fresh = MathEnv.task_sampler(dataset=DATA)
     fresh.load_state_dict({})  # a checkpoint written before samplers had state
     assert draws(fresh, 3, 5) == draws(MathEnv.task_sampler(dataset=DATA), 3, 5)
+
+
+def test_a_sampler_that_cannot_be_built_is_a_config_error_naming_env() -> None:
+    from frlab.config.errors import ConfigError
+
+    node = OmegaConf.create({"_target_": "envs.python_tool.PythonToolEnv"})  # no tasks at all
+    with pytest.raises(ConfigError, match=r"env.*task sampler.*env.tasks or env.data_path"):
+        task_sampler_factory(node)()
+    node = OmegaConf.create({"_target_": "envs.toy.ParityEnv", "num_digit": 3})  # misspelt
+    with pytest.raises(ConfigError, match="num_digit"):
+        task_sampler_factory(node)()
