@@ -161,6 +161,9 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
             lambda: SlowDigitEnv(args.latency_median, args.latency_sigma),
             tokenizer,
             cfg,
+            task_sampler=SlowDigitEnv.task_sampler(
+                median_s=args.latency_median, sigma=args.latency_sigma
+            ),
             max_in_flight=args.max_in_flight if mode == "async" else args.batch_size,
             max_policy_lag=args.max_policy_lag,
             mode=mode,

@@ -4,6 +4,6 @@ Importing `envs` is cheap: heavy environments (ALFWorld, sandboxes) live in thei
 subpackages and import their dependencies only when used.
 """
 
-from envs.base import Env, StepResult
+from envs.base import Env, EnvTaskSampler, StepResult, TaskSampler
 
-__all__ = ["Env", "StepResult"]
+__all__ = ["Env", "EnvTaskSampler", "StepResult", "TaskSampler"]

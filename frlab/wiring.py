@@ -21,7 +21,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from frlab.config.errors import ConfigError
-from frlab.config.instantiate import env_factory, instantiate
+from frlab.config.instantiate import env_factory, instantiate, task_sampler_factory
 from frlab.config.plan import NOT_RESOLVED, Plan
 
 log = logging.getLogger(__name__)
@@ -157,16 +157,17 @@ def run_folder(cfg: DictConfig, plan: Plan) -> tuple[Path, Any]:
 def pool_factory(
     cfg: DictConfig, policy: Any, tokenizer: Any, *, off_policy_correction: bool = True
 ) -> Callable[..., Any]:
-    """A factory of RolloutPools, each with its own engine from `rollout.engine` (the data
-    module calls it per rank with `batch_size`, `seed`, `prompt_id_offset`,
-    `prompt_id_stride`). `off_policy_correction` is the objective's: the pool refuses
-    truncated sampling (top_p/top_k) when it is True."""
+    """A factory of RolloutPools, each with its own engine from `rollout.engine` and its own
+    task sampler from the `env` node (the data module calls it per rank with `batch_size`,
+    `seed`, `prompt_id_offset`, `prompt_id_stride`). `off_policy_correction` is the
+    objective's: the pool refuses truncated sampling (top_p/top_k) when it is True."""
     from frlab.rollout.agent_loop import AgentLoopConfig
     from frlab.rollout.pool import RolloutPool
 
     rollout = plain(cfg.rollout)
     loop_cfg = AgentLoopConfig.from_rollout(rollout)  # limits, sampling, deadlines
-    make_env = env_factory(cfg.env, user_modules=user_modules(cfg))
+    make_env = env_factory(cfg.env, user_modules=user_modules(cfg))  # one env per episode
+    make_tasks = task_sampler_factory(cfg.env, user_modules=user_modules(cfg))  # one per pool
     make_engine = instantiate(cfg.rollout.engine, key="rollout.engine",
                               user_modules=user_modules(cfg))  # fmt: skip
 
@@ -174,8 +175,9 @@ def pool_factory(
         """One rank's pool: `batch_size` = B / W rows per step, its own seed and prompt ids."""
         return RolloutPool(
             make_engine(policy=policy, seed=seed), make_env, tokenizer, loop_cfg,
-            batch_size=batch_size, max_in_flight=rollout["max_in_flight"],
-            max_policy_lag=rollout["max_policy_lag"], mode=rollout["mode"],
+            task_sampler=make_tasks(), batch_size=batch_size,
+            max_in_flight=rollout["max_in_flight"], max_policy_lag=rollout["max_policy_lag"],
+            mode=rollout["mode"],
             samples_per_prompt=rollout["samples_per_prompt"], seed=seed, **shard,
             off_policy_correction=off_policy_correction,
         )  # fmt: skip

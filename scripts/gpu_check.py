@@ -223,6 +223,7 @@ def build_run(args: argparse.Namespace) -> tuple[Any, Any, Meter, list[Any], L.T
         engines.append(engine)
         return RolloutPool(
             engine, lambda: CoinFlipEnv(args.prompt_chars), tokenizer, loop,
+            task_sampler=CoinFlipEnv.task_sampler(prompt_chars=args.prompt_chars),
             batch_size=batch_size, max_in_flight=in_flight,
             max_policy_lag=args.max_policy_lag, seed=seed, **shard,
         )  # fmt: skip

@@ -5,11 +5,12 @@ per episode; `envs.alfworld.make_games` writes small offline games (the official
 the internet). Importing this package does not import `alfworld`: only the worker does.
 """
 
-from envs.alfworld.env import AlfworldEnv, find_games, parse_action
+from envs.alfworld.env import AlfworldEnv, AlfworldTasks, find_games, parse_action
 from envs.alfworld.worker import GameWorker, Turn, WorkerError, WorkerTimeout
 
 __all__ = [
     "AlfworldEnv",
+    "AlfworldTasks",
     "GameWorker",
     "Turn",
     "WorkerError",

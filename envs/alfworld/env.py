@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from envs.alfworld.worker import GameWorker, Turn
-from envs.base import Env, StepResult
+from envs.base import Env, StepResult, TaskSampler, init_arguments
 
 GAME_FILE = "game.tw-pddl"
 TRAJ_FILE = "traj_data.json"
@@ -90,6 +90,50 @@ def find_games(data_dir: str | os.PathLike[str]) -> list[Path]:
     return games
 
 
+def check_num_games(num_games: int | None) -> int | None:
+    """`num_games` as an int >= 1 or None, or a ValueError naming `env.num_games`."""
+    if num_games is not None and (isinstance(num_games, bool) or int(num_games) < 1):
+        raise ValueError(f"env.num_games must be >= 1 or null, got {num_games!r}")
+    return None if num_games is None else int(num_games)
+
+
+def select_games(data_dir: str | None, num_games: int | None, games_seed: int) -> list[Path]:
+    """The game files under `data_dir`, or the sorted first `num_games` of them after a shuffle
+    with `random.Random(games_seed)` (the same subset on every call)."""
+    if not data_dir:
+        raise ValueError("env.data_dir is not set and ALFWORLD_DATA is empty")
+    games = find_games(data_dir)
+    if num_games is not None:
+        if num_games > len(games):
+            raise ValueError(
+                f"env.num_games={num_games} but {data_dir} holds only {len(games)} games"
+            )
+        random.Random(games_seed).shuffle(games)
+        games = sorted(games[:num_games])
+    return games
+
+
+class AlfworldTasks(TaskSampler):
+    """Games drawn uniformly at random, with replacement: `{"game_file": path}` (the game
+    folder is listed on the first draw)."""
+
+    def __init__(
+        self, data_dir: str | None, num_games: int | None = None, games_seed: int = 0
+    ) -> None:
+        self.data_dir = data_dir if data_dir is not None else os.environ.get("ALFWORLD_DATA")
+        self.num_games, self.games_seed = check_num_games(num_games), int(games_seed)
+        self._games: list[Path] | None = None
+
+    def games(self) -> list[Path]:
+        """The games tasks are drawn from (listed once)."""
+        if self._games is None:
+            self._games = select_games(self.data_dir, self.num_games, self.games_seed)
+        return self._games
+
+    def sample(self, rng: random.Random) -> dict[str, Any]:
+        return {"game_file": str(rng.choice(self.games()))}
+
+
 class AlfworldEnv(Env):
     """One ALFWorld episode per instance; tasks are `{"game_file": path}`."""
 
@@ -104,6 +148,12 @@ class AlfworldEnv(Env):
         except FileNotFoundError as exc:
             return {"data_dir": str(exc)}
         return {}
+
+    @classmethod
+    def task_sampler(cls, **kwargs: Any) -> AlfworldTasks:
+        """Games of `env.data_dir` (or its `num_games` subset) drawn at random."""
+        args = init_arguments(cls, kwargs)
+        return AlfworldTasks(args["data_dir"], args["num_games"], args["games_seed"])
 
     def __init__(
         self,
@@ -123,9 +173,7 @@ class AlfworldEnv(Env):
                 raise ValueError(f"env.{name} must be > 0, got {value}")
         if int(max_game_steps) < 1:
             raise ValueError(f"env.max_game_steps must be >= 1, got {max_game_steps}")
-        if num_games is not None and (isinstance(num_games, bool) or int(num_games) < 1):
-            raise ValueError(f"env.num_games must be >= 1 or null, got {num_games!r}")
-        self.num_games = None if num_games is None else int(num_games)
+        self.num_games = check_num_games(num_games)
         self.games_seed = int(games_seed)
         self.data_dir = data_dir if data_dir is not None else os.environ.get("ALFWORLD_DATA")
         self.step_timeout_s = float(step_timeout_s)
@@ -142,24 +190,11 @@ class AlfworldEnv(Env):
         return self._worker
 
     def games(self) -> list[Path]:
-        """The game files under `data_dir`, or its `num_games` subset (listed once)."""
+        """The game files under `data_dir`, or its `num_games` subset (listed once; the
+        evaluation plays them all)."""
         if self._games is None:
-            if not self.data_dir:
-                raise ValueError("env.data_dir is not set and ALFWORLD_DATA is empty")
-            games = find_games(self.data_dir)
-            if self.num_games is not None:
-                if self.num_games > len(games):
-                    raise ValueError(
-                        f"env.num_games={self.num_games} but {self.data_dir} holds only "
-                        f"{len(games)} games"
-                    )
-                random.Random(self.games_seed).shuffle(games)
-                games = sorted(games[: self.num_games])
-            self._games = games
+            self._games = select_games(self.data_dir, self.num_games, self.games_seed)
         return self._games
-
-    def sample_task(self, rng: random.Random) -> dict[str, Any]:
-        return {"game_file": str(rng.choice(self.games()))}
 
     def reset(self, task: Mapping[str, Any]) -> list[dict[str, str]]:
         game_file = task.get("game_file")

@@ -21,21 +21,23 @@ text itself (applied by the agent loop, frlab.rollout.chat).
 
 Tasks come from a dataset object (`dataset=`, any sequence of {question, answer} mappings)
 or from `source=` and the other `load_math_dataset` arguments. The rollout pool builds one
-env per episode and samples tasks from a single instance, so the dataset is loaded lazily
-(only by `sample_task`) and cached per process: episodes cost no reload.
+env per episode and draws tasks from `MathEnv.task_sampler` (`MathTasks`: a shuffled pass
+over the dataset per epoch); the dataset is loaded on first use and cached per process, so
+episodes cost no reload.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import logging
 import random
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from envs.base import Env, StepResult, check_system_prompt
+from envs.base import Env, StepResult, TaskSampler, check_system_prompt, init_arguments
 from envs.math.datasets import (
     LOCAL_SUFFIXES,
     MathDataset,
@@ -46,6 +48,8 @@ from envs.math.datasets import (
 from envs.math.extract import ANSWER_FORMATS, extract_answer
 from envs.math.grading import grade
 from envs.math.holdout import check_holdout
+
+log = logging.getLogger(__name__)
 
 TEMPLATES = {
     "instruct": (
@@ -112,6 +116,96 @@ def _cached_dataset(key: str) -> MathDataset:
     return load_math_dataset(args.pop("source"), args.pop("split"), **args)
 
 
+def load_arguments(
+    source: str | None,
+    split: str | None,
+    dataset: Sequence[Mapping[str, Any]] | None,
+    *,
+    question_key: str | None = None,
+    answer_key: str | None = None,
+    limit: int | None = None,
+    subset: str | None = None,
+    seed: int = 0,
+    options: Mapping[str, Any] | None = None,
+    holdout: Mapping[str, Any] | None = None,
+    deduplicate: bool = False,
+) -> dict[str, Any]:
+    """The checked `load_math_dataset` arguments of an env node (the dataset's cache key);
+    a ValueError or FileNotFoundError names the env key at fault."""
+    if (source is None) == (dataset is None):
+        raise ValueError("MathEnv needs exactly one of env.source or a dataset object")
+    if source is not None and Path(source).suffix.lower() in LOCAL_SUFFIXES:
+        if not Path(source).expanduser().is_file():  # fail at config time, not in the pool
+            raise FileNotFoundError(f"env.source: dataset file not found: {source}")
+    check_split(source, split, "env.split")  # type: ignore[arg-type]
+    return {
+        "source": source, "split": split, "question_key": question_key,
+        "answer_key": answer_key, "limit": limit, "subset": subset, "seed": int(seed),
+        "options": dict(options or {}), "deduplicate": bool(deduplicate),
+        "holdout": check_holdout(holdout, "env.holdout"),
+    }  # fmt: skip
+
+
+LOAD_KEYS = ("question_key", "answer_key", "limit", "subset", "seed", "options", "holdout",
+             "deduplicate")  # fmt: skip
+
+
+def resolve_dataset(
+    dataset: Sequence[Mapping[str, Any]] | None, load_args: Mapping[str, Any]
+) -> Sequence[Mapping[str, Any]]:
+    """`dataset` itself, else the dataset `load_args` name (loaded once per process)."""
+    if dataset is not None:
+        return dataset
+    return _cached_dataset(json.dumps(dict(load_args), sort_keys=True))
+
+
+class MathTasks(TaskSampler):
+    """A shuffled pass over the dataset: every task once per epoch, the order reshuffled with
+    the pool's RNG at the start of each epoch. The rest of the pass is checkpointed."""
+
+    def __init__(
+        self, dataset: Sequence[Mapping[str, Any]] | None, load_args: Mapping[str, Any]
+    ) -> None:
+        self._dataset, self._load_args = dataset, dict(load_args)
+        self._order: list[int] = []
+        self._restored_size: int | None = None  # dataset size the restored order was made for
+
+    @property
+    def dataset(self) -> Sequence[Mapping[str, Any]]:
+        """The tasks (loaded on the first draw, shared by every env with the same arguments)."""
+        if self._dataset is None:
+            self._dataset = resolve_dataset(None, self._load_args)
+        return self._dataset
+
+    def sample(self, rng: random.Random) -> dict[str, Any]:
+        """The next task of the pass (a new shuffled pass when this one is spent)."""
+        if self._restored_size is not None:
+            self._check_restored(self._restored_size)
+        if not self._order:
+            self._order = list(range(len(self.dataset)))
+            rng.shuffle(self._order)
+        return dict(self.dataset[self._order.pop()])
+
+    def _check_restored(self, size: int) -> None:
+        self._restored_size = None
+        if size != len(self.dataset) or any(not 0 <= i < size for i in self._order):
+            log.warning(
+                "the checkpoint's pass over %d math tasks does not fit the dataset of %d: "
+                "a new shuffled pass starts", size, len(self.dataset),
+            )  # fmt: skip
+            self._order = []
+
+    def state_dict(self) -> dict[str, Any]:
+        """The task indices left in this pass (drawn from the end) and the dataset size."""
+        size = None if self._dataset is None else len(self._dataset)
+        return {"order": list(self._order), "dataset_size": size}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self._order = [int(i) for i in state.get("order") or ()]
+        size = state.get("dataset_size")
+        self._restored_size = int(size) if self._order and size is not None else None
+
+
 class MathEnv(Env):
     """Single-turn math environment (reward = grade(reply, answer))."""
 
@@ -125,6 +219,14 @@ class MathEnv(Env):
             else source_problem(source, config.get("split"), config.get("subset"))
         )
         return {"source": problem} if problem else {}
+
+    @classmethod
+    def task_sampler(cls, **kwargs: Any) -> MathTasks:
+        """A shuffled pass over the env node's dataset (loaded on the first draw)."""
+        args = init_arguments(cls, kwargs)
+        dataset = args["dataset"]
+        load = {key: args[key] for key in LOAD_KEYS}
+        return MathTasks(dataset, load_arguments(args["source"], args["split"], dataset, **load))
 
     def __init__(
         self,
@@ -145,12 +247,11 @@ class MathEnv(Env):
         timeout_s: float = 5.0,
         deduplicate: bool = False,
     ) -> None:
-        if (source is None) == (dataset is None):
-            raise ValueError("MathEnv needs exactly one of env.source or a dataset object")
-        if source is not None and Path(source).suffix.lower() in LOCAL_SUFFIXES:
-            if not Path(source).expanduser().is_file():  # fail at config time, not in the pool
-                raise FileNotFoundError(f"env.source: dataset file not found: {source}")
-        check_split(source, split, "env.split")  # type: ignore[arg-type]
+        self._load_args = load_arguments(
+            source, split, dataset, question_key=question_key, answer_key=answer_key,
+            limit=limit, subset=subset, seed=seed, options=options, holdout=holdout,
+            deduplicate=deduplicate,
+        )  # fmt: skip
         if not float(timeout_s) > 0:
             raise ValueError(f"env.timeout_s must be > 0, got {timeout_s}")
         if answer_format not in ANSWER_FORMATS:
@@ -164,28 +265,15 @@ class MathEnv(Env):
         self.system_prompt = check_system_prompt(system_prompt, "env.system_prompt")
         self.timeout_s = float(timeout_s)
         self._dataset = dataset
-        self._load_args = {
-            "source": source, "split": split, "question_key": question_key,
-            "answer_key": answer_key, "limit": limit, "subset": subset, "seed": int(seed),
-            "options": dict(options or {}), "deduplicate": bool(deduplicate),
-            "holdout": check_holdout(holdout, "env.holdout"),
-        }  # fmt: skip
-        self._order: list[int] = []
         self._answer: str | None = None
 
     @property
     def dataset(self) -> Sequence[Mapping[str, Any]]:
-        """The tasks (loaded on first use, shared by every env with the same arguments)."""
+        """The tasks (loaded on first use, shared by every env and sampler with the same
+        arguments)."""
         if self._dataset is None:
-            self._dataset = _cached_dataset(json.dumps(self._load_args, sort_keys=True))
+            self._dataset = resolve_dataset(None, self._load_args)
         return self._dataset
-
-    def sample_task(self, rng: random.Random) -> dict[str, Any]:
-        """The next task of a shuffled pass over the dataset (reshuffled every epoch)."""
-        if not self._order:
-            self._order = list(range(len(self.dataset)))
-            rng.shuffle(self._order)
-        return dict(self.dataset[self._order.pop()])
 
     def prompt(self, question: str) -> str:
         """The user message for `question` (format-string templates)."""

@@ -24,7 +24,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from envs.base import SYSTEM_PROMPT_MODES, Env, StepResult, check_system_prompt
+from envs.base import (
+    SYSTEM_PROMPT_MODES,
+    Env,
+    StepResult,
+    TaskSampler,
+    check_system_prompt,
+    init_arguments,
+)
 from envs.python_tool.grading import grade_answer
 from envs.python_tool.parsing import ToolCall, committed_answer, parse_tool_call
 from envs.python_tool.sandbox import PythonResult, run_python
@@ -47,6 +54,25 @@ def load_tasks(data_path: str | Path) -> list[dict[str, Any]]:
             if line.strip():
                 tasks.append(json.loads(line))
     return tasks
+
+
+def gather_tasks(
+    tasks: Sequence[Mapping[str, Any]] | None, data_path: str | Path | None
+) -> list[Mapping[str, Any]]:
+    """The env node's tasks: the `tasks` list, then those of the `data_path` file."""
+    return list(tasks or []) + (load_tasks(data_path) if data_path else [])
+
+
+class PythonToolTasks(TaskSampler):
+    """Tasks drawn uniformly at random, with replacement, from the env node's task list."""
+
+    def __init__(self, tasks: Sequence[Mapping[str, Any]]) -> None:
+        if not tasks:
+            raise ValueError("python_tool env has no tasks: set env.tasks or env.data_path")
+        self.tasks = list(tasks)
+
+    def sample(self, rng: random.Random) -> dict[str, Any]:
+        return dict(rng.choice(self.tasks))
 
 
 def _task_field(task: Mapping[str, Any], key: str) -> str:
@@ -86,6 +112,12 @@ class PythonToolEnv(Env):
             return {"data_path": f"task file not found: {path}"}
         return {}
 
+    @classmethod
+    def task_sampler(cls, **kwargs: Any) -> PythonToolTasks:
+        """Uniform draws from `env.tasks` and the tasks of `env.data_path`."""
+        args = init_arguments(cls, kwargs)
+        return PythonToolTasks(gather_tasks(args["tasks"], args["data_path"]))
+
     def __init__(
         self,
         tasks: Sequence[Mapping[str, Any]] | None = None,
@@ -103,18 +135,13 @@ class PythonToolEnv(Env):
             raise ValueError(f"env.max_output_chars must be >= 1, got {max_output_chars!r}")
         if not float(timeout_s) > 0:
             raise ValueError(f"env.timeout_s must be > 0, got {timeout_s!r}")
-        self.tasks = list(tasks or []) + (load_tasks(data_path) if data_path else [])
+        self.tasks = gather_tasks(tasks, data_path)  # the evaluation lists them
         self.max_turns, self.timeout_s = int(max_turns), float(timeout_s)
         self.memory_mb, self.max_output_chars = int(memory_mb), int(max_output_chars)
         self.system_prompt = check_system_prompt(system_prompt, "env.system_prompt")
         self._answer: str | None = None
         self._turn = 0
         self._log: list[dict[str, Any]] = []
-
-    def sample_task(self, rng: random.Random) -> dict[str, Any]:
-        if not self.tasks:
-            raise ValueError("python_tool env has no tasks: set env.tasks or env.data_path")
-        return dict(rng.choice(self.tasks))
 
     def reset(self, task: Mapping[str, Any]) -> list[dict[str, str]]:
         question = _task_field(task, "question")

@@ -7,9 +7,16 @@ rewards, for trying out the failure behaviour (not a learning task: not in TOY_E
 """
 
 from envs.toy.faulty import FaultyParityEnv
-from envs.toy.multi import KeyParityEnv
-from envs.toy.single import ParityEnv
+from envs.toy.multi import KeyParityEnv, KeyParityTasks
+from envs.toy.single import ParityEnv, ParityTasks
 
 TOY_ENVS = {"toy_single": ParityEnv, "toy_multi": KeyParityEnv}
 
-__all__ = ["TOY_ENVS", "FaultyParityEnv", "KeyParityEnv", "ParityEnv"]
+__all__ = [
+    "TOY_ENVS",
+    "FaultyParityEnv",
+    "KeyParityEnv",
+    "KeyParityTasks",
+    "ParityEnv",
+    "ParityTasks",
+]

@@ -14,25 +14,42 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
-from envs.base import Env, StepResult
+from envs.base import Env, StepResult, TaskSampler, init_arguments
 from envs.toy.grading import digit_field, digits_field, first_digit, same_parity
+
+
+def check_num_decoys(num_decoys: int) -> int:
+    """`num_decoys` as an int >= 0, or a ValueError naming `env.num_decoys`."""
+    if int(num_decoys) < 0:
+        raise ValueError(f"env.num_decoys must be >= 0, got {num_decoys}")
+    return int(num_decoys)
+
+
+class KeyParityTasks(TaskSampler):
+    """A random key digit and `num_decoys` random decoys per task: {"key": 7, "decoys": [4]}."""
+
+    def __init__(self, num_decoys: int = 0) -> None:
+        self.num_decoys = check_num_decoys(num_decoys)
+
+    def sample(self, rng: random.Random) -> dict[str, Any]:
+        return {
+            "key": rng.randrange(10),
+            "decoys": [rng.randrange(10) for _ in range(self.num_decoys)],
+        }
 
 
 class KeyParityEnv(Env):
     """Two turns: "key? 4 9" -> (anything) -> "key 7" -> any odd digit, e.g. "3"."""
 
     def __init__(self, num_decoys: int = 0) -> None:
-        if int(num_decoys) < 0:
-            raise ValueError(f"env.num_decoys must be >= 0, got {num_decoys}")
-        self.num_decoys = int(num_decoys)
+        self.num_decoys = check_num_decoys(num_decoys)
         self._key: int | None = None
         self._turn = 0
 
-    def sample_task(self, rng: random.Random) -> dict[str, Any]:
-        return {
-            "key": rng.randrange(10),
-            "decoys": [rng.randrange(10) for _ in range(self.num_decoys)],
-        }
+    @classmethod
+    def task_sampler(cls, **kwargs: Any) -> KeyParityTasks:
+        """Key tasks with the constructor's `num_decoys`."""
+        return KeyParityTasks(init_arguments(cls, kwargs)["num_decoys"])
 
     def reset(self, task: Mapping[str, Any]) -> list[dict[str, str]]:
         self._key = digit_field(task, "key")

@@ -13,21 +13,38 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
-from envs.base import Env, StepResult
+from envs.base import Env, StepResult, TaskSampler, init_arguments
 from envs.toy.grading import digits_field, first_digit, same_parity
+
+
+def check_num_digits(num_digits: int) -> int:
+    """`num_digits` as an int >= 1, or a ValueError naming `env.num_digits`."""
+    if int(num_digits) < 1:
+        raise ValueError(f"env.num_digits must be >= 1, got {num_digits}")
+    return int(num_digits)
+
+
+class ParityTasks(TaskSampler):
+    """`num_digits` random digits per task: {"digits": [3, 8]}."""
+
+    def __init__(self, num_digits: int = 2) -> None:
+        self.num_digits = check_num_digits(num_digits)
+
+    def sample(self, rng: random.Random) -> dict[str, Any]:
+        return {"digits": [rng.randrange(10) for _ in range(self.num_digits)]}
 
 
 class ParityEnv(Env):
     """Single turn: "parity: 3 8" -> any even digit, e.g. "4"."""
 
     def __init__(self, num_digits: int = 2) -> None:
-        if int(num_digits) < 1:
-            raise ValueError(f"env.num_digits must be >= 1, got {num_digits}")
-        self.num_digits = int(num_digits)
+        self.num_digits = check_num_digits(num_digits)
         self._target: int | None = None
 
-    def sample_task(self, rng: random.Random) -> dict[str, Any]:
-        return {"digits": [rng.randrange(10) for _ in range(self.num_digits)]}
+    @classmethod
+    def task_sampler(cls, **kwargs: Any) -> ParityTasks:
+        """Digit tasks of the constructor's `num_digits` (subclasses keep their own default)."""
+        return ParityTasks(init_arguments(cls, kwargs)["num_digits"])
 
     def reset(self, task: Mapping[str, Any]) -> list[dict[str, str]]:
         digits = digits_field(task, "digits")

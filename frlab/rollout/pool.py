@@ -8,7 +8,8 @@ admission control (the earliest-deadline invariant and lag bookkeeping in
 `frlab.rollout.admission`), so every trajectory satisfies
 `learner_version - min token version <= max_policy_lag` at consumption, and the per-trajectory
 lag is written into `Trajectory.info`. Rollout records and their checkpoint form live in
-`frlab.rollout.rollouts`.
+`frlab.rollout.rollouts`; the prompt cursor (new tasks come from the run's task sampler,
+`envs.base.TaskSampler`, with the pool's RNG) and the counters in `frlab.rollout.pool_state`.
 
 Group baselines (GRPO; `samples_per_prompt` G > 1) run in the same asynchronous pipeline: the G
 samples of a prompt are admitted together, batches hold whole groups (`select_batch`), and a
@@ -26,7 +27,8 @@ Nothing here waits without a deadline: every environment call and engine request
 (`AgentLoopConfig.env_timeout_s`, `engine_timeout_s`), environment calls run on
 `EnvThreads` (hung ones are abandoned, never joined), and `stop()` is bounded (the event loop
 lives in frlab.rollout.loop_thread). The counters in `stats()` travel with `state_dict()`, so
-after a resume they cover the whole run.
+after a resume they cover the whole run; so does the task sampler's state, so a resumed run
+draws the tasks the uninterrupted run would have.
 
 Each handed-out batch carries its generation window (frlab.rollout.metering: generation time,
 tokens/s, the learner's wait) in `stats()["generation"]`; `run_pinned` runs background work
@@ -38,19 +40,16 @@ at the end of a run has the engine to itself.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import functools
 import logging
-import random
 import threading
-import time
-from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from envs.base import TaskSampler
 from frlab.data.batch import Trajectory
 from frlab.rollout.admission import MODES as MODES  # re-exported: pool's public names
-from frlab.rollout.admission import DeadlineQueue, lag_info, validate_pool_args
+from frlab.rollout.admission import DeadlineQueue, validate_pool_args
 from frlab.rollout.admission import admission_feasible as admission_feasible
 from frlab.rollout.admission import required_early as required_early
 from frlab.rollout.admission import select_batch as select_batch
@@ -61,18 +60,19 @@ from frlab.rollout.lockstep import LockstepClient, LockstepGate
 from frlab.rollout.loop_thread import LoopThread, run_bounded
 from frlab.rollout.metering import GenerationMeter, MeteredEngine
 from frlab.rollout.pinning import WeightPins
+from frlab.rollout.pool_consumer import STOP_WAIT_S as STOP_WAIT_S
+from frlab.rollout.pool_consumer import ConsumerSide
+from frlab.rollout.pool_state import COUNTERS as COUNTERS  # re-exported: pool's public names
+from frlab.rollout.pool_state import PoolCounters, PromptCursor
+from frlab.rollout.pool_state import engine_stats as engine_stats
 from frlab.rollout.rollouts import REJECT_REASONS as REJECT_REASONS
 from frlab.rollout.rollouts import (
     Failure,
     Group,
     Rollout,
-    as_rng_state,
     check_state,
     close_env,
-    counter_records,
-    pending_records,
     ready_record,
-    restore_counters,
     restore_ready,
     run_rollout,
 )
@@ -80,14 +80,15 @@ from frlab.rollout.seeding import rollout_seed
 
 log = logging.getLogger(__name__)
 
-STOP_WAIT_S = 10.0  # stop(): longest wait for the loop thread, the engine, and env closes
 
-
-class RolloutPool:
+class RolloutPool(ConsumerSide):
     """Runs rollouts in the background and hands out batches of B finished trajectories.
 
-    `off_policy_correction` is the objective's (`Objective.uses_off_policy_correction`): when
-    True, `loop_cfg.sampling` must keep the full support (top_p=1, top_k=0) or ValueError."""
+    `env_factory` builds one environment per rollout; `task_sampler` draws each new prompt's
+    task (the env class's `task_sampler(**env_kwargs)`, envs.base); the pool closes it when it
+    stops. `off_policy_correction` is the objective's (`Objective.uses_off_policy_correction`):
+    when True, `loop_cfg.sampling` must keep the full support (top_p=1, top_k=0) or
+    ValueError."""
 
     def __init__(
         self,
@@ -96,6 +97,7 @@ class RolloutPool:
         tokenizer: Any,
         loop_cfg: AgentLoopConfig,
         *,
+        task_sampler: TaskSampler,
         batch_size: int,
         max_in_flight: int,
         max_policy_lag: int,
@@ -123,23 +125,16 @@ class RolloutPool:
         self.mode = mode
         self.samples_per_prompt = int(samples_per_prompt)
         self.num_env_workers = int(num_env_workers)
-        self._id_offset, self._id_stride = int(prompt_id_offset), int(prompt_id_stride)
         self._cond = threading.Condition()
         self._seed = int(seed)
-        self._rng = random.Random(seed)
-        self._prompt_counter = self._learner_version = self._next_consume_version = 0
-        self._pending: deque[tuple[int, dict[str, Any]]] = deque()
+        self._cursor = PromptCursor(task_sampler, self._seed, prompt_id_offset, prompt_id_stride)
+        self._learner_version = self._next_consume_version = 0
         self._reset_queues()
-        self._counts: Counter[str] = Counter()
-        self._failed: Counter[str] = Counter()
-        self._rejected: Counter[str] = Counter()
-        self._lag_paused = False
-        self._lag_max_seen = 0
+        self._stats = PoolCounters()
         self._started = self._stopping = self._stopped = self._loading = False
         self._error: BaseException | None = None
         self._runner = LoopThread(self._tick, self._crashed)
         self._executor: EnvThreads | None = None
-        self._task_env: Any = None
         self._gate: LockstepGate | None = None  # sync mode: deterministic engine batches
         self._meter = GenerationMeter()
         self._metered = MeteredEngine(engine, self._meter)
@@ -162,7 +157,6 @@ class RolloutPool:
             self._started = True
         self.engine.start()
         self._executor = EnvThreads(self.num_env_workers)
-        self._task_env = self.env_factory()
         if self.mode == "sync":
             self._gate = LockstepGate(self._metered, self._runner.wake_in_loop)
         self._runner.start()
@@ -185,10 +179,10 @@ class RolloutPool:
                 self.pins.shutdown()
                 if self._executor is not None:
                     self._executor.shutdown(wait=True, timeout=STOP_WAIT_S)
-                if self._task_env is not None:
-                    run_bounded(
-                        functools.partial(close_env, self._task_env), "env close", STOP_WAIT_S
-                    )
+                sampler = self._cursor.sampler
+                run_bounded(
+                    functools.partial(close_env, sampler), "task sampler close", STOP_WAIT_S
+                )
                 with self._cond:
                     self._stopped = True
                     self._cond.notify_all()
@@ -225,25 +219,20 @@ class RolloutPool:
                 version = int(self.engine.version)
                 due = version + self.max_policy_lag
                 if not self._queue.admits(due, g, self._next_consume_version, self.batch_size):
-                    self._counts["paused_for_lag"] += not self._lag_paused
-                    self._lag_paused = True
+                    self._stats.counts["paused_for_lag"] += not self._stats.lag_paused
+                    self._stats.lag_paused = True
                     return
-                self._lag_paused = False
+                self._stats.lag_paused = False
                 self._launch_group(version, due)
 
     def _launch_group(self, version: int, due: int) -> None:
-        if self._pending:
-            prompt_id, task = self._pending.popleft()
-        else:
-            prompt_id = self._id_offset + self._prompt_counter * self._id_stride
-            self._prompt_counter += 1
-            task = dict(self._task_env.sample_task(self._rng))
+        prompt_id, task = self._cursor.next()
         group = Group(prompt_id, task, unresolved=self.samples_per_prompt)
         for _ in range(self.samples_per_prompt):
             ro = self._queue.add(group, version, due)
             client = None if self._gate is None else self._gate.client(ro.seq)
             self._runner.spawn(self._run(ro, client))
-        self._counts["started"] += self.samples_per_prompt
+        self._stats.counts["started"] += self.samples_per_prompt
         self._sync_need -= self.mode == "sync"
 
     async def _run(self, ro: Rollout, client: LockstepClient | None) -> None:
@@ -264,14 +253,14 @@ class RolloutPool:
             group.unresolved -= 1
             if failure is not None:
                 kind, reason, exc = failure
-                (self._failed if kind == "failed" else self._rejected)[reason] += 1
+                self._stats.count_failure(kind, reason)
                 log.warning("rollout of prompt %d %s (%s): %s", group.prompt_id, kind, reason, exc)
                 self._queue.drop(ro)
                 group.failed = True
             else:
                 assert traj is not None
                 self._queue.finish(ro, traj)
-                self._counts["finished"] += 1
+                self._stats.counts["finished"] += 1
             if group.unresolved == 0:
                 self._close_group(group)
             self._cond.notify_all()
@@ -280,121 +269,21 @@ class RolloutPool:
     def _close_group(self, group: Group) -> None:
         dropped = self._queue.close_group(group)  # the finished siblings of a failed sample
         if dropped:
-            self._rejected["incomplete_group"] += dropped
+            self._stats.rejected["incomplete_group"] += dropped
         if group.failed:
             self._sync_need += self.mode == "sync"  # start a replacement group
-
-    # -- consumer side -----------------------------------------------------------------------
-    def next_batch(self, timeout: float | None = None) -> list[Trajectory]:
-        """Block until B finished trajectories can be handed out; annotate their lag."""
-        called = time.monotonic()
-        deadline = None if timeout is None else called + timeout
-        with self._cond:
-            self._request_sync_batch()
-            while True:
-                self._raise_if_unusable()
-                chosen = self._queue.select(self._next_consume_version, self.batch_size)
-                if chosen is not None:
-                    break
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    raise TimeoutError(
-                        f"no batch of {self.batch_size} in {timeout}s: {self.stats()}"
-                    )
-                self._cond.wait(left)
-            batch = self._hand_out(chosen)
-            self._generation = self._meter.take_window(time.monotonic() - called)
-        self._notify_loop()
-        return batch
-
-    def close_admission(self) -> None:
-        """No more batches will be asked for: start no rollout and cancel those in flight
-        (their prompts stay in the checkpoint cursor and rerun on resume)."""
-        with self._cond:
-            self._admission_closed = True
-        if self._runner.is_alive():
-            self._runner.run(self._runner.cancel_all(), timeout=STOP_WAIT_S)
-
-    def run_pinned(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future:
-        """Run `fn(*args)` in the background; `update_weights` waits until it has finished."""
-        return self.pins.run(fn, *args)
-
-    def _request_sync_batch(self) -> None:
-        if self.mode == "sync" and self._sync_need <= 0:
-            groups = self._queue.num_groups()
-            self._sync_need = self.batch_size // self.samples_per_prompt - groups
-            self._notify_loop()
-
-    def _raise_if_unusable(self) -> None:
-        if self._error is not None:
-            raise RuntimeError(f"rollout pool loop crashed: {self._error!r}") from self._error
-        if not self._started or self._stopping or self._stopped:
-            raise RuntimeError("RolloutPool is not running: call start() (and not after stop())")
-        version, learner = int(self.engine.version), self._next_consume_version
-        if not self._queue.outstanding and version + self.max_policy_lag < learner:
-            raise RuntimeError(
-                f"rollout pool stalled: engine version {version} + rollout.max_policy_lag "
-                f"{self.max_policy_lag} < learner version {learner}, so no rollout may start; "
-                "push weights (WeightSyncCallback, rollout.sync_every <= rollout.max_policy_lag)"
-            )
-
-    def _hand_out(self, chosen: list[Rollout]) -> list[Trajectory]:
-        version = self._next_consume_version
-        self._queue.take(chosen)
-        if self.mode == "sync":  # admission (prompt) order, not the timing-dependent finish order
-            chosen = sorted(chosen, key=lambda ro: ro.seq)
-        batch = []
-        for ro in chosen:
-            traj = ro.trajectory
-            assert traj is not None
-            info = lag_info(version, ro.start_version, traj)
-            self._lag_max_seen = max(self._lag_max_seen, info["policy_lag_max"])
-            self._counts["lag_violations"] += info["policy_lag_max"] > self.max_policy_lag
-            traj.info.update(info)
-            batch.append(traj)
-        self._next_consume_version += 1
-        self._counts["consumed"] += len(batch)
-        self._counts["batches"] += 1
-        return batch
-
-    # -- learner side ------------------------------------------------------------------------
-    def set_learner_version(self, version: int) -> None:
-        """The learner has completed `version` optimizer steps; its next batch trains at >= it."""
-        with self._cond:
-            self._learner_version = int(version)
-            self._next_consume_version = max(self._next_consume_version, int(version))
-            self._cond.notify_all()
-        self._notify_loop()
-
-    def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
-        """Push learner weights at `version` to the engine (it pauses, loads, bumps, resumes)."""
-        if int(version) < int(self.engine.version):
-            raise ValueError(f"update_weights version {version} < engine {self.engine.version}")
-        self.pins.wait()  # an evaluation in flight measures the current weights
-        self.engine.update_weights(state_dict, int(version))
-        if int(self.engine.version) != int(version):
-            raise RuntimeError(
-                f"engine reports version {self.engine.version} after update_weights({version}): "
-                "the weights were not applied"
-            )
-        self._counts["weight_syncs"] += 1
-        self.set_learner_version(version)
 
     def stats(self) -> dict[str, Any]:
         """Counters and gauges (a consistent snapshot; safe from any thread)."""
         with self._cond:
-            out: dict[str, Any] = {k: self._counts[k] for k in COUNTERS}
+            out = self._stats.snapshot()
             out.update(
-                failed=sum(self._failed.values()),
-                failed_by_reason=dict(self._failed),
-                rejected=sum(self._rejected.values()),
-                rejected_by_reason=dict(self._rejected),
                 in_flight=self._queue.in_flight(),
                 queued=len(self._queue.ready),
                 outstanding=len(self._queue.outstanding),
-                lag_paused=self._lag_paused,
-                lag_max_seen=self._lag_max_seen,
-                prompts=self._prompt_counter,
+                lag_paused=out.pop("lag_paused"),
+                lag_max_seen=out.pop("lag_max_seen"),
+                prompts=self._cursor.counter,
                 learner_version=self._learner_version,
                 next_consume_version=self._next_consume_version,
                 engine_version=int(self.engine.version),
@@ -405,19 +294,17 @@ class RolloutPool:
 
     # -- checkpointing -----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The data cursor: prompt counter, RNG state, prompts not yet finished (rerun on
-        resume) and finished-but-unconsumed trajectories; plain Python values only, so a
-        checkpoint loads with `torch.load(weights_only=True)`."""
+        """The data cursor: prompt counter, RNG and task-sampler state, prompts not yet
+        finished (rerun on resume) and finished-but-unconsumed trajectories; plain Python
+        values only, so a checkpoint loads with `torch.load(weights_only=True)`."""
         with self._cond:
             queue = self._queue
             return {
-                "prompt_counter": self._prompt_counter,
-                "rng_state": self._rng.getstate(),
-                "pending": pending_records(self._pending, queue.outstanding.values(), queue.ready),
+                **self._cursor.state_dict(queue.outstanding.values(), queue.ready),
                 "ready": [ready_record(ro) for ro in queue.ready],
                 "learner_version": self._learner_version,
                 "next_consume_version": self._next_consume_version,
-                "counters": counter_records(self._counts, self._failed, self._rejected),
+                "counters": self._stats.records(),
             }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -440,21 +327,9 @@ class RolloutPool:
     def _apply_state(self, state: Mapping[str, Any]) -> None:
         with self._cond:
             self._reset_queues()
-            self._prompt_counter = int(state["prompt_counter"])
-            self._rng.setstate(as_rng_state(state["rng_state"]))
-            self._pending = deque((int(p["prompt_id"]), dict(p["task"])) for p in state["pending"])
+            self._cursor.load_state_dict(state)
             self._learner_version = int(state.get("learner_version", 0))
             self._next_consume_version = int(state.get("next_consume_version", 0))
             self._queue.restore(restore_ready(state["ready"], self.max_policy_lag))
-            restore_counters(state.get("counters"), self._counts, self._failed, self._rejected)
+            self._stats.restore(state.get("counters"))
             self._cond.notify_all()
-
-
-def engine_stats(engine: Any) -> dict[str, Any]:
-    """The engine's own counters (remote: retries, servers_healthy, ...); {} if it has none."""
-    stats = getattr(engine, "stats", None)
-    return dict(stats()) if callable(stats) else {}
-
-
-COUNTERS = ("started", "finished", "consumed", "batches", "paused_for_lag", "lag_violations",
-            "weight_syncs")  # fmt: skip

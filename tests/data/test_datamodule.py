@@ -87,6 +87,7 @@ class Rig:
             SayDigitEnv,
             self.tokenizer,
             cfg,
+            task_sampler=SayDigitEnv.task_sampler(),
             max_in_flight=8,
             max_policy_lag=LAG,
             mode=self.mode,

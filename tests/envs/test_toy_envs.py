@@ -73,7 +73,7 @@ def test_multi_turn_answer_needs_the_observation() -> None:
 
 def test_multi_turn_default_prompt_has_no_digits() -> None:
     env = KeyParityEnv()
-    task = env.sample_task(random.Random(0))
+    task = KeyParityEnv.task_sampler().sample(random.Random(0))
     assert env.reset(task) == [{"role": "user", "content": "key?"}]
 
 
@@ -99,11 +99,17 @@ def test_bad_constructor_arguments() -> None:
         ParityEnv(num_digits=0)
     with pytest.raises(ValueError, match="num_decoys"):
         KeyParityEnv(num_decoys=-1)
+    with pytest.raises(ValueError, match="num_digits"):
+        ParityEnv.task_sampler(num_digits=0)
+    with pytest.raises(ValueError, match="num_decoys"):
+        KeyParityEnv.task_sampler(num_decoys=-1)
+    with pytest.raises(TypeError, match="num_digit"):
+        ParityEnv.task_sampler(num_digit=3)  # a misspelt argument, as the env itself
 
 
 def test_single_prompts_vary() -> None:
-    env, rng = ParityEnv(), random.Random(0)
-    prompts = {env.reset(env.sample_task(rng))[0]["content"] for _ in range(300)}
+    env, tasks, rng = ParityEnv(), ParityEnv.task_sampler(), random.Random(0)
+    prompts = {env.reset(tasks.sample(rng))[0]["content"] for _ in range(300)}
     assert len(prompts) >= 80  # 100 distinct two-digit prompts
 
 
@@ -112,10 +118,10 @@ def test_a_uniform_one_token_reply_rarely_succeeds(name: str) -> None:
     """Reward of every single-token reply over the toy vocabulary: a random policy's success
     rate is the fraction of rewarded tokens, 5 of ~60 (the five digits of the right parity)."""
     tok = build_toy_tokenizer()
-    env, rng = TOY_ENVS[name](), random.Random(1)
+    env, tasks, rng = TOY_ENVS[name](), TOY_ENVS[name].task_sampler(), random.Random(1)
     rewarded, total = 0, 0
     for _ in range(5):
-        task = env.sample_task(rng)
+        task = tasks.sample(rng)
         for token_id in range(len(tok)):
             env.reset(task)
             step = env.step("") if name == "toy_multi" else None  # turn 1 reveals the key

@@ -18,6 +18,7 @@ from frlab.model.toy_tokenizer import build_toy_tokenizer
 def test_toy_single_goes_from_chance_to_solved() -> None:
     torch.manual_seed(0)
     tok, env, rng = build_toy_tokenizer(), ParityEnv(), random.Random(0)
+    sampler = ParityEnv.task_sampler()
     model = Qwen2ForCausalLM(
         Qwen2Config(
             vocab_size=64,
@@ -32,7 +33,7 @@ def test_toy_single_goes_from_chance_to_solved() -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.0)
     rewards: list[float] = []
     for _ in range(120):
-        tasks = [env.sample_task(rng) for _ in range(32)]
+        tasks = [sampler.sample(rng) for _ in range(32)]
         prompts = torch.tensor(
             [
                 tok.apply_chat_template(env.reset(t), add_generation_prompt=True)["input_ids"]

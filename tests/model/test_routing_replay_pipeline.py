@@ -52,7 +52,7 @@ async def _episodes(engine: TorchEngine) -> list[Trajectory]:
     runs = []
     for i in range(EPISODES):
         env = env_cls()
-        task = env.sample_task(random.Random(i))
+        task = env_cls.task_sampler().sample(random.Random(i))
         max_new = 2 + 2 * i  # rows finish at different decode steps
         cfg = AgentLoopConfig(
             max_turns=2, max_len=60, sampling=SamplingParams(max_new_tokens=max_new)

@@ -359,7 +359,7 @@ def test_toy_multi_episode_with_the_torch_engine_is_consistent() -> None:
         )
     ).eval()
     env = TOY_ENVS["toy_multi"]()
-    task = env.sample_task(random.Random(0))
+    task = TOY_ENVS["toy_multi"].task_sampler().sample(random.Random(0))
     cfg = AgentLoopConfig(max_turns=2, max_len=48, sampling=SamplingParams(max_new_tokens=3))
     with TorchEngine(model, seed=0) as engine:
         traj = asyncio.run(run_episode(engine, env, task, TOK, cfg, prompt_id=1))

@@ -140,7 +140,8 @@ def make_pool(board: Board, env_timeout_s: float = 300.0, **kw) -> tuple[Rollout
                           env_timeout_s=env_timeout_s)  # fmt: skip
     opts = dict(batch_size=2, max_in_flight=4, max_policy_lag=8, num_env_workers=8)
     opts.update(kw)
-    pool = RolloutPool(engine, lambda: GatedEnv(board), TOKENIZER, cfg, **opts)
+    tasks = GatedEnv.task_sampler(board=board)  # the default: one instance's sample_task
+    pool = RolloutPool(engine, lambda: GatedEnv(board), TOKENIZER, cfg, task_sampler=tasks, **opts)
     return pool, engine
 
 

@@ -118,7 +118,10 @@ def make_pool(gates: Gates, **kw) -> RolloutPool:
     opts = dict(batch_size=4, samples_per_prompt=2, max_in_flight=6, max_policy_lag=8,
                 num_env_workers=12)  # fmt: skip
     opts.update(kw)
-    return RolloutPool(InstantEngine(), lambda: MemberEnv(gates), TOKENIZER, cfg, **opts)
+    tasks = MemberEnv.task_sampler(gates=gates)  # the default: one instance's sample_task
+    return RolloutPool(
+        InstantEngine(), lambda: MemberEnv(gates), TOKENIZER, cfg, task_sampler=tasks, **opts
+    )
 
 
 def wait_for(pred, timeout: float = 10.0) -> None:

@@ -49,7 +49,8 @@ def collect(seed: int, max_in_flight: int) -> list[tuple]:
     engine = TorchEngine(model, max_batch_size=4, seed=seed + 100)  # shared stream unused
     cfg = AgentLoopConfig(max_turns=2, max_len=48, sampling=SamplingParams(max_new_tokens=5))
     pool = RolloutPool(
-        engine, JitteryKeyParityEnv, TOKENIZER, cfg, batch_size=6, max_in_flight=max_in_flight,
+        engine, JitteryKeyParityEnv, TOKENIZER, cfg, task_sampler=KeyParityEnv.task_sampler(),
+        batch_size=6, max_in_flight=max_in_flight,
         max_policy_lag=1, mode="sync", samples_per_prompt=2, seed=seed, num_env_workers=4,
     )  # fmt: skip
     out = []

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from envs.toy import ParityTasks
 from frlab.model.toy_tokenizer import build_toy_tokenizer
 from frlab.objective import Objective
 from frlab.rollout.agent_loop import AgentLoopConfig
@@ -21,7 +22,15 @@ def build_pool(sampling: SamplingParams, **kw) -> RolloutPool:
     cfg = AgentLoopConfig(max_turns=1, max_len=32, sampling=sampling)
     engine = SimpleNamespace(version=0)  # the constructor never calls the engine
     return RolloutPool(
-        engine, dict, TOKENIZER, cfg, batch_size=2, max_in_flight=4, max_policy_lag=2, **kw
+        engine,
+        dict,
+        TOKENIZER,
+        cfg,
+        task_sampler=ParityTasks(),
+        batch_size=2,
+        max_in_flight=4,
+        max_policy_lag=2,
+        **kw,
     )
 
 

@@ -117,4 +117,5 @@ def test_sampled_games_are_winnable(tmp_path):
             assert step is not None and step.reward == 1.0, game_file
         finally:
             env.close()
-    assert env_for_tasks.sample_task(rng)["game_file"] in map(str, env_for_tasks.games())
+    tasks = AlfworldEnv.task_sampler(data_dir=str(tmp_path))
+    assert tasks.sample(rng)["game_file"] in map(str, env_for_tasks.games())

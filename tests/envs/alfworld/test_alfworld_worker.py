@@ -9,6 +9,7 @@ import json
 import os
 import random
 import time
+from pathlib import Path
 
 import pytest
 
@@ -83,12 +84,13 @@ def test_find_games_skips_movable_and_incomplete(tmp_path, game_file):
         find_games(lonely.parent.parent / "no_traj" / "trial_0")
 
 
-def test_sample_task_reads_alfworld_data(monkeypatch, tmp_path, game_file):
+def test_task_sampler_reads_alfworld_data(monkeypatch, tmp_path, game_file):
     monkeypatch.setenv("ALFWORLD_DATA", str(tmp_path))
-    assert AlfworldEnv().sample_task(random.Random(0)) == {"game_file": game_file}
+    assert AlfworldEnv.task_sampler().sample(random.Random(0)) == {"game_file": game_file}
+    assert AlfworldEnv().games() == [Path(game_file)]
     monkeypatch.delenv("ALFWORLD_DATA")
     with pytest.raises(ValueError, match="ALFWORLD_DATA"):
-        AlfworldEnv().sample_task(random.Random(0))
+        AlfworldEnv.task_sampler().sample(random.Random(0))
 
 
 def test_bad_config_and_task_name_the_field(game_file):

@@ -55,10 +55,10 @@ def test_templates() -> None:
         MathEnv(dataset=TASKS, template="chatty")
 
 
-def test_sample_task_visits_every_task_once_per_epoch() -> None:
-    env, rng = MathEnv(dataset=TASKS), random.Random(0)
-    first = [env.sample_task(rng)["question"] for _ in range(3)]
-    second = [env.sample_task(rng)["question"] for _ in range(3)]
+def test_task_sampler_visits_every_task_once_per_epoch() -> None:
+    tasks, rng = MathEnv.task_sampler(dataset=TASKS), random.Random(0)
+    first = [tasks.sample(rng)["question"] for _ in range(3)]
+    second = [tasks.sample(rng)["question"] for _ in range(3)]
     questions = sorted(t["question"] for t in TASKS)
     assert sorted(first) == questions and sorted(second) == questions
 
@@ -89,8 +89,9 @@ def test_source_tasks_load_lazily_once_and_are_shared(tmp_path: Path) -> None:
                             for t in TASKS))  # fmt: skip
     kwargs = {"source": str(path), "question_key": "q", "answer_key": "a"}
     first, second = MathEnv(**kwargs), MathEnv(**kwargs)
-    task = first.sample_task(random.Random(1))
-    assert first.dataset is second.dataset and len(first.dataset) == 3
+    tasks = MathEnv.task_sampler(**kwargs)
+    task = tasks.sample(random.Random(1))
+    assert first.dataset is second.dataset is tasks.dataset and len(first.dataset) == 3
     assert set(task) == {"question", "answer", "source", "index"}
     second.reset(task)
     expected = {"What is 2 + 3?": "5", "What is 10 / 4?": "2.5", "Janet has 9 eggs.": "9"}
@@ -98,6 +99,7 @@ def test_source_tasks_load_lazily_once_and_are_shared(tmp_path: Path) -> None:
 
 
 def test_config_file_builds_the_env_through_frlab(tmp_path: Path) -> None:
+    from frlab.config.instantiate import task_sampler_factory
     from frlab.train import env_factory
 
     path = tmp_path / "tiny.jsonl"
@@ -107,7 +109,7 @@ def test_config_file_builds_the_env_through_frlab(tmp_path: Path) -> None:
     node.source, node.template = str(path), "base"
     make = env_factory(node)
     env = make()
-    task = env.sample_task(random.Random(0))
+    task = task_sampler_factory(node)().sample(random.Random(0))
     assert env.reset(task)[0]["content"].startswith("Question: 1 + 1?")
     assert env.step("so \\boxed{2}").reward == 1.0
 
@@ -119,7 +121,7 @@ def test_default_config_source_generates_training_problems() -> None:
     node.pop("_target_")
     assert node["source"] == "reasoning-gym:gsm_symbolic"
     env = MathEnv(**{**node, "limit": 3})
-    task = env.sample_task(random.Random(0))
+    task = MathEnv.task_sampler(**{**node, "limit": 3}).sample(random.Random(0))
     assert len(env.dataset) == 3 and task["answer"].lstrip("-").isdigit()
     env.reset(task)
     assert env.step(f"\\boxed{{{task['answer']}}}").reward == 1.0

@@ -103,11 +103,12 @@ def write_dapo_parquet(path: Path) -> Path:
 
 def test_sanity_train_file_gives_chat_tasks_graded_on_reward_model(tmp_path: Path) -> None:
     root = write_sanity_dataset(tmp_path / "Sanity-Test-R1D-1.5B")
-    env = MathEnv(
+    kwargs = dict(
         source=str(root / "train/math_1460.parquet"), question_key="prompt",
         answer_key="reward_model.ground_truth", template="messages",
     )  # fmt: skip
-    tasks = [env.sample_task(random.Random(0)) for _ in range(3)]
+    env, sampler = MathEnv(**kwargs), MathEnv.task_sampler(**kwargs)
+    tasks = [sampler.sample(random.Random(0)) for _ in range(3)]
     assert sorted(t["answer"] for t in tasks) == ["12", "2", "\\frac{1}{2}"]
     task = next(t for t in tasks if t["answer"] == "12")
     assert task["question"] == "What is $3 \\cdot 4$?" + BOXED  # the user message's text
@@ -175,7 +176,7 @@ def test_qwen_math_preset_reads_the_hub_dataset_as_the_reference(
     `datasets.load_dataset`, here answering with a real `datasets.Dataset` of that layout."""
     datasets = pytest.importorskip("datasets")
     from frlab.config.compose import compose
-    from frlab.config.instantiate import instantiate
+    from frlab.config.instantiate import instantiate, task_sampler_factory
 
     path = write_dapo_parquet(tmp_path / "dapo.parquet")
     calls = []
@@ -187,7 +188,8 @@ def test_qwen_math_preset_reads_the_hub_dataset_as_the_reference(
     monkeypatch.setattr(datasets, "load_dataset", load_dataset)
     cfg = compose(["experiment=qwen_math_1p5b", "env.limit=3"])
     env = instantiate(cfg.env, key="env")
-    answers = sorted(env.sample_task(random.Random(1))["answer"] for _ in range(3))
+    sampler = task_sampler_factory(cfg.env)()
+    answers = sorted(sampler.sample(random.Random(1))["answer"] for _ in range(3))
     assert calls == [("BytedTsinghua-SIA/DAPO-Math-17k", "default", "train")]
     assert answers == ["3", "42", "9"]  # the first 3 unique problems
     assert env.reset(env.dataset[0]) == [{"role": "user", "content": dapo_prompt(

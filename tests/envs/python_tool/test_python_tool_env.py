@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 from envs.base import Env
 from envs.python_tool import PythonResult, PythonToolEnv, format_observation
-from frlab.config.instantiate import instantiate
+from frlab.config.instantiate import instantiate, task_sampler_factory
 
 TASK = {"question": "What is 6 times 7?", "answer": "42"}
 CONFIG = Path(__file__).resolve().parents[3] / "configs" / "env" / "python_tool.yaml"
@@ -128,11 +128,12 @@ def test_bad_task_names_the_field() -> None:
 def test_tasks_from_jsonl_and_sampling(tmp_path: Path) -> None:
     path = tmp_path / "tasks.jsonl"
     path.write_text('{"question": "1+1?", "answer": "2"}\n\n{"question": "2+2?", "answer": 4}\n')
-    env = PythonToolEnv(data_path=str(path))
-    drawn = {env.sample_task(random.Random(seed))["question"] for seed in range(20)}
+    assert [t["question"] for t in PythonToolEnv(data_path=str(path)).tasks] == ["1+1?", "2+2?"]
+    tasks = PythonToolEnv.task_sampler(data_path=str(path))
+    drawn = {tasks.sample(random.Random(seed))["question"] for seed in range(20)}
     assert drawn == {"1+1?", "2+2?"}
     with pytest.raises(ValueError, match="env.data_path"):
-        PythonToolEnv().sample_task(random.Random(0))
+        PythonToolEnv.task_sampler()
 
 
 def test_config_instantiates_the_env() -> None:
@@ -140,4 +141,5 @@ def test_config_instantiates_the_env() -> None:
     assert node["_target_"] == "envs.python_tool.PythonToolEnv"
     env = instantiate(node, key="env", tasks=[TASK])
     assert isinstance(env, PythonToolEnv) and isinstance(env, Env)
-    assert env.sample_task(random.Random(0)) == TASK
+    tasks = task_sampler_factory(OmegaConf.merge(node, {"tasks": [TASK]}))()
+    assert tasks.sample(random.Random(0)) == TASK
