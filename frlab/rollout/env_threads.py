@@ -94,17 +94,22 @@ class EnvThreads(concurrent.futures.Executor):
                 if not future.set_running_or_notify_cancel():
                     continue
                 self._running[future] = worker
+            result, error = None, None
             try:
                 result = fn(*args, **kwargs)
             except BaseException as exc:  # handed to the caller through the future
-                future.set_exception(exc)
+                error = exc
+            with self._cond:  # bookkeeping first: a caller woken by the result sees it done
+                self._running.pop(future, None)
+                retired = worker.abandoned
+                if retired:
+                    self._workers.discard(worker)
+            if error is not None:
+                future.set_exception(error)
             else:
                 future.set_result(result)
-            with self._cond:
-                self._running.pop(future, None)
-                if worker.abandoned:
-                    self._workers.discard(worker)
-                    return
+            if retired:
+                return
 
     def abandon(self, future: concurrent.futures.Future) -> None:
         """Give up on `future`: cancel it if queued, else write its thread off and replace it."""
