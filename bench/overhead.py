@@ -214,10 +214,11 @@ def alone(cfg, args: argparse.Namespace) -> tuple[list[float], list[float], list
     update of the learner alone."""
     from frlab.model.toy_tokenizer import build_toy_tokenizer
     from frlab.train import build_policy_from, plain, pool_factory
+    from frlab.wiring import arguments
 
     model, data = plain(cfg.model), plain(cfg.data)
     policy = build_policy_from(model, int(cfg.seed))
-    module = FlashReinforceModule(model, plain(cfg.objective), plain(cfg.optim),
+    module = FlashReinforceModule(arguments(model), plain(cfg.objective), arguments(plain(cfg.optim)),
                                   batch_size=data["batch_size"],
                                   micro_batch_size=data["micro_batch_size"],
                                   max_tokens_per_micro_batch=data["max_tokens_per_micro_batch"],
