@@ -245,17 +245,20 @@ def summary(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, A
                for n, rs in arms.items()}  # fmt: skip
     print(f"\ntime to reward (moving average of {args.window} batch rewards >= {args.target}); "
           f"censored seeds count as the cap ({args.time_cap:.0f} s) in the medians")  # fmt: skip
-    print(f"{'arm':<11}{'median s':>10}{'censored':>10}{'upd. to target':>16}   per seed (s)")
+    print(f"{'arm':<11}{'median s':>9}{'censored':>9}{'updates':>8}{'upd/min':>8}{'lag':>5}"
+          "   per seed (s)")  # fmt: skip
     for name, rs in arms.items():
         m = medians[name]
         seeds = " ".join(f"{r['time_to_target_s']:.1f}" if r["time_to_target_s"] is not None
                          else f">{args.time_cap:.0f}" for r in rs)  # fmt: skip
         upd = [r["updates_to_target"] for r in rs if r["updates_to_target"] is not None]
         upd_s = f"{statistics.median(upd):.0f}" if upd else "-"
-        flag = " (lower bound)" if m.median_censored else ""
-        print(
-            f"{name:<11}{m.median_s:>10.1f}{m.censored:>6}/{m.runs:<3}{upd_s:>16}   {seeds}{flag}"
-        )
+        rate = statistics.median(r["updates_per_min"] for r in rs)
+        lag = statistics.median(r["lag_mean"] for r in rs)
+        flag = " (median: a lower bound)" if m.median_censored else ""
+        print(f"{name:<11}{m.median_s:>9.1f}{m.censored:>5}/{m.runs:<3}{upd_s:>8}{rate:>8.0f}"
+              f"{lag:>5.1f}   {seeds}{flag}")  # fmt: skip
+    print("(medians over seeds; updates: to the target, runs that reached it; upd/min: whole run)")
     ratios = {}
     if "async" in medians:
         for name in medians:
