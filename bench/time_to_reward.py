@@ -11,10 +11,12 @@ train" or GRPO groups. Four arms run the SAME learnable task, model and optimize
 
 The task, model and optimizer are those of the CPU preset `experiment=toy_cpu` (read from its
 files): `envs.toy.ParityEnv` (reply with a digit of the last digit's parity), a random-init
-Qwen2 (hidden 64, 2 layers), AdamW lr 1e-3 constant, B=64, temperature 1, 4 new tokens. Every
-episode's environment step sleeps a log-normal time drawn per EPISODE (median `--latency-median`
-s, or `--latency-ratio` x the learner's measured update time; log-std `--latency-sigma`), so
-the G samples of a prompt finish at different times, as agentic episodes do.
+Qwen2 (hidden 64, 2 layers), AdamW lr 1e-3 constant, B=64, temperature 1, 4 new tokens, lag
+bound 2; the async arms keep 2B rollouts in flight, so that the first B finishers need not
+include the slowest. Every episode's environment step sleeps a log-normal time drawn per
+EPISODE (median `--latency-median` s, or `--latency-ratio` (default 1) x the learner's update
+time measured alone on synthetic batches; log-std `--latency-sigma`), so the G samples of a
+prompt finish at different times, as agentic episodes do.
 
 A run ends when the moving average of batch reward over `--window` updates first reaches
 `--target` (its time to reward: seconds since training started) or at `--time-cap` seconds
@@ -210,7 +212,7 @@ def measurements(
         "updates_per_min": 60.0 * len(rec.rewards) / wall,
         "reward_first10": mean(rec.rewards[:10]),
         "reward_last10": mean(rec.rewards[-10:]),
-        "acceptance_mean": mean(rec.acceptance),
+        "acceptance_mean": mean([a for a in rec.acceptance if math.isfinite(a)]),  # NaN: skipped
         "lag_mean": mean([float(x) for x in rec.lags]),
         "learner_step_s": statistics.median(rec.step_s) if rec.step_s else float("nan"),
         "learner_idle": sum(rec.waits[: len(rec.rewards)]) / wall if rec.waits else float("nan"),
@@ -284,8 +286,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    help="env step median in seconds (default: --latency-ratio x update time)")  # fmt: skip
     p.add_argument("--latency-ratio", type=float, default=1.0)
     p.add_argument("--latency-sigma", type=float, default=1.0, help="log-normal log-std")
-    p.add_argument("--max-in-flight", type=int, default=128, help="async arms (sync: B)")
-    p.add_argument("--max-policy-lag", type=int, default=4, help="async arms")
+    p.add_argument("--max-in-flight", type=int, default=2 * int(PRESET.data.batch_size),
+                   help="async arms (sync: B)")  # fmt: skip
+    p.add_argument("--max-policy-lag", type=int, default=int(PRESET.rollout.max_policy_lag),
+                   help="lag bound (the preset's)")  # fmt: skip
     p.add_argument("--group-size", type=int, default=4, help="G of the GRPO arms")
     p.add_argument("--num-digits", type=int, default=int(TOY_ENV.num_digits))
     p.add_argument("--torch-threads", type=int, default=1)
