@@ -24,7 +24,7 @@ settings are not learnt reliably (one correct digit of ~60 tokens per prompt, B=
 model at lr 1e-3): both modes settle on a few constant replies (sequence KL and gradient norm
 fall to ~0; sync near reward 0.2, async near 0.1). In the async mode 64 rollouts in flight
 for B=16 keep every trajectory about 4 versions old (Little's law: lag pinned at the bound
-of 4), and the Bernoulli-KL gate (delta 3e-3) rejects most of them (acceptance 0.04-0.20
+of 4), and the Bernoulli-KL gate (delta 3e-3) rejects most of them (acceptance 0.04-0.21
 over the first ~125 updates). Wall-clock time to a reward, on a task every arm learns, is
 bench/time_to_reward.py.
 
