@@ -1,6 +1,6 @@
 """Async vs sync rollout pipeline under heavy-tailed environment latency (issue 4 benchmark).
 
-FlashREINFORCE's case for one-rollout-per-prompt asynchronous collection (SPEC §1, §3): with
+FlashREINFORCE's case for one-rollout-per-prompt asynchronous collection (FlashREINFORCE paper, Sec. 3): with
 long-tailed episode times, a synchronous "collect B, then train" loop waits for the slowest
 rollout of every batch while the learner idles, whereas the async pool keeps `max_in_flight`
 rollouts running, hands out the first B that finish and bounds staleness by admission
@@ -15,8 +15,18 @@ a fast or a loaded machine: episodes comparable to an update, with a heavy tail.
 
 Printed per mode: optimizer updates per minute, the learner's idle fraction (time blocked
 waiting for a batch / training wall time, also without the first cold-start batch), policy
-lag and pool counters; then the async/sync update-rate ratio. Targets: ratio >= 2.0 and
+lag and pool counters, the mean batch reward of the first and last 5 updates and the mean
+trust-region acceptance; then the async/sync update-rate ratio. Targets: ratio >= 2.0 and
 async learner idle <= 20%.
+
+This measures throughput only: updates that do not learn are no speed-up. Its task and
+settings are not learnt reliably (one correct digit of ~60 tokens per prompt, B=16, a 4-layer
+model at lr 1e-3): both modes settle on a few constant replies (sequence KL and gradient norm
+fall to ~0; sync near reward 0.2, async near 0.1). In the async mode 64 rollouts in flight
+for B=16 keep every trajectory about 4 versions old (Little's law: lag pinned at the bound
+of 4), and the Bernoulli-KL gate (delta 3e-3) rejects most of them (acceptance 0.04-0.21
+over the first ~125 updates). Wall-clock time to a reward, on a task every arm learns, is
+bench/time_to_reward.py.
 
     python bench/async_pipeline.py --seconds 45
 """
@@ -36,6 +46,7 @@ import torch
 
 from envs.base import Env, StepResult
 from frlab.data.datamodule import RolloutDataModule
+from frlab.learner.metrics import ACCEPTANCE
 from frlab.learner.module import FlashReinforceModule
 from frlab.model.policy import build_policy
 from frlab.model.toy_tokenizer import build_toy_tokenizer
@@ -92,7 +103,8 @@ class SlowDigitEnv(Env):
 
 
 class Clock(L.Callback):
-    """Training wall time, batch-wait time, rewards and lags; stops after `seconds`."""
+    """Training wall time, batch-wait time, rewards, lags and trust-region acceptance; stops
+    after `seconds`."""
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
@@ -100,6 +112,7 @@ class Clock(L.Callback):
         self.waits: list[float] = []
         self.rewards: list[float] = []
         self.lags: list[int] = []
+        self.acceptance: list[float] = []
 
     def on_train_start(self, trainer, pl_module) -> None:
         self.t0 = time.perf_counter()
@@ -109,6 +122,9 @@ class Clock(L.Callback):
         self.lags += [int(info["policy_lag_max"]) for info in batch.infos]
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        accepted = trainer.callback_metrics.get(ACCEPTANCE)
+        if accepted is not None:
+            self.acceptance.append(float(accepted))
         if time.perf_counter() - self.t0 >= self.seconds:
             trainer.should_stop = True
 
@@ -116,11 +132,14 @@ class Clock(L.Callback):
         self.t1 = time.perf_counter()
 
 
-def calibrate_update_s(args: argparse.Namespace, repeats: int = 3) -> float:
-    """Seconds per fwd + bwd + AdamW step of the policy on a synthetic [B, 24] batch."""
-    policy = build_policy(**model_cfg(args.hidden_size, args.num_layers))
+def time_update_s(
+    model: Mapping[str, Any], batch_size: int, seq_len: int, repeats: int = 3
+) -> float:
+    """Median seconds per fwd + bwd + AdamW step of `model` (a `model_cfg`-style mapping) on a
+    synthetic [batch_size, seq_len] batch, after one warm-up step."""
+    policy = build_policy(**model)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-3)
-    ids = torch.randint(0, 60, (args.batch_size, 24), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(0, 60, (batch_size, seq_len), generator=torch.Generator().manual_seed(0))
     times = []
     for _ in range(repeats + 1):
         start = time.perf_counter()
@@ -129,6 +148,11 @@ def calibrate_update_s(args: argparse.Namespace, repeats: int = 3) -> float:
         optimizer.zero_grad()
         times.append(time.perf_counter() - start)
     return sorted(times[1:])[len(times[1:]) // 2]
+
+
+def calibrate_update_s(args: argparse.Namespace, repeats: int = 3) -> float:
+    """Seconds per fwd + bwd + AdamW step of the policy on a synthetic [B, 24] batch."""
+    return time_update_s(model_cfg(args.hidden_size, args.num_layers), args.batch_size, 24, repeats)
 
 
 def timed_pool(pool: RolloutPool, clock: Clock) -> RolloutPool:
@@ -199,6 +223,7 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
         "lag_max": max(clock.lags, default=0),
         "reward_first5": round(sum(clock.rewards[:5]) / max(1, len(clock.rewards[:5])), 3),
         "reward_last5": round(sum(clock.rewards[-5:]) / max(1, len(clock.rewards[-5:])), 3),
+        "acceptance_mean": round(sum(clock.acceptance) / max(1, len(clock.acceptance)), 3),
         "paused_for_lag": stats["paused_for_lag"],
         "failed": stats["failed"],
         "rejected": stats["rejected"],
@@ -245,7 +270,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"{r['mode']:>5}: {r['updates_per_min']:7.1f} updates/min ({r['updates']} in "
             f"{r['wall_s']} s), learner idle {100 * r['learner_idle']:.1f}% "
             f"({100 * r['learner_idle_after_first']:.1f}% after the first batch), lag mean "
-            f"{r['lag_mean']} max {r['lag_max']}, paused_for_lag {r['paused_for_lag']}"
+            f"{r['lag_mean']} max {r['lag_max']}, paused_for_lag {r['paused_for_lag']}; batch "
+            f"reward first 5 updates {r['reward_first5']:.3f} -> last 5 {r['reward_last5']:.3f}, "
+            f"trust-region acceptance mean {r['acceptance_mean']:.2f}"
         )
     print(
         f"async/sync update-rate ratio: {ratio:.2f} (target >= 2.0); async learner idle "
