@@ -77,6 +77,7 @@ class MathEvalConfig:
                               "by default")  # fmt: skip
     env: Any = spec(II("env"), kind="mapping",
                     doc="the training environment (to count questions it shares with a benchmark)")  # fmt: skip
+    user_modules: list[str] = spec(II("user_modules"), doc="follows user_modules")
 
 
 @dataclass

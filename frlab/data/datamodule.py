@@ -73,9 +73,9 @@ class PoolBatches(IterableDataset):
         return self.length
 
     def __iter__(self) -> Iterator[RolloutBatch]:
+        close = getattr(self.pool, "close_admission", None)
         for index in range(self.length):
             batch = self._next_batch()
-            close = getattr(self.pool, "close_admission", None)
             if index == self.length - 1 and callable(close):
                 close()  # the last planned batch: free the engine (e.g. for a final evaluation)
             yield collate(batch, self.pad_token_id)

@@ -171,18 +171,18 @@ def _plain(node: Any) -> Any:
     return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
 
 
-def env_questions(env: Mapping[str, Any]) -> set[str]:
-    """The questions of the training environment built from its `env` node (empty when its
-    tasks are not a dataset)."""
-    from hydra.utils import instantiate
+def env_questions(env: Mapping[str, Any], user_modules: Sequence[str] = ()) -> set[str]:
+    """The questions of the training environment built from its `env` node, as the pool builds
+    it (frlab.config.instantiate.env_factory: the allowlist, plain containers); empty when its
+    tasks are not a dataset."""
+    from frlab.config.instantiate import env_factory
+    from frlab.rollout.rollouts import close_env
 
-    made = instantiate(dict(env), _convert_="all")  # plain containers, as the pool's envs
+    made = env_factory(OmegaConf.create(dict(env)), user_modules=user_modules)()
     try:
         return {str(task.get("question", "")).strip() for task in getattr(made, "dataset", ())}
     finally:
-        close = getattr(made, "close", None)
-        if callable(close):
-            close()
+        close_env(made)
 
 
 def engine_version(engine: Any) -> int:
@@ -285,6 +285,7 @@ class AvgAtKEvaluation(PeriodicEvaluation):
         benchmarks: Mapping[str, BenchmarkSpec],
         sampling: Mapping[str, Any],
         env: Mapping[str, Any] | None = None,
+        user_modules: Sequence[str] = (),
         **kw: Any,
     ) -> AvgAtKEvaluation:
         """From an `eval` node of kind math (frlab.config.schema_eval.MathEvalConfig); with the
@@ -292,7 +293,7 @@ class AvgAtKEvaluation(PeriodicEvaluation):
         benchmarks, sampling, env = _plain(benchmarks), _plain(sampling), _plain(env)
         questions = None
         if isinstance(env, Mapping) and "source" in env:
-            questions = functools.partial(env_questions, env)
+            questions = functools.partial(env_questions, env, tuple(user_modules))
         return cls(benchmarks, **kw, **sampling, training_questions=questions)
 
     @property

@@ -96,7 +96,6 @@ class RunFilesCallback(Callback):
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         if not trainer.is_global_zero:
             return
-        self._started = True
         self.output_dir.mkdir(parents=True, exist_ok=True)
         kept = [
             r
