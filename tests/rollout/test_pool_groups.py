@@ -153,6 +153,8 @@ def test_a_batch_never_splits_a_group() -> None:
         first = pool.next_batch(timeout=10)
         assert groups_of(first) == {0: 2, 1: 2}
         assert sorted(t.info["env"]["key"][1] for t in first) == [0, 0, 1, 1]
+        gates.open((2, 1))  # group 2 completes before the groups admitted after it start
+        wait_for(lambda: pool.stats()["finished"] == 6)
         gates.open_everything()
         second = pool.next_batch(timeout=10)
         assert set(groups_of(second).values()) == {2} and 2 in groups_of(second)
