@@ -61,6 +61,7 @@ from frlab.learner.settings import (
     positive_int,
 )
 from frlab.learner.sharding import LogprobScorer, scorer_for, sequence_logprobs_of
+from frlab.learner.step_log import StepLog
 from frlab.model.packed_attention import check_packable
 from frlab.model.policy import build_policy
 from frlab.model.routing_replay import moe_routers
@@ -147,6 +148,7 @@ class FlashReinforceModule(DataParallelMixin, L.LightningModule):
         self.optimizer_factory = optimizer  # the `optim` node's partial; else build_optimizer
         self.policy_version = 0
         self.step_metrics = StepMetrics(self.objective)
+        self.step_log = StepLog()  # `self.log`'s destinations without its per-call cost
         self._scorer: LogprobScorer | None = None  # FSDP2 root; set by configure_model
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -384,12 +386,9 @@ class FlashReinforceModule(DataParallelMixin, L.LightningModule):
             loss=loss, grad_norm=grad_norm, lr=lr, timings=timings,
             zero_signal=zero_signal, micro_batches=micro_batches,
         )  # fmt: skip
-        for name, value in values.items():
-            self.log(
-                name,
-                value,
-                on_step=True,
-                on_epoch=False,
-                prog_bar=name in PROGRESS_BAR,
-                batch_size=self.batch_size,
-            )
+        self.step_log.add(self._trainer, values, PROGRESS_BAR)
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        """The step's metrics (this module's and callbacks') to the loggers, after every
+        callback's `on_train_batch_end`, where Lightning logs on-step values."""
+        self.step_log.flush(self._trainer)

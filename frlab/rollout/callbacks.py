@@ -66,7 +66,12 @@ class WeightSyncCallback(L.Callback):
     def _log_engine_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         stats = getattr(self._pool_of(trainer), "stats", None)
         metrics = rollout_metrics(stats()) if callable(stats) else {}
-        if metrics:
+        step_log = getattr(
+            pl_module, "step_log", None
+        )  # FlashReinforceModule: frlab.learner.step_log
+        if metrics and step_log is not None:
+            step_log.add(trainer, metrics)
+        elif metrics:
             pl_module.log_dict(metrics, on_step=True, on_epoch=False, batch_size=1)
 
     def _push(self, trainer: L.Trainer, pl_module: L.LightningModule, version: int) -> None:
