@@ -63,6 +63,7 @@ from frlab.rollout.agent_loop import AgentLoopConfig  # noqa: E402
 from frlab.rollout.callbacks import WeightSyncCallback  # noqa: E402
 from frlab.rollout.engine import SamplingParams  # noqa: E402
 from frlab.rollout.engines.torch import TorchEngine  # noqa: E402
+from frlab.rollout.metering import LAG_WAIT_S  # noqa: E402
 from frlab.rollout.pool import RolloutPool  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -124,6 +125,7 @@ class Recorder(Clock):
         super().__init__(cap_s)
         self.detector = RewardWindow(window, target)
         self.step_s: list[float] = []
+        self.lag_wait_s: list[float] = []
         self.consumed_latency: list[float] = []
 
     def on_train_start(self, trainer, pl_module) -> None:
@@ -142,6 +144,9 @@ class Recorder(Clock):
         step_s = trainer.callback_metrics.get(STEP_S)
         if step_s is not None:
             self.step_s.append(float(step_s))
+        lag_wait = trainer.callback_metrics.get(LAG_WAIT_S)
+        if lag_wait is not None:
+            self.lag_wait_s.append(float(lag_wait))
         if self.detector.crossed_at is not None:
             trainer.should_stop = True
 
@@ -217,6 +222,7 @@ def measurements(
         "lag_mean": mean([float(x) for x in rec.lags]),
         "learner_step_s": statistics.median(rec.step_s) if rec.step_s else float("nan"),
         "learner_idle": sum(rec.waits[: len(rec.rewards)]) / wall if rec.waits else float("nan"),
+        "learner_idle_lag_bound": sum(rec.lag_wait_s) / wall,
         "latency_consumed_mean_s": mean(rec.consumed_latency),
         "latency_drawn_mean_s": mean(latencies.drawn),
         "paused_for_lag": stats["paused_for_lag"],
@@ -234,7 +240,8 @@ def run_line(r: Mapping[str, Any], cap_s: float) -> str:
     return (
         f"seed {r['seed']} {r['arm']:<10} {reached}; {r['updates']} updates "
         f"({r['updates_per_min']:.0f}/min, learner step {r['learner_step_s']:.3f} s, idle "
-        f"{100 * r['learner_idle']:.0f}%), reward first10 {r['reward_first10']:.2f} last10 "
+        f"{100 * r['learner_idle']:.0f}%, {100 * r['learner_idle_lag_bound']:.0f}% held by the "
+        f"lag bound), reward first10 {r['reward_first10']:.2f} last10 "
         f"{r['reward_last10']:.2f}, acceptance {acceptance}, lag {r['lag_mean']:.2f}, "
         f"latency consumed/drawn mean {r['latency_consumed_mean_s']:.3f}/"
         f"{r['latency_drawn_mean_s']:.3f} s, load1 {r['load1']:.1f}"

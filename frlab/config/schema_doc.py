@@ -69,8 +69,9 @@ zero-signal batch skipped them; statistics that need the forward are then NaN),
 `timing/step_s`, `timing/logprob_s`, `timing/backward_s`; the generation behind each batch
 (frlab/rollout/metering.py) `timing/generation_s` (seconds with a training generate call in
 flight since the previous batch), `timing/generation_tokens_per_s` (tokens returned in that
-window per such second), `timing/batch_wait_s` (how long the learner waited for the batch);
-component diagnostics
+window per such second), `timing/batch_wait_s` (how long the learner waited for the batch),
+`timing/lag_wait_s` (the part of that wait with B finished trajectories ready, held back only
+by the lag bound: rollouts due in this batch still running); component diagnostics
 `train/<component>/<name>` (the objective section); rollout pool counters since the pool
 started `rollout/paused_for_lag`, `rollout/lag_violations`, `rollout/failed`,
 `rollout/rejected` and per reason `rollout/failed/<reason>`, `rollout/rejected/<reason>`;

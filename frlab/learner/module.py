@@ -390,5 +390,6 @@ class FlashReinforceModule(DataParallelMixin, L.LightningModule):
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         """The step's metrics (this module's and callbacks') to the loggers, after every
-        callback's `on_train_batch_end`, where Lightning logs on-step values."""
+        callback's `on_train_batch_end`, where Lightning logs on-step values (a subclass that
+        overrides this hook calls `super().on_train_batch_end(...)`)."""
         self.step_log.flush(self._trainer)

@@ -11,7 +11,11 @@ closes a window each time it hands out a batch (`take_window`), so every optimiz
   previous batch was handed out;
 - `timing/generation_tokens_per_s`: tokens returned in that window / `generation_s`;
 - `timing/batch_wait_s`: how long the learner waited for this batch (`next_batch`); near 0
-  when generation keeps ahead of the learner, the whole collection time when it does not.
+  when generation keeps ahead of the learner, the whole collection time when it does not;
+- `timing/lag_wait_s`: the part of that wait during which B finished trajectories were ready
+  but the lag bound required rollouts still running in this batch (frlab.rollout.admission):
+  time lost to `rollout.max_policy_lag` rather than to generation throughput. A large share
+  means heavy-tailed episodes meet a tight bound; a larger bound trades it for staleness.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from frlab.rollout.engine import GenerationResult, SamplingParams
 GENERATION_S = "timing/generation_s"
 TOKENS_PER_S = "timing/generation_tokens_per_s"
 BATCH_WAIT_S = "timing/batch_wait_s"
+LAG_WAIT_S = "timing/lag_wait_s"
 
 
 class GenerationMeter:
@@ -53,7 +58,7 @@ class GenerationMeter:
             if self._active == 0:
                 self._busy += self._clock() - self._since
 
-    def take_window(self, wait_s: float) -> dict[str, float]:
+    def take_window(self, wait_s: float, lag_wait_s: float = 0.0) -> dict[str, float]:
         """This window's metrics (see the module docstring); starts the next window."""
         with self._lock:
             now = self._clock()
@@ -63,7 +68,8 @@ class GenerationMeter:
             if self._active:
                 self._since = now
         rate = tokens / busy if busy > 0 else 0.0
-        return {GENERATION_S: busy, TOKENS_PER_S: rate, BATCH_WAIT_S: float(wait_s)}
+        return {GENERATION_S: busy, TOKENS_PER_S: rate, BATCH_WAIT_S: float(wait_s),
+                LAG_WAIT_S: float(lag_wait_s)}  # fmt: skip
 
 
 class MeteredEngine:

@@ -60,6 +60,7 @@ class ConsumerSide:
         """Block until B finished trajectories can be handed out; annotate their lag."""
         called = time.monotonic()
         deadline = None if timeout is None else called + timeout
+        lag_wait = 0.0  # waited with B finished ready: only the lag bound held the batch back
         with self._cond:
             self._request_sync_batch()
             while True:
@@ -72,9 +73,11 @@ class ConsumerSide:
                     raise TimeoutError(
                         f"no batch of {self.batch_size} in {timeout}s: {self.stats()}"
                     )
+                held, since = len(self._queue.ready) >= self.batch_size, time.monotonic()
                 self._cond.wait(left)
+                lag_wait += (time.monotonic() - since) if held else 0.0
             batch = self._hand_out(chosen)
-            self._generation = self._meter.take_window(time.monotonic() - called)
+            self._generation = self._meter.take_window(time.monotonic() - called, lag_wait)
         self._notify_loop()
         return batch
 

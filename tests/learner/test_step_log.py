@@ -104,6 +104,7 @@ def test_step_log_matches_lightning_log_everywhere(tmp_path: Path) -> None:
         header, *rows = by_lightning["csv"]
         assert sorted(header.split(",")) == sorted(by_step_log["csv"][0].split(","))
         assert len(by_step_log["csv"]) == len(by_lightning["csv"])
+
         # the same rows (the column order follows the order names were first seen)
         def table(lines: list[str]) -> list[dict[str, str]]:
             names = lines[0].split(",")

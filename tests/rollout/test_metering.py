@@ -15,7 +15,13 @@ from test_pool import Board, make_pool, wait_for
 from test_pool import board as board  # noqa: F401 - the fixture
 
 from frlab.rollout.callbacks import rollout_metrics
-from frlab.rollout.metering import BATCH_WAIT_S, GENERATION_S, TOKENS_PER_S, GenerationMeter
+from frlab.rollout.metering import (
+    BATCH_WAIT_S,
+    GENERATION_S,
+    LAG_WAIT_S,
+    TOKENS_PER_S,
+    GenerationMeter,
+)
 from frlab.rollout.pinning import WeightPins
 
 
@@ -43,8 +49,10 @@ def test_busy_time_is_the_union_of_in_flight_intervals() -> None:
     clock.now = 7.0
     meter.finished(3)
     clock.now = 9.0
-    window = meter.take_window(wait_s=0.5)
-    assert window == {GENERATION_S: 4.0, TOKENS_PER_S: 15 / 4.0, BATCH_WAIT_S: 0.5}
+    window = meter.take_window(wait_s=0.5, lag_wait_s=0.25)
+    assert window == {
+        GENERATION_S: 4.0, TOKENS_PER_S: 15 / 4.0, BATCH_WAIT_S: 0.5, LAG_WAIT_S: 0.25
+    }  # fmt: skip
 
 
 def test_a_call_spanning_two_windows_is_split_between_them() -> None:
@@ -71,8 +79,38 @@ def test_each_batch_reports_its_generation_window_as_metrics(board: Board) -> No
         assert generation[GENERATION_S] > 0.0 and generation[BATCH_WAIT_S] >= 0.0
         assert generation[TOKENS_PER_S] * generation[GENERATION_S] >= 6 - 1e-9
         metrics = rollout_metrics(pool.stats())
-        assert {GENERATION_S, TOKENS_PER_S, BATCH_WAIT_S} <= set(metrics)
+        assert {GENERATION_S, TOKENS_PER_S, BATCH_WAIT_S, LAG_WAIT_S} <= set(metrics)
     finally:
+        pool.stop()
+
+
+def batch_after(pool, board: Board, gates: tuple[int, ...], delay_s: float) -> list:
+    """`next_batch` while the gates of `gates` open `delay_s` seconds after the call."""
+    timer = threading.Timer(delay_s, board.open, gates)
+    timer.start()
+    try:
+        return pool.next_batch(timeout=10)
+    finally:
+        timer.join()
+
+
+def test_the_wait_for_rollouts_the_lag_bound_requires_is_reported_apart(board: Board) -> None:
+    pool, engine = make_pool(board, batch_size=2, max_in_flight=8, max_policy_lag=1)
+    pool.start()
+    try:
+        wait_for(lambda: pool.stats()["started"] == 4)
+        batch_after(pool, board, (0, 1), 0.3)  # nothing finished: generation, not the bound
+        first = pool.stats()["generation"]
+        assert first[BATCH_WAIT_S] >= 0.25 and first[LAG_WAIT_S] == 0.0
+        pool.update_weights({}, 1)
+        wait_for(lambda: pool.stats()["started"] == 6)
+        board.open(4, 5)  # B newer rollouts ready while 2 and 3 (due now) still run
+        wait_for(lambda: pool.stats()["queued"] == 2)
+        assert sorted(t.info["env"]["n"] for t in batch_after(pool, board, (2, 3), 0.3)) == [2, 3]
+        second = pool.stats()["generation"]
+        assert 0.25 <= second[LAG_WAIT_S] <= second[BATCH_WAIT_S]
+    finally:
+        board.open_all()
         pool.stop()
 
 
