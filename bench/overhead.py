@@ -252,12 +252,13 @@ def attribution(profile: cProfile.Profile, steps: int) -> list[tuple[str, float]
     """Main-thread seconds per update in the pipeline's main parts (cumulative times)."""
     stats = pstats.Stats(profile)
     parts = {
-        "wait for the batch (generation)": ("pool.py", "next_batch"),
+        "wait for the batch (generation)": ("pool_consumer.py", "next_batch"),
         "collate": ("batch.py", "collate"),
         "learner training_step": ("module.py", "training_step"),
         "weight sync to the engine": ("callbacks.py", "on_train_batch_end"),
         "metrics.csv / summary writer": ("run_files.py", "on_train_batch_end"),
         "Lightning logging": ("logger_connector.py", "update_train_step_metrics"),
+        "metrics to the loggers (StepLog.flush)": ("step_log.py", "flush"),
     }
     found = {name: 0.0 for name in parts}
     total = 0.0
