@@ -22,7 +22,9 @@ A run ends when the moving average of batch reward over `--window` updates first
 `--target` (its time to reward: seconds since training started) or at `--time-cap` seconds
 (CENSORED: the cap stands in for it in the medians, and a median so affected is a lower bound).
 Seeds run interleaved (seed 0 of every arm, then seed 1, ...) so machine load drifts hit all
-arms alike. Printed: arguments, CPU count and load averages, each run, medians per arm and the
+arms alike. Each run's line also splits the learner's idle time: the share held back only by
+the lag bound (`timing/lag_wait_s`: B finished trajectories ready, rollouts due in this batch
+still running) against the rest (generation throughput). Printed: arguments, CPU count and load averages, each run, medians per arm and the
 ratios of each arm's median to `async`'s (target: sync/async >= 2.0, GRPO arms > 1).
 
     python bench/time_to_reward.py --seeds 5 --target 0.8 --window 10 --time-cap 60
