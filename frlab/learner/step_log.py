@@ -7,7 +7,8 @@ optimizer step and the rollout callback ~10 more, which on a small model cost as
 backward pass. `StepLog` gives them Lightning's destinations directly:
 
 - `trainer.callback_metrics` at once, as 0-d tensors (checkpoint monitors, frlab's metrics.csv
-  and progress line read it in `on_train_batch_end`);
+  and progress line read it in `on_train_batch_end`), and `trainer.logged_metrics`, which
+  Lightning fills with the latest values whether or not a logger wrote them;
 - `trainer.progress_bar_metrics` for the progress-bar names, as floats;
 - every configured logger, at the step and under the condition Lightning uses for on-step
   metrics (`log_every_n_steps`, a stop request, `fast_dev_run`), when the module's
@@ -39,6 +40,7 @@ class StepLog:
             return
         tensors = {name: torch.tensor(float(value)) for name, value in values.items()}
         trainer.callback_metrics.update(tensors)
+        trainer.logged_metrics.update(tensors)  # Lightning shows the latest even unlogged
         shown = {name: float(values[name]) for name in prog_bar if name in values}
         if shown:
             trainer.progress_bar_metrics.update(shown)

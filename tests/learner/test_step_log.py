@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import pytest
 import torch
 from lightning.pytorch.loggers import CSVLogger
 
@@ -74,22 +75,26 @@ class Watcher(L.Callback):
             trainer.should_stop = True
 
 
-def fit(tmp_path: Path, via_step_log: bool, every: int, stop_after: int) -> dict[str, Any]:
+def fit(
+    tmp_path: Path, via_step_log: bool, every: int, stop_after: int, with_logger: bool = True
+) -> dict[str, Any]:
     watcher = Watcher(stop_after)
-    logger = CSVLogger(tmp_path / f"log_{via_step_log}", name="", version="")
+    logger = (
+        CSVLogger(tmp_path / f"log_{via_step_log}", name="", version="") if with_logger else False
+    )
     trainer = L.Trainer(
         max_epochs=1, logger=logger, log_every_n_steps=every, callbacks=[watcher],
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         accelerator="cpu",
     )  # fmt: skip
     trainer.fit(Module(via_step_log))
-    csv = Path(logger.log_dir) / "metrics.csv"
+    csv = Path(logger.log_dir) / "metrics.csv" if logger else None
     return {
         "seen": watcher.seen,
         "callback": {k: float(v) for k, v in trainer.callback_metrics.items()},
         "pbar": dict(trainer.progress_bar_metrics),
         "logged": {k: float(v) for k, v in trainer.logged_metrics.items()},
-        "csv": csv.read_text().splitlines(),
+        "csv": csv.read_text().splitlines() if csv else None,
     }
 
 
@@ -112,6 +117,15 @@ def test_step_log_matches_lightning_log_everywhere(tmp_path: Path) -> None:
 
         assert table(by_step_log["csv"]) == table(by_lightning["csv"])
         assert len(rows) == (20 if every == 1 else 3)  # steps 3, 6 and the stop at 7
+
+
+def test_without_a_logger_the_trainer_still_shows_the_latest_values(tmp_path: Path) -> None:
+    by_lightning = fit(tmp_path / "l", False, 1, 5, with_logger=False)
+    by_step_log = fit(tmp_path / "s", True, 1, 5, with_logger=False)
+    expected = {**step_values(4), "rollout/n": 14.0}  # the last step's values, read by benches
+    assert by_lightning["logged"] == pytest.approx(expected, rel=1e-6)
+    for key in ("seen", "callback", "pbar", "logged"):
+        assert by_step_log[key] == by_lightning[key], key
 
 
 def test_a_module_outside_a_trainer_logs_nowhere() -> None:
