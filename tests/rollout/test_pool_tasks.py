@@ -4,7 +4,6 @@ the tasks the uninterrupted pool draws (the sampler's state travels with the che
 
 from __future__ import annotations
 
-import asyncio
 import io
 import random
 import threading
@@ -12,37 +11,15 @@ from typing import Any
 
 import pytest
 import torch
+from test_pool_groups import TOKENIZER, InstantEngine  # the groups tests' instant engine
 
 from envs.base import Env, StepResult, TaskSampler
 from envs.math import MathEnv
-from frlab.model.toy_tokenizer import build_toy_tokenizer
 from frlab.rollout.agent_loop import AgentLoopConfig
-from frlab.rollout.engine import Engine, GenerationResult, SamplingParams
+from frlab.rollout.engine import SamplingParams
 from frlab.rollout.pool import RolloutPool
 
-TOKENIZER = build_toy_tokenizer()
-LETTER = TOKENIZER.convert_tokens_to_ids("a")
 DATA = [{"question": f"q{i}", "answer": str(i)} for i in range(5)]
-
-
-class InstantEngine(Engine):
-    """One letter + eos at log-prob -1."""
-
-    version = 0
-
-    def start(self) -> None: ...
-
-    def shutdown(self) -> None: ...
-
-    def pause(self) -> None: ...
-
-    def resume(self) -> None: ...
-
-    async def generate(self, prompt_token_ids: list[int], params: SamplingParams):
-        await asyncio.sleep(0)
-        return GenerationResult([LETTER, TOKENIZER.eos_token_id], [-1.0, -1.0], [0, 0], "stop")
-
-    def update_weights(self, state_dict, version: int) -> None: ...
 
 
 class Question(Env):
