@@ -65,6 +65,7 @@ from frlab.rollout.agent_loop import AgentLoopConfig  # noqa: E402
 from frlab.rollout.callbacks import WeightSyncCallback  # noqa: E402
 from frlab.rollout.engine import SamplingParams  # noqa: E402
 from frlab.rollout.engines.torch import TorchEngine  # noqa: E402
+from frlab.rollout.engines.torch_process import ProcessTorchEngine  # noqa: E402
 from frlab.rollout.metering import LAG_WAIT_S  # noqa: E402
 from frlab.rollout.pool import RolloutPool  # noqa: E402
 
@@ -180,8 +181,8 @@ def run_arm(name: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     pools: list[RolloutPool] = []
 
     def factory(**shard: Any) -> RolloutPool:
-        recorder.t0 = time.perf_counter()
-        engine = TorchEngine(module.policy, max_batch_size=in_flight, seed=seed)
+        engine = make_engine(args, module.policy, in_flight, seed)
+        recorder.t0 = time.perf_counter()  # after the engine's one-off start (process spawn)
         pool = RolloutPool(
             engine, lambda: SlowParityEnv(latencies, int(args.num_digits)), tokenizer, loop_cfg,
             task_sampler=ParityEnv.task_sampler(num_digits=int(args.num_digits)),
@@ -199,6 +200,18 @@ def run_arm(name: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     )  # fmt: skip
     trainer.fit(module, datamodule=dm)
     return measurements(name, seed, recorder, latencies, pools[0].stats())
+
+
+def make_engine(args: argparse.Namespace, policy: Any, in_flight: int, seed: int) -> Any:
+    """`--engine thread`: TorchEngine in the learner's process; `process`: ProcessTorchEngine
+    (a child process on its own core, weights in shared memory). Started here."""
+    if args.engine == "process":
+        engine = ProcessTorchEngine(policy, max_batch_size=in_flight, seed=seed,
+                                    num_threads=args.engine_threads)  # fmt: skip
+    else:
+        engine = TorchEngine(policy, max_batch_size=in_flight, seed=seed)
+    engine.start()
+    return engine
 
 
 def measurements(
@@ -303,6 +316,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--group-size", type=int, default=4, help="G of the GRPO arms")
     p.add_argument("--num-digits", type=int, default=int(TOY_ENV.num_digits))
     p.add_argument("--torch-threads", type=int, default=1)
+    p.add_argument("--engine", choices=("thread", "process"), default="process",
+                   help="torch engine in the learner's process or in a child process")  # fmt: skip
+    p.add_argument("--engine-threads", type=int, default=1, help="--engine process: its threads")
     args = p.parse_args(argv)
     args.arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     bad = [a for a in args.arms if a not in ARMS]

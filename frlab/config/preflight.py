@@ -22,8 +22,8 @@ with close-match suggestions; `check_declared`), then the cross-field rules of t
   the run: a preset may stop at a headline step before the reference's schedule ends;
 - a model is either loaded (`model.name_or_path`, which must exist when it is a local path)
   or random-initialised from `model.config`, not both;
-- MoE routing replay (`model.routing_replay`) needs `rollout/engine=torch`, the engine that
-  records the experts it used;
+- MoE routing replay (`model.routing_replay`) needs `rollout/engine=torch` or `torch_process`,
+  the engines that record the experts they used; `torch_process` serves on CPU only;
 - `rollout/engine=remote` needs the `rollout.remote` block (`rollout=remote`) with a list of
   distinct http(s) server URLs; filesystem weight sync serves any number of learner ranks
   (they share the fleet), nccl exactly one (the single NCCL sender); a `remote` block under
@@ -148,7 +148,7 @@ def _check_engine_node(rollout: Mapping[str, Any]) -> str:
     if not isinstance(node, Mapping) or "_target_" not in node:
         raise ConfigError(
             "rollout.engine",
-            f"must be an engine node (rollout/engine=torch|vllm|remote), got {node!r}",
+            f"must be an engine node (rollout/engine=torch|torch_process|vllm|remote), got {node!r}",
         )
     name = engine_name(node)
     if name in schema.ENGINES:
@@ -219,11 +219,11 @@ def _check_model(model: Mapping[str, Any], rollout: Mapping[str, Any], engine: s
             "rollout.max_len",
             f"({max_len}) exceeds model.config.max_position_embeddings ({positions})",
         )
-    if model.get("routing_replay") and engine != "torch":
+    if model.get("routing_replay") and engine not in ("torch", "torch_process"):
         raise ConfigError(
             "model.routing_replay",
-            f"needs rollout.engine=torch (rollout/engine=torch: the only engine that records "
-            f"MoE routing), got {engine!r}",
+            f"needs rollout.engine=torch (rollout/engine=torch or torch_process: the engines "
+            f"that record MoE routing), got {engine!r}",
         )
 
 
@@ -320,6 +320,16 @@ VLLM_ARGS_SET_BY_FRLAB = {"model", "seed", "max_model_len", "worker_extension_cl
 
 
 def _check_engine(engine: str, rollout: Mapping[str, Any], trainer: Mapping[str, Any]) -> None:
+    node, device = rollout.get("engine") or {}, str(rollout.get("device", "cpu"))
+    key = "rollout.device"
+    if str(node.get("device", device)) != device:  # set on the engine node itself
+        key, device = "rollout.engine.device", str(node.get("device"))
+    if engine == "torch_process" and not device.startswith("cpu"):
+        raise ConfigError(
+            key,
+            f"is {device!r}, but rollout/engine=torch_process serves on CPU only: set "
+            "rollout.device=cpu, or use rollout/engine=torch or vllm on a GPU",
+        )
     if engine == "vllm" and trainer["accelerator"] not in ("gpu", "cuda", "auto"):
         raise ConfigError(
             "rollout.engine",

@@ -10,7 +10,7 @@ only holds the values that differ from the defaults declared here. Preflight
 Nodes whose keys depend on the chosen class stay open mappings (`Any`): `env` (the
 environment's constructor arguments), `objective` (frlab.config.objective_check), `logger`,
 `callbacks`, `eval` (frlab.config.schema_eval) and the engine node `rollout.engine` (one of
-`ENGINES`, chosen with the config group `rollout/engine=torch|vllm|remote`).
+`ENGINES`, chosen with the config group `rollout/engine=torch|torch_process|vllm|remote`).
 """
 
 from __future__ import annotations
@@ -105,6 +105,22 @@ class TorchEngineConfig:
 
 
 @dataclass
+class TorchProcessEngineConfig:
+    """`rollout/engine=torch_process`: the torch engine in a child process (CPU), its weights in
+    shared memory; generation runs beside the learner instead of sharing its interpreter lock."""
+
+    _target_: str = "frlab.rollout.engines.torch_process.ProcessTorchEngine.for_policy"
+    _partial_: bool = True
+    device: str = spec(II("rollout.device"), doc="follows rollout.device (cpu only)")
+    max_batch_size: int = spec(II("rollout.max_in_flight"), low=1,
+                               doc="requests decoded together; follows rollout.max_in_flight")  # fmt: skip
+    record_routing: bool = spec(II("model.routing_replay"), doc="record MoE experts per token")
+    num_threads: int = spec(1, low=1, doc="torch threads of the engine process")
+    start_timeout_s: float = spec(300.0, low=0.0, low_open=True,
+                                  doc="deadline for the engine process to load and report ready")  # fmt: skip
+
+
+@dataclass
 class VLLMEngineConfig:
     """`rollout/engine=vllm`: vLLM's engine in-process (GPU, extra `vllm`)."""
 
@@ -127,6 +143,7 @@ class RemoteEngineConfig:
 # rollout/engine options: name -> declaration (the names are the group's options).
 ENGINES: dict[str, type] = {
     "torch": TorchEngineConfig,
+    "torch_process": TorchProcessEngineConfig,
     "vllm": VLLMEngineConfig,
     "remote": RemoteEngineConfig,
 }
@@ -138,7 +155,9 @@ class RolloutConfig:
 
     mode: str = spec("async", choices=("async", "sync"),
                      doc="async: first B finished form a batch; sync: collect, then train")  # fmt: skip
-    engine: Any = spec(None, doc="the engine node: config group rollout/engine=torch|vllm|remote")
+    engine: Any = spec(
+        None, doc="the engine node: config group rollout/engine=torch|torch_process|vllm|remote"
+    )
     max_in_flight: int = spec(32, low=1, doc="rollouts running at once")
     max_policy_lag: int = spec(4, low=0, doc="admission-control bound on policy lag")
     samples_per_prompt: int = spec(1, low=1, doc="G; > 1 only for group baselines (mode sync)")

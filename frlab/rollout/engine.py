@@ -16,7 +16,7 @@ Implementations (this module imports none of them): `torch` (frlab.rollout.engin
 CPU/CUDA, test default), `vllm` (frlab.rollout.engines.vllm, GPU only; vllm itself is imported
 lazily so `import frlab` never imports it) and `remote` (frlab.rollout.remote.engine: a fleet
 of vLLM / frlab.serve servers over HTTP). A run picks one with the config group
-`rollout/engine=torch|vllm|remote`, whose node names the engine's `for_policy` constructor.
+`rollout/engine=torch|torch_process|vllm|remote`, whose node names the engine's `for_policy` constructor.
 """
 
 from __future__ import annotations

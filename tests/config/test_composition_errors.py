@@ -19,7 +19,7 @@ def composition_error(overrides: list[str]) -> ConfigError:
 def test_group_options_list_the_yaml_files() -> None:
     assert {"flashreinforce", "pg_is", "grpo", "dr_grpo", "rloo"} <= set(group_options("objective"))
     assert {"csv", "tensorboard", "wandb"} <= set(group_options("logger"))
-    assert group_options("rollout/engine") == ["remote", "torch", "vllm"]
+    assert group_options("rollout/engine") == ["remote", "torch", "torch_process", "vllm"]
     assert "toy_cpu" in group_options("experiment")
     assert group_options("not_a_group") == []
 

@@ -172,6 +172,16 @@ def test_lengths_and_engine_rules() -> None:
     fails(["rollout.engine=vllm"], "rollout.engine", "GPU")
 
 
+def test_the_process_engine_is_cpu_only_and_records_routing() -> None:
+    fails(["rollout/engine=torch_process", "rollout.device=cuda"], "rollout.device", "CPU only")
+    fails(["rollout/engine=torch_process", "rollout.engine.device=cuda:0"],
+          "rollout.engine.device", "CPU only")  # fmt: skip
+    fails(["rollout/engine=torch_process", "rollout.engine.num_threads=0"],
+          "rollout.engine.num_threads")  # fmt: skip
+    plan = preflight(compose(["rollout/engine=torch_process"]))
+    assert plan.engine == "torch_process"
+
+
 def test_missing_values() -> None:
     fails(["model=hf"], "model.name_or_path", "???")
     fails(["model.config=null"], "model.name_or_path", "model.config")

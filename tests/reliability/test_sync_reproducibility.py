@@ -42,3 +42,14 @@ def test_sync_runs_with_the_same_seed_write_identical_metrics(tmp_path: Path) ->
     assert run(tmp_path / "c", 6, "ckpt_path=last") == first  # resumed after step 3
     other = run(tmp_path / "d", 2, "seed=1")
     assert [r["train/loss"] for r in other] != [r["train/loss"] for r in first[:2]]
+
+
+@pytest.mark.slow
+def test_the_process_engine_trains_exactly_as_the_in_process_engine(tmp_path: Path) -> None:
+    """rollout/engine=torch_process (a child process, shared-memory weights) samples with the
+    same code, seeds and thread count, so a sync run's metrics are identical to the default's."""
+    import torch
+
+    threads = f"rollout.engine.num_threads={torch.get_num_threads()}"
+    process = run(tmp_path / "p", 4, "rollout/engine=torch_process", threads)
+    assert len(process) == 4 and process == run(tmp_path / "t", 4)

@@ -93,10 +93,7 @@ class TorchEngine(Engine):
             raise ValueError(f"TorchEngine max_batch_size must be >= 1, got {max_batch_size}")
         self.device = torch.device(device)
         self.max_batch_size = int(max_batch_size)
-        self._model = copy.deepcopy(model).to(self.device).eval()
-        for p in self._model.parameters():
-            p.requires_grad_(False)
-            p.grad = None
+        self._model = self._private_model(model)
         self.record_routing = bool(record_routing)
         if self.record_routing:
             try:
@@ -116,6 +113,14 @@ class TorchEngine(Engine):
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._record: RoutingRecord | None = None  # open while the serving thread runs
+
+    def _private_model(self, model: PreTrainedModel) -> PreTrainedModel:
+        """The engine's own copy of `model` on its device, in eval mode, without gradients."""
+        own = copy.deepcopy(model).to(self.device).eval()
+        for p in own.parameters():
+            p.requires_grad_(False)
+            p.grad = None
+        return own
 
     # -- lifecycle ---------------------------------------------------------------------------
     @property
@@ -169,6 +174,11 @@ class TorchEngine(Engine):
     ) -> list[asyncio.Future[GenerationResult]]:
         """Enqueue `requests` atomically, in order (they join the batch together); validates
         all of them first, so a bad one raises before any is queued."""
+        return [_awaitable(req) for req in self._enqueue(requests)]
+
+    def _enqueue(self, requests: Sequence[tuple[list[int], SamplingParams]]) -> list[_Request]:
+        """Validate every request, then queue them together; their concurrent futures resolve
+        from the serving thread (no event loop needed)."""
         reqs = []
         for prompt, params in requests:
             params.validate(off_policy_correction=False)
@@ -187,7 +197,7 @@ class TorchEngine(Engine):
                 )
             self._pending.extend(reqs)
             self._cond.notify_all()
-        return [_awaitable(req) for req in reqs]
+        return reqs
 
     def _check_prompt(self, prompt_token_ids: list[int]) -> list[int]:
         prompt = [int(t) for t in prompt_token_ids]
@@ -200,20 +210,7 @@ class TorchEngine(Engine):
 
     # -- weights -----------------------------------------------------------------------------
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
-        if int(version) < 0:
-            raise ValueError(f"update_weights version must be >= 0, got {version}")
-        own = self._model.state_dict()
-        unknown = sorted(set(state_dict) - set(own))
-        missing = sorted(set(own) - set(state_dict))
-        if unknown or missing:
-            raise KeyError(
-                f"update_weights state_dict mismatch: unknown {unknown[:5]}, missing {missing[:5]}"
-            )
-        for name, tensor in state_dict.items():
-            if tuple(tensor.shape) != tuple(own[name].shape):
-                raise ValueError(
-                    f"update_weights: {name} has shape {tuple(tensor.shape)}, engine {tuple(own[name].shape)}"
-                )
+        own = check_update(self._model, state_dict, version)
         with self._cond:
             was_paused, self._paused = self._paused, True
         try:
@@ -324,12 +321,34 @@ class TorchEngine(Engine):
     def _sample(self, logits: torch.Tensor, reqs: list[_Request]) -> torch.Tensor:
         params, generators = [r.params for r in reqs], [r.generator for r in reqs]
         tokens, chosen = draw(logits, params, generators, self._generator)
-        version = self._version
+        version = self.version
         for req, tok, lp in zip(reqs, tokens.tolist(), chosen, strict=True):
             req.token_ids.append(int(tok))
             req.log_probs.append(float(lp))
             req.versions.append(version)
         return tokens
+
+
+def check_update(
+    model: PreTrainedModel, state_dict: Mapping[str, torch.Tensor], version: int
+) -> dict[str, torch.Tensor]:
+    """`model`'s state dict, after checking that `state_dict` has exactly its names and shapes
+    and that `version` is >= 0 (KeyError / ValueError naming the first mismatch)."""
+    if int(version) < 0:
+        raise ValueError(f"update_weights version must be >= 0, got {version}")
+    own = model.state_dict()
+    unknown = sorted(set(state_dict) - set(own))
+    missing = sorted(set(own) - set(state_dict))
+    if unknown or missing:
+        raise KeyError(
+            f"update_weights state_dict mismatch: unknown {unknown[:5]}, missing {missing[:5]}"
+        )
+    for name, tensor in state_dict.items():
+        if tuple(tensor.shape) != tuple(own[name].shape):
+            raise ValueError(
+                f"update_weights: {name} has shape {tuple(tensor.shape)}, engine {tuple(own[name].shape)}"
+            )
+    return own
 
 
 def _drop_finished(

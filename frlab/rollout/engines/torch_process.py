@@ -1,0 +1,439 @@
+"""`torch_process` engine: the torch engine's sampler in a child process, weights in shared memory.
+
+The in-process torch engine (frlab.rollout.engines.torch) decodes in a thread of the learner's
+process, so on CPU its Python work and the learner's take turns on one interpreter lock: with
+asynchronous collection the two serialise and the pool gains less than the cores allow. This
+engine runs the same sampler (the same `TorchEngine` code: continuous batching, per-request
+seeds, the sampler's own log-probs and versions) in a spawned child process:
+
+- weights: the engine's private copy of the policy lives in shared memory; the child maps the
+  same storage. `update_weights` closes a gate (the child finishes its current decode step and
+  waits), takes the step lock, copies the new tensors in place, sets the shared version, and
+  reopens the gate: nothing is serialised or written to disk, and tokens sampled afterwards carry
+  the new version, exactly as with the in-process engine;
+- requests and results travel over a pipe (token ids, log-probs, versions, finish reason, MoE
+  routing when recorded); a reader thread resolves each request's future.
+
+Failure: the child must report ready within `start_timeout_s`; if it dies, every pending request
+fails with an EngineError naming its exit code; `shutdown` stops it, joins it with a deadline
+and kills it past that. The child ignores SIGINT (the parent shuts it down) and exits when the
+parent's end of the pipe closes. CPU only: CUDA runs use `rollout/engine=torch` or vLLM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import copy
+import itertools
+import os
+import signal
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.multiprocessing as tmp
+from transformers import PreTrainedModel
+
+from frlab.rollout.engine import Engine, EngineError, GenerationResult, SamplingParams
+from frlab.rollout.engines.torch import TorchEngine, _Request, check_update
+
+STOP_WAIT_S = 30.0  # shutdown: the child's own clean stop, then terminate / kill
+UPDATE_LOCK_S = 120.0  # update_weights: the child's current decode step must end within this
+POLL_S = 0.5  # the child's gate / lock waits re-check that the parent is alive this often
+GATE_POLL_S = 0.001  # a paused child polls the gate this often (a weight copy takes ms)
+
+
+class ProcessTorchEngine(Engine):
+    """`TorchEngine` decoding in a child process over shared-memory weights (CPU)."""
+
+    @classmethod
+    def for_policy(
+        cls,
+        policy: PreTrainedModel,
+        *,
+        seed: int = 0,
+        device: str | torch.device = "cpu",
+        max_batch_size: int = 32,
+        record_routing: bool = False,
+        num_threads: int = 1,
+        start_timeout_s: float = 300.0,
+    ) -> ProcessTorchEngine:
+        """The engine of `rollout/engine=torch_process`: a copy of the learner's `policy`."""
+        return cls(policy, device=device, max_batch_size=max_batch_size, seed=seed,
+                   record_routing=record_routing, num_threads=num_threads,
+                   start_timeout_s=start_timeout_s)  # fmt: skip
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        *,
+        device: str | torch.device = "cpu",
+        max_batch_size: int = 32,
+        seed: int = 0,
+        initial_version: int = 0,
+        record_routing: bool = False,
+        num_threads: int = 1,
+        start_timeout_s: float = 300.0,
+    ) -> None:
+        if torch.device(device).type != "cpu":
+            raise ValueError(
+                f"rollout.engine.device={device!r}: rollout/engine=torch_process serves on CPU "
+                "only (use rollout/engine=torch or vllm on a GPU)"
+            )
+        if max_batch_size < 1:
+            raise ValueError(f"rollout.engine.max_batch_size must be >= 1, got {max_batch_size}")
+        if num_threads < 1:
+            raise ValueError(f"rollout.engine.num_threads must be >= 1, got {num_threads}")
+        if not start_timeout_s > 0:
+            raise ValueError(f"rollout.engine.start_timeout_s must be > 0, got {start_timeout_s}")
+        self._model = copy.deepcopy(model).to("cpu").eval()
+        for p in self._model.parameters():
+            p.requires_grad_(False)
+            p.grad = None
+        self._model.share_memory()
+        self.vocab_size = int(self._model.get_input_embeddings().weight.shape[0])
+        self._settings = {"seed": int(seed), "max_batch_size": int(max_batch_size),
+                          "record_routing": bool(record_routing), "num_threads": int(num_threads)}  # fmt: skip
+        self.start_timeout_s = float(start_timeout_s)
+        ctx = tmp.get_context("spawn")
+        self._ctx = ctx
+        self._step = ctx.Lock()  # held by the child for each decode step, by us for a copy
+        # 1: the child may step; 0: paused or updating. A plain shared flag the child polls, not
+        # an Event: an Event's set() waits for every sleeper to wake, a killed child never does.
+        self._gate = ctx.Value("b", 1, lock=False)
+        self._version = ctx.Value("q", int(initial_version), lock=False)
+        self._state = threading.Lock()
+        self._send_lock = threading.Lock()
+        self._futures: dict[int, concurrent.futures.Future] = {}
+        self._ids = itertools.count()
+        self._paused = self._stopping = False
+        self._process: Any = None
+        self._conn: Any = None
+        self._reader: threading.Thread | None = None
+        self._exit_reason = ""
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    @property
+    def version(self) -> int:
+        return int(self._version.value)
+
+    @property
+    def model(self) -> PreTrainedModel:
+        """The shared copy of the weights the child decodes with (read it only while paused)."""
+        return self._model
+
+    def start(self) -> None:
+        with self._state:
+            if self._stopping:
+                raise EngineError("ProcessTorchEngine was shut down; build a new engine")
+            if self._process is not None:
+                return
+            parent_conn, child_conn = self._ctx.Pipe()
+            process = self._ctx.Process(
+                target=_child_main, name="frlab-torch-engine", daemon=True,
+                args=(child_conn, self._model, self._step, self._gate, self._version,
+                      os.getpid(), self._settings),
+            )  # fmt: skip
+            process.start()
+            child_conn.close()
+            self._process, self._conn = process, parent_conn
+        self._await_ready()
+        self._reader = threading.Thread(target=self._read, name="frlab-engine-reader", daemon=True)
+        self._reader.start()
+
+    def _await_ready(self) -> None:
+        """Wait for the child's ready message (deadline start_timeout_s); stop it on failure."""
+        try:
+            if not self._conn.poll(self.start_timeout_s):
+                raise EngineError(
+                    f"torch engine process did not start within {self.start_timeout_s:.0f} s "
+                    "(rollout.engine.start_timeout_s)"
+                )
+            message = self._conn.recv()
+            if message[0] != "ready":
+                raise EngineError(f"torch engine process failed to start: {message[1]}")
+        except (EOFError, OSError) as exc:
+            self._process.join(STOP_WAIT_S)
+            error = EngineError(
+                f"torch engine process exited during start (exit code {self._process.exitcode})"
+            )
+            self._stop_process()
+            raise error from exc
+        except BaseException:
+            self._stop_process()
+            raise
+
+    def shutdown(self) -> None:
+        with self._state:
+            self._stopping = True
+        self._stop_process()
+        self._fail_all("engine shut down before the request finished")
+
+    def _stop_process(self) -> None:
+        """Ask the child to stop, join it (deadline STOP_WAIT_S), then terminate / kill it."""
+        process, conn = self._process, self._conn
+        if process is None:
+            return
+        self._gate.value = 1  # a paused child must reach its stop check
+        self._send(("stop",), quiet=True)
+        process.join(STOP_WAIT_S)
+        for escalate in (process.terminate, process.kill):
+            if process.is_alive():
+                escalate()
+                process.join(STOP_WAIT_S)
+        if self._reader is not None and self._reader is not threading.current_thread():
+            self._reader.join(STOP_WAIT_S)
+        conn.close()
+
+    def pause(self) -> None:
+        with self._state:
+            self._paused = True
+            self._gate.value = 0
+
+    def resume(self) -> None:
+        with self._state:
+            self._paused = False
+            self._gate.value = 1
+
+    # -- requests ----------------------------------------------------------------------------
+    async def generate(
+        self, prompt_token_ids: list[int], params: SamplingParams
+    ) -> GenerationResult:
+        (future,) = self.generate_many([(prompt_token_ids, params)])
+        return await future
+
+    def generate_many(
+        self, requests: Sequence[tuple[list[int], SamplingParams]]
+    ) -> list[asyncio.Future[GenerationResult]]:
+        """Validate every request, then send them together, in order (one batch admission)."""
+        batch = []
+        for prompt, params in requests:
+            params.validate(off_policy_correction=False)
+            batch.append((next(self._ids), self._check_prompt(prompt), params))
+        futures = [concurrent.futures.Future() for _ in batch]
+        with self._state:
+            if self._stopping or self._process is None or self._exit_reason:
+                raise EngineError(
+                    "ProcessTorchEngine is not running: call start() first (or it was shut "
+                    f"down{'; ' + self._exit_reason if self._exit_reason else ''})"
+                )
+            self._futures.update({rid: f for (rid, _, _), f in zip(batch, futures, strict=True)})
+        if not self._send(("generate", batch)):
+            self._fail_all("torch engine process is not reachable")
+        return [self._awaitable(rid, f) for (rid, _, _), f in zip(batch, futures, strict=True)]
+
+    def _check_prompt(self, prompt_token_ids: list[int]) -> list[int]:
+        prompt = [int(t) for t in prompt_token_ids]
+        if not prompt:
+            raise ValueError("prompt_token_ids is empty")
+        bad = [t for t in prompt if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"prompt_token_ids has ids outside [0, {self.vocab_size}): {bad[:5]}")
+        return prompt
+
+    def _awaitable(self, rid: int, future: concurrent.futures.Future) -> asyncio.Future:
+        """An asyncio future on the running loop; cancelling it abandons the child's request."""
+        wrapped = asyncio.wrap_future(future)
+
+        def on_done(f: asyncio.Future) -> None:
+            if f.cancelled():
+                with self._state:
+                    self._futures.pop(rid, None)
+                self._send(("cancel", rid), quiet=True)
+
+        wrapped.add_done_callback(on_done)
+        return wrapped
+
+    def _send(self, message: tuple, quiet: bool = False) -> bool:
+        """Send `message` to the child; False (never raises) when the pipe is closed."""
+        try:
+            with self._send_lock:
+                self._conn.send(message)
+            return True
+        except (OSError, ValueError, AttributeError):
+            return False
+
+    def _read(self) -> None:
+        """The reader thread: resolve futures from the child's results until the pipe closes."""
+        conn = self._conn
+        while True:
+            try:
+                message = conn.recv()
+            except (EOFError, OSError):
+                break
+            kind, rid = message[0], message[1]
+            with self._state:
+                future = self._futures.pop(rid, None)
+            if future is None or future.done():
+                continue
+            if kind == "result":
+                token_ids, log_probs, versions, reason, routing = message[2:]
+                routing = None if routing is None else torch.from_numpy(routing)
+                future.set_result(GenerationResult(token_ids, log_probs, versions, reason, routing))
+            else:
+                future.set_exception(EngineError(message[2]))
+        self._process.join(STOP_WAIT_S if self._stopping else 5.0)
+        with self._state:
+            self._exit_reason = f"torch engine process exited (exit code {self._process.exitcode})"
+        self._fail_all(self._exit_reason)
+
+    def _fail_all(self, reason: str) -> None:
+        with self._state:
+            futures, self._futures = list(self._futures.values()), {}
+        for future in futures:
+            if not future.done():
+                future.set_exception(EngineError(reason))
+
+    # -- weights -----------------------------------------------------------------------------
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        own = check_update(self._model, state_dict, version)
+        self._gate.value = 0
+        try:
+            self._take_step_lock()
+            try:
+                with torch.no_grad():
+                    for name, tensor in state_dict.items():
+                        own[name].copy_(tensor.detach())
+                self._version.value = int(version)
+            finally:
+                self._step.release()
+        finally:
+            with self._state:
+                if not self._paused:
+                    self._gate.value = 1
+
+    def _take_step_lock(self) -> None:
+        """Wait for the child's current decode step (deadline UPDATE_LOCK_S; a dead child,
+        which may have died holding the lock, fails at once)."""
+        deadline = time.monotonic() + UPDATE_LOCK_S
+        while not self._step.acquire(timeout=POLL_S):
+            if self._exit_reason or self._process is None or not self._process.is_alive():
+                raise EngineError("update_weights: the torch engine process is not running")
+            if time.monotonic() > deadline:
+                raise EngineError(
+                    f"update_weights: the torch engine process did not finish its decode step "
+                    f"within {UPDATE_LOCK_S:.0f} s"
+                )
+
+
+class _GatedStep:
+    """The child's step lock: wait for an open gate, then take the shared lock; both waits
+    re-check that the parent is alive (a parent killed mid-update must not hang the child)."""
+
+    def __init__(self, lock: Any, gate: Any, parent_pid: int) -> None:
+        self.lock, self.gate, self.parent_pid = lock, gate, parent_pid
+
+    def __enter__(self) -> None:
+        checked = time.monotonic()
+        while True:
+            if self.gate.value:
+                if self.lock.acquire(timeout=POLL_S):
+                    if self.gate.value:
+                        return
+                    self.lock.release()  # closed while we waited: let the update in
+            else:
+                time.sleep(GATE_POLL_S)
+            if time.monotonic() - checked > POLL_S:
+                checked = time.monotonic()
+                if os.getppid() != self.parent_pid:
+                    raise EngineError("the learner process exited")
+
+    def __exit__(self, *exc: object) -> None:
+        self.lock.release()
+
+
+class _SharedWeightsEngine(TorchEngine):
+    """The child's TorchEngine: decodes over the shared weights as they are (no copy), steps
+    under the gated shared lock and stamps tokens with the shared version."""
+
+    def __init__(self, model: PreTrainedModel, step: _GatedStep, version: Any, **kw: Any) -> None:
+        self._shared_version = version
+        super().__init__(model, initial_version=int(version.value), **kw)
+        self._step_lock = step
+
+    def _private_model(self, model: PreTrainedModel) -> PreTrainedModel:
+        return model.eval()
+
+    @property
+    def version(self) -> int:
+        return int(self._shared_version.value)
+
+
+def _child_main(conn: Any, model: PreTrainedModel, lock: Any, gate: Any, version: Any,
+                parent_pid: int, settings: dict[str, Any]) -> None:  # fmt: skip
+    """The child process: serve requests from `conn` until told to stop or the pipe closes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the parent shuts us down
+    try:
+        torch.set_num_threads(settings["num_threads"])
+        engine = _SharedWeightsEngine(
+            model, _GatedStep(lock, gate, parent_pid), version, seed=settings["seed"],
+            max_batch_size=settings["max_batch_size"], record_routing=settings["record_routing"],
+        )  # fmt: skip
+        engine.start()
+    except Exception as exc:
+        conn.send(("failed", repr(exc)))
+        return
+    send_lock = threading.Lock()
+    conn.send(("ready",))
+    requests: dict[int, _Request] = {}
+    try:
+        _serve_pipe(conn, engine, requests, send_lock)
+    finally:
+        engine.shutdown()
+
+
+def _serve_pipe(conn: Any, engine: _SharedWeightsEngine, requests: dict[int, _Request],
+                send_lock: threading.Lock) -> None:  # fmt: skip
+    """Read the parent's messages: generate (queue a batch), cancel (abandon one), stop."""
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return
+        if message[0] == "stop":
+            return
+        if message[0] == "cancel":
+            req = requests.pop(message[1], None)
+            if req is not None:
+                req.abandoned = True
+            continue
+        batch = message[1]
+        try:
+            reqs = engine._enqueue([(prompt, params) for _, prompt, params in batch])
+        except Exception as exc:
+            for rid, _, _ in batch:
+                _reply(
+                    conn, send_lock, ("error", rid, f"torch engine refused the request: {exc!r}")
+                )
+            continue
+        for (rid, _, _), req in zip(batch, reqs, strict=True):
+            requests[rid] = req
+            req.future.add_done_callback(_replier(conn, send_lock, requests, rid))
+
+
+def _replier(conn: Any, send_lock: threading.Lock, requests: dict[int, _Request], rid: int) -> Any:
+    """A done-callback sending request `rid`'s result (or error) to the parent."""
+
+    def reply(future: concurrent.futures.Future) -> None:
+        requests.pop(rid, None)
+        exc = future.exception()
+        if exc is not None:
+            _reply(conn, send_lock, ("error", rid, str(exc)))
+            return
+        r = future.result()
+        routing = None if r.routing is None else r.routing.numpy()
+        _reply(conn, send_lock,
+               ("result", rid, r.token_ids, r.log_probs, r.versions, r.finish_reason, routing))  # fmt: skip
+
+    return reply
+
+
+def _reply(conn: Any, send_lock: threading.Lock, message: tuple) -> None:
+    try:
+        with send_lock:
+            conn.send(message)
+    except (OSError, ValueError):
+        pass  # the parent is gone; the pipe loop ends at its next read

@@ -1,0 +1,210 @@
+"""`ProcessTorchEngine` (rollout/engine=torch_process): the torch engine's sampler in a child
+process over shared-memory weights. It must answer exactly as the in-process `TorchEngine`
+(same tokens, log-probs, versions, MoE routing), see weight updates made in place, and fail
+cleanly: a dead child fails every pending request, shutdown reaps it, every wait has a deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+from frlab.rollout.engine import EngineError, SamplingParams
+from frlab.rollout.engines.torch import TorchEngine
+from frlab.rollout.engines.torch_process import ProcessTorchEngine
+from tests.rollout.engines.torch_testlib import VOCAB, tiny_model
+
+THREADS = torch.get_num_threads()  # the child uses the same count: identical float results
+
+
+def requests(n: int, new_tokens: int = 8) -> list[tuple[list[int], SamplingParams]]:
+    """Prompts of different lengths; odd ones seeded, even ones from the engine's own stream."""
+    return [
+        ([1 + i % 7] * (2 + i % 5), SamplingParams(max_new_tokens=new_tokens + i % 3,
+                                                   stop_token_ids=(5,),
+                                                   seed=1000 + i if i % 2 else None))
+        for i in range(n)
+    ]  # fmt: skip
+
+
+def serve(engine, reqs) -> list:  # noqa: ANN001
+    async def run() -> list:
+        return await asyncio.gather(*engine.generate_many(reqs))
+
+    return asyncio.run(run())
+
+
+def results(engine, model, reqs, shifted) -> list:  # noqa: ANN001
+    """Serve `reqs`, push `shifted` weights as version 7, serve them again."""
+    with engine:
+        first = serve(engine, reqs)
+        engine.update_weights(shifted, 7)
+        assert engine.version == 7
+        return first + serve(engine, reqs)
+
+
+def fields(r) -> tuple:  # noqa: ANN001
+    return (r.token_ids, r.log_probs, r.versions, r.finish_reason)
+
+
+def test_the_child_answers_exactly_as_the_in_process_engine_before_and_after_an_update() -> None:
+    model = tiny_model(0, sharpness=4.0)
+    reqs = requests(12)
+    shifted = {k: v + 0.02 * torch.randn_like(v) for k, v in model.state_dict().items()}
+    thread = results(TorchEngine(model, max_batch_size=16, seed=3), model, reqs, shifted)
+    process = results(ProcessTorchEngine(model, max_batch_size=16, seed=3, num_threads=THREADS),
+                      model, reqs, shifted)  # fmt: skip
+    assert [fields(r) for r in process] == [fields(r) for r in thread]
+    assert {v for r in process[:12] for v in r.versions} == {0}
+    assert {v for r in process[12:] for v in r.versions} == {7}
+    assert [r.token_ids for r in process[:12]] != [r.token_ids for r in process[12:]]
+    assert any(r.finish_reason == "stop" for r in process)  # stop ids travel too
+
+
+def test_moe_routing_travels_back_and_equals_the_in_process_record() -> None:
+    from tests.model.test_routing_replay_pipeline import VOCAB as MOE_VOCAB
+    from tests.model.test_routing_replay_pipeline import tiny_moe
+
+    model = tiny_moe(0)
+    reqs = [([3, 4, 5 + i], SamplingParams(max_new_tokens=4, seed=i)) for i in range(3)]
+    assert max(t for p, _ in reqs for t in p) < MOE_VOCAB
+    engines = (TorchEngine(model, record_routing=True),
+               ProcessTorchEngine(model, record_routing=True, num_threads=THREADS))  # fmt: skip
+    outs = []
+    for engine in engines:
+        with engine:
+            outs.append(serve(engine, reqs))
+    for a, b in zip(*outs, strict=True):
+        assert fields(a) == fields(b)
+        assert b.routing is not None and b.routing.dtype == a.routing.dtype
+        assert torch.equal(a.routing, b.routing)
+        assert b.routing.shape[0] == len(b.token_ids) + 3 - 1
+
+
+def test_an_update_lands_between_decode_steps_and_later_tokens_carry_it() -> None:
+    model = tiny_model(1, sharpness=1.0)
+    with ProcessTorchEngine(model, num_threads=1) as engine:
+
+        async def run() -> list:
+            long = engine.generate_many([([1, 2], SamplingParams(max_new_tokens=120))])[0]
+            await asyncio.sleep(0.05)
+            engine.update_weights(model.state_dict(), 1)
+            after = engine.generate_many([([1, 2], SamplingParams(max_new_tokens=4))])[0]
+            return [await long, await after]
+
+        long, after = asyncio.run(run())
+    assert long.versions == sorted(long.versions) and set(long.versions) <= {0, 1}
+    assert after.versions == [1] * 4
+
+
+def test_pause_holds_decoding_until_resume() -> None:
+    with ProcessTorchEngine(tiny_model(2), num_threads=1) as engine:
+
+        async def run() -> tuple[bool, list[int]]:
+            engine.pause()
+            (future,) = engine.generate_many([([1, 2, 3], SamplingParams(max_new_tokens=3))])
+            await asyncio.sleep(0.5)
+            held = not future.done()
+            engine.resume()
+            return held, (await asyncio.wait_for(future, 30)).token_ids
+
+        held, tokens = asyncio.run(run())
+    assert held and len(tokens) == 3
+
+
+def test_a_dead_child_fails_pending_requests_and_refuses_new_ones() -> None:
+    engine = ProcessTorchEngine(tiny_model(3), num_threads=1)
+    engine.start()
+    try:
+
+        async def run() -> None:
+            engine.pause()  # the request stays pending in the child
+            (future,) = engine.generate_many([([1, 2], SamplingParams(max_new_tokens=3))])
+            await asyncio.sleep(0.2)
+            os.kill(engine._process.pid, signal.SIGKILL)
+            with pytest.raises(EngineError, match="exit code -9"):
+                await asyncio.wait_for(future, 30)
+            with pytest.raises(EngineError, match="not running.*exit code -9"):
+                engine.generate_many([([1], SamplingParams())])
+
+        asyncio.run(run())
+    finally:
+        engine.shutdown()
+    assert not engine._process.is_alive()
+
+
+def test_shutdown_fails_pending_requests_and_reaps_the_child() -> None:
+    engine = ProcessTorchEngine(tiny_model(4), num_threads=1)
+    engine.start()
+
+    async def run() -> None:
+        engine.pause()
+        futures = engine.generate_many(requests(3))
+        await asyncio.sleep(0.2)
+        started = time.monotonic()
+        engine.shutdown()
+        for future in futures:
+            with pytest.raises(EngineError, match="shut down"):
+                await asyncio.wait_for(future, 30)
+        assert time.monotonic() - started < 30
+
+    asyncio.run(run())
+    assert engine._process.exitcode == 0, "the child stopped on request, not killed"
+    with pytest.raises(EngineError, match="shut down"):
+        engine.start()
+
+
+def test_a_cancelled_request_is_dropped_and_the_engine_keeps_serving() -> None:
+    with ProcessTorchEngine(tiny_model(5), num_threads=1) as engine:
+
+        async def run() -> list[int]:
+            (slow,) = engine.generate_many([([1, 2], SamplingParams(max_new_tokens=100))])
+            slow.cancel()
+            (fast,) = engine.generate_many([([3, 4], SamplingParams(max_new_tokens=2))])
+            return (await asyncio.wait_for(fast, 30)).token_ids
+
+        assert len(asyncio.run(run())) == 2
+        assert engine._futures == {}
+
+
+def test_start_has_a_deadline_and_leaves_no_child_behind() -> None:
+    engine = ProcessTorchEngine(tiny_model(6), num_threads=1, start_timeout_s=0.01)
+    with pytest.raises(EngineError, match="did not start within .*start_timeout_s"):
+        engine.start()
+    assert not engine._process.is_alive()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"device": "cuda"}, "rollout.engine.device='cuda'.*CPU only"),
+        ({"num_threads": 0}, "rollout.engine.num_threads must be >= 1"),
+        ({"max_batch_size": 0}, "rollout.engine.max_batch_size must be >= 1"),
+        ({"start_timeout_s": 0}, "rollout.engine.start_timeout_s must be > 0"),
+    ],
+)
+def test_bad_settings_name_their_key(kwargs: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        ProcessTorchEngine(tiny_model(0), **kwargs)
+
+
+def test_bad_requests_and_updates_raise_before_reaching_the_child() -> None:
+    model = tiny_model(7)
+    engine = ProcessTorchEngine(model, num_threads=1)
+    with pytest.raises(EngineError, match="call start"):
+        engine.generate_many([([1], SamplingParams())])
+    with engine:
+        with pytest.raises(ValueError, match="outside"):
+            engine.generate_many([([1, VOCAB], SamplingParams())])
+        with pytest.raises(ValueError, match="max_new_tokens"):
+            engine.generate_many([([1], SamplingParams(max_new_tokens=0))])
+        with pytest.raises(KeyError, match="missing"):
+            engine.update_weights({}, 1)
+        with pytest.raises(ValueError, match="version must be >= 0"):
+            engine.update_weights(model.state_dict(), -1)
+        assert engine.version == 0
+        assert len(serve(engine, requests(2))) == 2  # still serving
