@@ -27,7 +27,13 @@ the lag bound (`timing/lag_wait_s`: B finished trajectories ready, rollouts due 
 still running) against the rest (generation throughput). Printed: arguments, CPU count and load averages, each run, medians per arm and the
 ratios of each arm's median to `async`'s (target: sync/async >= 2.0, GRPO arms > 1).
 
-    python bench/time_to_reward.py --seeds 5 --target 0.8 --window 10 --time-cap 60
+Engine: every arm uses `--engine` (`process`, the default: `rollout/engine=torch_process`,
+generation in a child process with the weights in shared memory, so it runs on its own core;
+`thread`: the in-process `torch` engine, whose thread shares the learner's interpreter lock).
+The extra arm `async_thread` is `async` on the in-process engine whatever `--engine` says, for
+an interleaved A/B of the two engines (`--arms async,async_thread`).
+
+    python bench/time_to_reward.py --seeds 5 --target 0.8 --window 10 --time-cap 75
 """
 
 from __future__ import annotations
@@ -77,11 +83,13 @@ TOY_ENV = OmegaConf.load(ROOT / "configs/env/toy_single.yaml")
 
 @dataclass(frozen=True)
 class Arm:
-    """One way of collecting and training: pool mode, objective preset, samples per prompt."""
+    """One way of collecting and training: pool mode, objective preset, samples per prompt, and
+    the engine when the arm fixes it (None: `--engine`)."""
 
     mode: str
     objective: str
     group: bool
+    engine: str | None = None
 
 
 ARMS = {
@@ -89,7 +97,10 @@ ARMS = {
     "sync": Arm("sync", "flashreinforce", False),
     "grpo_sync": Arm("sync", "grpo", True),
     "grpo_async": Arm("async", "grpo", True),
+    # not in the default arms: `async` on the in-process engine, for an interleaved A/B
+    "async_thread": Arm("async", "flashreinforce", False, "thread"),
 }
+DEFAULT_ARMS = ("async", "sync", "grpo_sync", "grpo_async")
 
 
 class Latencies:
@@ -181,7 +192,7 @@ def run_arm(name: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     pools: list[RolloutPool] = []
 
     def factory(**shard: Any) -> RolloutPool:
-        engine = make_engine(args, module.policy, in_flight, seed)
+        engine = make_engine(arm.engine or args.engine, module.policy, in_flight, seed, args)
         recorder.t0 = time.perf_counter()  # after the engine's one-off start (process spawn)
         pool = RolloutPool(
             engine, lambda: SlowParityEnv(latencies, int(args.num_digits)), tokenizer, loop_cfg,
@@ -202,10 +213,10 @@ def run_arm(name: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     return measurements(name, seed, recorder, latencies, pools[0].stats())
 
 
-def make_engine(args: argparse.Namespace, policy: Any, in_flight: int, seed: int) -> Any:
-    """`--engine thread`: TorchEngine in the learner's process; `process`: ProcessTorchEngine
-    (a child process on its own core, weights in shared memory). Started here."""
-    if args.engine == "process":
+def make_engine(kind: str, policy: Any, in_flight: int, seed: int, args: argparse.Namespace) -> Any:
+    """`thread`: TorchEngine in the learner's process; `process`: ProcessTorchEngine (a child
+    process on its own core, weights in shared memory). Started here."""
+    if kind == "process":
         engine = ProcessTorchEngine(policy, max_batch_size=in_flight, seed=seed,
                                     num_threads=args.engine_threads)  # fmt: skip
     else:
@@ -301,7 +312,7 @@ READ = {"=": "", ">=": "at least ", "<=": "at most ", "?": "unknown (both censor
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, default=5, help="seeds per arm (0..N-1)")
-    p.add_argument("--arms", default=",".join(ARMS), help=f"comma list of {list(ARMS)}")
+    p.add_argument("--arms", default=",".join(DEFAULT_ARMS), help=f"comma list of {list(ARMS)}")
     p.add_argument("--target", type=float, default=0.8, help="moving-average reward to reach")
     p.add_argument("--window", type=int, default=10, help="updates in the moving average")
     p.add_argument("--time-cap", type=float, default=75.0, help="training seconds per run")

@@ -50,3 +50,11 @@ def test_slow_parity_env_grades_as_parity_env() -> None:
         assert (slow.reward, slow.done) == (fast.reward, fast.done)
         assert slow.info == {**fast.info, "latency_s": env.latency_s}
     assert len(latencies.drawn) == 30
+
+
+def test_the_engine_is_the_arms_or_the_command_lines() -> None:
+    args = ttr.parse([])
+    assert args.engine == "process" and args.arms == list(ttr.DEFAULT_ARMS)
+    assert "async_thread" not in args.arms and ttr.ARMS["async_thread"].engine == "thread"
+    assert all(ttr.ARMS[a].engine is None for a in ttr.DEFAULT_ARMS)  # they follow --engine
+    assert ttr.parse(["--engine", "thread", "--arms", "async,async_thread"]).engine == "thread"

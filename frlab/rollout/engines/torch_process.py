@@ -27,7 +27,7 @@ import concurrent.futures
 import copy
 import itertools
 import os
-import signal
+import shutil
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -38,12 +38,12 @@ import torch.multiprocessing as tmp
 from transformers import PreTrainedModel
 
 from frlab.rollout.engine import Engine, EngineError, GenerationResult, SamplingParams
-from frlab.rollout.engines.torch import TorchEngine, _Request, check_update
+from frlab.rollout.engines.torch import check_update
+from frlab.rollout.engines.torch_process_child import child_main
 
 STOP_WAIT_S = 30.0  # shutdown: the child's own clean stop, then terminate / kill
 UPDATE_LOCK_S = 120.0  # update_weights: the child's current decode step must end within this
-POLL_S = 0.5  # the child's gate / lock waits re-check that the parent is alive this often
-GATE_POLL_S = 0.001  # a paused child polls the gate this often (a weight copy takes ms)
+POLL_S = 0.5  # update_weights re-checks that the child is alive this often
 
 
 class ProcessTorchEngine(Engine):
@@ -89,6 +89,7 @@ class ProcessTorchEngine(Engine):
             raise ValueError(f"rollout.engine.num_threads must be >= 1, got {num_threads}")
         if not start_timeout_s > 0:
             raise ValueError(f"rollout.engine.start_timeout_s must be > 0, got {start_timeout_s}")
+        check_shared_memory(model)
         self._model = copy.deepcopy(model).to("cpu").eval()
         for p in self._model.parameters():
             p.requires_grad_(False)
@@ -127,13 +128,16 @@ class ProcessTorchEngine(Engine):
 
     def start(self) -> None:
         with self._state:
-            if self._stopping:
-                raise EngineError("ProcessTorchEngine was shut down; build a new engine")
+            if self._stopping or self._exit_reason:
+                raise EngineError(
+                    "ProcessTorchEngine was shut down or its process failed; build a new engine"
+                    f"{' (' + self._exit_reason + ')' if self._exit_reason else ''}"
+                )
             if self._process is not None:
                 return
             parent_conn, child_conn = self._ctx.Pipe()
             process = self._ctx.Process(
-                target=_child_main, name="frlab-torch-engine", daemon=True,
+                target=child_main, name="frlab-torch-engine", daemon=True,
                 args=(child_conn, self._model, self._step, self._gate, self._version,
                       os.getpid(), self._settings),
             )  # fmt: skip
@@ -160,9 +164,11 @@ class ProcessTorchEngine(Engine):
             error = EngineError(
                 f"torch engine process exited during start (exit code {self._process.exitcode})"
             )
+            self._exit_reason = str(error)
             self._stop_process()
             raise error from exc
-        except BaseException:
+        except BaseException as exc:
+            self._exit_reason = f"start failed: {exc}"
             self._stop_process()
             raise
 
@@ -319,121 +325,17 @@ class ProcessTorchEngine(Engine):
                 )
 
 
-class _GatedStep:
-    """The child's step lock: wait for an open gate, then take the shared lock; both waits
-    re-check that the parent is alive (a parent killed mid-update must not hang the child)."""
-
-    def __init__(self, lock: Any, gate: Any, parent_pid: int) -> None:
-        self.lock, self.gate, self.parent_pid = lock, gate, parent_pid
-
-    def __enter__(self) -> None:
-        checked = time.monotonic()
-        while True:
-            if self.gate.value:
-                if self.lock.acquire(timeout=POLL_S):
-                    if self.gate.value:
-                        return
-                    self.lock.release()  # closed while we waited: let the update in
-            else:
-                time.sleep(GATE_POLL_S)
-            if time.monotonic() - checked > POLL_S:
-                checked = time.monotonic()
-                if os.getppid() != self.parent_pid:
-                    raise EngineError("the learner process exited")
-
-    def __exit__(self, *exc: object) -> None:
-        self.lock.release()
-
-
-class _SharedWeightsEngine(TorchEngine):
-    """The child's TorchEngine: decodes over the shared weights as they are (no copy), steps
-    under the gated shared lock and stamps tokens with the shared version."""
-
-    def __init__(self, model: PreTrainedModel, step: _GatedStep, version: Any, **kw: Any) -> None:
-        self._shared_version = version
-        super().__init__(model, initial_version=int(version.value), **kw)
-        self._step_lock = step
-
-    def _private_model(self, model: PreTrainedModel) -> PreTrainedModel:
-        return model.eval()
-
-    @property
-    def version(self) -> int:
-        return int(self._shared_version.value)
-
-
-def _child_main(conn: Any, model: PreTrainedModel, lock: Any, gate: Any, version: Any,
-                parent_pid: int, settings: dict[str, Any]) -> None:  # fmt: skip
-    """The child process: serve requests from `conn` until told to stop or the pipe closes."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the parent shuts us down
-    try:
-        torch.set_num_threads(settings["num_threads"])
-        engine = _SharedWeightsEngine(
-            model, _GatedStep(lock, gate, parent_pid), version, seed=settings["seed"],
-            max_batch_size=settings["max_batch_size"], record_routing=settings["record_routing"],
-        )  # fmt: skip
-        engine.start()
-    except Exception as exc:
-        conn.send(("failed", repr(exc)))
+def check_shared_memory(model: PreTrainedModel, shm: str = "/dev/shm") -> None:
+    """ValueError when `shm` (where torch puts shared CPU tensors on Linux) has less free space
+    than the weights need: containers often default to 64 MiB, and a full /dev/shm kills the
+    process with a bus error instead of an exception."""
+    need = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+    if not os.path.isdir(shm):
         return
-    send_lock = threading.Lock()
-    conn.send(("ready",))
-    requests: dict[int, _Request] = {}
-    try:
-        _serve_pipe(conn, engine, requests, send_lock)
-    finally:
-        engine.shutdown()
-
-
-def _serve_pipe(conn: Any, engine: _SharedWeightsEngine, requests: dict[int, _Request],
-                send_lock: threading.Lock) -> None:  # fmt: skip
-    """Read the parent's messages: generate (queue a batch), cancel (abandon one), stop."""
-    while True:
-        try:
-            message = conn.recv()
-        except (EOFError, OSError):
-            return
-        if message[0] == "stop":
-            return
-        if message[0] == "cancel":
-            req = requests.pop(message[1], None)
-            if req is not None:
-                req.abandoned = True
-            continue
-        batch = message[1]
-        try:
-            reqs = engine._enqueue([(prompt, params) for _, prompt, params in batch])
-        except Exception as exc:
-            for rid, _, _ in batch:
-                _reply(
-                    conn, send_lock, ("error", rid, f"torch engine refused the request: {exc!r}")
-                )
-            continue
-        for (rid, _, _), req in zip(batch, reqs, strict=True):
-            requests[rid] = req
-            req.future.add_done_callback(_replier(conn, send_lock, requests, rid))
-
-
-def _replier(conn: Any, send_lock: threading.Lock, requests: dict[int, _Request], rid: int) -> Any:
-    """A done-callback sending request `rid`'s result (or error) to the parent."""
-
-    def reply(future: concurrent.futures.Future) -> None:
-        requests.pop(rid, None)
-        exc = future.exception()
-        if exc is not None:
-            _reply(conn, send_lock, ("error", rid, str(exc)))
-            return
-        r = future.result()
-        routing = None if r.routing is None else r.routing.numpy()
-        _reply(conn, send_lock,
-               ("result", rid, r.token_ids, r.log_probs, r.versions, r.finish_reason, routing))  # fmt: skip
-
-    return reply
-
-
-def _reply(conn: Any, send_lock: threading.Lock, message: tuple) -> None:
-    try:
-        with send_lock:
-            conn.send(message)
-    except (OSError, ValueError):
-        pass  # the parent is gone; the pipe loop ends at its next read
+    free = shutil.disk_usage(shm).free
+    if need > free:
+        raise ValueError(
+            f"rollout/engine=torch_process needs {need / 2**20:.0f} MiB of shared memory for the "
+            f"weights, {shm} has {free / 2**20:.0f} MiB free (raise the container's shared "
+            "memory, e.g. docker --shm-size, or use rollout/engine=torch)"
+        )

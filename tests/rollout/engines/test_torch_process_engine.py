@@ -176,6 +176,23 @@ def test_start_has_a_deadline_and_leaves_no_child_behind() -> None:
     with pytest.raises(EngineError, match="did not start within .*start_timeout_s"):
         engine.start()
     assert not engine._process.is_alive()
+    with pytest.raises(EngineError, match="process failed.*did not start"):
+        engine.start()  # not silently "started" over a dead process
+    with pytest.raises(EngineError, match="not running"):
+        engine.generate_many([([1], SamplingParams())])
+
+
+def test_too_little_shared_memory_is_refused_before_copying_the_weights(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import shutil
+
+    model = tiny_model(0)
+    need = sum(p.numel() * p.element_size() for p in model.parameters())
+    free = type("Usage", (), {"free": need - 1})
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: free)
+    with pytest.raises(ValueError, match=r"needs \d+ MiB of shared memory.*--shm-size"):
+        ProcessTorchEngine(model)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,146 @@
+"""The child side of `rollout/engine=torch_process` (frlab.rollout.engines.torch_process).
+
+`child_main` runs in the spawned process: a `TorchEngine` over the parent's shared-memory
+weights (no copy), whose decode steps wait for the parent's gate and hold the shared step lock,
+and whose tokens carry the shared version; a pipe loop queues the parent's requests and sends
+each result (or error) back as it resolves. SIGINT is ignored (the parent stops the child);
+the loop ends at a stop message or when the parent's end of the pipe closes.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel
+
+from frlab.rollout.engine import EngineError
+from frlab.rollout.engines.torch import TorchEngine, _Request
+
+POLL_S = 0.5  # the gate / lock waits re-check that the parent is alive this often
+GATE_POLL_S = 0.001  # a paused child polls the gate this often (a weight copy takes ms)
+
+
+class _GatedStep:
+    """The child's step lock: wait for an open gate, then take the shared lock; both waits
+    re-check that the parent is alive (a parent killed mid-update must not hang the child)."""
+
+    def __init__(self, lock: Any, gate: Any, parent_pid: int) -> None:
+        self.lock, self.gate, self.parent_pid = lock, gate, parent_pid
+
+    def __enter__(self) -> None:
+        checked = time.monotonic()
+        while True:
+            if self.gate.value:
+                if self.lock.acquire(timeout=POLL_S):
+                    if self.gate.value:
+                        return
+                    self.lock.release()  # closed while we waited: let the update in
+            else:
+                time.sleep(GATE_POLL_S)
+            if time.monotonic() - checked > POLL_S:
+                checked = time.monotonic()
+                if os.getppid() != self.parent_pid:
+                    raise EngineError("the learner process exited")
+
+    def __exit__(self, *exc: object) -> None:
+        self.lock.release()
+
+
+class _SharedWeightsEngine(TorchEngine):
+    """The child's TorchEngine: decodes over the shared weights as they are (no copy), steps
+    under the gated shared lock and stamps tokens with the shared version."""
+
+    def __init__(self, model: PreTrainedModel, step: _GatedStep, version: Any, **kw: Any) -> None:
+        self._shared_version = version
+        super().__init__(model, initial_version=int(version.value), **kw)
+        self._step_lock = step
+
+    def _private_model(self, model: PreTrainedModel) -> PreTrainedModel:
+        return model.eval()
+
+    @property
+    def version(self) -> int:
+        return int(self._shared_version.value)
+
+
+def child_main(conn: Any, model: PreTrainedModel, lock: Any, gate: Any, version: Any,
+                parent_pid: int, settings: dict[str, Any]) -> None:  # fmt: skip
+    """The child process: serve requests from `conn` until told to stop or the pipe closes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the parent shuts us down
+    try:
+        torch.set_num_threads(settings["num_threads"])
+        engine = _SharedWeightsEngine(
+            model, _GatedStep(lock, gate, parent_pid), version, seed=settings["seed"],
+            max_batch_size=settings["max_batch_size"], record_routing=settings["record_routing"],
+        )  # fmt: skip
+        engine.start()
+    except Exception as exc:
+        conn.send(("failed", repr(exc)))
+        return
+    send_lock = threading.Lock()
+    conn.send(("ready",))
+    requests: dict[int, _Request] = {}
+    try:
+        _serve_pipe(conn, engine, requests, send_lock)
+    finally:
+        engine.shutdown()
+
+
+def _serve_pipe(conn: Any, engine: _SharedWeightsEngine, requests: dict[int, _Request],
+                send_lock: threading.Lock) -> None:  # fmt: skip
+    """Read the parent's messages: generate (queue a batch), cancel (abandon one), stop."""
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return
+        if message[0] == "stop":
+            return
+        if message[0] == "cancel":
+            req = requests.pop(message[1], None)
+            if req is not None:
+                req.abandoned = True
+            continue
+        batch = message[1]
+        try:
+            reqs = engine._enqueue([(prompt, params) for _, prompt, params in batch])
+        except Exception as exc:
+            for rid, _, _ in batch:
+                _reply(
+                    conn, send_lock, ("error", rid, f"torch engine refused the request: {exc!r}")
+                )
+            continue
+        for (rid, _, _), req in zip(batch, reqs, strict=True):
+            requests[rid] = req
+            req.future.add_done_callback(_replier(conn, send_lock, requests, rid))
+
+
+def _replier(conn: Any, send_lock: threading.Lock, requests: dict[int, _Request], rid: int) -> Any:
+    """A done-callback sending request `rid`'s result (or error) to the parent."""
+
+    def reply(future: concurrent.futures.Future) -> None:
+        requests.pop(rid, None)
+        exc = future.exception()
+        if exc is not None:
+            _reply(conn, send_lock, ("error", rid, str(exc)))
+            return
+        r = future.result()
+        routing = None if r.routing is None else r.routing.numpy()
+        _reply(conn, send_lock,
+               ("result", rid, r.token_ids, r.log_probs, r.versions, r.finish_reason, routing))  # fmt: skip
+
+    return reply
+
+
+def _reply(conn: Any, send_lock: threading.Lock, message: tuple) -> None:
+    try:
+        with send_lock:
+            conn.send(message)
+    except (OSError, ValueError):
+        pass  # the parent is gone; the pipe loop ends at its next read
