@@ -42,7 +42,9 @@ from frlab.rollout.engines.torch import check_update
 from frlab.rollout.engines.torch_process_child import child_main
 
 STOP_WAIT_S = 30.0  # shutdown: the child's own clean stop, then terminate / kill
-UPDATE_LOCK_S = 120.0  # update_weights: the child's current decode step must end within this
+# update_weights: the child's current decode step (one prefill of up to max_batch_size prompts
+# on CPU, or one decode step) must end within this; a dead child fails at once
+UPDATE_LOCK_S = 600.0
 POLL_S = 0.5  # update_weights re-checks that the child is alive this often
 
 
@@ -166,10 +168,12 @@ class ProcessTorchEngine(Engine):
             )
             self._exit_reason = str(error)
             self._stop_process()
+            self._fail_all(self._exit_reason)
             raise error from exc
         except BaseException as exc:
             self._exit_reason = f"start failed: {exc}"
             self._stop_process()
+            self._fail_all(self._exit_reason)
             raise
 
     def shutdown(self) -> None:
@@ -228,7 +232,7 @@ class ProcessTorchEngine(Engine):
                 )
             self._futures.update({rid: f for (rid, _, _), f in zip(batch, futures, strict=True)})
         if not self._send(("generate", batch)):
-            self._fail_all("torch engine process is not reachable")
+            self._fail([rid for rid, _, _ in batch], "torch engine process is not reachable")
         return [self._awaitable(rid, f) for (rid, _, _), f in zip(batch, futures, strict=True)]
 
     def _check_prompt(self, prompt_token_ids: list[int]) -> list[int]:
@@ -263,35 +267,53 @@ class ProcessTorchEngine(Engine):
             return False
 
     def _read(self) -> None:
-        """The reader thread: resolve futures from the child's results until the pipe closes."""
+        """The reader thread: resolve futures from the child's results until the pipe closes,
+        then fail whatever is left with the child's exit code."""
         conn = self._conn
-        while True:
-            try:
-                message = conn.recv()
-            except (EOFError, OSError):
-                break
-            kind, rid = message[0], message[1]
+        try:
+            while True:
+                try:
+                    message = conn.recv()
+                except (EOFError, OSError):
+                    break
+                self._resolve(message)
+        finally:
+            self._process.join(STOP_WAIT_S if self._stopping else 5.0)
             with self._state:
-                future = self._futures.pop(rid, None)
-            if future is None or future.done():
-                continue
-            if kind == "result":
+                self._exit_reason = (
+                    f"torch engine process exited (exit code {self._process.exitcode})"
+                )
+            self._fail_all(self._exit_reason)
+
+    def _resolve(self, message: tuple) -> None:
+        """Settle the future of one reply ("result" or "error"); a malformed reply fails it."""
+        with self._state:
+            future = self._futures.pop(message[1], None)
+        if future is None:
+            return
+        try:
+            if message[0] == "result":
                 token_ids, log_probs, versions, reason, routing = message[2:]
                 routing = None if routing is None else torch.from_numpy(routing)
-                future.set_result(GenerationResult(token_ids, log_probs, versions, reason, routing))
+                outcome = GenerationResult(token_ids, log_probs, versions, reason, routing)
             else:
-                future.set_exception(EngineError(message[2]))
-        self._process.join(STOP_WAIT_S if self._stopping else 5.0)
-        with self._state:
-            self._exit_reason = f"torch engine process exited (exit code {self._process.exitcode})"
-        self._fail_all(self._exit_reason)
+                outcome = EngineError(message[2])
+        except Exception as exc:
+            outcome = EngineError(f"bad reply from the torch engine process: {exc!r}")
+        _settle(future, outcome)
 
     def _fail_all(self, reason: str) -> None:
         with self._state:
             futures, self._futures = list(self._futures.values()), {}
         for future in futures:
-            if not future.done():
-                future.set_exception(EngineError(reason))
+            _settle(future, EngineError(reason))
+
+    def _fail(self, rids: list[int], reason: str) -> None:
+        with self._state:
+            futures = [self._futures.pop(rid, None) for rid in rids]
+        for future in futures:
+            if future is not None:
+                _settle(future, EngineError(reason))
 
     # -- weights -----------------------------------------------------------------------------
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
@@ -339,3 +361,14 @@ def check_shared_memory(model: PreTrainedModel, shm: str = "/dev/shm") -> None:
             f"weights, {shm} has {free / 2**20:.0f} MiB free (raise the container's shared "
             "memory, e.g. docker --shm-size, or use rollout/engine=torch)"
         )
+
+
+def _settle(future: concurrent.futures.Future, outcome: object) -> None:
+    """Resolve `future` with a result or an exception, unless its caller cancelled it first."""
+    try:
+        if isinstance(outcome, BaseException):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)
+    except concurrent.futures.InvalidStateError:
+        pass  # cancelled (or settled) meanwhile: nobody waits for it

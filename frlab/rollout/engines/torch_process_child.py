@@ -23,7 +23,7 @@ from frlab.rollout.engine import EngineError
 from frlab.rollout.engines.torch import TorchEngine, _Request
 
 POLL_S = 0.5  # the gate / lock waits re-check that the parent is alive this often
-GATE_POLL_S = 0.001  # a paused child polls the gate this often (a weight copy takes ms)
+GATE_POLL_S = (0.001, 0.02)  # a closed gate is polled from 1 ms, backing off to 20 ms
 
 
 class _GatedStep:
@@ -34,15 +34,16 @@ class _GatedStep:
         self.lock, self.gate, self.parent_pid = lock, gate, parent_pid
 
     def __enter__(self) -> None:
-        checked = time.monotonic()
+        checked, pause = time.monotonic(), GATE_POLL_S[0]
         while True:
             if self.gate.value:
                 if self.lock.acquire(timeout=POLL_S):
                     if self.gate.value:
                         return
                     self.lock.release()  # closed while we waited: let the update in
-            else:
-                time.sleep(GATE_POLL_S)
+            else:  # a weight copy takes milliseconds; a pause may last long
+                time.sleep(pause)
+                pause = min(2 * pause, GATE_POLL_S[1])
             if time.monotonic() - checked > POLL_S:
                 checked = time.monotonic()
                 if os.getppid() != self.parent_pid:
@@ -87,16 +88,21 @@ def child_main(conn: Any, model: PreTrainedModel, lock: Any, gate: Any, version:
     conn.send(("ready",))
     requests: dict[int, _Request] = {}
     try:
-        _serve_pipe(conn, engine, requests, send_lock)
+        _serve_pipe(conn, engine, requests, send_lock, parent_pid)
     finally:
         engine.shutdown()
 
 
 def _serve_pipe(conn: Any, engine: _SharedWeightsEngine, requests: dict[int, _Request],
-                send_lock: threading.Lock) -> None:  # fmt: skip
-    """Read the parent's messages: generate (queue a batch), cancel (abandon one), stop."""
+                send_lock: threading.Lock, parent_pid: int) -> None:  # fmt: skip
+    """Read the parent's messages: generate (queue a batch), cancel (abandon one), stop; end
+    when the pipe closes or the parent is gone (a pipe end inherited elsewhere stays open)."""
     while True:
         try:
+            if not conn.poll(POLL_S):
+                if os.getppid() != parent_pid:
+                    return
+                continue
             message = conn.recv()
         except (EOFError, OSError):
             return
@@ -104,8 +110,8 @@ def _serve_pipe(conn: Any, engine: _SharedWeightsEngine, requests: dict[int, _Re
             return
         if message[0] == "cancel":
             req = requests.pop(message[1], None)
-            if req is not None:
-                req.abandoned = True
+            if req is not None and not req.future.cancel():  # not admitted yet: never prefilled
+                req.abandoned = True  # decoding: dropped at the next step
             continue
         batch = message[1]
         try:
@@ -126,6 +132,8 @@ def _replier(conn: Any, send_lock: threading.Lock, requests: dict[int, _Request]
 
     def reply(future: concurrent.futures.Future) -> None:
         requests.pop(rid, None)
+        if future.cancelled():
+            return  # cancelled by the parent, which no longer waits for it
         exc = future.exception()
         if exc is not None:
             _reply(conn, send_lock, ("error", rid, str(exc)))

@@ -225,3 +225,25 @@ def test_bad_requests_and_updates_raise_before_reaching_the_child() -> None:
             engine.update_weights(model.state_dict(), -1)
         assert engine.version == 0
         assert len(serve(engine, requests(2))) == 2  # still serving
+
+
+def test_a_reply_for_a_request_its_caller_cancelled_meanwhile_is_dropped_quietly() -> None:
+    """The reader thread must survive a caller cancelling between its lookup and set_result
+    (it would die with InvalidStateError and every later request would hang)."""
+    import concurrent.futures
+
+    engine = ProcessTorchEngine(tiny_model(0), num_threads=1)  # not started: no child needed
+    cancelled, malformed, good = (concurrent.futures.Future() for _ in range(3))
+    engine._futures.update({1: cancelled, 2: malformed, 3: good})
+    cancelled.cancel()
+    engine._resolve(("result", 1, [4], [-0.5], [0], "length", None))
+    engine._resolve(("result", 2, [4, 5], [-0.5], [0], "length", None))  # lengths differ
+    engine._resolve(("result", 3, [4], [-0.5], [0], "stop", None))
+    assert cancelled.cancelled() and engine._futures == {}
+    with pytest.raises(EngineError, match="bad reply.*lengths differ"):
+        malformed.result(0)
+    assert good.result(0).token_ids == [4] and good.result(0).finish_reason == "stop"
+    late = concurrent.futures.Future()
+    engine._futures[4] = late
+    late.cancel()
+    engine._fail_all("gone")  # no InvalidStateError either
