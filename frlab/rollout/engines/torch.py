@@ -115,12 +115,7 @@ class TorchEngine(Engine):
         self._record: RoutingRecord | None = None  # open while the serving thread runs
 
     def _private_model(self, model: PreTrainedModel) -> PreTrainedModel:
-        """The engine's own copy of `model` on its device, in eval mode, without gradients."""
-        own = copy.deepcopy(model).to(self.device).eval()
-        for p in own.parameters():
-            p.requires_grad_(False)
-            p.grad = None
-        return own
+        return private_copy(model, self.device)
 
     # -- lifecycle ---------------------------------------------------------------------------
     @property
@@ -200,13 +195,7 @@ class TorchEngine(Engine):
         return reqs
 
     def _check_prompt(self, prompt_token_ids: list[int]) -> list[int]:
-        prompt = [int(t) for t in prompt_token_ids]
-        if not prompt:
-            raise ValueError("prompt_token_ids is empty")
-        bad = [t for t in prompt if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(f"prompt_token_ids has ids outside [0, {self.vocab_size}): {bad[:5]}")
-        return prompt
+        return check_prompt(prompt_token_ids, self.vocab_size)
 
     # -- weights -----------------------------------------------------------------------------
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
@@ -327,6 +316,26 @@ class TorchEngine(Engine):
             req.log_probs.append(float(lp))
             req.versions.append(version)
         return tokens
+
+
+def private_copy(model: PreTrainedModel, device: str | torch.device) -> PreTrainedModel:
+    """An engine's own copy of `model` on `device`, in eval mode, without gradients."""
+    own = copy.deepcopy(model).to(device).eval()
+    for p in own.parameters():
+        p.requires_grad_(False)
+        p.grad = None
+    return own
+
+
+def check_prompt(prompt_token_ids: list[int], vocab_size: int) -> list[int]:
+    """The prompt as a list of ints; ValueError when it is empty or has ids outside the vocab."""
+    prompt = [int(t) for t in prompt_token_ids]
+    if not prompt:
+        raise ValueError("prompt_token_ids is empty")
+    bad = [t for t in prompt if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"prompt_token_ids has ids outside [0, {vocab_size}): {bad[:5]}")
+    return prompt
 
 
 def check_update(

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import copy
 import itertools
 import os
 import shutil
@@ -37,8 +36,9 @@ import torch
 import torch.multiprocessing as tmp
 from transformers import PreTrainedModel
 
+from frlab.model.routing_replay import moe_routers
 from frlab.rollout.engine import Engine, EngineError, GenerationResult, SamplingParams
-from frlab.rollout.engines.torch import check_update
+from frlab.rollout.engines.torch import check_prompt, check_update, private_copy
 from frlab.rollout.engines.torch_process_child import child_main
 
 STOP_WAIT_S = 30.0  # shutdown: the child's own clean stop, then terminate / kill
@@ -91,12 +91,15 @@ class ProcessTorchEngine(Engine):
             raise ValueError(f"rollout.engine.num_threads must be >= 1, got {num_threads}")
         if not start_timeout_s > 0:
             raise ValueError(f"rollout.engine.start_timeout_s must be > 0, got {start_timeout_s}")
+        if record_routing:
+            try:
+                moe_routers(model)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(
+                    f"rollout.engine.record_routing=true needs an MoE model: {exc}"
+                ) from exc
         check_shared_memory(model)
-        self._model = copy.deepcopy(model).to("cpu").eval()
-        for p in self._model.parameters():
-            p.requires_grad_(False)
-            p.grad = None
-        self._model.share_memory()
+        self._model = private_copy(model, "cpu").share_memory()
         self.vocab_size = int(self._model.get_input_embeddings().weight.shape[0])
         self._settings = {"seed": int(seed), "max_batch_size": int(max_batch_size),
                           "record_routing": bool(record_routing), "num_threads": int(num_threads)}  # fmt: skip
@@ -222,7 +225,7 @@ class ProcessTorchEngine(Engine):
         batch = []
         for prompt, params in requests:
             params.validate(off_policy_correction=False)
-            batch.append((next(self._ids), self._check_prompt(prompt), params))
+            batch.append((next(self._ids), check_prompt(prompt, self.vocab_size), params))
         futures = [concurrent.futures.Future() for _ in batch]
         with self._state:
             if self._stopping or self._process is None or self._exit_reason:
@@ -234,15 +237,6 @@ class ProcessTorchEngine(Engine):
         if not self._send(("generate", batch)):
             self._fail([rid for rid, _, _ in batch], "torch engine process is not reachable")
         return [self._awaitable(rid, f) for (rid, _, _), f in zip(batch, futures, strict=True)]
-
-    def _check_prompt(self, prompt_token_ids: list[int]) -> list[int]:
-        prompt = [int(t) for t in prompt_token_ids]
-        if not prompt:
-            raise ValueError("prompt_token_ids is empty")
-        bad = [t for t in prompt if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(f"prompt_token_ids has ids outside [0, {self.vocab_size}): {bad[:5]}")
-        return prompt
 
     def _awaitable(self, rid: int, future: concurrent.futures.Future) -> asyncio.Future:
         """An asyncio future on the running loop; cancelling it abandons the child's request."""
