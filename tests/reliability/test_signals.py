@@ -75,3 +75,41 @@ def test_sigterm_stops_a_run_whose_environment_steps_hang(tmp_path: Path) -> Non
     assert summary(run_dir)["status"] == "interrupted"
     done = steps(run_dir)
     assert ckpt_step(run_dir / "checkpoints" / "last.ckpt") == (done[-1] if done else 0)
+
+
+def _children(pid: int) -> list[int]:
+    """Direct child processes of `pid` (every thread's /proc children list)."""
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(x) for x in (task / "children").read_text().split()]
+    return found
+
+
+def _running(pid: int) -> bool:
+    """True while `pid` exists and is not a zombie."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    state = next(line for line in status.splitlines() if line.startswith("State:"))
+    return state.split()[1] != "Z"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
+def test_the_engine_process_ends_with_its_run(tmp_path: Path, signum: int) -> None:
+    """rollout/engine=torch_process: SIGTERM still exits 143 with a checkpoint of the last step;
+    after SIGTERM or even SIGKILL of the learner no child process outlives it."""
+    run_dir = tmp_path / "run"
+    proc = Running(run_dir, *LONG, "rollout/engine=torch_process")
+    proc.wait_for_step(3)
+    kids = _children(proc.proc.pid)
+    assert kids, "the engine runs in a child process"
+    proc.signal(signum)
+    code = proc.wait()
+    assert code == (143 if signum == signal.SIGTERM else -9), proc.output()[-3000:]
+    if signum == signal.SIGTERM:
+        assert ckpt_step(run_dir / "checkpoints" / "last.ckpt") == steps(run_dir)[-1]
+    deadline = time.monotonic() + 30.0
+    while any(_running(k) for k in kids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [k for k in kids if _running(k)], "an engine process outlived its run"
