@@ -99,6 +99,7 @@ class ProcessTorchEngine(Engine):
                     f"rollout.engine.record_routing=true needs an MoE model: {exc}"
                 ) from exc
         check_shared_memory(model)
+        check_open_files(model)
         self._model = private_copy(model, "cpu").share_memory()
         self.vocab_size = int(self._model.get_input_embeddings().weight.shape[0])
         self._settings = {"seed": int(seed), "max_batch_size": int(max_batch_size),
@@ -355,6 +356,29 @@ def check_shared_memory(model: PreTrainedModel, shm: str = "/dev/shm") -> None:
             f"weights, {shm} has {free / 2**20:.0f} MiB free (raise the container's shared "
             "memory, e.g. docker --shm-size, or use rollout/engine=torch)"
         )
+
+
+FD_MARGIN = 512  # open files the learner needs besides the shared weights (logs, sockets, data)
+
+
+def check_open_files(model: PreTrainedModel) -> None:
+    """Torch keeps one open file per shared CPU storage, in this process and in the child (which
+    inherits the limit): raise the soft open-files limit when it is too low for the weights plus
+    FD_MARGIN, up to the hard limit; ValueError when even that is too low."""
+    import resource
+
+    storages = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers())}
+    need = len(storages) + FD_MARGIN
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or need <= soft:
+        return
+    if hard != resource.RLIM_INFINITY and need > hard:
+        raise ValueError(
+            f"rollout/engine=torch_process shares {len(storages)} weight tensors, one open file "
+            f"each, but the open-files hard limit is {hard} (raise it: ulimit -Hn, or use "
+            "rollout/engine=torch)"
+        )
+    resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
 
 
 def _settle(future: concurrent.futures.Future, outcome: object) -> None:
