@@ -18,6 +18,9 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 
+RECANCEL_S = 0.1  # cancel_all cancels a task that is still running again after this long
+
+
 class LoopThread:
     """An event loop in a daemon thread: `tick` on every wake, tasks cancelled on stop."""
 
@@ -89,11 +92,15 @@ class LoopThread:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
     async def cancel_all(self) -> None:
-        """Cancel every tracked task and wait until they have unwound."""
-        tasks = list(self.tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        """Cancel every tracked task and wait until they have unwound, cancelling again the ones
+        still running every RECANCEL_S: `asyncio.wait_for` (Python <= 3.11) swallows a
+        cancellation that arrives as its inner future finishes, and the task runs on (into a
+        blocking environment step, say) as if it had never been cancelled."""
+        pending = set(self.tasks)
+        while pending:
+            for task in pending:
+                task.cancel()
+            _, pending = await asyncio.wait(pending, timeout=RECANCEL_S)
 
     def _thread_main(self, ready: threading.Event) -> None:
         assert self.loop is not None
