@@ -24,8 +24,9 @@ A run ends when the moving average of batch reward over `--window` updates first
 Seeds run interleaved (seed 0 of every arm, then seed 1, ...) so machine load drifts hit all
 arms alike. Each run's line also splits the learner's idle time: the share held back only by
 the lag bound (`timing/lag_wait_s`: B finished trajectories ready, rollouts due in this batch
-still running) against the rest (generation throughput). Printed: arguments, CPU count and load averages, each run, medians per arm and the
-ratios of each arm's median to `async`'s (target: sync/async >= 2.0, GRPO arms > 1).
+still running) against the rest (generation throughput). Printed: arguments, CPU count and
+load averages, each run, medians per arm and the ratios of each arm's median to `async`'s
+(target: sync/async >= 2.0, GRPO arms > 1).
 
 Engine: every arm uses `--engine` (`process`, the default: `rollout/engine=torch_process`,
 generation in a child process with the weights in shared memory, so it runs on its own core;
@@ -192,7 +193,8 @@ def run_arm(name: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     pools: list[RolloutPool] = []
 
     def factory(**shard: Any) -> RolloutPool:
-        engine = make_engine(arm.engine or args.engine, module.policy, in_flight, seed, args)
+        engine = make_engine(arm.engine or args.engine, module.policy, in_flight, seed,
+                             args.engine_threads)  # fmt: skip
         recorder.t0 = time.perf_counter()  # after the engine's one-off start (process spawn)
         pool = RolloutPool(
             engine, lambda: SlowParityEnv(latencies, int(args.num_digits)), tokenizer, loop_cfg,
@@ -213,12 +215,12 @@ def run_arm(name: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     return measurements(name, seed, recorder, latencies, pools[0].stats())
 
 
-def make_engine(kind: str, policy: Any, in_flight: int, seed: int, args: argparse.Namespace) -> Any:
+def make_engine(kind: str, policy: Any, in_flight: int, seed: int, threads: int) -> Any:
     """`thread`: TorchEngine in the learner's process; `process`: ProcessTorchEngine (a child
     process on its own core, weights in shared memory). Started here."""
     if kind == "process":
         engine = ProcessTorchEngine(policy, max_batch_size=in_flight, seed=seed,
-                                    num_threads=args.engine_threads)  # fmt: skip
+                                    num_threads=threads)  # fmt: skip
     else:
         engine = TorchEngine(policy, max_batch_size=in_flight, seed=seed)
     engine.start()

@@ -96,12 +96,7 @@ class TorchEngine(Engine):
         self._model = self._private_model(model)
         self.record_routing = bool(record_routing)
         if self.record_routing:
-            try:
-                moe_routers(self._model)
-            except (TypeError, ValueError) as exc:
-                raise ValueError(
-                    f"TorchEngine record_routing=True needs an MoE model: {exc}"
-                ) from exc
+            require_moe(self._model, "TorchEngine record_routing=True")
         self.vocab_size = int(self._model.get_input_embeddings().weight.shape[0])
         self._cache_kwarg, self._forward_extra = _forward_kwargs(self._model)
         self._generator = torch.Generator().manual_seed(int(seed))  # requests without a seed
@@ -179,7 +174,7 @@ class TorchEngine(Engine):
             params.validate(off_policy_correction=False)
             reqs.append(
                 _Request(
-                    self._check_prompt(prompt),
+                    check_prompt(prompt, self.vocab_size),
                     params,
                     concurrent.futures.Future(),
                     request_generator(params.seed),
@@ -193,9 +188,6 @@ class TorchEngine(Engine):
             self._pending.extend(reqs)
             self._cond.notify_all()
         return reqs
-
-    def _check_prompt(self, prompt_token_ids: list[int]) -> list[int]:
-        return check_prompt(prompt_token_ids, self.vocab_size)
 
     # -- weights -----------------------------------------------------------------------------
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
@@ -325,6 +317,14 @@ def private_copy(model: PreTrainedModel, device: str | torch.device) -> PreTrain
         p.requires_grad_(False)
         p.grad = None
     return own
+
+
+def require_moe(model: PreTrainedModel, setting: str) -> None:
+    """ValueError naming `setting` unless `model` has MoE routers (routing can be recorded)."""
+    try:
+        moe_routers(model)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{setting} needs an MoE model: {exc}") from exc
 
 
 def check_prompt(prompt_token_ids: list[int], vocab_size: int) -> list[int]:

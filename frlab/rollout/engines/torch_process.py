@@ -36,9 +36,8 @@ import torch
 import torch.multiprocessing as tmp
 from transformers import PreTrainedModel
 
-from frlab.model.routing_replay import moe_routers
 from frlab.rollout.engine import Engine, EngineError, GenerationResult, SamplingParams
-from frlab.rollout.engines.torch import check_prompt, check_update, private_copy
+from frlab.rollout.engines.torch import check_prompt, check_update, private_copy, require_moe
 from frlab.rollout.engines.torch_process_child import child_main
 
 STOP_WAIT_S = 30.0  # shutdown: the child's own clean stop, then terminate / kill
@@ -92,12 +91,7 @@ class ProcessTorchEngine(Engine):
         if not start_timeout_s > 0:
             raise ValueError(f"rollout.engine.start_timeout_s must be > 0, got {start_timeout_s}")
         if record_routing:
-            try:
-                moe_routers(model)
-            except (TypeError, ValueError) as exc:
-                raise ValueError(
-                    f"rollout.engine.record_routing=true needs an MoE model: {exc}"
-                ) from exc
+            require_moe(model, "rollout.engine.record_routing=true")
         check_shared_memory(model)
         check_open_files(model)
         self._model = private_copy(model, "cpu").share_memory()
@@ -172,19 +166,19 @@ class ProcessTorchEngine(Engine):
             )
             self._exit_reason = str(error)
             self._stop_process()
-            self._fail_all(self._exit_reason)
+            self._fail(self._exit_reason)
             raise error from exc
         except BaseException as exc:
             self._exit_reason = f"start failed: {exc}"
             self._stop_process()
-            self._fail_all(self._exit_reason)
+            self._fail(self._exit_reason)
             raise
 
     def shutdown(self) -> None:
         with self._state:
             self._stopping = True
         self._stop_process()
-        self._fail_all("engine shut down before the request finished")
+        self._fail("engine shut down before the request finished")
 
     def _stop_process(self) -> None:
         """Ask the child to stop, join it (deadline STOP_WAIT_S), then terminate / kill it."""
@@ -192,7 +186,7 @@ class ProcessTorchEngine(Engine):
         if process is None:
             return
         self._gate.value = 1  # a paused child must reach its stop check
-        self._send(("stop",), quiet=True)
+        self._send(("stop",))
         process.join(STOP_WAIT_S)
         for escalate in (process.terminate, process.kill):
             if process.is_alive():
@@ -236,7 +230,7 @@ class ProcessTorchEngine(Engine):
                 )
             self._futures.update({rid: f for (rid, _, _), f in zip(batch, futures, strict=True)})
         if not self._send(("generate", batch)):
-            self._fail([rid for rid, _, _ in batch], "torch engine process is not reachable")
+            self._fail("torch engine process is not reachable", [rid for rid, _, _ in batch])
         return [self._awaitable(rid, f) for (rid, _, _), f in zip(batch, futures, strict=True)]
 
     def _awaitable(self, rid: int, future: concurrent.futures.Future) -> asyncio.Future:
@@ -247,12 +241,12 @@ class ProcessTorchEngine(Engine):
             if f.cancelled():
                 with self._state:
                     self._futures.pop(rid, None)
-                self._send(("cancel", rid), quiet=True)
+                self._send(("cancel", rid))
 
         wrapped.add_done_callback(on_done)
         return wrapped
 
-    def _send(self, message: tuple, quiet: bool = False) -> bool:
+    def _send(self, message: tuple) -> bool:
         """Send `message` to the child; False (never raises) when the pipe is closed."""
         try:
             with self._send_lock:
@@ -278,7 +272,7 @@ class ProcessTorchEngine(Engine):
                 self._exit_reason = (
                     f"torch engine process exited (exit code {self._process.exitcode})"
                 )
-            self._fail_all(self._exit_reason)
+            self._fail(self._exit_reason)
 
     def _resolve(self, message: tuple) -> None:
         """Settle the future of one reply ("result" or "error"); a malformed reply fails it."""
@@ -297,15 +291,13 @@ class ProcessTorchEngine(Engine):
             outcome = EngineError(f"bad reply from the torch engine process: {exc!r}")
         _settle(future, outcome)
 
-    def _fail_all(self, reason: str) -> None:
+    def _fail(self, reason: str, rids: list[int] | None = None) -> None:
+        """Fail the requests `rids` (None: every pending one) with EngineError(reason)."""
         with self._state:
-            futures, self._futures = list(self._futures.values()), {}
-        for future in futures:
-            _settle(future, EngineError(reason))
-
-    def _fail(self, rids: list[int], reason: str) -> None:
-        with self._state:
-            futures = [self._futures.pop(rid, None) for rid in rids]
+            if rids is None:
+                futures, self._futures = list(self._futures.values()), {}
+            else:
+                futures = [self._futures.pop(rid, None) for rid in rids]
         for future in futures:
             if future is not None:
                 _settle(future, EngineError(reason))
@@ -346,9 +338,9 @@ def check_shared_memory(model: PreTrainedModel, shm: str = "/dev/shm") -> None:
     """ValueError when `shm` (where torch puts shared CPU tensors on Linux) has less free space
     than the weights need: containers often default to 64 MiB, and a full /dev/shm kills the
     process with a bus error instead of an exception."""
-    need = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
     if not os.path.isdir(shm):
         return
+    need = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
     free = shutil.disk_usage(shm).free
     if need > free:
         raise ValueError(

@@ -247,7 +247,7 @@ def test_a_reply_for_a_request_its_caller_cancelled_meanwhile_is_dropped_quietly
     late = concurrent.futures.Future()
     engine._futures[4] = late
     late.cancel()
-    engine._fail_all("gone")  # no InvalidStateError either
+    engine._fail("gone")  # no InvalidStateError either
 
 
 def test_the_open_files_limit_is_raised_for_the_shared_weights_or_refused(
