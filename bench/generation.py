@@ -4,7 +4,8 @@ Same model object, same prompts, same batch and lengths, same process and thread
 round each setting runs both arms back to back (which one goes first alternates by round), and
 the median over `--rounds` of the per-round ratio engine / generate is printed (> 1: the engine
 is faster), by wall time and by process CPU time (all threads; steadier on a shared machine).
-Both decode with a KV cache.
+Both decode with a KV cache. The engine prefills ragged prompts packed in one row where that is
+cheaper than left-padding them (`generate` pads); `--no-packed-prefill` measures it padded too.
 
 - `greedy`: the engine with top_k=1 (its greedy) vs `generate(do_sample=False)`;
 - `sampled`: temperature 1, full support, vs `generate(do_sample=True, top_k=0, top_p=1)`;
@@ -53,6 +54,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--arms", default="greedy,sampled,ragged")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--no-packed-prefill", action="store_true",
+                   help="the engine prefills left-padded only (its packed_prefill=False)")  # fmt: skip
     return p.parse_args()
 
 
@@ -185,14 +188,17 @@ def main() -> None:
     if args.threads > 0:
         torch.set_num_threads(args.threads)  # the engine's thread follows the same setting
     model = load_model(args)
-    engine = TorchEngine(model, max_batch_size=args.batch, seed=args.seed)
+    engine = TorchEngine(
+        model, max_batch_size=args.batch, seed=args.seed, packed_prefill=not args.no_packed_prefill
+    )
     engine.start()
     names = [a.strip() for a in args.arms.split(",") if a.strip()]
     arms = Arms(model, engine, args)
     print(
         f"model {args.model_config or args.model} ({model.config._attn_implementation} attention)"
         f", batch {args.batch}, prompts {args.prompt_min}-{args.prompt_max} tokens, "
-        f"{args.new_tokens} new tokens, {torch.get_num_threads()} threads"
+        f"{args.new_tokens} new tokens, {torch.get_num_threads()} threads, engine prefill "
+        f"{'packed where cheaper' if engine.packed_prefill else 'left-padded'}"
     )
     try:
         arms.run(names[0])  # warm-up (first-call allocations), not counted

@@ -102,6 +102,7 @@ class TorchEngineConfig:
     max_batch_size: int = spec(II("rollout.max_in_flight"), low=1,
                                doc="requests decoded together; follows rollout.max_in_flight")  # fmt: skip
     record_routing: bool = spec(II("model.routing_replay"), doc="record MoE experts per token")
+    packed_prefill: bool = spec(True, doc="pack ragged prompts in one prefill row if cheaper")
 
 
 @dataclass
@@ -115,6 +116,7 @@ class TorchProcessEngineConfig:
     max_batch_size: int = spec(II("rollout.max_in_flight"), low=1,
                                doc="requests decoded together; follows rollout.max_in_flight")  # fmt: skip
     record_routing: bool = spec(II("model.routing_replay"), doc="record MoE experts per token")
+    packed_prefill: bool = spec(True, doc="pack ragged prompts in one prefill row if cheaper")
     num_threads: int = spec(1, low=1, doc="torch threads of the engine process")
     start_timeout_s: float = spec(300.0, low=0.0, low_open=True,
                                   doc="deadline for the engine process to load and report ready")  # fmt: skip

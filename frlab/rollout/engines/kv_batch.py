@@ -6,6 +6,9 @@ running batch (both caches left-padded to the wider one), finished rows are remo
 leading columns that are padding for every remaining row are dropped. Padding columns carry
 attention mask 0 and zero keys/values.
 
+A prefill may also run the prompts packed end to end in one row (frlab.rollout.engines.prefill);
+`unpack_rows` then splits its cache into the same left-padded rows.
+
 `GrowingLayer` keeps a layer's keys and values at the front of a buffer with spare room on the
 time axis, so a decode step writes one column in place; transformers' `DynamicLayer`
 concatenates, which copies the whole cache at every step.
@@ -117,6 +120,34 @@ def merge_layers(a: GrowingLayer, b: GrowingLayer) -> GrowingLayer:
     out.lazy_initialization(ka, a.values)
     out.set(kbuf, vbuf, width)
     return out
+
+
+def unpack_layer(packed: GrowingLayer, lengths: list[int]) -> GrowingLayer:
+    """Split a layer prefilled from ONE packed row (`[1, heads, sum(lengths), dim]`, prompts end
+    to end) into one row per prompt, left-padded (zeros) to the longest."""
+    width, keys, values = max(lengths), packed.keys, packed.values
+    kbuf = keys.new_zeros((len(lengths), keys.shape[1], width + GROWTH_MIN, keys.shape[3]))
+    vbuf = values.new_zeros((len(lengths), values.shape[1], width + GROWTH_MIN, values.shape[3]))
+    start = 0
+    for row, n in enumerate(lengths):
+        kbuf[row, :, width - n : width].copy_(keys[0, :, start : start + n])
+        vbuf[row, :, width - n : width].copy_(values[0, :, start : start + n])
+        start += n
+    out = GrowingLayer()
+    out.lazy_initialization(keys, values)
+    out.set(kbuf, vbuf, width)
+    return out
+
+
+def unpack_rows(cache: GrowingCache, lengths: list[int]) -> tuple[GrowingCache, torch.Tensor]:
+    """The left-padded cache of a packed prefill, and its attention mask [n, max(lengths)]."""
+    layers = [unpack_layer(layer, lengths) for layer in cache.growing_layers()]
+    width = max(lengths)
+    attention = torch.zeros((len(lengths), width), dtype=torch.long)
+    for row, n in enumerate(lengths):
+        attention[row, width - n :] = 1
+    device = layers[0].keys.device if layers else torch.device("cpu")
+    return GrowingCache(layers), attention.to(device)
 
 
 @dataclass

@@ -2,8 +2,10 @@
 
 The engine holds its OWN deep copy of the policy (the learner's model keeps training) and
 serves `generate` requests from a background thread. Each iteration of that thread admits the
-requests waiting in the queue (up to `max_batch_size` rows in all): they are left-padded,
-prefilled together and merged into the running batch (frlab.rollout.engines.kv_batch); then
+requests waiting in the queue (up to `max_batch_size` rows in all): they are prefilled
+together, packed end to end in one row or left-padded, whichever the model's shape makes
+cheaper (frlab.rollout.engines.prefill), and merged into the running batch
+(frlab.rollout.engines.kv_batch); then
 one decode step feeds every row's last token through the shared KV cache. A row leaves the
 batch (and its caller resumes) as soon as it samples a stop token or reaches its token
 budget, and a waiting request takes its place at the next iteration.
@@ -27,8 +29,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import copy
 import inspect
+import logging
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,11 +38,16 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel
 
-from frlab.model.routing_replay import RoutingRecord, moe_routers, record_routing
+from frlab.model.routing_replay import RoutingRecord, record_routing
 from frlab.rollout.engine import Engine, EngineError, GenerationResult, SamplingParams
-from frlab.rollout.engines.kv_batch import DecodeRows, GrowingCache, left_pad
+from frlab.rollout.engines import prefill
+from frlab.rollout.engines.common import check_prompt, check_update, private_copy, require_moe
+from frlab.rollout.engines.kv_batch import DecodeRows, GrowingCache, left_pad, unpack_rows
 from frlab.rollout.engines.sampling import draw, request_generator
 from frlab.rollout.engines.sampling import sampling_log_probs as sampling_log_probs
+
+log = logging.getLogger(__name__)
+Span = tuple[int, int, int]  # (row, first, end) of a request's positions in one forward
 
 
 @dataclass(eq=False)
@@ -56,7 +63,10 @@ class _Request:
     routing: list[torch.Tensor] | None = None  # per-forward [t, L, k] pieces when recording
 
     def finish(self, reason: str) -> None:
-        routing = None if self.routing is None else torch.cat(self.routing, dim=0)
+        routing = None
+        if self.routing is not None:
+            with torch.inference_mode(False):  # a plain tensor the learner may index with
+                routing = torch.cat(self.routing, dim=0)
         result = GenerationResult(self.token_ids, self.log_probs, self.versions, reason, routing)
         if not self.future.done():
             self.future.set_result(result)
@@ -74,10 +84,11 @@ class TorchEngine(Engine):
         device: str | torch.device = "cpu",
         max_batch_size: int = 32,
         record_routing: bool = False,
+        packed_prefill: bool = True,
     ) -> TorchEngine:
         """The engine of `rollout/engine=torch`: a copy of the learner's `policy`."""
         return cls(policy, device=device, max_batch_size=max_batch_size, seed=seed,
-                   record_routing=record_routing)  # fmt: skip
+                   record_routing=record_routing, packed_prefill=packed_prefill)  # fmt: skip
 
     def __init__(
         self,
@@ -88,6 +99,7 @@ class TorchEngine(Engine):
         seed: int = 0,
         initial_version: int = 0,
         record_routing: bool = False,
+        packed_prefill: bool = True,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"TorchEngine max_batch_size must be >= 1, got {max_batch_size}")
@@ -99,6 +111,7 @@ class TorchEngine(Engine):
             require_moe(self._model, "TorchEngine record_routing=True")
         self.vocab_size = int(self._model.get_input_embeddings().weight.shape[0])
         self._cache_kwarg, self._forward_extra = _forward_kwargs(self._model)
+        self._prefill_cost = self._packing(packed_prefill)
         self._generator = torch.Generator().manual_seed(int(seed))  # requests without a seed
         self._version = int(initial_version)
         self._pending: list[_Request] = []
@@ -111,6 +124,27 @@ class TorchEngine(Engine):
 
     def _private_model(self, model: PreTrainedModel) -> PreTrainedModel:
         return private_copy(model, self.device)
+
+    def _packing(self, enabled: bool) -> prefill.PrefillCost | None:
+        """The prefill cost model when prompts may be packed (None: always left-padded)."""
+        if not enabled:
+            return None
+        reason = prefill.unsupported(self._model)
+        if reason is None:
+            try:
+                with torch.inference_mode():
+                    reason = prefill.agrees(self._model, self._logits, self.device)
+            except Exception as exc:  # a model that cannot take a packed row: pad instead
+                reason = f"packed forward failed: {exc!r}"
+        if reason is not None:
+            log.warning("torch engine: prompts are prefilled left-padded, not packed: %s", reason)
+            return None
+        return prefill.PrefillCost.of(self._model)
+
+    @property
+    def packed_prefill(self) -> bool:
+        """Whether prompts may be prefilled packed in one row (see frlab.rollout.engines.prefill)."""
+        return self._prefill_cost is not None
 
     # -- lifecycle ---------------------------------------------------------------------------
     @property
@@ -221,7 +255,7 @@ class TorchEngine(Engine):
                     _fail(req, EngineError("engine shut down during generation"))
                 return
             try:
-                with self._step_lock, torch.no_grad():
+                with self._step_lock, torch.inference_mode():
                     rows, reqs = self._iterate(rows, reqs, newcomers)
             except Exception as exc:  # fail this batch, keep serving
                 for req in reqs + newcomers:
@@ -254,22 +288,48 @@ class TorchEngine(Engine):
         return self._decode(rows, reqs)
 
     def _prefill(self, reqs: list[_Request]) -> tuple[DecodeRows | None, list[_Request]]:
+        """Prefill `reqs` (in order) as the prefill plan groups them: packed or left-padded."""
+        rows, kept = None, []
+        for group, packed in prefill.plan([len(r.prompt) for r in reqs], self._prefill_cost):
+            part = [reqs[i] for i in group]
+            fresh, part = self._prefill_packed(part) if packed else self._prefill_padded(part)
+            if fresh is not None:
+                rows = fresh if rows is None else rows.merge(fresh)
+                kept += part
+        return rows, kept
+
+    def _prefill_padded(self, reqs: list[_Request]) -> tuple[DecodeRows | None, list[_Request]]:
         ids, attention, positions = left_pad([r.prompt for r in reqs], self.device)
-        cache = GrowingCache()
-        logits = self._forward(
-            ids, attention, positions, cache, reqs, [len(r.prompt) for r in reqs]
-        )
+        cache, width = GrowingCache(), ids.shape[1]
+        spans = [(row, width - len(r.prompt), width) for row, r in enumerate(reqs)]
+        logits = self._forward(ids, attention, positions, cache, reqs, spans)
         rows = DecodeRows(cache, attention, positions[:, -1] + 1, self._sample(logits, reqs))
+        return _drop_finished(rows, reqs)
+
+    def _prefill_packed(self, reqs: list[_Request]) -> tuple[DecodeRows | None, list[_Request]]:
+        lengths = [len(r.prompt) for r in reqs]
+        ids, positions, last = prefill.packed_inputs([r.prompt for r in reqs], self.device)
+        mask, cache = prefill.packed_mask(self._model, positions), GrowingCache()
+        spans = [(0, end + 1 - n, end + 1) for n, end in zip(lengths, last.tolist(), strict=True)]
+        logits = self._forward(ids, mask, positions, cache, reqs, spans, keep=last)
+        cache, attention = unpack_rows(cache, lengths)
+        next_positions = torch.tensor(lengths, device=self.device)
+        rows = DecodeRows(cache, attention, next_positions, self._sample(logits, reqs))
         return _drop_finished(rows, reqs)
 
     def _decode(
         self, rows: DecodeRows, reqs: list[_Request]
     ) -> tuple[DecodeRows | None, list[_Request]]:
         attention = torch.cat([rows.attention, rows.attention.new_ones((len(rows), 1))], dim=1)
+        spans = [(row, 0, 1) for row in range(len(reqs))]
         logits = self._forward(
-            rows.tokens.unsqueeze(1), attention, rows.positions.unsqueeze(1), rows.cache,
-            reqs, [1] * len(reqs),
-        )  # fmt: skip
+            rows.tokens.unsqueeze(1),
+            attention,
+            rows.positions.unsqueeze(1),
+            rows.cache,
+            reqs,
+            spans,
+        )
         rows.attention, rows.positions = attention, rows.positions + 1
         rows.tokens = self._sample(logits, reqs)
         return _drop_finished(rows, reqs)
@@ -281,23 +341,41 @@ class TorchEngine(Engine):
         positions: torch.Tensor,
         cache: GrowingCache,
         reqs: list[_Request],
-        counts: list[int],
+        spans: list[Span],
+        keep: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Last-position logits [b, V] of one forward; routing attributed when recording."""
+        """Logits [requests, V] of one cached forward; routing attributed when recording."""
         record = self._record
         if record is not None:
             record.steps.clear()
-        out = self._model(
-            input_ids=ids, attention_mask=attention, position_ids=positions,
-            use_cache=True, **{self._cache_kwarg: cache}, **self._forward_extra,
-        )  # fmt: skip
+        logits = self._logits(ids, attention, positions, keep, cache)
         if record is not None:
             (step,) = record.steps
-            for row, (req, n) in enumerate(zip(reqs, counts, strict=True)):
+            for req, (row, first, end) in zip(reqs, spans, strict=True):
                 if req.routing is None:
                     req.routing = []
-                req.routing.append(step[row, step.shape[1] - n :].clone())
-        return out.logits[:, -1, :]
+                req.routing.append(step[row, first:end].clone())
+        return logits
+
+    def _logits(
+        self,
+        ids: torch.Tensor,
+        attention: torch.Tensor | None,
+        positions: torch.Tensor | None,
+        keep: torch.Tensor | None,
+        cache: GrowingCache | None = None,
+    ) -> torch.Tensor:
+        """Each row's last-position logits [b, V]; with `keep` (one packed row), the logits at
+        those positions [len(keep), V]."""
+        extra = dict(self._forward_extra)
+        if keep is not None and "logits_to_keep" in extra:
+            extra["logits_to_keep"] = keep
+        if cache is not None:
+            extra.update(use_cache=True, **{self._cache_kwarg: cache})
+        out = self._model(input_ids=ids, attention_mask=attention, position_ids=positions, **extra)
+        if keep is None:
+            return out.logits[:, -1, :]
+        return out.logits[0] if "logits_to_keep" in extra else out.logits[0, keep]
 
     def _sample(self, logits: torch.Tensor, reqs: list[_Request]) -> torch.Tensor:
         params, generators = [r.params for r in reqs], [r.generator for r in reqs]
@@ -308,56 +386,6 @@ class TorchEngine(Engine):
             req.log_probs.append(float(lp))
             req.versions.append(version)
         return tokens
-
-
-def private_copy(model: PreTrainedModel, device: str | torch.device) -> PreTrainedModel:
-    """An engine's own copy of `model` on `device`, in eval mode, without gradients."""
-    own = copy.deepcopy(model).to(device).eval()
-    for p in own.parameters():
-        p.requires_grad_(False)
-        p.grad = None
-    return own
-
-
-def require_moe(model: PreTrainedModel, setting: str) -> None:
-    """ValueError naming `setting` unless `model` has MoE routers (routing can be recorded)."""
-    try:
-        moe_routers(model)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{setting} needs an MoE model: {exc}") from exc
-
-
-def check_prompt(prompt_token_ids: list[int], vocab_size: int) -> list[int]:
-    """The prompt as a list of ints; ValueError when it is empty or has ids outside the vocab."""
-    prompt = [int(t) for t in prompt_token_ids]
-    if not prompt:
-        raise ValueError("prompt_token_ids is empty")
-    bad = [t for t in prompt if not 0 <= t < vocab_size]
-    if bad:
-        raise ValueError(f"prompt_token_ids has ids outside [0, {vocab_size}): {bad[:5]}")
-    return prompt
-
-
-def check_update(
-    model: PreTrainedModel, state_dict: Mapping[str, torch.Tensor], version: int
-) -> dict[str, torch.Tensor]:
-    """`model`'s state dict, after checking that `state_dict` has exactly its names and shapes
-    and that `version` is >= 0 (KeyError / ValueError naming the first mismatch)."""
-    if int(version) < 0:
-        raise ValueError(f"update_weights version must be >= 0, got {version}")
-    own = model.state_dict()
-    unknown = sorted(set(state_dict) - set(own))
-    missing = sorted(set(own) - set(state_dict))
-    if unknown or missing:
-        raise KeyError(
-            f"update_weights state_dict mismatch: unknown {unknown[:5]}, missing {missing[:5]}"
-        )
-    for name, tensor in state_dict.items():
-        if tuple(tensor.shape) != tuple(own[name].shape):
-            raise ValueError(
-                f"update_weights: {name} has shape {tuple(tensor.shape)}, engine {tuple(own[name].shape)}"
-            )
-    return own
 
 
 def _drop_finished(

@@ -37,7 +37,7 @@ import torch.multiprocessing as tmp
 from transformers import PreTrainedModel
 
 from frlab.rollout.engine import Engine, EngineError, GenerationResult, SamplingParams
-from frlab.rollout.engines.torch import check_prompt, check_update, private_copy, require_moe
+from frlab.rollout.engines.common import check_prompt, check_update, private_copy, require_moe
 from frlab.rollout.engines.torch_process_child import child_main
 
 STOP_WAIT_S = 30.0  # shutdown: the child's own clean stop, then terminate / kill
@@ -61,11 +61,12 @@ class ProcessTorchEngine(Engine):
         record_routing: bool = False,
         num_threads: int = 1,
         start_timeout_s: float = 300.0,
+        packed_prefill: bool = True,
     ) -> ProcessTorchEngine:
         """The engine of `rollout/engine=torch_process`: a copy of the learner's `policy`."""
         return cls(policy, device=device, max_batch_size=max_batch_size, seed=seed,
                    record_routing=record_routing, num_threads=num_threads,
-                   start_timeout_s=start_timeout_s)  # fmt: skip
+                   start_timeout_s=start_timeout_s, packed_prefill=packed_prefill)  # fmt: skip
 
     def __init__(
         self,
@@ -78,6 +79,7 @@ class ProcessTorchEngine(Engine):
         record_routing: bool = False,
         num_threads: int = 1,
         start_timeout_s: float = 300.0,
+        packed_prefill: bool = True,
     ) -> None:
         if torch.device(device).type != "cpu":
             raise ValueError(
@@ -97,7 +99,8 @@ class ProcessTorchEngine(Engine):
         self._model = private_copy(model, "cpu").share_memory()
         self.vocab_size = int(self._model.get_input_embeddings().weight.shape[0])
         self._settings = {"seed": int(seed), "max_batch_size": int(max_batch_size),
-                          "record_routing": bool(record_routing), "num_threads": int(num_threads)}  # fmt: skip
+                          "record_routing": bool(record_routing), "num_threads": int(num_threads),
+                          "packed_prefill": bool(packed_prefill)}  # fmt: skip
         self.start_timeout_s = float(start_timeout_s)
         ctx = tmp.get_context("spawn")
         self._ctx = ctx

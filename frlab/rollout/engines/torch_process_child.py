@@ -79,6 +79,7 @@ def child_main(conn: Any, model: PreTrainedModel, lock: Any, gate: Any, version:
         engine = _SharedWeightsEngine(
             model, _GatedStep(lock, gate, parent_pid), version, seed=settings["seed"],
             max_batch_size=settings["max_batch_size"], record_routing=settings["record_routing"],
+            packed_prefill=settings["packed_prefill"],
         )  # fmt: skip
         engine.start()
     except Exception as exc:

@@ -17,14 +17,14 @@ from frlab.rollout.engines import sampling as sampler
 from frlab.rollout.engines.torch import TorchEngine
 
 
-def forward_shapes(engine: TorchEngine) -> list[tuple[int, int]]:
-    """(rows, new tokens) of every forward the engine's model runs, appended as they happen."""
-    shapes: list[tuple[int, int]] = []
+def forward_inputs(engine: TorchEngine) -> list[torch.Tensor]:
+    """The input ids of every forward the engine's model runs, appended as they happen."""
+    inputs: list[torch.Tensor] = []
     engine.model.register_forward_hook(
-        lambda mod, args, kwargs, out: shapes.append(tuple(kwargs["input_ids"].shape)),
+        lambda mod, args, kwargs, out: inputs.append(kwargs["input_ids"].clone()),
         with_kwargs=True,
     )
-    return shapes
+    return inputs
 
 
 async def submit_together(engine: TorchEngine, prompts, params):
@@ -35,15 +35,21 @@ PROMPTS = [[1, 2, 3], [5, 6, 7, 8, 9, 10, 11, 12], [4, 4], [30, 31, 32, 33], [9]
 BUDGETS = [12, 2, 9, 3, 6, 10]
 
 
-def test_a_waiting_request_joins_the_running_batch_when_a_row_finishes() -> None:
+@pytest.mark.parametrize("packed", [True, False])
+def test_a_waiting_request_joins_the_running_batch_when_a_row_finishes(packed: bool) -> None:
     model = tiny_model(0)
-    engine = TorchEngine(model, max_batch_size=2, seed=4)
-    shapes = forward_shapes(engine)
+    engine = TorchEngine(model, max_batch_size=2, seed=4, packed_prefill=packed)
+    assert engine.packed_prefill is packed
+    inputs = forward_inputs(engine)
     params = [SamplingParams(max_new_tokens=n, temperature=0.8) for n in BUDGETS]
     with engine:
         results = asyncio.run(submit_together(engine, PROMPTS, params))
+    shapes = [tuple(x.shape) for x in inputs]
     prefills = [i for i, (_, t) in enumerate(shapes) if t > 1]  # every prompt has >= 2 ids
-    assert shapes[0] == (2, len(PROMPTS[1]))  # the first two prompts, left-padded together
+    if packed:  # the first two prompts end to end in one row
+        assert inputs[0].tolist() == [PROMPTS[0] + PROMPTS[1]]
+    else:  # left-padded together
+        assert shapes[0] == (2, len(PROMPTS[1]))
     assert max(rows for rows, _ in shapes) <= 2
     # the 12-token request (forwards 0..11) is still decoding when the next ones are admitted
     assert 0 < prefills[1] < BUDGETS[0] and len(prefills) >= 4
@@ -55,13 +61,18 @@ def test_a_waiting_request_joins_the_running_batch_when_a_row_finishes() -> None
         torch.testing.assert_close(torch.tensor(res.log_probs), expected, atol=1e-4, rtol=0)
 
 
-def test_generate_many_starts_its_requests_in_one_prefill_in_order() -> None:
-    engine = TorchEngine(tiny_model(1), max_batch_size=8)
-    shapes = forward_shapes(engine)
+@pytest.mark.parametrize("packed", [True, False])
+def test_generate_many_starts_its_requests_in_one_prefill_in_order(packed: bool) -> None:
+    engine = TorchEngine(tiny_model(1), max_batch_size=8, packed_prefill=packed)
+    inputs = forward_inputs(engine)
     params = [SamplingParams(max_new_tokens=2)] * 5
     with engine:
         asyncio.run(submit_together(engine, PROMPTS[:5], params))
-    assert shapes[0] == (5, max(len(p) for p in PROMPTS[:5]))
+    if packed:
+        assert inputs[0].tolist() == [sum(PROMPTS[:5], [])]
+    else:
+        width = max(len(p) for p in PROMPTS[:5])
+        assert inputs[0].tolist() == [[0] * (width - len(p)) + p for p in PROMPTS[:5]]
 
 
 def test_recorded_log_prob_is_exactly_the_sampled_distributions() -> None:
@@ -70,7 +81,10 @@ def test_recorded_log_prob_is_exactly_the_sampled_distributions() -> None:
     engine = TorchEngine(model, max_batch_size=3, seed=0)
     drawn: set[tuple[int, float]] = set()
     logits_seen: list[torch.Tensor] = []
-    engine.model.register_forward_hook(lambda m, a, out: logits_seen.append(out.logits[:, -1]))
+    # one row per request: [b, 1, V] padded or decoding, [1, b, V] packed
+    engine.model.register_forward_hook(
+        lambda m, a, out: logits_seen.append(out.logits.flatten(0, 1))
+    )
     real_draw = sampler.inverse_cdf
 
     def spy(log_probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -108,7 +122,7 @@ def test_a_seeded_request_samples_the_same_tokens_in_any_batch() -> None:
 
 def test_an_abandoned_request_leaves_the_batch() -> None:
     engine = TorchEngine(tiny_model(4), max_batch_size=1)
-    shapes = forward_shapes(engine)
+    shapes = forward_inputs(engine)  # one entry per forward
 
     async def run() -> list[int]:
         long = asyncio.ensure_future(engine.generate([1, 2], SamplingParams(max_new_tokens=100)))
@@ -128,7 +142,7 @@ def test_an_abandoned_request_leaves_the_batch() -> None:
 def test_update_weights_lands_between_decode_steps_of_a_running_request() -> None:
     old, new = tiny_model(0), tiny_model(11, sharpness=80.0)
     engine = TorchEngine(old, seed=5)
-    shapes = forward_shapes(engine)
+    shapes = forward_inputs(engine)  # one entry per forward
     out: list = []
     with engine:
         worker = threading.Thread(

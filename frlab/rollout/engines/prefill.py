@@ -1,0 +1,136 @@
+"""How the torch engine prefills newly admitted prompts: left-padded rows, or one packed row.
+
+Left-padding ragged prompts runs every padding position through every layer. Packing them end
+to end in ONE row, position ids restarting at 0 per prompt and a block-diagonal causal mask
+(transformers' own packed-sequence mask, passed in as a ready 4D mask), computes real tokens
+only, but its attention spans the whole row. `PrefillCost` estimates both from the model's
+shape and the engine takes the cheaper for each group of consecutive prompts; the KV cache of
+a packed row is then split into the usual left-padded rows (kv_batch.unpack_rows), so decoding
+is the same either way. Packing is used only where it is known to be exact: sdpa or eager
+attention, no sliding-window layers, and a check at start that a packed forward gives the
+logits of separate forwards (else the engine warns and pads).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel
+from transformers.masking_utils import create_causal_mask
+
+log = logging.getLogger(__name__)
+
+MIN_PACK_TOKENS = 256  # a packed row may always hold this many prompt tokens
+# a packed row is cut where its attention would cost this share of its linear layers
+ATTENTION_SHARE = 0.25
+CHECK_PROMPTS = ([1, 2, 3], [4, 5])  # the start check: two prompts, packed vs separate
+CHECK_TOLERANCE = 0.05  # allowed max |logit difference|, relative to the largest |logit|
+
+
+@dataclass(frozen=True)
+class PrefillCost:
+    """FLOPs of one prefill forward: `linear` per token (every weight matrix but the
+    embeddings), `attention` per (query, key) pair (scores and weighted values, all layers)."""
+
+    linear: float
+    attention: float
+
+    @classmethod
+    def of(cls, model: PreTrainedModel) -> PrefillCost:
+        config = model.config.get_text_config()
+        heads = int(config.num_attention_heads)
+        head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+        embeddings = {id(p) for p in model.get_input_embeddings().parameters()}
+        output = model.get_output_embeddings()
+        embeddings |= {id(p) for p in output.parameters()} if output is not None else set()
+        weights = sum(p.numel() for p in model.parameters() if id(p) not in embeddings)
+        return cls(2.0 * weights, 4.0 * heads * head_dim * int(config.num_hidden_layers))
+
+    @property
+    def max_pack_tokens(self) -> int:
+        """Tokens per packed row: where attention reaches ATTENTION_SHARE of the linear cost."""
+        return max(MIN_PACK_TOKENS, int(ATTENTION_SHARE * self.linear / self.attention))
+
+    def padded(self, lengths: list[int]) -> float:
+        width = max(lengths)
+        return len(lengths) * width * (self.linear + self.attention * width)
+
+    def packed(self, lengths: list[int]) -> float:
+        total = sum(lengths)
+        return total * (self.linear + self.attention * total)
+
+
+def plan(lengths: list[int], cost: PrefillCost | None) -> list[tuple[list[int], bool]]:
+    """Groups of consecutive prompt indices, one prefill forward each, and whether that forward
+    packs (True) or pads (False). Without a cost (packing off): one padded forward for all."""
+    if cost is None:
+        return [(list(range(len(lengths))), False)]
+    groups: list[list[int]] = [[]]
+    tokens = 0
+    for i, n in enumerate(lengths):
+        if groups[-1] and tokens + n > cost.max_pack_tokens:
+            groups.append([])
+            tokens = 0
+        groups[-1].append(i)
+        tokens += n
+    out = []
+    for group in groups:
+        sizes = [lengths[i] for i in group]
+        out.append((group, len(group) > 1 and cost.packed(sizes) < cost.padded(sizes)))
+    return out
+
+
+def packed_inputs(
+    prompts: list[list[int]], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Ids [1, S] of the prompts end to end, position ids [1, S] (0 at each prompt's start),
+    and each prompt's last index in the row [n]."""
+    lengths = torch.tensor([len(p) for p in prompts])
+    ids = torch.tensor([[t for p in prompts for t in p]], dtype=torch.long)
+    positions = torch.cat([torch.arange(len(p)) for p in prompts]).unsqueeze(0)
+    return ids.to(device), positions.to(device), (lengths.cumsum(0) - 1).to(device)
+
+
+def packed_mask(model: PreTrainedModel, positions: torch.Tensor) -> torch.Tensor:
+    """The 4D block-diagonal causal mask transformers builds for a packed row (sdpa: bool,
+    eager: additive float); RuntimeError when it builds none (a single prompt needs none)."""
+    shape_only = torch.empty((1, positions.shape[1], 1), dtype=model.dtype, device=positions.device)
+    mask = create_causal_mask(model.config, shape_only, None, None, position_ids=positions)
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 4:
+        raise RuntimeError(f"transformers built no 4D packed mask (got {type(mask).__name__})")
+    return mask
+
+
+def unsupported(model: PreTrainedModel) -> str | None:
+    """Why packed prefill is not used for `model` (None: it may be)."""
+    config = model.config.get_text_config()
+    attn = getattr(config, "_attn_implementation", None) or "eager"
+    if attn not in ("sdpa", "eager"):
+        return f"attention implementation {attn!r} (packing needs sdpa or eager)"
+    layer_types = getattr(config, "layer_types", None) or []
+    if any(t != "full_attention" for t in layer_types) or (
+        not layer_types and getattr(config, "sliding_window", None) is not None
+    ):
+        return "sliding-window attention layers"
+    if "position_ids" not in inspect.signature(model.forward).parameters:
+        return "the model's forward takes no position_ids"
+    return None
+
+
+def agrees(model: PreTrainedModel, forward: object, device: torch.device) -> str | None:
+    """Run CHECK_PROMPTS packed and one by one through `forward(ids, mask, positions, keep)`
+    (last-position logits); None when they agree, else what differed."""
+    vocab = int(model.get_input_embeddings().weight.shape[0])
+    prompts = [[t % vocab for t in p] for p in CHECK_PROMPTS]
+    ids, positions, last = packed_inputs(prompts, device)
+    together = forward(ids, packed_mask(model, positions), positions, last).float()  # type: ignore[operator]
+    alone = torch.cat([
+        forward(torch.tensor([p], device=device), None, None, None).float()  # type: ignore[operator]
+        for p in prompts
+    ])  # fmt: skip
+    gap = float((together - alone).abs().max())
+    scale = float(alone.abs().max()) or 1.0
+    return None if gap <= CHECK_TOLERANCE * scale else f"max |logit gap| {gap:.3g} of {scale:.3g}"
