@@ -51,6 +51,15 @@ def fields(r) -> tuple:  # noqa: ANN001
     return (r.token_ids, r.log_probs, r.versions, r.finish_reason)
 
 
+@pytest.fixture(scope="module")
+def running():  # noqa: ANN201
+    """One started engine (and its model) shared by the tests that leave it serving: each
+    spawn costs seconds of imports in the child."""
+    model = tiny_model(1, sharpness=1.0)
+    with ProcessTorchEngine(model, num_threads=1) as engine:
+        yield engine, model
+
+
 def test_the_child_answers_exactly_as_the_in_process_engine_before_and_after_an_update() -> None:
     model = tiny_model(0, sharpness=4.0)
     reqs = requests(12)
@@ -85,34 +94,35 @@ def test_moe_routing_travels_back_and_equals_the_in_process_record() -> None:
         assert b.routing.shape[0] == len(b.token_ids) + 3 - 1
 
 
-def test_an_update_lands_between_decode_steps_and_later_tokens_carry_it() -> None:
-    model = tiny_model(1, sharpness=1.0)
-    with ProcessTorchEngine(model, num_threads=1) as engine:
+def test_an_update_lands_between_decode_steps_and_later_tokens_carry_it(running) -> None:
+    engine, model = running
+    old = engine.version
+    new = old + 1
 
-        async def run() -> list:
-            long = engine.generate_many([([1, 2], SamplingParams(max_new_tokens=120))])[0]
-            await asyncio.sleep(0.05)
-            engine.update_weights(model.state_dict(), 1)
-            after = engine.generate_many([([1, 2], SamplingParams(max_new_tokens=4))])[0]
-            return [await long, await after]
+    async def run() -> list:
+        long = engine.generate_many([([1, 2], SamplingParams(max_new_tokens=120))])[0]
+        await asyncio.sleep(0.05)
+        engine.update_weights(model.state_dict(), new)
+        after = engine.generate_many([([1, 2], SamplingParams(max_new_tokens=4))])[0]
+        return [await long, await after]
 
-        long, after = asyncio.run(run())
-    assert long.versions == sorted(long.versions) and set(long.versions) <= {0, 1}
-    assert after.versions == [1] * 4
+    long, after = asyncio.run(run())
+    assert long.versions == sorted(long.versions) and set(long.versions) <= {old, new}
+    assert after.versions == [new] * 4
 
 
-def test_pause_holds_decoding_until_resume() -> None:
-    with ProcessTorchEngine(tiny_model(2), num_threads=1) as engine:
+def test_pause_holds_decoding_until_resume(running) -> None:
+    engine, _ = running
 
-        async def run() -> tuple[bool, list[int]]:
-            engine.pause()
-            (future,) = engine.generate_many([([1, 2, 3], SamplingParams(max_new_tokens=3))])
-            await asyncio.sleep(0.5)
-            held = not future.done()
-            engine.resume()
-            return held, (await asyncio.wait_for(future, 30)).token_ids
+    async def run() -> tuple[bool, list[int]]:
+        engine.pause()
+        (future,) = engine.generate_many([([1, 2, 3], SamplingParams(max_new_tokens=3))])
+        await asyncio.sleep(0.5)
+        held = not future.done()
+        engine.resume()
+        return held, (await asyncio.wait_for(future, 30)).token_ids
 
-        held, tokens = asyncio.run(run())
+    held, tokens = asyncio.run(run())
     assert held and len(tokens) == 3
 
 
@@ -158,17 +168,17 @@ def test_shutdown_fails_pending_requests_and_reaps_the_child() -> None:
         engine.start()
 
 
-def test_a_cancelled_request_is_dropped_and_the_engine_keeps_serving() -> None:
-    with ProcessTorchEngine(tiny_model(5), num_threads=1) as engine:
+def test_a_cancelled_request_is_dropped_and_the_engine_keeps_serving(running) -> None:
+    engine, _ = running
 
-        async def run() -> list[int]:
-            (slow,) = engine.generate_many([([1, 2], SamplingParams(max_new_tokens=100))])
-            slow.cancel()
-            (fast,) = engine.generate_many([([3, 4], SamplingParams(max_new_tokens=2))])
-            return (await asyncio.wait_for(fast, 30)).token_ids
+    async def run() -> list[int]:
+        (slow,) = engine.generate_many([([1, 2], SamplingParams(max_new_tokens=100))])
+        slow.cancel()
+        (fast,) = engine.generate_many([([3, 4], SamplingParams(max_new_tokens=2))])
+        return (await asyncio.wait_for(fast, 30)).token_ids
 
-        assert len(asyncio.run(run())) == 2
-        assert engine._futures == {}
+    assert len(asyncio.run(run())) == 2
+    assert engine._futures == {}
 
 
 def test_start_has_a_deadline_and_leaves_no_child_behind() -> None:
@@ -210,22 +220,21 @@ def test_bad_settings_name_their_key(kwargs: dict, match: str) -> None:
         ProcessTorchEngine(tiny_model(0), **kwargs)
 
 
-def test_bad_requests_and_updates_raise_before_reaching_the_child() -> None:
-    model = tiny_model(7)
-    engine = ProcessTorchEngine(model, num_threads=1)
+def test_bad_requests_and_updates_raise_before_reaching_the_child(running) -> None:
     with pytest.raises(EngineError, match="call start"):
-        engine.generate_many([([1], SamplingParams())])
-    with engine:
-        with pytest.raises(ValueError, match="outside"):
-            engine.generate_many([([1, VOCAB], SamplingParams())])
-        with pytest.raises(ValueError, match="max_new_tokens"):
-            engine.generate_many([([1], SamplingParams(max_new_tokens=0))])
-        with pytest.raises(KeyError, match="missing"):
-            engine.update_weights({}, 1)
-        with pytest.raises(ValueError, match="version must be >= 0"):
-            engine.update_weights(model.state_dict(), -1)
-        assert engine.version == 0
-        assert len(serve(engine, requests(2))) == 2  # still serving
+        ProcessTorchEngine(tiny_model(7), num_threads=1).generate_many([([1], SamplingParams())])
+    engine, model = running
+    version = engine.version
+    with pytest.raises(ValueError, match="outside"):
+        engine.generate_many([([1, VOCAB], SamplingParams())])
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        engine.generate_many([([1], SamplingParams(max_new_tokens=0))])
+    with pytest.raises(KeyError, match="missing"):
+        engine.update_weights({}, version + 1)
+    with pytest.raises(ValueError, match="version must be >= 0"):
+        engine.update_weights(model.state_dict(), -1)
+    assert engine.version == version
+    assert len(serve(engine, requests(2))) == 2  # still serving
 
 
 def test_a_reply_for_a_request_its_caller_cancelled_meanwhile_is_dropped_quietly() -> None:
