@@ -33,7 +33,6 @@ import inspect
 import logging
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 
 import torch
 from transformers import PreTrainedModel
@@ -43,33 +42,12 @@ from frlab.rollout.engine import Engine, EngineError, GenerationResult, Sampling
 from frlab.rollout.engines import prefill
 from frlab.rollout.engines.common import check_prompt, check_update, private_copy, require_moe
 from frlab.rollout.engines.kv_batch import DecodeRows, GrowingCache, left_pad, unpack_rows
+from frlab.rollout.engines.request_state import Request, awaitable, drop_finished, fail
 from frlab.rollout.engines.sampling import draw, request_generator
 from frlab.rollout.engines.sampling import sampling_log_probs as sampling_log_probs
 
 log = logging.getLogger(__name__)
 Span = tuple[int, int, int]  # (row, first, end) of a request's positions in one forward
-
-
-@dataclass(eq=False)
-class _Request:
-    prompt: list[int]
-    params: SamplingParams
-    future: concurrent.futures.Future
-    generator: torch.Generator | None = None
-    abandoned: bool = False  # the caller stopped waiting: drop the row at the next step
-    token_ids: list[int] = field(default_factory=list)
-    log_probs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
-    routing: list[torch.Tensor] | None = None  # per-forward [t, L, k] pieces when recording
-
-    def finish(self, reason: str) -> None:
-        routing = None
-        if self.routing is not None:
-            with torch.inference_mode(False):  # a plain tensor the learner may index with
-                routing = torch.cat(self.routing, dim=0)
-        result = GenerationResult(self.token_ids, self.log_probs, self.versions, reason, routing)
-        if not self.future.done():
-            self.future.set_result(result)
 
 
 class TorchEngine(Engine):
@@ -114,7 +92,7 @@ class TorchEngine(Engine):
         self._prefill_cost = self._packing(packed_prefill)
         self._generator = torch.Generator().manual_seed(int(seed))  # requests without a seed
         self._version = int(initial_version)
-        self._pending: list[_Request] = []
+        self._pending: list[Request] = []
         self._cond = threading.Condition()
         self._step_lock = threading.Lock()
         self._paused = False
@@ -173,7 +151,7 @@ class TorchEngine(Engine):
             pending, self._pending = self._pending, []
             self._cond.notify_all()
         for req in pending:
-            _fail(req, EngineError("engine shut down before the request ran"))
+            fail(req, EngineError("engine shut down before the request ran"))
         if self._thread is not None:
             self._thread.join()
 
@@ -198,16 +176,16 @@ class TorchEngine(Engine):
     ) -> list[asyncio.Future[GenerationResult]]:
         """Enqueue `requests` atomically, in order (they join the batch together); validates
         all of them first, so a bad one raises before any is queued."""
-        return [_awaitable(req) for req in self._enqueue(requests)]
+        return [awaitable(req) for req in self._enqueue(requests)]
 
-    def _enqueue(self, requests: Sequence[tuple[list[int], SamplingParams]]) -> list[_Request]:
+    def _enqueue(self, requests: Sequence[tuple[list[int], SamplingParams]]) -> list[Request]:
         """Validate every request, then queue them together; their concurrent futures resolve
         from the serving thread (no event loop needed)."""
         reqs = []
         for prompt, params in requests:
             params.validate(off_policy_correction=False)
             reqs.append(
-                _Request(
+                Request(
                     check_prompt(prompt, self.vocab_size),
                     params,
                     concurrent.futures.Future(),
@@ -247,22 +225,22 @@ class TorchEngine(Engine):
 
     def _serve_loop(self) -> None:
         rows: DecodeRows | None = None
-        reqs: list[_Request] = []  # the requests of `rows`, row by row
+        reqs: list[Request] = []  # the requests of `rows`, row by row
         while True:
             newcomers = self._admit(len(reqs))
             if newcomers is None:  # stopping
                 for req in reqs:
-                    _fail(req, EngineError("engine shut down during generation"))
+                    fail(req, EngineError("engine shut down during generation"))
                 return
             try:
                 with self._step_lock, torch.inference_mode():
                     rows, reqs = self._iterate(rows, reqs, newcomers)
             except Exception as exc:  # fail this batch, keep serving
                 for req in reqs + newcomers:
-                    _fail(req, EngineError(f"torch engine step failed: {exc!r}"))
+                    fail(req, EngineError(f"torch engine step failed: {exc!r}"))
                 rows, reqs = None, []
 
-    def _admit(self, running: int) -> list[_Request] | None:
+    def _admit(self, running: int) -> list[Request] | None:
         """Wait until there is work and the engine is not paused; take the queued requests
         that fit next to `running` rows (None when stopping)."""
         with self._cond:
@@ -275,8 +253,8 @@ class TorchEngine(Engine):
         return [r for r in taken if r.future.set_running_or_notify_cancel()]
 
     def _iterate(
-        self, rows: DecodeRows | None, reqs: list[_Request], newcomers: list[_Request]
-    ) -> tuple[DecodeRows | None, list[_Request]]:
+        self, rows: DecodeRows | None, reqs: list[Request], newcomers: list[Request]
+    ) -> tuple[DecodeRows | None, list[Request]]:
         """Prefill `newcomers` into the batch, then one decode step for every row."""
         if newcomers:
             fresh, fresh_reqs = self._prefill(newcomers)
@@ -287,7 +265,7 @@ class TorchEngine(Engine):
             return None, []
         return self._decode(rows, reqs)
 
-    def _prefill(self, reqs: list[_Request]) -> tuple[DecodeRows | None, list[_Request]]:
+    def _prefill(self, reqs: list[Request]) -> tuple[DecodeRows | None, list[Request]]:
         """Prefill `reqs` (in order) as the prefill plan groups them: packed or left-padded."""
         rows, kept = None, []
         for group, packed in prefill.plan([len(r.prompt) for r in reqs], self._prefill_cost):
@@ -298,15 +276,15 @@ class TorchEngine(Engine):
                 kept += part
         return rows, kept
 
-    def _prefill_padded(self, reqs: list[_Request]) -> tuple[DecodeRows | None, list[_Request]]:
+    def _prefill_padded(self, reqs: list[Request]) -> tuple[DecodeRows | None, list[Request]]:
         ids, attention, positions = left_pad([r.prompt for r in reqs], self.device)
         cache, width = GrowingCache(), ids.shape[1]
         spans = [(row, width - len(r.prompt), width) for row, r in enumerate(reqs)]
         logits = self._forward(ids, attention, positions, cache, reqs, spans)
         rows = DecodeRows(cache, attention, positions[:, -1] + 1, self._sample(logits, reqs))
-        return _drop_finished(rows, reqs)
+        return drop_finished(rows, reqs)
 
-    def _prefill_packed(self, reqs: list[_Request]) -> tuple[DecodeRows | None, list[_Request]]:
+    def _prefill_packed(self, reqs: list[Request]) -> tuple[DecodeRows | None, list[Request]]:
         lengths = [len(r.prompt) for r in reqs]
         ids, positions, last = prefill.packed_inputs([r.prompt for r in reqs], self.device)
         mask, cache = prefill.packed_mask(self._model, positions), GrowingCache()
@@ -315,11 +293,11 @@ class TorchEngine(Engine):
         cache, attention = unpack_rows(cache, lengths)
         next_positions = torch.tensor(lengths, device=self.device)
         rows = DecodeRows(cache, attention, next_positions, self._sample(logits, reqs))
-        return _drop_finished(rows, reqs)
+        return drop_finished(rows, reqs)
 
     def _decode(
-        self, rows: DecodeRows, reqs: list[_Request]
-    ) -> tuple[DecodeRows | None, list[_Request]]:
+        self, rows: DecodeRows, reqs: list[Request]
+    ) -> tuple[DecodeRows | None, list[Request]]:
         attention = torch.cat([rows.attention, rows.attention.new_ones((len(rows), 1))], dim=1)
         spans = [(row, 0, 1) for row in range(len(reqs))]
         logits = self._forward(
@@ -332,7 +310,7 @@ class TorchEngine(Engine):
         )
         rows.attention, rows.positions = attention, rows.positions + 1
         rows.tokens = self._sample(logits, reqs)
-        return _drop_finished(rows, reqs)
+        return drop_finished(rows, reqs)
 
     def _forward(
         self,
@@ -340,7 +318,7 @@ class TorchEngine(Engine):
         attention: torch.Tensor,
         positions: torch.Tensor,
         cache: GrowingCache,
-        reqs: list[_Request],
+        reqs: list[Request],
         spans: list[Span],
         keep: torch.Tensor | None = None,
     ) -> torch.Tensor:
@@ -377,7 +355,7 @@ class TorchEngine(Engine):
             return out.logits[:, -1, :]
         return out.logits[0] if "logits_to_keep" in extra else out.logits[0, keep]
 
-    def _sample(self, logits: torch.Tensor, reqs: list[_Request]) -> torch.Tensor:
+    def _sample(self, logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:
         params, generators = [r.params for r in reqs], [r.generator for r in reqs]
         tokens, chosen = draw(logits, params, generators, self._generator)
         version = self.version
@@ -388,56 +366,9 @@ class TorchEngine(Engine):
         return tokens
 
 
-def _drop_finished(
-    rows: DecodeRows, reqs: list[_Request]
-) -> tuple[DecodeRows | None, list[_Request]]:
-    """Resolve the rows that just finished and remove them (and abandoned ones) from `rows`."""
-    keep = [i for i, req in enumerate(reqs) if not _finished(req)]
-    if not keep:
-        return None, []
-    if len(keep) < len(reqs):
-        rows.select(keep)
-    return rows, [reqs[i] for i in keep]
-
-
-def _finished(req: _Request) -> bool:
-    """Resolve `req` if it just sampled a stop token or used its budget; True also when its
-    caller abandoned it."""
-    if req.token_ids[-1] in req.params.stop_token_ids:
-        req.finish("stop")
-        return True
-    if len(req.token_ids) >= req.params.max_new_tokens:
-        req.finish("length")
-        return True
-    if req.abandoned:
-        _fail(req, EngineError("request abandoned by its caller"))
-        return True
-    return False
-
-
-def _awaitable(req: _Request) -> asyncio.Future[GenerationResult]:
-    """An asyncio future of `req` on the running loop; cancelling it abandons the request."""
-    future = asyncio.wrap_future(req.future)
-
-    def on_done(f: asyncio.Future[GenerationResult]) -> None:
-        if f.cancelled():
-            req.abandoned = True
-
-    future.add_done_callback(on_done)
-    return future
-
-
 def _forward_kwargs(model: PreTrainedModel) -> tuple[str, dict[str, object]]:
     """Name of the forward's cache argument (`cache` in newer transformers, else
     `past_key_values`) and `logits_to_keep=1` where supported (only the last logits are used)."""
     names = inspect.signature(model.forward).parameters
     extra: dict[str, object] = {"logits_to_keep": 1} if "logits_to_keep" in names else {}
     return ("cache" if "cache" in names else "past_key_values"), extra
-
-
-def _fail(req: _Request, exc: Exception) -> None:
-    if not req.future.done():
-        try:
-            req.future.set_exception(exc)
-        except concurrent.futures.InvalidStateError:
-            pass

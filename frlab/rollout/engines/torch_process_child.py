@@ -20,7 +20,8 @@ import torch
 from transformers import PreTrainedModel
 
 from frlab.rollout.engine import EngineError
-from frlab.rollout.engines.torch import TorchEngine, _Request
+from frlab.rollout.engines.request_state import Request
+from frlab.rollout.engines.torch import TorchEngine
 
 POLL_S = 0.5  # the gate / lock waits re-check that the parent is alive this often
 GATE_POLL_S = (0.001, 0.02)  # a closed gate is polled from 1 ms, backing off to 20 ms
@@ -87,14 +88,14 @@ def child_main(conn: Any, model: PreTrainedModel, lock: Any, gate: Any, version:
         return
     send_lock = threading.Lock()
     conn.send(("ready",))
-    requests: dict[int, _Request] = {}
+    requests: dict[int, Request] = {}
     try:
         _serve_pipe(conn, engine, requests, send_lock, parent_pid)
     finally:
         engine.shutdown()
 
 
-def _serve_pipe(conn: Any, engine: _SharedWeightsEngine, requests: dict[int, _Request],
+def _serve_pipe(conn: Any, engine: _SharedWeightsEngine, requests: dict[int, Request],
                 send_lock: threading.Lock, parent_pid: int) -> None:  # fmt: skip
     """Read the parent's messages: generate (queue a batch), cancel (abandon one), stop; end
     when the pipe closes or the parent is gone (a pipe end inherited elsewhere stays open)."""
@@ -128,7 +129,7 @@ def _serve_pipe(conn: Any, engine: _SharedWeightsEngine, requests: dict[int, _Re
             req.future.add_done_callback(_replier(conn, send_lock, requests, rid))
 
 
-def _replier(conn: Any, send_lock: threading.Lock, requests: dict[int, _Request], rid: int) -> Any:
+def _replier(conn: Any, send_lock: threading.Lock, requests: dict[int, Request], rid: int) -> Any:
     """A done-callback sending request `rid`'s result (or error) to the parent."""
 
     def reply(future: concurrent.futures.Future) -> None:
