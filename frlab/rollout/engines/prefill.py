@@ -22,18 +22,24 @@ from transformers import PreTrainedModel
 from transformers.masking_utils import create_causal_mask
 
 log = logging.getLogger(__name__)
+MASK_PARAMETERS = frozenset(inspect.signature(create_causal_mask).parameters)
 
 MIN_PACK_TOKENS = 256  # a packed row may always hold this many prompt tokens
+MAX_PACK_TOKENS = 4096  # and never more (its [S, S] attention scores are materialised)
 # a packed row is cut where its attention would cost this share of its linear layers
 ATTENTION_SHARE = 0.25
 CHECK_PROMPTS = ([1, 2, 3], [4, 5])  # the start check: two prompts, packed vs separate
-CHECK_TOLERANCE = 0.05  # allowed max |logit difference|, relative to the largest |logit|
+# allowed max |logit difference| of the start check, relative to the largest |logit|: float
+# noise of the weights' dtype, far below what a mask leaking across prompts gives
+CHECK_TOLERANCE = {torch.float32: 1e-3, torch.float64: 1e-3}
+CHECK_TOLERANCE_LOW_PRECISION = 5e-2  # bf16 / fp16
 
 
 @dataclass(frozen=True)
 class PrefillCost:
     """FLOPs of one prefill forward: `linear` per token (every weight matrix but the
-    embeddings), `attention` per (query, key) pair (scores and weighted values, all layers)."""
+    embeddings; of MoE experts only the share a token is routed to), `attention` per
+    (query, key) pair (scores and weighted values, all layers)."""
 
     linear: float
     attention: float
@@ -46,13 +52,19 @@ class PrefillCost:
         embeddings = {id(p) for p in model.get_input_embeddings().parameters()}
         output = model.get_output_embeddings()
         embeddings |= {id(p) for p in output.parameters()} if output is not None else set()
-        weights = sum(p.numel() for p in model.parameters() if id(p) not in embeddings)
+        routed = active_expert_share(config)
+        weights = sum(
+            p.numel() * (routed if "experts" in name.split(".") else 1.0)
+            for name, p in model.named_parameters()
+            if id(p) not in embeddings
+        )
         return cls(2.0 * weights, 4.0 * heads * head_dim * int(config.num_hidden_layers))
 
     @property
     def max_pack_tokens(self) -> int:
         """Tokens per packed row: where attention reaches ATTENTION_SHARE of the linear cost."""
-        return max(MIN_PACK_TOKENS, int(ATTENTION_SHARE * self.linear / self.attention))
+        share = int(ATTENTION_SHARE * self.linear / self.attention)
+        return min(MAX_PACK_TOKENS, max(MIN_PACK_TOKENS, share))
 
     def padded(self, lengths: list[int]) -> float:
         width = max(lengths)
@@ -63,9 +75,18 @@ class PrefillCost:
         return total * (self.linear + self.attention * total)
 
 
+def active_expert_share(config: object) -> float:
+    """The share of an MoE layer's experts each token runs through (1.0 without experts)."""
+    experts = next((getattr(config, k, None) for k in ("num_experts", "num_local_experts",
+                    "n_routed_experts") if getattr(config, k, None)), None)  # fmt: skip
+    routed = getattr(config, "num_experts_per_tok", None)
+    return float(routed) / float(experts) if experts and routed else 1.0
+
+
 def plan(lengths: list[int], cost: PrefillCost | None) -> list[tuple[list[int], bool]]:
     """Groups of consecutive prompt indices, one prefill forward each, and whether that forward
-    packs (True) or pads (False). Without a cost (packing off): one padded forward for all."""
+    packs (True) or pads (False). Rows to pack are cut at `max_pack_tokens`; consecutive
+    groups that would not pack are joined into one padded forward (as without packing)."""
     if cost is None:
         return [(list(range(len(lengths))), False)]
     groups: list[list[int]] = [[]]
@@ -76,10 +97,14 @@ def plan(lengths: list[int], cost: PrefillCost | None) -> list[tuple[list[int], 
             tokens = 0
         groups[-1].append(i)
         tokens += n
-    out = []
+    out: list[tuple[list[int], bool]] = []
     for group in groups:
         sizes = [lengths[i] for i in group]
-        out.append((group, len(group) > 1 and cost.packed(sizes) < cost.padded(sizes)))
+        packed = len(group) > 1 and cost.packed(sizes) < cost.padded(sizes)
+        if not packed and out and not out[-1][1]:
+            out[-1][0].extend(group)
+        else:
+            out.append((group, packed))
     return out
 
 
@@ -97,8 +122,14 @@ def packed_inputs(
 def packed_mask(model: PreTrainedModel, positions: torch.Tensor) -> torch.Tensor:
     """The 4D block-diagonal causal mask transformers builds for a packed row (sdpa: bool,
     eager: additive float); RuntimeError when it builds none (a single prompt needs none)."""
-    shape_only = torch.empty((1, positions.shape[1], 1), dtype=model.dtype, device=positions.device)
-    mask = create_causal_mask(model.config, shape_only, None, None, position_ids=positions)
+    length = positions.shape[1]
+    shape_only = torch.empty((1, length, 1), dtype=model.dtype, device=positions.device)
+    kwargs: dict[str, object] = {"attention_mask": None, "position_ids": positions}
+    names = MASK_PARAMETERS
+    kwargs.update({name: None for name in ("cache", "past_key_values") if name in names})
+    if "cache_position" in names:  # transformers < 5.9 indexes queries with it
+        kwargs["cache_position"] = torch.arange(length, device=positions.device)
+    mask = create_causal_mask(model.config.get_text_config(), shape_only, **kwargs)
     if not isinstance(mask, torch.Tensor) or mask.dim() != 4:
         raise RuntimeError(f"transformers built no 4D packed mask (got {type(mask).__name__})")
     return mask
@@ -133,4 +164,5 @@ def agrees(model: PreTrainedModel, forward: object, device: torch.device) -> str
     ])  # fmt: skip
     gap = float((together - alone).abs().max())
     scale = float(alone.abs().max()) or 1.0
-    return None if gap <= CHECK_TOLERANCE * scale else f"max |logit gap| {gap:.3g} of {scale:.3g}"
+    tolerance = CHECK_TOLERANCE.get(model.dtype, CHECK_TOLERANCE_LOW_PRECISION)
+    return None if gap <= tolerance * scale else f"max |logit gap| {gap:.3g} of {scale:.3g}"

@@ -77,11 +77,14 @@ def child_main(conn: Any, model: PreTrainedModel, lock: Any, gate: Any, version:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the parent shuts us down
     try:
         torch.set_num_threads(settings["num_threads"])
-        engine = _SharedWeightsEngine(
-            model, _GatedStep(lock, gate, parent_pid), version, seed=settings["seed"],
-            max_batch_size=settings["max_batch_size"], record_routing=settings["record_routing"],
-            packed_prefill=settings["packed_prefill"],
-        )  # fmt: skip
+        step = _GatedStep(lock, gate, parent_pid)
+        with step:  # the engine's start check reads the weights: not during a parent's copy
+            engine = _SharedWeightsEngine(
+                model, step, version, seed=settings["seed"],
+                max_batch_size=settings["max_batch_size"],
+                record_routing=settings["record_routing"],
+                packed_prefill=settings["packed_prefill"],
+            )  # fmt: skip
         engine.start()
     except Exception as exc:
         conn.send(("failed", repr(exc)))

@@ -58,12 +58,30 @@ def test_ragged_prompts_pack_equal_ones_pad() -> None:
     assert plan([5], cost) == [([0], False)]  # one prompt has no padding to save
 
 
-def test_packed_rows_are_cut_at_max_pack_tokens() -> None:
+def test_packed_rows_are_cut_at_max_pack_tokens_and_the_rest_padded_together() -> None:
     cost = PrefillCost(linear=4000.0, attention=4.0)  # 0.25 * 1000 = 250 < the floor 256
     assert cost.max_pack_tokens == prefill.MIN_PACK_TOKENS == 256
-    assert PrefillCost(linear=8e6, attention=4.0).max_pack_tokens == 500_000
-    groups = [g for g, _ in plan([200, 50, 10, 100, 300, 1], cost)]
-    assert groups == [[0, 1], [2, 3], [4], [5]]  # 250 | 110 (+300 > 256) | 300 alone | 1
+    assert PrefillCost(linear=4000.0, attention=1.0).max_pack_tokens == 1000
+    assert PrefillCost(linear=8e6, attention=4.0).max_pack_tokens == prefill.MAX_PACK_TOKENS
+    # rows of 250 | 110 (+300 > 256) | 300 | 1: the last two alone would not pack, so they
+    # join one padded forward
+    assert plan([200, 50, 10, 100, 300, 1], cost) == [
+        ([0, 1], True), ([2, 3], True), ([4, 5], False)
+    ]  # fmt: skip
+    # equal lengths never pack; cut at the row limit they are still one padded forward
+    assert plan([200] * 5, cost) == [([0, 1, 2, 3, 4], False)]
+
+
+def test_moe_cost_counts_the_routed_share_of_the_experts() -> None:
+    cfg = tiny_config("qwen3_moe", vocab_size=VOCAB)  # 4 experts, 2 per token, 2 layers
+    model = build_policy(config=cfg, seed=0)
+    assert prefill.active_expert_share(cfg) == 0.5
+    embeddings = {id(p) for p in model.get_input_embeddings().parameters()}
+    embeddings |= {id(p) for p in model.get_output_embeddings().parameters()}
+    every = sum(p.numel() for p in model.parameters() if id(p) not in embeddings)
+    h, m = cfg.hidden_size, cfg.moe_intermediate_size
+    experts = cfg.num_hidden_layers * cfg.num_experts * 3 * h * m  # gate, up, down
+    assert PrefillCost.of(model).linear == 2 * (every - experts + experts * 0.5)
 
 
 def test_cost_of_a_model_counts_its_weights_and_attention() -> None:
@@ -129,12 +147,59 @@ def test_several_packed_and_padded_groups_merge_in_one_admission(monkeypatch) ->
     seen = prefill_inputs(engine)
     params = [SamplingParams(max_new_tokens=n, temperature=0.9) for n in [5, 3, 6, 2, 4, 7]]
     results = run(engine, PROMPTS, params)
-    # groups [3] | [8, 2] packed | [4] | [17] | [2]
-    assert [x.tolist() for x in seen] == [
-        [PROMPTS[0]], [PROMPTS[1] + PROMPTS[2]], [PROMPTS[3]], [PROMPTS[4]], [PROMPTS[5]]
-    ]  # fmt: skip
+    # [3] alone (padded) | [8, 2] packed | [4], [17], [2] would not pack: one padded forward
+    padded = [[0] * (17 - len(p)) + p for p in PROMPTS[3:]]
+    assert [x.tolist() for x in seen] == [[PROMPTS[0]], [PROMPTS[1] + PROMPTS[2]], padded]
     for prompt, p, res in zip(PROMPTS, params, results, strict=True):
         assert len(res.token_ids) == p.max_new_tokens
+        fresh = recomputed_log_probs(model, prompt, res.token_ids, 0.9)
+        torch.testing.assert_close(torch.tensor(res.log_probs), fresh, atol=1e-5, rtol=0)
+
+
+def test_a_packed_group_joins_a_batch_that_is_already_decoding() -> None:
+    model = tiny_model(6, sharpness=2.0)
+    engine = TorchEngine(model, max_batch_size=8, seed=1)
+    seen = prefill_inputs(engine)
+    decodes: list[int] = []
+    engine.model.register_forward_hook(
+        lambda m, a, kw, out: decodes.append(len(seen)) if kw["input_ids"].shape[1] == 1 else None,
+        with_kwargs=True,
+    )
+
+    async def go():
+        (long,) = engine.generate_many([([3, 1, 4, 1, 5], SamplingParams(max_new_tokens=40))])
+        while not decodes:
+            await asyncio.sleep(0.001)
+        later = engine.generate_many([(p, SamplingParams(max_new_tokens=6)) for p in PROMPTS[:3]])
+        return [await long, *(await asyncio.gather(*later))]
+
+    with engine:
+        results = asyncio.run(go())
+    assert seen[1].tolist() == [sum(PROMPTS[:3], [])]  # packed, after decoding had begun
+    assert decodes[0] == 1 and len(results[0].token_ids) == 40
+    for prompt, res in zip([[3, 1, 4, 1, 5], *PROMPTS[:3]], results, strict=True):
+        fresh = recomputed_log_probs(model, prompt, res.token_ids, 1.0)
+        torch.testing.assert_close(torch.tensor(res.log_probs), fresh, atol=1e-5, rtol=0)
+
+
+class _NoLogitsToKeep(Qwen2ForCausalLM):
+    """A model whose forward cannot trim its logits (all positions come back)."""
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None,
+                use_cache=None):  # fmt: skip
+        return super().forward(input_ids=input_ids, attention_mask=attention_mask,
+                               position_ids=position_ids, cache=cache, use_cache=use_cache)  # fmt: skip
+
+
+def test_a_model_without_logits_to_keep_is_packed_through_its_full_logits() -> None:
+    model = _NoLogitsToKeep(tiny_model(7).config).eval()
+    engine = TorchEngine(model, max_batch_size=4)
+    assert engine.packed_prefill and "logits_to_keep" not in engine._forward_extra
+    seen = prefill_inputs(engine)
+    params = [SamplingParams(max_new_tokens=4, temperature=0.9)] * 3
+    results = run(engine, PROMPTS[:3], params)
+    assert seen[0].tolist() == [sum(PROMPTS[:3], [])]
+    for prompt, res in zip(PROMPTS[:3], results, strict=True):
         fresh = recomputed_log_probs(model, prompt, res.token_ids, 0.9)
         torch.testing.assert_close(torch.tensor(res.log_probs), fresh, atol=1e-5, rtol=0)
 
