@@ -88,6 +88,13 @@ class Fleet:
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
 
+    def freeze(self, port: int) -> None:
+        """SIGSTOP one server: it answers nothing until `thaw`."""
+        self.procs[port].send_signal(signal.SIGSTOP)
+
+    def thaw(self, port: int) -> None:
+        self.procs[port].send_signal(signal.SIGCONT)
+
     def log(self, port: int) -> str:
         return (self.log_dir / f"server-{port}.log").read_text()
 

@@ -64,8 +64,18 @@ class Chaos(L.Callback):
             self.readmit_version = engine.version
 
     def kill_when_busy(self, victim: Any) -> None:
+        """SIGKILL the victim while it holds requests. A toy request takes milliseconds, so one
+        seen in flight may be answered before a kill lands: freeze the server once it has
+        some, let answers already on the wire arrive, and kill only if requests are still
+        waiting (else thaw it and watch again)."""
         deadline = time.monotonic() + 60
-        while victim.in_flight == 0 and time.monotonic() < deadline:
+        while time.monotonic() < deadline:
+            if victim.in_flight:
+                self.fleet.freeze(self.port)
+                time.sleep(0.05)
+                if victim.in_flight:
+                    break
+                self.fleet.thaw(self.port)
             time.sleep(0.0005)
         self.killed_in_flight = victim.in_flight
         self.fleet.kill(self.port)
