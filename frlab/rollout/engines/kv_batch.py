@@ -16,6 +16,7 @@ concatenates, which copies the whole cache at every step.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -103,51 +104,45 @@ class GrowingCache(DynamicCache):
         return list(self.layers)  # type: ignore[arg-type]
 
 
-def merge_layers(a: GrowingLayer, b: GrowingLayer) -> GrowingLayer:
-    """Rows of `a` then rows of `b`, both left-padded (zeros) to the wider one."""
-    width = max(a.length, b.length)
-    ka, kb = a.keys, b.keys
-    rows, heads, dim = ka.shape[0] + kb.shape[0], ka.shape[1], ka.shape[3]
-    capacity = width + GROWTH_MIN
-    kbuf = ka.new_zeros((rows, heads, capacity, dim))
-    vbuf = a.values.new_zeros((rows, heads, capacity, a.values.shape[3]))
-    n = ka.shape[0]
-    kbuf[:n, :, width - a.length : width].copy_(ka)
-    vbuf[:n, :, width - a.length : width].copy_(a.values)
-    kbuf[n:, :, width - b.length : width].copy_(kb)
-    vbuf[n:, :, width - b.length : width].copy_(b.values)
+def right_aligned(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> GrowingLayer:
+    """A layer of the rows of `parts` in order (each a (keys, values) pair `[rows, heads,
+    length, dim]`), every part's columns ending at the widest one's end, zeros before."""
+    width = max(keys.shape[2] for keys, _ in parts)
+    keys0, values0 = parts[0]
+    rows = sum(keys.shape[0] for keys, _ in parts)
+    kbuf = keys0.new_zeros((rows, keys0.shape[1], width + GROWTH_MIN, keys0.shape[3]))
+    vbuf = values0.new_zeros((rows, values0.shape[1], width + GROWTH_MIN, values0.shape[3]))
+    row = 0
+    for keys, values in parts:
+        end, n = row + keys.shape[0], keys.shape[2]
+        kbuf[row:end, :, width - n : width].copy_(keys)
+        vbuf[row:end, :, width - n : width].copy_(values)
+        row = end
     out = GrowingLayer()
-    out.lazy_initialization(ka, a.values)
+    out.lazy_initialization(keys0, values0)
     out.set(kbuf, vbuf, width)
     return out
+
+
+def merge_layers(a: GrowingLayer, b: GrowingLayer) -> GrowingLayer:
+    """Rows of `a` then rows of `b`, both left-padded (zeros) to the wider one."""
+    return right_aligned([(a.keys, a.values), (b.keys, b.values)])
 
 
 def unpack_layer(packed: GrowingLayer, lengths: list[int]) -> GrowingLayer:
     """Split a layer prefilled from ONE packed row (`[1, heads, sum(lengths), dim]`, prompts end
     to end) into one row per prompt, left-padded (zeros) to the longest."""
-    width, keys, values = max(lengths), packed.keys, packed.values
-    kbuf = keys.new_zeros((len(lengths), keys.shape[1], width + GROWTH_MIN, keys.shape[3]))
-    vbuf = values.new_zeros((len(lengths), values.shape[1], width + GROWTH_MIN, values.shape[3]))
-    start = 0
-    for row, n in enumerate(lengths):
-        kbuf[row, :, width - n : width].copy_(keys[0, :, start : start + n])
-        vbuf[row, :, width - n : width].copy_(values[0, :, start : start + n])
-        start += n
-    out = GrowingLayer()
-    out.lazy_initialization(keys, values)
-    out.set(kbuf, vbuf, width)
-    return out
+    starts = itertools.accumulate([0, *lengths[:-1]])
+    keys, values = packed.keys, packed.values
+    return right_aligned([(keys[:, :, s : s + n], values[:, :, s : s + n])
+                          for s, n in zip(starts, lengths, strict=True)])  # fmt: skip
 
 
 def unpack_rows(cache: GrowingCache, lengths: list[int]) -> tuple[GrowingCache, torch.Tensor]:
     """The left-padded cache of a packed prefill, and its attention mask [n, max(lengths)]."""
     layers = [unpack_layer(layer, lengths) for layer in cache.growing_layers()]
-    width = max(lengths)
-    attention = torch.zeros((len(lengths), width), dtype=torch.long)
-    for row, n in enumerate(lengths):
-        attention[row, width - n :] = 1
     device = layers[0].keys.device if layers else torch.device("cpu")
-    return GrowingCache(layers), attention.to(device)
+    return GrowingCache(layers), left_mask(lengths).to(device)
 
 
 @dataclass
@@ -200,13 +195,17 @@ def _left_fill(attention: torch.Tensor, width: int) -> torch.Tensor:
     return torch.cat([attention.new_zeros((attention.shape[0], pad)), attention], dim=1)
 
 
+def left_mask(lengths: list[int]) -> torch.Tensor:
+    """Attention mask [n, max(lengths)] (long): 1 on the last `lengths[i]` columns of row i."""
+    width = max(lengths)
+    return (torch.arange(width) >= width - torch.tensor(lengths).unsqueeze(1)).long()
+
+
 def left_pad(prompts: list[list[int]], device: torch.device) -> tuple[torch.Tensor, ...]:
     """Left-padded ids, attention mask and position ids (0 at each row's first real token)."""
-    width = max(len(p) for p in prompts)
-    ids = torch.zeros((len(prompts), width), dtype=torch.long)
-    attention = torch.zeros((len(prompts), width), dtype=torch.long)
+    attention = left_mask([len(p) for p in prompts])
+    ids = torch.zeros(attention.shape, dtype=torch.long)
     for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-        attention[row, width - len(prompt) :] = 1
+        ids[row, attention.shape[1] - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
     positions = (attention.cumsum(dim=1) - 1).clamp_min(0)
     return ids.to(device), attention.to(device), positions.to(device)

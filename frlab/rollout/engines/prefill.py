@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -125,9 +126,8 @@ def packed_mask(model: PreTrainedModel, positions: torch.Tensor) -> torch.Tensor
     length = positions.shape[1]
     shape_only = torch.empty((1, length, 1), dtype=model.dtype, device=positions.device)
     kwargs: dict[str, object] = {"attention_mask": None, "position_ids": positions}
-    names = MASK_PARAMETERS
-    kwargs.update({name: None for name in ("cache", "past_key_values") if name in names})
-    if "cache_position" in names:  # transformers < 5.9 indexes queries with it
+    kwargs.update({k: None for k in ("cache", "past_key_values") if k in MASK_PARAMETERS})
+    if "cache_position" in MASK_PARAMETERS:  # transformers < 5.9 indexes queries with it
         kwargs["cache_position"] = torch.arange(length, device=positions.device)
     mask = create_causal_mask(model.config.get_text_config(), shape_only, **kwargs)
     if not isinstance(mask, torch.Tensor) or mask.dim() != 4:
@@ -151,17 +151,19 @@ def unsupported(model: PreTrainedModel) -> str | None:
     return None
 
 
-def agrees(model: PreTrainedModel, forward: object, device: torch.device) -> str | None:
+Logits = Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None],
+                  torch.Tensor]  # fmt: skip
+
+
+def agrees(model: PreTrainedModel, forward: Logits, device: torch.device) -> str | None:
     """Run CHECK_PROMPTS packed and one by one through `forward(ids, mask, positions, keep)`
     (last-position logits); None when they agree, else what differed."""
     vocab = int(model.get_input_embeddings().weight.shape[0])
     prompts = [[t % vocab for t in p] for p in CHECK_PROMPTS]
     ids, positions, last = packed_inputs(prompts, device)
-    together = forward(ids, packed_mask(model, positions), positions, last).float()  # type: ignore[operator]
-    alone = torch.cat([
-        forward(torch.tensor([p], device=device), None, None, None).float()  # type: ignore[operator]
-        for p in prompts
-    ])  # fmt: skip
+    together = forward(ids, packed_mask(model, positions), positions, last).float()
+    alone = torch.cat([forward(torch.tensor([p], device=device), None, None, None).float()
+                       for p in prompts])  # fmt: skip
     gap = float((together - alone).abs().max())
     scale = float(alone.abs().max()) or 1.0
     tolerance = CHECK_TOLERANCE.get(model.dtype, CHECK_TOLERANCE_LOW_PRECISION)

@@ -36,9 +36,8 @@ class Request:
         if self.routing is not None:
             with torch.inference_mode(False):  # a plain tensor the learner may index with
                 routing = torch.cat(self.routing, dim=0)
-        result = GenerationResult(self.token_ids, self.log_probs, self.versions, reason, routing)
-        if not self.future.done():
-            self.future.set_result(result)
+        settle(self.future, GenerationResult(self.token_ids, self.log_probs, self.versions,
+                                             reason, routing))  # fmt: skip
 
 
 def drop_finished(rows: DecodeRows, reqs: list[Request]) -> tuple[DecodeRows | None, list[Request]]:
@@ -80,8 +79,15 @@ def awaitable(req: Request) -> asyncio.Future[GenerationResult]:
 
 def fail(req: Request, exc: Exception) -> None:
     """Fail `req` with `exc` unless it is already resolved (or its caller cancelled it)."""
-    if not req.future.done():
-        try:
-            req.future.set_exception(exc)
-        except concurrent.futures.InvalidStateError:
-            pass
+    settle(req.future, exc)
+
+
+def settle(future: concurrent.futures.Future, outcome: object) -> None:
+    """Resolve `future` with a result or an exception, unless it was cancelled or settled first."""
+    try:
+        if isinstance(outcome, BaseException):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)
+    except concurrent.futures.InvalidStateError:
+        pass  # cancelled (or settled) meanwhile: nobody waits for it

@@ -299,15 +299,8 @@ class TorchEngine(Engine):
         self, rows: DecodeRows, reqs: list[Request]
     ) -> tuple[DecodeRows | None, list[Request]]:
         attention = torch.cat([rows.attention, rows.attention.new_ones((len(rows), 1))], dim=1)
-        spans = [(row, 0, 1) for row in range(len(reqs))]
-        logits = self._forward(
-            rows.tokens.unsqueeze(1),
-            attention,
-            rows.positions.unsqueeze(1),
-            rows.cache,
-            reqs,
-            spans,
-        )
+        tokens, positions = rows.tokens.unsqueeze(1), rows.positions.unsqueeze(1)
+        logits = self._forward(tokens, attention, positions, rows.cache, reqs)
         rows.attention, rows.positions = attention, rows.positions + 1
         rows.tokens = self._sample(logits, reqs)
         return drop_finished(rows, reqs)
@@ -319,16 +312,18 @@ class TorchEngine(Engine):
         positions: torch.Tensor,
         cache: GrowingCache,
         reqs: list[Request],
-        spans: list[Span],
+        spans: list[Span] | None = None,
         keep: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Logits [requests, V] of one cached forward; routing attributed when recording."""
+        """Logits [requests, V] of one cached forward; routing attributed when recording, to
+        each request's `spans` (None: a decode step, one new position per row)."""
         record = self._record
         if record is not None:
             record.steps.clear()
         logits = self._logits(ids, attention, positions, keep, cache)
         if record is not None:
             (step,) = record.steps
+            spans = spans or [(row, 0, 1) for row in range(len(reqs))]
             for req, (row, first, end) in zip(reqs, spans, strict=True):
                 if req.routing is None:
                     req.routing = []

@@ -38,6 +38,7 @@ from transformers import PreTrainedModel
 
 from frlab.rollout.engine import Engine, EngineError, GenerationResult, SamplingParams
 from frlab.rollout.engines.common import check_prompt, check_update, private_copy, require_moe
+from frlab.rollout.engines.request_state import settle
 from frlab.rollout.engines.torch_process_child import child_main
 
 STOP_WAIT_S = 30.0  # shutdown: the child's own clean stop, then terminate / kill
@@ -292,7 +293,7 @@ class ProcessTorchEngine(Engine):
                 outcome = EngineError(message[2])
         except Exception as exc:
             outcome = EngineError(f"bad reply from the torch engine process: {exc!r}")
-        _settle(future, outcome)
+        settle(future, outcome)
 
     def _fail(self, reason: str, rids: list[int] | None = None) -> None:
         """Fail the requests `rids` (None: every pending one) with EngineError(reason)."""
@@ -303,7 +304,7 @@ class ProcessTorchEngine(Engine):
                 futures = [self._futures.pop(rid, None) for rid in rids]
         for future in futures:
             if future is not None:
-                _settle(future, EngineError(reason))
+                settle(future, EngineError(reason))
 
     # -- weights -----------------------------------------------------------------------------
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
@@ -374,14 +375,3 @@ def check_open_files(model: PreTrainedModel) -> None:
             "rollout/engine=torch)"
         )
     resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
-
-
-def _settle(future: concurrent.futures.Future, outcome: object) -> None:
-    """Resolve `future` with a result or an exception, unless its caller cancelled it first."""
-    try:
-        if isinstance(outcome, BaseException):
-            future.set_exception(outcome)
-        else:
-            future.set_result(outcome)
-    except concurrent.futures.InvalidStateError:
-        pass  # cancelled (or settled) meanwhile: nobody waits for it
