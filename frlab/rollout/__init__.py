@@ -11,6 +11,7 @@ from typing import Any
 
 _EXPORTS = {
     "Engine": "frlab.rollout.engine",
+    "EngineDown": "frlab.rollout.engine",
     "EngineError": "frlab.rollout.engine",
     "GenerationResult": "frlab.rollout.engine",
     "SamplingParams": "frlab.rollout.engine",

@@ -128,6 +128,12 @@ class EngineError(RuntimeError):
     """An engine request that could not be served (engine stopped, bad input, backend error)."""
 
 
+class EngineDown(EngineError):
+    """The engine can serve no request for the rest of the run (its process died, every server
+    of its fleet stayed down past its deadline): the run stops, with its checkpoint, instead of
+    failing rollouts forever. Raised by the rollout pool from `Engine.down_reason()`."""
+
+
 class Engine(abc.ABC):
     """Asynchronous token-in/token-out sampler with versioned weights."""
 
@@ -175,6 +181,11 @@ class Engine(abc.ABC):
     def stats(self) -> dict[str, int]:
         """Engine counters and gauges for the pool's stats (none by default)."""
         return {}
+
+    def down_reason(self) -> str | None:
+        """Why this engine can serve nothing more (None: it can). Cheap and thread-safe: the
+        pool asks it while it waits for a batch, and stops the run with `EngineDown`."""
+        return None
 
     def __enter__(self) -> Engine:
         self.start()

@@ -19,7 +19,7 @@ from typing import Any
 
 from frlab.data.batch import Trajectory
 from frlab.rollout.admission import DeadlineQueue, lag_info
-from frlab.rollout.engine import Engine
+from frlab.rollout.engine import Engine, EngineDown
 from frlab.rollout.loop_thread import LoopThread
 from frlab.rollout.metering import GenerationMeter
 from frlab.rollout.pinning import WeightPins
@@ -68,6 +68,7 @@ class ConsumerSide:
                 chosen = self._queue.select(self._next_consume_version, self.batch_size)
                 if chosen is not None:
                     break
+                self._raise_if_engine_down()
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise TimeoutError(
@@ -111,6 +112,12 @@ class ConsumerSide:
                 f"{self.max_policy_lag} < learner version {learner}, so no rollout may start; "
                 "push weights (WeightSyncCallback, rollout.sync_every <= rollout.max_policy_lag)"
             )
+
+    def _raise_if_engine_down(self) -> None:
+        """EngineDown when no batch is ready and the engine says it can serve nothing more."""
+        down = self.engine.down_reason()
+        if down is not None:
+            raise EngineDown(f"the rollout engine is down: {down}")
 
     def _hand_out(self, chosen: list[Rollout]) -> list[Trajectory]:
         version = self._next_consume_version

@@ -169,7 +169,16 @@ def test_async_weight_sync_must_respect_the_lag_bound() -> None:
 def test_lengths_and_engine_rules() -> None:
     fails(["rollout.max_len=4"], "rollout.max_len", "max_new_tokens")
     fails(["rollout.max_len=512"], "rollout.max_len", "max_position_embeddings")
-    fails(["rollout.engine=vllm"], "rollout.engine", "GPU")
+
+
+def test_vllm_beside_a_cpu_learner_asks_the_installed_vllm() -> None:
+    """Without vLLM the CPU trainer's `rollout/engine=vllm` names the CPU build's installer;
+    the tier tests/vllm_cpu checks that vLLM's CPU build is accepted."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here (tests/vllm_cpu covers its CPU build)")
+    fails(["rollout/engine=vllm"], "rollout.engine", "vLLM's CPU build", "vllm_cpu_env.sh")
 
 
 def test_the_process_engine_is_cpu_only_and_records_routing() -> None:

@@ -39,8 +39,9 @@ def test_a_gpu_preset_on_a_cpu_machine_fails_on_the_device_and_points_to_dry_run
 
 def test_gpu_use_outside_the_trainer_is_caught_too(no_gpu: None) -> None:
     assert machine_error(["rollout.device=cuda"]).key == "rollout.device"
-    assert machine_error(["rollout/engine=vllm"]).key == "rollout.engine"
     check_machine(compose([]))  # the CPU default needs nothing
+    # vLLM beside a CPU learner is not refused by name: preflight asks the installed vLLM
+    check_machine(compose(["rollout/engine=vllm"]))
 
 
 def test_a_visible_gpu_passes_the_device_check(monkeypatch, tmp_path: Path) -> None:

@@ -155,6 +155,13 @@ class TorchEngine(Engine):
         if self._thread is not None:
             self._thread.join()
 
+    def down_reason(self) -> str | None:
+        """The serving thread ended without a shutdown (it serves until stopped otherwise)."""
+        thread = self._thread
+        if thread is None or thread.is_alive() or self._stopping:
+            return None
+        return "the torch engine's serving thread ended"
+
     def pause(self) -> None:
         with self._cond:
             self._paused = True

@@ -130,6 +130,11 @@ class ProcessTorchEngine(Engine):
         """The shared copy of the weights the child decodes with (read it only while paused)."""
         return self._model
 
+    def down_reason(self) -> str | None:
+        """The child's exit, unless this engine was shut down on purpose."""
+        with self._state:
+            return None if self._stopping or not self._exit_reason else self._exit_reason
+
     def start(self) -> None:
         with self._state:
             if self._stopping or self._exit_reason:

@@ -58,6 +58,7 @@ import tempfile
 import threading
 import uuid
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -65,7 +66,11 @@ import torch
 
 from frlab.rollout.engine import Engine, EngineError, GenerationResult, SamplingParams
 from frlab.rollout.engines.vllm_args import (
+    check_cpu_memory,
+    check_head_size,
     check_served_mode,
+    cpu_engine_options,
+    cpu_kv_cache_bytes,
     engine_visible_devices,
     rank_device_index,
     required_engine_options,
@@ -125,13 +130,67 @@ def _import_vllm() -> SimpleNamespace:
     """The vLLM entry points this adapter uses (imported only when the engine starts)."""
     import vllm
     from vllm.inputs import TokensPrompt
+    from vllm.platforms import current_platform
 
     return SimpleNamespace(
         AsyncLLMEngine=vllm.AsyncLLMEngine,
         AsyncEngineArgs=vllm.AsyncEngineArgs,
         SamplingParams=vllm.SamplingParams,
         TokensPrompt=TokensPrompt,
+        platform=current_platform,
     )
+
+
+def installed_platform() -> str | None:
+    """The device kind the installed vLLM serves on, as vLLM's platform says ("cpu" for its
+    CPU build, "cuda", ...); None when vLLM is not installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        return None
+    from vllm.platforms import current_platform
+
+    return str(current_platform.device_type)
+
+
+def cpu_head_sizes() -> list[int] | None:
+    """The head sizes vLLM's CPU attention backend declares (None: this vLLM does not say)."""
+    try:
+        from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+        return list(AttentionBackendEnum.CPU_ATTN.get_class().get_supported_head_sizes())
+    except (ImportError, AttributeError, KeyError):
+        return None
+
+
+def available_cpu_memory() -> int | None:
+    """Bytes free for vLLM's CPU KV cache, as vLLM's CPU worker counts them (its NUMA node's
+    figures), else the system's MemAvailable; None when neither can be read."""
+    try:
+        from vllm.utils.cpu_resource_utils import get_memory_node_info
+
+        return int(get_memory_node_info(0).available_memory)
+    except Exception:  # another vLLM release: fall back to the system's figure
+        pass
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _weight_bytes(folder: str) -> int:
+    """Bytes of the safetensors / bin weight files of a local model folder (0 if not local)."""
+    path = Path(folder)
+    if not path.is_dir():
+        return 0
+    return sum(p.stat().st_size for p in path.glob("*") if p.suffix in (".safetensors", ".bin"))
+
+
+DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
 
 
 class VLLMEngine(Engine):
@@ -142,17 +201,29 @@ class VLLMEngine(Engine):
         cls,
         policy: Any,
         *,
-        seed: int = 0,
-        model: str,
+        seed: int,
+        model: str | None,
         max_model_len: int,
-        engine_args: Mapping[str, Any] | None = None,
+        max_in_flight: int,
+        cpu_kv_cache_gib: float | None,
+        engine_args: Mapping[str, Any] | None,
     ) -> VLLMEngine:
         """The engine of `rollout/engine=vllm`: vLLM loads `model` (a `gguf:` source is
-        converted first) itself; the learner's `policy` reaches it by weight sync."""
+        converted first) itself; the learner's `policy` reaches it by weight sync. A
+        random-init policy (`model` None) is saved to a private folder for vLLM to load."""
         from frlab.model.gguf import resolve_model_source
 
-        return cls(resolve_model_source(model), seed=seed, max_model_len=max_model_len,
-                   **dict(engine_args or {}))  # fmt: skip
+        own = None
+        if model is None:
+            own = tempfile.mkdtemp(prefix="frlab-vllm-model-")
+            policy.save_pretrained(own)
+        engine = cls(resolve_model_source(model) if own is None else own, seed=seed,
+                     max_model_len=max_model_len, max_in_flight=max_in_flight,
+                     cpu_kv_cache_gib=cpu_kv_cache_gib, **dict(engine_args or {}))  # fmt: skip
+        engine._own_model_dir = own
+        if policy is not None:
+            engine.cpu_dtype = str(policy.dtype).removeprefix("torch.")
+        return engine
 
     def __init__(
         self,
@@ -162,18 +233,27 @@ class VLLMEngine(Engine):
         initial_version: int = 0,
         device: int | None = None,
         snapshot_dir: str | None = None,
+        max_in_flight: int = 32,
+        cpu_kv_cache_gib: float | None = None,
         **engine_options: Any,
     ) -> None:
         """`device`: this process's logical CUDA device the engine runs on (None: this rank's,
         `rank_device_index`); `snapshot_dir`: where weight updates are written (None: a
-        private temp folder, removed at shutdown)."""
+        private temp folder, removed at shutdown). On a CPU platform (vLLM's CPU build) the KV
+        cache is `cpu_kv_cache_gib` GiB (None: sized for `max_in_flight` sequences of
+        `max_model_len` tokens), eager execution is the default, and so is the learner's dtype
+        (`cpu_dtype`, set by `for_policy`) unless `dtype` is given."""
         self.model_path = str(model)
         self.seed = int(seed)
-        self.engine_options = {"seed": int(seed), **engine_options}
+        # token in, token out: vLLM never needs the tokenizer (a random-init model has none)
+        self.engine_options = {"seed": int(seed), "skip_tokenizer_init": True, **engine_options}
         required_engine_options(self.engine_options)  # refused before anything is built
         self.device = device
         self.snapshot_dir = snapshot_dir
+        self.max_in_flight, self.cpu_kv_cache_gib = int(max_in_flight), cpu_kv_cache_gib
+        self.cpu_dtype: str | None = None  # on a CPU: serve in this dtype (the learner's)
         self._own_dir: str | None = None
+        self._own_model_dir: str | None = None
         self._version = int(initial_version)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -197,6 +277,14 @@ class VLLMEngine(Engine):
         """Requests submitted to vLLM and not yet finished."""
         return self._in_flight
 
+    def down_reason(self) -> str | None:
+        """vLLM's engine core died (its process was killed, it crashed), or a failed weight
+        load left this engine refusing requests."""
+        engine = self._engine
+        if engine is not None and bool(getattr(engine, "errored", False)):
+            return f"vLLM's engine core is dead ({engine.dead_error!r}): restart the run"
+        return self._broken
+
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
         if self._thread is not None:
@@ -213,11 +301,37 @@ class VLLMEngine(Engine):
             self.shutdown()
             raise
 
+    def _cpu_options(self) -> dict[str, Any]:
+        """The engine options on vLLM's CPU platform: a head size its attention serves, a KV
+        cache sized from config that fits in free memory, eager execution (see vllm_args)."""
+        from transformers import AutoConfig
+
+        options = dict(self.engine_options)
+        config = AutoConfig.from_pretrained(
+            self.model_path, trust_remote_code=bool(options.get("trust_remote_code", False))
+        )
+        check_head_size(config, cpu_head_sizes())
+        if self.cpu_dtype is not None:  # vLLM's "auto" would serve fp32 weights in bf16
+            options.setdefault("dtype", self.cpu_dtype)
+        dtype = str(options.get("dtype", "auto"))
+        if dtype == "auto":
+            dtype = str(getattr(config, "dtype", None) or "float32").removeprefix("torch.")
+        kv = cpu_kv_cache_bytes(self.cpu_kv_cache_gib, config, self.max_in_flight,
+                                int(options.get("max_model_len", 2048)),
+                                DTYPE_BYTES.get(dtype, 4))  # fmt: skip
+        options = cpu_engine_options(options, kv)
+        if "kv_cache_memory_bytes" in options:
+            check_cpu_memory(int(options["kv_cache_memory_bytes"]), _weight_bytes(self.model_path),
+                             available_cpu_memory())  # fmt: skip
+        return options
+
     async def _build(self) -> None:
         import dataclasses
 
         fields = [f.name for f in dataclasses.fields(self._vllm.AsyncEngineArgs)]
-        kwargs = vllm_engine_kwargs(self.model_path, fields, **self.engine_options)
+        cpu = bool(self._vllm.platform.is_cpu())
+        options = self._cpu_options() if cpu else self.engine_options
+        kwargs = vllm_engine_kwargs(self.model_path, fields, **options)
         index = rank_device_index() if self.device is None else int(self.device)
         devices = engine_visible_devices(index, kwargs)
         args = self._vllm.AsyncEngineArgs(**kwargs)
@@ -231,9 +345,10 @@ class VLLMEngine(Engine):
         self._refresh_gate()
 
     def shutdown(self) -> None:
-        if self._own_dir is not None:
-            shutil.rmtree(self._own_dir, ignore_errors=True)
-            self._own_dir = None
+        for folder in (self._own_dir, self._own_model_dir):
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
+        self._own_dir = self._own_model_dir = None
         if self._thread is None or self._loop is None:
             return
         if self._engine is not None and hasattr(self._engine, "shutdown"):
@@ -316,6 +431,10 @@ class VLLMEngine(Engine):
             )
             async for output in stream:
                 final = output.outputs[0]
+        except (EngineError, asyncio.CancelledError):
+            raise
+        except Exception as exc:  # vLLM's own errors (EngineDeadError, ...) as EngineError
+            raise EngineError(f"vLLM request failed: {exc!r}") from exc
         finally:
             self._in_flight -= 1
             if not self._in_flight:

@@ -19,6 +19,9 @@ from frlab.rollout.engine import EngineError, SamplingParams
 from frlab.rollout.remote.worker_extension import WORKER_EXTENSION_CLS
 
 PROCESSED_LOGPROBS = "processed_logprobs"
+GIB = 2**30
+MIN_CPU_KV_CACHE = GIB // 4  # the smallest automatic CPU KV cache
+CPU_KV_MARGIN = 2.0  # automatic CPU KV cache: this many times what the sequences need
 
 
 def vllm_sampling_kwargs(params: SamplingParams, *, seed: int | None = None) -> dict[str, Any]:
@@ -158,3 +161,67 @@ def engine_visible_devices(index: int, options: Mapping[str, Any]) -> str | None
             f"would use cuda:0, not this rank's device {index}: unset it"
         )
     return rank_visible_devices(index, os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+# -- vLLM on a CPU ---------------------------------------------------------------------------
+def kv_bytes_per_token(config: Any, dtype_bytes: int) -> int:
+    """Bytes of K and V cache per token of a transformers `config` (every layer, KV heads)."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    heads = int(text.num_attention_heads)
+    kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // heads)
+    return 2 * int(text.num_hidden_layers) * kv_heads * head_dim * int(dtype_bytes)
+
+
+def cpu_kv_cache_bytes(
+    gib: float | None, config: Any, sequences: int, max_len: int, dtype_bytes: int = 4
+) -> int:
+    """The KV cache vLLM's CPU engine reserves: `gib` GiB when set, else CPU_KV_MARGIN times
+    what `sequences` sequences of `max_len` tokens need, at least MIN_CPU_KV_CACHE."""
+    if gib is not None:
+        if not float(gib) > 0:
+            raise ValueError(f"rollout.engine.cpu_kv_cache_gib must be > 0, got {gib}")
+        return int(float(gib) * GIB)
+    need = kv_bytes_per_token(config, dtype_bytes) * int(sequences) * int(max_len)
+    return max(MIN_CPU_KV_CACHE, int(CPU_KV_MARGIN * need))
+
+
+def cpu_engine_options(options: Mapping[str, Any], kv_cache_bytes: int) -> dict[str, Any]:
+    """CPU defaults under the user's `rollout.vllm_engine_args`: an explicit KV cache size
+    (vLLM's CPU default reserves `gpu_memory_utilization` of the machine's memory and refuses to
+    start when that much is not free) and eager execution (no minutes-long compile)."""
+    out = dict(options)
+    if "kv_cache_memory_bytes" not in out and "gpu_memory_utilization" not in out:
+        out["kv_cache_memory_bytes"] = int(kv_cache_bytes)
+    out.setdefault("enforce_eager", True)
+    return out
+
+
+def check_cpu_memory(kv_cache_bytes: int, weight_bytes: int, available: int | None) -> None:
+    """EngineError naming `rollout.engine.cpu_kv_cache_gib` when the KV cache and the weights
+    do not fit in the memory that is free now (`available` None: unknown, not checked)."""
+    need = int(kv_cache_bytes) + int(weight_bytes)
+    if available is None or need <= available:
+        return
+    raise EngineError(
+        f"vLLM's CPU engine needs {kv_cache_bytes / GIB:.2f} GiB of KV cache plus "
+        f"{weight_bytes / GIB:.2f} GiB of weights, but {available / GIB:.2f} GiB of memory is "
+        "available: lower rollout.engine.cpu_kv_cache_gib (or rollout.max_in_flight / "
+        "rollout.max_len, which size it by default), or free memory"
+    )
+
+
+def check_head_size(config: Any, supported: Iterable[int] | None) -> None:
+    """EngineError when the model's attention head size is not one that vLLM's CPU attention
+    backend serves (`supported`: the backend's own list; None: unknown, not checked)."""
+    if supported is None:
+        return
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads)
+    sizes = sorted(int(x) for x in supported)
+    if head_dim not in sizes:
+        raise EngineError(
+            f"vLLM's CPU attention does not serve head size {head_dim} (it serves "
+            f"{', '.join(map(str, sizes))}): change the model (hidden_size / "
+            "num_attention_heads, or head_dim) or use rollout/engine=torch"
+        )

@@ -10,7 +10,9 @@ Failover: a connection error, a timeout (`request_timeout_s`: a hung server), an
 a malformed answer marks the server dead and the request is retried on another server
 (`retries` counter, logged); an HTTP 4xx is our own bad request and fails at once. After
 `max_retries` retries (waiting `probe_interval_s` while no server is healthy) `generate`
-raises `EngineError`, which the pool counts as a failed rollout. A background prober checks
+raises `EngineError`, which the pool counts as a failed rollout. A fleet with no healthy
+server for `fleet_down_timeout_s` is down for good (`down_reason`, naming every server and
+its last error): the pool stops the run with `EngineDown` instead of failing rollouts forever. A background prober checks
 dead and stale servers every `probe_interval_s`; one that answers `/health` again must load
 the current snapshot and report the current weight version before it is re-admitted.
 
@@ -28,6 +30,7 @@ import logging
 import shutil
 import tempfile
 import threading
+import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -68,13 +71,14 @@ def rank_folder(snapshot_dir: str | Path) -> Path:
 
 def _check_settings(
     weight_sync: str, request_timeout_s: float, probe_interval_s: float, max_retries: int,
-    keep_snapshots: int,
+    keep_snapshots: int, fleet_down_timeout_s: float,
 ) -> None:  # fmt: skip
     """ValueError naming the `rollout.remote` key of the first invalid setting."""
     if weight_sync not in WEIGHT_SYNCS:
         raise ValueError(f"rollout.remote.weight_sync must be filesystem|nccl, got {weight_sync!r}")
     for key, value in (("request_timeout_s", request_timeout_s),
-                       ("probe_interval_s", probe_interval_s)):  # fmt: skip
+                       ("probe_interval_s", probe_interval_s),
+                       ("fleet_down_timeout_s", fleet_down_timeout_s)):  # fmt: skip
         if not float(value) > 0:
             raise ValueError(f"rollout.remote.{key} must be > 0, got {value}")
     if int(max_retries) < 0:
@@ -104,6 +108,7 @@ class RemoteEngine(WeightSyncMixin, FleetMixin, Engine):
         max_retries: int = 3,
         probe_interval_s: float = 1.0,
         startup_timeout_s: float = 60.0,
+        fleet_down_timeout_s: float = 300.0,
         keep_snapshots: int = 2,
         model: str | None = None,
         seed: int = 0,
@@ -114,9 +119,8 @@ class RemoteEngine(WeightSyncMixin, FleetMixin, Engine):
         nccl_packed: bool = True,
     ) -> None:
         urls = _check_urls(servers)
-        _check_settings(
-            weight_sync, request_timeout_s, probe_interval_s, max_retries, keep_snapshots
-        )
+        _check_settings(weight_sync, request_timeout_s, probe_interval_s, max_retries,
+                        keep_snapshots, fleet_down_timeout_s)  # fmt: skip
         self.servers = [Server(u) for u in urls]
         self._nccl = (
             NcclSync(nccl_master_address, nccl_master_port, nccl_packed, request_timeout_s, urls)
@@ -132,6 +136,8 @@ class RemoteEngine(WeightSyncMixin, FleetMixin, Engine):
         self.request_timeout_s, self.max_retries = float(request_timeout_s), int(max_retries)
         self.probe_interval_s = float(probe_interval_s)
         self.startup_timeout_s = float(startup_timeout_s)
+        self.fleet_down_timeout_s = float(fleet_down_timeout_s)
+        self._last_healthy: float | None = None  # time.monotonic() a server was last seen ok
         self.keep_snapshots, self.model, self.seed = int(keep_snapshots), model, int(seed)
         self._version = int(initial_version)
         self._snapshot: Snapshot | None = None
@@ -142,6 +148,7 @@ class RemoteEngine(WeightSyncMixin, FleetMixin, Engine):
         self._thread: threading.Thread | None = None
         self._client: httpx.AsyncClient | None = None
         self._prober: asyncio.Task | None = None
+        self._watcher: asyncio.Task | None = None
         self._sync_lock: asyncio.Lock | None = None
         self._gate: asyncio.Event | None = None  # set while requests may be dispatched
         self._idle: asyncio.Event | None = None  # set while no request is in flight
@@ -199,7 +206,9 @@ class RemoteEngine(WeightSyncMixin, FleetMixin, Engine):
                     f"after {self.startup_timeout_s}s: {self._describe()}"
                 )
             await asyncio.sleep(min(0.2, self.probe_interval_s))
+        self._last_healthy = time.monotonic()
         self._prober = asyncio.get_running_loop().create_task(self._probe_forever())
+        self._watcher = asyncio.get_running_loop().create_task(self._watch_forever())
 
     def shutdown(self) -> None:
         if self._nccl is not None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -69,6 +70,9 @@ class FleetMixin:
     model: str | None
     request_timeout_s: float
     probe_interval_s: float
+    fleet_down_timeout_s: float
+    _last_healthy: float | None
+    _syncing: bool
     _version: int
     _snapshot: Snapshot | None
     _counts: Counter[str]
@@ -88,6 +92,29 @@ class FleetMixin:
             "readmissions": self._counts["readmissions"],
             "server_faults": self._counts["faults"],
         }
+
+    def down_reason(self) -> str | None:
+        """Not None once no server has been healthy for `fleet_down_timeout_s` (outside a sync,
+        whose waits have deadlines of their own)."""
+        if self._last_healthy is None or self._syncing:
+            return None
+        if any(s.state == "ok" for s in self.servers):
+            return None
+        down_for = time.monotonic() - self._last_healthy
+        if down_for < self.fleet_down_timeout_s:
+            return None
+        return (
+            f"no server of rollout.remote.servers has been healthy for {down_for:.0f} s "
+            f"(rollout.remote.fleet_down_timeout_s={self.fleet_down_timeout_s:g}): "
+            f"{self._describe()}"
+        )
+
+    async def _watch_forever(self) -> None:
+        """Note the time while any server is healthy (the clock of `down_reason`)."""
+        while True:
+            if any(s.state == "ok" for s in self.servers):
+                self._last_healthy = time.monotonic()
+            await asyncio.sleep(min(self.probe_interval_s, 1.0))
 
     def _describe(self) -> str:
         return ", ".join(

@@ -129,6 +129,7 @@ def fake_vllm(monkeypatch):
         AsyncEngineArgs=FakeAsyncLLM.Args,
         SamplingParams=dict,
         TokensPrompt=dict,
+        platform=SimpleNamespace(is_cpu=lambda: False),  # a GPU platform
     )
     monkeypatch.setattr(vllm_engine, "_import_vllm", lambda: ns)
     return ns

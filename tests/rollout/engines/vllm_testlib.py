@@ -43,6 +43,7 @@ class FakeAsyncLLM:
         generation_config: str = "auto"
         worker_extension_cls: str = ""
         tensor_parallel_size: int = 1
+        skip_tokenizer_init: bool = False
 
     def __init__(self, args: FakeAsyncLLM.Args) -> None:
         self.args, self.shut, self.rpc_calls, self.events = args, False, [], []
