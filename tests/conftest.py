@@ -1,15 +1,22 @@
 """Shared pytest setup: puts tests/ on sys.path so test folders can share `*_testlib` helpers,
-and decides the fate of `vllm_contract` tests where vLLM is not installed: a skip naming the
-script that builds their environment, or a failure when FRLAB_REQUIRE_VLLM_CONTRACT=1 (CI)."""
+and decides the fate of the two vLLM tiers where their environment is missing: a skip naming
+the script that builds it, or a failure when the tier is required (CI sets the variable).
+
+- `vllm_contract`: frlab's adapters against vLLM's Python code (scripts/vllm_contract_env.sh,
+  FRLAB_REQUIRE_VLLM_CONTRACT=1);
+- `vllm_cpu`: real vLLM engines and servers on this CPU, with vLLM's CPU build
+  (scripts/vllm_cpu_env.sh, FRLAB_REQUIRE_VLLM_CPU=1)."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 
 import pytest
 
 CONTRACT_ENV = "bash scripts/vllm_contract_env.sh"
+CPU_ENV = "bash scripts/vllm_cpu_env.sh"
 
 
 def vllm_contract_missing() -> str | None:
@@ -22,12 +29,36 @@ def vllm_contract_missing() -> str | None:
     return None
 
 
+@functools.cache
+def vllm_cpu_missing() -> str | None:
+    """Why the `vllm_cpu` tier cannot run here (None: it can): vLLM must be installed and its
+    platform, asked of vLLM itself, must be the CPU."""
+    if importlib.util.find_spec("vllm") is None:
+        return (
+            "vLLM is not installed: the vllm_cpu tier runs in the environment that "
+            f"`{CPU_ENV}` builds (see the README's test section)"
+        )
+    from frlab.rollout.engines.vllm import installed_platform
+
+    platform = installed_platform()
+    if platform != "cpu":
+        return f"the installed vLLM serves on {platform!r}, not the CPU: `{CPU_ENV}` builds its CPU build"
+    return None
+
+
+TIERS = {
+    "vllm_contract": (vllm_contract_missing, "FRLAB_REQUIRE_VLLM_CONTRACT"),
+    "vllm_cpu": (vllm_cpu_missing, "FRLAB_REQUIRE_VLLM_CPU"),
+}
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    if item.get_closest_marker("vllm_contract") is None:
-        return
-    reason = vllm_contract_missing()
-    if reason is None:
-        return
-    if os.environ.get("FRLAB_REQUIRE_VLLM_CONTRACT") == "1":
-        pytest.fail(f"FRLAB_REQUIRE_VLLM_CONTRACT=1 but {reason}", pytrace=False)
-    pytest.skip(reason)
+    for marker, (missing, required) in TIERS.items():
+        if item.get_closest_marker(marker) is None:
+            continue
+        reason = missing()
+        if reason is None:
+            continue
+        if os.environ.get(required) == "1":
+            pytest.fail(f"{required}=1 but {reason}", pytrace=False)
+        pytest.skip(reason)

@@ -91,6 +91,13 @@ class SamplingParams:
         return cls(**cfg)
 
 
+def request_seed(params: SamplingParams, base: int, count: int) -> int:
+    """The seed an engine samples a request with: the request's own (`params.seed`, so its
+    draws do not depend on what else the engine serves), else `base + count` (the engine's
+    running count of requests) for callers that set none."""
+    return int(params.seed) if params.seed is not None else int(base) + int(count)
+
+
 @dataclass
 class GenerationResult:
     """One generate call: the sampled tokens, the sampler's log-probs and weight versions.

@@ -37,19 +37,42 @@ run_or_print() {
   if [[ "${PRINT_ONLY:-0}" == 1 ]]; then printf '%q ' "$@"; echo; else "$@"; fi
 }
 
-# start_server HOST_GPUS PORT MODEL TP MAX_LEN: one `vllm serve` in the background (dev mode
-# for /collective_rpc and /server_info, frlab's worker extension for versioned weight loads,
-# log-probs of the distribution actually sampled from, which the importance ratios need, and
-# vLLM's neutral sampling defaults instead of the model's generation_config.json). These
-# flags are checked with vLLM's own argument parser by tests/vllm_contract.
+# serve_words MODEL: the words that start vLLM's OpenAI server on MODEL. VLLM_ENTRY=cli:
+# `vllm serve MODEL`; module: `python -m vllm.entrypoints.openai.api_server --model MODEL`
+# (the same server and flags; vLLM's CPU build needs it: its `vllm` command looks up the
+# distribution named `vllm`); auto (default): cli where the `vllm` command runs, else module
+# where python imports vllm, else cli. PRINT_ONLY=1 without VLLM_ENTRY prints the cli form.
+serve_words() {
+  local entry="${VLLM_ENTRY:-auto}"
+  if [[ "$entry" == auto ]]; then
+    if [[ "${PRINT_ONLY:-0}" == 1 ]] || vllm --version > /dev/null 2>&1; then entry=cli
+    elif "${PYTHON:-python}" -c "import vllm" > /dev/null 2>&1; then entry=module
+    else entry=cli; fi
+  fi
+  case "$entry" in
+    cli) SERVE_WORDS=(vllm serve "$1") ;;
+    module) SERVE_WORDS=("${PYTHON:-python}" -m vllm.entrypoints.openai.api_server --model "$1") ;;
+    *) echo "VLLM_ENTRY must be cli, module or auto, got '$entry'" >&2; return 2 ;;
+  esac
+}
+
+# start_server HOST_GPUS PORT MODEL TP MAX_LEN: one vLLM OpenAI server in the background (dev
+# mode for /collective_rpc and /server_info, frlab's worker extension for versioned weight
+# loads, log-probs of the distribution actually sampled from, which the importance ratios
+# need, and vLLM's neutral sampling defaults instead of the model's generation_config.json);
+# VLLM_EXTRA_ARGS (split on spaces) is appended, e.g. the CPU build's
+# "--kv-cache-memory-bytes 1073741824 --enforce-eager". These flags are checked with vLLM's own
+# argument parsers by tests/vllm_contract, and run on a real CPU server by tests/vllm_cpu.
 start_server() {
-  local gpus="$1" port="$2" model="$3" tp="$4" max_len="$5"
+  local gpus="$1" port="$2" model="$3" tp="$4" max_len="$5" extra=()
+  serve_words "$model" || return
   local cmd=(env CUDA_VISIBLE_DEVICES="$gpus" VLLM_SERVER_DEV_MODE=1
-    vllm serve "$model" --host 0.0.0.0 --port "$port" --tensor-parallel-size "$tp"
+    "${SERVE_WORDS[@]}" --host 0.0.0.0 --port "$port" --tensor-parallel-size "$tp"
     --max-model-len "$max_len" --seed "${SEED:-0}"
     --worker-extension-cls frlab.rollout.remote.worker_extension.WeightUpdateExtension
     --logprobs-mode processed_logprobs --generation-config vllm)
   if [[ -n "${HF_OVERRIDES:-}" ]]; then cmd+=(--hf-overrides "$HF_OVERRIDES"); fi
+  if [[ -n "${VLLM_EXTRA_ARGS:-}" ]]; then read -ra extra <<< "$VLLM_EXTRA_ARGS"; cmd+=("${extra[@]}"); fi
   if [[ "${PRINT_ONLY:-0}" == 1 ]]; then run_or_print "${cmd[@]}"; else "${cmd[@]}" & fi
 }
 

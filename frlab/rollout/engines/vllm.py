@@ -64,7 +64,13 @@ from typing import Any
 
 import torch
 
-from frlab.rollout.engine import Engine, EngineError, GenerationResult, SamplingParams
+from frlab.rollout.engine import (
+    Engine,
+    EngineError,
+    GenerationResult,
+    SamplingParams,
+    request_seed,
+)
 from frlab.rollout.engines.vllm_args import (
     check_cpu_memory,
     check_head_size,
@@ -277,6 +283,11 @@ class VLLMEngine(Engine):
         """Requests submitted to vLLM and not yet finished."""
         return self._in_flight
 
+    @property
+    def updating(self) -> bool:
+        """A weight update is under way (requests submitted now wait for it to finish)."""
+        return self._updating
+
     def down_reason(self) -> str | None:
         """vLLM's engine core died (its process was killed, it crashed), or a failed weight
         load left this engine refusing requests."""
@@ -418,7 +429,7 @@ class VLLMEngine(Engine):
             raise EngineError(self._broken)
         self._requests += 1
         sampling = self._vllm.SamplingParams(
-            **vllm_sampling_kwargs(params, seed=self.seed + self._requests)
+            **vllm_sampling_kwargs(params, seed=request_seed(params, self.seed, self._requests))
         )
         version, final = self._version, None
         self._in_flight += 1

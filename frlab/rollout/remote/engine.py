@@ -39,7 +39,13 @@ from typing import Any
 import httpx
 import torch
 
-from frlab.rollout.engine import Engine, EngineError, GenerationResult, SamplingParams
+from frlab.rollout.engine import (
+    Engine,
+    EngineError,
+    GenerationResult,
+    SamplingParams,
+    request_seed,
+)
 from frlab.rollout.remote import protocol as proto
 from frlab.rollout.remote.fleet import FleetMixin, Server, ServerFault, Snapshot
 from frlab.rollout.remote.nccl import NcclSync
@@ -317,7 +323,10 @@ class RemoteEngine(WeightSyncMixin, FleetMixin, Engine):
     ) -> GenerationResult:
         self._requests += 1
         body = proto.completion_request(
-            server.model or "", prompt, params, seed=self.seed * 1_000_003 + self._requests
+            server.model or "",
+            prompt,
+            params,
+            seed=request_seed(params, self.seed * 1_000_003, self._requests),
         )
         version = server.version
         server.in_flight += 1

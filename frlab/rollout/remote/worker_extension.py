@@ -52,6 +52,20 @@ from typing import Any
 
 import torch
 
+
+def request_amx() -> bool:
+    """Ask Linux for AMX tile permission in this process (x86 CPUs with AMX). vLLM's CPU build
+    runs bf16 attention with AMX instructions in its worker process, which never asks for that
+    permission itself (torch's oneDNN asks only when it first uses AMX): without it the
+    worker dies with SIGILL at its first bf16 request. vLLM imports this module in every
+    worker (the worker extension), so the request is made there."""
+    try:
+        return bool(torch.cpu._is_amx_tile_supported() and torch.cpu._init_amx())
+    except (AttributeError, RuntimeError):  # another torch, or no AMX: nothing to ask
+        return False
+
+
+request_amx()
 WORKER_EXTENSION_CLS = "frlab.rollout.remote.worker_extension.WeightUpdateExtension"
 VERSION_METHOD = "frlab_weight_version"  # -> {"version": int | None}
 SNAPSHOT_METHOD = "frlab_load_snapshot"  # load a safetensors snapshot file -> weight_ack
