@@ -212,6 +212,8 @@ class RolloutPool(ConsumerSide):
         g = self.samples_per_prompt
         with self._cond:
             while not (self._stopping or self._loading or self._admission_closed):
+                if self.engine.down_reason() is not None:
+                    return  # nothing could run: next_batch stops the run (EngineDown)
                 if self._queue.in_flight() + g > self.max_in_flight or (
                     self.mode == "sync" and self._sync_need <= 0
                 ):

@@ -152,7 +152,13 @@ class ConsumerSide:
         if int(version) < int(self.engine.version):
             raise ValueError(f"update_weights version {version} < engine {self.engine.version}")
         self.pins.wait()  # an evaluation in flight measures the current weights
-        self.engine.update_weights(state_dict, int(version))
+        try:
+            self.engine.update_weights(state_dict, int(version))
+        except Exception as exc:
+            down = self.engine.down_reason()
+            if down is not None:  # the learner step is done: a safe point to stop at
+                raise EngineDown(f"the rollout engine is down: {down}") from exc
+            raise
         if int(self.engine.version) != int(version):
             raise RuntimeError(
                 f"engine reports version {self.engine.version} after update_weights({version}): "

@@ -293,7 +293,7 @@ class VLLMEngine(Engine):
         load left this engine refusing requests."""
         engine = self._engine
         if engine is not None and bool(getattr(engine, "errored", False)):
-            return f"vLLM's engine core is dead ({engine.dead_error!r}): restart the run"
+            return f"vLLM's engine core is dead ({engine.dead_error!r})"
         return self._broken
 
     # -- lifecycle ---------------------------------------------------------------------------

@@ -1,0 +1,141 @@
+"""Two REAL vLLM OpenAI servers on loopback (vLLM's CPU build, started by the launch recipe with
+the module entry point and frlab's worker extension) driven by `python -m frlab rollout=remote`:
+
+- a run of 60 updates (filesystem weight sync at every step) in which the reward rises, while
+  one server is SIGKILLed mid-run and restarted: the run finishes every update and the
+  restarted server is re-admitted on the current version;
+- every server killed mid-run: the run stops within `rollout.remote.fleet_down_timeout_s` with
+  an error naming the servers, exit 75 and its last step checkpointed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from vllm_cpu_testlib import (
+    REPORT,
+    Server,
+    finish,
+    free_port,
+    metrics,
+    save_model,
+    start_run,
+    summary,
+    tail,
+    wait_for,
+)
+
+from frlab.rollout.remote import protocol as proto
+
+pytestmark = pytest.mark.vllm_cpu
+
+UPDATES, KILL_AT = 60, 10
+ENGINE_DOWN_EXIT = 75
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    root = tmp_path_factory.mktemp("fleet")
+    model = root / "toy"
+    save_model(model)  # the architecture only: the learner's weights arrive as snapshot v0
+    servers = [Server(model, free_port(), core, root / f"server{core}.log") for core in (0, 1)]
+    for server in servers:
+        server.start()
+    try:
+        for server in servers:
+            server.wait_healthy()
+        yield servers
+    finally:
+        for server in servers:
+            server.kill()
+
+
+def ensure_up(servers: list[Server]) -> None:
+    for server in servers:
+        if server.proc is None:
+            server.start()
+    for server in servers:
+        server.wait_healthy()
+
+
+def remote_run(servers: list[Server], *extra: str) -> list[str]:
+    urls = ",".join(s.url for s in servers)
+    return ["experiment=toy_cpu", "rollout=remote", "rollout/engine=remote",
+            f"rollout.remote.servers=[{urls}]", "rollout.remote.request_timeout_s=60",
+            "rollout.remote.startup_timeout_s=120", *extra]  # fmt: skip
+
+
+def served_version(server: Server) -> int | None:
+    body = proto.rpc_request("frlab_weight_version")
+    answer = httpx.post(server.url + proto.COLLECTIVE_RPC, json=body, timeout=30).json()
+    (version,) = set(proto.rpc_versions(answer))
+    return version
+
+
+def test_a_fleet_run_learns_and_readmits_a_killed_and_restarted_server(fleet, tmp_path: Path):
+    ensure_up(fleet)
+    run, log = tmp_path / "run", tmp_path / "run.log"
+    started = time.monotonic()
+    proc = start_run(run, remote_run(fleet, f"trainer.max_steps={UPDATES}"), log)
+    victim = fleet[1]
+    try:
+        wait_for(lambda: len(metrics(run)) >= KILL_AT or proc.poll() is not None, 600,
+                 f"{KILL_AT} updates")  # fmt: skip
+        assert proc.poll() is None, tail(log)
+        victim.kill()
+        victim.start()
+        code = finish(proc, 900, log)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert code == 0, tail(log)
+    rows = metrics(run)
+    assert [int(r["step"]) for r in rows] == list(range(1, UPDATES + 1))
+    rewards = [float(r["train/reward_mean"]) for r in rows]
+    first, last = statistics.mean(rewards[:10]), statistics.mean(rewards[-10:])
+    REPORT.append(f"fleet of 2 vLLM CPU servers, {UPDATES} updates in "
+                  f"{time.monotonic() - started:.0f} s: reward {first:.3f} (first 10) -> "
+                  f"{last:.3f} (last 10), first sequence KL "
+                  f"{float(rows[0]['train/sequence_kl_mean']):.1e}")  # fmt: skip
+    assert last > first + 0.08, (first, last)
+    assert float(rows[0]["train/sequence_kl_mean"]) < 1e-6  # the servers hold the learner's v0
+    assert max(float(r.get("rollout/readmissions") or 0) for r in rows) >= 1, rows[-1]
+    assert float(rows[-1]["rollout/servers_healthy"]) == 2
+    assert served_version(victim) == served_version(fleet[0]) == UPDATES
+    assert summary(run)["status"] == "finished"
+
+
+def test_a_fleet_that_stays_down_stops_the_run_within_its_deadline(fleet, tmp_path: Path):
+    ensure_up(fleet)
+    run, log = tmp_path / "run", tmp_path / "run.log"
+    deadline_s = 20
+    overrides = remote_run(fleet, "trainer.max_steps=100000",
+                           f"rollout.remote.fleet_down_timeout_s={deadline_s}",
+                           "callbacks.model_checkpoint.every_n_train_steps=1000")  # fmt: skip
+    proc = start_run(run, overrides, log)
+    try:
+        wait_for(lambda: len(metrics(run)) >= 3 or proc.poll() is not None, 600, "3 updates")
+        assert proc.poll() is None, tail(log)
+        for server in fleet:
+            server.kill()
+        killed = time.monotonic()
+        code = finish(proc, 300, log)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    took = time.monotonic() - killed
+    text = tail(log, 20000)
+    assert code == ENGINE_DOWN_EXIT, text
+    assert "no server of rollout.remote.servers has been healthy" in text, text
+    for server in fleet:
+        assert server.url in text
+    assert took < deadline_s + 60, took
+    assert (run / "checkpoints" / "last.ckpt").exists(), text
+    assert summary(run)["status"] == "failed"
