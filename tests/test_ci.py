@@ -13,6 +13,12 @@ CONTRACT_TEST = (
 )
 
 
+CPU_BUILD = "bash scripts/vllm_cpu_env.sh"
+CPU_TEST = (
+    "FRLAB_REQUIRE_VLLM_CPU=1 .venv-vllm-cpu/bin/python -m pytest -q -m vllm_cpu tests/vllm_cpu"
+)
+
+
 def _readme_commands() -> tuple[str, str]:
     text = (ROOT / "README.md").read_text()
     install = re.search(r"^(pip install -e '\.\[test\]')\s*$", text, flags=re.M)
@@ -67,3 +73,38 @@ def test_a_missing_vllm_skips_the_contract_tier_or_fails_it_when_required() -> N
         cmd, env=required, cwd=ROOT, capture_output=True, text=True, timeout=300
     )
     assert failed.returncode != 0 and "FRLAB_REQUIRE_VLLM_CONTRACT=1 but" in failed.stdout
+
+
+def test_ci_runs_the_readmes_vllm_cpu_commands_with_the_tier_required() -> None:
+    """The tier of real vLLM engines on the CPU runs in CI, required (a skip is a failure)."""
+    text = (ROOT / "README.md").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    for command in (CPU_BUILD, CPU_TEST):
+        assert re.search(rf"^{re.escape(command)}\s*$", text, flags=re.M), command
+        assert re.search(rf"^{re.escape(command)}( |$)", ci, flags=re.M), command
+    assert ci.index(CPU_BUILD) < ci.index(CPU_TEST)
+    assert "skipped" in ci[ci.index(CPU_TEST) :]  # CI refuses a run of the tier with skips
+
+
+def test_a_missing_vllm_skips_the_cpu_tier_or_fails_it_when_required() -> None:
+    """Without vLLM's CPU build the tier skips naming its script; FRLAB_REQUIRE_VLLM_CPU=1
+    (CI) turns that into a failure."""
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+
+    import pytest
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here: the tier runs")
+    target = str(ROOT / "tests/vllm_cpu/test_engine.py")
+    base = {k: v for k, v in os.environ.items() if k != "FRLAB_REQUIRE_VLLM_CPU"}
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", target]
+    skipped = subprocess.run(cmd, env=base, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert skipped.returncode == 0 and "scripts/vllm_cpu_env.sh" in skipped.stdout
+    required = {**base, "FRLAB_REQUIRE_VLLM_CPU": "1"}
+    failed = subprocess.run(
+        cmd, env=required, cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert failed.returncode != 0 and "FRLAB_REQUIRE_VLLM_CPU=1 but" in failed.stdout

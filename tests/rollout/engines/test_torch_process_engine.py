@@ -135,11 +135,13 @@ def test_a_dead_child_fails_pending_requests_and_refuses_new_ones() -> None:
             engine.pause()  # the request stays pending in the child
             (future,) = engine.generate_many([([1, 2], SamplingParams(max_new_tokens=3))])
             await asyncio.sleep(0.2)
+            assert engine.down_reason() is None
             os.kill(engine._process.pid, signal.SIGKILL)
             with pytest.raises(EngineError, match="exit code -9"):
                 await asyncio.wait_for(future, 30)
             with pytest.raises(EngineError, match="not running.*exit code -9"):
                 engine.generate_many([([1], SamplingParams())])
+            assert "exit code -9" in engine.down_reason()  # the pool stops the run on it
 
         asyncio.run(run())
     finally:
@@ -164,6 +166,7 @@ def test_shutdown_fails_pending_requests_and_reaps_the_child() -> None:
 
     asyncio.run(run())
     assert engine._process.exitcode == 0, "the child stopped on request, not killed"
+    assert engine.down_reason() is None  # shut down on purpose: not a failure
     with pytest.raises(EngineError, match="shut down"):
         engine.start()
 
