@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from frlab.rollout.engine import EngineError, SamplingParams
+from frlab.rollout.engines.vllm_releases import SUPPORTED
 from frlab.rollout.remote.worker_extension import WORKER_EXTENSION_CLS
 
 PROCESSED_LOGPROBS = "processed_logprobs"
@@ -67,7 +68,7 @@ def vllm_engine_kwargs(model: str, supported: Iterable[str], **options: Any) -> 
         if field not in names:
             raise ValueError(
                 f"the installed vLLM has no AsyncEngineArgs.{field}, which frlab needs: install "
-                "the `vllm` extra (vllm>=0.28,<0.30)"
+                f"the `vllm` extra ({SUPPORTED})"
             )
     return {**kwargs, **required_engine_options(kwargs)}
 

@@ -37,6 +37,7 @@ thread may not.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import socket
 import uuid
@@ -49,6 +50,7 @@ import httpx
 import torch
 
 from frlab.rollout.engine import EngineError
+from frlab.rollout.engines.vllm_releases import SUPPORTED
 from frlab.rollout.remote import protocol as proto
 from frlab.rollout.remote.fleet import REFUSED, Server, ServerFault
 from frlab.rollout.remote.hosts import nccl_master_address
@@ -98,7 +100,7 @@ def load_trainer_api() -> TrainerApi:
     except ImportError as exc:
         raise EngineError(
             "rollout.remote.weight_sync=nccl needs vLLM's trainer-side weight transfer API "
-            "(vllm>=0.28,<0.30: WeightTransferTrainerFactory, NCCLTrainerInitInfo); the "
+            f"({SUPPORTED}: WeightTransferTrainerFactory, NCCLTrainerInitInfo); the "
             f"installed vllm lacks it ({exc}); use weight_sync=filesystem"
         ) from exc
     if not callable(getattr(WeightTransferTrainerFactory, "trainer_init", None)):
@@ -109,24 +111,53 @@ def load_trainer_api() -> TrainerApi:
     return TrainerApi(WeightTransferTrainerFactory, NCCLTrainerInitInfo, WeightSource, ParamMeta)
 
 
+def build_source(api: TrainerApi) -> Any:
+    """`make_source`, with a base class that refuses frlab's source (a vLLM release whose
+    `WeightSource` contract changed again) reported as EngineError naming the setting."""
+    try:
+        return make_source(api)
+    except TypeError as exc:
+        raise EngineError(
+            "rollout.remote.weight_sync=nccl: the installed vLLM's WeightSource refuses "
+            f"frlab's weight source ({exc}); use weight_sync=filesystem"
+        ) from exc
+
+
 def make_source(api: TrainerApi) -> Any:
     """A vLLM `WeightSource` over the (name, tensor) pairs last given to `set`, each moved to
-    the current CUDA device (NCCL sends from GPU memory) when there is one."""
+    the current CUDA device (NCCL sends from GPU memory) when there is one.
+
+    Two shapes of vLLM's base class, told apart by what it offers: up to 0.32 `metadata()` is
+    a method and the engine iterates the source (`__iter__`); from 0.33 `metadata` must be a
+    `functools.cached_property` (the base class refuses a subclass otherwise, when the class
+    is created) and the engine calls `iter_full()`. The 0.33 engine reads `metadata` already
+    in `trainer_init`, when no weights are set, and caches it, so `set` drops the cached value
+    for every push; an unchanged metadata list then lets vLLM send an empty update info
+    ("reuse the last metadata"), which its workers accept."""
+    modern = callable(getattr(api.source_base, "iter_full", None))
 
     class StateSource(api.source_base):  # type: ignore[misc, valid-type]
         named: list[tuple[str, torch.Tensor]] = []
 
         def set(self, named: list[tuple[str, torch.Tensor]]) -> None:
             self.named = named
+            self.__dict__.pop("metadata", None)  # the cached_property's value (0.33+)
 
-        def metadata(self) -> list[Any]:
+        def _metadata(self) -> list[Any]:
             return [api.param_meta(n, t.dtype, tuple(t.shape)) for n, t in self.named]
 
-        def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        def _pairs(self) -> Iterator[tuple[str, torch.Tensor]]:
             cuda = torch.cuda.is_available()
             for name, tensor in self.named:
                 t = tensor.detach()
                 yield name, (t.to(torch.cuda.current_device()) if cuda else t).contiguous()
+
+        if modern:
+            metadata = functools.cached_property(_metadata)
+            iter_full = _pairs
+        else:
+            metadata = _metadata
+            __iter__ = _pairs
 
     return StateSource()
 
@@ -208,7 +239,7 @@ class NcclSync:
                 f"sender), this run has {dist.get_world_size()}; use weight_sync=filesystem"
             )
         self.api = load_trainer_api()
-        self.source = make_source(self.api)
+        self.source = build_source(self.api)
 
     async def push(self, engine: Any, named: list[tuple[str, torch.Tensor]], version: int) -> None:
         """Broadcast `named` to the group and commit `version` on the members that loaded

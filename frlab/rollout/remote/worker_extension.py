@@ -230,7 +230,7 @@ class WeightUpdateExtension:
         if not callable(reload):
             raise RuntimeError(
                 "this vLLM worker has no reload_weights(weights_iterator=..., "
-                "is_checkpoint_format=...): frlab needs vllm>=0.28,<0.30"
+                f"is_checkpoint_format=...): frlab needs {SUPPORTED}"
             )
         tensors = snapshot_tensors(str(path))
         self.frlab_version, self.frlab_ack = None, None  # the weights are about to change

@@ -1,9 +1,12 @@
 """Fakes for the NCCL weight sync of the remote engine (frlab.rollout.remote.nccl), no vllm needed.
 
-`install_fake_vllm(monkeypatch)` puts fake `vllm.distributed.weight_transfer.{base,factory,
-nccl_engine}` modules into `sys.modules`, shaped like vLLM 0.28/0.29's trainer API
+`install_fake_vllm(monkeypatch, api=...)` puts fake `vllm.distributed.weight_transfer.{base,
+factory,nccl_engine}` modules into `sys.modules`, shaped like vLLM's trainer API
 (`WeightTransferTrainerFactory.trainer_init(NCCLTrainerInitInfo(..., rank=0), client=,
-source=)`, `send_weights()`, `shutdown()`). The fake "broadcast" puts the source's tensors on
+source=)`, `send_weights()`, `shutdown()`) of 0.28-0.32 (`api="0.28"`: `WeightSource.metadata()`
+a method, the source iterated) or of 0.33 (`metadata` a cached property checked when the
+subclass is created, `iter_full()`, metadata read at `trainer_init`, empty update-info lists
+when it is unchanged); read from those wheels' base.py / nccl_engine.py. The fake "broadcast" puts the source's tensors on
 `WIRE[master_port]`, then drives the client like vLLM does (start, update, finish).
 
 `FakeVllmServer` is an HTTP server on a thread with vLLM's routes the remote engine uses,
@@ -22,6 +25,7 @@ request is logged to `EVENTS` as (what, server url, detail).
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import threading
@@ -29,7 +33,7 @@ import types
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -89,6 +93,7 @@ class FakeVllmServer:
         """A new process: fresh workers that hold no weights and know no NCCL group."""
         self.workers = [fake_worker() for _ in range(self.n_workers)]
         self.master_port = None
+        self.__dict__.pop("last_info", None)  # a new process reuses no update info
 
     def close(self) -> None:
         self.httpd.shutdown()
@@ -129,8 +134,13 @@ class FakeVllmServer:
         return vllm_router_answer([getattr(w, method)(*args) for w in self.workers])
 
     def receive(self, info: dict[str, Any]) -> None:
-        """The workers' side of the broadcast: what the update info declares, from the wire."""
+        """The workers' side of the broadcast: what the update info declares, from the wire.
+        Empty lists reuse the last update info this server received (vLLM 0.33's workers);
+        a server with none to reuse fails (HTTP 500)."""
         wire = WIRE[self.master_port]  # KeyError (HTTP 500) if this server never joined
+        if not info["names"] and not info["dtype_names"] and not info["shapes"]:
+            info = self.last_info  # AttributeError (HTTP 500) if there is none
+        self.last_info = info
         declared = (info["names"], info["dtype_names"], info["shapes"])
         sent = ([n for n, _ in wire], [str(t.dtype).removeprefix("torch.") for _, t in wire],
                 [list(t.shape) for _, t in wire])  # fmt: skip
@@ -185,11 +195,36 @@ class ParamMeta:
 
 
 class WeightSource(ABC):
+    """vLLM 0.28-0.32 (vllm/distributed/weight_transfer/base.py): `metadata()` is a method,
+    the engine iterates the source."""
+
     @abstractmethod
     def metadata(self) -> list[ParamMeta]: ...
 
     @abstractmethod
     def __iter__(self) -> Any: ...
+
+
+class WeightSource033(ABC):
+    """vLLM 0.33's: `metadata` an abstract property that a subclass must implement as a
+    `functools.cached_property` (refused with TypeError when the class is created),
+    `iter_full()` the full tensors, `implements_iter_full()` whether a subclass has it."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        metadata = cls.__dict__.get("metadata")
+        if metadata is not None and not isinstance(metadata, functools.cached_property):
+            raise TypeError(f"{cls.__name__}.metadata must be a functools.cached_property")
+
+    @property
+    @abstractmethod
+    def metadata(self) -> list[ParamMeta]: ...
+
+    def implements_iter_full(self) -> bool:
+        return type(self).iter_full is not WeightSource033.iter_full
+
+    def iter_full(self) -> Any:
+        raise NotImplementedError
 
 
 @dataclass
@@ -224,6 +259,14 @@ class FakeTrainerEngine:
     def send_weights(self) -> None:
         meta = self.source.metadata()
         pairs = list(self.source)
+        self._send(meta, pairs, self._info(meta))
+
+    def _info(self, meta: list[ParamMeta]) -> dict[str, Any]:
+        return {"names": [m.name for m in meta],
+                "dtype_names": [str(m.dtype).split(".")[-1] for m in meta],
+                "shapes": [list(m.shape) for m in meta]}  # fmt: skip
+
+    def _send(self, meta: list[ParamMeta], pairs: list[Any], info: dict[str, Any]) -> None:
         assert [(m.name, m.dtype, m.shape) for m in meta] == [
             (n, t.dtype, tuple(t.shape)) for n, t in pairs
         ]
@@ -231,27 +274,59 @@ class FakeTrainerEngine:
         if FakeTrainerEngine.fail_send:
             raise RuntimeError("NCCL error: unhandled system error")
         WIRE[self.info.master_port] = pairs
-        self.client.update_weights({"names": [m.name for m in meta],
-                                    "dtype_names": [str(m.dtype).split(".")[-1] for m in meta],
-                                    "shapes": [list(m.shape) for m in meta]})  # fmt: skip
+        self.client.update_weights(info)
         self.client.finish_weight_update()
 
     def shutdown(self) -> None:
         EVENTS.append(("trainer_shutdown", "", self.info.master_port))
 
 
-class WeightTransferTrainerFactory:
+class FakeTrainerEngine033(FakeTrainerEngine):
+    """vLLM 0.33's: `trainer_init` refuses a source without `iter_full` and reads `metadata`
+    (before any weights are set: a source must not keep that value), `send_weights` reads
+    `source.metadata` and `source.iter_full()`, and sends EMPTY update-info lists when the
+    metadata equals the previous round's (the workers reuse their last one)."""
+
     @classmethod
     def trainer_init(cls, init_info: Any, *, client: Any, source: Any = None) -> Any:
-        return FakeTrainerEngine.trainer_init(init_info, client=client, source=source)
+        if not source.implements_iter_full():
+            raise TypeError(f"{type(source).__name__} does not implement iter_full()")
+        list(source.metadata)  # validated at init, as vLLM does
+        engine = super().trainer_init(init_info, client=client, source=source)
+        engine.sent_meta = None
+        return engine
+
+    def send_weights(self) -> None:
+        meta = self.source.metadata
+        pairs = list(self.source.iter_full())
+        empty = {"names": [], "dtype_names": [], "shapes": []}
+        self._send(meta, pairs, empty if meta == self.sent_meta else self._info(meta))
+        self.sent_meta = meta
 
 
-def install_fake_vllm(monkeypatch: pytest.MonkeyPatch, with_trainer_api: bool = True) -> None:
-    """Fake vllm weight-transfer modules in sys.modules (without the trainer API if asked)."""
+API_SHAPES = {"0.28": (WeightSource, FakeTrainerEngine), "0.33": (WeightSource033,
+                                                                  FakeTrainerEngine033)}  # fmt: skip
+
+
+class WeightTransferTrainerFactory:
+    engine: ClassVar[type] = FakeTrainerEngine
+
+    @classmethod
+    def trainer_init(cls, init_info: Any, *, client: Any, source: Any = None) -> Any:
+        return cls.engine.trainer_init(init_info, client=client, source=source)
+
+
+def install_fake_vllm(
+    monkeypatch: pytest.MonkeyPatch, with_trainer_api: bool = True, api: str = "0.28"
+) -> None:
+    """Fake vllm weight-transfer modules in sys.modules, shaped as vLLM `api` (0.28: the
+    0.28-0.32 trainer API; 0.33) and without the trainer API if asked."""
+    source_base, engine = API_SHAPES[api]
+    monkeypatch.setattr(WeightTransferTrainerFactory, "engine", engine)
     names = ["vllm", "vllm.distributed", "vllm.distributed.weight_transfer"]
     mods = {n: types.ModuleType(n) for n in names}
     base = types.ModuleType("vllm.distributed.weight_transfer.base")
-    base.ParamMeta, base.WeightSource = ParamMeta, WeightSource  # type: ignore[attr-defined]
+    base.ParamMeta, base.WeightSource = ParamMeta, source_base  # type: ignore[attr-defined]
     factory = types.ModuleType("vllm.distributed.weight_transfer.factory")
     nccl = types.ModuleType("vllm.distributed.weight_transfer.nccl_engine")
     if with_trainer_api:

@@ -33,9 +33,12 @@ def weights(seed: int) -> dict[str, torch.Tensor]:
     }
 
 
-@pytest.fixture
-def servers(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[FakeVllmServer]]:
-    install_fake_vllm(monkeypatch)
+@pytest.fixture(params=["0.28", "0.33"])
+def servers(
+    monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> Iterator[list[FakeVllmServer]]:
+    """The fleet, with vLLM's trainer API in the shape of 0.28-0.32 and of 0.33."""
+    install_fake_vllm(monkeypatch, api=request.param)
     fleet = [FakeVllmServer(n_workers=2), FakeVllmServer(n_workers=1)]
     yield fleet
     for server in fleet:
@@ -275,3 +278,17 @@ def test_rank_offsets_follow_each_servers_worker_count() -> None:
         proto.nccl_rank_offsets([2, 0])
     with pytest.raises(proto.MalformedResponse):
         proto.world_size_of({"world_size": 0})
+
+
+def test_a_weight_source_base_that_refuses_frlabs_source_is_an_engine_error() -> None:
+    """A future vLLM whose WeightSource contract changed again fails at engine start with
+    frlab's EngineError naming the setting, not with vLLM's raw TypeError."""
+    from frlab.rollout.remote.nccl import TrainerApi, build_source
+
+    class Strict:
+        def __init_subclass__(cls, **kwargs: Any) -> None:
+            raise TypeError(f"{cls.__name__}.metadata must be something else")
+
+    api = TrainerApi(factory=None, init_info_cls=None, source_base=Strict, param_meta=None)
+    with pytest.raises(EngineError, match="rollout.remote.weight_sync=nccl.*something else"):
+        build_source(api)
