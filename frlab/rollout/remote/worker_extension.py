@@ -52,6 +52,8 @@ from typing import Any
 
 import torch
 
+from frlab.rollout.engines.vllm_releases import SUPPORTED
+
 
 def request_amx() -> bool:
     """Ask Linux for AMX tile permission in this process (x86 CPUs with AMX). vLLM's CPU build
