@@ -7,7 +7,8 @@
 # throughput). Prints rollout tokens/s, learner tokens/s and step time (scripts/gpu_check.py).
 # Sized for about 8 minutes on one H200.
 #
-# With vllm installed (vllm>=0.28,<0.30), also scripts/gpu_check_vllm.py (issue 9): the
+# With vllm installed (the `vllm` extra: frlab/rollout/engines/vllm_releases.py), also
+# scripts/gpu_check_vllm.py: the
 # in-process vLLM engine with a weight update and its processed log-probs against the
 # learner's (max / mean |diff|, bf16), then one `vllm serve` server with the recipes' flags,
 # filesystem weight sync and a short `rollout=remote` run. Without vllm that part prints

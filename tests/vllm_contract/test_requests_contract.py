@@ -18,9 +18,11 @@ from frlab.rollout.remote import protocol as proto
 
 pytestmark = pytest.mark.vllm_contract
 
-# what `--generation-config auto` takes from a model's generation_config.json
+# what `--generation-config auto` takes from a model's generation_config.json: the penalties
+# and min_p (since 0.31 presence / frequency penalties too, since 0.33 skip_special_tokens)
 MODEL_DEFAULTS = {"repetition_penalty": 1.3, "temperature": 0.6, "top_p": 0.9, "top_k": 20,
-                  "min_p": 0.1}  # fmt: skip
+                  "min_p": 0.1, "presence_penalty": 0.5, "frequency_penalty": 0.4,
+                  "skip_special_tokens": True}  # fmt: skip
 PARAMS = SamplingParams(temperature=0.7, max_new_tokens=12, stop_token_ids=(2, 9))
 
 
@@ -31,6 +33,7 @@ def expected_sampling(sp) -> None:  # noqa: ANN001
     assert sp.presence_penalty == 0.0 and sp.frequency_penalty == 0.0
     assert sp.max_tokens == 12 and sp.stop_token_ids == [2, 9] and sp.ignore_eos is True
     assert sp.logprobs == 1 and sp.seed == 5 and sp.n == 1
+    assert sp.skip_special_tokens is False
 
 
 def test_the_completion_body_is_vllms_and_no_model_default_leaks_in() -> None:
@@ -50,6 +53,9 @@ def test_the_completion_body_is_vllms_and_no_model_default_leaks_in() -> None:
     }
     leaked = CompletionRequest.model_validate(old).to_sampling_params(12, dict(MODEL_DEFAULTS))
     assert leaked.repetition_penalty == 1.3 and leaked.min_p == 0.1  # the bias, before the fix
+    unset = {k: v for k, v in body.items() if k != "skip_special_tokens"}
+    special = CompletionRequest.model_validate(unset).to_sampling_params(12, dict(MODEL_DEFAULTS))
+    assert special.skip_special_tokens is True  # a default frlab must keep sending explicitly
 
 
 def test_in_process_sampling_kwargs_build_vllms_sampling_params() -> None:
@@ -76,7 +82,12 @@ def test_engine_kwargs_build_vllms_engine_args_and_config(tmp_path: Path) -> Non
     assert config.parallel_config.worker_extension_cls == kwargs["worker_extension_cls"]
     check_served_mode(type("E", (), {"vllm_config": config})())
     auto = vllm_config(model)  # vllm serve's defaults: the model's generation config leaks
-    assert auto.model_config.get_diff_sampling_param()["repetition_penalty"] == 1.3
+    leaked = auto.model_config.get_diff_sampling_param()
+    assert leaked["repetition_penalty"] == 1.3
+    # since 0.31 the model's presence / frequency penalties leak too (frlab sends both)
+    assert (
+        leaked.get("presence_penalty", 0.5) == 0.5 and leaked.get("frequency_penalty", 0.4) == 0.4
+    )
     with pytest.raises(Exception, match="logprobs_mode"):
         check_served_mode(type("E", (), {"vllm_config": auto})())
 

@@ -70,6 +70,7 @@ def worker(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
     runner = object.__new__(GPUModelRunner)
     runner.model, runner.lora_config = TinyVllmStyleModel(), None
     runner.model_config, runner.load_config = config.model_config, config.load_config
+    runner.vllm_config = config  # read by reload_weights since vLLM 0.32
     for name in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):
         setattr(runner, name, lambda: None)
     record_metadata_for_reloading(runner.model)
