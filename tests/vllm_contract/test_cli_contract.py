@@ -88,3 +88,20 @@ def test_the_guides_vllm_serve_commands_parse_in_vllm(local_model: Path) -> None
     assert nccl, "the guide's NCCL server command"
     args = serve_parser().parse_args(nccl[0])
     assert args.weight_transfer_config.backend == "nccl"
+
+
+def test_the_routed_experts_flag_parses_on_every_release(local_model: Path) -> None:
+    """MoE routing replay needs the engine's routed experts: `--enable-return-routed-experts`
+    parses into the engine arguments on every supported release (the flag stayed when the
+    setting moved into the auxiliary-output config in 0.31; building that config then also
+    needs vLLM's second model runner, which on a CPU needs Triton with a CPU backend)."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    argv = ["serve", str(local_model), "--enable-return-routed-experts", "--skip-tokenizer-init",
+            "--max-model-len", "128", "--enforce-eager"]  # fmt: skip
+    args = serve_parser().parse_args(argv)
+    args.model = args.model_tag
+    assert AsyncEngineArgs.from_cli_args(args).enable_return_routed_experts is True
+    plain = serve_parser().parse_args(argv[:2])
+    plain.model = plain.model_tag
+    assert AsyncEngineArgs.from_cli_args(plain).enable_return_routed_experts is False
