@@ -63,6 +63,7 @@ class Plan:
     trust: str = "-"
     q: float = 1.0
     servers: int | None = None  # rollout.engine=remote: size of the server fleet
+    weight_update: str | None = None  # rollout.weight_update (None: the engine's default)
     evaluation: str = "none"  # the `eval` node in words (describe_eval)
     logger: str | None = None
     output_dir: str = NOT_RESOLVED
@@ -96,6 +97,7 @@ class Plan:
             ("rollout", f"{self.mode} on {self._engine()}, in flight {self.max_in_flight}, "
                         f"sync every {self.sync_every}, turns {self.max_turns}, max_len "
                         f"{self.max_len}, new tokens {self.max_new_tokens}, T={self.temperature:g}"),
+            ("weights", self.weight_update or "the engine's default (in_flight where exact)"),
             ("lag bound", lag),
             ("objective", f"baseline={c['baseline']} trust_region={c['trust_region']} "
                           f"aggregation={c['aggregation']} token_filter={c['token_filter']}"),
@@ -228,6 +230,7 @@ def build_plan(
         trust=describe_trust_region(names["trust_region"], objective.trust_region),
         q=float(q),
         servers=len(rollout["remote"]["servers"]) if engine == "remote" else None,
+        weight_update=rollout.get("weight_update"),
         evaluation=describe_eval(cfg.get("eval")),
         logger=None if cfg.get("logger") is None else str(cfg.logger.get("_target_")),
         output_dir=output_dir(cfg),

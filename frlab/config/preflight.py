@@ -82,6 +82,7 @@ def preflight(cfg: DictConfig) -> Plan:
     _check_batch(sec["data"], sec["rollout"], world)
     _check_sync(sec["rollout"])
     _check_engine(engine, sec["rollout"], trainer)
+    _check_weight_update(engine, sec["rollout"], sec["model"])
     _check_remote(engine, sec["rollout"], world)
     _check_schedule(sec["optim"], trainer)
     check_eval(cfg, sec["rollout"], trainer)
@@ -345,6 +346,31 @@ def _check_engine(engine: str, rollout: Mapping[str, Any], trainer: Mapping[str,
             "rollout.vllm_engine_args",
             f"{', '.join(owned)} are set by frlab (model.name_or_path, seed, rollout.max_len, "
             "the worker extension): remove them",
+        )
+
+
+def _check_weight_update(engine: str, rollout: Mapping[str, Any], model: Mapping[str, Any]) -> None:
+    """A `rollout.weight_update` the engine class implements exactly (asked of the class, only
+    when a mode is set: null is the engine's own default)."""
+    mode = rollout.get("weight_update")
+    if mode is None:
+        return
+    if mode == "resubmit" and model.get("routing_replay"):
+        raise ConfigError(
+            "rollout.weight_update",
+            "resubmit re-prefills sampled tokens on the new weights, so a position would have "
+            "two routings: not with model.routing_replay (use in_flight or drain)",
+        )
+    from hydra.utils import get_object
+
+    target = get_object(str(rollout["engine"]["_target_"]))
+    supported = getattr(getattr(target, "__self__", target), "weight_updates", None)
+    modes = tuple(supported()) if callable(supported) else ()
+    if mode not in modes:
+        raise ConfigError(
+            "rollout.weight_update",
+            f"{mode!r} is not exact on the {engine} engine, which implements "
+            f"{', '.join(modes) or 'no named mode (leave it null)'}",
         )
 
 

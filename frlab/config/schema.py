@@ -23,6 +23,8 @@ from omegaconf import II, MISSING
 from frlab.config.declare import Field, check_value, spec
 from frlab.config.schema_trainer import TrainerConfig
 
+WEIGHT_UPDATES = ("in_flight", "resubmit", "drain")  # frlab.rollout.engine.WEIGHT_UPDATES
+
 __all__ = ["Field", "check_value", "FrlabConfig", "ENGINES", "TrainerConfig"]
 
 
@@ -106,6 +108,9 @@ class TorchEngineConfig:
                                doc="requests decoded together; follows rollout.max_in_flight")  # fmt: skip
     record_routing: bool = spec(II("model.routing_replay"), doc="record MoE experts per token")
     packed_prefill: bool = spec(True, doc="pack ragged prompts in one prefill row if cheaper")
+    weight_update: str | None = spec(
+        II("rollout.weight_update"), doc="follows rollout.weight_update"
+    )
 
 
 @dataclass
@@ -120,6 +125,9 @@ class TorchProcessEngineConfig:
                                doc="requests decoded together; follows rollout.max_in_flight")  # fmt: skip
     record_routing: bool = spec(II("model.routing_replay"), doc="record MoE experts per token")
     packed_prefill: bool = spec(True, doc="pack ragged prompts in one prefill row if cheaper")
+    weight_update: str | None = spec(
+        II("rollout.weight_update"), doc="follows rollout.weight_update"
+    )
     num_threads: int = spec(1, low=1, doc="torch threads of the engine process")
     start_timeout_s: float = spec(300.0, low=0.0, low_open=True,
                                   doc="deadline for the engine process to load and report ready")  # fmt: skip
@@ -140,6 +148,9 @@ class VLLMEngineConfig:
     cpu_kv_cache_gib: float | None = spec(
         None, low=0.0, low_open=True, doc="vLLM on a CPU: KV cache in GiB; null: twice what "
         "max_in_flight sequences of max_model_len tokens need, at least 0.25 GiB")  # fmt: skip
+    weight_update: str | None = spec(
+        II("rollout.weight_update"), doc="follows rollout.weight_update"
+    )
     engine_args: Any = spec(II("rollout.vllm_engine_args"), doc="follows rollout.vllm_engine_args")
 
 
@@ -150,6 +161,9 @@ class RemoteEngineConfig:
     _target_: str = "frlab.rollout.remote.engine.RemoteEngine.for_policy"
     _partial_: bool = True
     settings: Any = spec(II("rollout.remote"), doc="follows rollout.remote")
+    weight_update: str | None = spec(
+        II("rollout.weight_update"), doc="follows rollout.weight_update"
+    )
 
 
 # rollout/engine options: name -> declaration (the names are the group's options).
@@ -172,6 +186,11 @@ class RolloutConfig:
     )
     max_in_flight: int = spec(32, low=1, doc="rollouts running at once")
     max_policy_lag: int = spec(4, low=0, doc="admission-control bound on policy lag")
+    weight_update: str | None = spec(
+        None, choices=WEIGHT_UPDATES, doc="what requests in flight see when new weights land: "
+        "in_flight (keep their KV cache, go on with the new weights), resubmit (fresh prefill "
+        "of prompt + tokens on the new weights), drain (the update waits for them); null: the "
+        "engine's default, in_flight where its per-token versions make it exact")  # fmt: skip
     samples_per_prompt: int = spec(1, low=1, doc="G; > 1 only for group baselines (mode sync)")
     sync_every: int = spec(1, low=1, doc="push weights every N steps; <= max_policy_lag (async)")
     max_turns: int = spec(1, low=1, doc="turns per episode")

@@ -168,3 +168,23 @@ def agrees(model: PreTrainedModel, forward: Logits, device: torch.device) -> str
     scale = float(alone.abs().max()) or 1.0
     tolerance = CHECK_TOLERANCE.get(model.dtype, CHECK_TOLERANCE_LOW_PRECISION)
     return None if gap <= tolerance * scale else f"max |logit gap| {gap:.3g} of {scale:.3g}"
+
+
+def packing_cost(
+    model: PreTrainedModel, logits: Callable[..., torch.Tensor], device: torch.device, enabled: bool
+) -> PrefillCost | None:
+    """The prefill cost model when prompts may be packed (None: always left-padded): packing
+    must be asked for, supported by the model, and agree with separate forwards at start."""
+    if not enabled:
+        return None
+    reason = unsupported(model)
+    if reason is None:
+        try:
+            with torch.inference_mode():
+                reason = agrees(model, logits, device)
+        except Exception as exc:  # a model that cannot take a packed row: pad instead
+            reason = f"packed forward failed: {exc!r}"
+    if reason is not None:
+        log.warning("torch engine: prompts are prefilled left-padded, not packed: %s", reason)
+        return None
+    return PrefillCost.of(model)

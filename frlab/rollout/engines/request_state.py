@@ -31,6 +31,11 @@ class Request:
     versions: list[int] = field(default_factory=list)
     routing: list[torch.Tensor] | None = None  # per-forward [t, L, k] pieces when recording
 
+    @property
+    def context(self) -> list[int]:
+        """What a prefill feeds: the prompt, then the tokens sampled so far (after a resubmit)."""
+        return self.prompt + self.token_ids if self.token_ids else self.prompt
+
     def finish(self, reason: str) -> None:
         routing = None
         if self.routing is not None:

@@ -16,8 +16,11 @@ from (logits / temperature, then top-k / top-p if set, renormalised:
 frlab.rollout.engines.sampling) and the weight version that sampled it. A request with
 `SamplingParams.seed` draws from its own generator, so its tokens do not depend on the other
 rows. `update_weights` takes the step lock, so new weights land between two decode steps;
-tokens sampled afterwards carry the new version (the KV cache of earlier tokens is kept, as
-in-flight updates do in asynchronous RL systems).
+tokens sampled afterwards carry the new version. What happens to running requests is the
+engine's `weight_update` mode (frlab.rollout.engine.WEIGHT_UPDATES): `in_flight` keeps their
+KV cache (as in-flight updates do in asynchronous RL systems), `resubmit` drops it and
+prefills prompt + tokens so far again on the new weights at the next step, `drain` admits no
+request until the running ones have finished and only then loads.
 
 With `record_routing=True` (MoE routing replay, frlab.model.routing_replay) every forward also
 records the experts each MoE layer picked; each request gets the rows of its own positions:
@@ -32,22 +35,32 @@ import contextlib
 import inspect
 import logging
 import threading
+import time
 from collections.abc import Mapping, Sequence
 
 import torch
 from transformers import PreTrainedModel
 
 from frlab.model.routing_replay import RoutingRecord, record_routing
-from frlab.rollout.engine import Engine, EngineError, GenerationResult, SamplingParams
+from frlab.rollout.engine import (
+    WEIGHT_UPDATES,
+    Engine,
+    EngineError,
+    GenerationResult,
+    SamplingParams,
+    resolve_weight_update,
+)
 from frlab.rollout.engines import prefill
 from frlab.rollout.engines.common import check_prompt, check_update, private_copy, require_moe
-from frlab.rollout.engines.kv_batch import DecodeRows, GrowingCache, left_pad, unpack_rows
-from frlab.rollout.engines.request_state import Request, awaitable, drop_finished, fail
+from frlab.rollout.engines.kv_batch import DecodeRows, GrowingCache
+from frlab.rollout.engines.request_state import Request, awaitable, fail
 from frlab.rollout.engines.sampling import draw, request_generator
 from frlab.rollout.engines.sampling import sampling_log_probs as sampling_log_probs
+from frlab.rollout.engines.steps import decode_step, prefill_requests
 
 log = logging.getLogger(__name__)
 Span = tuple[int, int, int]  # (row, first, end) of a request's positions in one forward
+DRAIN_DEADLINE_S = 600.0  # longest wait of a drain update for the running requests
 
 
 class TorchEngine(Engine):
@@ -63,10 +76,12 @@ class TorchEngine(Engine):
         max_batch_size: int = 32,
         record_routing: bool = False,
         packed_prefill: bool = True,
+        weight_update: str | None = None,
     ) -> TorchEngine:
         """The engine of `rollout/engine=torch`: a copy of the learner's `policy`."""
         return cls(policy, device=device, max_batch_size=max_batch_size, seed=seed,
-                   record_routing=record_routing, packed_prefill=packed_prefill)  # fmt: skip
+                   record_routing=record_routing, packed_prefill=packed_prefill,
+                   weight_update=weight_update)  # fmt: skip
 
     def __init__(
         self,
@@ -78,9 +93,16 @@ class TorchEngine(Engine):
         initial_version: int = 0,
         record_routing: bool = False,
         packed_prefill: bool = True,
+        weight_update: str | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"TorchEngine max_batch_size must be >= 1, got {max_batch_size}")
+        self.weight_update = resolve_weight_update(weight_update, self.weight_updates(), "torch")
+        if self.weight_update == "resubmit" and record_routing:
+            raise ValueError(
+                "rollout.weight_update=resubmit re-prefills generated tokens on new weights, so "
+                "a position would have two routings: not with model.routing_replay"
+            )
         self.device = torch.device(device)
         self.max_batch_size = int(max_batch_size)
         self._model = self._private_model(model)
@@ -89,7 +111,9 @@ class TorchEngine(Engine):
             require_moe(self._model, "TorchEngine record_routing=True")
         self.vocab_size = int(self._model.get_input_embeddings().weight.shape[0])
         self._cache_kwarg, self._forward_extra = _forward_kwargs(self._model)
-        self._prefill_cost = self._packing(packed_prefill)
+        self._prefill_cost = prefill.packing_cost(
+            self._model, self._logits, self.device, packed_prefill
+        )
         self._generator = torch.Generator().manual_seed(int(seed))  # requests without a seed
         self._version = int(initial_version)
         self._pending: list[Request] = []
@@ -97,32 +121,23 @@ class TorchEngine(Engine):
         self._step_lock = threading.Lock()
         self._paused = False
         self._stopping = False
+        self._running = 0  # rows decoding at the serving thread's last admission
+        self._draining = False  # drain: admit nothing until the running rows have finished
+        self._resubmit = False  # resubmit: re-prefill every running row at the next step
         self._thread: threading.Thread | None = None
         self._record: RoutingRecord | None = None  # open while the serving thread runs
 
     def _private_model(self, model: PreTrainedModel) -> PreTrainedModel:
         return private_copy(model, self.device)
 
-    def _packing(self, enabled: bool) -> prefill.PrefillCost | None:
-        """The prefill cost model when prompts may be packed (None: always left-padded)."""
-        if not enabled:
-            return None
-        reason = prefill.unsupported(self._model)
-        if reason is None:
-            try:
-                with torch.inference_mode():
-                    reason = prefill.agrees(self._model, self._logits, self.device)
-            except Exception as exc:  # a model that cannot take a packed row: pad instead
-                reason = f"packed forward failed: {exc!r}"
-        if reason is not None:
-            log.warning("torch engine: prompts are prefilled left-padded, not packed: %s", reason)
-            return None
-        return prefill.PrefillCost.of(self._model)
-
     @property
     def packed_prefill(self) -> bool:
         """Whether prompts may be prefilled packed in one row (see frlab.rollout.engines.prefill)."""
         return self._prefill_cost is not None
+
+    @classmethod
+    def weight_updates(cls) -> tuple[str, ...]:
+        return WEIGHT_UPDATES  # all three, in_flight by default
 
     # -- lifecycle ---------------------------------------------------------------------------
     @property
@@ -210,7 +225,10 @@ class TorchEngine(Engine):
 
     # -- weights -----------------------------------------------------------------------------
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        """Load `state_dict` between two decode steps as `weight_update` says (see above)."""
         own = check_update(self._model, state_dict, version)
+        if self.weight_update == "drain":
+            self._drain()
         with self._cond:
             was_paused, self._paused = self._paused, True
         try:
@@ -218,9 +236,31 @@ class TorchEngine(Engine):
                 for name, tensor in state_dict.items():
                     own[name].copy_(tensor.detach())
                 self._version = int(version)
+                self._resubmit = self.weight_update == "resubmit"
         finally:
+            with self._cond:
+                self._draining = False
+                self._cond.notify_all()
             if not was_paused:
                 self.resume()
+
+    def _drain(self, deadline_s: float = DRAIN_DEADLINE_S) -> None:
+        """Admit nothing more and wait until no row is decoding (EngineError past the deadline,
+        which leaves the weights as they were)."""
+        deadline = time.monotonic() + deadline_s
+        with self._cond:
+            self._draining = True
+            self._cond.notify_all()
+            while self._running and self._thread is not None and self._thread.is_alive():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self._draining = False
+                    self._cond.notify_all()
+                    raise EngineError(
+                        f"update_weights (drain): {self._running} requests still decoding after "
+                        f"{deadline_s:.0f} s"
+                    )
+                self._cond.wait(min(left, 1.0))
 
     # -- the serving thread ------------------------------------------------------------------
     def _serve(self) -> None:
@@ -241,6 +281,8 @@ class TorchEngine(Engine):
                 return
             try:
                 with self._step_lock, torch.inference_mode():
+                    if self._take_resubmit() and reqs:  # new weights: prefill them afresh
+                        rows, reqs, newcomers = None, [], reqs + newcomers
                     rows, reqs = self._iterate(rows, reqs, newcomers)
             except Exception as exc:  # fail this batch, keep serving
                 for req in reqs + newcomers:
@@ -249,68 +291,52 @@ class TorchEngine(Engine):
 
     def _admit(self, running: int) -> list[Request] | None:
         """Wait until there is work and the engine is not paused; take the queued requests
-        that fit next to `running` rows (None when stopping)."""
+        that fit next to `running` rows (None when stopping; none while draining)."""
         with self._cond:
-            while not self._stopping and (self._paused or (not running and not self._pending)):
-                self._cond.wait()
+            while not self._stopping and (
+                self._paused or (not running and (not self._pending or not self._admitting()))
+            ):
+                self._publish_running(running)
+                self._cond.wait(self._admit_poll_s)
             if self._stopping:
                 return None
+            if not self._admitting():
+                self._publish_running(running)
+                return []
             room = self.max_batch_size - running
             taken, self._pending = self._pending[:room], self._pending[room:]
-        return [r for r in taken if r.future.set_running_or_notify_cancel()]
+            taken = [r for r in taken if r.future.set_running_or_notify_cancel()]
+            self._publish_running(running + len(taken))  # after the decision: drain counts it
+        return taken
+
+    # Hooks of the weight-update modes (the torch_process child keeps them in shared memory).
+    _admit_poll_s: float | None = None  # how often a waiting serving thread re-checks them
+
+    def _publish_running(self, running: int) -> None:
+        self._running = running
+        if self._draining:
+            self._cond.notify_all()  # an update waits for 0
+
+    def _admitting(self) -> bool:
+        return not self._draining
+
+    def _take_resubmit(self) -> bool:
+        """Whether an update asked to re-prefill the running rows (cleared); under the lock."""
+        asked, self._resubmit = self._resubmit, False
+        return asked
 
     def _iterate(
         self, rows: DecodeRows | None, reqs: list[Request], newcomers: list[Request]
     ) -> tuple[DecodeRows | None, list[Request]]:
         """Prefill `newcomers` into the batch, then one decode step for every row."""
         if newcomers:
-            fresh, fresh_reqs = self._prefill(newcomers)
+            fresh, fresh_reqs = prefill_requests(self, newcomers)
             if fresh is not None:
                 rows = fresh if rows is None else rows.merge(fresh)
                 reqs = reqs + fresh_reqs
         if rows is None:
             return None, []
-        return self._decode(rows, reqs)
-
-    def _prefill(self, reqs: list[Request]) -> tuple[DecodeRows | None, list[Request]]:
-        """Prefill `reqs` (in order) as the prefill plan groups them: packed or left-padded."""
-        rows, kept = None, []
-        for group, packed in prefill.plan([len(r.prompt) for r in reqs], self._prefill_cost):
-            part = [reqs[i] for i in group]
-            fresh, part = self._prefill_packed(part) if packed else self._prefill_padded(part)
-            if fresh is not None:
-                rows = fresh if rows is None else rows.merge(fresh)
-                kept += part
-        return rows, kept
-
-    def _prefill_padded(self, reqs: list[Request]) -> tuple[DecodeRows | None, list[Request]]:
-        ids, attention, positions = left_pad([r.prompt for r in reqs], self.device)
-        cache, width = GrowingCache(), ids.shape[1]
-        spans = [(row, width - len(r.prompt), width) for row, r in enumerate(reqs)]
-        logits = self._forward(ids, attention, positions, cache, reqs, spans)
-        rows = DecodeRows(cache, attention, positions[:, -1] + 1, self._sample(logits, reqs))
-        return drop_finished(rows, reqs)
-
-    def _prefill_packed(self, reqs: list[Request]) -> tuple[DecodeRows | None, list[Request]]:
-        lengths = [len(r.prompt) for r in reqs]
-        ids, positions, last = prefill.packed_inputs([r.prompt for r in reqs], self.device)
-        mask, cache = prefill.packed_mask(self._model, positions), GrowingCache()
-        spans = [(0, end + 1 - n, end + 1) for n, end in zip(lengths, last.tolist(), strict=True)]
-        logits = self._forward(ids, mask, positions, cache, reqs, spans, keep=last)
-        cache, attention = unpack_rows(cache, lengths)
-        next_positions = torch.tensor(lengths, device=self.device)
-        rows = DecodeRows(cache, attention, next_positions, self._sample(logits, reqs))
-        return drop_finished(rows, reqs)
-
-    def _decode(
-        self, rows: DecodeRows, reqs: list[Request]
-    ) -> tuple[DecodeRows | None, list[Request]]:
-        attention = torch.cat([rows.attention, rows.attention.new_ones((len(rows), 1))], dim=1)
-        tokens, positions = rows.tokens.unsqueeze(1), rows.positions.unsqueeze(1)
-        logits = self._forward(tokens, attention, positions, rows.cache, reqs)
-        rows.attention, rows.positions = attention, rows.positions + 1
-        rows.tokens = self._sample(logits, reqs)
-        return drop_finished(rows, reqs)
+        return decode_step(self, rows, reqs)
 
     def _forward(
         self,

@@ -26,7 +26,6 @@ import asyncio
 import concurrent.futures
 import itertools
 import os
-import shutil
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -36,9 +35,17 @@ import torch
 import torch.multiprocessing as tmp
 from transformers import PreTrainedModel
 
-from frlab.rollout.engine import Engine, EngineError, GenerationResult, SamplingParams
+from frlab.rollout.engine import (
+    WEIGHT_UPDATES,
+    Engine,
+    EngineError,
+    GenerationResult,
+    SamplingParams,
+    resolve_weight_update,
+)
 from frlab.rollout.engines.common import check_prompt, check_update, private_copy, require_moe
 from frlab.rollout.engines.request_state import settle
+from frlab.rollout.engines.shared_weights import check_open_files, check_shared_memory
 from frlab.rollout.engines.torch_process_child import child_main
 
 STOP_WAIT_S = 30.0  # shutdown: the child's own clean stop, then terminate / kill
@@ -63,11 +70,13 @@ class ProcessTorchEngine(Engine):
         num_threads: int = 1,
         start_timeout_s: float = 300.0,
         packed_prefill: bool = True,
+        weight_update: str | None = None,
     ) -> ProcessTorchEngine:
         """The engine of `rollout/engine=torch_process`: a copy of the learner's `policy`."""
         return cls(policy, device=device, max_batch_size=max_batch_size, seed=seed,
                    record_routing=record_routing, num_threads=num_threads,
-                   start_timeout_s=start_timeout_s, packed_prefill=packed_prefill)  # fmt: skip
+                   start_timeout_s=start_timeout_s, packed_prefill=packed_prefill,
+                   weight_update=weight_update)  # fmt: skip
 
     def __init__(
         self,
@@ -81,7 +90,15 @@ class ProcessTorchEngine(Engine):
         num_threads: int = 1,
         start_timeout_s: float = 300.0,
         packed_prefill: bool = True,
+        weight_update: str | None = None,
     ) -> None:
+        self.weight_update = resolve_weight_update(weight_update, self.weight_updates(),
+                                                   "torch_process")  # fmt: skip
+        if self.weight_update == "resubmit" and record_routing:
+            raise ValueError(
+                "rollout.weight_update=resubmit re-prefills generated tokens on new weights, so "
+                "a position would have two routings: not with model.routing_replay"
+            )
         if torch.device(device).type != "cpu":
             raise ValueError(
                 f"rollout.engine.device={device!r}: rollout/engine=torch_process serves on CPU "
@@ -101,7 +118,8 @@ class ProcessTorchEngine(Engine):
         self.vocab_size = int(self._model.get_input_embeddings().weight.shape[0])
         self._settings = {"seed": int(seed), "max_batch_size": int(max_batch_size),
                           "record_routing": bool(record_routing), "num_threads": int(num_threads),
-                          "packed_prefill": bool(packed_prefill)}  # fmt: skip
+                          "packed_prefill": bool(packed_prefill),
+                          "weight_update": self.weight_update}  # fmt: skip
         self.start_timeout_s = float(start_timeout_s)
         ctx = tmp.get_context("spawn")
         self._ctx = ctx
@@ -110,6 +128,11 @@ class ProcessTorchEngine(Engine):
         # an Event: an Event's set() waits for every sleeper to wake, a killed child never does.
         self._gate = ctx.Value("b", 1, lock=False)
         self._version = ctx.Value("q", int(initial_version), lock=False)
+        # the weight-update modes' shared hooks: admission open, rows decoding (-1: not yet
+        # published since admission closed), re-prefill the running rows at the next step
+        self._admit = ctx.Value("b", 1, lock=False)
+        self._running = ctx.Value("i", 0, lock=False)
+        self._resubmit = ctx.Value("b", 0, lock=False)
         self._state = threading.Lock()
         self._send_lock = threading.Lock()
         self._futures: dict[int, concurrent.futures.Future] = {}
@@ -119,6 +142,10 @@ class ProcessTorchEngine(Engine):
         self._conn: Any = None
         self._reader: threading.Thread | None = None
         self._exit_reason = ""
+
+    @classmethod
+    def weight_updates(cls) -> tuple[str, ...]:
+        return WEIGHT_UPDATES  # the child is a TorchEngine: all three, in_flight by default
 
     # -- lifecycle ---------------------------------------------------------------------------
     @property
@@ -148,7 +175,7 @@ class ProcessTorchEngine(Engine):
             process = self._ctx.Process(
                 target=child_main, name="frlab-torch-engine", daemon=True,
                 args=(child_conn, self._model, self._step, self._gate, self._version,
-                      os.getpid(), self._settings),
+                      (self._admit, self._running, self._resubmit), os.getpid(), self._settings),
             )  # fmt: skip
             process.start()
             child_conn.close()
@@ -313,21 +340,41 @@ class ProcessTorchEngine(Engine):
 
     # -- weights -----------------------------------------------------------------------------
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        """Load `state_dict` between two of the child's decode steps, as `weight_update` says
+        (frlab.rollout.engines.torch: the same three modes, driven through shared flags)."""
         own = check_update(self._model, state_dict, version)
-        self._gate.value = 0
         try:
+            if self.weight_update == "drain":
+                self._drain()
+            self._gate.value = 0
             self._take_step_lock()
             try:
                 with torch.no_grad():
                     for name, tensor in state_dict.items():
                         own[name].copy_(tensor.detach())
                 self._version.value = int(version)
+                self._resubmit.value = int(self.weight_update == "resubmit")
             finally:
                 self._step.release()
         finally:
+            self._admit.value = 1
             with self._state:
                 if not self._paused:
                     self._gate.value = 1
+
+    def _drain(self) -> None:
+        """Close admission, then wait until the child reports no row decoding (deadline
+        UPDATE_LOCK_S; a dead child fails at once)."""
+        self._admit.value, self._running.value = 0, -1
+        deadline = time.monotonic() + UPDATE_LOCK_S
+        while self._running.value != 0:
+            if self._exit_reason or self._process is None or not self._process.is_alive():
+                raise EngineError("update_weights: the torch engine process is not running")
+            if time.monotonic() > deadline:
+                raise EngineError(
+                    f"update_weights (drain): requests still decoding after {UPDATE_LOCK_S:.0f} s"
+                )
+            time.sleep(0.002)
 
     def _take_step_lock(self) -> None:
         """Wait for the child's current decode step (deadline UPDATE_LOCK_S; a dead child,
@@ -341,42 +388,3 @@ class ProcessTorchEngine(Engine):
                     f"update_weights: the torch engine process did not finish its decode step "
                     f"within {UPDATE_LOCK_S:.0f} s"
                 )
-
-
-def check_shared_memory(model: PreTrainedModel, shm: str = "/dev/shm") -> None:
-    """ValueError when `shm` (where torch puts shared CPU tensors on Linux) has less free space
-    than the weights need: containers often default to 64 MiB, and a full /dev/shm kills the
-    process with a bus error instead of an exception."""
-    if not os.path.isdir(shm):
-        return
-    need = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
-    free = shutil.disk_usage(shm).free
-    if need > free:
-        raise ValueError(
-            f"rollout/engine=torch_process needs {need / 2**20:.0f} MiB of shared memory for the "
-            f"weights, {shm} has {free / 2**20:.0f} MiB free (raise the container's shared "
-            "memory, e.g. docker --shm-size, or use rollout/engine=torch)"
-        )
-
-
-FD_MARGIN = 512  # open files the learner needs besides the shared weights (logs, sockets, data)
-
-
-def check_open_files(model: PreTrainedModel) -> None:
-    """Torch keeps one open file per shared CPU storage, in this process and in the child (which
-    inherits the limit): raise the soft open-files limit when it is too low for the weights plus
-    FD_MARGIN, up to the hard limit; ValueError when even that is too low."""
-    import resource
-
-    storages = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers())}
-    need = len(storages) + FD_MARGIN
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY or need <= soft:
-        return
-    if hard != resource.RLIM_INFINITY and need > hard:
-        raise ValueError(
-            f"rollout/engine=torch_process shares {len(storages)} weight tensors, one open file "
-            f"each, but the open-files hard limit is {hard} (raise it: ulimit -Hn, or use "
-            "rollout/engine=torch)"
-        )
-    resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))

@@ -56,10 +56,16 @@ class _GatedStep:
 
 class _SharedWeightsEngine(TorchEngine):
     """The child's TorchEngine: decodes over the shared weights as they are (no copy), steps
-    under the gated shared lock and stamps tokens with the shared version."""
+    under the gated shared lock, stamps tokens with the shared version, and keeps the
+    weight-update hooks in shared memory (`modes`: admission open, rows decoding, re-prefill
+    asked), which the parent's `update_weights` drives."""
 
-    def __init__(self, model: PreTrainedModel, step: _GatedStep, version: Any, **kw: Any) -> None:
+    _admit_poll_s = 0.005  # the parent changes the hooks without notifying our condition
+
+    def __init__(self, model: PreTrainedModel, step: _GatedStep, version: Any, modes: Any,
+                 **kw: Any) -> None:  # fmt: skip
         self._shared_version = version
+        self._admit_flag, self._running_count, self._resubmit_flag = modes
         super().__init__(model, initial_version=int(version.value), **kw)
         self._step_lock = step
 
@@ -70,9 +76,20 @@ class _SharedWeightsEngine(TorchEngine):
     def version(self) -> int:
         return int(self._shared_version.value)
 
+    def _publish_running(self, running: int) -> None:
+        self._running_count.value = int(running)
+
+    def _admitting(self) -> bool:
+        return bool(self._admit_flag.value)
+
+    def _take_resubmit(self) -> bool:
+        asked = bool(self._resubmit_flag.value)
+        self._resubmit_flag.value = 0
+        return asked
+
 
 def child_main(conn: Any, model: PreTrainedModel, lock: Any, gate: Any, version: Any,
-                parent_pid: int, settings: dict[str, Any]) -> None:  # fmt: skip
+                modes: Any, parent_pid: int, settings: dict[str, Any]) -> None:  # fmt: skip
     """The child process: serve requests from `conn` until told to stop or the pipe closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the parent shuts us down
     try:
@@ -80,10 +97,11 @@ def child_main(conn: Any, model: PreTrainedModel, lock: Any, gate: Any, version:
         step = _GatedStep(lock, gate, parent_pid)
         with step:  # the engine's start check reads the weights: not during a parent's copy
             engine = _SharedWeightsEngine(
-                model, step, version, seed=settings["seed"],
+                model, step, version, modes, seed=settings["seed"],
                 max_batch_size=settings["max_batch_size"],
                 record_routing=settings["record_routing"],
                 packed_prefill=settings["packed_prefill"],
+                weight_update=settings["weight_update"],
             )  # fmt: skip
         engine.start()
     except Exception as exc:

@@ -45,6 +45,7 @@ from frlab.rollout.engine import (
     GenerationResult,
     SamplingParams,
     request_seed,
+    resolve_weight_update,
 )
 from frlab.rollout.remote import protocol as proto
 from frlab.rollout.remote.fleet import FleetMixin, Server, ServerFault, Snapshot
@@ -99,10 +100,19 @@ class RemoteEngine(WeightSyncMixin, FleetMixin, Engine):
     shared_across_ranks = True  # every learner rank drives the same servers: collective syncs
 
     @classmethod
-    def for_policy(cls, policy: Any, *, seed: int = 0, settings: Mapping[str, Any]) -> RemoteEngine:
+    def for_policy(
+        cls, policy: Any, *, seed: int, settings: Mapping[str, Any], weight_update: str | None
+    ) -> RemoteEngine:
         """The engine of `rollout=remote`: the fleet of `settings` (the `rollout.remote`
         block), starting from the learner's `policy` weights."""
-        return cls(**dict(settings), seed=seed, initial_weights=policy.state_dict())
+        return cls(**dict(settings), seed=seed, initial_weights=policy.state_dict(),
+                   weight_update=weight_update)  # fmt: skip
+
+    @classmethod
+    def weight_updates(cls) -> tuple[str, ...]:
+        """drain (exact with every server) by default; in_flight where the servers label each
+        token with its version (frlab.serve; an answer without labels is then refused)."""
+        return ("drain", "in_flight")
 
     def __init__(
         self,
@@ -123,8 +133,10 @@ class RemoteEngine(WeightSyncMixin, FleetMixin, Engine):
         nccl_master_address: str | None = None,
         nccl_master_port: int = 0,
         nccl_packed: bool = True,
+        weight_update: str | None = None,
     ) -> None:
         urls = _check_urls(servers)
+        self.weight_update = resolve_weight_update(weight_update, self.weight_updates(), "remote")
         _check_settings(weight_sync, request_timeout_s, probe_interval_s, max_retries,
                         keep_snapshots, fleet_down_timeout_s)  # fmt: skip
         self.servers = [Server(u) for u in urls]
@@ -359,6 +371,9 @@ class RemoteEngine(WeightSyncMixin, FleetMixin, Engine):
                     f"v{sent_at} and the fleet is at v{self._version}",
                 )  # fmt: skip
             return list(done.versions)
+        if self.weight_update == "in_flight":
+            raise ServerFault("stale", "rollout.weight_update=in_flight needs servers that label "
+                              "each token's version (frlab_versions), and it answered none")  # fmt: skip
         if sent_at is None or server.version != sent_at:
             raise ServerFault("stale", f"weights changed from v{sent_at} to v{server.version} "
                               "during the request")  # fmt: skip

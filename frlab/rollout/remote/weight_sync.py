@@ -3,7 +3,9 @@
 Weight sync (`weight_sync="filesystem"`): `update_weights` writes
 `<snapshot_dir>/v<version>/model.safetensors` (snapshot_dir None: a private temp folder,
 removed at shutdown, for servers on this host) atomically (frlab.rollout.remote.snapshot), stops
-dispatching, waits for in-flight requests to finish (no request spans a weight change), asks
+dispatching, waits for in-flight requests to finish (`weight_update=drain`, the default: no
+request spans a weight change; with `in_flight` they run on and each token's version comes
+from the server's own labels), asks
 every live server to load it (`/collective_rpc frlab_load_snapshot`, acknowledged with a
 fingerprint of the tensors loaded), then asks each server its version
 (`frlab_weight_version`). A server that answers another version is stale: it is refused
@@ -59,6 +61,7 @@ class WeightSyncMixin:
     _idle: asyncio.Event | None
     _in_flight: int
     _syncing: bool
+    weight_update: str
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         """Write the snapshot, drain, load it on every live server and verify their versions."""
@@ -87,7 +90,8 @@ class WeightSyncMixin:
             self._syncing = True
             self._refresh_gate()
             try:
-                await self._drain()
+                if self.weight_update == "drain":  # in_flight: requests run on, labelled
+                    await self._drain()
                 if push is not None:
                     await push()
                 self._snapshot, self._version = snap, version

@@ -269,16 +269,16 @@ def test_the_open_files_limit_is_raised_for_the_shared_weights_or_refused(
     margin is raised up to the hard limit; a hard limit below it is refused with a clear error."""
     import resource
 
-    from frlab.rollout.engines import torch_process
+    from frlab.rollout.engines import shared_weights
 
     model = tiny_model(0)
     tensors = len(list(model.parameters())) + len(list(model.buffers()))
-    need = tensors + torch_process.FD_MARGIN
+    need = tensors + shared_weights.FD_MARGIN
     limits = {"now": (need - 1, need + 10)}
     monkeypatch.setattr(resource, "getrlimit", lambda kind: limits["now"])
     monkeypatch.setattr(resource, "setrlimit", lambda kind, pair: limits.update(now=pair))
-    torch_process.check_open_files(model)
+    shared_weights.check_open_files(model)
     assert limits["now"] == (need, need + 10)
     limits["now"] = (need - 1, need - 1)
     with pytest.raises(ValueError, match=rf"shares {tensors} weight tensors.*hard limit is"):
-        torch_process.check_open_files(model)
+        shared_weights.check_open_files(model)

@@ -226,7 +226,9 @@ def test_engine_counters_become_rollout_metrics() -> None:
 
 def test_remote_engine_is_built_from_its_settings_and_checks_its_arguments(tmp_path: Path) -> None:
     settings = {"servers": ["http://127.0.0.1:1/"], "snapshot_dir": str(tmp_path)}
-    engine = RemoteEngine.for_policy(torch.nn.Linear(1, 1), seed=0, settings=settings)
+    engine = RemoteEngine.for_policy(
+        torch.nn.Linear(1, 1), seed=0, settings=settings, weight_update=None
+    )
     assert isinstance(engine, RemoteEngine) and engine.servers[0].url == "http://127.0.0.1:1"
     assert engine.version == 0 and engine.stats()["servers_healthy"] == 0
     engine.shutdown()  # never started: nothing to stop
