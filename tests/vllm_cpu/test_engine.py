@@ -85,6 +85,19 @@ def test_generation_is_token_in_token_out_with_a_finish_reason_and_versions(serv
     assert stopped.token_ids == results[0].token_ids[: len(stopped.token_ids)]
 
 
+def test_many_seeded_prompts_at_once_are_served(served) -> None:
+    """80 seeded 48-token prompts together (3,840 prompt tokens, more than one step's 2,048):
+    with vLLM's chunked prefill the CPU worker died rewinding a seeded generator; frlab's CPU
+    defaults prefill whole prompts."""
+    driver, _ = served
+    prompts = [[1 + (i % 200)] * 48 for i in range(80)]
+    results = [
+        driver.submit(p, SamplingParams(max_new_tokens=4, seed=i)) for i, p in enumerate(prompts)
+    ]
+    assert [len(r.result(timeout=300).token_ids) for r in results] == [4] * 80
+    assert driver.engine.down_reason() is None
+
+
 def test_log_probs_equal_the_learners_recomputation_in_fp32(served) -> None:
     driver, model = served
     results = driver.many(PROMPTS, SamplingParams(max_new_tokens=16, seed=1))
@@ -153,36 +166,73 @@ def test_pause_holds_new_requests_until_resume(served) -> None:
     assert len(future.result(timeout=60).token_ids) == 4
 
 
-def test_an_update_with_requests_in_flight_keeps_every_tokens_version_exact(served) -> None:
-    """Requests running when an update arrives finish on the weights they started with; every
-    token's version names the weights whose forward gives its log-prob."""
-    driver, model = served
-    engine = driver.engine
-    old_version = engine.version
-    params = SamplingParams(max_new_tokens=96, seed=4)
-    first = [driver.submit(p, params) for p in PROMPTS]
-    wait_for(lambda: engine.in_flight > 0, 60, "requests in flight")
-    new = perturbed(model, seed=12)
-    updater = threading.Thread(target=engine.update_weights, args=(new, old_version + 1))
-    updater.start()
-    wait_for(lambda: engine.updating, 60, "the update under way", interval=0.001)
-    later = [driver.submit(p, SamplingParams(max_new_tokens=8, seed=9)) for p in PROMPTS[:2]]
-    updater.join(300)
-    assert not updater.is_alive() and engine.version == old_version + 1
+def updated_model(model: Any, new: dict) -> Any:
     updated = type(model)(model.config).eval()
     updated.load_state_dict(new)
-    weights = {old_version: model, old_version + 1: updated}
-    seen = set()
-    for prompt, future in [
-        *zip(PROMPTS, first, strict=True),
-        *zip(PROMPTS[:2], later, strict=True),
-    ]:
-        result = future.result(timeout=300)
-        (version,) = set(result.versions)
-        seen.add(version)
-        assert diffs(weights[version], prompt, result).max() < 1e-4, version
-    assert seen == {old_version, old_version + 1}
+    return updated
+
+
+def across_an_update(driver: Driver, model: Any, mode: str, seed: int) -> tuple[Any, Any, Any]:
+    """A long request (and a short one submitted during the update) across an update in
+    `mode`: (long result, short result, the new weights as a model); the engine is put back
+    on the fixture's weights afterwards."""
+    engine = driver.engine
+    engine.weight_update = mode  # read at every update
+    old_version = engine.version
+    try:
+        long = driver.submit(PROMPTS[0], SamplingParams(max_new_tokens=110, seed=seed))
+        wait_for(lambda: engine.in_flight > 0, 60, "the request in flight", interval=0.001)
+        time.sleep(0.05)  # a few of its tokens on the old weights
+        new = perturbed(model, seed=seed)
+        updater = threading.Thread(target=engine.update_weights, args=(new, old_version + 1))
+        updater.start()
+        wait_for(lambda: engine.updating, 60, "the update under way", interval=0.001)
+        short = driver.submit(PROMPTS[1], SamplingParams(max_new_tokens=8, seed=seed + 1))
+        updater.join(300)
+        assert not updater.is_alive() and engine.version == old_version + 1
+        results = long.result(timeout=300), short.result(timeout=300)
+    finally:
+        engine.weight_update = "in_flight"
     engine.update_weights(model.state_dict(), old_version + 2)
+    return (*results, updated_model(model, new))
+
+
+def split(result: Any) -> int:
+    """How many leading tokens carry the first version (versions never go back)."""
+    assert result.versions == sorted(result.versions)
+    return result.versions.count(result.versions[0])
+
+
+def test_in_flight_updates_label_each_token_and_keep_the_kv_cache(served) -> None:
+    """vLLM's pause(keep) + its own version labels: the long request spans both versions; its
+    old-version tokens are the old weights' forward; later ones are not (new weights over
+    the old weights' KV)."""
+    driver, model = served
+    assert driver.engine.weight_update == "in_flight"  # the default on vLLM 0.32
+    long, short, new = across_an_update(driver, model, "in_flight", seed=21)
+    before = split(long)
+    v0 = long.versions[0]
+    assert 0 < before < len(long.versions) and set(long.versions) == {v0, v0 + 1}
+    assert diffs(model, PROMPTS[0], long)[:before].max() < 1e-4
+    assert diffs(model, PROMPTS[0], long)[before:].max() > 1e-3
+    assert set(short.versions) <= {v0, v0 + 1}  # it may start before the pause lands
+
+
+def test_resubmit_updates_go_on_from_a_fresh_prefill_on_the_new_weights(served) -> None:
+    driver, model = served
+    long, short, new = across_an_update(driver, model, "resubmit", seed=23)
+    before = split(long)
+    assert 0 < before < len(long.versions) == 110
+    assert diffs(model, PROMPTS[0], long)[:before].max() < 1e-4
+    assert diffs(new, PROMPTS[0], long)[before:].max() < 1e-4  # the new weights' forward
+    assert set(short.versions) == {long.versions[-1]} and diffs(new, PROMPTS[1], short).max() < 1e-4
+
+
+def test_drain_updates_wait_for_running_requests_so_none_spans_two_versions(served) -> None:
+    driver, model = served
+    long, short, new = across_an_update(driver, model, "drain", seed=25)
+    assert len(set(long.versions)) == 1 and diffs(model, PROMPTS[0], long).max() < 1e-4
+    assert short.versions[0] == long.versions[0] + 1 and diffs(new, PROMPTS[1], short).max() < 1e-4
 
 
 def test_a_killed_engine_core_fails_requests_and_reports_the_engine_down(tmp_path: Path) -> None:

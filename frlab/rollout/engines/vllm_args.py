@@ -23,6 +23,7 @@ PROCESSED_LOGPROBS = "processed_logprobs"
 GIB = 2**30
 MIN_CPU_KV_CACHE = GIB // 4  # the smallest automatic CPU KV cache
 CPU_KV_MARGIN = 2.0  # automatic CPU KV cache: this many times what the sequences need
+MIN_BATCHED_TOKENS = 2048  # vLLM's own default token budget of one step
 
 
 def vllm_sampling_kwargs(params: SamplingParams, *, seed: int | None = None) -> dict[str, Any]:
@@ -190,11 +191,17 @@ def cpu_kv_cache_bytes(
 def cpu_engine_options(options: Mapping[str, Any], kv_cache_bytes: int) -> dict[str, Any]:
     """CPU defaults under the user's `rollout.vllm_engine_args`: an explicit KV cache size
     (vLLM's CPU default reserves `gpu_memory_utilization` of the machine's memory and refuses to
-    start when that much is not free) and eager execution (no minutes-long compile)."""
+    start when that much is not free), eager execution (no minutes-long compile), and whole
+    prefills: when a prompt's prefill is split across steps, vLLM rewinds the request's seeded
+    generator (`Generator.set_offset`), which a CPU generator does not support, and the worker
+    dies ("CPU Generator does not use offset") as soon as many seeded prompts arrive together."""
     out = dict(options)
     if "kv_cache_memory_bytes" not in out and "gpu_memory_utilization" not in out:
         out["kv_cache_memory_bytes"] = int(kv_cache_bytes)
     out.setdefault("enforce_eager", True)
+    if out.setdefault("enable_chunked_prefill", False) is False:
+        length = int(out.get("max_model_len") or 0)
+        out.setdefault("max_num_batched_tokens", max(MIN_BATCHED_TOKENS, length))
     return out
 
 
