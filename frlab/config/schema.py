@@ -202,6 +202,15 @@ class RolloutConfig:
     engine_timeout_s: float = spec(
         1800.0, low=0.0, low_open=True, arg=False,
         doc="deadline of one engine request (one turn's generation)")  # fmt: skip
+    adaptive_deadlines: bool = spec(
+        True, arg=False, doc="true: each kind of call's deadline is 10x the p99 of its recent "
+        "times (after 32 returned), between the floor below and env_timeout_s / "
+        "engine_timeout_s, so a hung call costs one rollout, not a stall; false: the fixed "
+        "values")  # fmt: skip
+    env_timeout_floor_s: float = spec(2.0, low=0.0, low_open=True, arg=False,
+                                      doc="the adaptive env deadline's lower bound")  # fmt: skip
+    engine_timeout_floor_s: float = spec(60.0, low=0.0, low_open=True, arg=False,
+                                         doc="the adaptive engine deadline's lower bound")  # fmt: skip
     sampling: SamplingConfig = spec(factory=SamplingConfig)
     device: str = spec("cpu", doc="device of the in-process engine (torch)")
     remote: Any = spec(None, kind="mapping", doc="the fleet (RemoteConfig), set by rollout=remote")

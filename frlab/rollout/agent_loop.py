@@ -33,6 +33,7 @@ import concurrent.futures
 import dataclasses
 import numbers
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,6 +43,7 @@ import torch
 from envs.base import Env, StepResult
 from frlab.data.batch import Trajectory, TrajectoryError
 from frlab.rollout.chat import template_ids, with_system_prompt
+from frlab.rollout.deadlines import AdaptiveDeadline, Deadlines
 from frlab.rollout.engine import Engine, GenerationResult, SamplingParams
 from frlab.rollout.env_threads import (
     DeadlineExceeded,
@@ -53,6 +55,8 @@ from frlab.rollout.seeding import turn_seed
 
 DEFAULT_ENV_TIMEOUT_S = 300.0  # rollout.env_timeout_s
 DEFAULT_ENGINE_TIMEOUT_S = 1800.0  # rollout.engine_timeout_s
+DEFAULT_ENV_TIMEOUT_FLOOR_S = 2.0  # rollout.env_timeout_floor_s
+DEFAULT_ENGINE_TIMEOUT_FLOOR_S = 60.0  # rollout.engine_timeout_floor_s
 _ACTION_SENTINEL = "FRLABACTIONSENTINEL"
 _OBSERVATION_SENTINEL = "FRLABOBSERVATIONSENTINEL"
 
@@ -77,6 +81,10 @@ class AgentLoopConfig:
     observation_role: str = "user"
     env_timeout_s: float = DEFAULT_ENV_TIMEOUT_S
     engine_timeout_s: float = DEFAULT_ENGINE_TIMEOUT_S
+    adaptive_deadlines: bool = True
+    env_timeout_floor_s: float = DEFAULT_ENV_TIMEOUT_FLOOR_S
+    engine_timeout_floor_s: float = DEFAULT_ENGINE_TIMEOUT_FLOOR_S
+    deadlines: Deadlines = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if int(self.max_turns) < 1:
@@ -87,6 +95,11 @@ class AgentLoopConfig:
             raise TypeError(f"rollout.sampling must be SamplingParams, got {type(self.sampling)}")
         self.env_timeout_s = check_deadline("rollout.env_timeout_s", self.env_timeout_s)
         self.engine_timeout_s = check_deadline("rollout.engine_timeout_s", self.engine_timeout_s)
+        floors = [check_deadline(f"rollout.{k}", getattr(self, k))
+                  for k in ("env_timeout_floor_s", "engine_timeout_floor_s")]  # fmt: skip
+        adaptive = bool(self.adaptive_deadlines)
+        self.deadlines = Deadlines(AdaptiveDeadline(self.env_timeout_s, floors[0], adaptive),
+                                   AdaptiveDeadline(self.engine_timeout_s, floors[1], adaptive))  # fmt: skip
 
     @classmethod
     def from_rollout(cls, rollout: Mapping[str, Any]) -> AgentLoopConfig:
@@ -97,6 +110,11 @@ class AgentLoopConfig:
             sampling=SamplingParams.from_mapping(rollout["sampling"]),
             env_timeout_s=rollout.get("env_timeout_s", DEFAULT_ENV_TIMEOUT_S),
             engine_timeout_s=rollout.get("engine_timeout_s", DEFAULT_ENGINE_TIMEOUT_S),
+            adaptive_deadlines=rollout.get("adaptive_deadlines", True),
+            env_timeout_floor_s=rollout.get("env_timeout_floor_s", DEFAULT_ENV_TIMEOUT_FLOOR_S),
+            engine_timeout_floor_s=rollout.get(
+                "engine_timeout_floor_s", DEFAULT_ENGINE_TIMEOUT_FLOOR_S
+            ),  # fmt: skip
         )
 
 
@@ -182,17 +200,20 @@ def shared_env_threads() -> EnvThreads:
 
 async def env_call(
     executor: concurrent.futures.Executor | None,
-    deadline_s: float,
+    deadline: AdaptiveDeadline | float,
     reason: str,
     fn: Callable[..., Any],
     *args: Any,
 ) -> Any:
-    """`fn(*args)` off the event loop under a deadline; a call past it raises
-    RolloutError(f"{reason}_timeout"), any other failure RolloutError(reason)."""
+    """`fn(*args)` off the event loop under a deadline (an adaptive one learns from the
+    calls that return); a call past it raises RolloutError(f"{reason}_timeout"), any other
+    failure RolloutError(reason)."""
+    adaptive = isinstance(deadline, AdaptiveDeadline)
     try:
         return await call_with_deadline(
-            executor or shared_env_threads(), deadline_s, reason, fn, *args
-        )
+            executor or shared_env_threads(), deadline.current() if adaptive else deadline,
+            reason, fn, *args, observe=deadline.observe if adaptive else None,
+        )  # fmt: skip
     except DeadlineExceeded as exc:
         raise RolloutError(f"{reason}_timeout", str(exc)) from exc
     except Exception as exc:
@@ -200,10 +221,13 @@ async def env_call(
 
 
 async def _generate(
-    engine: Engine, ids: list[int], params: SamplingParams, deadline_s: float
+    engine: Engine, ids: list[int], params: SamplingParams, deadline: AdaptiveDeadline
 ) -> Any:
+    deadline_s, started = deadline.current(), time.monotonic()
     try:
-        return await asyncio.wait_for(engine.generate(ids, params), deadline_s)
+        out = await asyncio.wait_for(engine.generate(ids, params), deadline_s)
+        deadline.observe(time.monotonic() - started)
+        return out
     except TimeoutError as exc:
         detail = f"engine request did not return within {deadline_s:g} s"
         raise RolloutError("engine_timeout", detail) from exc
@@ -235,7 +259,7 @@ async def run_episode(
     """Play one episode of `env` on `task` with `engine`; return its finished trajectory.
     Environment calls run on `executor` (default: a shared EnvThreads). `seed`: the rollout's
     sampling seed (None: the engine's own random stream)."""
-    messages = await env_call(executor, cfg.env_timeout_s, "env_reset", env.reset, task)
+    messages = await env_call(executor, cfg.deadlines.env, "env_reset", env.reset, task)
     system_prompt = getattr(env, "system_prompt", "default")
     try:
         prompt = template_ids(tokenizer, list(messages), system_prompt)
@@ -252,12 +276,12 @@ async def run_episode(
             break
         turn = None if seed is None else turn_seed(seed, len(boundaries))
         params = _turn_params(cfg.sampling, budget, stop_ids, turn)
-        gen = await _generate(engine, list(stream.token_ids), params, cfg.engine_timeout_s)
+        gen = await _generate(engine, list(stream.token_ids), params, cfg.deadlines.engine)
         boundaries.append(len(stream.token_ids))
         stream.add_action(gen)
         finish.append(gen.finish_reason)
         action_text = tokenizer.decode(gen.token_ids, skip_special_tokens=True)
-        step = await _step(env, action_text, executor, cfg.env_timeout_s)
+        step = await _step(env, action_text, executor, cfg.deadlines.env)
         reward, info = reward + check_reward(step.reward), dict(step.info)
         tool_calls += int(info.get("tool_calls", 0) or 0)
         done = bool(step.done)
@@ -299,9 +323,12 @@ async def run_episode(
 
 
 async def _step(
-    env: Env, action_text: str, executor: concurrent.futures.Executor | None, deadline_s: float
+    env: Env,
+    action_text: str,
+    executor: concurrent.futures.Executor | None,
+    deadline: AdaptiveDeadline,
 ) -> StepResult:
-    step = await env_call(executor, deadline_s, "env_step", env.step, action_text)
+    step = await env_call(executor, deadline, "env_step", env.step, action_text)
     if not isinstance(step, StepResult):
         raise RolloutError("env_step", f"step returned {type(step).__name__}, not StepResult")
     return step

@@ -101,7 +101,8 @@ class WeightSyncCallback(L.Callback):
         return pool
 
 
-POOL_COUNTERS = ("paused_for_lag", "lag_violations", "failed", "rejected")
+POOL_COUNTERS = ("paused_for_lag", "lag_violations", "failed", "rejected", "straggler_stalls",
+                 "env_deadline_s", "engine_deadline_s")  # fmt: skip
 
 
 def rollout_metrics(stats: Any) -> dict[str, float]:

@@ -166,21 +166,31 @@ async def call_with_deadline(
     what: str,
     fn: Callable[..., Any],
     *args: Any,
+    observe: Callable[[float], None] | None = None,
 ) -> Any:
     """`fn(*args)` on `executor`; DeadlineExceeded if it runs longer than `deadline_s` once
-    started (on EnvThreads its thread is then abandoned). Cancelling the caller cancels a queued call."""
+    started (on EnvThreads its thread is then abandoned). Cancelling the caller cancels a
+    queued call. `observe` gets the seconds a call that returned ran (queueing not counted)."""
     loop = asyncio.get_running_loop()
     started = loop.create_future()
+    times: list[float] = []
 
     def run() -> Any:
         loop.call_soon_threadsafe(_set_started, started)
-        return fn(*args)
+        begin = time.monotonic()
+        try:
+            return fn(*args)
+        finally:
+            times.append(time.monotonic() - begin)
 
     source = executor.submit(run)
     done = asyncio.wrap_future(source)
     try:
         await asyncio.wait({started, done}, return_when=asyncio.FIRST_COMPLETED)
-        return await asyncio.wait_for(done, deadline_s)
+        out = await asyncio.wait_for(done, deadline_s)
+        if observe is not None and times:
+            observe(times[0])
+        return out
     except TimeoutError:
         if done.done() and not done.cancelled():
             raise  # fn's own TimeoutError, not the deadline
@@ -188,7 +198,10 @@ async def call_with_deadline(
         abandon(source) if callable(abandon) else source.cancel()
         raise DeadlineExceeded(what, deadline_s) from None
     except asyncio.CancelledError:
-        source.cancel()  # a queued call never starts; a running one finishes unobserved
+        # a queued call never starts; a running one is written off, so that a stop (SIGTERM
+        # while an env step hangs) never waits for it
+        abandon = getattr(executor, "abandon", None)
+        abandon(source) if callable(abandon) else source.cancel()
         raise
     finally:
         started.cancel()

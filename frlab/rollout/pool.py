@@ -140,6 +140,7 @@ class RolloutPool(ConsumerSide):
         self._metered = MeteredEngine(engine, self._meter)
         self._generation: dict[str, float] = {}
         self._admission_closed = False
+        self._waiting = 0  # next_batch calls waiting for a batch now
         self.pins = WeightPins()
 
     def _reset_queues(self) -> None:
@@ -256,6 +257,10 @@ class RolloutPool(ConsumerSide):
             if failure is not None:
                 kind, reason, exc = failure
                 self._stats.count_failure(kind, reason)
+                # a call given up at its deadline while the learner waited for a batch
+                self._stats.counts["straggler_stalls"] += reason.endswith("_timeout") and bool(
+                    self._waiting
+                )
                 log.warning("rollout of prompt %d %s (%s): %s", group.prompt_id, kind, reason, exc)
                 self._queue.drop(ro)
                 group.failed = True
@@ -291,6 +296,7 @@ class RolloutPool(ConsumerSide):
                 engine_version=int(self.engine.version),
                 engine=engine_stats(self.engine),
                 generation=dict(self._generation),
+                **self.loop_cfg.deadlines.stats(),
             )
             return out
 

@@ -52,6 +52,7 @@ class ConsumerSide:
     _stopping: bool
     _stopped: bool
     _admission_closed: bool
+    _waiting: int
     stats: Callable[[], dict[str, Any]]  # RolloutPool.stats
     _notify_loop: Callable[[], None]  # RolloutPool._notify_loop: wake the admission loop
 
@@ -75,7 +76,11 @@ class ConsumerSide:
                         f"no batch of {self.batch_size} in {timeout}s: {self.stats()}"
                     )
                 held, since = len(self._queue.ready) >= self.batch_size, time.monotonic()
-                self._cond.wait(left)
+                self._waiting += 1
+                try:
+                    self._cond.wait(left)
+                finally:
+                    self._waiting -= 1
                 lag_wait += (time.monotonic() - since) if held else 0.0
             batch = self._hand_out(chosen)
             self._generation = self._meter.take_window(time.monotonic() - called, lag_wait)

@@ -28,7 +28,7 @@ from frlab.rollout.rollouts import (
 )
 
 COUNTERS = ("started", "finished", "consumed", "batches", "paused_for_lag", "lag_violations",
-            "weight_syncs")  # fmt: skip
+            "weight_syncs", "straggler_stalls")  # fmt: skip
 
 
 class PromptCursor:

@@ -75,9 +75,10 @@ async def run_rollout(
     """Play one sample of `group` in a fresh env built on `executor` (under the env deadline),
     pass its outcome to `resolve`, then close the env (also when cancelled). `seed`: the
     rollout's sampling seed (frlab.rollout.seeding), None for the engine's own stream."""
-    built = _BuiltEnv(env_factory)
+    built, deadline = _BuiltEnv(env_factory), loop_cfg.deadlines.env
     try:
-        env = await call_with_deadline(executor, loop_cfg.env_timeout_s, "env_factory", built)
+        env = await call_with_deadline(executor, deadline.current(), "env_factory", built,
+                                       observe=deadline.observe)  # fmt: skip
     except asyncio.CancelledError:
         built.give_up(executor)
         raise
