@@ -11,9 +11,10 @@ budget, as long chain-of-thought does; the weights are pushed after every learne
 meanwhile; `in_flight` loads between two decode steps; `resubmit` re-prefills the running
 requests on the new weights.
 
-Per run: trajectories finished per minute, the learner's idle fraction (waiting for a batch),
-the mean wait of one weight update, trust-region acceptance, and the time until the mean batch
-reward over `--window` updates reaches `--target` (censored at the run's end). Runs are
+Per run: trajectories finished per minute, the learner's idle fraction (waiting for a batch or
+for a weight update to land), the mean wait of one weight update, trust-region acceptance,
+and the time until the mean batch reward over `--window` updates reaches `--target`
+(censored at the run's end). Runs are
 interleaved (every mode once, then again) so load drifts hit all alike; medians over
 `--repeats`. The last lines print `in_flight/drain trajectories per minute: R` and
 `drain/in_flight mean update wait: W` for each engine (the first engine's figure first).
@@ -174,7 +175,8 @@ def run(kind: str, mode: str, seed: int, args: argparse.Namespace) -> dict[str, 
     return {
         "engine": kind, "mode": mode, "seed": seed, "updates": len(recorder.rewards),
         "wall_s": wall, "trajectories_per_min": 60.0 * stats["finished"] / wall,
-        "learner_idle": sum(recorder.waits) / wall,
+        "learner_idle": (sum(recorder.waits) + sum(updates)) / wall,  # batch + update waits
+        "batch_wait_frac": sum(recorder.waits) / wall,
         "update_wait_s": statistics.fmean(updates) if updates else float("nan"),
         "acceptance": statistics.fmean(accepted) if accepted else float("nan"),
         "time_to_target_s": recorder.detector.crossed_at,
@@ -187,7 +189,8 @@ def line(r: dict[str, Any]) -> str:
     ttr = "censored" if r["time_to_target_s"] is None else f"{r['time_to_target_s']:.0f} s"
     return (f"{r['engine']:5s} {r['mode']:9s} seed {r['seed']}: {r['updates']} updates in "
             f"{r['wall_s']:.0f} s, {r['trajectories_per_min']:.0f} trajectories/min, learner "
-            f"idle {r['learner_idle']:.0%}, update wait {r['update_wait_s']:.2f} s, acceptance "
+            f"idle {r['learner_idle']:.0%} (batch waits {r['batch_wait_frac']:.0%}), update "
+            f"wait {r['update_wait_s']:.2f} s, acceptance "
             f"{r['acceptance']:.3f}, reward {r['reward_first5']:.2f} -> {r['reward_last5']:.2f},"
             f" time to reward {ttr}")  # fmt: skip
 
@@ -197,7 +200,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--engines", default="vllm,torch")
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--repeats", type=int, default=1)
-    p.add_argument("--updates", type=int, default=30)
+    p.add_argument("--updates", type=int, default=100)
     p.add_argument("--time-cap", type=float, default=900.0)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--max-policy-lag", type=int, default=4)
@@ -205,8 +208,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sigma", type=float, default=1.0)
     p.add_argument("--cap", type=int, default=1024)
     p.add_argument("--num-digits", type=int, default=int(TOY_ENV.num_digits))
-    p.add_argument("--window", type=int, default=5)
-    p.add_argument("--target", type=float, default=0.6)
+    p.add_argument("--window", type=int, default=10)
+    p.add_argument("--target", type=float, default=0.35)
     return p.parse_args(argv)
 
 

@@ -9,6 +9,11 @@ architecture, its `architectures` entry and dtype), `generation_config.json`,
 and the tokenizer with its chat template (`tokenizer.json`, `tokenizer_config.json`,
 `chat_template.jinja`), plus `frlab_export.json` (where it came from: checkpoint, step).
 
+A LoRA run (`model.lora.rank > 0`) is written as its adapter, a peft folder
+(`adapter_config.json`, `adapter_model.safetensors`, loaded with `PeftModel.from_pretrained`
+over the base model), or with `--merge` as the merged model (adapters folded into the base
+weights), loadable as above.
+
 RUN_DIR is a run folder (its `checkpoints/last.ckpt`) or a checkpoint itself (a `.ckpt` file
 or a sharded checkpoint folder; `--ckpt` picks another). The model is rebuilt from the
 checkpoint's own `model` hyperparameters: the architecture of `model.name_or_path` (a folder,
@@ -144,27 +149,40 @@ def export(
     ckpt: str | None = None,
     overwrite: bool = False,
     dtype: str | None = None,
+    merge: bool = False,
 ) -> Path:
-    """Write the run's trained policy to `out_dir` (see the module docstring); returns it."""
+    """Write the run's trained policy to `out_dir` (see the module docstring); returns it. A
+    LoRA run writes its adapter as a peft folder, or with `merge` the merged model."""
+    from frlab.model.lora import apply_lora
+    from frlab.model.lora import enabled as lora_enabled
+
     out = Path(out_dir)
     if os.path.lexists(out) and not overwrite:
         raise ExportError(f"{out} exists: choose a new OUT_DIR or pass --overwrite")
     source = find_checkpoint(run_dir, ckpt)
     hparams, info = read_hyperparameters(source)
     model_cfg = hparams["model"]
+    lora = model_cfg.get("lora") or {}
+    if merge and not lora_enabled(lora):
+        raise ExportError("--merge: this run trained no LoRA adapters (model.lora.rank=0)")
     model = build_skeleton(model_cfg, dtype)
+    if lora_enabled(lora):  # the checkpoint holds the PeftModel's names
+        model = apply_lora(model, {**lora, "adapter": None})
     if source.is_dir():
         weights = _sharded_weights(source, model.state_dict())
     else:
         state = torch.load(source, map_location="cpu", weights_only=True, mmap=True)
         weights = _policy_weights(state["state_dict"])
     load_into(model, weights)
+    if merge:
+        model = model.merge_and_unload()
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         model.save_pretrained(work)
         save_tokenizer(str(model_cfg.get("tokenizer") or model_cfg["name_or_path"]), work)
-        provenance = {"checkpoint": str(source), **info, "model": model_cfg,
+        form = "merged" if merge else "adapter" if lora_enabled(lora) else "model"
+        provenance = {"checkpoint": str(source), **info, "model": model_cfg, "form": form,
                       "dtype": str(model.dtype).removeprefix("torch.")}  # fmt: skip
         (work / "frlab_export.json").write_text(json.dumps(provenance, indent=2, default=str))
         _publish(work, out)
@@ -195,10 +213,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--dtype", default=None, help="float32 | bfloat16 | float16 (default: the run's)"
     )
+    parser.add_argument("--merge", action="store_true",
+                        help="a LoRA run: the merged model instead of the adapter folder")  # fmt: skip
     args = parser.parse_args(argv)
     try:
         out = export(args.run_dir, args.out_dir, ckpt=args.ckpt, overwrite=args.overwrite,
-                     dtype=args.dtype)  # fmt: skip
+                     dtype=args.dtype, merge=args.merge)  # fmt: skip
     except (ExportError, ValueError, OSError) as exc:
         print(f"frlab.export: {exc}", file=sys.stderr)
         return 2

@@ -29,6 +29,20 @@ __all__ = ["Field", "check_value", "FrlabConfig", "ENGINES", "TrainerConfig"]
 
 
 @dataclass
+class LoraConfig:
+    """LoRA adapters on the policy (frlab.model.lora, built with peft): only they train and
+    only they are pushed to the engine. rank 0: the full model trains."""
+
+    rank: int = spec(0, low=0, doc="adapter rank; 0: no adapters (full fine-tune)")
+    alpha: float = spec(16.0, low=0.0, low_open=True, doc="adapter scale alpha / rank")
+    dropout: float = spec(0.0, low=0.0, high=1.0, high_open=True, doc="on the adapters' input")
+    target_modules: list[str] = spec(
+        factory=lambda: ["all-linear"], doc="module-name suffixes to adapt, or [all-linear]: "
+        "every linear layer but the LM head and MoE routers")  # fmt: skip
+    adapter: str | None = spec(None, doc="a saved peft adapter folder to start from")
+
+
+@dataclass
 class ModelConfig:
     """The policy: a pretrained causal LM or a random-init architecture."""
 
@@ -54,6 +68,7 @@ class ModelConfig:
     attn_implementation: str | None = spec(
         None, doc="transformers attention; null: eager on CPU-only machines, else sdpa"
     )
+    lora: LoraConfig = spec(factory=LoraConfig)
 
 
 @dataclass

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from frlab.model.lora import base_of
 from frlab.ops.logprobs import (
     check_chunking,
     check_targets,
@@ -171,7 +172,9 @@ def _describe(x: Any) -> str:
 
 
 def lm_parts(model: nn.Module) -> tuple[nn.Module, nn.Linear]:
-    """(decoder, lm_head) of a HF causal LM, or a ValueError naming the model type."""
+    """(decoder, lm_head) of a HF causal LM (inside a LoRA PeftModel: its base model, whose
+    layers carry the adapters), or a ValueError naming the model type."""
+    model = base_of(model)
     config = getattr(model, "config", None)
     mtype = getattr(config, "model_type", type(model).__name__)
     configs = [config]

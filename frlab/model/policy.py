@@ -22,6 +22,8 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
 from frlab.model.gguf import resolve_model_source
+from frlab.model.lora import apply_lora
+from frlab.model.lora import enabled as lora_enabled
 from frlab.registry import close_matches
 
 DTYPES: dict[str, torch.dtype] = {
@@ -146,6 +148,7 @@ def build_policy(
     seed: int | None = None,
     trust_remote_code: bool = False,
     attn_implementation: str | None = None,
+    lora: Mapping[str, Any] | None = None,
 ) -> PreTrainedModel:
     """Load a causal LM from `name_or_path` or random-init one from `config`.
 
@@ -154,7 +157,8 @@ def build_policy(
     `PretrainedConfig` in `config` is passed along). Otherwise `config` (a mapping with
     `model_type`, or a `PretrainedConfig`) builds a random-init model, seeded by `seed` without
     touching the global RNG. `attn_implementation=None` is transformers' default (sdpa where the
-    model supports it, else eager); a string is passed to transformers as is.
+    model supports it, else eager); a string is passed to transformers as is. `lora` (the
+    `model.lora` node) with rank > 0 wraps the model in LoRA adapters (frlab.model.lora).
     """
     torch_dtype = resolve_dtype(dtype)
     attn = attn_implementation if attn_implementation is not None else default_attn_implementation()
@@ -170,6 +174,8 @@ def build_policy(
     if gradient_checkpointing:
         model.config.use_cache = False
         enable_checkpointing(model)
+    if lora_enabled(lora):  # the base frozen, adapters trainable (frlab.model.lora)
+        model = apply_lora(model, lora)
     return model
 
 

@@ -79,9 +79,12 @@ class WeightSyncCallback(L.Callback):
         if policy is None:
             raise AttributeError("WeightSyncCallback needs the learner module's `policy` model")
         from frlab.learner.sharding import full_state_dict  # FSDP2: gather the shards
+        from frlab.model.lora import adapter_state_dict, is_peft
         from frlab.rollout.remote.fleet_sync import push_collectively, shares_fleet
 
         pool, state_dict = self._pool_of(trainer), full_state_dict(policy)
+        if is_peft(policy):  # LoRA: the base never changes, only the adapters travel
+            state_dict = adapter_state_dict(state_dict)
         if shares_fleet(trainer, pool):  # ranks share one server fleet: a collective sync
             push_collectively(trainer.strategy, pool, state_dict, version)
         else:

@@ -174,6 +174,8 @@ class EngineDown(EngineError):
 class Engine(abc.ABC):
     """Asynchronous token-in/token-out sampler with versioned weights."""
 
+    serves_lora: bool = False  # samples from a LoRA policy and loads adapter-only pushes
+
     @classmethod
     def weight_updates(cls) -> tuple[str, ...]:
         """The `rollout.weight_update` modes this engine implements exactly, its default first

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 import torch
 from transformers import PreTrainedModel
 
+from frlab.model.lora import check_partial_update, is_adapter, is_peft
 from frlab.model.routing_replay import moe_routers
 
 
@@ -43,16 +44,20 @@ def check_update(
     model: PreTrainedModel, state_dict: Mapping[str, torch.Tensor], version: int
 ) -> dict[str, torch.Tensor]:
     """`model`'s state dict, after checking that `state_dict` has exactly its names and shapes
-    and that `version` is >= 0 (KeyError / ValueError naming the first mismatch)."""
+    (or, for a LoRA model, only adapter tensors it has) and that `version` is >= 0 (KeyError /
+    ValueError naming the first mismatch)."""
     if int(version) < 0:
         raise ValueError(f"update_weights version must be >= 0, got {version}")
     own = model.state_dict()
-    unknown = sorted(set(state_dict) - set(own))
-    missing = sorted(set(own) - set(state_dict))
-    if unknown or missing:
-        raise KeyError(
-            f"update_weights state_dict mismatch: unknown {unknown[:5]}, missing {missing[:5]}"
-        )
+    if state_dict and is_peft(model) and all(is_adapter(k) for k in state_dict):
+        check_partial_update(own, list(state_dict))  # a LoRA push: the adapters only
+    else:
+        unknown = sorted(set(state_dict) - set(own))
+        missing = sorted(set(own) - set(state_dict))
+        if unknown or missing:
+            raise KeyError(
+                f"update_weights state_dict mismatch: unknown {unknown[:5]}, missing {missing[:5]}"
+            )
     for name, tensor in state_dict.items():
         if tuple(tensor.shape) != tuple(own[name].shape):
             raise ValueError(

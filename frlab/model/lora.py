@@ -1,0 +1,118 @@
+"""LoRA adapters on the policy, built with `peft`: train the adapters only, push only them.
+
+`model.lora.rank > 0` wraps the policy in a peft `PeftModel` (`apply_lora`): low-rank adapters
+`B @ A` (rank `rank`, scale `alpha / rank`, `dropout` on their input) beside the modules that
+`target_modules` names (module-name suffixes, or peft's `all-linear`: every linear layer but
+the LM head), or loaded from a saved adapter folder (`adapter`, trainable). peft freezes every
+base weight, so the learner's optimizer holds the adapters only (it takes the parameters that
+require gradients); the objective, micro-batching and the learner's log-probs are unchanged
+(peft initialises B to zero: the adapted model starts as the base model). A weight push sends
+the adapter tensors only (`adapter_state_dict`); the torch engines' copy of the policy is the
+same PeftModel, so it loads them by name and samples from base + adapter.
+
+Which modules are adapted, with `all-linear`: for dense Qwen2 / Llama every attention
+projection (q, k, v, o) and MLP projection (gate, up, down); for Qwen3-MoE the attention
+projections and each expert's projections where transformers builds experts as linear
+layers, never the router (`mlp.gate`, excluded: adapting the router would change the
+routing that rollout routing replay reproduces) nor the LM head. `adapted_modules` lists
+them for a built model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+ADAPTER_MARKERS = ("lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B", "lora_magnitude")
+ROUTER_SUFFIXES = ("mlp.gate", "router")  # MoE routers: never adapted
+
+
+def enabled(lora: Mapping[str, Any] | None) -> bool:
+    """Whether a `model.lora` node asks for adapters (rank > 0)."""
+    return bool(lora) and int(lora.get("rank", 0) or 0) > 0
+
+
+def check_lora(lora: Mapping[str, Any]) -> None:
+    """ValueError naming the `model.lora` key of the first invalid setting."""
+    rank, alpha, dropout = lora.get("rank", 0), lora.get("alpha", 16.0), lora.get("dropout", 0.0)
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+        raise ValueError(f"model.lora.rank must be an int >= 0 (0: no adapters), got {rank!r}")
+    if not isinstance(alpha, int | float) or isinstance(alpha, bool) or not alpha > 0:
+        raise ValueError(f"model.lora.alpha must be a number > 0, got {alpha!r}")
+    if not isinstance(dropout, int | float) or isinstance(dropout, bool) or not 0 <= dropout < 1:
+        raise ValueError(f"model.lora.dropout must be in [0, 1), got {dropout!r}")
+    targets = lora.get("target_modules", ["all-linear"])
+    if isinstance(targets, str) or not targets or not all(isinstance(t, str) for t in targets):
+        raise ValueError(
+            f"model.lora.target_modules must be a non-empty list of module names (or "
+            f"[all-linear]), got {targets!r}"
+        )
+
+
+def apply_lora(model: Any, lora: Mapping[str, Any]) -> Any:
+    """`model` wrapped in a peft PeftModel with trainable adapters (see the module docstring)."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    check_lora(lora)
+    adapter = lora.get("adapter")
+    if adapter:
+        return PeftModel.from_pretrained(model, str(adapter), is_trainable=True)
+    targets = list(lora.get("target_modules", ["all-linear"]))
+    config = LoraConfig(
+        r=int(lora["rank"]),
+        lora_alpha=float(lora.get("alpha", 16.0)),
+        lora_dropout=float(lora.get("dropout", 0.0)),
+        target_modules="all-linear" if targets == ["all-linear"] else targets,
+        exclude_modules=_routers(model),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, config)
+
+
+def _routers(model: Any) -> list[str] | None:
+    """The full names of MoE router modules (excluded from adaptation); None when there are none."""
+    names = [n for n, _ in model.named_modules() if n.endswith(ROUTER_SUFFIXES)]
+    return names or None
+
+
+def is_adapter(name: str) -> bool:
+    """Whether a state-dict or parameter name belongs to a LoRA adapter."""
+    return any(marker in name for marker in ADAPTER_MARKERS)
+
+
+def is_peft(model: Any) -> bool:
+    return hasattr(model, "peft_config") and hasattr(model, "merge_and_unload")
+
+
+def base_of(model: Any) -> Any:
+    """The transformers model inside a PeftModel (its adapters injected in place), else the
+    model itself: what code that reads a model's structure or forward signature looks at."""
+    return model.get_base_model() if is_peft(model) else model
+
+
+def adapter_state_dict(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The adapter tensors of a PeftModel's state dict (what a weight push sends)."""
+    return {k: v for k, v in state_dict.items() if is_adapter(k)}
+
+
+def adapted_modules(model: Any) -> list[str]:
+    """The names of the modules that carry an adapter in a built PeftModel."""
+    return sorted({n.rsplit(".lora_", 1)[0] for n, _ in model.named_parameters() if is_adapter(n)})
+
+
+def merged(model: Any) -> Any:
+    """A plain model with the adapters folded into the base weights (the PeftModel is kept)."""
+    import copy
+
+    return copy.deepcopy(model).merge_and_unload()
+
+
+def check_partial_update(own: Iterable[str], names: Sequence[str]) -> None:
+    """KeyError unless `names` are adapter tensors the engine's model has."""
+    known = set(own)
+    bad = [n for n in names if n not in known or not is_adapter(n)]
+    if bad:
+        raise KeyError(f"update_weights: {bad[:5]} are not adapter tensors of the engine's model")
