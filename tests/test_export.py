@@ -12,6 +12,7 @@ in tests/learner/test_learner_fsdp.py, on the checkpoint that test writes.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import subprocess
@@ -111,3 +112,46 @@ def test_the_command_line_entry_point(run_dir, tmp_path) -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads((tmp_path / "hf" / "config.json").read_text())["dtype"] == "bfloat16"
+
+
+@pytest.fixture(scope="module")
+def lora_run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real toy run with LoRA adapters (model.lora.rank=4) and a larger lr, 3 updates."""
+    out = tmp_path_factory.mktemp("export_lora") / "run"
+    command = [sys.executable, "-m", "frlab", "trainer.max_steps=3", "plots=false",
+               "model.lora.rank=4", "optim.lr=0.05", "callbacks.model_checkpoint.enabled=true",
+               "callbacks.model_checkpoint.every_n_train_steps=3", f"hydra.run.dir={out}"]  # fmt: skip
+    done = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return out
+
+
+@pytest.mark.slow
+def test_a_lora_run_exports_its_adapter_or_the_merged_model(lora_run_dir, tmp_path) -> None:
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    policy = trained_policy(lora_run_dir)
+    ids = torch.tensor([[1, 7, 12, 30, 9, 4]])
+    with torch.no_grad():
+        want = policy(input_ids=ids).logits
+    adapter, merged = tmp_path / "adapter", tmp_path / "merged"
+    assert main([str(lora_run_dir), str(adapter)]) == 0
+    assert (adapter / "adapter_config.json").is_file()
+    assert (adapter / "adapter_model.safetensors").is_file()
+    assert json.loads((adapter / "frlab_export.json").read_text())["form"] == "adapter"
+    assert json.loads((adapter / "frlab_export.json").read_text())["model"]["lora"]["rank"] == 4
+    base = copy.deepcopy(policy).unload()  # the frozen base weights, adapters removed
+    with torch.no_grad():
+        got = PeftModel.from_pretrained(base, adapter).eval()(input_ids=ids).logits
+    assert (got - want).abs().max() < 1e-5
+    assert main([str(lora_run_dir), str(merged), "--merge"]) == 0
+    assert not (merged / "adapter_config.json").exists()
+    with torch.no_grad():
+        got = AutoModelForCausalLM.from_pretrained(merged).eval()(input_ids=ids).logits
+    assert (got - want).abs().max() < 1e-4  # folded into the base weights
+    assert main([str(lora_run_dir), str(tmp_path / "x")]) == 0  # the run itself is unchanged
+
+
+def test_merge_needs_a_lora_run(run_dir, tmp_path) -> None:
+    assert main([str(run_dir), str(tmp_path / "m"), "--merge"]) == 2

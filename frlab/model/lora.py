@@ -10,12 +10,12 @@ require gradients); the objective, micro-batching and the learner's log-probs ar
 the adapter tensors only (`adapter_state_dict`); the torch engines' copy of the policy is the
 same PeftModel, so it loads them by name and samples from base + adapter.
 
-Which modules are adapted, with `all-linear`: for dense Qwen2 / Llama every attention
-projection (q, k, v, o) and MLP projection (gate, up, down); for Qwen3-MoE the attention
-projections and each expert's projections where transformers builds experts as linear
-layers, never the router (`mlp.gate`, excluded: adapting the router would change the
-routing that rollout routing replay reproduces) nor the LM head. `adapted_modules` lists
-them for a built model.
+Which modules are adapted, with `all-linear` (`all_linear`): for dense Qwen2 / Llama every
+attention projection (q, k, v, o) and MLP projection (gate, up, down); for Qwen3-MoE the
+attention projections and the experts' fused weights (`mlp.experts.gate_up_proj`,
+`down_proj`: 3D parameters in transformers 5, adapted as parameters), never the router
+(`mlp.gate`: adapting it would change the routing that rollout routing replay reproduces)
+nor the LM head. `adapted_modules` lists them for a built model.
 """
 
 from __future__ import annotations
@@ -59,23 +59,32 @@ def apply_lora(model: Any, lora: Mapping[str, Any]) -> Any:
     adapter = lora.get("adapter")
     if adapter:
         return PeftModel.from_pretrained(model, str(adapter), is_trainable=True)
-    targets = list(lora.get("target_modules", ["all-linear"]))
+    targets, parameters = list(lora.get("target_modules", ["all-linear"])), None
+    if targets == ["all-linear"]:
+        targets, parameters = all_linear(model)
     config = LoraConfig(
         r=int(lora["rank"]),
         lora_alpha=float(lora.get("alpha", 16.0)),
         lora_dropout=float(lora.get("dropout", 0.0)),
-        target_modules="all-linear" if targets == ["all-linear"] else targets,
-        exclude_modules=_routers(model),
+        target_modules=targets,
+        target_parameters=parameters,
         bias="none",
         task_type="CAUSAL_LM",
     )
     return get_peft_model(model, config)
 
 
-def _routers(model: Any) -> list[str] | None:
-    """The full names of MoE router modules (excluded from adaptation); None when there are none."""
-    names = [n for n, _ in model.named_modules() if n.endswith(ROUTER_SUFFIXES)]
-    return names or None
+def all_linear(model: Any) -> tuple[list[str], list[str] | None]:
+    """What `all-linear` adapts, by full name: every `nn.Linear` but the LM head and MoE
+    routers, and the weights of fused MoE expert modules (transformers keeps the experts of a
+    layer as 3D parameters of one module: peft adapts them as parameters). peft's own
+    `all-linear` would adapt a MoE router too."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    linear = [n for n, m in model.named_modules()
+              if isinstance(m, torch.nn.Linear) and m is not head and not n.endswith(ROUTER_SUFFIXES)]  # fmt: skip
+    experts = [f"{n}.{p}" for n, m in model.named_modules() if type(m).__name__.endswith("Experts")
+               for p, _ in m.named_parameters(recurse=False)]  # fmt: skip
+    return linear, experts or None
 
 
 def is_adapter(name: str) -> bool:

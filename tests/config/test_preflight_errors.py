@@ -230,3 +230,12 @@ def test_user_modules_admit_the_users_own_package_and_nothing_general() -> None:
     fails(["user_modules=[os]", "env._target_=os.system"], "user_modules[0]", "standard library")
     fails(["user_modules=[torch]", "optim._target_=torch.hub.load"], "user_modules[0]")
     fails(["optim._target_=torch.hub.load"], "optim._target_", "not allowed")
+
+
+def test_lora_needs_an_engine_that_serves_it_and_valid_settings() -> None:
+    """The torch engines serve LoRA policies (the engine class says so); a fleet cannot yet."""
+    preflight(compose(["model.lora.rank=8"]))  # torch: accepted
+    preflight(compose(["model.lora.rank=8", "rollout/engine=torch_process"]))
+    fails(["model.lora.rank=8", "rollout=remote", "rollout.remote.servers=[http://a:1]"],
+          "model.lora.rank", "torch and torch_process")  # fmt: skip
+    fails(["model.lora.rank=8", "model.lora.dropout=1.0"], "model.lora.dropout")

@@ -77,3 +77,37 @@ def test_resume_from_last_continues_steps_version_and_parameters(tmp_path) -> No
         assert got[M.LR] == pytest.approx(want[M.LR], rel=1e-12)
         assert got[M.REWARD] == pytest.approx(want[M.REWARD])
         assert got[M.GRAD_NORM] == pytest.approx(want[M.GRAD_NORM], rel=1e-9)
+
+
+def _lora_policy(seed: int) -> torch.nn.Module:
+    from frlab.model.lora import apply_lora
+
+    return apply_lora(tiny_policy(seed=seed), {"rank": 4, "alpha": 8.0})
+
+
+@pytest.mark.slow
+def test_a_lora_run_resumes_exactly_with_only_its_adapters_trained(tmp_path) -> None:
+    """LoRA (frlab.model.lora): the optimizer holds the adapters only; the checkpoint holds the
+    adapters and their optimizer state, so a resume continues exactly; the base never moves."""
+    from frlab.model.lora import is_adapter
+
+    base = _lora_policy(seed=20)
+    batches = [make_batch(base, rows=B, seed=30 + s) for s in range(TOTAL)]
+    straight = _module(copy.deepcopy(base))
+    trainer(TOTAL, logger=MemoryLogger()).fit(straight, datamodule=CursorDataModule(batches))
+    moved = {n for n, p in straight.policy.named_parameters()
+             if not torch.equal(p.detach(), dict(base.named_parameters())[n].detach())}  # fmt: skip
+    assert moved and all(is_adapter(n) for n in moved)  # the base weights are frozen
+
+    first = _module(copy.deepcopy(base))
+    _checkpointing_trainer(N, tmp_path, MemoryLogger()).fit(
+        first, datamodule=CursorDataModule(batches)
+    )
+    saved = torch.load(tmp_path / "last.ckpt", weights_only=True)
+    (group,) = saved["optimizer_states"][0]["param_groups"]
+    assert len(group["params"]) == sum(p.requires_grad for p in base.parameters())
+    resumed = _module(_lora_policy(seed=99))
+    _checkpointing_trainer(TOTAL, tmp_path, MemoryLogger()).fit(
+        resumed, datamodule=CursorDataModule(batches), ckpt_path="last"
+    )
+    assert max_abs_diff(snapshot(resumed.policy), snapshot(straight.policy)) < 1e-9

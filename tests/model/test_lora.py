@@ -51,10 +51,15 @@ def test_only_the_adapters_train_and_the_adapted_model_starts_as_the_base() -> N
     assert not any("lm_head" in n for n in names)
 
 
-def test_moe_routers_are_never_adapted() -> None:
-    names = adapted_modules(policy(model_type="qwen3_moe"))
-    assert any(n.endswith("q_proj") for n in names)
+def test_moe_experts_are_adapted_and_routers_never() -> None:
+    base, adapted = policy(lora=None, model_type="qwen3_moe"), policy(model_type="qwen3_moe")
+    names = adapted_modules(adapted)
+    assert any(n.endswith("q_proj") for n in names) and any(
+        n.endswith("mlp.experts") for n in names
+    )
     assert not any(n.endswith(("mlp.gate", "router")) for n in names), names
+    tokens = [5, 9, 2, 7]
+    assert torch.allclose(log_probs(base, tokens), log_probs(adapted, tokens), atol=1e-6)
 
 
 @pytest.mark.parametrize("engine_kind", ["torch", "torch_process"])
@@ -77,7 +82,7 @@ def test_an_adapter_only_push_lands_and_matches_the_learners_log_probs(engine_ki
 
         before = sample()
         with torch.no_grad():  # a learner step: only the adapters move
-            for name, p in learner.named_parameters():
+            for p in learner.parameters():
                 if p.requires_grad:
                     p.add_(0.3 * torch.randn_like(p))
         push = adapter_state_dict(learner.state_dict())
