@@ -1,4 +1,4 @@
-"""Async vs sync rollout pipeline under heavy-tailed environment latency (issue 4 benchmark).
+"""Async vs sync rollout pipeline under heavy-tailed environment latency (a benchmark).
 
 FlashREINFORCE's case for one-rollout-per-prompt asynchronous collection (FlashREINFORCE paper, Sec. 3): with
 long-tailed episode times, a synchronous "collect B, then train" loop waits for the slowest

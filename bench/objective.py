@@ -1,4 +1,4 @@
-"""Benchmark the FlashREINFORCE objective and the chunked log-prob helper (issue 2).
+"""Benchmark the FlashREINFORCE objective and the chunked log-prob helper.
 
 Speed: forward+backward time of `frlab.objective.flashreinforce_loss` at B=128, T=4096 (fp32,
 2 threads), with q = negative_token_fraction = 1 and 0.9, against

@@ -1,4 +1,4 @@
-"""Wall-clock time to reward: async one-rollout-per-prompt vs sync and GRPO groups (issue 12).
+"""Wall-clock time to reward: async one-rollout-per-prompt vs sync and GRPO groups.
 
 FlashREINFORCE's promise is wall-clock: with heavy-tailed episode durations, collecting one
 rollout per prompt asynchronously reaches a given reward sooner than collecting "B, then

@@ -126,7 +126,7 @@ def test_every_body_the_learner_sends_parses_on_the_worker_side(rlhf) -> None:  
     """The init body (vLLM's trainer engine builds it: asdict of NCCLWeightTransferInitInfo,
     frlab's FleetClient sets each server's rank_offset) and the update body (asdict of
     NCCLWeightTransferUpdateInfo) parse; frlab's own spelled-out bodies parse; the update
-    body frlab used to spell (with `packed`) is refused (point 4 of issue 9)."""
+    body frlab used to spell (with `packed`) is refused."""
     from vllm.distributed.weight_transfer.nccl_common import NCCLWeightTransferInitInfo
     from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferUpdateInfo
 

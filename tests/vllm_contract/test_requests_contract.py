@@ -37,7 +37,7 @@ def expected_sampling(sp) -> None:  # noqa: ANN001
 
 
 def test_the_completion_body_is_vllms_and_no_model_default_leaks_in() -> None:
-    """Point 5 of issue 9: through `CompletionRequest.to_sampling_params` with the defaults
+    """through `CompletionRequest.to_sampling_params` with the defaults
     a generation config would give, the sampling is exactly frlab's; the body frlab sent
     before (no penalties, min_p) took the model's repetition penalty and min_p."""
     from vllm.entrypoints.openai.completion.protocol import CompletionRequest

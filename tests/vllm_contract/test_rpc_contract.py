@@ -42,7 +42,7 @@ def plain(value):  # noqa: ANN001, ANN201
 
 
 def test_snapshot_rpc_arguments_survive_and_tensors_do_not() -> None:
-    """Point 1 of issue 9: what the in-process engine sends now (a path, a version, a
+    """what the in-process engine sends now (a path, a version, a
     fingerprint) arrives unchanged; what it used to send (tensors in the arguments) arrives as
     `[dtype, shape, buffer]` lists, never tensors."""
     sent = ("/tmp/s/v3/model.safetensors", 3, {"tensors": 2, "numel": 5, "sum": 5.25})
@@ -94,7 +94,7 @@ class RpcClient:
     [[3, 3], [False], [None], [{"version": 3}, {"version": None}], [{"ready": False}], [[1]]],
 )
 def test_the_dev_router_stringifies_scalars_as_frlab_expects(results) -> None:  # noqa: ANN001
-    """Point 2 of issue 9: vLLM's router answers results that are not a dict, list or None
+    """vLLM's router answers results that are not a dict, list or None
     as `str(result)`; `protocol.rpc_answer` (used by frlab.serve and the fakes) says the same."""
     from contract_testlib import router_app
     from fastapi.testclient import TestClient
@@ -140,7 +140,7 @@ class HealthClient:
 
 
 def test_health_is_an_empty_200_and_reset_reports_success() -> None:
-    """Point 3 of issue 9: `GET /health` answers 200 with an EMPTY body
+    """`GET /health` answers 200 with an EMPTY body
     (vllm/entrypoints/serve/instrumentator/health.py), 503 when the engine is dead;
     `POST /reset_prefix_cache` answers `{"success": bool}` (dev/cache/api_router.py)."""
     from contract_testlib import router_app

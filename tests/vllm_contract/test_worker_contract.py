@@ -91,7 +91,7 @@ def test_vllm_mixes_the_extension_into_its_worker_class(worker) -> None:  # noqa
 
 
 def test_a_snapshot_loads_through_vllms_reload_path(worker, tmp_path: Path) -> None:  # noqa: ANN001
-    """Point 6 of issue 9: `Worker.reload_weights(..., is_checkpoint_format=True)` runs
+    """`Worker.reload_weights(..., is_checkpoint_format=True)` runs
     vLLM's layerwise reload (its post-load processing) around the model's load_weights."""
     weights = {
         "proj.weight": torch.arange(6.0).reshape(2, 3),

@@ -38,7 +38,7 @@ from frlab.rollout.remote.worker_extension import (
 def test_sampling_kwargs_follow_the_frlab_contract() -> None:
     kw = vllm_sampling_kwargs(SamplingParams(0.7, 1.0, 0, 12, (2, 9)), seed=5)
     assert kw["temperature"] == 0.7 and kw["top_p"] == 1.0 and kw["top_k"] == 0
-    # point 5 of issue 9: nothing left for a generation config to fill, penalties neutral
+    # nothing left for a generation config to fill, penalties neutral
     assert (kw["repetition_penalty"], kw["presence_penalty"], kw["frequency_penalty"]) == (
         1.0,
         0.0,
@@ -251,7 +251,7 @@ def test_a_bad_worker_ack_fails_the_update_and_the_engine(fake_vllm) -> None:
 
 
 def test_weights_survive_vllms_rpc_transport(fake_vllm) -> None:
-    """Point 1 of issue 9: `collective_rpc` arguments reach vLLM's engine-core process through
+    """`collective_rpc` arguments reach vLLM's engine-core process through
     its msgspec encoder (vllm/v1/serial_utils.py MsgpackEncoder; decoded untyped by
     EngineCoreProc's generic decoder): a tensor in the arguments arrives as a `[dtype, shape,
     buffer index]` list without its buffer. The engine sends a snapshot path instead."""
@@ -299,7 +299,7 @@ def test_an_engine_that_reports_raw_log_probs_is_refused(fake_vllm, monkeypatch)
 def test_each_rank_starts_its_engine_on_its_own_gpu(
     fake_vllm, monkeypatch, local_rank, inherited, expected
 ) -> None:
-    """Point 7 of issue 9: vLLM's single-GPU engine core uses cuda:0 of what it sees
+    """vLLM's single-GPU engine core uses cuda:0 of what it sees
     (vllm/v1/worker/gpu_worker.py Worker.init_device), so every rank's engine landed on GPU 0.
     The engine-core process is started with only this rank's GPU visible."""
     monkeypatch.setenv("LOCAL_RANK", local_rank)

@@ -61,7 +61,7 @@ def test_completion_request_uses_vllm_field_names() -> None:
 
 
 def test_every_sampling_field_a_server_default_could_fill_is_sent() -> None:
-    """Point 5 of issue 9: `vllm serve` defaults to `--generation-config auto`, and vLLM's
+    """`vllm serve` defaults to `--generation-config auto`, and vLLM's
     `CompletionRequest.to_sampling_params` (vllm/entrypoints/openai/completion/protocol.py)
     takes repetition_penalty, temperature, top_p, top_k and min_p from the model's
     generation_config.json whenever the request leaves them unset (None). So each must be
@@ -128,7 +128,7 @@ def test_control_plane_bodies() -> None:
 
 
 def test_the_nccl_update_body_has_exactly_the_fields_vllm_parses() -> None:
-    """Point 4 of issue 9: vLLM's `NCCLWeightTransferUpdateInfo`
+    """vLLM's `NCCLWeightTransferUpdateInfo`
     (vllm/distributed/weight_transfer/nccl_engine.py) has exactly names, dtype_names, shapes;
     `WeightTransferEngine.parse_update_info` refuses any other key, and `packed` is a field of
     the INIT info (`NCCLWeightTransferInitInfo`, nccl_common.py)."""
@@ -145,7 +145,7 @@ def test_the_nccl_update_body_has_exactly_the_fields_vllm_parses() -> None:
 
 
 def test_rpc_answers_are_parsed_strictly_as_vllm_sends_them() -> None:
-    """Point 2 of issue 9: vLLM's dev router (vllm/entrypoints/serve/dev/rpc/api_router.py,
+    """vLLM's dev router (vllm/entrypoints/serve/dev/rpc/api_router.py,
     `collective_rpc`) sends results that are not a dict, list or None as `str(result)`: a
     version 3 arrives as "3" and never equals 3, False as the truthy "False". frlab's worker
     methods answer dicts and the client parses them strictly."""
@@ -201,7 +201,7 @@ def test_snapshots_are_written_whole_tied_tensors_included_and_pruned(tmp_path: 
 def test_the_vllm_worker_extension_loads_a_snapshot_and_acks_its_fingerprint(
     tmp_path: Path,
 ) -> None:
-    """Point 6 of issue 9: the load goes through the worker's documented reload path,
+    """the load goes through the worker's documented reload path,
     `Worker.reload_weights(weights_iterator=..., is_checkpoint_format=True)`
     (vllm/v1/worker/gpu_worker.py), which runs vLLM's post-load processing."""
     worker = FakeWorker()

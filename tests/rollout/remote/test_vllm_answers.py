@@ -1,4 +1,4 @@
-"""The remote engine against servers that answer as vLLM really does (issue 9's breakages).
+"""The remote engine against servers that answer as vLLM really does (the breakages reading vLLM's sources found).
 
 `FakeVllmServer` (nccl_testlib) answers the way vLLM 0.28/0.29's dev-mode OpenAI server does,
 rules read from its sources and checked against its own code in the `vllm_contract` tier:
