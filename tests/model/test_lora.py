@@ -70,6 +70,8 @@ def test_an_adapter_only_push_lands_and_matches_the_learners_log_probs(engine_ki
     learner = policy()
     cls = TorchEngine if engine_kind == "torch" else ProcessTorchEngine
     engine = cls(learner, max_batch_size=2)
+    if engine_kind == "torch":
+        assert engine.packed_prefill  # a PeftModel passes position ids on: packing stays exact
     engine.start()
     try:
         params = SamplingParams(max_new_tokens=8, seed=3)

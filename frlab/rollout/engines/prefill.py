@@ -22,6 +22,8 @@ import torch
 from transformers import PreTrainedModel
 from transformers.masking_utils import create_causal_mask
 
+from frlab.model.lora import base_of
+
 log = logging.getLogger(__name__)
 MASK_PARAMETERS = frozenset(inspect.signature(create_causal_mask).parameters)
 
@@ -146,8 +148,8 @@ def unsupported(model: PreTrainedModel) -> str | None:
         not layer_types and getattr(config, "sliding_window", None) is not None
     ):
         return "sliding-window attention layers"
-    if "position_ids" not in inspect.signature(model.forward).parameters:
-        return "the model's forward takes no position_ids"
+    if "position_ids" not in inspect.signature(base_of(model).forward).parameters:
+        return "the model's forward takes no position_ids"  # (a LoRA PeftModel passes them on)
     return None
 
 
