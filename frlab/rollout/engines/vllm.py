@@ -320,6 +320,8 @@ class VLLMEngine(Engine):
             if part.finish_reason != "abort" or self._aborts == aborts or self._broken:
                 done = generation_result(part, part_versions)  # refuses other reasons
                 return GenerationResult(tokens, log_probs, versions, done.finish_reason)
+            if len(tokens) >= params.max_new_tokens:  # aborted with its budget spent
+                return GenerationResult(tokens, log_probs, versions, "length")
 
     async def _wait_gate(self) -> None:
         while not self._gate.is_set():  # re-check: the gate may close again before we run
