@@ -256,3 +256,14 @@ def test_a_killed_engine_core_fails_requests_and_reports_the_engine_down(tmp_pat
             driver.submit(PROMPTS[0], SamplingParams(max_new_tokens=4, seed=1)).result(60)
     finally:
         driver.close()
+
+
+def test_a_kv_cache_larger_than_free_memory_is_refused_by_name_before_start(tmp_path: Path) -> None:
+    from frlab.rollout.engines.vllm import VLLMEngine
+
+    folder = tmp_path / "toy"
+    save_model(folder, seed=0)
+    engine = VLLMEngine(str(folder), seed=0, max_model_len=128, cpu_kv_cache_gib=100_000.0)
+    with pytest.raises(EngineError, match=r"rollout.engine.cpu_kv_cache_gib"):
+        engine.start()
+    assert engine.down_reason() is None  # nothing was started
