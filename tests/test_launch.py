@@ -218,3 +218,17 @@ def test_servers_get_the_models_context_as_the_preset_sets_it(exp: str) -> None:
             assert "--hf-overrides" not in words
         else:
             assert json.loads(words[words.index("--hf-overrides") + 1]) == dict(extra)
+
+
+def test_a_requeued_slurm_job_resumes_from_its_last_checkpoint(tmp_path: Path) -> None:
+    """SLURM requeues a preempted job with the same id, so the same RUN_DIR: the learner step
+    must add ckpt_path=last once the run has a checkpoint (else frlab refuses the folder)."""
+    exp = "python_tool_qwen3_30b_a3b"
+    hosts = " ".join(f"node{i}" for i in range(LAYOUTS[exp][2] + 1))
+    first = _run("slurm_learner_fleet.sbatch", exp, FRLAB_NODES=hosts, RUN_DIR=str(tmp_path))
+    assert first.returncode == 0 and "ckpt_path=last" not in first.stdout
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "last.ckpt").write_bytes(b"")
+    again = _run("slurm_learner_fleet.sbatch", exp, FRLAB_NODES=hosts, RUN_DIR=str(tmp_path))
+    assert again.returncode == 0
+    assert "ckpt_path=last" in _frlab_overrides(again.stdout.splitlines()[-1])
