@@ -25,18 +25,24 @@ class WeightPins:
         self.timeout_s = float(timeout_s)
         self._lock = threading.Lock()
         self._jobs: set[concurrent.futures.Future] = set()
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
 
     def run(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future:
-        """Start `fn(*args)` in the background; weight updates wait for it (`wait`)."""
+        """Start `fn(*args)` on a daemon thread of its own; weight updates wait for it (`wait`).
+        Daemon: a job that never returns must not keep the process alive (see `shutdown`)."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
         with self._lock:
-            if self._executor is None:
-                self._executor = concurrent.futures.ThreadPoolExecutor(
-                    1, thread_name_prefix="frlab-pinned"
-                )
-            future = self._executor.submit(fn, *args)
             self._jobs.add(future)
         future.add_done_callback(self._discard)
+
+        def job() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                future.set_result(fn(*args))
+            except BaseException as exc:  # handed to whoever waits on the future
+                future.set_exception(exc)
+
+        threading.Thread(target=job, name="frlab-pinned", daemon=True).start()
         return future
 
     def _discard(self, future: concurrent.futures.Future) -> None:
@@ -56,9 +62,10 @@ class WeightPins:
                 "the weight update cannot wait longer"
             )
 
-    def shutdown(self) -> None:
-        """Drop queued jobs and join the thread (a running job ends when the engine stops)."""
+    def shutdown(self, timeout_s: float = 10.0) -> bool:
+        """Wait at most `timeout_s` for the running jobs (a job blocked on a stopped engine
+        fails soon after); True if none was left running (those are abandoned: daemon threads)."""
         with self._lock:
-            executor, self._executor = self._executor, None
-        if executor is not None:
-            executor.shutdown(wait=True, cancel_futures=True)
+            jobs = list(self._jobs)
+        _, late = concurrent.futures.wait(jobs, timeout=timeout_s)
+        return not late

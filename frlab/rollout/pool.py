@@ -177,7 +177,7 @@ class RolloutPool(ConsumerSide):
                 if self._started:
                     run_bounded(self.engine.shutdown, "engine shutdown", STOP_WAIT_S)
             finally:
-                self.pins.shutdown()
+                self.pins.shutdown(STOP_WAIT_S)
                 if self._executor is not None:
                     self._executor.shutdown(wait=True, timeout=STOP_WAIT_S)
                 sampler = self._cursor.sampler

@@ -9,6 +9,7 @@ test_pool.
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 from test_pool import Board, make_pool, wait_for
@@ -152,6 +153,21 @@ def test_pinned_work_that_never_ends_times_the_update_out() -> None:
         pins.shutdown()
     with pytest.raises(ValueError, match="timeout_s"):
         WeightPins(timeout_s=0)
+
+
+def test_shutdown_waits_for_a_pinned_job_only_until_its_deadline() -> None:
+    """A pinned job (an evaluation) that never returns must not hold the run's stop: shutdown
+    gives up on it after its deadline (its thread is a daemon: process exit does not wait)."""
+    pins, release = WeightPins(timeout_s=30), threading.Event()
+    future = pins.run(release.wait)
+    try:
+        started = time.monotonic()
+        assert pins.shutdown(timeout_s=0.2) is False
+        assert time.monotonic() - started < 5 and not future.done()
+    finally:
+        release.set()
+    assert future.result(timeout=5) is True
+    assert pins.shutdown(timeout_s=1) is True
 
 
 def test_closed_admission_starts_nothing_and_cancels_unconsumed_rollouts(board: Board) -> None:
