@@ -22,8 +22,10 @@ import hydra
 from omegaconf import DictConfig
 
 from frlab.config.compose import setup_hydra
+from frlab.config.declare import check_bool_overrides
 from frlab.config.errors import ConfigError
 from frlab.config.hydra_errors import legacy_overrides, report_config_errors
+from frlab.config.schema import FrlabConfig
 
 setup_hydra()
 ENGINE_DOWN_EXIT = 75  # EX_TEMPFAIL (sysexits.h): the rollout engine went down for good
@@ -76,6 +78,11 @@ def _hydra_main(cfg: DictConfig) -> dict[str, Any]:
 def main() -> None:
     """Console entry point."""
     sys.argv[1:] = legacy_overrides(sys.argv[1:])
+    try:
+        check_bool_overrides(FrlabConfig, [a for a in sys.argv[1:] if not a.startswith("-")])
+    except ConfigError as exc:
+        print(f"frlab: config error: {exc}", file=sys.stderr, flush=True)
+        sys.exit(2)
     report_config_errors()
     _hydra_main()
 

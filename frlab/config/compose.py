@@ -38,8 +38,11 @@ def compose(
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
+    from frlab.config.declare import check_bool_overrides
     from frlab.config.hydra_errors import explain, legacy_overrides
+    from frlab.config.schema import FrlabConfig
 
+    check_bool_overrides(FrlabConfig, legacy_overrides(overrides))
     setup_hydra()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONFIGS_DIR), version_base="1.3"):

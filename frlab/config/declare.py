@@ -280,3 +280,39 @@ def changed(key: str, values: Mapping[str, Any], cls: type) -> dict[str, Any]:
         if isinstance(value, Mapping) or value != default or default == "???":
             out[full] = value
     return out
+
+
+def declared_annotation(cls: type, key: str) -> Any:
+    """The declared type of dotted `key` below config dataclass `cls` (None: not declared
+    there, or inside an open node such as `env` or `rollout.engine`)."""
+    head, _, rest = key.partition(".")
+    for f, annotation in declared(cls):
+        if f.name != head:
+            continue
+        if not rest:
+            return annotation
+        inner = section_type(annotation)
+        return None if inner is None else declared_annotation(inner, rest)
+    return None
+
+
+def check_bool_overrides(root: type, overrides: list[str]) -> None:
+    """ConfigError for a command-line value that is not a boolean on a key declared bool:
+    OmegaConf would turn `data.pack_sequences=3` into True silently."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides=list(overrides))
+    except Exception:  # a malformed override: Hydra reports it itself
+        return
+    for override in parsed:
+        if override.is_sweep_override() or override.is_delete():
+            continue
+        key = override.key_or_group.lstrip("+")
+        if unwrap(declared_annotation(root, key) or object)[0] is not bool:
+            continue
+        value = override.value()
+        if value is not None and not isinstance(value, bool):
+            raise ConfigError(
+                key, f"must be true or false, got {override.get_value_element_as_str()}"
+            )

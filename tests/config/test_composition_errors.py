@@ -109,3 +109,15 @@ def test_the_engine_group_and_its_legacy_spelling() -> None:
     with pytest.raises(ConfigError, match="override /rollout/engine: vllm") as info:
         preflight(cfg)
     assert info.value.key == "rollout.engine"
+
+
+def test_a_bool_key_accepts_only_booleans() -> None:
+    """OmegaConf would turn `data.pack_sequences=3` into True silently."""
+    from frlab.config.compose import compose
+    from frlab.config.errors import ConfigError
+
+    for bad in ("3", "1", "yes"):
+        with pytest.raises(ConfigError, match="data.pack_sequences.*true or false"):
+            compose([f"data.pack_sequences={bad}"])
+    assert compose(["data.pack_sequences=false"]).data.pack_sequences is False
+    assert compose(["model.lora.rank=4"]).model.lora.rank == 4  # not a bool key: untouched
