@@ -85,6 +85,8 @@ from frlab.rollout.remote.worker_extension import SNAPSHOT_METHOD, check_acks
 __all__ = ["VLLMEngine", "generation_result", "installed_platform", "sampled_log_probs",
            "vllm_engine_kwargs", "vllm_sampling_kwargs"]  # fmt: skip
 
+DOWN_POLL_S = 1.0  # how often a control call waiting on the engine loop checks the core is alive
+
 
 class VLLMEngine(Engine):
     """vLLM AsyncLLMEngine on a private event-loop thread (single node, one device)."""
@@ -285,7 +287,15 @@ class VLLMEngine(Engine):
         if threading.current_thread() is self._thread:
             coro.close()
             raise EngineError("VLLMEngine control calls must not run on its own loop thread")
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        while True:  # a call awaiting a dead engine core would never return: poll its state
+            try:
+                return future.result(timeout=DOWN_POLL_S)
+            except concurrent.futures.TimeoutError:
+                down = self.down_reason()
+                if down is not None:
+                    future.cancel()
+                    raise EngineError(down) from None
 
     # -- requests ----------------------------------------------------------------------------
     async def generate(

@@ -250,6 +250,35 @@ def test_a_bad_worker_ack_fails_the_update_and_the_engine(fake_vllm) -> None:
         engine.shutdown()
 
 
+def test_an_update_awaiting_a_dead_engine_core_fails_instead_of_hanging(fake_vllm) -> None:
+    """A core killed mid-update leaves vLLM's pending rpc unanswered; the engine notices
+    `AsyncLLM.errored` and the update fails naming it (the run then stops, exit 75)."""
+    engine = VLLMEngine("m")
+    engine.start()
+    try:
+        fake = FakeAsyncLLM.instances[0]
+        fake.hang_rpc = True
+        threading.Timer(0.3, setattr, (fake, "dead_error", RuntimeError("core killed"))).start()
+        errors: list[BaseException] = []
+
+        def update() -> None:
+            try:
+                engine.update_weights({"w": torch.ones(1)}, version=1)
+            except BaseException as exc:
+                errors.append(exc)
+
+        updater = threading.Thread(target=update, daemon=True)
+        updater.start()
+        updater.join(timeout=10)
+        assert not updater.is_alive(), "update_weights still waits on a dead engine core"
+        (error,) = errors
+        assert isinstance(error, EngineError) and "engine core is dead" in str(error), error
+        assert "core killed" in str(error) and engine.version == 0
+    finally:
+        fake.hang_rpc = False
+        engine.shutdown()
+
+
 def test_weights_survive_vllms_rpc_transport(fake_vllm) -> None:
     """`collective_rpc` arguments reach vLLM's engine-core process through
     its msgspec encoder (vllm/v1/serial_utils.py MsgpackEncoder; decoded untyped by

@@ -51,10 +51,17 @@ class FakeAsyncLLM:
         self.release: threading.Event | None = None  # when set, requests wait for it
         self.corrupt = False
         self.reset_answer: Any = True
+        self.hang_rpc = False  # collective_rpc never returns (its engine core was killed)
+        self.dead_error: Exception | None = None  # AsyncLLM.dead_error once the core is gone
         self.visible_at_start = os.environ.get("CUDA_VISIBLE_DEVICES")
         mode = self.served_mode or args.logprobs_mode
         self.vllm_config = SimpleNamespace(model_config=SimpleNamespace(logprobs_mode=mode))
         FakeAsyncLLM.instances.append(self)
+
+    @property
+    def errored(self) -> bool:
+        """AsyncLLM.errored: its engine core died (the output handler saw EngineDeadError)."""
+        return self.dead_error is not None
 
     @classmethod
     def from_engine_args(cls, args: FakeAsyncLLM.Args) -> FakeAsyncLLM:
@@ -80,6 +87,8 @@ class FakeAsyncLLM:
             raise TypeError("collective_rpc callables need VLLM_ALLOW_INSECURE_SERIALIZATION=1")
         self.rpc_calls.append((method, args))
         self.events.append(("rpc", method))
+        while self.hang_rpc:
+            await asyncio.sleep(0.01)
         sent = msgspec_transport(args)
         acks = [getattr(w, method)(*sent, **(kwargs or {})) for w in self.workers]
         if self.corrupt:
