@@ -5,12 +5,20 @@ Hugging Face causal-LM folder); it is loaded with `frlab.model.build_policy`. `-
 instead random-inits the architecture of a model config file (`configs/model/toy_qwen2.yaml`:
 its `config` mapping): the learner loads its own weights onto every server before the first
 rollout, so only the architecture has to match. The server starts
-at weight version `--initial-version` (0) and serves until SIGTERM / SIGINT. `--fault` is a
+at weight version `--initial-version` (0) and serves until SIGTERM / SIGINT.
+`--weight-update in_flight|resubmit|drain` is its torch engine's `weight_update` (default: the
+torch engine's own, in_flight): what requests running on this server see when a snapshot
+lands (in_flight: they keep their KV cache and go on with the new weights; resubmit: they go on
+from a fresh prefill of prompt + tokens on the new weights; drain: the load waits for them);
+every token is labelled with the version that sampled it either way. It is reported in
+`/server_info` (`frlab_weight_update`): a fleet run with `rollout.weight_update=in_flight` or
+`resubmit` refuses a server in another mode. `--fault` is a
 test-only switch (ignore-reload | garbage | hang; see `frlab.serve.server`); with
 `--test-faults` it can be flipped at run time (`POST /frlab_test_fault {"fault": NAME}`).
 
     python -m frlab.serve --host 127.0.0.1 --port 8100 --model /tmp/policy --device cpu
     python -m frlab.serve --port 8100 --model-config configs/model/toy_qwen2.yaml
+    python -m frlab.serve --port 8100 --model /tmp/policy --weight-update resubmit
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import sys
 import threading
 from collections.abc import Sequence
 
+from frlab.rollout.engine import WEIGHT_UPDATES
 from frlab.serve.server import FAULTS, ServeState, serve
 
 
@@ -42,6 +51,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-batch-size", type=int, default=32)
     p.add_argument("--initial-version", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: torch default)")
+    p.add_argument(
+        "--weight-update", default=None, choices=WEIGHT_UPDATES,
+        help="how a snapshot load meets running requests (default: the torch engine's, in_flight)",
+    )  # fmt: skip
     p.add_argument("--fault", default="none", choices=FAULTS, help="test-only fault switch")
     p.add_argument(
         "--test-faults",
@@ -83,7 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     policy = build_server_policy(args)
     engine = TorchEngine(
         policy, device=args.device, max_batch_size=args.max_batch_size, seed=args.seed,
-        initial_version=args.initial_version,
+        initial_version=args.initial_version, weight_update=args.weight_update,
     )  # fmt: skip
     del policy
     name = args.served_model_name or args.model or args.model_config

@@ -6,7 +6,7 @@ requests are batched by the engine as in-process ones are. Endpoints (field name
 documents them, see `frlab.rollout.remote.protocol`) answered as vLLM answers them:
 `GET /health` (200, empty body), `GET /v1/models`, `GET /server_info` (the
 `vllm_config.model_config.logprobs_mode` frlab checks: processed log-probs, which the torch
-engine returns), `POST /v1/completions` (penalties must be neutral or unset: the torch engine
+engine returns; and frlab's own `frlab_weight_update`, the engine's `--weight-update` mode), `POST /v1/completions` (penalties must be neutral or unset: the torch engine
 applies none), `POST /collective_rpc` (methods `frlab_load_snapshot`, `frlab_weight_version`;
 results through vLLM's router rule, `protocol.rpc_answer`), `POST /reset_prefix_cache`
 (no cache: `{"success": true}`). vLLM's NCCL weight-transfer endpoints answer 501: this is a
@@ -106,7 +106,7 @@ class Handler(BaseHTTPRequestHandler):
         routes = {
             proto.HEALTH: lambda: b"",
             proto.MODELS: self._models,
-            proto.SERVER_INFO.split("?", 1)[0]: lambda: proto.server_info(proto.PROCESSED_LOGPROBS),
+            proto.SERVER_INFO.split("?", 1)[0]: self._server_info,
         }
         self._dispatch(routes, body=None)
 
@@ -166,6 +166,11 @@ class Handler(BaseHTTPRequestHandler):
     @property
     def state(self) -> ServeState:
         return self.server.state
+
+    def _server_info(self) -> dict[str, Any]:
+        """vLLM's answer shape plus this server's weight-update mode (`frlab_weight_update`)."""
+        mode = self.state.engine.weight_update
+        return proto.server_info(proto.PROCESSED_LOGPROBS, weight_update=mode)
 
     def _models(self) -> dict[str, Any]:
         card = {"id": self.state.model_name, "object": "model", "owned_by": "frlab"}

@@ -17,15 +17,17 @@ dead and stale servers every `probe_interval_s`; one that answers `/health` agai
 the current snapshot and report the current weight version before it is re-admitted.
 
 Weight sync (filesystem snapshots or vLLM's NCCL broadcast, the version check, several learner
-ranks sharing one fleet) lives in `frlab.rollout.remote.weight_sync` and server states,
-admission and probing in `frlab.rollout.remote.fleet` (both mixed in). Token versions come
-from the server: `frlab_versions` in the answer (frlab.serve), else the version that server
-reported at its last verification (vLLM).
+ranks sharing one fleet) lives in `frlab.rollout.remote.weight_sync`, server states,
+admission and probing in `frlab.rollout.remote.fleet`, and what `weight_update` (drain |
+in_flight | resubmit) does to requests in flight in `frlab.rollout.remote.resubmit` (all mixed
+in). Token versions come from the server: `frlab_versions` in the answer (frlab.serve), else
+the version that server reported at its last verification (vLLM).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import shutil
 import tempfile
@@ -50,6 +52,7 @@ from frlab.rollout.engine import (
 from frlab.rollout.remote import protocol as proto
 from frlab.rollout.remote.fleet import FleetMixin, Server, ServerFault, Snapshot
 from frlab.rollout.remote.nccl import NcclSync
+from frlab.rollout.remote.resubmit import UpdateModesMixin
 from frlab.rollout.remote.weight_sync import WeightSyncMixin
 
 log = logging.getLogger(__name__)
@@ -94,7 +97,7 @@ def _check_settings(
         raise ValueError(f"rollout.remote.keep_snapshots must be >= 1, got {keep_snapshots}")
 
 
-class RemoteEngine(WeightSyncMixin, FleetMixin, Engine):
+class RemoteEngine(UpdateModesMixin, WeightSyncMixin, FleetMixin, Engine):
     """Generation on a fleet of HTTP servers, with versioned weight sync and failover."""
 
     shared_across_ranks = True  # every learner rank drives the same servers: collective syncs
@@ -111,8 +114,9 @@ class RemoteEngine(WeightSyncMixin, FleetMixin, Engine):
     @classmethod
     def weight_updates(cls) -> tuple[str, ...]:
         """drain (exact with every server) by default; in_flight where the servers label each
-        token with its version (frlab.serve; an answer without labels is then refused)."""
-        return ("drain", "in_flight")
+        token with its version (frlab.serve; an answer without labels is then refused);
+        resubmit on vLLM (pause-abort, resume) and frlab.serve (its own resubmit mode)."""
+        return ("drain", "in_flight", "resubmit")
 
     def __init__(
         self,
@@ -171,6 +175,7 @@ class RemoteEngine(WeightSyncMixin, FleetMixin, Engine):
         self._gate: asyncio.Event | None = None  # set while requests may be dispatched
         self._idle: asyncio.Event | None = None  # set while no request is in flight
         self._in_flight = 0
+        self._aborts = 0  # resubmit updates that stopped requests (frlab.rollout.remote.resubmit)
         self._user_paused = self._syncing = self._stopping = False
 
     @property
@@ -298,14 +303,15 @@ class RemoteEngine(WeightSyncMixin, FleetMixin, Engine):
 
     async def _generate(self, prompt: list[int], params: SamplingParams) -> GenerationResult:
         try:
-            return await self._dispatch(prompt, params)
+            return await self._continue(prompt, params)
         except asyncio.CancelledError:
             if self._stopping:  # shutdown, not the caller: fail the request like other engines
                 raise EngineError("RemoteEngine shut down before the request finished") from None
             raise
 
-    async def _dispatch(self, prompt: list[int], params: SamplingParams) -> GenerationResult:
-        """Send to the least-loaded healthy server; retry on another after a server fault."""
+    async def _dispatch(self, prompt: list[int], params: SamplingParams) -> proto.Completion:
+        """Send to the least-loaded healthy server; retry on another after a server fault.
+        The answer's versions are exact per token (`_versions`); it may be an abort."""
         attempts = 0
         while True:
             while not self._gate.is_set():
@@ -332,7 +338,7 @@ class RemoteEngine(WeightSyncMixin, FleetMixin, Engine):
 
     async def _request(
         self, server: Server, prompt: list[int], params: SamplingParams
-    ) -> GenerationResult:
+    ) -> proto.Completion:
         self._requests += 1
         body = proto.completion_request(
             server.model or "",
@@ -340,7 +346,7 @@ class RemoteEngine(WeightSyncMixin, FleetMixin, Engine):
             params,
             seed=request_seed(params, self.seed * 1_000_003, self._requests),
         )
-        version = server.version
+        version, aborts = server.version, self._aborts
         server.in_flight += 1
         self._in_flight += 1
         self._idle.clear()
@@ -355,26 +361,5 @@ class RemoteEngine(WeightSyncMixin, FleetMixin, Engine):
             done = proto.parse_completion(answer, prompt)
         except proto.MalformedResponse as exc:
             raise ServerFault("dead", f"garbage answer: {exc}") from exc
-        return GenerationResult(
-            done.token_ids,
-            done.log_probs,
-            self._versions(server, version, done),
-            done.finish_reason,
-        )
-
-    def _versions(self, server: Server, sent_at: int | None, done: proto.Completion) -> list[int]:
-        """Per-token versions from the server's own answers (see the module docstring)."""
-        if done.versions is not None:
-            if sent_at is None or any(not sent_at <= v <= self._version for v in done.versions):
-                raise ServerFault(
-                    "stale", f"answered token versions {sorted(set(done.versions))}, it proved "
-                    f"v{sent_at} and the fleet is at v{self._version}",
-                )  # fmt: skip
-            return list(done.versions)
-        if self.weight_update == "in_flight":
-            raise ServerFault("stale", "rollout.weight_update=in_flight needs servers that label "
-                              "each token's version (frlab_versions), and it answered none")  # fmt: skip
-        if sent_at is None or server.version != sent_at:
-            raise ServerFault("stale", f"weights changed from v{sent_at} to v{server.version} "
-                              "during the request")  # fmt: skip
-        return [sent_at] * len(done.token_ids)
+        self._check_abort(done, aborts)
+        return dataclasses.replace(done, versions=self._versions(server, version, done))

@@ -52,6 +52,8 @@ class Server:
     version: int | None = None  # the version it last PROVED (its own answer)
     model: str | None = None
     why: str = ""  # why it was last refused or marked dead (shown in `_describe`)
+    stops: bool = False  # vLLM-like: a resubmit update pauses it with abort (frlab...resubmit)
+    paused: bool = False  # a resubmit update paused it and has not resumed it yet
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,7 @@ class FleetMixin:
     _client: httpx.AsyncClient | None
     _sync_lock: asyncio.Lock | None
     _user_paused: bool
+    weight_update: str
 
     def stats(self) -> dict[str, int]:
         """Counters and gauges for the pool's stats (logged as `rollout/<name>`)."""
@@ -164,6 +167,8 @@ class FleetMixin:
                 self._refuse(server, f"it serves logprobs_mode={mode!r}: run it with "
                              f"--logprobs-mode {proto.PROCESSED_LOGPROBS}")  # fmt: skip
                 return
+            if not self._serves_mode(server, proto.served_weight_update(info)):
+                return
             snap = self._snapshot
             if snap is not None:
                 args = [str(snap.path), snap.version, dict(snap.fingerprint)]  # 3rd: dedup key
@@ -181,6 +186,8 @@ class FleetMixin:
                 server, proto.COLLECTIVE_RPC, proto.rpc_request(VERSION_METHOD)
             )
             reported = proto.rpc_versions(answer)
+            if server.paused and not self._syncing:  # a resubmit update could not resume it
+                await self._resume(server)
         except ServerFault as fault:
             if was in ("ok", "unverified"):
                 log.warning("remote engine: server %s marked %s: %s", server.url, fault.kind, fault)
@@ -197,6 +204,17 @@ class FleetMixin:
             self._counts["readmissions"] += 1
             log.warning("remote engine: server %s re-admitted: it reported version %d",
                         server.url, self._version)  # fmt: skip
+
+    def _serves_mode(self, server: Server, served: str | None) -> bool:
+        """Whether a server's own weight-update mode (frlab.serve reports it, vLLM does not)
+        gives `in_flight` / `resubmit` what they ask (refused as stale otherwise)."""
+        server.stops = served is None
+        wanted = self.weight_update
+        if served is None or wanted not in ("in_flight", "resubmit") or served == wanted:
+            return True
+        self._refuse(server, f"it runs --weight-update {served}; rollout.weight_update={wanted} "
+                     f"needs frlab.serve --weight-update {wanted}")  # fmt: skip
+        return False
 
     def _refuse(self, server: Server, why: str) -> None:
         self._counts["stale_refusals"] += 1

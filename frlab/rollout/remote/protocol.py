@@ -9,7 +9,10 @@ log-prob; vLLM must run with `--logprobs-mode processed_logprobs` so that it is 
 after temperature / top-k / top-p: `served_logprobs_mode` reads it from the dev endpoint
 `GET /server_info?config_format=json`, and a server that does not report it is refused),
 `ignore_eos` and `stop_token_ids` (frlab stops only on its own stop ids, as the torch engine
-does), `skip_special_tokens: false`. Every sampling field is sent, penalties neutral: vLLM's
+does), `skip_special_tokens: false`. A request ended by vLLM's `POST /pause?mode=abort` or
+`POST /abort_requests` (dev mode, `vllm/entrypoints/rl/online/api_router.py`) answers as a
+completion with `finish_reason: "abort"` and the tokens sampled so far (maybe none). Every
+sampling field is sent, penalties neutral: vLLM's
 `CompletionRequest.to_sampling_params` fills an unsent field from the model's
 `generation_config.json` (`vllm serve` defaults to `--generation-config auto`), and a
 repetition penalty the learner never applies would bias the importance ratios silently.
@@ -65,6 +68,10 @@ UPDATE_WEIGHTS = "/update_weights"
 FINISH_WEIGHT_UPDATE = "/finish_weight_update"
 WORLD_SIZE = "/get_world_size"
 SERVER_INFO = "/server_info?config_format=json"
+PAUSE_ABORT = "/pause?mode=abort"  # vLLM's dev-mode RL router: end every request, queue new ones
+RESUME = "/resume"
+ABORT_REQUESTS = "/abort_requests"  # body {}: abort every request the server holds
+WEIGHT_UPDATE_FIELD = "frlab_weight_update"  # frlab.serve's /server_info: its engine's mode
 PROCESSED_LOGPROBS = "processed_logprobs"
 VERSIONS_FIELD = "frlab_versions"
 TOKEN_ID_PREFIX = "token_id:"
@@ -186,7 +193,8 @@ def completion_response(
 
 def parse_completion(body: Any, prompt: Sequence[int] | None = None) -> Completion:
     """Client side: the one choice of a completions answer; MalformedResponse if it is not
-    exactly the documented shape (ids, finite log-probs <= 0, equal lengths, stop|length)."""
+    exactly the documented shape (ids, finite log-probs <= 0, equal lengths, stop|length, or
+    abort with the tokens sampled before it, maybe none)."""
     try:
         choices = body["choices"]
         if not isinstance(choices, list) or len(choices) != 1:
@@ -199,11 +207,11 @@ def parse_completion(body: Any, prompt: Sequence[int] | None = None) -> Completi
         echoed = choice.get("prompt_token_ids")
     except (KeyError, TypeError, AttributeError) as exc:
         raise MalformedResponse(f"completion answer lacks a field: {exc!r}") from exc
-    if reason not in ("stop", "length"):
-        raise MalformedResponse(f"finish_reason must be stop|length, got {reason!r}")
+    if reason not in ("stop", "length", "abort"):
+        raise MalformedResponse(f"finish_reason must be stop|length|abort, got {reason!r}")
     if prompt is not None and echoed is not None and list(echoed) != list(prompt):
         raise MalformedResponse("prompt_token_ids in the answer differ from the prompt sent")
-    if not token_ids:
+    if not token_ids and reason != "abort":
         raise MalformedResponse("the answer has no sampled token")
     return Completion(token_ids, log_probs, versions, reason)
 
@@ -336,10 +344,24 @@ def served_logprobs_mode(body: Any) -> str:
     return mode
 
 
-def server_info(logprobs_mode: str, generation_config: str = "vllm") -> dict[str, Any]:
-    """Server side: the part of vLLM's `/server_info?config_format=json` answer frlab reads."""
+def server_info(
+    logprobs_mode: str, generation_config: str = "vllm", weight_update: str | None = None
+) -> dict[str, Any]:
+    """Server side: the part of vLLM's `/server_info?config_format=json` answer frlab reads,
+    plus frlab.serve's own weight-update mode (vLLM has no such field)."""
     model_config = {"logprobs_mode": logprobs_mode, "generation_config": generation_config}
-    return {"vllm_config": {"model_config": model_config}, "vllm_env": {}, "system_env": {}}
+    info = {"vllm_config": {"model_config": model_config}, "vllm_env": {}, "system_env": {}}
+    if weight_update is not None:
+        info[WEIGHT_UPDATE_FIELD] = weight_update
+    return info
+
+
+def served_weight_update(body: Any) -> str | None:
+    """frlab.serve's weight-update mode in a `/server_info` answer (None from vLLM)."""
+    mode = body.get(WEIGHT_UPDATE_FIELD) if isinstance(body, Mapping) else None
+    if mode is not None and not isinstance(mode, str):
+        raise MalformedResponse(f"{WEIGHT_UPDATE_FIELD} {mode!r} is not a string")
+    return mode
 
 
 def served_model(body: Any) -> str:

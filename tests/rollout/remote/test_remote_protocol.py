@@ -89,12 +89,23 @@ def test_the_server_answer_round_trips_with_versions() -> None:
     )
 
 
+def test_an_aborted_answer_carries_the_tokens_sampled_before_it() -> None:
+    """vLLM answers a request ended by `/pause?mode=abort` as a completion with finish_reason
+    abort and its tokens so far, maybe none (a request still queued)."""
+    body = proto.completion_response("m", [1, 2], [7], [-0.25], [0], "abort", "x")
+    assert proto.parse_completion(body, [1, 2]) == proto.Completion([7], [-0.25], [0], "abort")
+    empty = proto.completion_response("m", [1, 2], [], [], [], "abort", "x")
+    assert proto.parse_completion(empty, [1, 2]).token_ids == []
+    with pytest.raises(proto.MalformedResponse):  # only an abort may come back empty
+        proto.parse_completion(proto.completion_response("m", [1], [], [], [], "length", "x"))
+
+
 @pytest.mark.parametrize(
     "answer",
     [
         {"no": "choices"},
         {"choices": []},
-        _answer(finish_reason="abort"),
+        _answer(finish_reason="error"),
         _answer(token_ids=[7]),  # fewer ids than log-probs
         _answer(token_ids=[]),
         _answer(token_ids=[7, -3]),
