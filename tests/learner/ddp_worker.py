@@ -8,7 +8,8 @@ micro-batches of N rows instead). `optim.skip_zero_signal_steps` is on and the g
 include one whose rewards are all equal and one whose every row the trust region rejects
 (`global_batches`). Every rank writes `OUT.rank{R}.pt` with its final parameters, its own
 micro-batch plan sizes and, on rank 0, the logged metrics. With `--devices 1` it runs the same
-training in one process.
+training in one process. `--lora` trains LoRA adapters only, `--checkpointing` turns on
+activation checkpointing.
 """
 
 from __future__ import annotations
@@ -74,11 +75,27 @@ class RankRows(L.LightningDataModule):
         return loader([b.select(rows) for b in self.batches])
 
 
+LORA = {"rank": 4, "alpha": 8.0, "dropout": 0.0, "target_modules": ["all-linear"]}
+
+
 def train(
-    devices: int, micro: int, budget: int | None, pack: bool
-) -> tuple[L.Trainer, FlashReinforceModule, MemoryLogger, list]:
+    devices: int, micro: int, budget: int | None, pack: bool, lora: bool = False,
+    checkpointing: bool = False,
+) -> tuple[L.Trainer, FlashReinforceModule, MemoryLogger, list]:  # fmt: skip
+    """`lora`: the policy with LoRA adapters on every linear layer (only they train);
+    `checkpointing`: non-reentrant activation checkpointing, as `model.gradient_checkpointing`."""
     policy = tiny_policy(seed=0)
     batches = global_batches(policy, STEPS)
+    if checkpointing:
+        from frlab.model.policy import enable_checkpointing
+
+        policy.config.use_cache = False
+        enable_checkpointing(policy)
+    if lora:
+        from frlab.model.lora import apply_lora
+
+        torch.manual_seed(1)  # peft draws A at random: the same adapters in every process
+        policy = apply_lora(policy, LORA)
     module = FlashReinforceModule(
         MODEL_CFG,
         OBJECTIVE_CFG,
@@ -112,10 +129,12 @@ def main() -> None:
     parser.add_argument("--micro", type=int, default=GLOBAL_B)
     parser.add_argument("--budget", type=int, default=None)
     parser.add_argument("--padded", action="store_true")
+    parser.add_argument("--lora", action="store_true")
+    parser.add_argument("--checkpointing", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(1)
     fit_trainer, module, logger, plans = train(
-        args.devices, args.micro, args.budget, not args.padded
+        args.devices, args.micro, args.budget, not args.padded, args.lora, args.checkpointing
     )
     result = {
         "plan_sizes": plans,

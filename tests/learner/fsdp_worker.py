@@ -12,7 +12,8 @@ checkpoint twice there (a symlink to a hidden folder of shards) and, in a second
 from it for one more step. `--moe` trains a tiny float32 Qwen3-MoE with gradient
 checkpointing instead (activation recomputation inside FSDP2 units), in float64 too: its experts
 run the eager per-expert loop (`grouped_mm` has no float64 kernel), so both runs are exact up
-to float64 rounding by construction.
+to float64 rounding by construction. `--lora` trains LoRA adapters only (with `--moe`: on the
+attention projections and the experts' fused weights).
 """
 
 from __future__ import annotations
@@ -52,11 +53,21 @@ def moe_policy() -> torch.nn.Module:
 BUDGET = 30  # packed tokens per micro-batch on a rank (rows have 3 to 16 tokens)
 
 
-def module(moe: bool = False, fsdp: bool = True) -> tuple[FlashReinforceModule, list]:
+def module(
+    moe: bool = False, fsdp: bool = True, lora: bool = False
+) -> tuple[FlashReinforceModule, list]:
     """A fresh learner (LR horizon STEPS + 1) and its STEPS + 1 global batches: packed
-    token-budget micro-batches under FSDP2, padded micro-batches of 2 rows otherwise."""
+    token-budget micro-batches under FSDP2, padded micro-batches of 2 rows otherwise;
+    `lora`: LoRA adapters on every linear layer and MoE expert weights, only they train."""
     policy = moe_policy() if moe else tiny_policy(seed=0)
     batches = global_batches(policy, STEPS + 1)
+    if lora:
+        from ddp_worker import LORA
+
+        from frlab.model.lora import apply_lora
+
+        torch.manual_seed(1)  # peft draws A at random: the same adapters in every process
+        policy = apply_lora(policy, LORA).to(torch.float64)
     layout = (
         {"micro_batch_size": GLOBAL_B, "max_tokens_per_micro_batch": BUDGET}
         if fsdp
@@ -74,9 +85,10 @@ def module(moe: bool = False, fsdp: bool = True) -> tuple[FlashReinforceModule, 
     return learner, batches
 
 
-def fit(steps: int, first: int = 0, ckpt: str | None = None, fsdp: bool = True, moe: bool = False):
+def fit(steps: int, first: int = 0, ckpt: str | None = None, fsdp: bool = True, moe: bool = False,
+        lora: bool = False):  # fmt: skip
     """Fit `steps` - `first` updates on batches[first:steps] (resuming from `ckpt`)."""
-    learner, batches = module(moe, fsdp)
+    learner, batches = module(moe, fsdp, lora)
     logger = MemoryLogger()
     devices, strategy = (2, FSDP2Strategy()) if fsdp else (1, "auto")
     trained = trainer(steps, devices=devices, strategy=strategy, logger=logger)
@@ -89,9 +101,10 @@ def main() -> None:
     parser.add_argument("out")
     parser.add_argument("--ckpt", default=None)
     parser.add_argument("--moe", action="store_true")
+    parser.add_argument("--lora", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    trained, learner, rows = fit(STEPS, moe=args.moe)
+    trained, learner, rows = fit(STEPS, moe=args.moe, lora=args.lora)
     placements = {n: type(p).__name__ for n, p in learner.policy.named_parameters()}
     local = sum(p.to_local().numel() for p in learner.policy.parameters())
     result = {

@@ -63,3 +63,30 @@ def test_two_process_ddp_equals_one_process(tmp_path) -> None:
         assert ddp_row[M.MICRO_BATCHES] == max(
             rank0["plan_sizes"][step], rank1["plan_sizes"][step]
         ) * (step != 1)
+
+
+@pytest.mark.slow
+def test_two_process_ddp_lora_with_checkpointing_and_packing_equals_one_process(tmp_path) -> None:
+    """LoRA under DDP, packed rows and activation checkpointing: the same adapters as one
+    padded process without checkpointing, and the base weights never move."""
+    out = tmp_path / "ddp_lora"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    env.pop("MASTER_PORT", None)
+    cmd = [sys.executable, WORKER, str(out), "--devices", "2", "--budget", "30", "--lora",
+           "--checkpointing"]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rank0 = torch.load(f"{out}.rank0.pt", weights_only=True)
+    rank1 = torch.load(f"{out}.rank1.pt", weights_only=True)
+    _, single, _, _ = train(devices=1, micro=3, budget=None, pack=False, lora=True)
+    params = snapshot(single.policy)
+    adapters = {k for k in params if "lora_" in k}
+    base = {k: v for k, v in params.items() if k not in adapters}
+    assert adapters and max_abs_diff(rank0["params"], rank1["params"]) == 0.0
+    assert max_abs_diff(rank0["params"], params) < 1e-6
+    start = {
+        k.replace(".base_layer", "").removeprefix("base_model.model."): v for k, v in base.items()
+    }
+    assert max_abs_diff(start, snapshot(tiny_policy(seed=0))) == 0.0  # the base never trains
+    moved = max(float((params[k] - 0).abs().max()) for k in adapters if "lora_B" in k)
+    assert moved > 1e-4  # B starts at zero: the adapters did train

@@ -121,6 +121,26 @@ def test_two_process_fsdp2_moe_with_gradient_checkpointing_equals_one_process(tm
 
 
 @pytest.mark.slow
+def test_two_process_fsdp2_moe_lora_equals_one_process(tmp_path) -> None:
+    """LoRA on Qwen3-MoE (attention projections and fused expert weights adapted, the router
+    never) under FSDP2 with activation checkpointing: the adapters one process trains, the
+    base and the router unchanged."""
+    out = tmp_path / "moe_lora"
+    _launch(out, "--moe", "--lora")
+    rank0 = torch.load(f"{out}.rank0.pt", weights_only=False)
+    assert rank0["policy_version"] == STEPS and set(rank0["placements"].values()) == {"DTensor"}
+    _, single, _ = fit(STEPS, fsdp=False, moe=True, lora=True)
+    single_params = snapshot(single.policy)
+    assert max_abs_diff(rank0["params"], single_params) < 1e-9
+    adapters = [k for k in single_params if "lora_" in k]
+    assert any("experts" in k for k in adapters) and not any("mlp.gate." in k for k in adapters)
+    assert max(float(single_params[k].abs().max()) for k in adapters if "lora_B" in k) > 1e-4
+    base = {k.replace(".base_layer", "").removeprefix("base_model.model."): v
+            for k, v in single_params.items() if "lora_" not in k}  # fmt: skip
+    assert max_abs_diff(base, snapshot(moe_policy())) == 0.0  # the base never trains
+
+
+@pytest.mark.slow
 def test_toy_run_under_fsdp2_on_cpu_syncs_weights_and_resumes_last(tmp_path) -> None:
     """`python -m frlab trainer=fsdp` on 2 CPU ranks (gloo): the engine gets gathered weights
     every step (WeightSyncCallback), `last.ckpt` is a published sharded folder, and

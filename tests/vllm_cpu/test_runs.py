@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from vllm_cpu_testlib import finish, metrics, start_run, summary, tail, vllm_processes, wait_for
 
 pytestmark = pytest.mark.vllm_cpu
@@ -55,3 +56,34 @@ def test_a_killed_engine_core_stops_the_run_with_exit_75_and_its_checkpoint(tmp_
     assert (run / "checkpoints" / "last.ckpt").exists(), text
     assert summary(run)["status"] == "failed"
     assert f"step {steps}" in text or steps >= 5
+
+
+def test_a_lora_run_through_vllm_serves_the_learners_adapter_from_the_first_batch(tmp_path: Path):
+    """`model.lora` on `rollout/engine=vllm`, starting from a saved adapter far from zero: the
+    first batch's sequence KL is ~0 only if vLLM samples from base + that adapter."""
+    import copy
+
+    from vllm_cpu_testlib import save_model
+
+    from frlab.model.lora import apply_lora
+
+    base = save_model(tmp_path / "base", seed=0)
+    policy = apply_lora(
+        copy.deepcopy(base), {"rank": 8, "alpha": 16.0, "target_modules": ["all-linear"]}
+    )
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.copy_(0.3 * torch.randn(p.shape, generator=gen))
+    policy.save_pretrained(tmp_path / "adapter")
+    run, log = tmp_path / "run", tmp_path / "run.log"
+    overrides = ["experiment=toy_cpu_vllm", "trainer.max_steps=12", "model.lora.rank=8",
+                 f"model.lora.adapter={tmp_path / 'adapter'}"]  # fmt: skip
+    proc = start_run(run, overrides, log)
+    assert finish(proc, 600, log) == 0, tail(log)
+    rows = metrics(run)
+    assert [int(r["step"]) for r in rows] == list(range(1, 13))
+    assert float(rows[0]["train/sequence_kl_mean"]) < 1e-6, rows[0]
+    assert all(float(r["train/sequence_kl_mean"]) < 1e-4 for r in rows), rows
+    assert "Using PunicaWrapperCPU" in tail(log, 10**7)  # vLLM's LoRA path is the one serving
