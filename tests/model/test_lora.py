@@ -119,3 +119,34 @@ def test_a_push_of_base_weights_to_a_lora_engine_is_refused() -> None:
 def test_bad_settings_name_their_key(lora: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         check_lora(lora)
+
+
+def test_routing_replay_with_moe_adapters_gives_back_the_samplers_log_probs() -> None:
+    """Qwen3-MoE with trained adapters (attention and fused experts): the torch engine records
+    its experts, and the learner replaying them recomputes the behaviour log-probs exactly (no
+    engine-learner drift with LoRA on MoE layers)."""
+    from frlab.model.routing_replay import moe_routers, replay_routing
+    from frlab.rollout.engines.torch import TorchEngine
+
+    learner = policy(model_type="qwen3_moe")
+    gen = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for router in moe_routers(learner):
+            router.weight.copy_(torch.randn(router.weight.shape, generator=gen) * 0.5)
+        for p in learner.parameters():
+            if p.requires_grad:  # adapters away from zero
+                p.add_(0.3 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
+    engine = TorchEngine(learner, max_batch_size=2, record_routing=True)
+    engine.start()
+    try:
+        result = asyncio.run(engine.generate(PROMPT, SamplingParams(max_new_tokens=12, seed=4)))
+    finally:
+        engine.shutdown()
+    ids = torch.tensor([PROMPT + result.token_ids])
+    routing = result.routing
+    assert routing is not None and routing.shape[0] == ids.shape[1] - 1
+    padded = torch.cat([routing, routing[-1:]]).unsqueeze(0)  # positions [0, T)
+    with torch.no_grad(), replay_routing(learner, padded):
+        replayed, _ = sequence_logprobs(learner, ids, torch.ones_like(ids))
+    gap = (replayed[0, len(PROMPT) :] - torch.tensor(result.log_probs)).abs().max()
+    assert float(gap) < 1e-5
