@@ -2,8 +2,10 @@
 `vllm serve` runs, vllm/entrypoints/launchers/) over a stand-in engine client, served by
 uvicorn on loopback in a thread. The engine client implements vLLM's `EngineClient` ABC
 (vllm/engine/protocol.py): `generate` yields vLLM `RequestOutput`s of a scripted sampler,
-`collective_rpc` runs frlab's worker extension on two fake workers, the rest answers as an
-idle healthy engine. Everything between HTTP and the engine client is vLLM's code."""
+`collective_rpc` runs frlab's worker extension on two fake workers, `pause_generation` /
+`resume_generation` are recorded (with `abort_after` set, requests end aborted after that
+many tokens, as vLLM's output processor ends them), the rest answers as an idle healthy
+engine. Everything between HTTP and the engine client is vLLM's code."""
 
 from __future__ import annotations
 
@@ -46,6 +48,8 @@ def make_client(vllm_config: Any) -> Any:
             self.workers = [FakeWorker(), FakeWorker()]
             self.sampling: list[Any] = []
             self.rpcs: list[str] = []
+            self.abort_after: int | None = None  # end requests aborted after this many tokens
+            self.pauses: list[str] = []  # the mode of each pause_generation, "resume" after
 
         is_running = property(lambda self: True)
         is_stopped = property(lambda self: False)
@@ -57,11 +61,14 @@ def make_client(vllm_config: Any) -> Any:
             ids = list(prompt["prompt_token_ids"])
             self.sampling.append(sampling_params)
             vocab = self.model_config.get_vocab_size()
-            tokens = [(ids[-1] + 1 + i) % vocab for i in range(sampling_params.max_tokens)]
+            n, reason = sampling_params.max_tokens, "length"
+            if self.abort_after is not None:  # what vLLM's output processor gives an abort
+                n, reason = min(n, self.abort_after), "abort"
+            tokens = [(ids[-1] + 1 + i) % vocab for i in range(n)]
             logprobs = [{t: Logprob(logprob=-0.5 - i / 100, rank=1)} for i, t in enumerate(tokens)]
             out = CompletionOutput(index=0, text="", token_ids=tokens,
                                    cumulative_logprob=sum(-0.5 - i / 100 for i in range(len(tokens))),
-                                   logprobs=logprobs, finish_reason="length")  # fmt: skip
+                                   logprobs=logprobs, finish_reason=reason)  # fmt: skip
             await asyncio.sleep(0)
             yield RequestOutput(request_id, None, ids, None, [out], finished=True)
 
@@ -106,9 +113,11 @@ def make_client(vllm_config: Any) -> Any:
         async def add_lora(self, lora_request: Any) -> bool:
             return False
 
-        async def pause_generation(self, *args: Any, **kwargs: Any) -> None: ...
+        async def pause_generation(self, *args: Any, mode: str = "abort", **kwargs: Any) -> None:
+            self.pauses.append(mode)
 
-        async def resume_generation(self) -> None: ...
+        async def resume_generation(self) -> None:
+            self.pauses.append("resume")
 
         async def is_paused(self) -> bool:
             return False
