@@ -19,7 +19,7 @@ import sys
 from typing import Any
 
 import hydra
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from frlab.config.compose import setup_hydra
 from frlab.config.declare import check_bool_overrides
@@ -28,6 +28,7 @@ from frlab.config.hydra_errors import legacy_overrides, report_config_errors
 from frlab.config.schema import FrlabConfig
 
 setup_hydra()
+MEMORY_SECTIONS = ("model", "data", "rollout", "trainer")  # what the dry run's memory plan reads
 ENGINE_DOWN_EXIT = 75  # EX_TEMPFAIL (sysexits.h): the rollout engine went down for good
 
 
@@ -40,6 +41,11 @@ def task(cfg: DictConfig) -> dict[str, Any]:
         check_machine(cfg)
     plan = preflight(cfg)
     if cfg.dry_run:
+        from frlab.model.memory_plan import describe_memory
+
+        plan.memory = describe_memory(
+            {k: OmegaConf.to_container(cfg[k], resolve=True) for k in MEMORY_SECTIONS}
+        )
         print(plan.format(), flush=True)
         return plan.to_dict()
     from frlab.train import run

@@ -65,6 +65,7 @@ class Plan:
     servers: int | None = None  # rollout.engine=remote: size of the server fleet
     weight_update: str | None = None  # rollout.weight_update (None: the engine's default)
     evaluation: str = "none"  # the `eval` node in words (describe_eval)
+    memory: str | None = None  # per-GPU memory (frlab.model.memory_plan; dry runs only)
     logger: str | None = None
     output_dir: str = NOT_RESOLVED
     ckpt_path: str | None = None
@@ -107,6 +108,7 @@ class Plan:
                         f"{'skipped' if self.skip_zero_signal_steps else 'step AdamW'}"),
             ("lr", self._schedule()),
             ("eval", self.evaluation),
+            *([("memory", self.memory)] if self.memory else []),
             ("logger", self.logger or "none (metrics.csv in the run folder)"),
             ("output dir", self.output_dir),
             ("resume", self.ckpt_path or "no"),

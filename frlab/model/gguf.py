@@ -97,6 +97,17 @@ def ensure_gguf_model(source: str, *, cache: Path | None = None) -> Path:
         shutil.rmtree(work, ignore_errors=True)
 
 
+def converted_folder(name_or_path: str, *, cache: Path | None = None) -> Path | None:
+    """The converted folder of a `gguf:` source if it is already in the cache (never fetches)."""
+    try:
+        target, _ = _plan(
+            name_or_path.removeprefix(GGUF_PREFIX), (cache or cache_root()) / "models"
+        )
+    except ValueError:
+        return None
+    return target if target.is_dir() else None
+
+
 def _plan(source: str, models: Path) -> tuple[Path, Callable[[Path], Path]]:
     """(target folder, fetch(work_dir) -> .gguf path) for a source."""
     if not isinstance(source, str) or not source.strip():

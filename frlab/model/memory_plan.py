@@ -1,0 +1,201 @@
+"""The dry run's memory plan: what one GPU of a run holds, from the model's config alone.
+
+The model is built on PyTorch's meta device (no weight is read or allocated), with its LoRA
+adapters when `model.lora` asks for them, to count its parameters and the trainable ones.
+Per GPU, in bytes:
+
+- learner weights: every parameter in `model.dtype`;
+- gradients and AdamW's two moments: the trainable parameters, in their own dtype (peft keeps
+  adapters in float32 beside a bfloat16 base); an FSDP2 strategy shards weights, gradients
+  and moments over the ranks;
+- activations, an estimate: per token of the largest micro-batch (`data.max_tokens_per_micro
+  _batch`, else `data.micro_batch_size` x `rollout.max_len`) and layer, a Llama-style block
+  keeps about 8 x hidden + 3 x intermediate values for backward (attention by sdpa, no
+  T x T term); with activation checkpointing one hidden state per layer plus one block
+  recomputed; plus one chunk of float32 logits (`model.logprob_chunk_size` tokens x vocab,
+  twice: logits and their softmax);
+- an in-process vLLM engine on the same GPU (`rollout/engine=vllm`): vLLM reserves its
+  `gpu_memory_utilization` share of the GPU for its own weights (bfloat16 unless
+  `vllm_engine_args.dtype` says otherwise) and the KV cache of `rollout.max_in_flight`
+  sequences of `rollout.max_len` tokens; the learner must fit in the rest.
+
+The model's config comes from `model.config` (random init), a local folder, or the Hugging Face
+cache (never downloaded): a hub model that is not cached gets no plan, and the line says how
+to fetch its config.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+GIB = 2**30
+DTYPE_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
+VLLM_DEFAULT_SHARE = 0.9  # vLLM's own gpu_memory_utilization default
+
+
+@dataclass
+class MemoryPlan:
+    """Bytes on one GPU (see the module docstring)."""
+
+    params: int
+    trainable: int
+    weights: int
+    grads: int
+    optimizer: int
+    activations: int
+    engine: int | None = None  # the in-process vLLM engine's weights + KV cache
+    engine_share: float | None = None  # its gpu_memory_utilization
+
+    @property
+    def learner(self) -> int:
+        return self.weights + self.grads + self.optimizer + self.activations
+
+    def gpu_needed(self) -> int:
+        """The smallest GPU this fits on: the learner in what vLLM leaves, vLLM in its share."""
+        if self.engine is None or self.engine_share is None:
+            return self.learner
+        return int(max(self.learner / (1 - self.engine_share), self.engine / self.engine_share))
+
+    def describe(self) -> str:
+        text = (f"{count(self.params)} params ({count(self.trainable)} trainable); "
+                f"learner {gib(self.learner)} per device (weights {gib(self.weights)}, grads "
+                f"{gib(self.grads)}, AdamW {gib(self.optimizer)}, activations ~"
+                f"{gib(self.activations)})")  # fmt: skip
+        if self.engine is not None:
+            text += (f"; vLLM {gib(self.engine)} (weights + KV) within its "
+                     f"{self.engine_share:.0%} share")  # fmt: skip
+        return f"{text}; needs a device of >= {gib(self.gpu_needed())}"
+
+
+def gib(n: float) -> str:
+    """Bytes in GiB (MiB below one GiB)."""
+    return f"{n / GIB:.1f} GiB" if n >= GIB else f"{n / 2**20:.0f} MiB"
+
+
+def count(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
+
+
+def model_config(model: Mapping[str, Any]) -> Any | None:
+    """The model's transformers config without a download (None: not on this machine)."""
+    from transformers import AutoConfig
+
+    if model.get("config"):
+        from frlab.model.policy import make_config
+
+        return make_config(dict(model["config"]))
+    source = model.get("name_or_path")
+    if source and str(source).startswith("gguf:"):
+        from frlab.model.gguf import converted_folder
+
+        source = converted_folder(str(source))
+    if not source:
+        return None
+    trust = bool(model.get("trust_remote_code", False))
+    try:
+        if Path(str(source)).is_dir():
+            return AutoConfig.from_pretrained(str(source), trust_remote_code=trust)
+        return AutoConfig.from_pretrained(
+            str(source), local_files_only=True, trust_remote_code=trust
+        )
+    except (OSError, ValueError):
+        return None
+
+
+def count_parameters(config: Any, lora: Mapping[str, Any] | None) -> tuple[int, int, int]:
+    """(all parameters, trainable ones, bytes of the trainable ones) of the model built on
+    the meta device, with its adapters when `lora` is enabled."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from frlab.model.lora import apply_lora, enabled
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+        total = sum(p.numel() for p in model.parameters())
+        if not enabled(lora):
+            return total, total, 0
+        model = apply_lora(model, dict(lora))
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    return (
+        total,
+        sum(p.numel() for p in trainable),
+        sum(p.numel() * p.element_size() for p in trainable),
+    )
+
+
+def activation_bytes(config: Any, tokens: int, checkpointing: bool, act_bytes: int,
+                     chunk: int) -> int:  # fmt: skip
+    """The activation estimate of the module docstring for one micro-batch of `tokens`."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    hidden, layers = int(text.hidden_size), int(text.num_hidden_layers)
+    inner = int(getattr(text, "intermediate_size", None) or 4 * hidden)
+    block = tokens * (8 * hidden + 3 * inner) * act_bytes
+    kept = tokens * hidden * layers * act_bytes + block if checkpointing else block * layers
+    return kept + 2 * min(tokens, chunk) * int(text.vocab_size) * 4
+
+
+def kv_cache_bytes(config: Any, sequences: int, length: int, dtype_bytes: int) -> int:
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    heads = int(text.num_attention_heads)
+    head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // heads)
+    kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
+    return 2 * int(text.num_hidden_layers) * kv_heads * head_dim * dtype_bytes * sequences * length
+
+
+def memory_plan(cfg: Mapping[str, Any]) -> MemoryPlan | None:
+    """The plan of a resolved run config (None: the model's config is not on this machine)."""
+    model, data, rollout, trainer = cfg["model"], cfg["data"], cfg["rollout"], cfg["trainer"]
+    config = model_config(model)
+    if config is None:
+        return None
+    total, trainable, trainable_bytes = count_parameters(config, model.get("lora"))
+    weight_bytes = DTYPE_BYTES.get(str(model.get("dtype", "float32")), 4)
+    state_bytes = trainable_bytes or trainable * weight_bytes
+    shards = 1
+    if "FSDP" in str(_target(trainer.get("strategy"))):
+        shards = int(trainer.get("devices", 1) or 1) * int(trainer.get("num_nodes", 1) or 1)
+    tokens = data.get("max_tokens_per_micro_batch") or data["micro_batch_size"] * rollout["max_len"]
+    act = 2 if "16" in str(trainer.get("precision", "")) else weight_bytes
+    plan = MemoryPlan(
+        params=total,
+        trainable=trainable,
+        weights=total * weight_bytes // shards,
+        grads=state_bytes // shards,
+        optimizer=2 * state_bytes // shards,
+        activations=activation_bytes(
+            config,
+            int(tokens),
+            bool(model.get("gradient_checkpointing")),
+            act,
+            int(model.get("logprob_chunk_size") or 1024),
+        ),  # fmt: skip
+    )
+    if "vllm" in str(_target(rollout.get("engine"))) and str(rollout.get("device", "")).startswith(
+        "cuda"
+    ):
+        args = rollout.get("vllm_engine_args") or {}
+        served = DTYPE_BYTES.get(str(args.get("dtype", "bfloat16")), 2)
+        kv = kv_cache_bytes(config, int(rollout["max_in_flight"]), int(rollout["max_len"]), served)
+        plan.engine = total * served + kv
+        plan.engine_share = float(args.get("gpu_memory_utilization", VLLM_DEFAULT_SHARE))
+    return plan
+
+
+def _target(node: Any) -> str:
+    return str(node.get("_target_", "")) if isinstance(node, Mapping) else str(node)
+
+
+def describe_memory(cfg: Mapping[str, Any]) -> str:
+    """The plan's `memory` line."""
+    plan = memory_plan(cfg)
+    if plan is None:
+        source = cfg["model"].get("name_or_path")
+        if str(source).startswith("gguf:"):
+            return f"unknown until {source} is converted (the first run does it)"
+        return (f"unknown: {source}'s config.json is not on this machine (cache it: "
+                f"huggingface-cli download {source} config.json)")  # fmt: skip
+    return plan.describe()
