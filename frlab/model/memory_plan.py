@@ -80,29 +80,40 @@ def count(n: int) -> str:
 
 
 def model_config(model: Mapping[str, Any]) -> Any | None:
-    """The model's transformers config without a download (None: not on this machine)."""
-    from transformers import AutoConfig
-
+    """The model's transformers config without a download (None: not on this machine;
+    transformers is imported only once a config file is found)."""
     if model.get("config"):
         from frlab.model.policy import make_config
 
         return make_config(dict(model["config"]))
-    source = model.get("name_or_path")
-    if source and str(source).startswith("gguf:"):
-        from frlab.model.gguf import converted_folder
+    folder = config_folder(model.get("name_or_path"))
+    if folder is None:
+        return None
+    from transformers import AutoConfig
 
-        source = converted_folder(str(source))
+    return AutoConfig.from_pretrained(
+        str(folder), trust_remote_code=bool(model.get("trust_remote_code", False))
+    )
+
+
+def config_folder(source: Any) -> Path | None:
+    """The local folder holding `source`'s config.json: a model folder, a converted `gguf:`
+    source, or the snapshot of a hub id in the Hugging Face cache."""
     if not source:
         return None
-    trust = bool(model.get("trust_remote_code", False))
+    if str(source).startswith("gguf:"):
+        from frlab.model.gguf import converted_folder
+
+        return converted_folder(str(source))
+    if Path(str(source)).is_dir():
+        return Path(str(source)) if (Path(str(source)) / "config.json").is_file() else None
+    from huggingface_hub import try_to_load_from_cache
+
     try:
-        if Path(str(source)).is_dir():
-            return AutoConfig.from_pretrained(str(source), trust_remote_code=trust)
-        return AutoConfig.from_pretrained(
-            str(source), local_files_only=True, trust_remote_code=trust
-        )
-    except (OSError, ValueError):
+        found = try_to_load_from_cache(str(source), "config.json")
+    except ValueError:  # not a valid hub id
         return None
+    return Path(found).parent if isinstance(found, str) else None
 
 
 def count_parameters(config: Any, lora: Mapping[str, Any] | None) -> tuple[int, int, int]:
