@@ -5,26 +5,34 @@ the module entry point and frlab's worker extension) driven by `python -m frlab 
   one server is SIGKILLed mid-run and restarted: the run finishes every update and the
   restarted server is re-admitted on the current version;
 - every server killed mid-run: the run stops within `rollout.remote.fleet_down_timeout_s` with
-  an error naming the servers, exit 75 and its last step checkpointed.
+  an error naming the servers, exit 75 and its last step checkpointed;
+- a `rollout.weight_update=resubmit` update while requests run on a server (`RemoteEngine`
+  driven directly): vLLM's `/pause?mode=abort` stops them, and each goes on from a fresh
+  prefill of prompt + tokens on the new weights.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import statistics
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import torch
 from vllm_cpu_testlib import (
     REPORT,
     Server,
     finish,
     free_port,
     metrics,
+    perturbed,
+    recompute,
     save_model,
     start_run,
     summary,
@@ -32,7 +40,9 @@ from vllm_cpu_testlib import (
     wait_for,
 )
 
+from frlab.rollout.engine import SamplingParams
 from frlab.rollout.remote import protocol as proto
+from frlab.rollout.remote.engine import RemoteEngine
 
 pytestmark = pytest.mark.vllm_cpu
 
@@ -139,3 +149,80 @@ def test_a_fleet_that_stays_down_stops_the_run_within_its_deadline(fleet, tmp_pa
     assert took < deadline_s + 60, took
     assert (run / "checkpoints" / "last.ckpt").exists(), text
     assert summary(run)["status"] == "failed"
+
+
+def worst(diff: torch.Tensor) -> float:
+    """The largest absolute difference (0 for none)."""
+    return float(diff.abs().max()) if diff.numel() else 0.0
+
+
+PROMPTS = [[1, 2, 3 + i] for i in range(4)]
+DELAYS_S = (0.02, 0.05, 0.1, 0.01, 0.03, 0.07)  # after the requests start, per attempt
+
+
+def across_an_update(engine: RemoteEngine, new: dict, version: int, delay: float) -> list:
+    """Four requests of 60 tokens, and an update to `new` as `version` `delay` s after they
+    are in flight; their results."""
+
+    async def go() -> list:
+        gens = (engine.generate(p, SamplingParams(max_new_tokens=60, seed=40 + i))
+                for i, p in enumerate(PROMPTS))  # fmt: skip
+        return list(await asyncio.gather(*gens))
+
+    with ThreadPoolExecutor(1) as pool:
+        job = pool.submit(asyncio.run, go())
+        wait_for(lambda: engine._in_flight > 0, 60, "requests in flight", interval=0.001)
+        time.sleep(delay)
+        engine.update_weights(new, version)
+        return job.result(timeout=300)
+
+
+def check_resubmitted(results: list, old: Any, new: Any, version: int) -> int:
+    """Each result is whole; its tokens of `version - 1` are `old`'s probabilities, those of
+    `version` `new`'s forward over prompt + every earlier token; how many span the update."""
+    spans = 0
+    for prompt, res in zip(PROMPTS, results, strict=True):
+        assert len(res.token_ids) == 60 and res.finish_reason == "length"
+        assert res.versions == sorted(res.versions) and set(res.versions) <= {version - 1, version}
+        k = res.versions.count(version - 1)
+        spans += 0 < k < 60
+        got = torch.tensor(res.log_probs)
+        assert worst(recompute(old, prompt, res.token_ids)[:k] - got[:k]) < 1e-4
+        fresh = recompute(new, prompt, res.token_ids)[k:] - got[k:]
+        assert worst(fresh) < 1e-4, fresh
+    return spans
+
+
+def test_a_resubmit_update_mid_request_goes_on_from_a_fresh_prefill(fleet, tmp_path: Path):
+    """Updates shortly after four requests start (until one lands inside a request): every
+    request ends with exactly its budget, its old-version tokens are the old weights'
+    probabilities and its new-version tokens the new weights' forward over its whole context
+    (a fresh prefill, no KV of the old weights)."""
+    from transformers import AutoModelForCausalLM
+
+    ensure_up(fleet)
+    server = fleet[0]
+    old = AutoModelForCausalLM.from_pretrained(server.model, dtype=torch.float32).eval()
+    engine = RemoteEngine([server.url], snapshot_dir=str(tmp_path / "snaps"),
+                          request_timeout_s=120, startup_timeout_s=120, probe_interval_s=0.5,
+                          weight_update="resubmit", initial_weights=old.state_dict())  # fmt: skip
+    engine.start()
+    found = []
+    try:
+        for version, delay in enumerate(DELAYS_S, start=1):
+            weights = perturbed(old, seed=30 + version)
+            new = type(old)(old.config).eval()
+            new.load_state_dict(weights)
+            results = across_an_update(engine, weights, version, delay)
+            found.append((delay, [r.versions.count(version - 1) for r in results]))
+            spans = check_resubmitted(results, old, new, version)
+            old = new
+            if spans:
+                break
+        stats = engine.stats()
+    finally:
+        engine.shutdown()
+    REPORT.append(f"resubmit updates on a vLLM CPU server (delay s, old-version tokens of 60 "
+                  f"per request): {found}; {stats['retries']} retries")  # fmt: skip
+    assert spans >= 1, found
+    assert stats["retries"] == 0 and stats["servers_healthy"] == 1
