@@ -105,3 +105,15 @@ def test_vllm_engine_args_reach_the_in_process_engine_and_frlab_owned_keys_are_r
     with pytest.raises(ConfigError) as info:
         preflight(compose(["experiment=qwen_math_1p5b", "+rollout.vllm_engine_args.seed=3"]))
     assert info.value.key == "rollout.vllm_engine_args" and "seed" in str(info.value)
+
+
+@pytest.mark.parametrize("mode", ["drain", "in_flight", "resubmit"])
+def test_every_weight_update_mode_passes_preflight_on_a_fleet(mode: str) -> None:
+    """The fleet implements the three modes (resubmit: frlab.rollout.remote.resubmit)."""
+    from frlab.train import build_policy_from, plain
+
+    cfg = compose([*REMOTE, ONE, f"rollout.weight_update={mode}"])
+    assert preflight(cfg).engine == "remote"
+    engine = build_engine(cfg, build_policy_from(plain(cfg.model), 0), seed=0)
+    assert engine.weight_update == mode
+    engine.shutdown()
