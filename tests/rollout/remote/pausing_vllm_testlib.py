@@ -13,7 +13,9 @@ non-streaming completion path of `vllm/entrypoints/openai/completion/serving.py`
   and `finish_reason: "abort"` (no `frlab_versions`: vLLM sends none); until `POST /resume`
   new requests are queued (they sample nothing);
 - `POST /abort_requests {}` ends every request it holds the same way (queued ones too);
-- `down` (FakeVllmServer's switch) also fails a request it held when that ends (HTTP 500).
+- `down` (FakeVllmServer's switch) also fails a request it held when that ends (HTTP 500);
+- `arrival_s`: a request reaches the engine that long after the server received it (one sent
+  just before a pause arrives after it, and is queued).
 """
 
 from __future__ import annotations
@@ -44,9 +46,10 @@ class Held:
 class PausingVllmServer(FakeVllmServer):
     """FakeVllmServer with timed generation and vLLM's `/pause`, `/resume`, `/abort_requests`."""
 
-    def __init__(self, step_s: float = 0.02, n_workers: int = 1) -> None:
+    def __init__(self, step_s: float = 0.02, n_workers: int = 1, arrival_s: float = 0.0) -> None:
         super().__init__(n_workers=n_workers)
         self.step_s = step_s
+        self.arrival_s = arrival_s  # a request reaches the engine this long after it is sent
         self.cond = threading.Condition()
         self.paused = False
         self.held: list[Held] = []
@@ -88,6 +91,7 @@ class PausingVllmServer(FakeVllmServer):
 
     def complete(self, prompt: list[int], max_tokens: int) -> dict[str, Any]:
         """Sample one token per step until the budget is spent or the request is aborted."""
+        time.sleep(self.arrival_s)
         held = Held(prompt, max_tokens)
         with self.cond:
             self.received.append((prompt, max_tokens))

@@ -175,3 +175,42 @@ def test_a_server_that_dies_during_a_resubmit_update_is_skipped(tmp_path: Path) 
         for s in servers:
             s.close()
     assert len(res.token_ids) == 20 and res.versions == [1] * 20
+
+
+def test_a_request_that_reaches_the_server_after_the_pause_is_aborted_and_sent_again(
+    tmp_path: Path,
+) -> None:
+    """Sent before the update closed the gate, it reaches vLLM after the pause and waits
+    there, queued: the update aborts it with `/abort_requests` (no token sampled), and it
+    is sent once more, whole, on the new weights."""
+    server = PausingVllmServer(step_s=0.02, arrival_s=0.3)
+    engine = engine_on([server], tmp_path)
+    try:
+        job = Background(engine, 1, max_new_tokens=10)
+        wait_until(lambda: engine._in_flight > 0)
+        update(engine, 1)
+        (res,) = job.join()
+    finally:
+        engine.shutdown()
+        server.close()
+    assert res.token_ids == counting_from(0, 10) and res.versions == [1] * 10
+    assert server.received == [([*PROMPT, 0], 10)] * 2
+    assert server.pauses[0] == proto.PAUSE_ABORT and server.pauses[-1] == proto.RESUME
+    assert proto.ABORT_REQUESTS in server.pauses
+
+
+@pytest.mark.parametrize(("tokens", "reason"), [([5, 6, 7], "length"), ([5, 2], "stop")])
+def test_an_abort_that_ends_the_request_is_not_sent_again(tokens: list[int], reason: str) -> None:
+    """Aborted with its budget spent it ends as `length`; after a stop token, as `stop`."""
+    engine = RemoteEngine(["http://127.0.0.1:9"], weight_update="resubmit")
+    sent: list[tuple[list[int], int]] = []
+
+    async def dispatch(prompt: list[int], params: SamplingParams) -> proto.Completion:
+        sent.append((prompt, params.max_new_tokens))
+        return proto.Completion(tokens, [-0.5] * len(tokens), [0] * len(tokens), "abort")
+
+    engine._dispatch = dispatch  # type: ignore[method-assign]
+    params = SamplingParams(max_new_tokens=3, stop_token_ids=(2,))
+    res = asyncio.run(engine._continue(PROMPT, params))
+    assert (res.token_ids, res.finish_reason, sent) == (tokens, reason, [(PROMPT, 3)])
+    engine.shutdown()
