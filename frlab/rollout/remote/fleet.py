@@ -9,7 +9,11 @@ success); `stale` when it reported another version or mode, did not acknowledge 
 the reset; `dead` after a transport error, a timeout, an HTTP 5xx or a malformed answer;
 `unverified` before its first check or during a sync. Only `ok` servers get requests; the
 prober re-checks the others every `probe_interval_s` once `/health` answers 200 (vLLM's
-health answer has an empty body: the status code is the answer).
+health answer has an empty body: the status code is the answer). A frlab.serve server reports
+its own weight-update mode in `/server_info`, which must be the fleet's `in_flight` /
+`resubmit` when it asks one; a server without it (vLLM) is one a resubmit update pauses
+(`stops`), and one left paused is resumed before it is re-admitted
+(frlab.rollout.remote.resubmit).
 """
 
 from __future__ import annotations
