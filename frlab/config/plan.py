@@ -102,7 +102,7 @@ class Plan:
             ("lag bound", lag),
             ("objective", f"baseline={c['baseline']} trust_region={c['trust_region']} "
                           f"aggregation={c['aggregation']} token_filter={c['token_filter']}"),
-            ("trust", f"{self.trust}; token filter q={self.q:g}"),
+            ("trust", f"{self.trust}; token filter {self._token_filter()}"),
             ("updates", f"{self.updates} optimizer steps ({self.rollouts} rollouts); "
                         f"zero-gradient batches "
                         f"{'skipped' if self.skip_zero_signal_steps else 'step AdamW'}"),
@@ -119,6 +119,12 @@ class Plan:
         settings = [f"{k}={_yaml(v)}" for k, v in self.changed.items() if not isinstance(v, dict)]
         lines += wrapped(f"  {'changed':<{width}} : ", settings or ["(declared defaults)"])
         return "\n".join(["frlab plan", *lines])
+
+    def _token_filter(self) -> str:
+        """`name p=v ...` with the built filter's hyperparameters (`none` has none)."""
+        name = self.components["token_filter"]
+        values = self.component_params.get(name, {})
+        return " ".join([name, *(f"{k}={_number(v)}" for k, v in sorted(values.items()))])
 
     def _micro_batching(self) -> str:
         tokens = self.max_tokens_per_micro_batch
@@ -190,7 +196,8 @@ def build_plan(
     names = dict(objective.names)
     params = objective.component_params()  # the built components' values, defaults included
     delta = params.get(names["trust_region"], {}).get("delta")
-    q = params.get("entropy_failures", {}).get("q", 1.0) if names["token_filter"] != "none" else 1.0
+    token_filter = params.get(names["token_filter"], {})  # the built filter's own values
+    q = token_filter.get("q", 1.0)
     per_rank = data["batch_size"] // world
     return Plan(
         experiment=choice(cfg, "experiment"),

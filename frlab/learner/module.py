@@ -52,7 +52,7 @@ from frlab.learner.checkpoint import capture_rng_states, restore_rng_states
 from frlab.learner.distributed import DataParallelMixin
 from frlab.learner.metrics import PROGRESS_BAR, StepMetrics
 from frlab.learner.micro_batches import contributes, forward_context, micro_batch_plan, split_batch
-from frlab.learner.optim import build_optimizer, build_scheduler, grad_clip_norm
+from frlab.learner.optim import build_optimizer, build_scheduler, grad_clip_norm, with_defaults
 from frlab.learner.settings import (
     MicroBatching,
     flag,
@@ -98,7 +98,7 @@ class FlashReinforceModule(DataParallelMixin, L.LightningModule):
             mapping_copy(model, "model"),
             mapping_copy(objective, "objective"),
         )
-        optim_cfg = mapping_copy(optim, "optim")
+        optim_cfg = with_defaults(mapping_copy(optim, "optim"))  # the schema's defaults
         self.batch_size = positive_int("data.batch_size", batch_size)
         self.micro = MicroBatching.checked(
             micro_batch_size, max_tokens_per_micro_batch, pack_sequences
@@ -116,9 +116,9 @@ class FlashReinforceModule(DataParallelMixin, L.LightningModule):
             "model.logprob_chunk_size", model_cfg.get("logprob_chunk_size", 1024)
         )
         self.routing_replay = flag("model.routing_replay", model_cfg.get("routing_replay", False))
-        self.grad_clip = grad_clip_norm(optim_cfg.get("grad_clip"))
+        self.grad_clip = grad_clip_norm(optim_cfg["grad_clip"])
         self.skip_zero_signal = flag(
-            "optim.skip_zero_signal_steps", optim_cfg.get("skip_zero_signal_steps", False)
+            "optim.skip_zero_signal_steps", optim_cfg["skip_zero_signal_steps"]
         )
         self.optim_cfg = optim_cfg
         build_kwargs = policy_kwargs(model_cfg)
@@ -171,10 +171,10 @@ class FlashReinforceModule(DataParallelMixin, L.LightningModule):
             optimizer = build_optimizer(params, **self.optim_cfg)
         scheduler = build_scheduler(
             optimizer,
-            scheduler=self.optim_cfg.get("scheduler", "constant"),
+            scheduler=self.optim_cfg["scheduler"],
             max_steps=self._horizon(),
-            warmup_ratio=self.optim_cfg.get("warmup_ratio", 0.0),
-            min_lr_ratio=self.optim_cfg.get("min_lr_ratio", 0.0),
+            warmup_ratio=self.optim_cfg["warmup_ratio"],
+            min_lr_ratio=self.optim_cfg["min_lr_ratio"],
         )
         return {
             "optimizer": optimizer,

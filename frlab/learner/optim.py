@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import abc
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +40,20 @@ LEARNER_KEYS = ("grad_clip", "skip_zero_signal_steps")
 ADAMW_KEYS = ("lr", "weight_decay", "betas", "eps")
 
 SCHEDULES: Registry[type] = Registry("lr scheduler")
+
+# What an `optim` key a Python caller leaves out means: the config schema's own default
+# (frlab.config.schema.OptimConfig; a test compares the two), so the Python API and the
+# command line train alike.
+OPTIM_DEFAULTS: dict[str, Any] = {
+    "weight_decay": 0.1, "betas": (0.9, 0.999), "eps": 1e-8, "grad_clip": 1.0,
+    "scheduler": "cosine", "warmup_ratio": 0.0, "min_lr_ratio": 0.0, "schedule_steps": None,
+    "skip_zero_signal_steps": False,
+}  # fmt: skip
+
+
+def with_defaults(optim: Mapping[str, Any]) -> dict[str, Any]:
+    """The `optim` node with every key it leaves out at its schema default."""
+    return {**OPTIM_DEFAULTS, **optim}
 
 
 def _check_unknown(extra: dict[str, Any]) -> None:
@@ -78,9 +92,9 @@ def build_optimizer(
     params: Iterable[torch.nn.Parameter] | Iterable[dict[str, Any]],
     *,
     lr: float,
-    weight_decay: float = 0.0,
-    betas: Sequence[float] = (0.9, 0.999),
-    eps: float = 1e-8,
+    weight_decay: float = OPTIM_DEFAULTS["weight_decay"],
+    betas: Sequence[float] = OPTIM_DEFAULTS["betas"],
+    eps: float = OPTIM_DEFAULTS["eps"],
     **rest: Any,
 ) -> torch.optim.AdamW:
     """AdamW over `params` from the `optim` config node (schedule keys and grad_clip ignored)."""
@@ -156,8 +170,8 @@ def build_scheduler(
     *,
     scheduler: str,
     max_steps: int | None,
-    warmup_ratio: float = 0.0,
-    min_lr_ratio: float = 0.0,
+    warmup_ratio: float = OPTIM_DEFAULTS["warmup_ratio"],
+    min_lr_ratio: float = OPTIM_DEFAULTS["min_lr_ratio"],
 ) -> LambdaLR:
     """A per-update LambdaLR for `scheduler` in {"cosine", "constant"} (see module docstring)."""
     kind = SCHEDULES.get(str(scheduler), key="optim.scheduler")

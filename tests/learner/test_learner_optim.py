@@ -144,3 +144,27 @@ def test_grad_clip_values() -> None:
     assert grad_clip_norm(0) == math.inf
     with pytest.raises(ValueError, match="optim.grad_clip"):
         grad_clip_norm(-1.0)
+
+
+def test_every_default_a_python_caller_gets_is_the_config_schemas() -> None:
+    """`FlashReinforceModule(..., optim={"lr": ...})` trains as the command line does: each
+    optim key left out takes the schema's default, and the builders' keyword defaults agree."""
+    import dataclasses
+    import inspect
+
+    from frlab.config.schema import OptimConfig
+    from frlab.learner.optim import OPTIM_DEFAULTS
+
+    schema = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+              for f in dataclasses.fields(OptimConfig) if not f.name.startswith("_")}  # fmt: skip
+    for key, value in OPTIM_DEFAULTS.items():
+        expected = schema[key]
+        assert (list(value) if isinstance(value, tuple) else value) == expected, key
+    assert set(schema) - set(OPTIM_DEFAULTS) == {"lr"}  # the one key without a default here
+    for fn in (build_optimizer, build_scheduler):
+        for name, param in inspect.signature(fn).parameters.items():
+            if name in schema and param.default is not inspect.Parameter.empty:
+                default = param.default
+                assert (list(default) if isinstance(default, tuple) else default) == schema[name], (
+                    name
+                )
