@@ -42,6 +42,18 @@ def check_engine(engine: str, rollout: Mapping[str, Any], trainer: Mapping[str, 
         )
 
 
+def check_routing_replay(engine: str, rollout: Mapping[str, Any], model: Mapping[str, Any]) -> None:
+    """`model.routing_replay` needs an engine class that records MoE routing (asked of it)."""
+    if model.get("routing_replay") and not getattr(
+        _engine_class(rollout), "records_routing", False
+    ):
+        raise ConfigError(
+            "model.routing_replay",
+            f"needs rollout.engine=torch (rollout/engine=torch or torch_process: the engines "
+            f"that record MoE routing), got {engine!r}",
+        )
+
+
 def _engine_class(rollout: Mapping[str, Any]) -> Any:
     """The engine class a `rollout.engine` node builds (its `_target_` is a classmethod)."""
     from hydra.utils import get_object

@@ -18,8 +18,6 @@ from typing import Any
 
 from frlab.config.errors import ConfigError, unknown
 
-SLOTS = ("baseline", "trust_region", "aggregation", "token_filter")
-
 
 def registries() -> dict[str, Any]:
     """Slot -> registry (importing frlab.objective registers every component)."""
@@ -31,14 +29,15 @@ def registries() -> dict[str, Any]:
 def check_objective(node: Mapping[str, Any]) -> Any:
     """Validate the resolved `objective` node and return the composed `Objective`."""
     regs = registries()
+    slots = list(regs)  # the objective's own component kinds (frlab.objective.KINDS)
     components = sorted({name for reg in regs.values() for name in reg.names()})
     for key in node:
-        if key not in SLOTS and key not in components:
+        if key not in slots and key not in components:
             raise unknown(
                 f"objective.{key}",
                 "key in `objective` (a slot or a component name)",
                 key,
-                [*SLOTS, *components],
+                [*slots, *components],
             )
     for slot, reg in regs.items():
         name = node.get(slot)

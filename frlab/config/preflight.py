@@ -57,6 +57,7 @@ from frlab.config.engine_check import (
     check_engine,
     check_lora_engine,
     check_remote,
+    check_routing_replay,
     check_weight_update,
 )
 from frlab.config.errors import ConfigError, unknown
@@ -229,12 +230,7 @@ def _check_model(model: Mapping[str, Any], rollout: Mapping[str, Any], engine: s
             "rollout.max_len",
             f"({max_len}) exceeds model.config.max_position_embeddings ({positions})",
         )
-    if model.get("routing_replay") and engine not in ("torch", "torch_process"):
-        raise ConfigError(
-            "model.routing_replay",
-            f"needs rollout.engine=torch (rollout/engine=torch or torch_process: the engines "
-            f"that record MoE routing), got {engine!r}",
-        )
+    check_routing_replay(engine, rollout, model)
 
 
 def _check_batch(data: Mapping[str, Any], rollout: Mapping[str, Any], world: int) -> None:

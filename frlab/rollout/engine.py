@@ -175,6 +175,7 @@ class Engine(abc.ABC):
     """Asynchronous token-in/token-out sampler with versioned weights."""
 
     serves_lora: bool = False  # samples from a LoRA policy and loads adapter-only pushes
+    records_routing: bool = False  # returns each token's MoE experts (routing replay)
 
     @classmethod
     def weight_updates(cls) -> tuple[str, ...]:

@@ -137,6 +137,7 @@ class TorchEngine(Engine):
         return self._prefill_cost is not None
 
     serves_lora = True  # its copy of the policy is the learner's PeftModel
+    records_routing = True  # frlab.model.routing_replay hooks on its own forward
 
     @classmethod
     def weight_updates(cls) -> tuple[str, ...]:
