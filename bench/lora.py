@@ -10,7 +10,7 @@ trajectories of 47 prompt + 16 reply tokens, random tokens, behaviour log-probs 
   under a Lightning Trainer, its own `timing/step_s`; arms interleaved in this process
   (`--repeats` rounds after a warm-up), medians and the median of per-round ratios;
 - peak memory: each arm's build + `--repeats` updates again in a fresh child process, its
-  peak resident memory (`ru_maxrss`) and the bytes of trainable parameters, their gradients
+  peak resident memory (Linux `VmHWM`, reset when the child starts) and the bytes of trainable parameters, their gradients
   and AdamW's two moments (what LoRA saves by construction);
 - weight push: what `WeightSyncCallback` sends (the full state dict, or the adapter only) and
   the time of the torch engine's `update_weights` with it, median over `--pushes`.
@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import resource
 import statistics
 import subprocess
 import sys
@@ -86,16 +85,29 @@ def push(policy: torch.nn.Module, pushes: int) -> tuple[int, float]:
     return nbytes, statistics.median(times)
 
 
+def reset_peak_rss() -> None:
+    """Reset this process's peak RSS (Linux: a forked child starts with its parent's)."""
+    Path("/proc/self/clear_refs").write_text("5")
+
+
+def peak_rss() -> int:
+    """This process's peak resident memory since the last reset, in bytes (VmHWM)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
 def child(arm: str, model: str, repeats: int) -> None:
     """One arm alone in this process: print its peak memory as JSON."""
+    reset_peak_rss()
     base = build_model(model, "float32").train()
     policy = policy_of(arm, base)
     batch, module = the_batch(base), module_of(arm, policy)
     del base
     for _ in range(repeats):
         one_update(module, batch, "cpu")
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    print(json.dumps({"peak_rss": peak, "state": trainable_state_bytes(policy)}))
+    print(json.dumps({"peak_rss": peak_rss(), "state": trainable_state_bytes(policy)}))
 
 
 def peak_memory(arm: str, model: str, repeats: int) -> dict[str, int]:
