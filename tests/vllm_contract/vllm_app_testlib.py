@@ -4,8 +4,9 @@ uvicorn on loopback in a thread. The engine client implements vLLM's `EngineClie
 (vllm/engine/protocol.py): `generate` yields vLLM `RequestOutput`s of a scripted sampler,
 `collective_rpc` runs frlab's worker extension on two fake workers, `pause_generation` /
 `resume_generation` are recorded (with `abort_after` set, requests end aborted after that
-many tokens, as vLLM's output processor ends them), the rest answers as an idle healthy
-engine. Everything between HTTP and the engine client is vLLM's code."""
+many tokens, as vLLM's output processor ends them), `update_weight_version` sets the label
+that each output's `weight_versions` spans carry (vLLM 0.32+; `relabel_after` splits them
+as an update between two steps does), the rest answers as an idle healthy engine. Everything between HTTP and the engine client is vLLM's code."""
 
 from __future__ import annotations
 
@@ -50,6 +51,8 @@ def make_client(vllm_config: Any) -> Any:
             self.rpcs: list[str] = []
             self.abort_after: int | None = None  # end requests aborted after this many tokens
             self.pauses: list[str] = []  # the mode of each pause_generation, "resume" after
+            self.weight_version = "default"  # vLLM's EngineCore label before any update
+            self.relabel_after: int | None = None  # tokens after this many: label "<v>+1"
 
         is_running = property(lambda self: True)
         is_stopped = property(lambda self: False)
@@ -68,9 +71,31 @@ def make_client(vllm_config: Any) -> Any:
             logprobs = [{t: Logprob(logprob=-0.5 - i / 100, rank=1)} for i, t in enumerate(tokens)]
             out = CompletionOutput(index=0, text="", token_ids=tokens,
                                    cumulative_logprob=sum(-0.5 - i / 100 for i in range(len(tokens))),
-                                   logprobs=logprobs, finish_reason=reason)  # fmt: skip
+                                   logprobs=logprobs, finish_reason=reason,
+                                   **self.spans(len(tokens)))  # fmt: skip
             await asyncio.sleep(0)
             yield RequestOutput(request_id, None, ids, None, [out], finished=True)
+
+        def spans(self, n: int) -> dict[str, Any]:
+            """vLLM 0.32+'s `weight_versions` spans (the label, or two labels with
+            `relabel_after`: an update between two steps); {} where the release has none."""
+            from dataclasses import fields
+
+            if "weight_versions" not in {f.name for f in fields(CompletionOutput)}:
+                return {}
+            from vllm.outputs import WeightVersionSpan
+
+            cut = n if self.relabel_after is None else min(self.relabel_after, n)
+            spans = [WeightVersionSpan(self.weight_version, 0, cut)] if cut else []
+            if cut < n:
+                spans.append(WeightVersionSpan(str(int(self.weight_version) + 1), cut, n))
+            return {"weight_versions": spans}
+
+        async def update_weight_version(self, new_version: str) -> None:
+            self.weight_version = new_version
+
+        async def get_weight_version(self) -> str:
+            return self.weight_version
 
         async def collective_rpc(self, method: str, timeout: float | None = None,
                                  args: tuple = (), kwargs: dict | None = None) -> list[Any]:  # fmt: skip
@@ -148,12 +173,13 @@ def complete(cls: type) -> type:
 
 
 class VllmAppServer:
-    """vLLM's app for `model_dir` with `SERVE_FLAGS`, on 127.0.0.1:`port` in a thread."""
+    """vLLM's app for `model_dir` with `SERVE_FLAGS` (and `flags`), on 127.0.0.1:`port` in a
+    thread."""
 
-    def __init__(self, model_dir: str) -> None:
+    def __init__(self, model_dir: str, *flags: str) -> None:
         from test_cli_contract import serve_parser  # vLLM's own `vllm serve` parser
 
-        self.args = serve_parser().parse_args(["serve", model_dir, *SERVE_FLAGS])
+        self.args = serve_parser().parse_args(["serve", model_dir, *SERVE_FLAGS, *flags])
         self.args.model = self.args.model_tag
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"

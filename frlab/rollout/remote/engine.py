@@ -20,8 +20,14 @@ Weight sync (filesystem snapshots or vLLM's NCCL broadcast, the version check, s
 ranks sharing one fleet) lives in `frlab.rollout.remote.weight_sync`, server states,
 admission and probing in `frlab.rollout.remote.fleet`, and what `weight_update` (drain |
 in_flight | resubmit) does to requests in flight in `frlab.rollout.remote.resubmit` (all mixed
-in). Token versions come from the server: `frlab_versions` in the answer (frlab.serve), else
-the version that server reported at its last verification (vLLM).
+in). Token versions come from the server: `frlab_versions` in the answer (frlab.serve);
+under in_flight on vLLM, the per-token `weight_versions` spans of its token-in/token-out
+endpoint (`/inference/v1/generate`, vLLM 0.32+ with `--enable-scale-out`: probed once per
+server, frlab.rollout.remote.in_flight and frlab.rollout.remote.generate); under drain and
+resubmit on vLLM (`/v1/completions`, no labels), the version that server reported at its
+last verification. So in_flight is exact on frlab.serve and on vLLM servers that label
+tokens; a vLLM server that does not is refused under in_flight, naming
+rollout.weight_update.
 """
 
 from __future__ import annotations
@@ -49,8 +55,10 @@ from frlab.rollout.engine import (
     request_seed,
     resolve_weight_update,
 )
+from frlab.rollout.remote import generate as gen
 from frlab.rollout.remote import protocol as proto
 from frlab.rollout.remote.fleet import FleetMixin, Server, ServerFault, Snapshot
+from frlab.rollout.remote.in_flight import InFlightMixin
 from frlab.rollout.remote.nccl import NcclSync
 from frlab.rollout.remote.resubmit import UpdateModesMixin
 from frlab.rollout.remote.weight_sync import WeightSyncMixin
@@ -97,7 +105,7 @@ def _check_settings(
         raise ValueError(f"rollout.remote.keep_snapshots must be >= 1, got {keep_snapshots}")
 
 
-class RemoteEngine(UpdateModesMixin, WeightSyncMixin, FleetMixin, Engine):
+class RemoteEngine(InFlightMixin, UpdateModesMixin, WeightSyncMixin, FleetMixin, Engine):
     """Generation on a fleet of HTTP servers, with versioned weight sync and failover."""
 
     shared_across_ranks = True  # every learner rank drives the same servers: collective syncs
@@ -114,8 +122,8 @@ class RemoteEngine(UpdateModesMixin, WeightSyncMixin, FleetMixin, Engine):
     @classmethod
     def weight_updates(cls) -> tuple[str, ...]:
         """drain (exact with every server) by default; in_flight where the servers label each
-        token with its version (frlab.serve; an answer without labels is then refused);
-        resubmit on vLLM (pause-abort, resume) and frlab.serve (its own resubmit mode)."""
+        token with its version (frlab.serve; vLLM 0.32+ with --enable-scale-out; a server
+        without labels is refused); resubmit on vLLM (pause-abort, resume) and frlab.serve."""
         return ("drain", "in_flight", "resubmit")
 
     def __init__(
@@ -340,25 +348,26 @@ class RemoteEngine(UpdateModesMixin, WeightSyncMixin, FleetMixin, Engine):
         self, server: Server, prompt: list[int], params: SamplingParams
     ) -> proto.Completion:
         self._requests += 1
-        body = proto.completion_request(
-            server.model or "",
-            prompt,
-            params,
-            seed=request_seed(params, self.seed * 1_000_003, self._requests),
-        )
+        seed = request_seed(params, self.seed * 1_000_003, self._requests)
+        generates = self._generates(server)  # vLLM with labels under in_flight
+        shape = gen.generate_request if generates else proto.completion_request
+        body = shape(server.model or "", prompt, params, seed=seed)
         version, aborts = server.version, self._aborts
         server.in_flight += 1
         self._in_flight += 1
         self._idle.clear()
         try:
-            answer = await self._post(server, proto.COMPLETIONS, body)
+            answer = await self._post(server, gen.GENERATE if generates else proto.COMPLETIONS,
+                                      body)  # fmt: skip
         finally:
             server.in_flight -= 1
             self._in_flight -= 1
             if not self._in_flight:
                 self._idle.set()
         try:
-            done = proto.parse_completion(answer, prompt)
+            done = (
+                gen.parse_generate(answer) if generates else proto.parse_completion(answer, prompt)
+            )
         except proto.MalformedResponse as exc:
             raise ServerFault("dead", f"garbage answer: {exc}") from exc
         self._check_abort(done, aborts)

@@ -13,7 +13,9 @@ health answer has an empty body: the status code is the answer). A frlab.serve s
 its own weight-update mode in `/server_info`, which must be the fleet's `in_flight` /
 `resubmit` when it asks one; a server without it (vLLM) is one a resubmit update pauses
 (`stops`), and one left paused is resumed before it is re-admitted
-(frlab.rollout.remote.resubmit).
+(frlab.rollout.remote.resubmit). Under in_flight a vLLM server must also label tokens (probed
+at admission, its label set to the current version before it is verified; its prefix cache is
+not reset while an update holds it frozen: frlab.rollout.remote.in_flight).
 """
 
 from __future__ import annotations
@@ -57,7 +59,8 @@ class Server:
     model: str | None = None
     why: str = ""  # why it was last refused or marked dead (shown in `_describe`)
     stops: bool = False  # vLLM-like: a resubmit update pauses it with abort (frlab...resubmit)
-    paused: bool = False  # a resubmit update paused it and has not resumed it yet
+    paused: bool = False  # a resubmit / in_flight update paused it and has not resumed it yet
+    labels: bool | None = None  # vLLM-like: labels each token's version (None: not probed yet)
 
 
 @dataclass(frozen=True)
@@ -153,6 +156,7 @@ class FleetMixin:
         if server.state == "ok":
             log.warning("remote engine: server %s marked %s: %s", server.url, fault.kind, fault)
         server.state, server.why = fault.kind, str(fault)
+        server.labels = None if fault.kind == "dead" else server.labels  # a restart: re-probed
 
     # -- admission, probing ------------------------------------------------------------------
     async def _admit(self, server: Server) -> None:
@@ -173,6 +177,8 @@ class FleetMixin:
                 return
             if not self._serves_mode(server, proto.served_weight_update(info)):
                 return
+            if server.stops and not await self._probe_labels(server):  # frlab...in_flight
+                return
             snap = self._snapshot
             if snap is not None:
                 args = [str(snap.path), snap.version, dict(snap.fingerprint)]  # 3rd: dedup key
@@ -181,11 +187,13 @@ class FleetMixin:
                     await self._post(server, proto.COLLECTIVE_RPC, body), "version"
                 )
                 check_acks(acks, snap.version, snap.fingerprint)
-                if not proto.reset_succeeded(
+                if not (server.paused and self._generates(server)) and not proto.reset_succeeded(
                     await self._post(server, proto.RESET_PREFIX_CACHE, {})
                 ):
                     self._refuse(server, "its prefix-cache reset did not succeed")
                     return
+            if not await self._set_label(server):
+                return
             answer = await self._post(
                 server, proto.COLLECTIVE_RPC, proto.rpc_request(VERSION_METHOD)
             )
@@ -196,6 +204,7 @@ class FleetMixin:
             if was in ("ok", "unverified"):
                 log.warning("remote engine: server %s marked %s: %s", server.url, fault.kind, fault)
             server.state, server.why = fault.kind, str(fault)
+            server.labels = None if fault.kind == "dead" else server.labels  # re-probed
             return
         except REFUSED as exc:
             self._refuse(server, f"weight load not acknowledged: {exc}")

@@ -1,7 +1,8 @@
 """How a fleet's weight update meets the requests in flight (mixed into `RemoteEngine`).
 
 `weight_update=drain` waits for them (frlab.rollout.remote.weight_sync); `in_flight` lets them
-run on, each token labelled by the server (`frlab_versions`: frlab.serve only); `resubmit`
+run on, each token labelled by the server (`frlab_versions` of frlab.serve, or vLLM's own
+spans: frlab.rollout.remote.in_flight); `resubmit`
 stops them and sends the rest again from a fresh prefill on the new weights, so no token is
 sampled on KV that old weights computed. It takes one of two forms, by server:
 
@@ -88,7 +89,8 @@ class UpdateModesMixin:
             return list(done.versions)
         if self.weight_update == "in_flight":
             raise ServerFault("stale", "rollout.weight_update=in_flight needs servers that label "
-                              "each token's version (frlab_versions), and it answered none")  # fmt: skip
+                              "each token's version (frlab_versions, or vLLM's weight_versions), "
+                              "and it answered none")  # fmt: skip
         if sent_at is None or server.version != sent_at:
             raise ServerFault("stale", f"weights changed from v{sent_at} to v{server.version} "
                               "during the request")  # fmt: skip

@@ -5,8 +5,9 @@ Weight sync (`weight_sync="filesystem"`): `update_weights` writes
 removed at shutdown, for servers on this host) atomically (frlab.rollout.remote.snapshot), stops
 dispatching, waits for in-flight requests to finish (`weight_update=drain`, the default: no
 request spans a weight change; with `in_flight` they run on and each token's version comes
-from the server's own labels; with `resubmit` they are stopped and sent again afterwards,
-frlab.rollout.remote.resubmit), asks
+from the server's own labels, a vLLM server's requests frozen between two decode steps during
+the load, frlab.rollout.remote.in_flight; with `resubmit` they are stopped and sent again
+afterwards, frlab.rollout.remote.resubmit), asks
 every live server to load it (`/collective_rpc frlab_load_snapshot`, acknowledged with a
 fingerprint of the tensors loaded), then asks each server its version
 (`frlab_weight_version`). A server that answers another version is stale: it is refused
@@ -91,10 +92,12 @@ class WeightSyncMixin:
             self._syncing = True
             self._refresh_gate()
             try:
-                if self.weight_update == "drain":  # in_flight: requests run on, labelled
+                if self.weight_update == "drain":
                     await self._drain()
                 elif self.weight_update == "resubmit":  # vLLM: stopped, sent again after
                     await self._stop_requests()
+                else:  # in_flight: requests run on, labelled (vLLM: frozen between steps)
+                    await self._freeze()
                 if push is not None:
                     await push()
                 self._snapshot, self._version = snap, version
@@ -102,6 +105,7 @@ class WeightSyncMixin:
                 for s in self.servers:
                     s.state = "unverified" if s.state == "ok" else s.state
                 await asyncio.gather(*(self._admit(s) for s in live))
+                await self._abort_unverified()
             finally:
                 await self._resume_paused()
                 self._syncing = False

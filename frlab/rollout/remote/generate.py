@@ -1,0 +1,196 @@
+"""vLLM's token-in/token-out endpoint and weight-version labels, as the `remote` engine uses them
+for `rollout.weight_update=in_flight` on a fleet of real vLLM servers.
+
+Read from vLLM 0.32's wheel (the CPU build): `POST /inference/v1/generate`
+(`vllm/entrypoints/scale_out/token_in_token_out/`, registered with `vllm serve
+--enable-scale-out`; without it the route answers 403 and is left out of `/openapi.json`)
+takes `{"token_ids", "sampling_params": <vLLM SamplingParams fields>, "stream": false}` and
+answers `{"choices": [{"token_ids", "finish_reason", "logprobs": {"content": [{"token_id",
+"logprob", ...}]}, "weight_versions": [{"version", "start", "end"}]}], ...}`: contiguous spans
+`[start, end)` over the output tokens, each labelled with the string the engine core held
+when the step that sampled them ran (`EngineCore._attach_weight_version`,
+`RequestState._weight_version_spans`; None when no label was reported). The dev-mode RL router
+(`vllm/entrypoints/rl/online/api_router.py`, `VLLM_SERVER_DEV_MODE=1`) sets that label with
+`POST /update_weight_version {"new_version": str}` -> `{"success": true, "new_version"}`
+(an engine-core utility call: it runs between two steps) and freezes requests between two
+decode steps with `POST /pause?mode=keep` (their KV cache kept; new requests queued) until
+`POST /resume`. A server offers labels when its `/openapi.json` lists all three routes
+(`offers_labels`) and a one-token generate request answers with spans (`probe_request`,
+`answers_labels`): vLLM 0.28 lists the routes, but its choices carry no spans.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from frlab.rollout.engine import SamplingParams
+from frlab.rollout.remote.protocol import Completion, MalformedResponse
+
+GENERATE = "/inference/v1/generate"
+UPDATE_WEIGHT_VERSION = "/update_weight_version"
+PAUSE_KEEP = "/pause?mode=keep"  # freeze requests between steps, KV kept; queue new ones
+OPENAPI = "/openapi.json"
+LABEL_ROUTES = (GENERATE, UPDATE_WEIGHT_VERSION, "/pause")
+REASONS = ("stop", "length", "abort")
+
+
+def offers_labels(openapi: Any) -> bool:
+    """Whether an `/openapi.json` answer lists the generate, label and pause routes."""
+    paths = openapi.get("paths") if isinstance(openapi, Mapping) else None
+    return isinstance(paths, Mapping) and all(route in paths for route in LABEL_ROUTES)
+
+
+def probe_request(model: str) -> dict[str, Any]:
+    """A one-token generate request whose answer shows whether the server labels tokens."""
+    return generate_request(model, [0], SamplingParams(max_new_tokens=1), seed=0)
+
+
+def answers_labels(body: Any) -> bool:
+    """Whether a generate answer's choice carries `weight_versions` spans (vLLM 0.32+; 0.28
+    has the route, and the label routes, but its choices have no such field)."""
+    try:
+        return isinstance(body["choices"][0]["weight_versions"], list)
+    except (KeyError, IndexError, TypeError):
+        return False
+
+
+def generate_request(
+    model: str, prompt: Sequence[int], params: SamplingParams, *, seed: int | None = None
+) -> dict[str, Any]:
+    """The generate body for one token-id prompt: every sampling field explicit and neutral
+    penalties (as the completions body), one log-prob (the sampled token's), no detokenizing."""
+    params.validate(off_policy_correction=False)
+    sampling: dict[str, Any] = {
+        "n": 1,
+        "max_tokens": int(params.max_new_tokens),
+        "temperature": float(params.temperature),
+        "top_p": float(params.top_p),
+        "top_k": int(params.top_k),  # 0: off
+        "min_p": 0.0,
+        "repetition_penalty": 1.0,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+        "stop_token_ids": [int(t) for t in params.stop_token_ids],
+        "ignore_eos": True,
+        "logprobs": 1,
+        "skip_special_tokens": False,
+        "detokenize": False,
+    }
+    if seed is not None:
+        sampling["seed"] = int(seed)
+    return {"model": model, "token_ids": [int(t) for t in prompt], "sampling_params": sampling,
+            "stream": False, "output_mode": "tokens"}  # fmt: skip
+
+
+def parse_generate(body: Any) -> Completion:
+    """Client side: the one choice of a generate answer, each token's version from vLLM's
+    spans (MalformedResponse unless ids, finite log-probs <= 0 and spans tile the output)."""
+    try:
+        choices = body["choices"]
+        if not isinstance(choices, list) or len(choices) != 1:
+            raise MalformedResponse(f"expected one choice, got {choices!r:.200}")
+        choice = choices[0]
+        tokens = _ids(choice["token_ids"])
+        log_probs = _log_probs(choice["logprobs"], tokens)
+        versions = span_versions(choice.get("weight_versions"), len(tokens))
+        reason = choice["finish_reason"]
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise MalformedResponse(f"generate answer lacks a field: {exc!r}") from exc
+    if reason not in REASONS:
+        raise MalformedResponse(f"finish_reason must be stop|length|abort, got {reason!r}")
+    if not tokens and reason != "abort":
+        raise MalformedResponse("the answer has no sampled token")
+    return Completion(tokens, log_probs, versions, reason)
+
+
+def span_versions(spans: Any, n: int) -> list[int]:
+    """One int version per output token from spans `{"version", "start", "end"}` that tile
+    `n` tokens (MalformedResponse: missing, not frlab's integer labels, gaps or overlaps)."""
+    if spans is None:
+        if n:
+            raise MalformedResponse("the answer labels no token with a weight version")
+        return []
+    if not isinstance(spans, list):
+        raise MalformedResponse(f"weight_versions must be a list of spans, got {spans!r:.200}")
+    out: list[int] = []
+    for span in spans:
+        start, end, label = span["start"], span["end"], span["version"]
+        if not isinstance(label, str) or not label.isdigit():
+            raise MalformedResponse(f"weight version label {label!r} is not frlab's version")
+        if start != len(out) or not _is_int(end) or end < start:
+            raise MalformedResponse(f"weight_versions do not tile the output: {spans!r:.200}")
+        out += [int(label)] * (end - start)
+    if len(out) != n:
+        raise MalformedResponse(f"weight_versions cover {len(out)} of {n} tokens")
+    return out
+
+
+def label_request(version: int) -> dict[str, str]:
+    """The `/update_weight_version` body: frlab's integer version as vLLM's string label."""
+    return {"new_version": str(int(version))}
+
+
+def label_set(body: Any, version: int) -> bool:
+    """Whether an `/update_weight_version` answer confirms the label `str(version)`."""
+    if not isinstance(body, Mapping):
+        raise MalformedResponse(f"/update_weight_version answered {body!r:.200}")
+    return body.get("success") is True and body.get("new_version") == str(int(version))
+
+
+def generate_response(
+    prompt: Sequence[int], token_ids: Sequence[int], log_probs: Sequence[float],
+    versions: Sequence[int], finish_reason: str, request_id: str,
+) -> dict[str, Any]:  # fmt: skip
+    """Server side (test fakes): a generate answer shaped as vLLM 0.32's, labels as spans."""
+    content = [{"token_id": int(t), "logprob": float(x), "rank": 1,
+                "top_logprobs": [{"token_id": int(t), "logprob": float(x), "rank": 1}]}
+               for t, x in zip(token_ids, log_probs, strict=True)]  # fmt: skip
+    choice = {"index": 0, "finish_reason": finish_reason, "stop_reason": None,
+              "token_ids": [int(t) for t in token_ids], "routed_experts": None,
+              "sampling_mask": None, "weight_versions": version_spans(versions),
+              "logprobs": {"content": content}}  # fmt: skip
+    usage = {"prompt_tokens": len(prompt), "completion_tokens": len(token_ids),
+             "total_tokens": len(prompt) + len(token_ids)}  # fmt: skip
+    return {"request_id": request_id, "model": None, "created": 0, "usage": usage,
+            "choices": [choice], "prompt_token_ids": None}  # fmt: skip
+
+
+def version_spans(versions: Sequence[int]) -> list[dict[str, Any]]:
+    """Per-token versions as vLLM's contiguous spans (`[]` for no token)."""
+    spans: list[dict[str, Any]] = []
+    for i, version in enumerate(versions):
+        if spans and spans[-1]["version"] == str(int(version)):
+            spans[-1]["end"] = i + 1
+        else:
+            spans.append({"version": str(int(version)), "start": i, "end": i + 1})
+    return spans
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _ids(ids: Any) -> list[int]:
+    if not isinstance(ids, list) or not all(_is_int(t) and t >= 0 for t in ids):
+        raise MalformedResponse(f"token_ids must be a list of ids, got {ids!r:.200}")
+    return list(ids)
+
+
+def _log_probs(logprobs: Any, tokens: list[int]) -> list[float]:
+    """The sampled tokens' log-probs from `logprobs.content` (one entry per output token)."""
+    content = [] if logprobs is None and not tokens else logprobs["content"]
+    if not isinstance(content, list) or len(content) != len(tokens):
+        raise MalformedResponse(f"logprobs.content must hold {len(tokens)} entries")
+    out = []
+    for i, (entry, token) in enumerate(zip(content, tokens, strict=True)):
+        value = entry["logprob"]
+        if entry["token_id"] != token:
+            raise MalformedResponse(f"logprobs.content[{i}] is for token {entry['token_id']}")
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise MalformedResponse(f"logprobs.content[{i}] = {value!r} is not a number")
+        if not math.isfinite(value) or value > 0 or value == -9999.0:  # -9999: vLLM's sentinel
+            raise MalformedResponse(f"logprobs.content[{i}] = {value!r} is not a log-probability")
+        out.append(float(value))
+    return out
