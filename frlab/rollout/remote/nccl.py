@@ -270,6 +270,8 @@ class NcclSync:
         try:
             answer = await engine._post(server, proto.COLLECTIVE_RPC, body)
             check_acks(proto.rpc_dicts(answer, "version"), version, fingerprint)
+            if server.paused and engine._generates(server):  # in_flight: frozen requests
+                return  # hold KV blocks, so vLLM's reset would fail (frlab...in_flight)
             reset = await engine._post(server, proto.RESET_PREFIX_CACHE, {})  # no old-weight KV
             if not proto.reset_succeeded(reset):
                 raise RuntimeError("its prefix-cache reset did not succeed")

@@ -143,3 +143,31 @@ def test_a_server_whose_load_fails_mid_update_has_its_requests_retried_elsewhere
     assert all(len(r.token_ids) == 20 and r.finish_reason == "length" for r in results)
     assert servers[0].generated[0].aborted and proto.ABORT_REQUESTS in servers[0].pauses
     assert all(min(r.versions) >= 0 for r in results) and engine.version == 1
+
+
+def answer_with(spans: Any, n: int = 3) -> dict[str, Any]:
+    out = gen.generate_response([1], list(range(n)), [-0.5] * n, [0] * n, "length", "r")
+    out["choices"][0]["weight_versions"] = spans
+    return out
+
+
+@pytest.mark.parametrize(
+    "spans",
+    [
+        None,  # no label reported
+        [{"version": "default", "start": 0, "end": 3}],  # the label was never set
+        [{"version": "0", "start": 0, "end": 2}],  # covers 2 of 3 tokens
+        [{"version": "0", "start": 0, "end": 2}, {"version": "1", "start": 1, "end": 3}],
+        [{"version": "0", "start": 1, "end": 3}],  # a gap at the start
+    ],
+)
+def test_spans_that_do_not_label_every_token_exactly_are_malformed(spans: Any) -> None:
+    with pytest.raises(proto.MalformedResponse):
+        gen.parse_generate(answer_with(spans))
+
+
+def test_spans_give_one_version_per_token() -> None:
+    spans = [{"version": "4", "start": 0, "end": 1}, {"version": "5", "start": 1, "end": 3}]
+    done = gen.parse_generate(answer_with(spans))
+    assert done.versions == [4, 5, 5] and done.token_ids == [0, 1, 2]
+    assert gen.version_spans([4, 5, 5]) == spans and gen.version_spans([]) == []
