@@ -99,12 +99,16 @@ def test_the_label_is_set_as_vllm_sets_it(labelled: Any, fake: Any) -> None:
     assert httpx.get(labelled.url + "/weight_info", timeout=30).json() == {"weight_version": "3"}
 
 
-def test_pause_keep_reaches_vllms_keep_mode(labelled: Any, fake: Any) -> None:
+def test_pause_keep_reaches_vllms_keep_mode_without_clearing_the_cache(
+    labelled: Any, fake: Any
+) -> None:
+    """clear_cache=false: the route's default (true) would preempt the frozen requests."""
     labelled.client.pauses.clear()
+    labelled.client.clear_cache.clear()
     for url in (labelled.url, fake.url):
         assert post(url, gen.PAUSE_KEEP, {}).json() == {"status": "paused"}
         assert post(url, proto.RESUME, {}).json() == {"status": "resumed"}
-    assert labelled.client.pauses == ["keep", "resume"]
+    assert labelled.client.pauses == ["keep", "resume"] and labelled.client.clear_cache == [False]
 
 
 def test_vllm_parses_the_generate_body_into_frlabs_sampling(labelled: Any) -> None:

@@ -51,6 +51,7 @@ def make_client(vllm_config: Any) -> Any:
             self.rpcs: list[str] = []
             self.abort_after: int | None = None  # end requests aborted after this many tokens
             self.pauses: list[str] = []  # the mode of each pause_generation, "resume" after
+            self.clear_cache: list[bool] = []  # the clear_cache of each pause_generation
             self.weight_version = "default"  # vLLM's EngineCore label before any update
             self.relabel_after: int | None = None  # tokens after this many: label "<v>+1"
 
@@ -140,6 +141,7 @@ def make_client(vllm_config: Any) -> Any:
 
         async def pause_generation(self, *args: Any, mode: str = "abort", **kwargs: Any) -> None:
             self.pauses.append(mode)
+            self.clear_cache.append(kwargs.get("clear_cache", True))
 
         async def resume_generation(self) -> None:
             self.pauses.append("resume")

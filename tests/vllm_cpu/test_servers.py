@@ -8,7 +8,11 @@ the module entry point and frlab's worker extension) driven by `python -m frlab 
   an error naming the servers, exit 75 and its last step checkpointed;
 - a `rollout.weight_update=resubmit` update while requests run on a server (`RemoteEngine`
   driven directly): vLLM's `/pause?mode=abort` stops them, and each goes on from a fresh
-  prefill of prompt + tokens on the new weights.
+  prefill of prompt + tokens on the new weights;
+- a `rollout.weight_update=in_flight` update while requests run (the servers run with
+  `--enable-scale-out`: vLLM's generate endpoint and its per-token version labels): vLLM's
+  `/pause?mode=keep` freezes them between decode steps, and they go on with their KV cache,
+  each token labelled by vLLM with the version that sampled it.
 """
 
 from __future__ import annotations
@@ -55,7 +59,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Any:
     root = tmp_path_factory.mktemp("fleet")
     model = root / "toy"
     save_model(model)  # the architecture only: the learner's weights arrive as snapshot v0
-    servers = [Server(model, free_port(), core, root / f"server{core}.log") for core in (0, 1)]
+    servers = [Server(model, free_port(), core, root / f"server{core}.log",
+                      flags="--enable-scale-out") for core in (0, 1)]  # fmt: skip
     for server in servers:
         server.start()
     try:
@@ -225,4 +230,65 @@ def test_a_resubmit_update_mid_request_goes_on_from_a_fresh_prefill(fleet, tmp_p
     REPORT.append(f"resubmit updates on a vLLM CPU server (delay s, old-version tokens of 60 "
                   f"per request): {found}; {stats['retries']} retries")  # fmt: skip
     assert spans >= 1, found
+    assert stats["retries"] == 0 and stats["servers_healthy"] == 1
+
+
+def check_in_flight(results: list, old: Any, new: Any, version: int) -> tuple[int, float, float]:
+    """Each result is whole and sent once; its tokens labelled `version - 1` are `old`'s
+    probabilities over the same context; how many span the update, the smallest gap between
+    a later token's log-prob and `old`'s (those tokens are the new weights'), and the largest
+    between them and `new`'s full forward (they ran on KV the old weights computed)."""
+    spans, gap, stale = 0, float("inf"), 0.0
+    for prompt, res in zip(PROMPTS, results, strict=True):
+        assert len(res.token_ids) == 60 and res.finish_reason == "length"
+        assert res.versions == sorted(res.versions) and set(res.versions) <= {version - 1, version}
+        k = res.versions.count(version - 1)
+        got, theirs = torch.tensor(res.log_probs), recompute(old, prompt, res.token_ids)
+        assert worst(theirs[:k] - got[:k]) < 1e-4
+        if 0 < k < 60:
+            spans += 1
+            gap = min(gap, worst(theirs[k:] - got[k:]))
+            stale = max(stale, worst(recompute(new, prompt, res.token_ids)[k:] - got[k:]))
+    return spans, gap, stale
+
+
+def test_an_in_flight_update_mid_request_keeps_the_requests_with_vllms_labels(
+    fleet, tmp_path: Path
+):
+    """Updates shortly after four requests start (until one lands inside a request): every
+    request runs on (never resent), vLLM labels its tokens old then new, the old-labelled
+    ones are the old weights' probabilities and the later ones are not, nor the new weights'
+    full forward (they ran on the KV the old weights computed: it was kept)."""
+    from transformers import AutoModelForCausalLM
+
+    ensure_up(fleet)
+    server = fleet[0]
+    old = AutoModelForCausalLM.from_pretrained(server.model, dtype=torch.float32).eval()
+    engine = RemoteEngine([server.url], snapshot_dir=str(tmp_path / "snaps"),
+                          request_timeout_s=120, startup_timeout_s=120, probe_interval_s=0.5,
+                          weight_update="in_flight", initial_weights=old.state_dict())  # fmt: skip
+    engine.start()
+    found, spans, gap, stale = [], 0, 0.0, 0.0
+    try:
+        assert engine.servers[0].labels is True  # the probe found vLLM's labels
+        for version, delay in enumerate(DELAYS_S, start=1):
+            weights = perturbed(old, seed=50 + version)
+            new = type(old)(old.config).eval()
+            new.load_state_dict(weights)
+            results = across_an_update(engine, weights, version, delay)
+            found.append((delay, [r.versions.count(version - 1) for r in results]))
+            spans, gap, stale = check_in_flight(results, old, new, version)
+            old = new
+            if spans:
+                break
+        stats = engine.stats()
+    finally:
+        engine.shutdown()
+    REPORT.append(f"in_flight updates on a vLLM CPU server (delay s, old-labelled tokens of 60 "
+                  f"per request): {found}; new-labelled tokens vs the old weights: max |diff| "
+                  f">= {gap:.3f}, vs the new weights' full forward (old KV): max |diff| "
+                  f"{stale:.3f}; {stats['retries']} retries")  # fmt: skip
+    assert spans >= 1, found
+    assert gap > 1e-2, gap
+    assert stale > 1e-3, stale  # KV kept: not a fresh prefill on the new weights
     assert stats["retries"] == 0 and stats["servers_healthy"] == 1

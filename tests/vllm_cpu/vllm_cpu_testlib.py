@@ -150,8 +150,10 @@ class Server:
     `start_server` (VLLM_ENTRY=module: vLLM's CPU build has no working `vllm` command), in
     its own process group, bound to one CPU core."""
 
-    def __init__(self, model: Path, port: int, core: int, log: Path, max_len: int = 64) -> None:
+    def __init__(self, model: Path, port: int, core: int, log: Path, max_len: int = 64,
+                 flags: str = "") -> None:  # fmt: skip
         self.model, self.port, self.core, self.log, self.max_len = model, port, core, log, max_len
+        self.flags = flags  # more `vllm serve` flags, e.g. --enable-scale-out
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -160,7 +162,7 @@ class Server:
 
     def start(self) -> None:
         extra = ("--skip-tokenizer-init --enforce-eager --dtype float32 "
-                 f"--kv-cache-memory-bytes {256 * 2**20} --host 127.0.0.1")  # fmt: skip
+                 f"--kv-cache-memory-bytes {256 * 2**20} --host 127.0.0.1 {self.flags}")  # fmt: skip
         env = {**frlab_env(), "VLLM_ENTRY": "module", "VLLM_EXTRA_ARGS": extra,
                "VLLM_CPU_OMP_THREADS_BIND": str(self.core), "PYTHON": sys.executable}  # fmt: skip
         script = (f'source scripts/launch/fleet.sh && start_server "" {self.port} '

@@ -13,8 +13,9 @@ when the step that sampled them ran (`EngineCore._attach_weight_version`,
 (`vllm/entrypoints/rl/online/api_router.py`, `VLLM_SERVER_DEV_MODE=1`) sets that label with
 `POST /update_weight_version {"new_version": str}` -> `{"success": true, "new_version"}`
 (an engine-core utility call: it runs between two steps) and freezes requests between two
-decode steps with `POST /pause?mode=keep` (their KV cache kept; new requests queued) until
-`POST /resume`. A server offers labels when its `/openapi.json` lists all three routes
+decode steps with `POST /pause?mode=keep&clear_cache=false` (their KV cache kept; new requests
+queued) until `POST /resume`; without `clear_cache=false` the pause resets the caches and
+preempts the frozen requests, which then recompute their KV on the new weights. A server offers labels when its `/openapi.json` lists all three routes
 (`offers_labels`) and a one-token generate request answers with spans (`probe_request`,
 `answers_labels`): vLLM 0.28 lists the routes, but its choices carry no spans.
 """
@@ -30,7 +31,10 @@ from frlab.rollout.remote.protocol import Completion, MalformedResponse
 
 GENERATE = "/inference/v1/generate"
 UPDATE_WEIGHT_VERSION = "/update_weight_version"
-PAUSE_KEEP = "/pause?mode=keep"  # freeze requests between steps, KV kept; queue new ones
+# freeze requests between steps and queue new ones; clear_cache (the route's default: true)
+# would preempt the frozen requests (EngineCore._finish_pause -> _reset_caches with
+# reset_running_requests), so they would be prefilled again on the new weights: KV not kept
+PAUSE_KEEP = "/pause?mode=keep&clear_cache=false"
 OPENAPI = "/openapi.json"
 LABEL_ROUTES = (GENERATE, UPDATE_WEIGHT_VERSION, "/pause")
 REASONS = ("stop", "length", "abort")

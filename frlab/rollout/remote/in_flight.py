@@ -8,8 +8,8 @@ and `/pause` (vLLM 0.32+ run with `--enable-scale-out` and dev mode) and a one-t
 request answers with version spans. Under in_flight such a server is admitted only
 after its label is set to the fleet's version, and its requests go to the generate endpoint,
 whose answer carries vLLM's own per-token version spans. A weight update closes the client's
-gate, freezes every labelled server between two decode steps (`POST /pause?mode=keep`: KV
-kept, new requests queued), loads (filesystem or nccl, as under drain), sets the label to the
+gate, freezes every labelled server between two decode steps (`POST
+/pause?mode=keep&clear_cache=false`: KV kept, new requests queued), loads (filesystem or nccl, as under drain), sets the label to the
 new version (between steps: tokens sampled before it carry the old label, all after it the
 new), verifies, then `POST /resume`. A labelled server that could not be paused, or that is
 not verified after the load, has every request it holds aborted before it resumes: they fail
@@ -91,8 +91,9 @@ class InFlightMixin:
         return True
 
     async def _freeze(self) -> None:
-        """`POST /pause?mode=keep` on every live generating server (gate closed): its requests
-        stop between two decode steps; one that refuses has its requests aborted."""
+        """`POST /pause?mode=keep&clear_cache=false` on every live generating server (gate
+        closed): its requests stop between two decode steps; one that refuses has its
+        requests aborted."""
         live = [s for s in self.servers if self._generates(s) and s.state != "dead"]
         await asyncio.gather(*(self._freeze_one(s) for s in live))
 

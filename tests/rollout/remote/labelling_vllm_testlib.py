@@ -8,8 +8,8 @@ docstring; the `vllm_contract` tier checks these answers against vLLM's own app)
 - `POST /inference/v1/generate` samples as `PausingVllmServer` (one token per `step_s`), each
   token labelled with the label held when it was sampled; the answer carries the spans (the
   client's one-token label probe is answered at once and only counted, `probes`);
-- `POST /pause?mode=keep` freezes every request it holds (no token until `/resume`, nothing
-  aborted); mode=abort, `/resume` and `/abort_requests` as `PausingVllmServer`.
+- `POST /pause?mode=keep&clear_cache=false` freezes every request it holds (no token until
+  `/resume`, nothing aborted; another keep-pause, which would clear the KV, fails); mode=abort, `/resume` and `/abort_requests` as `PausingVllmServer`.
 
 `label_offset` adds to every label it answers (a server that mislabels tokens).
 """
