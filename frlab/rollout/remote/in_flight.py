@@ -33,8 +33,9 @@ log = logging.getLogger("frlab.rollout.remote.engine")
 
 NO_LABELS = (
     "rollout.weight_update=in_flight needs servers that label each token's weight version: "
-    "this vLLM server lists no {routes} in /openapi.json (vLLM 0.32+ run with "
-    "--enable-scale-out and VLLM_SERVER_DEV_MODE=1); use rollout.weight_update=drain or resubmit"
+    "this vLLM server offers none (its /openapi.json must list {routes} and its generate "
+    "answers must carry weight_versions spans: vLLM 0.32+ run with --enable-scale-out and "
+    "VLLM_SERVER_DEV_MODE=1); use rollout.weight_update=drain or resubmit"
 )
 
 
