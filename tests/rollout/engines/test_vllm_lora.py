@@ -1,7 +1,7 @@
 """The pure half of LoRA on the `vllm` engine (frlab.rollout.engines.vllm_lora): the adapter
 folder a push writes is the one peft itself saves (names, config; peft loads it back into an
 equal model), the engine options hold the adapter's rank, and what vLLM cannot serve is
-refused by name. The real engine serving it is tested in tests/vllm_cpu/test_lora.py."""
+refused by name. The real engine serving it is tested in tests/vllm_cpu/test_lora_serving.py."""
 
 from __future__ import annotations
 
