@@ -6,7 +6,8 @@ uvicorn on loopback in a thread. The engine client implements vLLM's `EngineClie
 `resume_generation` are recorded (with `abort_after` set, requests end aborted after that
 many tokens, as vLLM's output processor ends them), `update_weight_version` sets the label
 that each output's `weight_versions` spans carry (vLLM 0.32+; `relabel_after` splits them
-as an update between two steps does), the rest answers as an idle healthy engine. Everything between HTTP and the engine client is vLLM's code."""
+as an update between two steps does), the rest answers as an idle healthy engine.
+Everything between HTTP and the engine client is vLLM's code."""
 
 from __future__ import annotations
 

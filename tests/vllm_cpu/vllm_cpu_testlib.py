@@ -162,7 +162,8 @@ class Server:
 
     def start(self) -> None:
         extra = ("--skip-tokenizer-init --enforce-eager --dtype float32 "
-                 f"--kv-cache-memory-bytes {256 * 2**20} --host 127.0.0.1 {self.flags}")  # fmt: skip
+                 f"--kv-cache-memory-bytes {256 * 2**20} --host 127.0.0.1 "
+                 f"{self.flags}")  # fmt: skip
         env = {**frlab_env(), "VLLM_ENTRY": "module", "VLLM_EXTRA_ARGS": extra,
                "VLLM_CPU_OMP_THREADS_BIND": str(self.core), "PYTHON": sys.executable}  # fmt: skip
         script = (f'source scripts/launch/fleet.sh && start_server "" {self.port} '

@@ -15,7 +15,8 @@ when the step that sampled them ran (`EngineCore._attach_weight_version`,
 (an engine-core utility call: it runs between two steps) and freezes requests between two
 decode steps with `POST /pause?mode=keep&clear_cache=false` (their KV cache kept; new requests
 queued) until `POST /resume`; without `clear_cache=false` the pause resets the caches and
-preempts the frozen requests, which then recompute their KV on the new weights. A server offers labels when its `/openapi.json` lists all three routes
+preempts the frozen requests, which then recompute their KV on the new weights.
+A server offers labels when its `/openapi.json` lists all three routes
 (`offers_labels`) and a one-token generate request answers with spans (`probe_request`,
 `answers_labels`): vLLM 0.28 lists the routes, but its choices carry no spans.
 """

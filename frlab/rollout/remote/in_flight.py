@@ -11,7 +11,8 @@ whose answer carries vLLM's own per-token version spans. A weight update closes 
 gate, freezes every labelled server between two decode steps (`POST
 /pause?mode=keep&clear_cache=false`: KV kept, new requests queued), loads (filesystem or
 nccl, as under drain), sets the label to the new version (between steps: tokens sampled
-before it carry the old label, all after it the new), verifies, then `POST /resume`. A labelled server that could not be paused, or that is
+before it carry the old label, all after it the new), verifies, then `POST /resume`.
+A labelled server that could not be paused, or that is
 not verified after the load, has every request it holds aborted before it resumes: they fail
 over (retried elsewhere from their start), so no token sampled on weights frlab could not
 verify is kept. Its prefix cache is not reset during the update (frozen requests hold KV

@@ -9,7 +9,8 @@ docstring; the `vllm_contract` tier checks these answers against vLLM's own app)
   token labelled with the label held when it was sampled; the answer carries the spans (the
   client's one-token label probe is answered at once and only counted, `probes`);
 - `POST /pause?mode=keep&clear_cache=false` freezes every request it holds (no token until
-  `/resume`, nothing aborted; another keep-pause, which would clear the KV, fails); mode=abort, `/resume` and `/abort_requests` as `PausingVllmServer`.
+  `/resume`, nothing aborted; another keep-pause, which would clear the KV, fails);
+  mode=abort, `/resume` and `/abort_requests` as `PausingVllmServer`.
 
 `label_offset` adds to every label it answers (a server that mislabels tokens).
 """
@@ -87,8 +88,8 @@ class LabellingVllmServer(PausingVllmServer):
 
     def answer(self, prompt: list[int], held: Held, labels: list[str], reason: str) -> Any:
         """vLLM's generate answer; labels as spans (with `label_offset` added)."""
-        out = gen.generate_response(prompt, held.tokens, [-0.5] * len(held.tokens),
-                                    [0] * len(held.tokens), reason, "generate-tokens-fake")  # fmt: skip
+        n = len(held.tokens)
+        out = gen.generate_response(prompt, held.tokens, [-0.5] * n, [0] * n, reason, "fake")
         spans: list[dict[str, Any]] = []
         for i, label in enumerate(labels):
             shown = str(int(label) + self.label_offset) if label.isdigit() else label
