@@ -59,7 +59,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Any:
     root = tmp_path_factory.mktemp("fleet")
     model = root / "toy"
     save_model(model)  # the architecture only: the learner's weights arrive as snapshot v0
-    servers = [Server(model, free_port(), core, root / f"server{core}.log",
+    servers = [Server(model, free_port(), core, root / f"server{core}.log", max_len=256,
                       flags="--enable-scale-out") for core in (0, 1)]  # fmt: skip
     for server in servers:
         server.start()
@@ -162,15 +162,16 @@ def worst(diff: torch.Tensor) -> float:
 
 
 PROMPTS = [[1, 2, 3 + i] for i in range(4)]
-DELAYS_S = (0.02, 0.05, 0.1, 0.01, 0.03, 0.07)  # after the requests start, per attempt
+DELAYS_S = (0.02, 0.05, 0.1, 0.01, 0.03, 0.07, 0.0, 0.15)  # after the requests start, per attempt
+NEW_TOKENS = 240  # per request: long enough that an update lands inside one on a busy machine
 
 
 def across_an_update(engine: RemoteEngine, new: dict, version: int, delay: float) -> list:
-    """Four requests of 60 tokens, and an update to `new` as `version` `delay` s after they
+    """Four requests of NEW_TOKENS tokens, and an update to `new` as `version` `delay` s after they
     are in flight; their results."""
 
     async def go() -> list:
-        gens = (engine.generate(p, SamplingParams(max_new_tokens=60, seed=40 + i))
+        gens = (engine.generate(p, SamplingParams(max_new_tokens=NEW_TOKENS, seed=40 + i))
                 for i, p in enumerate(PROMPTS))  # fmt: skip
         return list(await asyncio.gather(*gens))
 
@@ -187,10 +188,10 @@ def check_resubmitted(results: list, old: Any, new: Any, version: int) -> int:
     `version` `new`'s forward over prompt + every earlier token; how many span the update."""
     spans = 0
     for prompt, res in zip(PROMPTS, results, strict=True):
-        assert len(res.token_ids) == 60 and res.finish_reason == "length"
+        assert len(res.token_ids) == NEW_TOKENS and res.finish_reason == "length"
         assert res.versions == sorted(res.versions) and set(res.versions) <= {version - 1, version}
         k = res.versions.count(version - 1)
-        spans += 0 < k < 60
+        spans += 0 < k < NEW_TOKENS
         got = torch.tensor(res.log_probs)
         assert worst(recompute(old, prompt, res.token_ids)[:k] - got[:k]) < 1e-4
         fresh = recompute(new, prompt, res.token_ids)[k:] - got[k:]
@@ -227,7 +228,7 @@ def test_a_resubmit_update_mid_request_goes_on_from_a_fresh_prefill(fleet, tmp_p
         stats = engine.stats()
     finally:
         engine.shutdown()
-    REPORT.append(f"resubmit updates on a vLLM CPU server (delay s, old-version tokens of 60 "
+    REPORT.append(f"resubmit updates on a vLLM CPU server (delay s, old-version tokens of {NEW_TOKENS} "
                   f"per request): {found}; {stats['retries']} retries")  # fmt: skip
     assert spans >= 1, found
     assert stats["retries"] == 0 and stats["servers_healthy"] == 1
@@ -240,12 +241,12 @@ def check_in_flight(results: list, old: Any, new: Any, version: int) -> tuple[in
     between them and `new`'s full forward (they ran on KV the old weights computed)."""
     spans, gap, stale = 0, float("inf"), 0.0
     for prompt, res in zip(PROMPTS, results, strict=True):
-        assert len(res.token_ids) == 60 and res.finish_reason == "length"
+        assert len(res.token_ids) == NEW_TOKENS and res.finish_reason == "length"
         assert res.versions == sorted(res.versions) and set(res.versions) <= {version - 1, version}
         k = res.versions.count(version - 1)
         got, theirs = torch.tensor(res.log_probs), recompute(old, prompt, res.token_ids)
         assert worst(theirs[:k] - got[:k]) < 1e-4
-        if 0 < k < 60:
+        if 0 < k < NEW_TOKENS:
             spans += 1
             gap = min(gap, worst(theirs[k:] - got[k:]))
             stale = max(stale, worst(recompute(new, prompt, res.token_ids)[k:] - got[k:]))
@@ -284,7 +285,7 @@ def test_an_in_flight_update_mid_request_keeps_the_requests_with_vllms_labels(
         stats = engine.stats()
     finally:
         engine.shutdown()
-    REPORT.append(f"in_flight updates on a vLLM CPU server (delay s, old-labelled tokens of 60 "
+    REPORT.append(f"in_flight updates on a vLLM CPU server (delay s, old-labelled tokens of {NEW_TOKENS} "
                   f"per request): {found}; new-labelled tokens vs the old weights: max |diff| "
                   f">= {gap:.3f}, vs the new weights' full forward (old KV): max |diff| "
                   f"{stale:.3f}; {stats['retries']} retries")  # fmt: skip
