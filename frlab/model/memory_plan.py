@@ -150,11 +150,10 @@ def activation_bytes(config: Any, tokens: int, checkpointing: bool, act_bytes: i
 
 
 def kv_cache_bytes(config: Any, sequences: int, length: int, dtype_bytes: int) -> int:
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    heads = int(text.num_attention_heads)
-    head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // heads)
-    kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
-    return 2 * int(text.num_hidden_layers) * kv_heads * head_dim * dtype_bytes * sequences * length
+    """The KV cache of `sequences` sequences of `length` tokens (vLLM's CPU sizing per token)."""
+    from frlab.rollout.engines.vllm_args import kv_bytes_per_token
+
+    return kv_bytes_per_token(config, dtype_bytes) * int(sequences) * int(length)
 
 
 def memory_plan(cfg: Mapping[str, Any]) -> MemoryPlan | None:

@@ -251,7 +251,7 @@ class VLLMEngine(WeightsSide, Engine):
         self._idle.set()
         self._refresh_gate()
         if self._adapter is not None:
-            await self._add_adapter(self._write(self._adapter, self._version))
+            await self._add_adapter(self._write(self._adapter, self._version)[0])
             self._adapter = None
 
     def shutdown(self) -> None:

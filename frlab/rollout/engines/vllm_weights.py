@@ -55,7 +55,7 @@ class WeightsSide:
             raise ValueError("update_weights got an empty state_dict")
         written = self._write(state_dict, int(version))
         self._call(self._update(written, int(version)))
-        folder = written[0].parent if self.lora is not None else self.snapshot_dir or self._own_dir
+        folder = self.snapshot_dir or self._own_dir
         if self.lora is not None:  # requests name the adapter's folder: keep it
             prune_adapters(folder, keep=2)
         else:  # every worker has loaded it (or the engine is broken)
@@ -92,7 +92,7 @@ class WeightsSide:
         path, sent = written
         try:
             if self.lora is not None:
-                await self._add_adapter(written)
+                await self._add_adapter(path)
             else:
                 acks = await self._engine.collective_rpc(
                     SNAPSHOT_METHOD, args=(str(path), version, dict(sent))
@@ -123,9 +123,8 @@ class WeightsSide:
             return write_adapter(state_dict, self.lora, folder, version), None
         return write_snapshot(state_dict, folder, version)
 
-    async def _add_adapter(self, written: tuple[Any, Any]) -> None:
-        """Load the adapter folder in place of the one served (see vllm_lora)."""
-        path = written[0]
+    async def _add_adapter(self, path: Any) -> None:
+        """Load the adapter folder at `path` in place of the one served (see vllm_lora)."""
         loaded = await self._engine.add_lora(adapter_request(self._vllm, path, load_inplace=True))
         if loaded is not True:
             raise EngineError(f"vLLM's add_lora of the adapter {path} answered {loaded!r}")

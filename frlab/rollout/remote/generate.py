@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from frlab.rollout.engine import SamplingParams
+from frlab.rollout.engines.vllm_args import vllm_sampling_kwargs
 from frlab.rollout.remote.protocol import Completion, MalformedResponse
 
 GENERATE = "/inference/v1/generate"
@@ -64,27 +65,10 @@ def answers_labels(body: Any) -> bool:
 def generate_request(
     model: str, prompt: Sequence[int], params: SamplingParams, *, seed: int | None = None
 ) -> dict[str, Any]:
-    """The generate body for one token-id prompt: every sampling field explicit and neutral
-    penalties (as the completions body), one log-prob (the sampled token's), no detokenizing."""
-    params.validate(off_policy_correction=False)
-    sampling: dict[str, Any] = {
-        "n": 1,
-        "max_tokens": int(params.max_new_tokens),
-        "temperature": float(params.temperature),
-        "top_p": float(params.top_p),
-        "top_k": int(params.top_k),  # 0: off
-        "min_p": 0.0,
-        "repetition_penalty": 1.0,
-        "presence_penalty": 0.0,
-        "frequency_penalty": 0.0,
-        "stop_token_ids": [int(t) for t in params.stop_token_ids],
-        "ignore_eos": True,
-        "logprobs": 1,
-        "skip_special_tokens": False,
-        "detokenize": False,
-    }
-    if seed is not None:
-        sampling["seed"] = int(seed)
+    """The generate body for one token-id prompt: its `sampling_params` are vLLM's
+    `SamplingParams` fields, the same the in-process engine sends (every field explicit,
+    neutral penalties, one log-prob: the sampled token's, no detokenizing)."""
+    sampling = vllm_sampling_kwargs(params, seed=seed)  # the in-process engine's fields
     return {"model": model, "token_ids": [int(t) for t in prompt], "sampling_params": sampling,
             "stream": False, "output_mode": "tokens"}  # fmt: skip
 
