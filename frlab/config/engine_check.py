@@ -72,12 +72,22 @@ def check_lora_engine(engine: str, rollout: Mapping[str, Any], model: Mapping[st
     except ValueError as exc:
         key = str(exc).split(" ", 1)[0]
         raise ConfigError(key, str(exc).removeprefix(key + " ")) from exc
-    if enabled(lora) and not getattr(_engine_class(rollout), "serves_lora", False):
+    if not enabled(lora):
+        return
+    cls = _engine_class(rollout)
+    if not getattr(cls, "serves_lora", False):
         raise ConfigError(
             "model.lora.rank",
-            f"LoRA adapters are served by rollout/engine=torch and torch_process; the {engine} "
-            "engine cannot serve them yet (vLLM's own LoRA loading is not wired in frlab): use "
-            "one of those, or model.lora.rank=0",
+            f"the {engine} engine ({cls.__name__}) does not declare serves_lora: serve the "
+            "adapter with an engine that does, or set model.lora.rank=0",
+        )
+    modes = getattr(cls, "lora_weight_updates", None)
+    mode = rollout.get("weight_update")
+    if mode is not None and callable(modes) and mode not in modes():
+        raise ConfigError(
+            "rollout.weight_update",
+            f"{mode!r} is not exact with model.lora on the {engine} engine, which implements "
+            f"{', '.join(modes())} there",
         )
 
 

@@ -61,16 +61,22 @@ serve_words() {
 # loads, log-probs of the distribution actually sampled from, which the importance ratios
 # need, and vLLM's neutral sampling defaults instead of the model's generation_config.json);
 # VLLM_EXTRA_ARGS (split on spaces) is appended, e.g. the CPU build's
-# "--kv-cache-memory-bytes 1073741824 --enforce-eager". These flags are checked with vLLM's own
-# argument parsers by tests/vllm_contract, and run on a real CPU server by tests/vllm_cpu.
+# "--kv-cache-memory-bytes 1073741824 --enforce-eager". LORA_RANK=R (a model.lora run) serves
+# the base with LoRA adapters of rank <= R loaded at run time (vLLM accepts R in 1, 8, 16, 32,
+# 64, 128, 256, 320, 512). These flags are checked with vLLM's own argument parsers by
+# tests/vllm_contract, and run on a real CPU server by tests/vllm_cpu.
 start_server() {
-  local gpus="$1" port="$2" model="$3" tp="$4" max_len="$5" extra=()
+  local gpus="$1" port="$2" model="$3" tp="$4" max_len="$5" extra=() lora_env=() lora=()
   serve_words "$model" || return
-  local cmd=(env CUDA_VISIBLE_DEVICES="$gpus" VLLM_SERVER_DEV_MODE=1
+  if [[ -n "${LORA_RANK:-}" ]]; then
+    lora_env=(VLLM_ALLOW_RUNTIME_LORA_UPDATING=True)
+    lora=(--enable-lora --max-lora-rank "$LORA_RANK" --max-loras 1)
+  fi
+  local cmd=(env CUDA_VISIBLE_DEVICES="$gpus" VLLM_SERVER_DEV_MODE=1 "${lora_env[@]}"
     "${SERVE_WORDS[@]}" --host 0.0.0.0 --port "$port" --tensor-parallel-size "$tp"
     --max-model-len "$max_len" --seed "${SEED:-0}"
     --worker-extension-cls frlab.rollout.remote.worker_extension.WeightUpdateExtension
-    --logprobs-mode processed_logprobs --generation-config vllm)
+    --logprobs-mode processed_logprobs --generation-config vllm "${lora[@]}")
   if [[ -n "${HF_OVERRIDES:-}" ]]; then cmd+=(--hf-overrides "$HF_OVERRIDES"); fi
   if [[ -n "${VLLM_EXTRA_ARGS:-}" ]]; then read -ra extra <<< "$VLLM_EXTRA_ARGS"; cmd+=("${extra[@]}"); fi
   if [[ "${PRINT_ONLY:-0}" == 1 ]]; then run_or_print "${cmd[@]}"; else "${cmd[@]}" & fi

@@ -233,9 +233,17 @@ def test_user_modules_admit_the_users_own_package_and_nothing_general() -> None:
 
 
 def test_lora_needs_an_engine_that_serves_it_and_valid_settings() -> None:
-    """The torch engines serve LoRA policies (the engine class says so); a fleet cannot yet."""
+    """Engine classes that declare serves_lora take LoRA policies; a fleet only with the modes
+    it implements for adapters; a class that does not declare it is refused by name."""
+    from frlab.config.engine_check import check_lora_engine
+
     preflight(compose(["model.lora.rank=8"]))  # torch: accepted
     preflight(compose(["model.lora.rank=8", "rollout/engine=torch_process"]))
-    fails(["model.lora.rank=8", "rollout=remote", "rollout.remote.servers=[http://a:1]"],
-          "model.lora.rank", "torch and torch_process")  # fmt: skip
+    fleet = ["model.lora.rank=8", "rollout=remote", "rollout.remote.servers=[http://a:1]"]
+    preflight(compose(fleet))
+    preflight(compose([*fleet, "rollout.weight_update=resubmit"]))
+    fails([*fleet, "rollout.weight_update=in_flight"], "rollout.weight_update", "drain, resubmit")
+    rollout = {"engine": {"_target_": "frlab.rollout.engine.Engine"}}
+    with pytest.raises(ConfigError, match="model.lora.rank.*does not declare serves_lora"):
+        check_lora_engine("mine", rollout, {"lora": {"rank": 8}})
     fails(["model.lora.rank=8", "model.lora.dropout=1.0"], "model.lora.dropout")

@@ -105,3 +105,22 @@ def test_the_routed_experts_flag_parses_on_every_release(local_model: Path) -> N
     plain = serve_parser().parse_args(argv[:2])
     plain.model = plain.model_tag
     assert AsyncEngineArgs.from_cli_args(plain).enable_return_routed_experts is False
+
+
+def test_the_recipes_lora_flags_parse_into_vllms_lora_config(local_model: Path) -> None:
+    """LORA_RANK=R adds runtime LoRA loading (its environment switch) and a LoRA config of rank
+    R and one adapter slot, as vLLM builds them from the recipe's own command line."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    script = 'source scripts/launch/fleet.sh && start_server 0 8000 "$MODEL" 1 128'
+    env = {**os.environ, "PRINT_ONLY": "1", "LORA_RANK": "16", "MODEL": str(local_model)}
+    line = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env,
+                          cwd=REPO, timeout=60, check=True).stdout.strip()  # fmt: skip
+    words = shlex.split(line)
+    assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True" in words[: words.index("vllm")]
+    argv = vllm_argv(words)
+    check(argv, local_model)
+    args = serve_parser().parse_args(argv)
+    args.model = str(local_model)
+    lora = AsyncEngineArgs.from_cli_args(args).create_engine_config().lora_config
+    assert lora is not None and lora.max_lora_rank == 16 and lora.max_loras == 1

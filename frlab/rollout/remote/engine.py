@@ -59,6 +59,7 @@ from frlab.rollout.remote import generate as gen
 from frlab.rollout.remote import protocol as proto
 from frlab.rollout.remote.fleet import FleetMixin, Server, ServerFault, Snapshot
 from frlab.rollout.remote.in_flight import InFlightMixin
+from frlab.rollout.remote.lora import LORA_WEIGHT_UPDATES, LoraFleetMixin, check_lora_settings
 from frlab.rollout.remote.nccl import NcclSync
 from frlab.rollout.remote.resubmit import UpdateModesMixin
 from frlab.rollout.remote.weight_sync import WeightSyncMixin
@@ -105,19 +106,33 @@ def _check_settings(
         raise ValueError(f"rollout.remote.keep_snapshots must be >= 1, got {keep_snapshots}")
 
 
-class RemoteEngine(InFlightMixin, UpdateModesMixin, WeightSyncMixin, FleetMixin, Engine):
+class RemoteEngine(
+    LoraFleetMixin, InFlightMixin, UpdateModesMixin, WeightSyncMixin, FleetMixin, Engine
+):
     """Generation on a fleet of HTTP servers, with versioned weight sync and failover."""
 
     shared_across_ranks = True  # every learner rank drives the same servers: collective syncs
+    serves_lora = True  # vLLM servers with runtime LoRA loading (frlab.rollout.remote.lora)
 
     @classmethod
     def for_policy(
         cls, policy: Any, *, seed: int, settings: Mapping[str, Any], weight_update: str | None
     ) -> RemoteEngine:
         """The engine of `rollout=remote`: the fleet of `settings` (the `rollout.remote`
-        block), starting from the learner's `policy` weights."""
-        return cls(**dict(settings), seed=seed, initial_weights=policy.state_dict(),
-                   weight_update=weight_update)  # fmt: skip
+        block), starting from the learner's `policy` weights (a LoRA policy: its adapter, on
+        servers that serve its base)."""
+        from frlab.model.lora import adapter_state_dict, is_peft
+        from frlab.rollout.engines.vllm_lora import adapter_config
+
+        lora = adapter_config(policy) if is_peft(policy) else None
+        weights = policy.state_dict()
+        return cls(**dict(settings), seed=seed, weight_update=weight_update, lora=lora,
+                   initial_weights=weights if lora is None else adapter_state_dict(weights))  # fmt: skip
+
+    @classmethod
+    def lora_weight_updates(cls) -> tuple[str, ...]:
+        """The modes exact with a LoRA policy (frlab.rollout.remote.lora)."""
+        return LORA_WEIGHT_UPDATES
 
     @classmethod
     def weight_updates(cls) -> tuple[str, ...]:
@@ -146,11 +161,14 @@ class RemoteEngine(InFlightMixin, UpdateModesMixin, WeightSyncMixin, FleetMixin,
         nccl_master_port: int = 0,
         nccl_packed: bool = True,
         weight_update: str | None = None,
+        lora: Mapping[str, Any] | None = None,
     ) -> None:
         urls = _check_urls(servers)
         self.weight_update = resolve_weight_update(weight_update, self.weight_updates(), "remote")
         _check_settings(weight_sync, request_timeout_s, probe_interval_s, max_retries,
                         keep_snapshots, fleet_down_timeout_s)  # fmt: skip
+        check_lora_settings(lora, self.weight_update, weight_sync)
+        self.lora = None if lora is None else dict(lora)  # the adapter's peft config
         self.servers = [Server(u) for u in urls]
         self._nccl = (
             NcclSync(nccl_master_address, nccl_master_port, nccl_packed, request_timeout_s, urls)
@@ -351,7 +369,7 @@ class RemoteEngine(InFlightMixin, UpdateModesMixin, WeightSyncMixin, FleetMixin,
         seed = request_seed(params, self.seed * 1_000_003, self._requests)
         generates = self._generates(server)  # vLLM with labels under in_flight
         shape = gen.generate_request if generates else proto.completion_request
-        body = shape(server.model or "", prompt, params, seed=seed)
+        body = shape(server.adapter or server.model or "", prompt, params, seed=seed)
         version, aborts = server.version, self._aborts
         server.in_flight += 1
         self._in_flight += 1

@@ -61,6 +61,7 @@ class Server:
     stops: bool = False  # vLLM-like: a resubmit update pauses it with abort (frlab...resubmit)
     paused: bool = False  # a resubmit / in_flight update paused it and has not resumed it yet
     labels: bool | None = None  # vLLM-like: labels each token's version (None: not probed yet)
+    adapter: str | None = None  # LoRA: the adapter name its requests carry (frlab...remote.lora)
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,7 @@ class FleetMixin:
     _sync_lock: asyncio.Lock | None
     _user_paused: bool
     weight_update: str
+    lora: dict[str, Any] | None
 
     def stats(self) -> dict[str, int]:
         """Counters and gauges for the pool's stats (logged as `rollout/<name>`)."""
@@ -180,7 +182,9 @@ class FleetMixin:
             if server.stops and not await self._probe_labels(server):  # frlab...in_flight
                 return
             snap = self._snapshot
-            if snap is not None:
+            if self.lora is not None:  # the adapter's own name proves its version
+                reported = [await self._load_adapter(server, snap)]
+            elif snap is not None:
                 args = [str(snap.path), snap.version, dict(snap.fingerprint)]  # 3rd: dedup key
                 body = proto.rpc_request(SNAPSHOT_METHOD, args)
                 acks = proto.rpc_dicts(
@@ -192,12 +196,13 @@ class FleetMixin:
                 ):
                     self._refuse(server, "its prefix-cache reset did not succeed")
                     return
-            if not await self._set_label(server):
-                return
-            answer = await self._post(
-                server, proto.COLLECTIVE_RPC, proto.rpc_request(VERSION_METHOD)
-            )
-            reported = proto.rpc_versions(answer)
+            if self.lora is None:
+                if not await self._set_label(server):
+                    return
+                answer = await self._post(
+                    server, proto.COLLECTIVE_RPC, proto.rpc_request(VERSION_METHOD)
+                )
+                reported = proto.rpc_versions(answer)
             if server.paused and not self._syncing:  # a resubmit update could not resume it
                 await self._resume(server)
         except ServerFault as fault:
@@ -222,6 +227,10 @@ class FleetMixin:
         """Whether a server's own weight-update mode (frlab.serve reports it, vLLM does not)
         gives `in_flight` / `resubmit` what they ask (refused as stale otherwise)."""
         server.stops = served is None
+        if served is not None and self.lora is not None:
+            self._refuse(server, "frlab.serve loads full weights only: model.lora needs vLLM "
+                         "servers run with --enable-lora")  # fmt: skip
+            return False
         wanted = self.weight_update
         if served is None or wanted not in ("in_flight", "resubmit") or served == wanted:
             return True

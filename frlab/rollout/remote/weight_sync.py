@@ -64,6 +64,7 @@ class WeightSyncMixin:
     _in_flight: int
     _syncing: bool
     weight_update: str
+    lora: dict[str, Any] | None
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         """Write the snapshot, drain, load it on every live server and verify their versions."""
@@ -71,11 +72,16 @@ class WeightSyncMixin:
             raise ValueError(f"update_weights version must be >= 0, got {version}")
         snap = self._write(state_dict, int(version))
         self._call(self._sync(int(version), snap, self._push(state_dict, int(version))))
-        if self.snapshot_dir is not None:
+        if self.lora is not None:
+            self._prune_adapters()
+        elif self.snapshot_dir is not None:
             prune_snapshots(self.snapshot_dir, self.keep_snapshots)
 
     def _write(self, state_dict: Mapping[str, torch.Tensor], version: int) -> Snapshot | None:
-        """The snapshot of `version` (None under nccl without a snapshot_dir)."""
+        """The snapshot of `version` (None under nccl without a snapshot_dir; a LoRA fleet:
+        the adapter folder, frlab.rollout.remote.lora)."""
+        if self.lora is not None:
+            return self._write_adapter(state_dict, version)
         if self.snapshot_dir is None:
             return None
         path, fingerprint = write_snapshot(state_dict, self.snapshot_dir, version)

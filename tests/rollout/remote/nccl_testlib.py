@@ -70,6 +70,14 @@ def parse_info(info: dict[str, Any], fields: set[str], required: set[str]) -> di
     return info
 
 
+class Refused(Exception):
+    """Answer the request with HTTP `status` and `body` (a 4xx of vLLM's app)."""
+
+    def __init__(self, status: int, body: Any) -> None:
+        super().__init__(status)
+        self.status, self.body = status, body
+
+
 class FakeVllmServer:
     """A vLLM-like server with `n_workers` frlab-extended workers (see the module docstring)."""
 
@@ -169,13 +177,16 @@ def _handler(server: FakeVllmServer) -> type[BaseHTTPRequestHandler]:
                 return self._answer(503, {"error": "down"})
             try:
                 self._answer(200, server.post(self.path, body))
+            except Refused as exc:  # what vLLM's app answers a request it refuses
+                self._answer(exc.status, exc.body)
             except Exception as exc:  # a worker error: vLLM answers 500
                 self._answer(500, {"error": repr(exc)})
 
         def _answer(self, status: int, body: Any) -> None:
             data = body if isinstance(body, bytes) else json.dumps(body).encode()
             self.send_response(status)
-            self.send_header("Content-Type", "application/json")
+            kind = "text/plain" if isinstance(body, bytes) and body else "application/json"
+            self.send_header("Content-Type", kind)
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)

@@ -60,7 +60,7 @@ class PausingVllmServer(FakeVllmServer):
     def post(self, path: str, body: dict[str, Any]) -> Any:
         route = path.split("?", 1)[0]
         if route == proto.COMPLETIONS:
-            return self.complete(list(body["prompt"]), int(body["max_tokens"]))
+            return self.complete(list(body["prompt"]), int(body["max_tokens"]), body.get("model"))
         if route in ("/pause", proto.RESUME, proto.ABORT_REQUESTS):
             return self.control(path, route)
         return super().post(path, body)
@@ -86,10 +86,13 @@ class PausingVllmServer(FakeVllmServer):
             return {"status": "paused"}
         return {"status": "aborted", "aborted": count}
 
-    def version_now(self) -> int:
+    def version_now(self, model: str | None = None) -> int:
+        """The version of the weights that sample for `model` now (the workers')."""
         return int(self.workers[0].frlab_weight_version()["version"] or 0)
 
-    def complete(self, prompt: list[int], max_tokens: int) -> dict[str, Any]:
+    def complete(
+        self, prompt: list[int], max_tokens: int, model: str | None = None
+    ) -> dict[str, Any]:
         """Sample one token per step until the budget is spent or the request is aborted."""
         time.sleep(self.arrival_s)
         held = Held(prompt, max_tokens)
@@ -104,7 +107,7 @@ class PausingVllmServer(FakeVllmServer):
                         continue
                     last = held.tokens[-1] if held.tokens else prompt[-1]
                     held.tokens.append((last + 1) % VOCAB)
-                    held.versions.append(self.version_now())
+                    held.versions.append(self.version_now(model))
         finally:
             with self.cond:
                 self.held.remove(held)
