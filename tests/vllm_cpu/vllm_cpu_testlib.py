@@ -151,9 +151,10 @@ class Server:
     its own process group, bound to one CPU core."""
 
     def __init__(self, model: Path, port: int, core: int, log: Path, max_len: int = 64,
-                 flags: str = "") -> None:  # fmt: skip
+                 flags: str = "", env: dict[str, str] | None = None) -> None:  # fmt: skip
         self.model, self.port, self.core, self.log, self.max_len = model, port, core, log, max_len
         self.flags = flags  # more `vllm serve` flags, e.g. --enable-scale-out
+        self.env = dict(env or {})  # the recipe's own switches, e.g. LORA_RANK
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -165,7 +166,8 @@ class Server:
                  f"--kv-cache-memory-bytes {256 * 2**20} --host 127.0.0.1 "
                  f"{self.flags}")  # fmt: skip
         env = {**frlab_env(), "VLLM_ENTRY": "module", "VLLM_EXTRA_ARGS": extra,
-               "VLLM_CPU_OMP_THREADS_BIND": str(self.core), "PYTHON": sys.executable}  # fmt: skip
+               "VLLM_CPU_OMP_THREADS_BIND": str(self.core), "PYTHON": sys.executable,
+               **self.env}  # fmt: skip
         script = (f'source scripts/launch/fleet.sh && start_server "" {self.port} '
                   f'"{self.model}" 1 {self.max_len} && wait')  # fmt: skip
         with self.log.open("a") as out:

@@ -1,0 +1,125 @@
+"""LoRA on a REAL vLLM OpenAI server on this CPU (the launch recipe with `LORA_RANK=8`: runtime
+LoRA loading), driven by the `remote` engine with a peft policy (frlab.rollout.remote.lora):
+the server's log-probs are the learner's base + adapter, an adapter-only push lands under the
+next version's name (log-probs move to the new adapter's and leave the old one's), and under
+`rollout.weight_update=resubmit` a request that spans a push goes on from a fresh prefill on
+the new adapter."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+from test_lora_serving import LORA, moved_adapter, with_adapter
+from test_servers import DELAYS_S, NEW_TOKENS, across_an_update, check_resubmitted, worst
+from vllm_cpu_testlib import REPORT, Server, free_port, recompute, save_model
+
+from frlab.model.lora import apply_lora
+from frlab.rollout.engine import SamplingParams
+from frlab.rollout.remote import protocol as proto
+from frlab.rollout.remote.engine import RemoteEngine
+from frlab.rollout.remote.lora import listed_adapters
+
+pytestmark = pytest.mark.vllm_cpu
+
+PROMPTS = [[1 + i, 7, 3 + 2 * i, 11] for i in range(3)]
+
+
+@pytest.fixture(scope="module")
+def lora_server(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    root = tmp_path_factory.mktemp("fleet_lora")
+    base = save_model(root / "toy", seed=0, vocab_size=256)  # the servers' and learner's base
+    server = Server(root / "toy", free_port(), 0, root / "server.log", max_len=256,
+                    env={"LORA_RANK": "8"})  # fmt: skip
+    server.start()
+    try:
+        server.wait_healthy()
+        yield server, base
+    finally:
+        server.kill()
+
+
+def engine_for(server: Server, policy: Any, folder: Path, mode: str | None) -> RemoteEngine:
+    settings = {"servers": [server.url], "snapshot_dir": str(folder), "request_timeout_s": 120,
+                "startup_timeout_s": 120, "probe_interval_s": 0.5}  # fmt: skip
+    engine = RemoteEngine.for_policy(policy, seed=0, settings=settings, weight_update=mode)
+    engine.start()
+    return engine
+
+
+def sample(engine: RemoteEngine) -> list:
+    async def go() -> list:
+        gens = (engine.generate(p, SamplingParams(max_new_tokens=24, seed=3 + i))
+                for i, p in enumerate(PROMPTS))  # fmt: skip
+        return list(await asyncio.gather(*gens))
+
+    return asyncio.run(go())
+
+
+def gap(model: Any, results: list) -> float:
+    """The largest |learner log-prob - server log-prob| over `results`."""
+    return max(worst(recompute(model, p, r.token_ids) - torch.tensor(r.log_probs)) for p, r in
+               zip(PROMPTS, results, strict=True))  # fmt: skip
+
+
+def test_a_fleet_serves_base_plus_adapter_and_an_adapter_push_lands(lora_server, tmp_path):
+    server, base = lora_server
+    policy = apply_lora(copy.deepcopy(base), LORA)
+    policy.load_state_dict(moved_adapter(policy, seed=1), strict=False)
+    policy.eval()
+    engine = engine_for(server, policy, tmp_path, None)
+    try:
+        first = sample(engine)
+        new = moved_adapter(policy, seed=7)
+        started = time.monotonic()
+        engine.update_weights(new, 1)
+        push_s = time.monotonic() - started
+        after = sample(engine)
+        listed = listed_adapters(httpx.get(server.url + proto.MODELS, timeout=10).json())
+    finally:
+        engine.shutdown()
+    moved = with_adapter(policy, new)
+    assert all(r.versions == [0] * 24 for r in first) and all(r.versions == [1] * 24 for r in after)
+    served, off_base = gap(policy, first), gap(base, first)
+    landed, left = gap(moved, after), gap(policy, after)
+    assert served < 1e-4 and off_base > 1e-2, (served, off_base)
+    assert landed < 1e-4 and left > 1e-2, (landed, left)
+    assert list(listed) == ["frlab-v1"] and listed["frlab-v1"] == str(tmp_path / "adapter-v1")
+    REPORT.append(
+        f"vLLM CPU server LoRA (rank 8): log-probs vs learner {served:.2e}, after an "
+        f"adapter push {landed:.2e} (old adapter {left:.2f} off), push {push_s:.2f} s"
+    )
+
+
+def test_a_resubmit_push_mid_request_goes_on_from_a_fresh_prefill_on_the_new_adapter(
+    lora_server, tmp_path
+):
+    server, base = lora_server
+    old = apply_lora(copy.deepcopy(base), LORA)
+    old.load_state_dict(moved_adapter(old, seed=2), strict=False)
+    old.eval()
+    engine = engine_for(server, old, tmp_path, "resubmit")
+    found, spans = [], 0
+    try:
+        for version, delay in enumerate(DELAYS_S, start=1):
+            adapter = moved_adapter(old, seed=40 + version)
+            new = with_adapter(old, adapter)
+            results = across_an_update(engine, adapter, version, delay)
+            found.append((delay, [r.versions.count(version - 1) for r in results]))
+            spans = check_resubmitted(results, old, new, version)
+            old = new
+            if spans:
+                break
+        stats = engine.stats()
+    finally:
+        engine.shutdown()
+    REPORT.append(f"resubmit adapter pushes on a vLLM CPU server (delay s, old-version tokens "
+                  f"of {NEW_TOKENS}): {found}")  # fmt: skip
+    assert spans >= 1, found
+    assert stats["retries"] == 0 and stats["servers_healthy"] == 1
