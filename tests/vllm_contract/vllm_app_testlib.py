@@ -55,6 +55,8 @@ def make_client(vllm_config: Any) -> Any:
             self.clear_cache: list[bool] = []  # the clear_cache of each pause_generation
             self.weight_version = "default"  # vLLM's EngineCore label before any update
             self.relabel_after: int | None = None  # tokens after this many: label "<v>+1"
+            self.loras: list[tuple[str, str, bool]] = []  # (name, path, in place) per add_lora
+            self.named_loras: list[str | None] = []  # the adapter each generate call got
 
         is_running = property(lambda self: True)
         is_stopped = property(lambda self: False)
@@ -65,6 +67,7 @@ def make_client(vllm_config: Any) -> Any:
                            *args: Any, **kwargs: Any) -> AsyncGenerator[Any, None]:  # fmt: skip
             ids = list(prompt["prompt_token_ids"])
             self.sampling.append(sampling_params)
+            self.named_loras.append(getattr(kwargs.get("lora_request"), "lora_name", None))
             vocab = self.model_config.get_vocab_size()
             n, reason = sampling_params.max_tokens, "length"
             if self.abort_after is not None:  # what vLLM's output processor gives an abort
@@ -138,7 +141,9 @@ def make_client(vllm_config: Any) -> Any:
             return False
 
         async def add_lora(self, lora_request: Any) -> bool:
-            return False
+            self.loras.append((lora_request.lora_name, lora_request.lora_path,
+                               bool(lora_request.load_inplace)))  # fmt: skip
+            return True
 
         async def pause_generation(self, *args: Any, mode: str = "abort", **kwargs: Any) -> None:
             self.pauses.append(mode)
