@@ -27,7 +27,9 @@ server, frlab.rollout.remote.in_flight and frlab.rollout.remote.generate); under
 resubmit on vLLM (`/v1/completions`, no labels), the version that server reported at its
 last verification. So in_flight is exact on frlab.serve and on vLLM servers that label
 tokens; a vLLM server that does not is refused under in_flight, naming
-rollout.weight_update.
+rollout.weight_update. With a LoRA policy (`model.lora`) the servers serve the base model and
+each update sends the adapter only, loaded by vLLM under the version's own name
+(frlab.rollout.remote.lora).
 """
 
 from __future__ import annotations

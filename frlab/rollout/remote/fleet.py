@@ -15,7 +15,9 @@ its own weight-update mode in `/server_info`, which must be the fleet's `in_flig
 (`stops`), and one left paused is resumed before it is re-admitted
 (frlab.rollout.remote.resubmit). Under in_flight a vLLM server must also label tokens (probed
 at admission, its label set to the current version before it is verified; its prefix cache is
-not reset while an update holds it frozen: frlab.rollout.remote.in_flight).
+not reset while an update holds it frozen: frlab.rollout.remote.in_flight). With LoRA the
+current adapter is loaded instead, and its listing in `/v1/models` is the version proof
+(frlab.rollout.remote.lora).
 """
 
 from __future__ import annotations
