@@ -8,7 +8,8 @@ After every `sync_every` optimizer steps this callback pushes `policy.state_dict
 resumes, and the pool checks the version it reports); on other steps it only tells the pool the
 learner version. It also syncs once at train start, so a resumed run's engine starts from the
 restored weights and version. With several learner ranks on one shared server fleet (the
-`remote` engine) every push is a collective step: all ranks drain, then push, then resume
+`remote` engine) every push is a collective step: all ranks hold, stop their requests in flight
+as `rollout.weight_update` says (drain, resubmit, in_flight), push, then resume
 (frlab.rollout.remote.fleet_sync). Keep `sync_every <= rollout.max_policy_lag`, or the pool's
 admission control can never admit new rollouts.
 

@@ -204,7 +204,7 @@ class RemoteEngine(
         self._idle: asyncio.Event | None = None  # set while no request is in flight
         self._in_flight = 0
         self._aborts = 0  # resubmit updates that stopped requests (frlab.rollout.remote.resubmit)
-        self._user_paused = self._syncing = self._stopping = False
+        self._user_paused = self._syncing = self._stopping = self._held = False
 
     @property
     def version(self) -> int:

@@ -273,7 +273,7 @@ class FleetMixin:
                 if not await self._healthy(server):
                     continue
                 async with self._sync_lock:
-                    if server.state != "ok" and not self._user_paused:
+                    if server.state != "ok" and not (self._user_paused or self._syncing):
                         await self._admit(server)
 
 

@@ -99,8 +99,8 @@ class UpdateModesMixin:
     # -- the stop and resume of a resubmit update ----------------------------------------------
     async def _stop_requests(self) -> None:
         """Pause-with-abort each live vLLM-like server with requests in flight and wait (within
-        request_timeout_s + 5 s) until none of them is in flight; call with the gate closed."""
-        self._aborts += 1
+        request_timeout_s + 5 s) until none of them is in flight; call with the gate closed
+        and `_aborts` counted (the hold of the update)."""
         busy = [s for s in self.servers if s.stops and s.state != "dead" and s.in_flight]
         await asyncio.gather(*(self._pause(s) for s in busy))
         loop = asyncio.get_running_loop()

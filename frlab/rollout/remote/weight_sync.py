@@ -17,7 +17,9 @@ fingerprint of the tensors loaded), then asks each server its version
 
 Several learner ranks (DDP / FSDP) share one fleet: each rank has its own RemoteEngine on the
 same servers (`shared_across_ranks`), `WeightSyncCallback` makes every sync collective (all
-ranks drain, then push, then resume: frlab.rollout.remote.fleet_sync), the servers load each version
+ranks hold, stop their requests as `weight_update` says, push, then resume, in the phases
+`hold_for_update`, `stop_for_update`, `update_weights`, `release_update`:
+frlab.rollout.remote.fleet_sync), the servers load each version
 once and deduplicate the other ranks' identical pushes by (version, fingerprint), and each rank
 writes its snapshots under `<snapshot_dir>/rank<R>` so no two ranks write one file. While the
 engine is paused the prober admits nothing, so a rank never reloads an older snapshot over a
@@ -63,6 +65,7 @@ class WeightSyncMixin:
     _idle: asyncio.Event | None
     _in_flight: int
     _syncing: bool
+    _held: bool  # a collective update holds the engine (hold_for_update .. release_update)
     weight_update: str
     lora: dict[str, Any] | None
 
@@ -94,16 +97,15 @@ class WeightSyncMixin:
         return functools.partial(self._nccl.push, self, list(state_dict.items()), version)
 
     async def _sync(self, version: int, snap: Snapshot | None, push: Any = None) -> None:
+        """Hold, stop (as `weight_update` says), load, verify, release; a collective update
+        (`hold_for_update` called) only loads and verifies: the caller stops and releases."""
         async with self._sync_lock:
-            self._syncing = True
-            self._refresh_gate()
+            held = self._held
+            if not held:
+                self._hold()
             try:
-                if self.weight_update == "drain":
-                    await self._drain()
-                elif self.weight_update == "resubmit":  # vLLM: stopped, sent again after
-                    await self._stop_requests()
-                else:  # in_flight: requests run on, labelled (vLLM: frozen between steps)
-                    await self._freeze()
+                if not held:
+                    await self._stop_in_flight()
                 if push is not None:
                     await push()
                 self._snapshot, self._version = snap, version
@@ -113,10 +115,51 @@ class WeightSyncMixin:
                 await asyncio.gather(*(self._admit(s) for s in live))
                 await self._abort_unverified()
             finally:
-                await self._resume_paused()
-                self._syncing = False
-                self._refresh_gate()
+                if not held:
+                    await self._release()
         log.info("remote engine: weights v%d on %s", version, self._describe())
+
+    # -- the phases of an update (one rank: all in `_sync`; several: frlab...fleet_sync) -------
+    def hold_for_update(self) -> None:
+        """Phase 1 of a collective update: stop dispatching; a resubmit abort is ours from now."""
+        self._call(self._hold_async())
+
+    def stop_for_update(self) -> None:
+        """Phase 2: the requests in flight drained, stopped or frozen (`weight_update`)."""
+        self._call(self._stop_held())
+
+    def release_update(self) -> None:
+        """Last phase: resume the servers this rank paused, dispatch again."""
+        self._call(self._release())
+
+    async def _hold_async(self) -> None:
+        self._hold()
+        self._held = True
+
+    def _hold(self) -> None:
+        self._syncing = True
+        self._refresh_gate()
+        self._aborts += self.weight_update == "resubmit"  # aborted answers: ours (resubmit)
+
+    async def _stop_held(self) -> None:
+        async with self._sync_lock:  # an admission under way (prober) ends first
+            pass
+        await self._stop_in_flight()
+
+    async def _stop_in_flight(self) -> None:
+        if self.weight_update == "drain":
+            await self._drain()
+        elif self.weight_update == "resubmit":  # vLLM: stopped, sent again after
+            await self._stop_requests()
+        else:  # in_flight: requests run on, labelled (vLLM: frozen between steps)
+            await self._freeze()
+
+    async def _release(self) -> None:
+        try:
+            await self._resume_paused()
+        finally:
+            self._held = self._syncing = False
+            self._refresh_gate()
 
     async def _drain(self) -> None:
         """Wait for in-flight requests (each ends within request_timeout_s: done or failed)."""

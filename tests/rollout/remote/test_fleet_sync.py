@@ -4,11 +4,11 @@ a prober that admits nothing while its engine is paused, and a server that accep
 new connections (listen backlog), the last two against an in-process `frlab.serve` server.
 
 Two threads play two learner ranks through `WeightSyncCallback` (a thread-backed strategy
-provides `barrier` and `reduce_boolean_decision`). Rank 1 drains slowly: its `pause` returns
-only once rank 0 has started pushing, or after a short wait. A correct protocol never lets
-rank 0 push before rank 1 has drained (every `paused` comes before every `push`), so there
-rank 1 waits out; without the drain barrier rank 0 would push into rank 1's in-flight work
-and the order check fails.
+provides `barrier` and `reduce_boolean_decision`). Rank 1 is slow: its hold returns only once
+rank 0 stops its requests, and its stop only once rank 0 has started pushing (or after a short
+wait). A correct protocol never lets rank 0 stop before rank 1 holds, nor push before rank 1
+has stopped (drained, paused or frozen), so there rank 1 waits out; without the barriers
+rank 0 would push into rank 1's in-flight work and the order checks fail.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ class ThreadRanks:
         self.events: list[tuple[str, int]] = []
         self.lock = threading.Lock()
         self.pushing = threading.Event()
+        self.stopping = threading.Event()
 
     def log(self, what: str, rank: int) -> None:
         with self.lock:
@@ -64,19 +65,26 @@ class ThreadStrategy:
 
 
 class FleetEngine:
-    """A rank's engine on the shared fleet: logs pause / resume; rank 1 drains slowly."""
+    """A rank's engine on the shared fleet: logs the phases of an update; rank 1 holds and
+    stops slowly."""
 
     shared_across_ranks = True
 
     def __init__(self, ranks: ThreadRanks, rank: int) -> None:
         self.ranks, self.rank, self.version = ranks, rank, 0
 
-    def pause(self) -> None:
+    def hold_for_update(self) -> None:
+        if self.rank == 1:  # late: returns once rank 0 stops (a broken protocol)
+            self.ranks.stopping.wait(timeout=0.5)
+        self.ranks.log("held", self.rank)
+
+    def stop_for_update(self) -> None:
+        self.ranks.stopping.set()
         if self.rank == 1:  # still draining: returns once rank 0 pushes (a broken protocol)
             self.ranks.pushing.wait(timeout=0.5)
         self.ranks.log("paused", self.rank)
 
-    def resume(self) -> None:
+    def release_update(self) -> None:
         self.ranks.log("resumed", self.rank)
 
 
@@ -136,7 +144,9 @@ def test_every_rank_drains_before_any_push_and_pushes_before_any_resume() -> Non
     ranks, pools, errors = run_ranks()
     assert errors == [None, None]
     events = ranks.events
-    assert sorted(events) == sorted((e, r) for e in ("paused", "push", "resumed") for r in (0, 1))
+    phases = ("held", "paused", "push", "resumed")
+    assert sorted(events) == sorted((e, r) for e in phases for r in (0, 1))
+    assert last(events, "held") < first(events, "paused")  # a resubmit abort: every rank's own
     assert last(events, "paused") < first(events, "push")
     assert last(events, "push") < first(events, "resumed")
     assert [p.pushed for p in pools] == [[(3, 1.0)], [(3, 1.0)]]  # same weights, same version
@@ -232,7 +242,8 @@ def in_process_server() -> Any:
 
 def test_the_prober_admits_no_server_while_the_engine_is_paused(in_process_server: Any) -> None:
     """During a collective sync a rank's prober must not load its older snapshot over the
-    version another rank has just pushed: while paused it re-admits nothing."""
+    version another rank has just pushed: while paused (or held by a collective update) it
+    re-admits nothing."""
     from frlab.rollout.remote.engine import RemoteEngine
 
     server_url, policy = in_process_server
@@ -240,15 +251,18 @@ def test_the_prober_admits_no_server_while_the_engine_is_paused(in_process_serve
     engine.start()
     try:
         server = engine.servers[0]
-        engine.pause()
-        server.state = "stale"  # as if its last answer had been refused
-        time.sleep(0.3)  # ~15 probe intervals
-        assert server.state == "stale" and engine.stats()["readmissions"] == 0
-        engine.resume()
-        deadline = time.monotonic() + 30
-        while server.state != "ok" and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert server.state == "ok" and engine.stats()["readmissions"] == 1
+        for readmitted, (hold, release) in enumerate(
+            [(engine.pause, engine.resume), (engine.hold_for_update, engine.release_update)], 1
+        ):
+            hold()
+            server.state = "stale"  # as if its last answer had been refused
+            time.sleep(0.3)  # ~15 probe intervals
+            assert server.state == "stale" and engine.stats()["readmissions"] == readmitted - 1
+            release()
+            deadline = time.monotonic() + 30
+            while server.state != "ok" and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert server.state == "ok" and engine.stats()["readmissions"] == readmitted
     finally:
         engine.shutdown()
 
