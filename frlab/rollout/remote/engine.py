@@ -138,9 +138,10 @@ class RemoteEngine(
 
     @classmethod
     def weight_updates(cls) -> tuple[str, ...]:
-        """drain (exact with every server) by default; in_flight where the servers label each
-        token with its version (frlab.serve; vLLM 0.32+ with --enable-scale-out; a server
-        without labels is refused); resubmit on vLLM (pause-abort, resume) and frlab.serve."""
+        """drain (exact with every server); in_flight where the servers label each token with
+        its version (frlab.serve; vLLM 0.32+ with --enable-scale-out; a server without labels
+        is refused), the default (null) when every server does at start; resubmit on vLLM
+        (pause-abort, resume) and frlab.serve."""
         return ("drain", "in_flight", "resubmit")
 
     def __init__(
@@ -167,6 +168,7 @@ class RemoteEngine(
     ) -> None:
         urls = _check_urls(servers)
         self.weight_update = resolve_weight_update(weight_update, self.weight_updates(), "remote")
+        self._auto_mode = weight_update is None  # chosen at start (in_flight where exact)
         _check_settings(weight_sync, request_timeout_s, probe_interval_s, max_retries,
                         keep_snapshots, fleet_down_timeout_s)  # fmt: skip
         check_lora_settings(lora, self.weight_update, weight_sync)
@@ -242,6 +244,8 @@ class RemoteEngine(
         self._sync_lock, self._gate, self._idle = asyncio.Lock(), asyncio.Event(), asyncio.Event()
         self._gate.set()
         self._idle.set()
+        if self._auto_mode:
+            self.weight_update = await self._default_mode()
         deadline = asyncio.get_running_loop().time() + self.startup_timeout_s
         while True:
             if push is not None:  # nccl: broadcast to the servers that answer by now

@@ -28,6 +28,7 @@ import logging
 
 from frlab.rollout.engine import EngineError
 from frlab.rollout.remote import generate as gen
+from frlab.rollout.remote import protocol as proto
 from frlab.rollout.remote.fleet import Server, ServerFault
 
 log = logging.getLogger("frlab.rollout.remote.engine")
@@ -48,6 +49,36 @@ class InFlightMixin:
     request_timeout_s: float
     _version: int
     _syncing: bool
+    lora: dict | None
+    model: str | None
+
+    async def _default_mode(self) -> str:
+        """`rollout.weight_update=null`: in_flight when every server labels each token's version
+        (frlab.serve run with --weight-update in_flight, vLLM with labels: probed here), drain
+        otherwise (a server unreachable at start counts as one without labels)."""
+        if self.lora is not None:
+            return "drain"
+        labels = await asyncio.gather(*(self._labels_at_start(s) for s in self.servers))
+        mode = "in_flight" if all(labels) else "drain"
+        log.info("remote engine: rollout.weight_update=null -> %s (%s)", mode,
+                 "every server labels each token's version" if all(labels) else
+                 "not every server labels each token's version")  # fmt: skip
+        return mode
+
+    async def _labels_at_start(self, server: Server) -> bool:
+        try:
+            if server.model is None:
+                server.model = self.model or proto.served_model(
+                    await self._get(server, proto.MODELS)
+                )
+            info = await self._get(server, proto.SERVER_INFO, self.request_timeout_s)
+            served = proto.served_weight_update(info)
+            if served is not None:  # frlab.serve labels in its own mode
+                return served == "in_flight"
+            server.labels = await self._offers_labels(server)
+        except (ServerFault, EngineError, proto.MalformedResponse):
+            return False
+        return bool(server.labels)
 
     def _generates(self, server: Server) -> bool:
         """Whether this server's requests go to the generate endpoint (labels, in_flight)."""

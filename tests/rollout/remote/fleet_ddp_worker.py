@@ -76,6 +76,7 @@ def overrides(servers: list[str], steps: int, run_dir: str, snapshot_dir: str) -
         "rollout=remote", "rollout.engine=remote", f"rollout.remote.servers=[{','.join(servers)}]",
         f"rollout.remote.snapshot_dir={snapshot_dir}",
         "rollout.remote.request_timeout_s=60", "rollout.remote.probe_interval_s=0.2",
+        "rollout.weight_update=drain",  # checked: no weight change under a request
         "rollout.max_in_flight=8", "rollout.max_policy_lag=1", "rollout.max_len=64",
         "rollout.sampling.max_new_tokens=24",
         f"data.batch_size={BATCH}", f"data.micro_batch_size={BATCH // 2}",

@@ -117,6 +117,7 @@ def test_sigkill_and_restart_of_one_server_mid_run(
         "rollout=remote", "rollout.engine=remote",
         f"rollout.remote.servers=[{','.join(url(p) for p in ports)}]",
         "rollout.remote.request_timeout_s=10", "rollout.remote.probe_interval_s=0.2",
+        "rollout.weight_update=drain",  # checked: one version per request
         f"rollout.remote.snapshot_dir={tmp_path / 'snaps'}", "rollout.max_in_flight=24",
         f"trainer.max_steps={STEPS}", f"data.batch_size={BATCH}", f"data.micro_batch_size={BATCH}",
         f"paths.output_dir={tmp_path / 'run'}", "plots=false",

@@ -171,3 +171,50 @@ def test_spans_give_one_version_per_token() -> None:
     done = gen.parse_generate(answer_with(spans))
     assert done.versions == [4, 5, 5] and done.token_ids == [0, 1, 2]
     assert gen.version_spans([4, 5, 5]) == spans and gen.version_spans([]) == []
+
+
+class ServeLike(LabellingVllmServer):
+    """A server that reports its own weight-update mode in /server_info, as frlab.serve does."""
+
+    def __init__(self, mode: str) -> None:
+        super().__init__()
+        self.mode = mode
+
+    def get(self, path: str) -> Any:
+        answer = super().get(path)
+        if path == "/server_info":
+            answer = {**answer, proto.WEIGHT_UPDATE_FIELD: self.mode}
+        return answer
+
+
+@pytest.mark.parametrize(
+    ("kinds", "chosen"),
+    [(("labels", "labels"), "in_flight"), (("labels", "plain"), "drain"),
+     (("serve:in_flight", "labels"), "in_flight"), (("serve:drain", "labels"), "drain")],
+)  # fmt: skip
+def test_the_default_is_in_flight_only_where_every_server_labels_tokens(
+    kinds: tuple[str, str], chosen: str, tmp_path: Path
+) -> None:
+    """`rollout.weight_update=null` chooses at start: in_flight when every server labels each
+    token's version (vLLM with labels, frlab.serve in its in_flight mode), else drain."""
+    servers = [LabellingVllmServer() if k == "labels" else PausingVllmServer() if k == "plain"
+               else ServeLike(k.split(":")[1]) for k in kinds]  # fmt: skip
+    try:
+        engine = engine_on(servers, tmp_path, mode=None)
+        try:
+            assert engine.weight_update == chosen
+            assert engine.stats()["servers_healthy"] == 2
+            res = asyncio.run(engine.generate([1, 2, 3], SamplingParams(max_new_tokens=3)))
+            assert res.versions == [0] * 3
+        finally:
+            engine.shutdown()
+    finally:
+        for server in servers:
+            server.close()
+
+
+def test_a_lora_fleet_defaults_to_drain(server: LabellingVllmServer, tmp_path: Path) -> None:
+    engine = RemoteEngine([server.url], snapshot_dir=str(tmp_path),
+                          lora={"r": 8, "frlab_adapter_name": "default"},
+                          initial_weights={"x.lora_A.default.weight": WEIGHTS["w"]})  # fmt: skip
+    assert engine._auto_mode and engine.weight_update == "drain"
