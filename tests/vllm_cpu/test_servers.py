@@ -1,9 +1,10 @@
 """Two REAL vLLM OpenAI servers on loopback (vLLM's CPU build, started by the launch recipe with
 the module entry point and frlab's worker extension) driven by `python -m frlab rollout=remote`:
 
-- a run of 60 updates (filesystem weight sync at every step) in which the reward rises, while
-  one server is SIGKILLed mid-run and restarted: the run finishes every update and the
-  restarted server is re-admitted on the current version;
+- a run of 60 updates (filesystem weight sync at every step, the fleet's default mode: in_flight,
+  as every server labels tokens) in which the reward rises, while one server is SIGKILLed
+  mid-run and restarted: the run finishes every update and the restarted server is re-admitted
+  on the current version;
 - every server killed mid-run: the run stops within `rollout.remote.fleet_down_timeout_s` with
   an error naming the servers, exit 75 and its last step checkpointed;
 - a `rollout.weight_update=resubmit` update while requests run on a server (`RemoteEngine`
@@ -111,6 +112,8 @@ def test_a_fleet_run_learns_and_readmits_a_killed_and_restarted_server(fleet, tm
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert code == 0, tail(log)
+    # the servers label tokens (--enable-scale-out): the fleet's default is in_flight
+    assert "rollout.weight_update=null -> in_flight" in tail(log, 10**8)
     rows = metrics(run)
     assert [int(r["step"]) for r in rows] == list(range(1, UPDATES + 1))
     rewards = [float(r["train/reward_mean"]) for r in rows]
