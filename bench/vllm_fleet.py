@@ -1,0 +1,84 @@
+"""Local `vllm serve` servers for benches on this CPU: the launch recipe's `start_server`
+(scripts/launch/fleet.sh, module entry point: vLLM's CPU build has no working `vllm` command),
+one server per CPU core, serving a random-init model folder of the learner's architecture (its
+weights arrive from the learner as snapshot v0), with `--enable-scale-out` so that the fleet
+can run `rollout.weight_update=in_flight` on vLLM's own per-token version labels."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+CPU_FLAGS = ("--skip-tokenizer-init --enforce-eager --dtype float32 --host 127.0.0.1 "
+             "--enable-scale-out --kv-cache-memory-bytes {kv}")  # fmt: skip
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def save_architecture(config: Mapping[str, Any], folder: Path) -> Path:
+    """A random-init model of `config` (a `model.config` node) saved as a folder vLLM loads."""
+    from frlab.model.policy import build_policy
+
+    build_policy(config=dict(config), seed=0).save_pretrained(folder)
+    return folder
+
+
+def wait_healthy(urls: list[str], procs: list[subprocess.Popen], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    for url, proc in zip(urls, procs, strict=True):
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"vLLM server {url} exited with {proc.returncode}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url + "/health", timeout=2.0).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"vLLM server {url} not healthy after {timeout_s:.0f} s")
+            time.sleep(1.0)
+
+
+@contextlib.contextmanager
+def vllm_fleet(config: Mapping[str, Any], count: int, max_len: int, kv_bytes: int = 512 * 2**20,
+               timeout_s: float = 600.0) -> Iterator[list[str]]:  # fmt: skip
+    """`count` servers (core i for server i) on loopback; their URLs; killed on exit (logs
+    under a temporary folder, named when a server fails)."""
+    with tempfile.TemporaryDirectory(prefix="frlab-bench-fleet-") as tmp:
+        model = save_architecture(config, Path(tmp) / "model")
+        procs, urls = [], []
+        try:
+            for core in range(count):
+                port = free_port()
+                env = {**os.environ, "VLLM_ENTRY": "module", "PYTHON": sys.executable,
+                       "VLLM_EXTRA_ARGS": CPU_FLAGS.format(kv=kv_bytes),
+                       "VLLM_CPU_OMP_THREADS_BIND": str(core % (os.cpu_count() or 1)),
+                       "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}  # fmt: skip
+                script = (f'source scripts/launch/fleet.sh && start_server "" {port} "{model}" 1 '
+                          f"{max_len} && wait")  # fmt: skip
+                log = (Path(tmp) / f"server{core}.log").open("w")
+                procs.append(subprocess.Popen(["bash", "-c", script], cwd=ROOT, env=env,
+                                              stdout=log, stderr=subprocess.STDOUT,
+                                              start_new_session=True))  # fmt: skip
+                urls.append(f"http://127.0.0.1:{port}")
+            wait_healthy(urls, procs, timeout_s)
+            yield urls
+        finally:
+            for proc in procs:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(30)
