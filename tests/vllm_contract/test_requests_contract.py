@@ -123,3 +123,14 @@ def test_frlab_serves_a_response_vllms_model_accepts() -> None:
     parsed = CompletionResponse.model_validate(body)
     assert parsed.choices[0].token_ids == [7, 3]
     assert parsed.choices[0].logprobs.token_logprobs == [-0.25, -1.5]
+
+
+def test_the_fleet_drops_idle_connections_before_vllms_server_closes_them() -> None:
+    """A pooled connection reused just as vLLM's server closes it (its keep-alive timeout)
+    fails the request with a transport error: the fleet's client expires idle connections well
+    before the installed vLLM's default keep-alive timeout."""
+    from vllm import envs
+
+    from frlab.rollout.remote.engine import KEEPALIVE_S
+
+    assert KEEPALIVE_S <= envs.VLLM_HTTP_TIMEOUT_KEEP_ALIVE / 2

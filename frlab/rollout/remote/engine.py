@@ -69,6 +69,10 @@ from frlab.rollout.remote.weight_sync import WeightSyncMixin
 log = logging.getLogger(__name__)
 
 WEIGHT_SYNCS = ("filesystem", "nccl")
+# An idle pooled connection is dropped after this long: well before vLLM's server closes it
+# (VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s). At httpx's default (5 s, the same) a request sent on
+# a connection the server was closing failed with ReadError and the server was marked dead.
+KEEPALIVE_S = 2.0
 
 
 def _check_urls(servers: Sequence[str]) -> list[str]:
@@ -239,7 +243,8 @@ class RemoteEngine(
         if push is None:  # filesystem: servers must load the learner's weights to be admitted
             self._snapshot = snap
         timeout = httpx.Timeout(self.request_timeout_s, connect=min(5.0, self.request_timeout_s))
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64,
+                              keepalive_expiry=KEEPALIVE_S)  # fmt: skip
         self._client = httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False)
         self._sync_lock, self._gate, self._idle = asyncio.Lock(), asyncio.Event(), asyncio.Event()
         self._gate.set()
