@@ -9,21 +9,19 @@ alike."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from contract_testlib import tiny_model
+from contract_testlib import remote_testlib, tiny_model
 
 from frlab.rollout.engine import SamplingParams
 from frlab.rollout.remote import generate as gen
 from frlab.rollout.remote import protocol as proto
 
 pytestmark = pytest.mark.vllm_contract
-REMOTE_TESTS = Path(__file__).resolve().parents[1] / "rollout" / "remote"
 PARAMS = SamplingParams(max_new_tokens=5, temperature=0.7, top_p=0.9, top_k=8,
                         stop_token_ids=(9,))  # fmt: skip
 
@@ -46,12 +44,7 @@ def labelled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 @pytest.fixture(scope="module")
 def fake() -> Iterator[Any]:
-    sys.path.insert(0, str(REMOTE_TESTS))
-    try:
-        from labelling_vllm_testlib import LabellingVllmServer
-    finally:
-        sys.path.remove(str(REMOTE_TESTS))
-    server = LabellingVllmServer(step_s=0.001)
+    server = remote_testlib("labelling_vllm_testlib").LabellingVllmServer(step_s=0.001)
     yield server
     server.close()
 

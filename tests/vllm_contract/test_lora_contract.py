@@ -8,7 +8,6 @@ engine with that adapter."""
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 import torch
-from contract_testlib import tiny_model
+from contract_testlib import remote_testlib, tiny_model
 
 from frlab.rollout.engine import SamplingParams
 from frlab.rollout.engines.vllm_lora import write_adapter
@@ -24,7 +23,6 @@ from frlab.rollout.remote import protocol as proto
 from frlab.rollout.remote.lora import LOAD_ADAPTER, UNLOAD_ADAPTER, listed_adapters
 
 pytestmark = pytest.mark.vllm_contract
-REMOTE_TESTS = Path(__file__).resolve().parents[1] / "rollout" / "remote"
 CONFIG = {"peft_type": "LORA", "r": 8, "lora_alpha": 16, "target_modules": ["q_proj"]}
 
 
@@ -42,12 +40,7 @@ def lora_app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 @pytest.fixture(scope="module")
 def fake() -> Iterator[Any]:
-    sys.path.insert(0, str(REMOTE_TESTS))
-    try:
-        from lora_vllm_testlib import LoraVllmServer
-    finally:
-        sys.path.remove(str(REMOTE_TESTS))
-    server = LoraVllmServer()
+    server = remote_testlib("lora_vllm_testlib").LoraVllmServer()
     yield server
     server.close()
 

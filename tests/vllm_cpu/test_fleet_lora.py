@@ -20,7 +20,7 @@ import httpx
 import pytest
 import torch
 from test_lora_serving import LORA, moved_adapter, with_adapter
-from test_servers import DELAYS_S, NEW_TOKENS, across_an_update, check_resubmitted, worst
+from test_servers import NEW_TOKENS, until_one_lands_mid_request, worst
 from vllm_cpu_testlib import (
     REPORT,
     Server,
@@ -119,17 +119,13 @@ def test_a_resubmit_push_mid_request_goes_on_from_a_fresh_prefill_on_the_new_ada
     old.load_state_dict(moved_adapter(old, seed=2), strict=False)
     old.eval()
     engine = engine_for(server, old, tmp_path, "resubmit")
-    found, spans = [], 0
+
+    def step(old: Any, version: int) -> tuple[dict, Any]:
+        adapter = moved_adapter(old, seed=40 + version)
+        return adapter, with_adapter(old, adapter)
+
     try:
-        for version, delay in enumerate(DELAYS_S, start=1):
-            adapter = moved_adapter(old, seed=40 + version)
-            new = with_adapter(old, adapter)
-            results = across_an_update(engine, adapter, version, delay)
-            found.append((delay, [r.versions.count(version - 1) for r in results]))
-            spans = check_resubmitted(results, old, new, version, tol=1e-3)
-            old = new
-            if spans:
-                break
+        found, spans = until_one_lands_mid_request(engine, old, step, tol=1e-3)
         stats = engine.stats()
     finally:
         engine.shutdown()

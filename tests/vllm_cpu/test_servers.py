@@ -203,6 +203,23 @@ def check_resubmitted(results: list, old: Any, new: Any, version: int, tol: floa
     return spans
 
 
+def until_one_lands_mid_request(engine: RemoteEngine, old: Any, step: Any,
+                                tol: float = 1e-4) -> tuple[list, int]:  # fmt: skip
+    """Resubmit updates shortly after four requests start (`step(old, version)` gives what to
+    push and the model it makes), each checked, until one lands inside a request; the
+    (delay, old-version tokens per request) of each try, and how many requests spanned."""
+    found, spans = [], 0
+    for version, delay in enumerate(DELAYS_S, start=1):
+        push, new = step(old, version)
+        results = across_an_update(engine, push, version, delay)
+        found.append((delay, [r.versions.count(version - 1) for r in results]))
+        spans = check_resubmitted(results, old, new, version, tol)
+        old = new
+        if spans:
+            break
+    return found, spans
+
+
 def test_a_resubmit_update_mid_request_goes_on_from_a_fresh_prefill(fleet, tmp_path: Path):
     """Updates shortly after four requests start (until one lands inside a request): every
     request ends with exactly its budget, its old-version tokens are the old weights'
@@ -217,18 +234,15 @@ def test_a_resubmit_update_mid_request_goes_on_from_a_fresh_prefill(fleet, tmp_p
                           request_timeout_s=120, startup_timeout_s=120, probe_interval_s=0.5,
                           weight_update="resubmit", initial_weights=old.state_dict())  # fmt: skip
     engine.start()
-    found = []
+
+    def step(old: Any, version: int) -> tuple[dict, Any]:
+        weights = perturbed(old, seed=30 + version)
+        new = type(old)(old.config).eval()
+        new.load_state_dict(weights)
+        return weights, new
+
     try:
-        for version, delay in enumerate(DELAYS_S, start=1):
-            weights = perturbed(old, seed=30 + version)
-            new = type(old)(old.config).eval()
-            new.load_state_dict(weights)
-            results = across_an_update(engine, weights, version, delay)
-            found.append((delay, [r.versions.count(version - 1) for r in results]))
-            spans = check_resubmitted(results, old, new, version)
-            old = new
-            if spans:
-                break
+        found, spans = until_one_lands_mid_request(engine, old, step)
         stats = engine.stats()
     finally:
         engine.shutdown()
