@@ -9,26 +9,18 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-import httpx
+from fleet import unused_port, wait_healthy  # bench/fleet.py: the frlab.serve fleet's helpers
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU_FLAGS = ("--skip-tokenizer-init --enforce-eager --dtype float32 --host 127.0.0.1 "
              "--enable-scale-out --kv-cache-memory-bytes {kv}")  # fmt: skip
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def save_architecture(config: Mapping[str, Any], folder: Path) -> Path:
@@ -37,20 +29,6 @@ def save_architecture(config: Mapping[str, Any], folder: Path) -> Path:
 
     build_policy(config=dict(config), seed=0).save_pretrained(folder)
     return folder
-
-
-def wait_healthy(urls: list[str], procs: list[subprocess.Popen], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    for url, proc in zip(urls, procs, strict=True):
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"vLLM server {url} exited with {proc.returncode}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/health", timeout=2.0).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"vLLM server {url} not healthy after {timeout_s:.0f} s")
-            time.sleep(1.0)
 
 
 @contextlib.contextmanager
@@ -63,7 +41,7 @@ def vllm_fleet(config: Mapping[str, Any], count: int, max_len: int, kv_bytes: in
         procs, urls = [], []
         try:
             for core in range(count):
-                port = free_port()
+                port = unused_port()
                 env = {**os.environ, "VLLM_ENTRY": "module", "PYTHON": sys.executable,
                        "VLLM_EXTRA_ARGS": CPU_FLAGS.format(kv=kv_bytes),
                        "VLLM_CPU_OMP_THREADS_BIND": str(core % (os.cpu_count() or 1)),

@@ -81,13 +81,14 @@ def check_lora_engine(engine: str, rollout: Mapping[str, Any], model: Mapping[st
             f"the {engine} engine ({cls.__name__}) does not declare serves_lora: serve the "
             "adapter with an engine that does, or set model.lora.rank=0",
         )
-    modes = getattr(cls, "lora_weight_updates", None)
+    declared = getattr(cls, "lora_weight_updates", None)
+    modes = tuple(declared()) if callable(declared) else None
     mode = rollout.get("weight_update")
-    if mode is not None and callable(modes) and mode not in modes():
+    if mode is not None and modes is not None and mode not in modes:
         raise ConfigError(
             "rollout.weight_update",
             f"{mode!r} is not exact with model.lora on the {engine} engine, which implements "
-            f"{', '.join(modes())} there",
+            f"{', '.join(modes)} there",
         )
 
 

@@ -70,8 +70,9 @@ log = logging.getLogger(__name__)
 
 WEIGHT_SYNCS = ("filesystem", "nccl")
 # An idle pooled connection is dropped after this long: well before vLLM's server closes it
-# (VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s). At httpx's default (5 s, the same) a request sent on
-# a connection the server was closing failed with ReadError and the server was marked dead.
+# (VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s). At httpx's default (5 s, the same) a request can be
+# sent on a connection the server is closing, fail with a transport error and mark the
+# server dead.
 KEEPALIVE_S = 2.0
 
 

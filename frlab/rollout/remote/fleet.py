@@ -168,12 +168,7 @@ class FleetMixin:
         admit it only if it reports the current version; call with `_sync_lock` held."""
         was = server.state
         try:
-            if server.model is None:
-                server.model = self.model or proto.served_model(
-                    await self._get(server, proto.MODELS)
-                )
-            # the first /server_info of a vLLM server collects its environment: allow time
-            info = await self._get(server, proto.SERVER_INFO, self.request_timeout_s)
+            info = await self._server_info(server)
             mode = proto.served_logprobs_mode(info)
             if mode != proto.PROCESSED_LOGPROBS:
                 self._refuse(server, f"it serves logprobs_mode={mode!r}: run it with "
@@ -224,6 +219,13 @@ class FleetMixin:
             self._counts["readmissions"] += 1
             log.warning("remote engine: server %s re-admitted: it reported version %d",
                         server.url, self._version)  # fmt: skip
+
+    async def _server_info(self, server: Server) -> Any:
+        """The server's `/server_info` answer, after learning its model id (once)."""
+        if server.model is None:
+            server.model = self.model or proto.served_model(await self._get(server, proto.MODELS))
+        # the first /server_info of a vLLM server collects its environment: allow time
+        return await self._get(server, proto.SERVER_INFO, self.request_timeout_s)
 
     def _serves_mode(self, server: Server, served: str | None) -> bool:
         """Whether a server's own weight-update mode (frlab.serve reports it, vLLM does not)

@@ -50,7 +50,6 @@ class InFlightMixin:
     _version: int
     _syncing: bool
     lora: dict | None
-    model: str | None
 
     async def _default_mode(self) -> str:
         """`rollout.weight_update=null`: in_flight when every server labels each token's version
@@ -67,12 +66,7 @@ class InFlightMixin:
 
     async def _labels_at_start(self, server: Server) -> bool:
         try:
-            if server.model is None:
-                server.model = self.model or proto.served_model(
-                    await self._get(server, proto.MODELS)
-                )
-            info = await self._get(server, proto.SERVER_INFO, self.request_timeout_s)
-            served = proto.served_weight_update(info)
+            served = proto.served_weight_update(await self._server_info(server))
             if served is not None:  # frlab.serve labels in its own mode
                 return served == "in_flight"
             server.labels = await self._offers_labels(server)

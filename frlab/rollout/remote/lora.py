@@ -126,7 +126,7 @@ class LoraFleetMixin:
                                   {"lora_name": name, "lora_path": str(snap.path)})  # fmt: skip
         listed = listed_adapters(await self._get(server, proto.MODELS))
         served = listed.get(name)
-        if served is None or adapter_identity(served) != (snap.version, dict(snap.fingerprint)):
+        if served is None or not (Path(served) == Path(snap.path) or _holds(served, snap)):
             raise RuntimeError(f"/v1/models lists {listed}, not {name} at {snap.path}")
         server.adapter = name
         old = [n for n in listed if n.startswith(PREFIX) and n != name]
@@ -142,7 +142,7 @@ class LoraFleetMixin:
         there, mine = Path(root), Path(snap.path)
         if there == mine:
             return False
-        if adapter_identity(there) == (snap.version, dict(snap.fingerprint)):
+        if _holds(there, snap):
             return True
         sibling = _RANK.fullmatch(there.parent.name) and _RANK.fullmatch(mine.parent.name)
         if sibling and there.parent.parent == mine.parent.parent:
@@ -171,3 +171,9 @@ class LoraFleetMixin:
         if resp.status_code in (404, 405):
             raise EngineError(NO_LORA_ROUTE.format(error=f"{path}: HTTP {resp.status_code}"))
         raise EngineError(f"{path} refused (HTTP {resp.status_code}): {resp.text[:300]}")
+
+
+def _holds(folder: str | os.PathLike[str], snap: Snapshot) -> bool:
+    """Whether the adapter folder `folder` holds `snap`'s version and tensors (our own folder
+    was identified when it was written: `_write_adapter`)."""
+    return adapter_identity(folder) == (snap.version, dict(snap.fingerprint))
