@@ -191,7 +191,7 @@ def build_evaluation(cfg: DictConfig) -> Any:
     node = cfg.get("eval")
     if node is None:
         return None
-    return instantiate(node, key="eval", user_modules=user_modules(cfg))
+    return instantiate(node, key="eval", user_modules=user_modules(cfg), env_factory=env_factory)
 
 
 def callback_enabled(node: Any) -> bool:

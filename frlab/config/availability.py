@@ -119,9 +119,9 @@ def _env_problems(
 
 
 def named_benchmarks(evaluation: Mapping[str, Any]) -> dict[str, Any]:
-    """`eval.benchmarks` as `{name: spec}` (a list named as frlab.tracking.benchmarks does);
+    """`eval.benchmarks` as `{name: spec}` (a list named as frlab.evaluation.benchmarks does);
     empty when it is malformed: preflight reports that, naming the key."""
-    from frlab.tracking.benchmarks import benchmark_specs
+    from frlab.evaluation.benchmarks import benchmark_specs
 
     try:
         return benchmark_specs(evaluation.get("benchmarks") or {})

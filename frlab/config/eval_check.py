@@ -2,22 +2,22 @@
 
 `eval: null` (eval=none, the default) turns evaluation off. Otherwise the node is checked
 against its declaration (frlab.config.schema_eval, chosen by `eval.kind`: `math` or
-`episodes`) without loading a dataset or importing `envs.math` (dry runs stay offline and
-light): types and ranges (`eval.k must be >= 1`), unknown keys, the benchmark specs (math: a
-dataset source string or a mapping of `MathBenchmarkConfig` keys; episodes: a mapping of keys
-of the training `env` node to change), the prompt template, and two cross-field rules: an
+`episodes`) without loading a dataset (dry runs stay offline): types and ranges (`eval.k
+must be >= 1`), unknown keys, the benchmark specs (math: a dataset source string or a mapping
+of `MathBenchmarkConfig` keys; episodes: a mapping of keys of the training `env` node to
+change), the prompt template (one the math env knows), and two cross-field rules: an
 evaluation interval that the run reaches (`eval.every_n_steps <= trainer.max_steps`) and a
 generation budget that leaves room for the prompt (`eval.sampling.max_new_tokens <
 rollout.max_len`). Errors are `ConfigError`s naming the key.
 
-`eval.benchmarks` is a named mapping or a list (frlab.tracking.benchmarks: a list is replaced
+`eval.benchmarks` is a named mapping or a list (frlab.evaluation.benchmarks: a list is replaced
 by one override); it is turned into the mapping before the declaration check.
 
 A benchmark drawn from the training env's source overlaps the training problems unless both
 hold out complementary parts (`holdout: {fraction: f, part: train}` for the env and
 `{fraction: f, part: heldout}` for the benchmark; envs.math.holdout): preflight logs a warning
 naming it (`overlap_warnings`). Overlaps between different sources are counted when the
-evaluation loads its problems (frlab.tracking.evaluation).
+evaluation loads its problems (frlab.evaluation.avg_at_k).
 """
 
 from __future__ import annotations
@@ -32,14 +32,12 @@ from omegaconf import DictConfig, OmegaConf
 from frlab.config.declare import check_declared
 from frlab.config.errors import ConfigError, unknown
 from frlab.config.schema_eval import EVALS, KINDS, MathBenchmarkConfig
-from frlab.tracking.benchmarks import benchmark_specs
+from frlab.evaluation.benchmarks import benchmark_specs
 
 log = logging.getLogger(__name__)
 
 # Keyword arguments of envs.math.load_math_dataset that a benchmark mapping may give.
 BENCHMARK_KEYS = tuple(f.name for f in dataclasses.fields(MathBenchmarkConfig))
-# envs.math.env.TEMPLATES names (not imported: a dry run must not import envs.math).
-TEMPLATE_NAMES = ("instruct", "base", "messages")
 
 
 def check_eval(
@@ -149,10 +147,14 @@ def _check_env_benchmark(key: str, spec: Any, env_keys: list[str]) -> None:
 
 
 def _check_template(template: str) -> None:
-    if template not in TEMPLATE_NAMES and "{question}" not in template:
+    """A template the math env knows (envs.math.env: its TEMPLATES, or `messages`)."""
+    from envs.math.env import MESSAGES, TEMPLATES
+
+    names = (*TEMPLATES, MESSAGES)
+    if template not in names and "{question}" not in template:
         raise ConfigError(
             "eval.template",
-            f"must be one of {', '.join(TEMPLATE_NAMES)} or a string containing '{{question}}', "
+            f"must be one of {', '.join(names)} or a string containing '{{question}}', "
             f"got {template!r}",
         )
 

@@ -285,7 +285,7 @@ def describe_eval(node: DictConfig | None) -> str:
     details = [f"T={float(sampling['temperature']):g}", f"top_p={float(sampling['top_p']):g}"]
     if ev.get("limit") is not None:
         details.append(f"first {ev['limit']} each")
-    from frlab.tracking.benchmarks import benchmark_specs
+    from frlab.evaluation.benchmarks import benchmark_specs
 
     names = ", ".join(str(name) for name in benchmark_specs(ev["benchmarks"]))
     start = " and at step 0" if ev.get("at_start") else ""

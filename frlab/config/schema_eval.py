@@ -52,12 +52,12 @@ class MathBenchmarkConfig:
 class MathEvalConfig:
     """`kind: math`: avg@k of single-turn replies graded 0/1 on math benchmarks."""
 
-    _target_: str = "frlab.tracking.evaluation.AvgAtKEvaluation.from_config"
+    _target_: str = "frlab.evaluation.avg_at_k.AvgAtKEvaluation.from_config"
     _recursive_: bool = False
     kind: str = spec("math", choices=KINDS, arg=False)
     benchmarks: Any = spec(MISSING, kind="mapping",
                            doc="name -> dataset source, or a MathBenchmarkConfig mapping; a "
-                           "list replaces the set in one override (frlab.tracking.benchmarks)")  # fmt: skip
+                           "list replaces the set in one override (frlab.evaluation.benchmarks)")  # fmt: skip
     k: int = spec(4, low=1, doc="sampled replies per problem")
     every_n_steps: int = spec(50, low=1, doc="optimizer steps between evaluations (<= max_steps)")
     at_start: bool = spec(False, doc="also evaluate at step 0, before the first update")
@@ -84,7 +84,7 @@ class MathEvalConfig:
 class EpisodesEvalConfig:
     """`kind: episodes`: avg@k of whole agent episodes in (a variant of) the training env."""
 
-    _target_: str = "frlab.tracking.episode_evaluation.EpisodeEvaluation.from_config"
+    _target_: str = "frlab.evaluation.episodes.EpisodeEvaluation.from_config"
     _recursive_: bool = False
     kind: str = spec("episodes", choices=KINDS, arg=False)
     benchmarks: Any = spec(MISSING, kind="mapping",

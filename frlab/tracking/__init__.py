@@ -1,8 +1,7 @@
-"""Run files and progress display: `metrics.csv`, `summary.json`, the training progress bar,
-avg@k evaluation during training (math replies and whole agent episodes).
+"""Run files and progress display: `metrics.csv`, `summary.json`, the training progress bar
+(evaluation during training is `frlab.evaluation`).
 
-`RunFilesCallback`, `ProgressBar`, `AvgAtKEvaluation` and `EpisodeEvaluation` need Lightning and are imported
-lazily; the file helpers (`read_metrics`, `summarize`) come from the Lightning-free
+`RunFilesCallback` and `ProgressBar` need Lightning and are imported lazily; the file helpers (`read_metrics`, `summarize`) come from the Lightning-free
 `frlab.tracking.metrics_file`.
 """
 
@@ -16,13 +15,9 @@ from frlab.tracking.metrics_file import read_metrics, summarize
 _LAZY = {
     "RunFilesCallback": "frlab.tracking.run_files",
     "ProgressBar": "frlab.tracking.progress",
-    "AvgAtKEvaluation": "frlab.tracking.evaluation",
-    "EpisodeEvaluation": "frlab.tracking.episode_evaluation",
 }
 
 __all__ = [
-    "AvgAtKEvaluation",
-    "EpisodeEvaluation",
     "ProgressBar",
     "RunFilesCallback",
     "read_metrics",

@@ -6,7 +6,7 @@ This is the one writer of `metrics.csv` (the default `logger=csv` adds no Lightn
 `metrics.csv` has one row per optimizer step: `step`, `elapsed_s` and every metric the learner
 logged under `train/`, `timing/` or `eval/` (names of frlab/config/SCHEMA.md), plus the values
 other callbacks hand to `log_step_metrics` for that step only (avg@k from
-frlab.tracking.evaluation, measured every N steps: Lightning would repeat a value logged with
+frlab.evaluation, measured every N steps: Lightning would repeat a value logged with
 `self.log` in every later row until the epoch ends). `log_step_metrics(metrics, step=N)` puts
 them in step N's row even when they arrive late (an evaluation running in the background):
 a row already written is updated (the file is rewritten atomically), a step without a row of

@@ -61,7 +61,8 @@ def test_bad_eval_config_names_the_key(overrides: list[str], key: str, fragment:
 
 
 def test_callbacks_put_evaluation_between_weight_sync_and_run_files(tmp_path) -> None:
-    from frlab.tracking import AvgAtKEvaluation, RunFilesCallback
+    from frlab.evaluation import AvgAtKEvaluation
+    from frlab.tracking import RunFilesCallback
     from frlab.train import build_callbacks
 
     cfg = compose(["eval=math", "eval.limit=3", "eval.k=2", "eval.every_n_steps=5",
@@ -133,3 +134,18 @@ def test_tool_episodes_evaluate_exported_benchmarks_in_the_tool_env(tmp_path, mo
     env = evaluation.factories["AMC23"]()
     assert isinstance(env, PythonToolEnv) and env.max_turns == 10
     assert [t["answer"] for t in evaluation.tasks("AMC23")] == ["18", "3"]
+
+
+def test_eval_templates_are_the_math_envs_own(monkeypatch) -> None:
+    """The eval template names come from envs.math.env, not from a copy: a template the env
+    gains is accepted, one it lacks is refused naming `eval.template`."""
+    import pytest
+
+    import envs.math.env as math_env
+    from frlab.config.errors import ConfigError
+    from frlab.config.eval_check import _check_template
+
+    with pytest.raises(ConfigError, match=r"eval\.template.*instruct, base.*messages"):
+        _check_template("terse")
+    monkeypatch.setitem(math_env.TEMPLATES, "terse", "{question}")
+    _check_template("terse")

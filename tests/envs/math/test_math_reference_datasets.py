@@ -121,7 +121,7 @@ def test_sanity_train_file_gives_chat_tasks_graded_on_reward_model(tmp_path: Pat
 
 def test_sanity_test_split_feeds_the_r1_aime_evaluation(tmp_path: Path) -> None:
     from envs.math.evaluate import evaluate_avg_at_k
-    from frlab.tracking.evaluation import load_benchmark
+    from frlab.evaluation.benchmarks import load_benchmark
 
     root = write_sanity_dataset(tmp_path / "Sanity-Test-R1D-1.5B")
     spec = {"question_key": "prompt", "answer_key": "reward_model.ground_truth"}

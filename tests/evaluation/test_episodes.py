@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from envs.base import Env, StepResult
+from frlab.evaluation.episodes import EpisodeEvaluation, list_tasks
 from frlab.model.toy_tokenizer import build_toy_tokenizer
 from frlab.rollout.engine import GenerationResult, SamplingParams
-from frlab.tracking.episode_evaluation import EpisodeEvaluation, list_tasks
 
 # The engine's reply per question; "coin" alternates right / wrong / right / ...
 REPLY = {"sky": ["blue"], "grass": ["green"], "coin": ["heads", "tails"], "snow": ["red"]}

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from frlab.evaluation.avg_at_k import EngineGenerate
 from frlab.model.toy_tokenizer import build_toy_tokenizer
 from frlab.rollout.engine import Engine, GenerationResult, SamplingParams
-from frlab.tracking.evaluation import EngineGenerate
 
 TOKENIZER = build_toy_tokenizer()
 

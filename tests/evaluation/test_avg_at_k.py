@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
+from frlab.evaluation.avg_at_k import AvgAtKEvaluation, EngineGenerate
+from frlab.evaluation.benchmarks import load_benchmark
 from frlab.model.toy_tokenizer import build_toy_tokenizer
 from frlab.rollout.engine import GenerationResult, SamplingParams
-from frlab.tracking.evaluation import AvgAtKEvaluation, EngineGenerate, load_benchmark
 from frlab.tracking.run_files import RunFilesCallback, read_metrics
 
 # Four problems; the engine answers 0 and 1 right, 2 wrong, 3 right on every other call.
@@ -265,6 +266,8 @@ def test_from_config_counts_questions_shared_with_the_training_env(tmp_path) -> 
     evaluation builds the env's dataset to count benchmark questions training also sees."""
     from omegaconf import OmegaConf
 
+    from frlab.config.instantiate import env_factory
+
     data = tmp_path / "train.jsonl"
     data.write_text('{"question": "1+1", "answer": "2"}\n{"question": "2+2", "answer": "4"}\n')
     env = OmegaConf.create({"_target_": "envs.math.MathEnv", "source": str(data),
@@ -273,6 +276,6 @@ def test_from_config_counts_questions_shared_with_the_training_env(tmp_path) -> 
                                              {"question": "3+3", "answer": "6"}]})  # fmt: skip
     cb = AvgAtKEvaluation.from_config(
         benchmarks=benchmarks, sampling=OmegaConf.create({"temperature": 1.0}), env=env,
-        k=1, every_n_steps=1,
+        env_factory=env_factory, k=1, every_n_steps=1,
     )  # fmt: skip
     assert len(cb.benchmarks["mixed"]) == 2 and cb.overlap == {"mixed": 1}

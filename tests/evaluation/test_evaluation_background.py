@@ -16,12 +16,12 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from test_evaluation import ARITH, Recorder, ScriptedEngine
+from test_avg_at_k import ARITH, Recorder, ScriptedEngine
 
+from frlab.evaluation.avg_at_k import AvgAtKEvaluation
+from frlab.evaluation.benchmarks import benchmark_name, benchmark_specs, load_benchmark
 from frlab.model.toy_tokenizer import build_toy_tokenizer
 from frlab.rollout.pinning import WeightPins
-from frlab.tracking.benchmarks import benchmark_name, benchmark_specs, load_benchmark
-from frlab.tracking.evaluation import AvgAtKEvaluation
 from frlab.tracking.metrics_file import summarize
 from frlab.tracking.run_files import RunFilesCallback, read_metrics
 
@@ -162,7 +162,7 @@ def test_benchmark_questions_seen_in_training_are_counted(caplog) -> None:
         {"arith": ARITH}, k=1, every_n_steps=1,
         training_questions=lambda: {"what is 5+5?", "unrelated"},
     )  # fmt: skip
-    with caplog.at_level("WARNING", logger="frlab.tracking.evaluation"):
+    with caplog.at_level("WARNING", logger="frlab.evaluation.avg_at_k"):
         assert len(cb.benchmarks["arith"]) == 2
     assert cb.overlap == {"arith": 1}
     assert "shares 1 of its 2 questions with the training set" in caplog.text

@@ -29,6 +29,13 @@ import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from frlab.evaluation.periodic import (
+    EVAL_SEED_SALT,
+    PeriodicEvaluation,
+    engine_version,
+    positive_int,
+    run_on_loop,
+)
 from frlab.rollout.agent_loop import (
     DEFAULT_ENGINE_TIMEOUT_S,
     DEFAULT_ENV_TIMEOUT_S,
@@ -39,13 +46,6 @@ from frlab.rollout.agent_loop import (
 )
 from frlab.rollout.engine import SamplingParams
 from frlab.rollout.seeding import derive_seed
-from frlab.tracking.evaluation import (
-    EVAL_SEED_SALT,
-    PeriodicEvaluation,
-    engine_version,
-    positive_int,
-    run_on_loop,
-)
 
 WHO = "EpisodeEvaluation"
 
@@ -120,6 +120,7 @@ class EpisodeEvaluation(PeriodicEvaluation):
         sampling: Mapping[str, Any],
         env: Mapping[str, Any],
         user_modules: Sequence[str] = (),
+        env_factory: Callable[..., Callable[[], Any]] | None = None,
         **kw: Any,
     ) -> EpisodeEvaluation:
         """From an `eval` node of kind episodes (frlab.config.schema_eval.EpisodesEvalConfig):
@@ -127,9 +128,10 @@ class EpisodeEvaluation(PeriodicEvaluation):
         changed."""
         from omegaconf import OmegaConf
 
-        from frlab.config.instantiate import env_factory
-        from frlab.tracking.benchmarks import benchmark_specs
+        from frlab.evaluation.benchmarks import benchmark_specs
 
+        if env_factory is None:
+            raise ValueError("EpisodeEvaluation.from_config needs the run's env_factory")
         if OmegaConf.is_config(benchmarks):
             benchmarks = OmegaConf.to_container(benchmarks, resolve=True)  # type: ignore[assignment]
         factories = {

@@ -1,0 +1,40 @@
+"""Evaluation during training: avg@k on math benchmarks and on whole agent episodes.
+
+- `AvgAtKEvaluation` (frlab.evaluation.avg_at_k): single-turn replies graded 0/1, the
+  FlashREINFORCE paper's avg@k metric (`eval.kind: math`);
+- `EpisodeEvaluation` (frlab.evaluation.episodes): k episodes per task of a multi-turn
+  environment, e.g. ALFWorld's seen and unseen games (`eval.kind: episodes`);
+- `PeriodicEvaluation` (frlab.evaluation.periodic): their shared schedule and publishing;
+- `benchmark_specs` / `load_benchmark` (frlab.evaluation.benchmarks): `eval.benchmarks` as
+  named specs, and their problems.
+
+The callbacks need Lightning and are imported lazily; `benchmarks` is light (preflight and
+the dry-run plan use it).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from frlab.evaluation.benchmarks import benchmark_specs, load_benchmark
+
+_LAZY = {
+    "AvgAtKEvaluation": "frlab.evaluation.avg_at_k",
+    "EpisodeEvaluation": "frlab.evaluation.episodes",
+    "PeriodicEvaluation": "frlab.evaluation.periodic",
+}
+
+__all__ = [
+    "AvgAtKEvaluation",
+    "EpisodeEvaluation",
+    "PeriodicEvaluation",
+    "benchmark_specs",
+    "load_benchmark",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'frlab.evaluation' has no attribute {name!r}")
+    return getattr(importlib.import_module(_LAZY[name]), name)
