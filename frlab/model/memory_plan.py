@@ -149,10 +149,17 @@ def activation_bytes(config: Any, tokens: int, checkpointing: bool, act_bytes: i
     return kept + 2 * min(tokens, chunk) * int(text.vocab_size) * 4
 
 
+def kv_bytes_per_token(config: Any, dtype_bytes: int) -> int:
+    """Bytes of K and V cache per token of a transformers `config` (every layer, KV heads)."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    heads = int(text.num_attention_heads)
+    kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // heads)
+    return 2 * int(text.num_hidden_layers) * kv_heads * head_dim * int(dtype_bytes)
+
+
 def kv_cache_bytes(config: Any, sequences: int, length: int, dtype_bytes: int) -> int:
     """The KV cache of `sequences` sequences of `length` tokens (vLLM's CPU sizing per token)."""
-    from frlab.rollout.engines.vllm_args import kv_bytes_per_token
-
     return kv_bytes_per_token(config, dtype_bytes) * int(sequences) * int(length)
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from frlab.model.memory_plan import kv_bytes_per_token
 from frlab.rollout.engine import EngineError, SamplingParams
 from frlab.rollout.engines.vllm_releases import SUPPORTED
 from frlab.rollout.remote.worker_extension import WORKER_EXTENSION_CLS
@@ -166,15 +167,6 @@ def engine_visible_devices(index: int, options: Mapping[str, Any]) -> str | None
 
 
 # -- vLLM on a CPU ---------------------------------------------------------------------------
-def kv_bytes_per_token(config: Any, dtype_bytes: int) -> int:
-    """Bytes of K and V cache per token of a transformers `config` (every layer, KV heads)."""
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    heads = int(text.num_attention_heads)
-    kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
-    head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // heads)
-    return 2 * int(text.num_hidden_layers) * kv_heads * head_dim * int(dtype_bytes)
-
-
 def cpu_kv_cache_bytes(
     gib: float | None, config: Any, sequences: int, max_len: int, dtype_bytes: int = 4
 ) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from frlab.model.memory_plan import kv_bytes_per_token
 from frlab.model.policy import tiny_config
 from frlab.rollout.engine import EngineError
 from frlab.rollout.engines.vllm_args import (
@@ -15,7 +16,6 @@ from frlab.rollout.engines.vllm_args import (
     check_head_size,
     cpu_engine_options,
     cpu_kv_cache_bytes,
-    kv_bytes_per_token,
 )
 
 

@@ -1,0 +1,110 @@
+"""frlab's packages form layers: no import cycle between them, lazy imports included.
+
+Each subpackage of frlab (frlab.config, frlab.rollout, ...), each top-level module
+(frlab.train, frlab.wiring, ...) and each environment package (envs.math, envs.base, ...)
+is one node; `A -> B` when a module of A imports one of B anywhere (function-level imports
+count: they are dependencies all the same). The graph must have no cycle, so that every
+package can be read, tested and replaced on top of the ones below it.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("frlab", "envs")
+
+
+def node_of(module: str) -> str | None:
+    """The graph node holding `module`: `frlab.X` for a subpackage or top-level module."""
+    parts = module.split(".")
+    if parts[0] not in PACKAGES:
+        return None
+    return ".".join(parts[:2])
+
+
+def imported(path: Path, module: str) -> Iterator[str]:
+    """Every module `path` imports (absolute; `from P import m` yields `P.m` when m is one)."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: resolve against this module's package
+                package = module.split(".")[: -node.level]
+                base = ".".join([*package, *([base] if base else [])])
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                is_module = (ROOT / full.replace(".", "/")).is_dir() or (
+                    ROOT / (full.replace(".", "/") + ".py")
+                ).is_file()
+                yield full if is_module else base
+
+
+def package_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for top in PACKAGES:
+        for path in sorted((root / top).rglob("*.py")):
+            module = ".".join(path.relative_to(root).with_suffix("").parts)
+            module = module.removesuffix(".__init__")
+            source = node_of(module)
+            if source is None or source in PACKAGES:  # the package roots re-export only
+                continue
+            for name in imported(path, module):
+                target = node_of(name)
+                if target and target != source and target not in PACKAGES:
+                    graph.setdefault(source, set()).add(target)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one node (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycle_between_packages() -> None:
+    graph = package_graph()
+    assert "frlab.config" in graph and "frlab.evaluation" in graph  # the walk found the tree
+    assert cycles(graph) == [], {v: sorted(graph[v]) for c in cycles(graph) for v in c}
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_evaluation_and_tracking_sit_below_config() -> None:
+    """The configuration layer composes the run; the evaluation and run-file packages it wires
+    never import it back (evaluation gets the run's env factory passed in)."""
+    graph = package_graph()
+    assert "frlab.config" not in graph.get("frlab.evaluation", set())
+    assert "frlab.tracking" not in graph.get("frlab.config", set())
