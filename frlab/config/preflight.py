@@ -159,7 +159,7 @@ def _check_engine_node(rollout: Mapping[str, Any]) -> str:
     if not isinstance(node, Mapping) or "_target_" not in node:
         raise ConfigError(
             "rollout.engine",
-            f"must be an engine node (rollout/engine=torch|torch_process|vllm|remote), got {node!r}",
+            f"must be an engine node (rollout/engine={'|'.join(schema.ENGINES)}), got {node!r}",
         )
     name = engine_name(node)
     if name in schema.ENGINES:

@@ -10,7 +10,7 @@ only holds the values that differ from the defaults declared here. Preflight
 Nodes whose keys depend on the chosen class stay open mappings (`Any`): `env` (the
 environment's constructor arguments), `objective` (frlab.config.objective_check), `logger`,
 `callbacks`, `eval` (frlab.config.schema_eval) and the engine node `rollout.engine` (one of
-`ENGINES`, chosen with the config group `rollout/engine=torch|torch_process|vllm|remote`).
+`ENGINES`, whose names are the options of the config group `rollout/engine`).
 """
 
 from __future__ import annotations
@@ -196,9 +196,7 @@ class RolloutConfig:
 
     mode: str = spec("async", choices=("async", "sync"),
                      doc="async: first B finished form a batch; sync: collect, then train")  # fmt: skip
-    engine: Any = spec(
-        None, doc="the engine node: config group rollout/engine=torch|torch_process|vllm|remote"
-    )
+    engine: Any = spec(None, doc="the engine node: an option of the config group rollout/engine")
     max_in_flight: int = spec(32, low=1, doc="rollouts running at once")
     max_policy_lag: int = spec(4, low=0, doc="admission-control bound on policy lag")
     weight_update: str | None = spec(

@@ -16,7 +16,8 @@ Implementations (this module imports none of them): `torch` (frlab.rollout.engin
 CPU/CUDA, test default), `vllm` (frlab.rollout.engines.vllm, GPU only; vllm itself is imported
 lazily so `import frlab` never imports it) and `remote` (frlab.rollout.remote.engine: a fleet
 of vLLM / frlab.serve servers over HTTP). A run picks one with the config group
-`rollout/engine=torch|torch_process|vllm|remote`, whose node names the engine's `for_policy` constructor.
+`rollout/engine=NAME` (its options: frlab.config.schema.ENGINES), whose node names the engine's
+`for_policy` constructor.
 """
 
 from __future__ import annotations
@@ -176,6 +177,13 @@ class Engine(abc.ABC):
 
     serves_lora: bool = False  # samples from a LoRA policy and loads adapter-only pushes
     records_routing: bool = False  # returns each token's MoE experts (routing replay)
+    devices: tuple[str, ...] = ("cpu", "cuda")  # device types it samples on (rollout.device)
+
+    @classmethod
+    def check_learner(cls, accelerator: str) -> None:
+        """Raise ValueError when the engine cannot serve beside a learner on `accelerator`
+        (`trainer.accelerator`); every placement is fine unless the engine says otherwise."""
+        return None
 
     @classmethod
     def weight_updates(cls) -> tuple[str, ...]:

@@ -191,6 +191,23 @@ def test_the_process_engine_is_cpu_only_and_records_routing() -> None:
     assert plan.engine == "torch_process"
 
 
+def test_preflight_asks_the_engine_class_for_its_devices_and_routing(monkeypatch) -> None:
+    """Devices and routing replay are the engine class's own declarations, not names: an
+    engine that declared CUDA would be accepted there, one that stops recording routing is
+    refused, and the refusal lists the options whose classes do record it."""
+    from frlab.rollout.engines.torch import TorchEngine
+    from frlab.rollout.engines.torch_process import ProcessTorchEngine
+
+    monkeypatch.setattr(ProcessTorchEngine, "devices", ("cpu", "cuda"))
+    assert preflight(compose(["rollout/engine=torch_process", "rollout.device=cuda"]))
+    monkeypatch.setattr(TorchEngine, "devices", ("cuda",))
+    fails(["rollout.device=cpu"], "rollout.device", "TorchEngine", "CUDA only")
+    monkeypatch.setattr(ProcessTorchEngine, "records_routing", False)
+    err = fails(["model.routing_replay=true", "rollout/engine=torch_process"],
+                "model.routing_replay", "rollout/engine=torch)")  # fmt: skip
+    assert "torch_process" not in str(err).split("(", 1)[1].split(")")[0]
+
+
 def test_missing_values() -> None:
     fails(["model=hf"], "model.name_or_path", "???")
     fails(["model.config=null"], "model.name_or_path", "model.config")

@@ -120,3 +120,12 @@ def test_schema_md_is_generated_from_the_declarations() -> None:
                 "`eval.benchmarks.NAME.options`", "`trainer.max_time`", "`user_modules`",
                 "`rollout/engine`"):  # fmt: skip
         assert key in text, key
+
+
+def test_every_engine_option_has_its_declaration() -> None:
+    """The rollout/engine group's options and frlab.config.schema.ENGINES name the same
+    engines: the group is the list, the declaration holds each node's keys."""
+    from frlab.config.compose import group_options
+    from frlab.config.schema import ENGINES
+
+    assert sorted(ENGINES) == group_options("rollout/engine")

@@ -144,6 +144,7 @@ class ProcessTorchEngine(Engine):
         self._exit_reason = ""
 
     serves_lora = True  # its copy of the policy is the learner's PeftModel
+    devices = ("cpu",)  # the child decodes over shared-memory CPU weights
     records_routing = True  # the child's TorchEngine records, the routing comes back with it
 
     @classmethod

