@@ -1,11 +1,31 @@
-"""One rank's learner batch as micro-batches, and what one micro-batch's forward runs under.
+"""Micro-batching: which trajectories of a learner batch share one forward/backward, and what
+one micro-batch's forward runs under.
 
-`split_batch` plans the micro-batches (frlab.data.packing: row and token caps, packed or
-padded cost) and cuts the rows out, each trimmed to its own longest row. `forward_context`
-holds, for the forward AND the backward of one micro-batch (activation checkpointing recomputes
-the forward inside the backward): MoE routing replay of the recorded experts (packed into the
-same single row as the tokens when packing), and per-trajectory attention for packed rows
-(frlab.model.packed_attention).
+Learner batches are ragged (long chain-of-thought lengths vary tenfold within a batch), so
+fixed-row micro-batches padded to their longest row spend most of their compute on padding.
+`plan_micro_batches` groups rows under two caps: at most `max_rows` rows, and, when
+`max_tokens` is set, at most `max_tokens` tokens, counted as the model will compute them:
+
+- packed (`packed=True`): the rows are concatenated into one padding-free row, so a micro-batch
+  costs the sum of its lengths;
+- padded: the rows are right-padded to the longest one, so it costs rows x longest.
+
+With a token budget, rows are placed longest first into the first micro-batch that still fits
+(first-fit decreasing), which also keeps similar lengths together when padded. A row longer than
+the budget gets a micro-batch of its own (a trajectory is never split). Without a budget, rows
+are cut into consecutive chunks of `max_rows` in batch order.
+
+The plan never changes the update: the objective normalises by global counts, so micro-batch
+losses and gradients sum to the full-batch ones whatever the grouping. `min_count` lets
+data-parallel ranks agree on one number of micro-batches (FSDP2 gathers parameters in every
+micro-batch's forward, so all ranks must run the same number): micro-batches with the most
+rows are halved until there are `min_count` of them.
+
+`split_batch` plans the micro-batches (`plan_micro_batches`) and cuts the rows out, each
+trimmed to its own longest row. `forward_context` holds, for the forward AND the backward of
+one micro-batch (activation checkpointing recomputes the forward inside the backward): MoE
+routing replay of the recorded experts (packed into the same single row as the tokens when
+packing), and per-trajectory attention for packed rows (frlab.model.packed_attention).
 
 `contributes` says which rows can move the policy: a row whose advantage is 0, or none of
 whose tokens survive the trust region and the token filter, has a loss term that is exactly 0
@@ -16,22 +36,107 @@ weights of gated-out tokens are 0).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 
 import torch
 from torch import Tensor, nn
 
 from frlab.data.batch import RolloutBatch
-from frlab.data.packing import plan_micro_batches
 from frlab.learner.settings import MicroBatching
 from frlab.model.packed_attention import packed_attention
 from frlab.model.routing_replay import replay_routing
 
 
+# -- planning: which rows share one forward/backward ------------------------------------------
+def micro_batch_cost(lengths: Sequence[int], *, packed: bool) -> int:
+    """Tokens the model computes for rows of these lengths: their sum packed, else rows x max."""
+    if not lengths:
+        return 0
+    return sum(lengths) if packed else len(lengths) * max(lengths)
+
+
+def _check_positive(name: str, value: int | None, *, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+def plan_micro_batches(
+    lengths: Sequence[int],
+    *,
+    max_rows: int,
+    max_tokens: int | None = None,
+    packed: bool = True,
+    min_count: int = 1,
+) -> list[list[int]]:
+    """Row indices of each micro-batch (ascending within one); every row appears exactly once.
+
+    lengths: real (unpadded) length of each row. See the module docstring for the rules.
+    """
+    _check_positive("max_rows (data.micro_batch_size)", max_rows)
+    _check_positive("max_tokens (data.max_tokens_per_micro_batch)", max_tokens, optional=True)
+    _check_positive("min_count", min_count)
+    if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in lengths):
+        raise ValueError(f"row lengths must be positive ints, got {list(lengths)!r}")
+    if min_count > len(lengths):
+        raise ValueError(f"cannot make {min_count} micro-batches from {len(lengths)} rows")
+    if max_tokens is None:
+        plan = [
+            list(range(i, min(i + max_rows, len(lengths))))
+            for i in range(0, len(lengths), max_rows)
+        ]
+    else:
+        plan = _first_fit_decreasing(lengths, max_rows, max_tokens, packed)
+    while len(plan) < min_count:
+        plan = _split_largest(plan, lengths, packed)
+    return [sorted(rows) for rows in plan]
+
+
+def _first_fit_decreasing(
+    lengths: Sequence[int], max_rows: int, max_tokens: int, packed: bool
+) -> list[list[int]]:
+    """Longest rows first, each into the first micro-batch where it still fits both caps."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    plan: list[list[int]] = []
+    sums: list[int] = []
+    for i in order:
+        n = lengths[i]
+        for k, rows in enumerate(plan):
+            # Rows arrive longest first, so a padded micro-batch's width is its first row's.
+            cost = sums[k] + n if packed else (len(rows) + 1) * lengths[rows[0]]
+            if len(rows) < max_rows and cost <= max_tokens:
+                rows.append(i)
+                sums[k] += n
+                break
+        else:
+            plan.append([i])
+            sums.append(n)
+    return plan
+
+
+def _split_largest(plan: list[list[int]], lengths: Sequence[int], packed: bool) -> list[list[int]]:
+    """Halve the micro-batch with the most rows (ties: the costliest, then the first)."""
+    candidates = [k for k, rows in enumerate(plan) if len(rows) > 1]
+    k = max(
+        candidates,
+        key=lambda j: (
+            len(plan[j]),
+            micro_batch_cost([lengths[i] for i in plan[j]], packed=packed),
+            -j,
+        ),
+    )
+    rows = sorted(plan[k], key=lambda i: (-lengths[i], i))
+    # Alternate rows by length so both halves cost about the same.
+    first, second = rows[0::2], rows[1::2]
+    return [*plan[:k], first, second, *plan[k + 1 :]]
+
+
+# -- one rank's batch as micro-batches -------------------------------------------------------
 def micro_batch_plan(
     batch: RolloutBatch, how: MicroBatching, min_count: int = 1
 ) -> list[list[int]]:
-    """Row indices of each micro-batch of `batch` (see frlab.data.packing)."""
+    """Row indices of each micro-batch of `batch` (see `plan_micro_batches`)."""
     lengths = [int(n) for n in batch.attention_mask.sum(dim=1).tolist()]
     return plan_micro_batches(
         lengths,

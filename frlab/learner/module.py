@@ -12,7 +12,7 @@ all-gathered across ranks) and each rank takes its own rows. DDP averages gradie
 ranks, so each rank back-propagates `W * loss`; the averaged gradient is then exactly the
 full-batch gradient. Gradient sync is blocked on all but the last micro-batch.
 
-Micro-batches (frlab.learner.micro_batches, frlab.data.packing): at most
+Micro-batches (frlab.learner.micro_batches): at most
 `data.micro_batch_size` rows and, when set, `data.max_tokens_per_micro_batch` tokens each;
 with `data.pack_sequences` each runs as one padding-free row whose trajectories never attend
 to each other (frlab.model.packed_attention). With a token budget, data-parallel ranks first

@@ -62,7 +62,7 @@ def flag(name: str, value: Any) -> bool:
 
 @dataclass(frozen=True)
 class MicroBatching:
-    """How one rank's rows are split into micro-batches (frlab.data.packing).
+    """How one rank's rows are split into micro-batches (frlab.learner.micro_batches).
 
     max_rows: `data.micro_batch_size`; max_tokens: `data.max_tokens_per_micro_batch` (None: no
     token cap); pack: `data.pack_sequences` (each micro-batch runs as one padding-free row).

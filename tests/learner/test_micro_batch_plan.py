@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from frlab.data.packing import micro_batch_cost, plan_micro_batches
+from frlab.learner.micro_batches import micro_batch_cost, plan_micro_batches
 
 
 def _covers_each_row_once(plan: list[list[int]], n: int) -> bool:
