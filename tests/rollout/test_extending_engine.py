@@ -1,4 +1,4 @@
-"""The README's engine recipe works as written: its example engine, in a package of its own
+"""The extending guide's engine recipe (docs/extending.md) works as written: its example engine, in a package of its own
 named in `user_modules`, trains the CPU default for a few updates through `python -m frlab`
 with behaviour log-probs equal to the learner's, and preflight asks the class for its modes."""
 
@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+GUIDE = REPO / "docs" / "extending.md"  # holds the marked example
 BEGIN, END = "<!-- engine-example:begin", "<!-- engine-example:end -->"
 OPTION = "_target_: mypkg.engine.NaiveEngine.for_policy\n_partial_: true\n"
 
 
 def example() -> str:
-    text = (REPO / "README.md").read_text()
+    text = GUIDE.read_text()
     block = text[text.index(BEGIN) : text.index(END)]
     return block.split("```python\n", 1)[1].rsplit("```", 1)[0]
 

@@ -1,7 +1,7 @@
 """The exact `vllm serve` commands frlab documents, parsed by vLLM's own argument parser (the
 `serve` subcommand's, vllm/entrypoints/cli/serve.py + vllm/entrypoints/launchers/cli_args.py),
 and the engine arguments vLLM builds from them: the launch recipes (scripts/launch, printed
-with PRINT_ONLY=1) and every `vllm serve` command in the training guide."""
+with PRINT_ONLY=1) and every `vllm serve` command of the engines guide (docs/engines.md)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ pytestmark = pytest.mark.vllm_contract
 
 REPO = Path(__file__).resolve().parents[2]
 EXTENSION = "frlab.rollout.remote.worker_extension.WeightUpdateExtension"
+GUIDE = REPO / "docs" / "engines.md"  # the documented `vllm serve` commands
 
 
 def serve_parser():  # noqa: ANN201
@@ -42,7 +43,7 @@ def recipe_servers() -> list[list[str]]:
 
 
 def guide_servers() -> list[list[str]]:
-    text = (REPO / "experiments/README.md").read_text()
+    text = GUIDE.read_text()
     joined = re.sub(r"\\\n\s*", " ", text)  # shell line continuations
     lines = [x.strip() for x in joined.splitlines() if "vllm serve " in x and "`" not in x]
     return [vllm_argv(shlex.split(x)) for x in lines]

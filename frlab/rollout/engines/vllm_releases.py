@@ -1,5 +1,6 @@
-"""The vLLM releases frlab supports, in one place: error messages, scripts and the README's
-compatibility table read `SUPPORTED` (tests keep pyproject.toml's `vllm` extra equal to it).
+"""The vLLM releases frlab supports, in one place: error messages, scripts and the
+compatibility table of docs/engines.md read `SUPPORTED` (tests keep pyproject.toml's `vllm`
+extra equal to it).
 
 Adapters never compare version strings: they choose behaviour by what the installed vLLM
 offers (a field of `AsyncEngineArgs`, a method of its `WeightSource`), so a release inside the

