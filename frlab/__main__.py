@@ -10,7 +10,7 @@ exits with code 2; a failure exits 1 (disk full: one line naming the folder), 75
 rollout engine went down for good (a dead engine process, a fleet down past
 `rollout.remote.fleet_down_timeout_s`: the last step is checkpointed, resume with
 `ckpt_path=last` once it is back), and 130 / 143 when SIGINT / SIGTERM stopped the run
-(frlab.run_guard). With no arguments the embedded CPU default experiment `toy_cpu` runs.
+(frlab.run.guard). With no arguments the embedded CPU default experiment `toy_cpu` runs.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from frlab.config.compose import setup_hydra
 from frlab.config.declare import check_bool_overrides
 from frlab.config.errors import ConfigError
-from frlab.config.hydra_errors import legacy_overrides, report_config_errors
+from frlab.config.hydra_errors import call_hydra_main, legacy_overrides
 from frlab.config.schema import FrlabConfig
 
 setup_hydra()
@@ -68,13 +68,13 @@ def _hydra_main(cfg: DictConfig) -> dict[str, Any]:
         print(f"frlab: error: {exc}", file=sys.stderr, flush=True)
         sys.exit(1)
     except EngineDown as exc:  # 75 = EX_TEMPFAIL: the run may resume once the engine is back
-        from frlab.run_guard import exit_now
+        from frlab.run.guard import exit_now
 
         print(f"frlab: error: {exc}; the last step is checkpointed: resume with ckpt_path=last "
               "once the engine is back", file=sys.stderr, flush=True)  # fmt: skip
         exit_now(ENGINE_DOWN_EXIT)
     except RunInterrupted as exc:  # SIGINT -> 130, SIGTERM -> 143 (what schedulers expect)
-        from frlab.run_guard import exit_now
+        from frlab.run.guard import exit_now
 
         print(f"frlab: {exc}", file=sys.stderr, flush=True)
         exit_now(exc.exit_code)
@@ -89,8 +89,7 @@ def main() -> None:
     except ConfigError as exc:
         print(f"frlab: config error: {exc}", file=sys.stderr, flush=True)
         sys.exit(2)
-    report_config_errors()
-    _hydra_main()
+    call_hydra_main(_hydra_main)
 
 
 if __name__ == "__main__":

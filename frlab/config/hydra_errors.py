@@ -3,15 +3,19 @@
 With structured configs (frlab.config.schema) Hydra itself refuses an unknown key, a value of
 the wrong type or an unknown group option while it composes, and `@hydra.main` would print
 its own message and exit 1. `explain` turns those exceptions into a `ConfigError`;
-`report_config_errors` makes `python -m frlab` print it as `frlab: config error: ...` and
-exit 2, for single runs and every job of a sweep; `frlab.config.compose.compose` raises it.
+`call_hydra_main` runs `python -m frlab`'s `@hydra.main` function with Hydra re-raising
+instead of printing (HYDRA_FULL_ERROR=1) and prints such an error as `frlab: config error:
+...` with exit code 2, for single runs and every job of a `-m` sweep;
+`frlab.config.compose.compose` raises it. Nothing of Hydra is patched.
 
-`legacy_overrides` keeps an old command-line spelling working: `rollout.engine=NAME` (a plain
-string key before the engine became a config group) means `rollout/engine=NAME`.
+`legacy_overrides` keeps old command-line spellings working: `rollout.engine=NAME` (a plain
+string key before the engine became a config group) means `rollout/engine=NAME`, and
+`+trainer.KEY=V` / `eval.benchmarks=[...]` are rewritten as Hydra needs them.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from collections.abc import Callable, Sequence
@@ -198,66 +202,34 @@ def _node_kind(parent: Any, key: str) -> str:
     return NODE_KINDS.get(type(node).__name__, "value")
 
 
-def report_config_errors() -> None:
-    """Make `@hydra.main` report composition errors as frlab config errors (exit code 2).
+def call_hydra_main(hydra_main: Callable[[], Any]) -> None:
+    """Call a `@hydra.main` function; a config error is printed as `frlab: config error: ...`
+    and exits 2.
 
-    Hydra (hydra-core 1.3) first composes the config once to read `hydra.mode`
-    (`Hydra.get_mode`, which hides any error), then composes it again inside
-    `hydra._internal.utils.run_and_report`, which prints any exception and exits 1. frlab
-    wraps both so that a composition error reaches `explain` at the first composition and is
-    reported once, with exit code 2. Other exceptions keep Hydra's own report.
+    Hydra (hydra-core 1.3) reports an exception raised while it composes the config or runs a
+    job by printing it and exiting 1, unless the environment variable HYDRA_FULL_ERROR=1 asks
+    it to re-raise the exception as it is. frlab sets that variable, so every composition
+    error (single runs and each job of a `-m` sweep) reaches `explain` here. Other exceptions
+    exit 1: with a full traceback, or, for Hydra's own short errors (a missing primary config
+    or `--config-dir`), Hydra's one message unless HYDRA_FULL_ERROR=1 was set by the user.
     """
-    import hydra._internal.utils as hydra_utils
-    from hydra._internal.hydra import Hydra
+    from hydra.errors import CompactHydraException
+    from omegaconf.errors import OmegaConfBaseException
 
-    original = hydra_utils.run_and_report
-    if getattr(original, "frlab_wrapped", False):
-        return
-
-    def run_and_report(func: Callable[[], Any]) -> Any:
-        return original(lambda: exit_2_on_config_error(func))
-
-    get_mode = Hydra.get_mode
-
-    def get_mode_or_report(self: Any, config_name: Any, overrides: Any) -> Any:
-        from hydra.types import RunMode
-
-        def compose() -> Any:
-            return self.compose_config(
-                config_name=config_name, overrides=overrides, with_log_configuration=False,
-                run_mode=RunMode.MULTIRUN, validate_sweep_overrides=False,
-            )  # fmt: skip
-
-        try:
-            cfg = exit_2_on_config_error(compose)
-        except Exception:  # what Hydra's get_mode does with any other error
-            return None
-        if cfg.hydra.mode is None and not {"-m", "--multirun"} & set(sys.argv):
-            early_machine_check(cfg)  # a single run: this is its config
-        return cfg.hydra.mode
-
-    run_and_report.frlab_wrapped = True  # type: ignore[attr-defined]
-    hydra_utils.run_and_report = run_and_report
-    if get_mode.__qualname__ == "Hydra.get_mode":
-        Hydra.get_mode = get_mode_or_report  # type: ignore[method-assign]
-
-
-def early_machine_check(cfg: Any) -> None:
-    """frlab.config.resources.check_machine on a single run's config, at its first
-    composition (a GPU preset on a CPU machine stops before Hydra composes again)."""
-    from frlab.config.resources import check_machine
-
-    if cfg.get("dry_run") is False:
-        exit_2_on_config_error(lambda: check_machine(cfg))
-
-
-def exit_2_on_config_error(func: Callable[[], Any]) -> Any:
-    """Run `func`; a config error is printed as `frlab: config error: ...` and exits 2."""
+    full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"
+    os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
-        return func()
+        hydra_main()
     except Exception as exc:
         err = explain(exc)
-        if err is None:
+        if err is not None:
+            print(f"frlab: config error: {err}", file=sys.stderr, flush=True)
+            sys.exit(2)
+        if full_error or not isinstance(exc, CompactHydraException):
             raise
-        print(f"frlab: config error: {err}", file=sys.stderr, flush=True)
-        sys.exit(2)
+        print(exc, file=sys.stderr, flush=True)
+        if isinstance(exc.__cause__, OmegaConfBaseException):
+            print(exc.__cause__, file=sys.stderr, flush=True)
+        print("\nSet the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.",
+              file=sys.stderr, flush=True)  # fmt: skip
+        sys.exit(1)
