@@ -1,16 +1,13 @@
-"""Compose frlab configs outside `python -m frlab` (tests, notebooks, scripts) and expand sweeps.
+"""Compose frlab configs outside `python -m frlab` (tests, notebooks, scripts).
 
 `compose(overrides)` gives exactly the config `python -m frlab <overrides>` would run with
 (same search path, structured configs, resolvers and legacy spellings), including the `hydra`
 node; a composition error is raised as the `ConfigError` the command line would print.
-`sweep_jobs(cfg)` expands a sweep preset's `hydra.sweeper.params` into the per-job override
-lists that Hydra's basic sweeper launches (the cartesian product, in order).
 `group_options(group)` lists the option files of a config group.
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -57,23 +54,6 @@ def compose(
             if err is None:
                 raise
             raise err from exc
-
-
-def sweep_jobs(cfg: DictConfig, base: Sequence[str] = ()) -> list[list[str]]:
-    """Per-job override lists of the multirun described by `cfg.hydra.sweeper.params`."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    params = cfg.hydra.sweeper.get("params") or {}
-    texts = [f"{key}={value}" for key, value in params.items()]
-    parsed = OverridesParser.create().parse_overrides(overrides=[*base, *texts])
-    axes: list[list[str]] = []
-    for override in parsed:
-        key = override.get_key_element()
-        if override.is_sweep_override():
-            axes.append([f"{key}={v}" for v in override.sweep_string_iterator()])
-        else:
-            axes.append([f"{key}={override.get_value_element_as_str()}"])
-    return [list(job) for job in itertools.product(*axes)]
 
 
 def group_dir(group: str) -> Path | None:

@@ -9,8 +9,10 @@ labs-molt `molt/trainer/rl_trainer.py`) takes the first `data.max_samples` promp
 `len(prompts) // rollout.batch_size * train.num_episodes` updates, which is what the lr
 schedule spans. The paper's measured policy lags (about 4 for r1, about 8 for the Qwen3 run)
 come from the FlashREINFORCE paper. Each test composes a preset (Hydra compose and the dry-run
-plan; no model or data is loaded) and compares it with the table. The frlab choices that
-differ (where a run stops, the lag bound) are checked against the rule each preset states.
+plan; no model or data is loaded) and compares it with the table; the sweep arms are the jobs
+of `python -m frlab -m sweep=NAME dry_run=true`, as Hydra's sweeper runs them (sweep_testlib).
+The frlab choices that differ (where a run stops, the lag bound) are checked against the rule
+each preset states.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from typing import Any
 
 import pytest
 from omegaconf import OmegaConf
+from sweep_testlib import sweep_jobs
 
-from frlab.config.compose import compose, sweep_jobs
+from frlab.config.compose import compose
 from frlab.config.preflight import preflight
 
 COMMON: dict[str, Any] = {
@@ -187,30 +190,29 @@ def test_evaluation_sets_and_kinds(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 # Reference variants -> frlab sweep arms (ablation=NAME), and what each must set.
-def _arms(sweep: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, tuple[Any, Any]]:
-    monkeypatch.setenv("FRLAB_DATA_DIR", "/data")
-    monkeypatch.setenv("ALFWORLD_DATA", "/alfworld")
+def _arms(sweep: str) -> dict[str, tuple[Any, Any]]:
+    """Each job of the sweep as Hydra's sweeper runs it (FRLAB_DATA_DIR=/data,
+    ALFWORLD_DATA=/alfworld): its arm -> (resolved config, plan)."""
     out = {}
-    for job in sweep_jobs(compose([f"sweep={sweep}"]), [f"sweep={sweep}"]):
-        arm = next(o.split("=", 1)[1] for o in job if o.startswith("ablation="))
-        cfg = compose(job)
-        out[arm] = (cfg, preflight(cfg))
+    for job in sweep_jobs(sweep):
+        arm = next(o.split("=", 1)[1] for o in job.overrides if o.startswith("ablation="))
+        out[arm] = (job.cfg, job.plan)
     return out
 
 
-def test_r1_and_qwen3_variants(monkeypatch: pytest.MonkeyPatch) -> None:
-    r1 = _arms("r1_ablations", monkeypatch)
+def test_r1_and_qwen3_variants() -> None:
+    r1 = _arms("r1_ablations")
     assert set(r1) == {"base", "delta_5e-3", "no_trust"}  # gate_5e3, no_trust
     assert r1["delta_5e-3"][1].delta == pytest.approx(5e-3) and math.isinf(r1["no_trust"][1].delta)
-    qwen3 = _arms("qwen3_tool_ablations", monkeypatch)
+    qwen3 = _arms("qwen3_tool_ablations")
     assert math.isinf(qwen3["no_trust"][1].delta)
     no_is = qwen3["no_is"]
     assert no_is[1].components["trust_region"] == "no_is"
     assert no_is[0].objective.sequence_bernoulli_kl.delta == pytest.approx(1e-3)
 
 
-def test_qwen_math_variants(monkeypatch: pytest.MonkeyPatch) -> None:
-    arms = _arms("qwen_math_ablations", monkeypatch)
+def test_qwen_math_variants() -> None:
+    arms = _arms("qwen_math_ablations")
     # gate_1e3, negative_q09, negative_q02, five_benchmark_eval16
     assert {a: (p.delta, p.q) for a, (_, p) in arms.items()} == {
         "delta_1e-3": (pytest.approx(1e-3), 1.0), "q0p9_delta_1e-3": (pytest.approx(1e-3), 0.9),
@@ -222,14 +224,14 @@ def test_qwen_math_variants(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (ev["k"], ev["sampling"]["temperature"], ev["sampling"]["top_p"]) == (16, 0.7, 0.7)
 
 
-def test_tool_and_alfworld_variants(monkeypatch: pytest.MonkeyPatch) -> None:
-    tool = _arms("qwen7b_tool_ablations", monkeypatch)
+def test_tool_and_alfworld_variants() -> None:
+    tool = _arms("qwen7b_tool_ablations")
     assert [tool[a][1].q for a in ("q0p9", "q0p2", "q0p0")] == [0.9, 0.2, 0.0]
     assert tool["token_mean"][1].components["aggregation"] == "token_mean"
     const = tool["constant_length"][1]
     assert const.components["aggregation"] == "constant_length"
     assert const.component_params["constant_length"] == {"length": 6144}
-    alf = _arms("alfworld_ablations", monkeypatch)
+    alf = _arms("alfworld_ablations")
     assert alf["q0p2"][1].q == 0.2 and alf["no_is"][1].components["trust_region"] == "no_is"
 
 
@@ -245,12 +247,11 @@ def test_grpo_arms_are_the_papers_grpo(
     prompts: int,
     samples: int,
     episodes: int,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """PPO clip 0.2 / 0.2, token-mean reduction, no std whitening, G samples of B / G prompts
     (the same B), the same one-pass asynchronous pipeline; the lr schedule spans the reference
     GRPO arm's own update count."""
-    _, grpo = _arms(sweep, monkeypatch)[arm]
+    _, grpo = _arms(sweep)[arm]
     ref = REFERENCE[setting]
     assert dict(grpo.components) == {
         "baseline": "group_mean",

@@ -4,8 +4,9 @@ tests/config/test_paper_reference.py)."""
 from __future__ import annotations
 
 import pytest
+from sweep_testlib import sweep_jobs
 
-from frlab.config.compose import compose, group_options, sweep_jobs
+from frlab.config.compose import compose, group_options
 from frlab.config.preflight import preflight
 
 EXPERIMENTS = group_options("experiment")
@@ -76,15 +77,16 @@ PAPER = ("alfworld_qwen7b", "python_tool_qwen3_30b_a3b", "python_tool_qwen7b", "
 def test_every_sweep_job_composes_and_passes_preflight(name: str) -> None:
     cfg = compose([f"sweep={name}"])
     assert str(cfg.hydra.mode) == "RunMode.MULTIRUN"
-    jobs = sweep_jobs(cfg, [f"sweep={name}"])
+    jobs = sweep_jobs(name)  # each composed by Hydra's sweeper and preflighted by `task`
     assert len(jobs) >= 2
-    plans = [preflight(compose(job)) for job in jobs]
-    assert len({repr(p.to_dict()) for p in plans}) == len(plans), "two sweep arms are identical"
+    plans = [job.plan.to_dict() for job in jobs]
+    for plan in plans:
+        del plan["output_dir"]  # each job's own folder
+    assert len({repr(p) for p in plans}) == len(plans), "two sweep arms are identical"
 
 
 def test_toy_sweep_runs_on_cpu() -> None:
-    cfg = compose(["sweep=toy_trust_regions"])
-    plans = [preflight(compose(j)) for j in sweep_jobs(cfg, ["sweep=toy_trust_regions"])]
+    plans = [job.plan for job in sweep_jobs("toy_trust_regions")]
     assert {p.components["trust_region"] for p in plans} == {
         "sequence_bernoulli_kl",
         "none",
