@@ -1,4 +1,4 @@
-"""`python -m frlab`: dry run, multirun folder naming, typo messages, no heavy imports."""
+"""`python -m frlab`: dry run, multirun folder naming, typo messages and exit codes, no heavy imports."""
 
 from __future__ import annotations
 
@@ -45,7 +45,8 @@ def test_dry_run_task_loads_no_model_and_no_transformers(tmp_path: Path) -> None
         "from frlab.config.compose import compose\n"
         "plan = task(compose(['experiment=r1_distill_1p5b', 'dry_run=true']))\n"
         "assert plan['model'] == 'deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B', plan\n"
-        "heavy = [m for m in ('transformers', 'lightning', 'vllm', 'envs.math') if m in sys.modules]\n"
+        "heavy = [m for m in ('transformers', 'lightning', 'vllm', 'envs.math.env',\n"
+        "                      'envs.math.datasets') if m in sys.modules]\n"
         "print('HEAVY', heavy)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=ENV, capture_output=True,
@@ -98,6 +99,21 @@ def test_config_errors_exit_2_with_the_key(tmp_path: Path, args: list[str], frag
     out = frlab(*args, "dry_run=true", cwd=tmp_path)
     assert out.returncode == 2, (out.stdout, out.stderr)
     assert "frlab: config error:" in out.stderr and fragment in out.stderr, out.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--config-dir=/nonexistent"], "Additional config directory '/nonexistent' not found"),
+        (["seed=${oc.env:FRLAB_NO_SUCH_VARIABLE}"], "Traceback (most recent call last)"),
+    ],
+)
+def test_other_errors_exit_1(tmp_path: Path, args: list[str], fragment: str) -> None:
+    """Hydra's own short errors keep its message; any other exception its traceback."""
+    out = frlab(*args, "dry_run=true", cwd=tmp_path)
+    assert out.returncode == 1, (out.stdout, out.stderr)
+    assert fragment in out.stderr and "frlab: config error" not in out.stderr, out.stderr
 
 
 @pytest.mark.slow

@@ -216,7 +216,7 @@ def call_hydra_main(hydra_main: Callable[[], Any]) -> None:
     from hydra.errors import CompactHydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"
+    user_setting = os.environ.get("HYDRA_FULL_ERROR")
     os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
         hydra_main()
@@ -225,7 +225,7 @@ def call_hydra_main(hydra_main: Callable[[], Any]) -> None:
         if err is not None:
             print(f"frlab: config error: {err}", file=sys.stderr, flush=True)
             sys.exit(2)
-        if full_error or not isinstance(exc, CompactHydraException):
+        if user_setting == "1" or not isinstance(exc, CompactHydraException):
             raise
         print(exc, file=sys.stderr, flush=True)
         if isinstance(exc.__cause__, OmegaConfBaseException):
@@ -233,3 +233,8 @@ def call_hydra_main(hydra_main: Callable[[], Any]) -> None:
         print("\nSet the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.",
               file=sys.stderr, flush=True)  # fmt: skip
         sys.exit(1)
+    finally:  # the user's setting again, for whatever runs after (a test's next call)
+        if user_setting is None:
+            os.environ.pop("HYDRA_FULL_ERROR", None)
+        else:
+            os.environ["HYDRA_FULL_ERROR"] = user_setting

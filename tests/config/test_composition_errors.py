@@ -121,3 +121,52 @@ def test_a_bool_key_accepts_only_booleans() -> None:
             compose([f"data.pack_sequences={bad}"])
     assert compose(["data.pack_sequences=false"]).data.pack_sequences is False
     assert compose(["model.lora.rank=4"]).model.lora.rank == 4  # not a bool key: untouched
+
+
+def test_call_hydra_main_reports_config_errors_and_keeps_other_errors(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Hydra re-raises (HYDRA_FULL_ERROR=1, whatever the user set); a config error exits 2,
+    Hydra's own short errors keep its message and exit 1, anything else is re-raised."""
+    import os
+
+    from hydra.errors import SearchPathException
+
+    from frlab.config.hydra_errors import call_hydra_main
+
+    def fails(exc: Exception):  # noqa: ANN202
+        def hydra_main() -> None:
+            assert os.environ["HYDRA_FULL_ERROR"] == "1"
+            raise exc
+
+        return hydra_main
+
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "0")
+    with pytest.raises(SystemExit) as info:
+        call_hydra_main(fails(ConfigError("seed", "must be an int")))
+    assert info.value.code == 2
+    assert capsys.readouterr().err == "frlab: config error: config key `seed`: must be an int\n"
+    with pytest.raises(SystemExit) as info:
+        call_hydra_main(fails(SearchPathException("Additional config directory '/x' not found")))
+    assert info.value.code == 1
+    err = capsys.readouterr().err
+    assert err.startswith("Additional config directory '/x' not found\n") and "HYDRA_FULL" in err
+    with pytest.raises(RuntimeError, match="boom"):
+        call_hydra_main(fails(RuntimeError("boom")))
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "1")  # the user asked for Hydra's full report
+    with pytest.raises(SearchPathException):
+        call_hydra_main(fails(SearchPathException("Additional config directory '/x' not found")))
+
+
+def test_frlab_imports_no_hydra_internals() -> None:
+    """Errors are reported through Hydra's documented behaviour (call_hydra_main), with no
+    function of Hydra's replaced: nothing in frlab reaches into `hydra._internal`."""
+    from pathlib import Path
+
+    import frlab
+
+    root = Path(frlab.__file__).parent
+    used = [
+        str(p.relative_to(root)) for p in root.rglob("*.py") if "hydra._internal" in p.read_text()
+    ]
+    assert used == []
