@@ -1,4 +1,4 @@
-"""`python -m frlab`: dry run, multirun folder names, typo messages, exit codes, no heavy imports."""
+"""`python -m frlab`: dry run, multirun folders, typo messages, exit codes, no heavy imports."""
 
 from __future__ import annotations
 
