@@ -8,8 +8,8 @@ one-digit sums in the real chat template with SmolLM2's default system prompt, g
 Learning, beyond noise: the mean batch reward of the last 10 updates exceeds that of the
 first 10 by more than 3 standard errors of the difference (each window's standard error from
 its 10 batch means). With B 32 the batch-mean noise is about 0.09; the full preset went from
-about 0.3 to above 0.9 (README), so 20 updates leave a wide margin while keeping the test
-to a few minutes. The evaluation rows (step 0 and the last step) and the samples show the
+about 0.3 to above 0.9 (experiments/2026-11-30_smollm2_arith), so 20 updates leave a wide
+margin while keeping the test to a few minutes. The evaluation rows (step 0 and the last step) and the samples show the
 held-out design: no prompt of the run is a held-out question.
 """
 
