@@ -214,7 +214,7 @@ def alone(cfg, args: argparse.Namespace) -> tuple[list[float], list[float], list
     update of the learner alone."""
     from frlab.model.toy_tokenizer import build_toy_tokenizer
     from frlab.train import build_policy_from, plain, pool_factory
-    from frlab.wiring import arguments
+    from frlab.build import arguments
 
     model, data = plain(cfg.model), plain(cfg.data)
     policy = build_policy_from(model, int(cfg.seed))

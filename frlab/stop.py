@@ -1,6 +1,6 @@
 """A stop request from SIGINT/SIGTERM, readable by any layer (stdlib only).
 
-The signal handlers of `frlab.run_guard` only record the request here; code that waits (the
+The signal handlers of `frlab.run.guard` only record the request here; code that waits (the
 training data stream waiting for the next rollout batch) polls `raise_if_stop_requested`
 between short waits, so the run stops at a safe point: between two learner steps, where a
 final checkpoint is consistent.

@@ -7,7 +7,7 @@ of the weights and one environment per episode), the callbacks (weight sync ever
 `rollout.sync_every` steps, evaluation, run files, progress bar, atomic checkpoints), the
 logger and the Trainer; then `fit` (resuming from `ckpt_path`) and the summary (also in
 `summary.json`), with plots in the run folder. Each object with a `_target_` is built by
-`frlab.config.instantiate.instantiate` (frlab.wiring).
+`frlab.config.instantiate.instantiate` (frlab.build).
 """
 
 from __future__ import annotations
@@ -16,25 +16,24 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from frlab.config.instantiate import env_factory, instantiate
-from frlab.config.plan import Plan
-from frlab.wiring import (
+from frlab.build import (
     arguments,
     build_callbacks,
     build_evaluation,
     build_policy_from,
     build_tokenizer,
     build_trainer,
-    check_resume,
     check_vocab,
     load_tokenizer,
     plain,
     pool_factory,
     quiet_expected_noise,
-    run_folder,
     user_modules,
     write_plots,
 )
+from frlab.config.instantiate import env_factory, instantiate
+from frlab.config.plan import Plan
+from frlab.run.guard import check_resume, run_folder
 
 __all__ = ["build_callbacks", "build_evaluation", "build_policy_from", "build_tokenizer",
            "build_trainer", "check_resume", "check_vocab", "env_factory", "plain", "run"]  # fmt: skip

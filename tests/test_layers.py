@@ -1,7 +1,7 @@
 """frlab's packages form layers: no import cycle between them, lazy imports included.
 
 Each subpackage of frlab (frlab.config, frlab.rollout, ...), each top-level module
-(frlab.train, frlab.wiring, ...) and each environment package (envs.math, envs.base, ...)
+(frlab.train, frlab.build, ...) and each environment package (envs.math, envs.base, ...)
 is one node; `A -> B` when a module of A imports one of B anywhere (function-level imports
 count: they are dependencies all the same). The graph must have no cycle, so that every
 package can be read, tested and replaced on top of the ones below it.

@@ -48,21 +48,9 @@ from envs.math.datasets import (
 from envs.math.extract import ANSWER_FORMATS, extract_answer
 from envs.math.grading import grade
 from envs.math.holdout import check_holdout
+from envs.math.templates import MESSAGES, TEMPLATES
 
 log = logging.getLogger(__name__)
-
-TEMPLATES = {
-    "instruct": (
-        "{question}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
-    ),
-    "base": (
-        "Question: {question}\nPlease reason step by step, and put your final answer within "
-        "\\boxed{{}}.\nAnswer: Let's think step by step."
-    ),
-}
-
-
-MESSAGES = "messages"  # the template that sends a task's own chat messages
 
 
 def prompt_messages(template: str, task: Mapping[str, Any]) -> list[dict[str, str]]:

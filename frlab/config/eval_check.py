@@ -147,8 +147,8 @@ def _check_env_benchmark(key: str, spec: Any, env_keys: list[str]) -> None:
 
 
 def _check_template(template: str) -> None:
-    """A template the math env knows (envs.math.env: its TEMPLATES, or `messages`)."""
-    from envs.math.env import MESSAGES, TEMPLATES
+    """A template the math env knows (envs.math.templates: TEMPLATES, or `messages`)."""
+    from envs.math.templates import MESSAGES, TEMPLATES
 
     names = (*TEMPLATES, MESSAGES)
     if template not in names and "{question}" not in template:

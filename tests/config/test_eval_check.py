@@ -141,11 +141,11 @@ def test_eval_templates_are_the_math_envs_own(monkeypatch) -> None:
     gains is accepted, one it lacks is refused naming `eval.template`."""
     import pytest
 
-    import envs.math.env as math_env
+    import envs.math.templates as math_templates
     from frlab.config.errors import ConfigError
     from frlab.config.eval_check import _check_template
 
     with pytest.raises(ConfigError, match=r"eval\.template.*instruct, base.*messages"):
         _check_template("terse")
-    monkeypatch.setitem(math_env.TEMPLATES, "terse", "{question}")
+    monkeypatch.setitem(math_templates.TEMPLATES, "terse", "{question}")
     _check_template("terse")

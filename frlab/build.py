@@ -4,15 +4,15 @@ Everything with a `_target_` goes through `frlab.config.instantiate.instantiate`
 allowlist, with the run's `user_modules`): the policy (`model`), the rollout engine
 (`rollout.engine`, a partial called once per rank with the policy and the rank's seed), the
 data module (`data`), the evaluation (`eval`), the optimizer (`optim`, a partial), the
-callbacks, the logger and the Trainer. Also here: the tokenizer, the run folder and resume
-checks, the per-rank rollout pool factory, the quieting of expected warnings, the plots.
+callbacks, the logger and the Trainer. Also here: the tokenizer, the per-rank rollout pool
+factory, the quieting of expected warnings, the plots. The run folder and the resume checks
+are frlab.run.guard's.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -22,7 +22,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from frlab.config.errors import ConfigError
 from frlab.config.instantiate import env_factory, instantiate, task_sampler_factory
-from frlab.config.plan import NOT_RESOLVED, Plan
 
 log = logging.getLogger(__name__)
 
@@ -117,41 +116,6 @@ def _origin(exc: BaseException) -> BaseException:
     ):
         exc = exc.__cause__
     return exc
-
-
-def check_resume(ckpt_path: Any, cfg: DictConfig, output_dir: Path) -> None:
-    """`ckpt_path=last` needs `last.ckpt` in this run folder's checkpoint dir (the default
-    run folder has a timestamp: pass `hydra.run.dir=<the old run folder>`); an explicit path
-    must exist. Lightning would only warn and silently start from scratch."""
-    if ckpt_path is None:
-        return
-    if str(ckpt_path) == "last":
-        node = (cfg.get("callbacks") or {}).get("model_checkpoint") or {}
-        last = Path(str(node.get("dirpath") or output_dir / "checkpoints")) / "last.ckpt"
-        if not os.path.lexists(last):
-            raise ConfigError(
-                "ckpt_path",
-                f"=last but {last} does not exist: nothing to resume. Point hydra.run.dir at "
-                "the run folder to resume (the default folder name has a new timestamp), or "
-                "pass ckpt_path=<path to a .ckpt>",
-            )
-        return
-    if not os.path.exists(str(ckpt_path)):
-        raise ConfigError("ckpt_path", f"checkpoint {ckpt_path} does not exist")
-
-
-def run_folder(cfg: DictConfig, plan: Plan) -> tuple[Path, Any]:
-    """The run folder (created) and its RunGuard (frlab.run_guard), after checking that a
-    resume has something to resume and that a new run does not overwrite another's files."""
-    from frlab.run_guard import RunGuard
-
-    if plan.output_dir == NOT_RESOLVED:
-        raise ConfigError("paths.output_dir", "cannot be resolved outside a Hydra run: set it")
-    output_dir = Path(plan.output_dir)
-    check_resume(cfg.get("ckpt_path"), cfg, output_dir)
-    guard = RunGuard.prepare(cfg, output_dir)  # used folder, resume checkpoint, temp files
-    output_dir.mkdir(parents=True, exist_ok=True)
-    return output_dir, guard
 
 
 def pool_factory(

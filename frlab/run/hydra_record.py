@@ -7,7 +7,7 @@ job starts, before frlab's own checks run. Pointed at a folder that already hold
 
 - a NEW run (no `ckpt_path`, no `overwrite=true`, not a dry run) in a folder that holds
   another run's files is refused right there, with the message and exit code 2 of frlab's
-  run-folder check (frlab.tracking.run_folder.check_new_run), so nothing in it changes;
+  run-folder check (frlab.run.folder.check_new_run), so nothing in it changes;
 - otherwise (a resume, a dry run, `overwrite=true`) the existing `.hydra/*.yaml` are copied to
   `.hydra/previous/<date>_<time>/` first, so every launch's record stays in the folder.
 """
@@ -25,7 +25,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from frlab.config.errors import ConfigError
-from frlab.tracking.run_folder import check_new_run
+from frlab.run.folder import check_new_run
 
 RECORD = ("config.yaml", "hydra.yaml", "overrides.yaml")
 PREVIOUS = "previous"

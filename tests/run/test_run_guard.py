@@ -1,4 +1,4 @@
-"""frlab.run_guard and frlab.stop: SIGINT/SIGTERM become a stop request honoured at a safe
+"""frlab.run.guard and frlab.stop: SIGINT/SIGTERM become a stop request honoured at a safe
 point (with a final checkpoint), a second signal stops at once, a step that outlives the grace
 period is interrupted; the run folder is checked before anything heavy."""
 
@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 from frlab import stop
 from frlab.config.errors import ConfigError
 from frlab.learner.checkpoint import AtomicCheckpointIO
-from frlab.run_guard import GracefulStop, RunGuard, _SignalStop, save_final_checkpoint
+from frlab.run.guard import GracefulStop, RunGuard, _SignalStop, save_final_checkpoint
 from frlab.stop import RunInterrupted, exception_status
 
 HANG_GUARD_S = 60.0

@@ -7,7 +7,7 @@
   files (metrics.csv, summary.json, samples.jsonl, checkpoints) is refused with a ConfigError
   (resume it with `ckpt_path=last`, or choose another folder), unless `overwrite=true`, which
   deletes those files first. Hydra's own `.hydra/` and log file are not run files (Hydra writes
-  `.hydra/` before this check runs: frlab.tracking.hydra_folder refuses earlier and keeps it).
+  `.hydra/` before this check runs: frlab.run.hydra_record refuses earlier and keeps it).
 - `checkpoint_step`: the optimizer step a checkpoint file was taken at, so a resume of a run
   that already reached `trainer.max_steps` can say so and change nothing.
 """

@@ -1,7 +1,7 @@
 """What protects one training run: its folder, its resume checkpoint, and stopping on signals.
 
 `RunGuard.prepare(cfg, output_dir)` runs before anything heavy. It removes temp files of
-killed writes, refuses a new run in a folder that holds another run (frlab.tracking.run_folder;
+killed writes, refuses a new run in a folder that holds another run (frlab.run.folder;
 `overwrite=true` deletes the old files), verifies the resume checkpoint's digest (a damaged
 one is a ConfigError on `ckpt_path` that names the intact checkpoint to use instead), and
 notices a resume of a run that already reached `trainer.max_steps` (`finished`: nothing is
@@ -33,19 +33,21 @@ from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.callbacks import Callback
+from omegaconf import DictConfig
 
 from frlab import stop
 from frlab.config.errors import ConfigError
+from frlab.config.plan import NOT_RESOLVED, Plan
 from frlab.learner.integrity import CheckpointCorrupt, verify_checkpoint
 from frlab.rollout.engine import EngineDown
-from frlab.stop import RunInterrupted
-from frlab.tracking.metrics_file import SUMMARY_FILE
-from frlab.tracking.run_folder import (
+from frlab.run.folder import (
     check_new_run,
     checkpoint_step,
     clean_partial_writes,
     resolve_checkpoint,
 )
+from frlab.stop import RunInterrupted
+from frlab.tracking.metrics_file import SUMMARY_FILE
 
 log = logging.getLogger(__name__)
 
@@ -243,3 +245,36 @@ def exit_now(code: int) -> None:
     if alive:
         os._exit(code)
     sys.exit(code)
+
+
+def check_resume(ckpt_path: Any, cfg: DictConfig, output_dir: Path) -> None:
+    """`ckpt_path=last` needs `last.ckpt` in this run folder's checkpoint dir (the default
+    run folder has a timestamp: pass `hydra.run.dir=<the old run folder>`); an explicit path
+    must exist. Lightning would only warn and silently start from scratch."""
+    if ckpt_path is None:
+        return
+    if str(ckpt_path) == "last":
+        node = (cfg.get("callbacks") or {}).get("model_checkpoint") or {}
+        last = Path(str(node.get("dirpath") or output_dir / "checkpoints")) / "last.ckpt"
+        if not os.path.lexists(last):
+            raise ConfigError(
+                "ckpt_path",
+                f"=last but {last} does not exist: nothing to resume. Point hydra.run.dir at "
+                "the run folder to resume (the default folder name has a new timestamp), or "
+                "pass ckpt_path=<path to a .ckpt>",
+            )
+        return
+    if not os.path.exists(str(ckpt_path)):
+        raise ConfigError("ckpt_path", f"checkpoint {ckpt_path} does not exist")
+
+
+def run_folder(cfg: DictConfig, plan: Plan) -> tuple[Path, Any]:
+    """The run folder (created) and its RunGuard, after checking that a resume has something
+    to resume and that a new run does not overwrite another's files."""
+    if plan.output_dir == NOT_RESOLVED:
+        raise ConfigError("paths.output_dir", "cannot be resolved outside a Hydra run: set it")
+    output_dir = Path(plan.output_dir)
+    check_resume(cfg.get("ckpt_path"), cfg, output_dir)
+    guard = RunGuard.prepare(cfg, output_dir)  # used folder, resume checkpoint, temp files
+    output_dir.mkdir(parents=True, exist_ok=True)
+    return output_dir, guard

@@ -10,7 +10,7 @@ import torch
 
 from frlab.config.errors import ConfigError
 from frlab.learner.checkpoint import AtomicCheckpointIO
-from frlab.tracking.run_folder import (
+from frlab.run.folder import (
     check_new_run,
     checkpoint_step,
     clean_partial_writes,

@@ -1,4 +1,4 @@
-"""The Hydra record of a run folder is kept before Hydra writes a new one (frlab.tracking.hydra_folder)."""
+"""The Hydra record of a run folder is kept before Hydra writes a new one (frlab.run.hydra_record)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from frlab.tracking.hydra_folder import KeepRunRecord, keep_record
+from frlab.run.hydra_record import KeepRunRecord, keep_record
 
 
 def _record(run: Path, text: str) -> Path:
