@@ -212,9 +212,9 @@ def run_pipeline(args: argparse.Namespace, out: Path, profile: cProfile.Profile 
 def alone(cfg, args: argparse.Namespace) -> tuple[list[float], list[float], list[float]]:
     """Seconds per batch of the pool alone (and per weight push to its engine), then per
     update of the learner alone."""
+    from frlab.build import arguments
     from frlab.model.toy_tokenizer import build_toy_tokenizer
     from frlab.train import build_policy_from, plain, pool_factory
-    from frlab.build import arguments
 
     model, data = plain(cfg.model), plain(cfg.data)
     policy = build_policy_from(model, int(cfg.seed))
@@ -252,7 +252,7 @@ def attribution(profile: cProfile.Profile, steps: int) -> list[tuple[str, float]
     """Main-thread seconds per update in the pipeline's main parts (cumulative times)."""
     stats = pstats.Stats(profile)
     parts = {
-        "wait for the batch (generation)": ("pool_consumer.py", "next_batch"),
+        "wait for the batch (generation)": ("pool/pool.py", "next_batch"),
         "collate": ("batch.py", "collate"),
         "learner training_step": ("module.py", "training_step"),
         "weight sync to the engine": ("callbacks.py", "on_train_batch_end"),

@@ -73,7 +73,7 @@ def env_questions(
 ) -> set[str]:
     """The questions of the training environment built from its `env` node by `env_factory`
     (the one the pool uses); empty when its tasks are not a dataset."""
-    from frlab.rollout.rollouts import close_env
+    from frlab.rollout.pool.rollouts import close_env
 
     made = env_factory(OmegaConf.create(dict(env)), user_modules=user_modules)()
     try:

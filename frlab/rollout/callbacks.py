@@ -21,7 +21,7 @@ several ranks, the logged row is rank 0's pool), then the engine counters from
 `pool.stats()["engine"]` as `rollout/<name>` (the remote backend: `rollout/retries`,
 `rollout/servers_healthy`, ...; engines without counters log none). The pool's generation
 window of the batch (`timing/generation_s`, `timing/generation_tokens_per_s`,
-`timing/batch_wait_s`: frlab.rollout.metering) is logged the same way.
+`timing/batch_wait_s`: frlab.rollout.pool.metering) is logged the same way.
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ POOL_COUNTERS = ("paused_for_lag", "lag_violations", "failed", "rejected", "stra
 def rollout_metrics(stats: Any) -> dict[str, float]:
     """`rollout/<name>` floats of a pool's `stats()`: its counters (POOL_COUNTERS, and failed
     and rejected rollouts per reason) and the engine's numeric counters; plus the last batch's
-    generation window (`timing/generation_s`, ..., frlab.rollout.metering)."""
+    generation window (`timing/generation_s`, ..., frlab.rollout.pool.metering)."""
     if not isinstance(stats, dict):
         return {}
     out = {f"rollout/{k}": float(stats[k]) for k in POOL_COUNTERS if _number(stats.get(k))}

@@ -21,7 +21,7 @@ from test_avg_at_k import ARITH, Recorder, ScriptedEngine
 from frlab.evaluation.avg_at_k import AvgAtKEvaluation
 from frlab.evaluation.benchmarks import benchmark_name, benchmark_specs, load_benchmark
 from frlab.model.toy_tokenizer import build_toy_tokenizer
-from frlab.rollout.pinning import WeightPins
+from frlab.rollout.pool.pinning import WeightPins
 from frlab.tracking.metrics_file import summarize
 from frlab.tracking.run_files import RunFilesCallback, read_metrics
 

@@ -150,7 +150,7 @@ def test_a_request_across_several_updates_is_as_old_as_its_oldest_token(weights)
     from frlab.data.batch import Trajectory, collate
     from frlab.learner import metrics
     from frlab.learner.metrics import StepMetrics
-    from frlab.rollout.admission import lag_info
+    from frlab.rollout.pool.admission import lag_info
 
     old, new = weights
     engine = build("torch", "in_flight", old)

@@ -13,7 +13,7 @@ closes a window each time it hands out a batch (`take_window`), so every optimiz
 - `timing/batch_wait_s`: how long the learner waited for this batch (`next_batch`); near 0
   when generation keeps ahead of the learner, the whole collection time when it does not;
 - `timing/lag_wait_s`: the part of that wait during which B finished trajectories were ready
-  but the lag bound required rollouts still running in this batch (frlab.rollout.admission):
+  but the lag bound required rollouts still running in this batch (frlab.rollout.pool.admission):
   time lost to `rollout.max_policy_lag` rather than to generation throughput. A large share
   means heavy-tailed episodes meet a tight bound; a larger bound trades it for staleness.
 """

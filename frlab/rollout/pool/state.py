@@ -7,7 +7,7 @@ checkpoint form is the prompt counter, the RNG state, the prompts to rerun and t
 own state, so a resumed run draws exactly the tasks the uninterrupted run would have.
 `PoolCounters` holds the run totals behind `RolloutPool.stats()`; they travel with the
 checkpoint, so after a resume they cover the whole run. The record formats are in
-`frlab.rollout.rollouts`. Neither class locks: the pool calls them under its own lock.
+`frlab.rollout.pool.rollouts`. Neither class locks: the pool calls them under its own lock.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from envs.base import TaskSampler
-from frlab.rollout.rollouts import (
+from frlab.rollout.pool.rollouts import (
     Rollout,
     as_rng_state,
     counter_records,
@@ -81,6 +81,15 @@ class PoolCounters:
     rejected: Counter[str] = field(default_factory=Counter)
     lag_paused: bool = False
     lag_max_seen: int = 0
+
+    def count_batch(self, batch: list[Any], max_policy_lag: int) -> None:
+        """A handed-out batch of lag-annotated trajectories: its lags and its size."""
+        for traj in batch:
+            lag = traj.info["policy_lag_max"]
+            self.lag_max_seen = max(self.lag_max_seen, lag)
+            self.counts["lag_violations"] += lag > max_policy_lag
+        self.counts["consumed"] += len(batch)
+        self.counts["batches"] += 1
 
     def count_failure(self, kind: str, reason: str) -> None:
         """One rollout "failed" or "rejected" for `reason`."""

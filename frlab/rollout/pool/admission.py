@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from frlab.data.batch import Trajectory
-from frlab.rollout.rollouts import Group, Rollout
+from frlab.rollout.pool.rollouts import Group, Rollout
 
 MODES = ("async", "sync")
 
@@ -192,6 +192,19 @@ class DeadlineQueue:
         self.ready = [ro for ro in self.ready if id(ro) not in taken]
         for ro in chosen:
             self.drop(ro)
+
+    def hand_out(self, chosen: list[Rollout], version: int, prompt_order: bool) -> list[Trajectory]:
+        """Take a chosen batch out of the queue; its trajectories, each annotated with its lag
+        at `version` (`lag_info`), in finish order or, `prompt_order`, in admission order."""
+        self.take(chosen)
+        if prompt_order:  # sync mode: independent of the timing-dependent finish order
+            chosen = sorted(chosen, key=lambda ro: ro.seq)
+        batch = []
+        for ro in chosen:
+            assert ro.trajectory is not None
+            ro.trajectory.info.update(lag_info(version, ro.start_version, ro.trajectory))
+            batch.append(ro.trajectory)
+        return batch
 
     def restore(self, rollouts: Iterable[Rollout]) -> None:
         """Queue finished rollouts read back from a checkpoint (numbered from 0, in order)."""

@@ -1,72 +1,53 @@
-"""The rollout pool: one rollout per prompt, first B finishers out, staleness bounded by admission.
+"""`RolloutPool`: one rollout per prompt, first B finishers out, staleness bounded by admission.
 
-FlashREINFORCE (paper, Sec. 3) trains on a batch of B finished trajectories of B distinct prompts
-as soon as they exist: the pool keeps up to `max_in_flight` rollouts running on an asyncio loop
-in a background thread, hands out the first B that finish and carries the rest over (no drain
-between steps). Finished trajectories are never dropped for being slow; staleness is bounded by
-admission control (the earliest-deadline invariant and lag bookkeeping in
-`frlab.rollout.admission`), so every trajectory satisfies
-`learner_version - min token version <= max_policy_lag` at consumption, and the per-trajectory
-lag is written into `Trajectory.info`. Rollout records and their checkpoint form live in
-`frlab.rollout.rollouts`; the prompt cursor (new tasks come from the run's task sampler,
-`envs.base.TaskSampler`, with the pool's RNG) and the counters in `frlab.rollout.pool_state`.
+FlashREINFORCE (paper, Sec. 3) trains on a batch of B finished trajectories of B distinct
+prompts as soon as they exist: the pool keeps up to `max_in_flight` rollouts running on an
+asyncio loop in a background thread, hands out the first B that finish and carries the rest
+over (no drain between steps). Finished trajectories are never dropped for being slow;
+staleness is bounded by admission control (`admission`), so every trajectory satisfies
+`learner_version - min token version <= max_policy_lag` at consumption, and its lag is
+written into `Trajectory.info`.
 
-Group baselines (GRPO; `samples_per_prompt` G > 1) run in the same asynchronous pipeline: the G
-samples of a prompt are admitted together, batches hold whole groups (`select_batch`), and a
-failed sample fails its group (counted as in sync mode); the lag bound holds for every member.
+Group baselines (GRPO; `samples_per_prompt` G > 1) run in the same pipeline: the G samples of
+a prompt are admitted together, batches hold whole groups, and a failed sample fails its
+group. `mode="sync"` (collect, then train) uses the same code: `next_batch` requests exactly
+B/G prompts x G samples, handed out together in prompt order; nothing else starts until the
+next request; a failed group is counted (`rejected_by_reason["incomplete_group"]`) and
+replaced. Every rollout samples with its own seed (frlab.rollout.seeding) and, in sync mode,
+engine calls go through the lockstep gate: two sync runs on the CPU torch engine are
+bit-identical.
 
-`mode="sync"` (collect, then train) uses the same code: `next_batch` requests exactly B/G
-prompts x G samples, which run together and are handed out together in prompt order; nothing
-else starts until the next request. A failed sample fails its whole group (the finished
-siblings are counted in `rejected_by_reason["incomplete_group"]`) and a replacement group
-starts. Reproducibility: every rollout samples with its own seed (frlab.rollout.seeding); in
-sync mode engine calls also go through a lockstep gate (frlab.rollout.lockstep) so that engine
-batches do not depend on timing: two sync runs on the CPU torch engine are bit-identical.
-
-Nothing here waits without a deadline: every environment call and engine request has one
-(`AgentLoopConfig.env_timeout_s`, `engine_timeout_s`), environment calls run on
-`EnvThreads` (hung ones are abandoned, never joined), and `stop()` is bounded (the event loop
-lives in frlab.rollout.loop_thread). The counters in `stats()` travel with `state_dict()`, so
-after a resume they cover the whole run; so does the task sampler's state, so a resumed run
-draws the tasks the uninterrupted run would have.
-
-Each handed-out batch carries its generation window (frlab.rollout.metering: generation time,
-tokens/s, the learner's wait) in `stats()["generation"]`; `run_pinned` runs background work
-(evaluation) that weight updates wait for (frlab.rollout.pinning); `close_admission` (after the
-last planned batch) starts no more rollouts and cancels the unconsumed ones, so an evaluation
-at the end of a run has the engine to itself.
+Nothing here waits without a deadline: environment calls and engine requests have the agent
+loop's (`env_timeout_s`, `engine_timeout_s`), hung environment threads are abandoned, and
+`stop()` is bounded. The counters and the task sampler's state travel with `state_dict()`,
+so a resumed run covers the whole run and draws the tasks the uninterrupted run would have.
+`run_pinned` runs background work (evaluation) that weight updates wait for;
+`close_admission` (after the last planned batch) starts no more rollouts and cancels the
+unconsumed ones, so an evaluation at the end of a run has the engine to itself.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from envs.base import TaskSampler
 from frlab.data.batch import Trajectory
-from frlab.rollout.admission import MODES as MODES  # re-exported: pool's public names
-from frlab.rollout.admission import DeadlineQueue, validate_pool_args
-from frlab.rollout.admission import admission_feasible as admission_feasible
-from frlab.rollout.admission import required_early as required_early
-from frlab.rollout.admission import select_batch as select_batch
 from frlab.rollout.agent_loop import AgentLoopConfig
-from frlab.rollout.engine import Engine
+from frlab.rollout.engine import Engine, EngineDown
 from frlab.rollout.env_threads import EnvThreads
-from frlab.rollout.lockstep import LockstepClient, LockstepGate
-from frlab.rollout.loop_thread import LoopThread, run_bounded
-from frlab.rollout.metering import GenerationMeter, MeteredEngine
-from frlab.rollout.pinning import WeightPins
-from frlab.rollout.pool_consumer import STOP_WAIT_S as STOP_WAIT_S
-from frlab.rollout.pool_consumer import ConsumerSide
-from frlab.rollout.pool_state import COUNTERS as COUNTERS  # re-exported: pool's public names
-from frlab.rollout.pool_state import PoolCounters, PromptCursor
-from frlab.rollout.pool_state import engine_stats as engine_stats
-from frlab.rollout.rollouts import REJECT_REASONS as REJECT_REASONS
-from frlab.rollout.rollouts import (
+from frlab.rollout.pool.admission import DeadlineQueue, validate_pool_args
+from frlab.rollout.pool.lockstep import LockstepClient, LockstepGate
+from frlab.rollout.pool.loop_thread import LoopThread, run_bounded
+from frlab.rollout.pool.metering import GenerationMeter, MeteredEngine
+from frlab.rollout.pool.pinning import WeightPins
+from frlab.rollout.pool.rollouts import (
     Failure,
     Group,
     Rollout,
@@ -76,12 +57,15 @@ from frlab.rollout.rollouts import (
     restore_ready,
     run_rollout,
 )
+from frlab.rollout.pool.state import PoolCounters, PromptCursor, engine_stats
 from frlab.rollout.seeding import rollout_seed
 
 log = logging.getLogger(__name__)
 
+STOP_WAIT_S = 10.0  # longest wait for the loop thread, the engine, and env closes
 
-class RolloutPool(ConsumerSide):
+
+class RolloutPool:
     """Runs rollouts in the background and hands out batches of B finished trajectories.
 
     `env_factory` builds one environment per rollout; `task_sampler` draws each new prompt's
@@ -299,6 +283,109 @@ class RolloutPool(ConsumerSide):
                 **self.loop_cfg.deadlines.stats(),
             )
             return out
+
+    # -- batches out -------------------------------------------------------------------------
+    def next_batch(self, timeout: float | None = None) -> list[Trajectory]:
+        """Block until B finished trajectories can be handed out; annotate their lag."""
+        called = time.monotonic()
+        deadline = None if timeout is None else called + timeout
+        lag_wait = 0.0  # waited with B finished ready: only the lag bound held the batch back
+        with self._cond:
+            self._request_sync_batch()
+            while True:
+                self._raise_if_unusable()
+                chosen = self._queue.select(self._next_consume_version, self.batch_size)
+                if chosen is not None:
+                    break
+                self._raise_if_engine_down()
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError(
+                        f"no batch of {self.batch_size} in {timeout}s: {self.stats()}"
+                    )
+                held, since = len(self._queue.ready) >= self.batch_size, time.monotonic()
+                self._waiting += 1
+                try:
+                    self._cond.wait(left)
+                finally:
+                    self._waiting -= 1
+                lag_wait += (time.monotonic() - since) if held else 0.0
+            batch = self._hand_out(chosen)
+            self._generation = self._meter.take_window(time.monotonic() - called, lag_wait)
+        self._notify_loop()
+        return batch
+
+    def close_admission(self) -> None:
+        """No more batches will be asked for: start no rollout and cancel those in flight
+        (their prompts stay in the checkpoint cursor and rerun on resume)."""
+        with self._cond:
+            self._admission_closed = True
+        if self._runner.is_alive():
+            self._runner.run(self._runner.cancel_all(), timeout=STOP_WAIT_S)
+
+    def run_pinned(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future:
+        """Run `fn(*args)` in the background; `update_weights` waits until it has finished."""
+        return self.pins.run(fn, *args)
+
+    def _request_sync_batch(self) -> None:
+        if self.mode == "sync" and self._sync_need <= 0:
+            groups = self._queue.num_groups()
+            self._sync_need = self.batch_size // self.samples_per_prompt - groups
+            self._notify_loop()
+
+    def _raise_if_unusable(self) -> None:
+        if self._error is not None:
+            raise RuntimeError(f"rollout pool loop crashed: {self._error!r}") from self._error
+        if not self._started or self._stopping or self._stopped:
+            raise RuntimeError("RolloutPool is not running: call start() (and not after stop())")
+        version, learner = int(self.engine.version), self._next_consume_version
+        if not self._queue.outstanding and version + self.max_policy_lag < learner:
+            raise RuntimeError(
+                f"rollout pool stalled: engine version {version} + rollout.max_policy_lag "
+                f"{self.max_policy_lag} < learner version {learner}, so no rollout may start; "
+                "push weights (WeightSyncCallback, rollout.sync_every <= rollout.max_policy_lag)"
+            )
+
+    def _raise_if_engine_down(self) -> None:
+        """EngineDown when no batch is ready and the engine says it can serve nothing more."""
+        down = self.engine.down_reason()
+        if down is not None:
+            raise EngineDown(f"the rollout engine is down: {down}")
+
+    def _hand_out(self, chosen: list[Rollout]) -> list[Trajectory]:
+        batch = self._queue.hand_out(chosen, self._next_consume_version, self.mode == "sync")
+        self._stats.count_batch(batch, self.max_policy_lag)
+        self._next_consume_version += 1
+        return batch
+
+    # -- versions and weights in -------------------------------------------------------------
+    def set_learner_version(self, version: int) -> None:
+        """The learner has completed `version` optimizer steps; its next batch trains at >= it."""
+        with self._cond:
+            self._learner_version = int(version)
+            self._next_consume_version = max(self._next_consume_version, int(version))
+            self._cond.notify_all()
+        self._notify_loop()
+
+    def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
+        """Push learner weights at `version` to the engine (it pauses, loads, bumps, resumes)."""
+        if int(version) < int(self.engine.version):
+            raise ValueError(f"update_weights version {version} < engine {self.engine.version}")
+        self.pins.wait()  # an evaluation in flight measures the current weights
+        try:
+            self.engine.update_weights(state_dict, int(version))
+        except Exception as exc:
+            down = self.engine.down_reason()
+            if down is not None:  # the learner step is done: a safe point to stop at
+                raise EngineDown(f"the rollout engine is down: {down}") from exc
+            raise
+        if int(self.engine.version) != int(version):
+            raise RuntimeError(
+                f"engine reports version {self.engine.version} after update_weights({version}): "
+                "the weights were not applied"
+            )
+        self._stats.counts["weight_syncs"] += 1
+        self.set_learner_version(version)
 
     # -- checkpointing -----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from frlab.rollout.engine import Engine, GenerationResult, SamplingParams
-from frlab.rollout.lockstep import LockstepGate
+from frlab.rollout.pool.lockstep import LockstepGate
 
 
 class RecordingEngine(Engine):

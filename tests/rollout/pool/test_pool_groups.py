@@ -19,11 +19,11 @@ import pytest
 from envs.base import Env, StepResult
 from frlab.data.batch import Trajectory
 from frlab.model.toy_tokenizer import build_toy_tokenizer
-from frlab.rollout.admission import select_batch
 from frlab.rollout.agent_loop import AgentLoopConfig
 from frlab.rollout.engine import Engine, GenerationResult, SamplingParams
 from frlab.rollout.pool import RolloutPool
-from frlab.rollout.rollouts import Group, Rollout, restore_ready
+from frlab.rollout.pool.admission import select_batch
+from frlab.rollout.pool.rollouts import Group, Rollout, restore_ready
 
 TOKENIZER = build_toy_tokenizer()
 LETTER = TOKENIZER.convert_tokens_to_ids("a")

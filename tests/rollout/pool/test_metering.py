@@ -16,14 +16,14 @@ from test_pool import Board, make_pool, wait_for
 from test_pool import board as board  # noqa: F401 - the fixture
 
 from frlab.rollout.callbacks import rollout_metrics
-from frlab.rollout.metering import (
+from frlab.rollout.pool.metering import (
     BATCH_WAIT_S,
     GENERATION_S,
     LAG_WAIT_S,
     TOKENS_PER_S,
     GenerationMeter,
 )
-from frlab.rollout.pinning import WeightPins
+from frlab.rollout.pool.pinning import WeightPins
 
 
 class Clock:

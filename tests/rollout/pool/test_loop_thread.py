@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
-from frlab.rollout.loop_thread import LoopThread
+from frlab.rollout.pool.loop_thread import LoopThread
 
 
 def test_cancel_all_ends_a_task_that_swallowed_the_first_cancellation() -> None:

@@ -1,7 +1,7 @@
 """What the rollout pool records: each rollout, its outcome and its checkpoint form.
 
 A `Rollout` is one sample in flight or finished, with the learner version `due` by which it must
-be consumed (the policy-lag bound, see `frlab.rollout.admission`); a `Group` is the G samples of
+be consumed (the policy-lag bound, see `frlab.rollout.pool.admission`); a `Group` is the G samples of
 one prompt (`rollout.samples_per_prompt`; G = 1 for one rollout per prompt). `run_rollout`
 plays one sample in a fresh env and reports its
 outcome: a trajectory, or a failure classified as "failed" or "rejected" with a reason the pool

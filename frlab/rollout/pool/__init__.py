@@ -1,0 +1,42 @@
+"""The rollout pool and its parts, one module each:
+
+- `pool`: `RolloutPool`, the lifecycle, the admission loop, batches out, weights in, and its
+  checkpoint (what a run sees);
+- `admission`: the earliest-deadline admission invariant that bounds policy lag, the queue of
+  started rollouts, and which finished ones form a batch;
+- `rollouts`: one rollout's record (group, versions, trajectory), running it through the agent
+  loop, and the checkpoint form of finished-but-unconsumed ones;
+- `state`: the prompt cursor (the task sampler with the pool's RNG) and the counters;
+- `loop_thread`: the background asyncio loop and its bounded stop;
+- `lockstep`: sync mode's gate that makes engine batches independent of timing;
+- `metering`: generation time, tokens/s and the learner's wait per batch;
+- `pinning`: background work (evaluation) that the next weight push waits for.
+
+Names are imported on first use, so reading one part does not import the rest.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "RolloutPool": "frlab.rollout.pool.pool",
+    "STOP_WAIT_S": "frlab.rollout.pool.pool",
+    "MODES": "frlab.rollout.pool.admission",
+    "admission_feasible": "frlab.rollout.pool.admission",
+    "required_early": "frlab.rollout.pool.admission",
+    "select_batch": "frlab.rollout.pool.admission",
+    "COUNTERS": "frlab.rollout.pool.state",
+    "engine_stats": "frlab.rollout.pool.state",
+    "REJECT_REASONS": "frlab.rollout.pool.rollouts",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'frlab.rollout.pool' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
