@@ -37,7 +37,7 @@ BENCHMARKS = "eval.benchmarks"
 def legacy_overrides(args: Sequence[str]) -> list[str]:
     """`rollout.engine=vllm` -> `rollout/engine=vllm`; `+trainer.KEY=V` (needed before every
     Lightning argument was declared) -> `++trainer.KEY=V` for a declared KEY;
-    `eval.benchmarks=[...]` (a list replaces the benchmark set, frlab.tracking.benchmarks) ->
+    `eval.benchmarks=[...]` (a list replaces the benchmark set, frlab.evaluation.benchmarks) ->
     `~eval.benchmarks +eval.benchmarks=[...]`, since Hydra cannot merge a list into the
     mapping of an eval group file; every other argument unchanged."""
     import dataclasses

@@ -67,7 +67,7 @@ oldest action token), `train/policy_lag_token_mean` (per action token),
 gradient was exactly 0), `train/micro_batches` (forward passes on one rank; 0 when a
 zero-signal batch skipped them; statistics that need the forward are then NaN),
 `timing/step_s`, `timing/logprob_s`, `timing/backward_s`; the generation behind each batch
-(frlab/rollout/metering.py) `timing/generation_s` (seconds with a training generate call in
+(frlab/rollout/pool/metering.py) `timing/generation_s` (seconds with a training generate call in
 flight since the previous batch), `timing/generation_tokens_per_s` (tokens returned in that
 window per such second), `timing/batch_wait_s` (how long the learner waited for the batch),
 `timing/lag_wait_s` (the part of that wait with B finished trajectories ready, held back only

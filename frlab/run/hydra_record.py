@@ -1,4 +1,4 @@
-"""Protect a run folder's Hydra record before Hydra writes a new one (a Hydra callback).
+"""Before Hydra writes into a run folder: protect its record, check the machine (Hydra callbacks).
 
 Hydra saves `.hydra/config.yaml`, `hydra.yaml` and `overrides.yaml` into the run folder as a
 job starts, before frlab's own checks run. Pointed at a folder that already holds a run
@@ -72,3 +72,21 @@ class KeepRunRecord(Callback):
                 print(f"frlab: config error: {exc}", file=sys.stderr, flush=True)
                 sys.exit(2)
         keep_record(hydra_dir)
+
+
+class CheckMachine(Callback):
+    """A single real run's machine check (frlab.config.resources.check_machine) before Hydra
+    creates its run folder: a GPU preset on a CPU machine leaves no folder behind. Sweep jobs
+    are checked by `task` (each job's own config). It exits itself: Hydra turns an exception
+    raised in a callback into a warning and goes on."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if config.get("dry_run") is not False:
+            return
+        from frlab.config.resources import check_machine
+
+        try:
+            check_machine(config)
+        except ConfigError as exc:
+            print(f"frlab: config error: {exc}", file=sys.stderr, flush=True)
+            sys.exit(2)

@@ -61,3 +61,24 @@ def test_resume_dry_run_and_overwrite_keep_the_earlier_record(tmp_path, top) -> 
 def test_a_fresh_folder_is_left_alone(tmp_path: Path) -> None:
     KeepRunRecord().on_run_start(_config(tmp_path / "new"))
     assert not (tmp_path / "new").exists()
+
+
+def test_a_gpu_preset_on_a_cpu_machine_exits_2_before_any_run_folder_exists(tmp_path) -> None:
+    """The machine check runs as a Hydra callback before Hydra creates the run folder (an
+    exception there would be only a warning to Hydra: the callback exits 2 itself)."""
+    import os
+    import subprocess
+    import sys
+
+    from frlab.config.resources import gpu_visible
+
+    if gpu_visible():
+        pytest.skip("this machine has a GPU")
+    logs = tmp_path / "logs"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HYDRA_FULL_ERROR": "0"}
+    cmd = [sys.executable, "-m", "frlab", "experiment=qwen_math_1p5b", f"paths.log_dir={logs}"]
+    out = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "config key `trainer.accelerator`" in out.stderr and "no GPU" in out.stderr
+    assert "UserWarning" not in out.stderr
+    assert list(tmp_path.iterdir()) == []  # no run folder, no outputs/ in the working dir
