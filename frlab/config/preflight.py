@@ -234,14 +234,13 @@ def _check_model(model: Mapping[str, Any], rollout: Mapping[str, Any], engine: s
 
 
 def _check_batch(data: Mapping[str, Any], rollout: Mapping[str, Any], world: int) -> None:
+    from frlab.data.batch import per_rank_batch
+
     b, micro = data["batch_size"], data["micro_batch_size"]
-    if b % world:
-        raise ConfigError(
-            "data.batch_size",
-            f"({b}) must be divisible by the number of ranks, trainer.devices x "
-            f"trainer.num_nodes = {world}",
-        )
-    per_rank = b // world
+    try:
+        per_rank = per_rank_batch(b, world)
+    except ValueError as exc:
+        raise ConfigError("data.batch_size", str(exc).removeprefix("data.batch_size ")) from exc
     if per_rank % micro:
         raise ConfigError(
             "data.micro_batch_size",

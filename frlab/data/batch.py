@@ -162,6 +162,17 @@ class RolloutBatch:
         return RolloutBatch(**rows, infos=self.infos)
 
 
+def per_rank_batch(batch_size: int, world: int) -> int:
+    """Each of `world` ranks' share of a global batch of `batch_size` trajectories
+    (`data.batch_size`, the B of the objective's normalisation); ValueError unless it is whole."""
+    if world < 1 or batch_size % world:
+        raise ValueError(
+            f"data.batch_size ({batch_size}) must be divisible by the number of ranks, "
+            f"trainer.devices x trainer.num_nodes = {world}"
+        )
+    return batch_size // world
+
+
 def collate(trajectories: list[Trajectory], pad_token_id: int = 0) -> RolloutBatch:
     """Right-pad finished trajectories into one `RolloutBatch`.
 

@@ -39,7 +39,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from frlab.data.batch import RolloutBatch, collate
+from frlab.data.batch import RolloutBatch, collate, per_rank_batch
 from frlab.stop import raise_if_stop_requested
 
 log = logging.getLogger(__name__)
@@ -131,12 +131,8 @@ class RolloutDataModule(L.LightningDataModule):
         if self.pool is not None:
             return
         rank, world = self._rank_and_world()
-        if self.batch_size % world:
-            raise ValueError(
-                f"data.batch_size={self.batch_size} must be divisible by the world size {world}"
-            )
         self.pool = self.pool_factory(
-            batch_size=self.batch_size // world,
+            batch_size=per_rank_batch(self.batch_size, world),
             seed=self.seed + rank,
             prompt_id_offset=rank,
             prompt_id_stride=world,

@@ -47,7 +47,7 @@ import lightning as L
 import torch
 from torch import Tensor
 
-from frlab.data.batch import RolloutBatch
+from frlab.data.batch import RolloutBatch, per_rank_batch
 from frlab.learner.checkpoint import capture_rng_states, restore_rng_states
 from frlab.learner.distributed import DataParallelMixin
 from frlab.learner.metrics import PROGRESS_BAR, StepMetrics
@@ -205,11 +205,7 @@ class FlashReinforceModule(DataParallelMixin, L.LightningModule):
                 "trainer.precision=16-mixed (loss scaling) is not supported by the learner; "
                 "use bf16-mixed or 32-true"
             )
-        world = self.trainer.world_size
-        if self.batch_size % world:
-            raise ValueError(
-                f"data.batch_size={self.batch_size} is not divisible by the world size {world}"
-            )
+        per_rank_batch(self.batch_size, self.trainer.world_size)
 
     def transfer_batch_to_device(
         self, batch: Any, device: torch.device, dataloader_idx: int

@@ -78,3 +78,15 @@ def test_collate_of_one_full_width_row_has_no_padding() -> None:
 def test_collate_refuses_an_empty_list() -> None:
     with pytest.raises(ValueError, match="at least one trajectory"):
         collate([])
+
+
+def test_the_per_rank_batch_is_whole_or_refused_naming_the_key() -> None:
+    """One rule for preflight, the data module and the learner: B splits evenly over ranks."""
+    import pytest
+
+    from frlab.data.batch import per_rank_batch
+
+    assert per_rank_batch(64, 4) == 16 and per_rank_batch(7, 1) == 7
+    for b, world in ((64, 3), (4, 0)):
+        with pytest.raises(ValueError, match=r"data\.batch_size \(\d+\) must be divisible"):
+            per_rank_batch(b, world)
