@@ -1,8 +1,10 @@
 """`Plan`: the resolved facts of a run, printed by `dry_run=true` and recorded by the run.
 
 Model, devices, batch sizes (global B, per rank, micro-batches per step, token budget and
-packing), the rollout engine (with the number of servers of a `remote` fleet), the trust region with its own parameters
-(delta, cap, clip range, ratio bounds) and the entropy-filter q, the staleness (policy-lag)
+packing), the rollout engine (with the number of servers of a `remote` fleet), the four objective
+components each with the values of its own hyperparameters (whatever their names: a new
+component's too), the trust region in words with its parameters and the token filter with its
+own, the staleness (policy-lag)
 bound, the number of optimizer updates (where the run stops) next to the lr schedule's own
 length (`optim.schedule_steps`: a paper preset may stop at a headline step before the reference
 run's schedule ends), the evaluation during training (`eval` group), the component names and
@@ -61,7 +63,7 @@ class Plan:
     component_params: dict[str, dict[str, Any]] = field(default_factory=dict)
     delta: float | None = None
     trust: str = "-"
-    q: float = 1.0
+    q: float = 1.0  # the chosen token filter's own `q` (1.0 for a filter without one)
     servers: int | None = None  # rollout.engine=remote: size of the server fleet
     weight_update: str | None = None  # rollout.weight_update (None: the engine's default)
     evaluation: str = "none"  # the `eval` node in words (describe_eval)
@@ -83,7 +85,6 @@ class Plan:
 
     def format(self) -> str:
         """A human-readable multi-line summary."""
-        c = self.components
         lag = f"<= {self.lag_bound}" if self.mode == "async" else "0 (sync: collect, then train)"
         rows = [
             ("experiment", self.experiment or "-"),
@@ -100,8 +101,7 @@ class Plan:
                         f"{self.max_len}, new tokens {self.max_new_tokens}, T={self.temperature:g}"),
             ("weights", self.weight_update or "the engine's default (in_flight where exact)"),
             ("lag bound", lag),
-            ("objective", f"baseline={c['baseline']} trust_region={c['trust_region']} "
-                          f"aggregation={c['aggregation']} token_filter={c['token_filter']}"),
+            ("objective", self._objective()),
             ("trust", f"{self.trust}; token filter {self._token_filter()}"),
             ("updates", f"{self.updates} optimizer steps ({self.rollouts} rollouts); "
                         f"zero-gradient batches "
@@ -119,6 +119,16 @@ class Plan:
         settings = [f"{k}={_yaml(v)}" for k, v in self.changed.items() if not isinstance(v, dict)]
         lines += wrapped(f"  {'changed':<{width}} : ", settings or ["(declared defaults)"])
         return "\n".join(["frlab plan", *lines])
+
+    def _objective(self) -> str:
+        """`kind=name(p=v, ...)` per component, with the built components' values (defaults
+        included; a component without hyperparameters shows its name only)."""
+        items = []
+        for kind, name in self.components.items():
+            values = self.component_params.get(name, {})
+            inner = ", ".join(f"{k}={_number(v)}" for k, v in values.items())
+            items.append(f"{kind}={name}" + (f"({inner})" if inner else ""))
+        return " ".join(items)
 
     def _token_filter(self) -> str:
         """`name p=v ...` with the built filter's hyperparameters (`none` has none)."""

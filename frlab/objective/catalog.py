@@ -2,10 +2,11 @@
 
 Three committed texts derive from the registered components (`frlab.objective.base`), so a new
 component needs no hand edit outside its own file: the per-component defaults
-`configs/objective/params/default.yaml`, the component table of `README.md`, and (through
-`python -m frlab.config.schema_doc`, which writes the whole file) the objective section and
-component metric names of `frlab/config/SCHEMA.md`. `tests/objective/test_catalog.py` and
-`tests/config/test_schema.py` fail when a committed text differs from what is generated.
+`configs/objective/params/default.yaml`, the component table of `README.md`, and the objective
+section and component metric names of `frlab/config/SCHEMA.md` (written whole by
+`frlab.config.schema_doc.generate`, which also runs as `python -m frlab.config.schema_doc`).
+`--write` rewrites all three; `tests/objective/test_catalog.py` and `tests/config/test_schema.py`
+fail when a committed text differs from what is generated.
 
     python -m frlab.objective.catalog           # exit 1 and list the stale files
     python -m frlab.objective.catalog --write   # rewrite them
@@ -167,8 +168,8 @@ MARKERS = {
     README_FILE: [("<!-- components:begin (generated: {cmd}) -->", "<!-- components:end -->",
                    component_table)],
 }  # fmt: skip
-# frlab/config/SCHEMA.md is written whole by `python -m frlab.config.schema_doc`, which takes its
-# objective section from schema_objective_section and component_metrics_text.
+# frlab/config/SCHEMA.md is generated whole by frlab.config.schema_doc, which takes its objective
+# section from schema_objective_section and component_metrics_text (expected_files adds it).
 
 
 def _replace_between(text: str, begin: str, end: str, body: str, path: Path) -> str:
@@ -181,12 +182,15 @@ def _replace_between(text: str, begin: str, end: str, body: str, path: Path) -> 
 
 def expected_files(root: Path = ROOT) -> dict[Path, str]:
     """path -> the full text it must have (the generated parts substituted)."""
+    from frlab.config.schema_doc import generate  # loads Hydra: only when the files are compared
+
     out = {PARAMS_FILE: default_params_yaml()}
     for path, parts in MARKERS.items():
         text = (root / path).read_text()
         for begin, end, make in parts:
             text = _replace_between(text, begin, end, make(), path)
         out[path] = text
+    out[SCHEMA_FILE] = generate()
     return out
 
 

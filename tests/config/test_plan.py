@@ -144,3 +144,16 @@ def test_the_plan_lists_the_values_that_differ_from_the_declared_defaults() -> N
     text = plan.format()
     assert "rollout.max_in_flight=7" in text and "optim.lr=0.5" in text
     assert "model.name_or_path=null" in text
+
+
+def test_objective_row_shows_every_components_own_values() -> None:
+    overrides = ["objective=dr_grpo", "rollout=sync", "rollout.samples_per_prompt=2",
+                 "objective.constant_length.length=512", "objective.ppo_clip.eps_high=0.28",
+                 "objective.token_filter=entropy_failures", "objective.entropy_failures.q=0.5"]  # fmt: skip
+    assert plan_row(overrides, "objective") == (
+        "baseline=group_mean trust_region=ppo_clip(eps_low=0.2, eps_high=0.28) "
+        "aggregation=constant_length(length=512) token_filter=entropy_failures(q=0.5)"
+    )
+    assert plan_row(["objective.baseline=batch_mean_std"], "objective").startswith(
+        "baseline=batch_mean_std(eps=1e-06) trust_region=sequence_bernoulli_kl(delta=0.003) "
+    )
