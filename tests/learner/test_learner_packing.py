@@ -32,6 +32,7 @@ from frlab.learner import FlashReinforceModule
 from frlab.learner import metrics as M
 from frlab.learner.micro_batches import micro_batch_plan
 from frlab.learner.settings import MicroBatching
+from frlab.objective import AGGREGATIONS
 
 B = 8
 WIDTH = 24  # rows of 3 to 17 tokens
@@ -78,19 +79,21 @@ def test_layouts_match_the_hand_written_loop(layout: str) -> None:
     assert row[M.ACCEPTANCE] == pytest.approx(float(ref["admitted"].double().mean()))
 
 
-AGGREGATIONS = {
+# Settings of some aggregations' runs; every registered aggregation runs (with its declared
+# defaults where it is not listed here).
+AGGREGATION_SETTINGS = {
     "sample_mean": {"token_filter": "entropy_failures", "entropy_failures": {"q": 0.5}},
-    "token_mean": {"aggregation": "token_mean"},
-    "constant_length": {"aggregation": "constant_length", "constant_length": {"length": 12}},
+    "constant_length": {"constant_length": {"length": 12}},
 }
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("aggregation", sorted(AGGREGATIONS))
+@pytest.mark.parametrize("aggregation", AGGREGATIONS.names())
 def test_every_aggregation_is_layout_invariant(aggregation: str) -> None:
     base = tiny_policy(seed=2)
     batch = make_batch(base, rows=B, seed=5, width=WIDTH)
-    objective = {**OBJECTIVE_CFG, **AGGREGATIONS[aggregation]}
+    objective = {**OBJECTIVE_CFG, "aggregation": aggregation,
+                 **AGGREGATION_SETTINGS.get(aggregation, {})}  # fmt: skip
     full_params, full = _update(base, batch, micro=B, budget=None, pack=False, objective=objective)
     assert full[M.MICRO_BATCHES] == 1
     assert max_abs_diff(full_params, snapshot(base)) > 1e-3

@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 from frlab.objective import (
     AGGREGATIONS,
     PRESETS,
+    TOKEN_FILTERS,
     TRUST_REGIONS,
     Diagnostic,
     Objective,
@@ -318,7 +319,7 @@ def test_diagnostics_contract() -> None:
 # --------------------------------------------------------------------------- global batch
 
 
-@pytest.mark.parametrize("filt", ["none", "entropy_failures"])
+@pytest.mark.parametrize("filt", TOKEN_FILTERS.names())
 @pytest.mark.parametrize("agg", AGGREGATIONS.names())
 @pytest.mark.parametrize("tr", TRUST_REGIONS.names())
 def test_micro_batches_sum_to_the_full_batch(tr: str, agg: str, filt: str) -> None:
