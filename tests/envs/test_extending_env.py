@@ -1,0 +1,95 @@
+"""The extending guide's environment recipe (docs/extending.md) works as written: its example
+environment and option file, written into a package and a config folder of their own exactly as
+the guide lays them out, train the CPU default for a few updates through the guide's own
+`python -m frlab` line, with rewards in the environment's range."""
+
+from __future__ import annotations
+
+import csv
+import os
+import random
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+GUIDE = REPO / "docs" / "extending.md"  # holds the marked example
+BEGIN, END = "<!-- env-example:begin", "<!-- env-example:end -->"
+MODULE, OPTION = "mypkg/largest.py", "myconf/env/largest_digit.yaml"  # where the guide puts them
+REWARDS = (0.0, 0.25, 1.0)  # what one episode of the example can earn
+
+
+def example() -> dict[str, str]:
+    """The marked block's fenced code, by language: python, yaml, bash."""
+    text = GUIDE.read_text()
+    block = text[text.index(BEGIN) : text.index(END)]
+    out = {}
+    for lang in ("python", "yaml", "bash"):
+        assert block.count(f"```{lang}\n") == 1, f"one {lang} block in the marked example"
+        out[lang] = block.split(f"```{lang}\n", 1)[1].split("```", 1)[0]
+    return out
+
+
+def write_example(folder: Path) -> list[str]:
+    """The guide's files under `folder`; returns its command's `python -m frlab` overrides."""
+    code = example()
+    text = GUIDE.read_text()
+    for path in (MODULE, OPTION, "mypkg/__init__.py"):
+        assert f"`{path}`" in text, f"the guide no longer names {path}"
+    (folder / "mypkg").mkdir()
+    (folder / "mypkg" / "__init__.py").write_text("")
+    (folder / MODULE).write_text(code["python"])
+    (folder / OPTION).parent.mkdir(parents=True)
+    (folder / OPTION).write_text(code["yaml"])
+    [line] = [ln for ln in code["bash"].splitlines() if "python -m frlab" in ln]
+    words = shlex.split(line.replace("$PWD", str(folder)))
+    assert words[0] == f"PYTHONPATH={folder}" and words[1:4] == ["python", "-m", "frlab"], words
+    return words[4:]
+
+
+def frlab(folder: Path, *overrides: str) -> subprocess.CompletedProcess:
+    path = os.pathsep.join(p for p in (str(folder), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "-m", "frlab", *overrides], cwd=folder, env=env,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+
+
+def test_the_example_env_opens_episodes_and_grades_replies() -> None:
+    namespace: dict = {}
+    exec(compile(example()["python"], MODULE, "exec"), namespace)  # noqa: S102 - the guide's code
+    env_cls = namespace["LargestDigitEnv"]
+    sampler = env_cls.task_sampler(size=4)
+    task = sampler.sample(random.Random(0))
+    assert len(task["digits"]) == 4 and all(0 <= d <= 9 for d in task["digits"])
+    env = env_cls(size=4)
+    [message] = env.reset({"digits": [3, 8, 1, 8]})
+    assert message == {"role": "user", "content": "largest: 3 8 1 8"}
+    assert [env.step(reply).reward for reply in ("8", " 8!", "3", "x", "")] == [1, 1, 0.25, 0, 0]
+    assert env.step("8").done and env.step("8").observation is None
+    with pytest.raises(ValueError, match="env.size"):
+        env_cls(size=0)
+
+
+@pytest.mark.slow
+def test_the_guides_env_trains_through_python_m_frlab(tmp_path: Path) -> None:
+    overrides = write_example(tmp_path)
+    plan = frlab(tmp_path, *overrides, "dry_run=true", "env.size=5")
+    assert plan.returncode == 0, plan.stderr[-4000:]
+    text = " ".join(plan.stdout.split())  # the plan's column width follows its longest label
+    assert "env : mypkg.largest.LargestDigitEnv" in text, plan.stdout
+    run = tmp_path / "run"
+    out = frlab(tmp_path, *overrides, "trainer.max_steps=3", "rollout.max_in_flight=16",
+                f"hydra.run.dir={run}")  # fmt: skip
+    assert out.returncode == 0, out.stderr[-4000:]
+    with (run / "metrics.csv").open() as f:
+        rows = [r for r in csv.DictReader(f) if r.get("step")]
+    assert [int(r["step"]) for r in rows] == [1, 2, 3]
+    batch = 64  # the CPU default's data.batch_size: each row averages 64 episodes
+    for row in rows:
+        mean = float(row["train/reward_mean"])
+        assert 0.0 <= mean <= 1.0, row
+        assert abs(mean * batch * 4 - round(mean * batch * 4)) < 1e-6, mean  # a sum of quarters
+    assert "mypkg.largest.LargestDigitEnv" in (run / ".hydra" / "config.yaml").read_text()

@@ -1,0 +1,248 @@
+"""The extending guide's component recipe (docs/extending.md, "A new objective component"),
+carried out step by step on a scratch copy of the repository.
+
+The copy gets the guide's trust-region example, its hand-computed test and its per-row
+reference (the guide's marked blocks), and a new token filter and a new aggregation written
+the same way (below); the guide's own commands then regenerate the derived files and run the
+objective tests, which pass with the new components covered and nothing else edited. The
+dry-run plan shows the new components' values (not their defaults), and `python -m frlab`
+trains the CPU default with them. Subprocesses run the copy's code (its root first on
+PYTHONPATH, run from its root), so nothing here touches this checkout or this process's
+registries.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+GUIDE = REPO / "docs" / "extending.md"
+SECTION = ("## A new objective component", "## A new environment")
+# What the recipe's steps, commands and tests read.
+COPIED = ("frlab", "envs", "configs", "experiments/experiment", "experiments/sweep",
+          "tests/conftest.py", "tests/objective", "tests/config", "README.md", "pyproject.toml")  # fmt: skip
+LOOP_FILE = "tests/objective/loop_testlib.py"
+
+FILTER = '''
+
+@TOKEN_FILTERS.register("first_fraction")
+@dataclass(frozen=True)
+class FirstFraction(TokenFilter):
+    """Keep the first `ceil(q*T_i)` policy tokens of every trajectory."""
+
+    source = "extending recipe test"
+    q: float = hyperparameter(1.0, low=0.0, high=1.0, doc="kept fraction of each trajectory")
+
+    def __call__(
+        self, action_mask: Tensor, entropies: Tensor | None = None, failures: Tensor | None = None
+    ) -> Tensor:
+        _, k_i = token_budget(action_mask, self.q)
+        return action_mask & (action_mask.cumsum(dim=1) <= k_i.unsqueeze(1))
+'''
+
+FILTER_TEST = '''
+
+def test_first_fraction_hand_values() -> None:
+    """T_i = 4 in both rows: q = 0.5 keeps the first 2 policy tokens, q = 0.6 the first
+    ceil(2.4) = 3 (row 1 skips its masked slot), q = 0 none; no entropies needed."""
+
+    def first(q: float) -> list[list[bool]]:
+        return TOKEN_FILTERS.build("first_fraction", q=q)(MASK, None, None).tolist()
+
+    assert first(0.5) == [[True, True, False, False, False], [True, True, False, False, False]]
+    assert first(0.6) == [[True, True, True, False, False], [True, True, False, True, False]]
+    assert first(0.0) == [[False] * 5, [False] * 5]
+    assert not TOKEN_FILTERS.build("first_fraction", q=0.5).needs_entropies
+'''
+
+AGGREGATION = '''
+
+@AGGREGATIONS.register("length_power")
+@dataclass(frozen=True)
+class LengthPower(Aggregation):
+    """Per-trajectory sum of kept terms / `T_i ** alpha`, then mean over B."""
+
+    source = "extending recipe test"
+    alpha: float = hyperparameter(1.0, low=0.0, high=1.0, doc="exponent of T_i (1: sample_mean)")
+
+    def __call__(
+        self,
+        token_terms: Tensor,
+        keep: Tensor,
+        action_mask: Tensor,
+        *,
+        num_sequences: int | Tensor,
+        num_tokens: int | Tensor,
+    ) -> Tensor:
+        b = _normaliser(num_sequences, "num_sequences")
+        t_i = count_per_row(action_mask).to(token_terms.dtype)
+        return (kept_row_sums(token_terms, keep) / t_i**self.alpha).sum() / b
+'''
+
+AGGREGATION_TEST = '''
+
+def test_length_power_hand_values() -> None:
+    """Kept row sums (3, 4) over T_i ** alpha, T = (3, 2), B = 2: alpha = 1 is sample_mean's
+    1.5, alpha = 0.5 gives (3 / sqrt 3 + 4 / sqrt 2) / 2, alpha = 0 the mean row sum 3.5."""
+
+    def loss(alpha: float) -> float:
+        f = agg("length_power", alpha=alpha)
+        return f(TERMS, KEEP, MASK, num_sequences=2, num_tokens=5).item()
+
+    assert loss(1.0) == pytest.approx(1.5, rel=1e-15)
+    assert loss(0.5) == pytest.approx((3 / 3**0.5 + 4 / 2**0.5) / 2, rel=1e-15)
+    assert loss(0.0) == pytest.approx(3.5, rel=1e-15)
+'''
+
+REFERENCES = """
+
+@reference("token_filter", "first_fraction", params={"q": 0.6})
+def first_fraction(entropies: list[float], failed: bool, q: float) -> list[bool]:
+    k = math.ceil(q * len(entropies))
+    return [j < k for j in range(len(entropies))]
+
+
+@reference("aggregation", "length_power", params={"alpha": 0.5})
+def length_power(terms: list[list[float]], keep: list[list[bool]], alpha: float) -> float:
+    return sum(sum(row) / len(row) ** alpha for row in terms) / len(terms)
+"""
+
+NEW = ["objective.trust_region=max_log_ratio", "objective.max_log_ratio.bound=0.3",
+       "objective.token_filter=first_fraction", "objective.first_fraction.q=0.5",
+       "objective.aggregation=length_power", "objective.length_power.alpha=0.5"]  # fmt: skip
+
+
+def section() -> str:
+    text = GUIDE.read_text()
+    return text[text.index(SECTION[0]) : text.index(SECTION[1])]
+
+
+def marked(name: str) -> str:
+    """The python code of the guide's block marked `<!-- NAME:begin ... -->`."""
+    text = section()
+    block = text[text.index(f"<!-- {name}:begin") : text.index(f"<!-- {name}:end -->")]
+    return "\n\n" + block.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def recipe_commands() -> list[list[str]]:
+    """The commands of the recipe's bash block, run with this python."""
+    block = section().split("```bash\n", 1)[1].split("```", 1)[0]
+    commands = [line.split() for line in block.splitlines() if line.strip()]
+    assert all(c[0] == "python" for c in commands), commands
+    return [[sys.executable, *c[1:]] for c in commands]
+
+
+def scratch_copy(tmp_path: Path) -> Path:
+    root = tmp_path / "repo"
+    # Not this test (it would run itself), nor the one that registers the guide's example in a
+    # fresh process: the copy's trust_regions.py holds it, so it would be registered twice.
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "outputs", Path(__file__).name,
+                                    "test_extending.py")  # fmt: skip
+    for rel in COPIED:
+        source, target = REPO / rel, root / rel
+        if source.is_dir():
+            shutil.copytree(source, target, ignore=ignore)
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
+    return root
+
+
+def run(root: Path, args: list[str], timeout: int = 300) -> subprocess.CompletedProcess:
+    path = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "HF_HUB_OFFLINE": "1"}
+    return subprocess.run(args, cwd=root, env=env, capture_output=True, text=True,
+                          timeout=timeout)  # fmt: skip
+
+
+def append(root: Path, rel: str, code: str) -> None:
+    path = root / rel
+    path.write_text(path.read_text() + code)
+
+
+def frlab(root: Path, *overrides: str) -> subprocess.CompletedProcess:
+    return run(root, [sys.executable, "-m", "frlab", *overrides])
+
+
+@pytest.mark.slow
+def test_the_component_recipe_adds_a_token_filter_and_an_aggregation(tmp_path: Path) -> None:
+    root = scratch_copy(tmp_path)
+    where = run(
+        root, [sys.executable, "-c", "import envs, frlab; print(frlab.__file__, envs.__file__)"]
+    )
+    assert where.returncode == 0 and all(
+        Path(p).is_relative_to(root) for p in where.stdout.split()
+    ), where.stdout + where.stderr  # the copy's code is what runs
+
+    # 1. the classes, at the end of their kinds' files
+    append(root, "frlab/objective/trust_regions.py", marked("extending-example"))
+    append(root, "frlab/objective/token_filters.py", FILTER)
+    append(root, "frlab/objective/aggregations.py", AGGREGATION)
+    # 2. their hand-computed tests, in the mirrored test files
+    append(root, "tests/objective/test_trust_regions.py", marked("extending-test"))
+    append(root, "tests/objective/test_token_filters.py", FILTER_TEST)
+    append(root, "tests/objective/test_aggregations.py", AGGREGATION_TEST)
+
+    # a component without its per-row reference fails the loop test, naming the file to edit
+    early = run(root, [sys.executable, "-m", "pytest", "-q",
+                       "tests/objective/test_objective_loops.py", "-k", "has_a_loop_reference"])  # fmt: skip
+    assert early.returncode == 1 and "3 failed" in early.stdout, early.stdout[-3000:]
+    for kind, name in (("trust_region", "max_log_ratio"), ("token_filter", "first_fraction"),
+                       ("aggregation", "length_power")):  # fmt: skip
+        assert f"{kind} '{name}' has no per-row reference" in early.stdout, early.stdout[-3000:]
+    assert f"to {LOOP_FILE}" in early.stdout
+
+    # 3. their per-row references
+    append(root, LOOP_FILE, marked("extending-reference"))
+    append(root, LOOP_FILE, REFERENCES)
+
+    # 4. the guide's commands: regenerate, then the objective tests
+    catalog, tests = recipe_commands()
+    assert catalog[1:] == ["-m", "frlab.objective.catalog", "--write"], catalog
+    wrote = run(root, catalog)
+    assert wrote.returncode == 0, wrote.stderr[-3000:]
+    for path in ("configs/objective/params/default.yaml", "README.md", "frlab/config/SCHEMA.md"):
+        assert f"wrote {path}" in wrote.stdout, wrote.stdout
+    assert run(root, [sys.executable, "-m", "frlab.objective.catalog"]).returncode == 0  # current
+    assert "first_fraction" in (root / "frlab/config/SCHEMA.md").read_text()
+    ran = run(root, [*tests, "-v"], timeout=600)
+    assert ran.returncode == 0, ran.stdout[-6000:]
+    for test_id in (
+        "test_objective_matches_loop[max_log_ratio-length_power-first_fraction] PASSED",
+        "test_objective_matches_loop[sequence_bernoulli_kl-sample_mean-first_fraction] PASSED",
+        "test_micro_batches_sum_to_the_full_batch[max_log_ratio-length_power-first_fraction] PASSED",
+        "test_every_component_is_selectable_documented_and_logged[aggregation-length_power] PASSED",
+        "test_first_fraction_hand_values PASSED",
+        "test_length_power_hand_values PASSED",
+        "test_max_log_ratio_hand_values PASSED",
+        "test_schema_md_is_generated_from_the_declarations PASSED",
+    ):
+        assert test_id in ran.stdout, test_id
+
+    # 5. selected from the command line: the plan shows the values given, and it trains
+    plan = frlab(root, "dry_run=true", *NEW)
+    assert plan.returncode == 0, plan.stderr[-3000:]
+    text = " ".join(plan.stdout.split())
+    assert (
+        "objective : baseline=batch_mean trust_region=max_log_ratio(bound=0.3) "
+        "aggregation=length_power(alpha=0.5) token_filter=first_fraction(q=0.5)"
+    ) in text, text
+    assert "trust : max_log_ratio bound=0.3; token filter first_fraction q=0.5" in text, text
+    run_dir = tmp_path / "run"
+    trained = frlab(root, *NEW, "trainer.max_steps=2", f"hydra.run.dir={run_dir}")
+    assert trained.returncode == 0, trained.stderr[-4000:]
+    with (run_dir / "metrics.csv").open() as f:
+        rows = [r for r in csv.DictReader(f) if r.get("step")]
+    assert [int(r["step"]) for r in rows] == [1, 2]
+    for row in rows:
+        assert math.isfinite(float(row["train/loss"]))
+        assert 0.0 < float(row["train/retained_tokens_frac"]) < 1.0  # the filter dropped tokens
+        assert float(row["train/max_log_ratio/max_abs_log_ratio_mean"]) >= 0.0
