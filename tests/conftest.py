@@ -1,6 +1,12 @@
 """Shared pytest setup: puts tests/ on sys.path so test folders can share `*_testlib` helpers,
-and decides the fate of the two vLLM tiers where their environment is missing: a skip naming
-the script that builds it, or a failure when the tier is required (CI sets the variable).
+runs the default test command on two workers, and decides the fate of the two vLLM tiers
+where their environment is missing: a skip naming the script that builds it, or a failure when
+the tier is required (CI sets the variable).
+
+Two workers: `python -m pytest -q` (no `-n`, no `-m`) runs on WORKERS pytest-xdist processes,
+each test module on one worker (`--dist loadscope`: a module's fixtures are built once), when
+pytest-xdist is installed (the `test` extra has it); `-n 0` runs serially. A tier command
+(`-m vllm_cpu`, `-m vllm_contract`) stays serial: its real engines and servers need the cores.
 
 - `vllm_contract`: frlab's adapters against vLLM's Python code (scripts/vllm_contract_env.sh,
   FRLAB_REQUIRE_VLLM_CONTRACT=1);
@@ -15,8 +21,20 @@ import os
 
 import pytest
 
+WORKERS = 2
 CONTRACT_ENV = "bash scripts/vllm_contract_env.sh"
 CPU_ENV = "bash scripts/vllm_cpu_env.sh"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """The default command on WORKERS workers (see the module docstring); not inside a worker,
+    and not in a pytest run that a test starts from a worker (it inherits the variable)."""
+    if os.environ.get("PYTEST_XDIST_WORKER") or not config.pluginmanager.hasplugin("xdist"):
+        return
+    if config.option.numprocesses is None and not config.option.markexpr:
+        config.option.numprocesses = WORKERS
+        config.option.dist = "loadscope"
 
 
 def vllm_contract_missing() -> str | None:
