@@ -1,12 +1,14 @@
 """Config defaults and docs generated from the component declarations (nothing listed by hand).
 
-Three committed texts derive from the registered components (`frlab.objective.base`), so a new
-component needs no hand edit outside its own file: the per-component defaults
-`configs/objective/params/default.yaml`, the component table of `README.md`, and the objective
-section and component metric names of `frlab/config/SCHEMA.md` (written whole by
-`frlab.config.schema_doc.generate`, which also runs as `python -m frlab.config.schema_doc`).
-`--write` rewrites all three; `tests/objective/test_catalog.py` and `tests/config/test_schema.py`
-fail when a committed text differs from what is generated.
+Committed texts derive from the registered components (`frlab.objective.base`) and the
+presets (`frlab.objective.PRESETS`), so a new component or preset needs no hand edit outside its
+own file: the per-component defaults `configs/objective/params/default.yaml`, one option file
+per preset `configs/objective/<preset>.yaml` (the `objective` config group), the component
+table of `README.md`, and the objective section and component metric names of
+`frlab/config/SCHEMA.md` (written whole by `frlab.config.schema_doc.generate`, which also runs
+as `python -m frlab.config.schema_doc`). `--write` rewrites them all;
+`tests/objective/test_catalog.py` and `tests/config/test_schema.py` fail when a committed text
+differs from what is generated.
 
     python -m frlab.objective.catalog           # exit 1 and list the stale files
     python -m frlab.objective.catalog --write   # rewrite them
@@ -23,10 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from frlab.objective.base import Component, Diagnostic
-from frlab.objective.objective import DEFAULTS, KINDS, PRESETS
+from frlab.objective.objective import DEFAULTS, KINDS, PRESET_NOTES, PRESETS
 
 ROOT = Path(__file__).resolve().parents[2]
 PARAMS_FILE = Path("configs/objective/params/default.yaml")
+PRESETS_DIR = Path("configs/objective")  # the `objective` config group: one file per preset
 README_FILE = Path("README.md")
 SCHEMA_FILE = Path("frlab/config/SCHEMA.md")
 REGENERATE = "python -m frlab.objective.catalog --write"
@@ -180,11 +183,25 @@ def _replace_between(text: str, begin: str, end: str, body: str, path: Path) -> 
     return text[: i + len(begin)] + "\n" + body + "\n" + text[j:]
 
 
+def preset_yaml(name: str) -> str:
+    """The text of configs/objective/<name>.yaml: the preset's components over the defaults."""
+    lines = [
+        f"# {PRESET_NOTES[name]}",
+        f"# Generated from frlab.objective.PRESETS by `{REGENERATE}`; do not edit.",
+        "defaults:",
+        "  - params@_here_: default",
+        "  - _self_",
+    ]
+    lines += [f"{slot}: {component}" for slot, component in PRESETS[name].items()]
+    return "\n".join(lines) + "\n"
+
+
 def expected_files(root: Path = ROOT) -> dict[Path, str]:
     """path -> the full text it must have (the generated parts substituted)."""
     from frlab.config.schema_doc import generate  # loads Hydra: only when the files are compared
 
     out = {PARAMS_FILE: default_params_yaml()}
+    out.update({PRESETS_DIR / f"{name}.yaml": preset_yaml(name) for name in PRESETS})
     for path, parts in MARKERS.items():
         text = (root / path).read_text()
         for begin, end, make in parts:

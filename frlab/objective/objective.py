@@ -84,6 +84,16 @@ PRESETS: dict[str, dict[str, str]] = {
     "dr_grpo": _preset("group_mean", "ppo_clip", "constant_length"),
     "rloo": _preset("rloo", "none", "sample_mean"),
 }
+# What each preset is, one line (the header of its generated configs/objective/<name>.yaml).
+PRESET_NOTES: dict[str, str] = {
+    "flashreinforce": "FlashREINFORCE (the paper): batch-mean baseline, sequence Bernoulli-KL "
+    "gate, sample mean.",
+    "pg_is": "Plain token importance sampling, no trust region (ablation).",
+    "grpo": "GRPO: group-normalised advantages, PPO clip. Needs rollout.samples_per_prompt > 1.",
+    "dr_grpo": "Dr. GRPO: group mean without std, constant-length normaliser. Needs "
+    "rollout.samples_per_prompt > 1.",
+    "rloo": "RLOO: leave-one-out group baseline. Needs rollout.samples_per_prompt > 1.",
+}
 
 
 def build_component(kind: str, name: object, params: Mapping[str, Any], key: str | None) -> Any:

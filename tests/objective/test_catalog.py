@@ -104,3 +104,15 @@ def test_a_diagnostic_the_component_does_not_declare_is_refused() -> None:
         objective(x["log_probs"], x["behavior_log_probs"], objective.advantages(x["rewards"]),
                   x["action_mask"])  # fmt: skip
     assert torch.isfinite(x["rewards"]).all()
+
+
+def test_the_objective_group_holds_exactly_the_presets() -> None:
+    """Presets live in frlab.objective.PRESETS; the `objective` config group is generated from
+    it, one file per preset and no other (a hand-made preset file would be a second place)."""
+    from frlab.config.compose import group_options
+    from frlab.objective import PRESETS
+    from frlab.objective.catalog import PRESETS_DIR, preset_yaml
+
+    assert group_options("objective") == sorted(PRESETS)
+    for name in PRESETS:
+        assert (ROOT / PRESETS_DIR / f"{name}.yaml").read_text() == preset_yaml(name)
