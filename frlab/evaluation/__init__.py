@@ -14,10 +14,8 @@ the dry-run plan use it).
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
 from frlab.evaluation.benchmarks import benchmark_specs, load_benchmark
+from frlab.lazy import lazy_exports
 
 _LAZY = {
     "AvgAtKEvaluation": "frlab.evaluation.avg_at_k",
@@ -33,8 +31,4 @@ __all__ = [
     "load_benchmark",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module 'frlab.evaluation' has no attribute {name!r}")
-    return getattr(importlib.import_module(_LAZY[name]), name)
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())

@@ -5,8 +5,7 @@ Names are imported lazily so that `frlab.learner.optim` or `.checkpoint` stay ch
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from frlab.lazy import lazy_exports
 
 _EXPORTS = {
     "FlashReinforceModule": "frlab.learner.module",
@@ -20,8 +19,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'frlab.learner' has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -5,8 +5,7 @@ Exports are imported lazily, so `import frlab.model` does not import transformer
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from frlab.lazy import lazy_exports
 
 _EXPORTS = {
     "build_policy": "frlab.model.policy",
@@ -19,12 +18,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'frlab.model' has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

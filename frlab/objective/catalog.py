@@ -1,25 +1,16 @@
-"""Config defaults and docs generated from the component declarations (nothing listed by hand).
+"""The texts generated from the component declarations and the presets (nothing listed by hand).
 
-Committed texts derive from the registered components (`frlab.objective.base`) and the
-presets (`frlab.objective.PRESETS`), so a new component or preset needs no hand edit outside its
-own file: the per-component defaults `configs/objective/params/default.yaml`, one option file
-per preset `configs/objective/<preset>.yaml` (the `objective` config group), the component
-table of `README.md`, and the objective section and component metric names of
-`frlab/config/SCHEMA.md` (written whole by `frlab.config.schema_doc.generate`, which also runs
-as `python -m frlab.config.schema_doc`). `--write` rewrites them all;
-`tests/objective/test_catalog.py` and `tests/config/test_schema.py` fail when a committed text
-differs from what is generated.
-
-    python -m frlab.objective.catalog           # exit 1 and list the stale files
-    python -m frlab.objective.catalog --write   # rewrite them
+A new component or preset needs no hand edit outside its own file: this module builds the
+per-component defaults `configs/objective/params/default.yaml` (`default_params_yaml`), one
+option file per preset `configs/objective/<preset>.yaml` (`preset_yaml`, the `objective` config
+group), the component table of `README.md` (`component_table`) and the objective section and
+component metric names of `frlab/config/SCHEMA.md`; `python -m frlab.generated --write`
+rewrites every committed generated file, and the tests fail while one is stale.
 """
 
 from __future__ import annotations
 
-import argparse
 import math
-import os
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -32,7 +23,7 @@ PARAMS_FILE = Path("configs/objective/params/default.yaml")
 PRESETS_DIR = Path("configs/objective")  # the `objective` config group: one file per preset
 README_FILE = Path("README.md")
 SCHEMA_FILE = Path("frlab/config/SCHEMA.md")
-REGENERATE = "python -m frlab.objective.catalog --write"
+REGENERATE = "python -m frlab.generated --write"  # the command that rewrites them (frlab.generated)
 KIND_TITLES = {"baseline": "baseline", "trust_region": "trust region",
                "aggregation": "aggregation", "token_filter": "token filter"}  # fmt: skip
 
@@ -167,21 +158,6 @@ def component_metrics_text() -> str:
 
 # --------------------------------------------------------------------------- committed files
 
-MARKERS = {
-    README_FILE: [("<!-- components:begin (generated: {cmd}) -->", "<!-- components:end -->",
-                   component_table)],
-}  # fmt: skip
-# frlab/config/SCHEMA.md is generated whole by frlab.config.schema_doc, which takes its objective
-# section from schema_objective_section and component_metrics_text (expected_files adds it).
-
-
-def _replace_between(text: str, begin: str, end: str, body: str, path: Path) -> str:
-    begin = begin.format(cmd=REGENERATE)
-    i, j = text.find(begin), text.find(end)
-    if i < 0 or j < i:
-        raise ValueError(f"{path}: markers {begin!r} ... {end!r} not found")
-    return text[: i + len(begin)] + "\n" + body + "\n" + text[j:]
-
 
 def preset_yaml(name: str) -> str:
     """The text of configs/objective/<name>.yaml: the preset's components over the defaults."""
@@ -194,47 +170,3 @@ def preset_yaml(name: str) -> str:
     ]
     lines += [f"{slot}: {component}" for slot, component in PRESETS[name].items()]
     return "\n".join(lines) + "\n"
-
-
-def expected_files(root: Path = ROOT) -> dict[Path, str]:
-    """path -> the full text it must have (the generated parts substituted)."""
-    from frlab.config.schema_doc import generate  # loads Hydra: only when the files are compared
-
-    out = {PARAMS_FILE: default_params_yaml()}
-    out.update({PRESETS_DIR / f"{name}.yaml": preset_yaml(name) for name in PRESETS})
-    for path, parts in MARKERS.items():
-        text = (root / path).read_text()
-        for begin, end, make in parts:
-            text = _replace_between(text, begin, end, make(), path)
-        out[path] = text
-    out[SCHEMA_FILE] = generate()
-    return out
-
-
-def stale_files(root: Path = ROOT) -> list[Path]:
-    """Committed files whose generated parts differ from the declarations."""
-    return [p for p, text in expected_files(root).items() if (root / p).read_text() != text]
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write", action="store_true", help="rewrite the stale files")
-    parser.add_argument("--root", type=Path, default=ROOT, help="the repository checkout")
-    args = parser.parse_args(argv)
-    stale = stale_files(args.root)
-    if args.write:
-        for path, text in expected_files(args.root).items():
-            if path in stale:
-                target = args.root / path
-                tmp = target.with_name(target.name + ".tmp")
-                tmp.write_text(text)
-                os.replace(tmp, target)  # atomic: a reader sees the old or the new text
-                print(f"wrote {path}")
-        return 0
-    for path in stale:
-        print(f"{path} is stale: run `{REGENERATE}`", file=sys.stderr)
-    return 1 if stale else 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -6,8 +6,7 @@ Lightning, never vllm) until one of them is used.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from frlab.lazy import lazy_exports
 
 _EXPORTS = {
     "Engine": "frlab.rollout.engine",
@@ -24,13 +23,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'frlab.rollout' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS])
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

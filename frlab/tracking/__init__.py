@@ -7,9 +7,7 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from frlab.lazy import lazy_exports
 from frlab.tracking.metrics_file import read_metrics, summarize
 
 _LAZY = {
@@ -24,8 +22,4 @@ __all__ = [
     "summarize",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module 'frlab.tracking' has no attribute {name!r}")
-    return getattr(importlib.import_module(_LAZY[name]), name)
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())

@@ -206,12 +206,12 @@ def test_the_component_recipe_adds_a_token_filter_and_an_aggregation(tmp_path: P
 
     # 4. the guide's commands: regenerate, then the objective tests
     catalog, tests = recipe_commands()
-    assert catalog[1:] == ["-m", "frlab.objective.catalog", "--write"], catalog
+    assert catalog[1:] == ["-m", "frlab.generated", "--write"], catalog
     wrote = run(root, catalog)
     assert wrote.returncode == 0, wrote.stderr[-3000:]
     for path in ("configs/objective/params/default.yaml", "README.md", "frlab/config/SCHEMA.md"):
         assert f"wrote {path}" in wrote.stdout, wrote.stdout
-    assert run(root, [sys.executable, "-m", "frlab.objective.catalog"]).returncode == 0  # current
+    assert run(root, [sys.executable, "-m", "frlab.generated"]).returncode == 0  # current
     assert "first_fraction" in (root / "frlab/config/SCHEMA.md").read_text()
     ran = run(root, [*tests, "-v"], timeout=600)
     assert ran.returncode == 0, ran.stdout[-6000:]

@@ -17,8 +17,7 @@ Names are imported on first use, so reading one part does not import the rest.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from frlab.lazy import lazy_exports
 
 _EXPORTS = {
     "RolloutPool": "frlab.rollout.pool.pool",
@@ -34,9 +33,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'frlab.rollout.pool' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
