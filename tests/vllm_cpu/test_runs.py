@@ -60,7 +60,10 @@ def test_a_killed_engine_core_stops_the_run_with_exit_75_and_its_checkpoint(tmp_
 
 def test_a_lora_run_through_vllm_serves_the_learners_adapter_from_the_first_batch(tmp_path: Path):
     """`model.lora` on `rollout/engine=vllm`, starting from a saved adapter far from zero: the
-    first batch's sequence KL is ~0 only if vLLM samples from base + that adapter."""
+    first batch's sequence KL is ~0 only if vLLM samples from base + that adapter. In sync mode
+    every later batch is sampled by the adapter the learner pushed just before it, so its KL
+    stays ~0 too (async batches may be up to max_policy_lag versions old: a timing-dependent
+    KL, which once passed 1e-4 after a few updates)."""
     import copy
 
     from vllm_cpu_testlib import save_model
@@ -79,11 +82,12 @@ def test_a_lora_run_through_vllm_serves_the_learners_adapter_from_the_first_batc
     policy.save_pretrained(tmp_path / "adapter")
     run, log = tmp_path / "run", tmp_path / "run.log"
     overrides = ["experiment=toy_cpu_vllm", "trainer.max_steps=12", "model.lora.rank=8",
-                 f"model.lora.adapter={tmp_path / 'adapter'}"]  # fmt: skip
+                 f"model.lora.adapter={tmp_path / 'adapter'}", "rollout.mode=sync"]  # fmt: skip
     proc = start_run(run, overrides, log)
     assert finish(proc, 600, log) == 0, tail(log)
     rows = metrics(run)
     assert [int(r["step"]) for r in rows] == list(range(1, 13))
     assert float(rows[0]["train/sequence_kl_mean"]) < 1e-6, rows[0]
+    assert all(float(r["train/policy_lag_max"]) == 0 for r in rows), rows
     assert all(float(r["train/sequence_kl_mean"]) < 1e-4 for r in rows), rows
     assert "Using PunicaWrapperCPU" in tail(log, 10**7)  # vLLM's LoRA path is the one serving
