@@ -63,23 +63,25 @@ def engines_that(capability: str) -> list[str]:
     """The rollout/engine options whose engine class declares `capability` true."""
     import dataclasses
 
-    from hydra.utils import get_object
-
     out = []
     for name, declaration in schema.ENGINES.items():
         target = {f.name: f.default for f in dataclasses.fields(declaration)}["_target_"]
-        owner = get_object(str(target))
-        if getattr(getattr(owner, "__self__", owner), capability, False):
+        if getattr(_class_of(str(target)), capability, False):
             out.append(name)
     return out
 
 
 def _engine_class(rollout: Mapping[str, Any]) -> Any:
-    """The engine class a `rollout.engine` node builds (its `_target_` is a classmethod)."""
+    """The engine class a `rollout.engine` node builds."""
+    return _class_of(str(rollout["engine"]["_target_"]))
+
+
+def _class_of(target: str) -> Any:
+    """The class behind an engine `_target_` (a `for_policy` classmethod, or the class)."""
     from hydra.utils import get_object
 
-    target = get_object(str(rollout["engine"]["_target_"]))
-    return getattr(target, "__self__", target)
+    owner = get_object(target)
+    return getattr(owner, "__self__", owner)
 
 
 def check_lora_engine(engine: str, rollout: Mapping[str, Any], model: Mapping[str, Any]) -> None:
