@@ -1,7 +1,7 @@
 """Shared pytest setup: puts tests/ on sys.path so test folders can share `*_testlib` helpers,
 runs the default test command on two workers, and decides the fate of the two vLLM tiers
 where their environment is missing: a skip naming the script that builds it, or a failure when
-the tier is required (CI sets the variable).
+the tier is required (CI sets the variable); and restores torch's thread count after each test.
 
 Two workers: `python -m pytest -q` (no `-n`, no `-m`) runs on WORKERS pytest-xdist processes,
 each test module on one worker (`--dist loadscope`: a module's fixtures are built once), when
@@ -18,6 +18,8 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+import sys
+from collections.abc import Iterator
 
 import pytest
 
@@ -80,3 +82,15 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         if os.environ.get(required) == "1":
             pytest.fail(f"{required}=1 but {reason}", pytrace=False)
         pytest.skip(reason)
+
+
+@pytest.fixture(autouse=True)
+def _torch_threads_kept() -> Iterator[None]:
+    """A test that changes torch's process-wide thread count (a `main` called in-process sets
+    it) gets it restored: a later test on the same worker that compares runs at this
+    process's count must not depend on which tests the worker ran before."""
+    torch = sys.modules.get("torch")
+    before = torch.get_num_threads() if torch is not None else None
+    yield
+    if before is not None and torch.get_num_threads() != before:
+        torch.set_num_threads(before)

@@ -43,11 +43,14 @@ def test_main_passes_the_mode_to_its_torch_engine(mode: str | None, monkeypatch:
     import frlab.rollout.engines.torch as torch_engines
 
     monkeypatch.setattr(torch_engines, "TorchEngine", Recorder)
+    # main sets the server's thread count (--threads, default 1): recorded, not applied to
+    # this test process, whose later tests compare runs at its thread count
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: built.update(threads=n))
     monkeypatch.setattr(serve_main, "build_server_policy", lambda args: object())
     monkeypatch.setattr(serve_main, "serve", lambda state, host, port: None)
     argv = ["--model-config", "x.yaml"] + ([] if mode is None else ["--weight-update", mode])
     assert serve_main.main(argv) == 0
-    assert built["weight_update"] == mode
+    assert built["weight_update"] == mode and built["threads"] == 1
 
 
 @pytest.fixture(scope="module")
