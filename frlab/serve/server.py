@@ -3,12 +3,12 @@
 A stdlib `ThreadingHTTPServer` (no web framework dependency): each connection gets a thread,
 which hands its request to the torch engine running on one private asyncio loop, so concurrent
 requests are batched by the engine as in-process ones are. Endpoints (field names as vLLM
-documents them, see `frlab.rollout.remote.protocol`) answered as vLLM answers them:
+documents them, see `frlab.rollout.remote.protocol` and `.control`) answered as vLLM answers them:
 `GET /health` (200, empty body), `GET /v1/models`, `GET /server_info` (the
 `vllm_config.model_config.logprobs_mode` frlab checks: processed log-probs, which the torch
 engine returns; and frlab's own `frlab_weight_update`, the engine's `--weight-update` mode), `POST /v1/completions` (penalties must be neutral or unset: the torch engine
 applies none), `POST /collective_rpc` (methods `frlab_load_snapshot`, `frlab_weight_version`;
-results through vLLM's router rule, `protocol.rpc_answer`), `POST /reset_prefix_cache`
+results through vLLM's router rule, `control.rpc_answer`), `POST /reset_prefix_cache`
 (no cache: `{"success": true}`). vLLM's NCCL weight-transfer endpoints answer 501: this is a
 CPU/test vehicle, not vLLM. A snapshot push
 of the version and fingerprint already loaded (several learner ranks push identical weights to
@@ -33,6 +33,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from frlab.rollout.engines.torch import TorchEngine
+from frlab.rollout.remote import control
 from frlab.rollout.remote import protocol as proto
 from frlab.rollout.remote.snapshot import read_snapshot
 from frlab.rollout.remote.worker_extension import (
@@ -170,7 +171,7 @@ class Handler(BaseHTTPRequestHandler):
     def _server_info(self) -> dict[str, Any]:
         """vLLM's answer shape plus this server's weight-update mode (`frlab_weight_update`)."""
         mode = self.state.engine.weight_update
-        return proto.server_info(proto.PROCESSED_LOGPROBS, weight_update=mode)
+        return control.server_info(proto.PROCESSED_LOGPROBS, weight_update=mode)
 
     def _models(self) -> dict[str, Any]:
         card = {"id": self.state.model_name, "object": "model", "owned_by": "frlab"}
@@ -208,12 +209,12 @@ class Handler(BaseHTTPRequestHandler):
         return {"fault": self.state.fault}
 
     def _rpc(self, body: dict[str, Any]) -> Any:
-        """One worker's answer, through vLLM's router rule (`protocol.rpc_answer`)."""
+        """One worker's answer, through vLLM's router rule (`control.rpc_answer`)."""
         method, args = body.get("method"), body.get("args") or []
         if method == VERSION_METHOD:
             version = self.state.engine.version
             log.info("rpc %s -> %d", VERSION_METHOD, version)
-            return proto.rpc_answer([{"version": version}])
+            return control.rpc_answer([{"version": version}])
         if method == SNAPSHOT_METHOD:
             if len(args) not in (2, 3):
                 raise ApiError(
@@ -221,7 +222,9 @@ class Handler(BaseHTTPRequestHandler):
                     f"{SNAPSHOT_METHOD} takes args [path, version(, fingerprint)], got {args!r}",
                 )
             fingerprint = args[2] if len(args) == 3 else None
-            return proto.rpc_answer([self._load_snapshot(str(args[0]), int(args[1]), fingerprint)])
+            return control.rpc_answer(
+                [self._load_snapshot(str(args[0]), int(args[1]), fingerprint)]
+            )
         raise ApiError(400, f"unknown collective_rpc method {method!r}")
 
     def _load_snapshot(self, path: str, version: int, fingerprint: Any = None) -> dict[str, Any]:

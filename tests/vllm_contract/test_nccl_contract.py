@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from frlab.rollout.remote import control
 from frlab.rollout.remote import protocol as proto
 from frlab.rollout.remote.nccl import FleetClient, load_trainer_api, make_source
 
@@ -144,8 +145,8 @@ def test_every_body_the_learner_sends_parses_on_the_worker_side(rlhf) -> None:  
     fleet.update_weights(dataclasses.asdict(update))
     fleet.weight_version = "7"
     fleet.finish_weight_update()
-    posted += [(proto.INIT_WEIGHT_TRANSFER, proto.nccl_init_request("10.0.0.5", 29500, 5, 1)),
-               (proto.UPDATE_WEIGHTS, proto.nccl_update_request(NAMED))]  # fmt: skip
+    posted += [(proto.INIT_WEIGHT_TRANSFER, control.nccl_init_request("10.0.0.5", 29500, 5, 1)),
+               (proto.UPDATE_WEIGHTS, control.nccl_update_request(NAMED))]  # fmt: skip
     for path, body in posted:
         assert http.post(path, json=body).status_code == 200, (path, body)
     inits = [p for p in client.parsed if isinstance(p, NCCLWeightTransferInitInfo)]
@@ -153,6 +154,6 @@ def test_every_body_the_learner_sends_parses_on_the_worker_side(rlhf) -> None:  
     updates = [p for p in client.parsed if isinstance(p, NCCLWeightTransferUpdateInfo)]
     assert len(updates) == 3 and updates[-1].dtype_names == ["float32", "bfloat16"]
     assert client.parsed.count(("finish", "7")) == 2
-    old = {"update_info": {**proto.nccl_update_request(NAMED)["update_info"], "packed": True}}
+    old = {"update_info": {**control.nccl_update_request(NAMED)["update_info"], "packed": True}}
     assert http.post(proto.UPDATE_WEIGHTS, json=old).status_code != 200  # parse_update_info refuses
-    assert proto.world_size_of(http.get(proto.WORLD_SIZE).json()) == 2
+    assert control.world_size_of(http.get(proto.WORLD_SIZE).json()) == 2

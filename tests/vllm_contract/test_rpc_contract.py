@@ -14,6 +14,7 @@ import pytest
 import torch
 from vllm_worker_testlib import msgspec_transport, vllm_router_answer
 
+from frlab.rollout.remote import control
 from frlab.rollout.remote import protocol as proto
 from frlab.rollout.remote.worker_extension import SNAPSHOT_METHOD
 
@@ -95,20 +96,20 @@ class RpcClient:
 )
 def test_the_dev_router_stringifies_scalars_as_frlab_expects(results) -> None:  # noqa: ANN001
     """vLLM's router answers results that are not a dict, list or None
-    as `str(result)`; `protocol.rpc_answer` (used by frlab.serve and the fakes) says the same."""
+    as `str(result)`; `control.rpc_answer` (used by frlab.serve and the fakes) says the same."""
     from contract_testlib import router_app
     from fastapi.testclient import TestClient
 
     client = RpcClient(results)
     http = TestClient(router_app(client, "dev.rpc"))
-    body = proto.rpc_request("frlab_weight_version", ["/p", 3, {"sum": 1.0}], timeout=5.0)
+    body = control.rpc_request("frlab_weight_version", ["/p", 3, {"sum": 1.0}], timeout=5.0)
     resp = http.post(proto.COLLECTIVE_RPC, json=body)
     assert resp.status_code == 200
-    assert resp.json() == proto.rpc_answer(results) == vllm_router_answer(results)
+    assert resp.json() == control.rpc_answer(results) == vllm_router_answer(results)
     assert client.calls == [("frlab_weight_version", ("/p", 3, {"sum": 1.0}), {})]
     if results == [3, 3]:
         with pytest.raises(proto.MalformedResponse):
-            proto.rpc_versions(resp.json())  # "3" is refused, not compared with 3
+            control.rpc_versions(resp.json())  # "3" is refused, not compared with 3
 
 
 def test_frlab_parses_the_dev_routers_answers_of_its_own_worker_methods() -> None:
@@ -116,13 +117,13 @@ def test_frlab_parses_the_dev_routers_answers_of_its_own_worker_methods() -> Non
     from fastapi.testclient import TestClient
 
     cases = [
-        ([{"version": 4}, {"version": 4}], lambda b: proto.rpc_versions(b) == [4, 4]),
-        ([{"ready": False}], lambda b: proto.rpc_flags(b, "ready") == [False]),
-        ([{"group": "g"}], lambda b: proto.rpc_dicts(b, "group") == [{"group": "g"}]),
+        ([{"version": 4}, {"version": 4}], lambda b: control.rpc_versions(b) == [4, 4]),
+        ([{"ready": False}], lambda b: control.rpc_flags(b, "ready") == [False]),
+        ([{"group": "g"}], lambda b: control.rpc_dicts(b, "group") == [{"group": "g"}]),
     ]
     for results, check in cases:
         http = TestClient(router_app(RpcClient(results), "dev.rpc"))
-        assert check(http.post(proto.COLLECTIVE_RPC, json=proto.rpc_request("m")).json())
+        assert check(http.post(proto.COLLECTIVE_RPC, json=control.rpc_request("m")).json())
 
 
 class HealthClient:
@@ -149,10 +150,10 @@ def test_health_is_an_empty_200_and_reset_reports_success() -> None:
     alive = TestClient(router_app(HealthClient(False), "health", "dev.cache"))
     resp = alive.get(proto.HEALTH)
     assert resp.status_code == 200 and resp.content == b""
-    assert proto.reset_succeeded(alive.post(proto.RESET_PREFIX_CACHE).json()) is True
+    assert control.reset_succeeded(alive.post(proto.RESET_PREFIX_CACHE).json()) is True
     dead = TestClient(router_app(HealthClient(True), "health", "dev.cache"))
     assert dead.get(proto.HEALTH).status_code == 503
-    assert proto.reset_succeeded(dead.post(proto.RESET_PREFIX_CACHE).json()) is False
+    assert control.reset_succeeded(dead.post(proto.RESET_PREFIX_CACHE).json()) is False
 
 
 def test_frlab_serve_answers_health_and_rpcs_as_vllm_does(tmp_path) -> None:  # noqa: ANN001
@@ -179,9 +180,9 @@ def test_frlab_serve_answers_health_and_rpcs_as_vllm_does(tmp_path) -> None:  # 
     try:
         health = httpx.get(base + proto.HEALTH, trust_env=False)
         assert health.status_code == 200 and health.content == b""
-        rpc = httpx.post(base + proto.COLLECTIVE_RPC, json=proto.rpc_request("frlab_weight_version"),
+        rpc = httpx.post(base + proto.COLLECTIVE_RPC, json=control.rpc_request("frlab_weight_version"),
                          trust_env=False)  # fmt: skip
-        assert rpc.json() == proto.rpc_answer([{"version": 5}])
+        assert rpc.json() == control.rpc_answer([{"version": 5}])
         reset = httpx.post(base + proto.RESET_PREFIX_CACHE, json={}, trust_env=False)
         assert reset.json() == {"success": True}
     finally:

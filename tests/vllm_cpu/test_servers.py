@@ -46,6 +46,7 @@ from vllm_cpu_testlib import (
 )
 
 from frlab.rollout.engine import SamplingParams
+from frlab.rollout.remote import control
 from frlab.rollout.remote import protocol as proto
 from frlab.rollout.remote.engine import RemoteEngine
 
@@ -89,9 +90,9 @@ def remote_run(servers: list[Server], *extra: str) -> list[str]:
 
 
 def served_version(server: Server) -> int | None:
-    body = proto.rpc_request("frlab_weight_version")
+    body = control.rpc_request("frlab_weight_version")
     answer = httpx.post(server.url + proto.COLLECTIVE_RPC, json=body, timeout=30).json()
-    (version,) = set(proto.rpc_versions(answer))
+    (version,) = set(control.rpc_versions(answer))
     return version
 
 

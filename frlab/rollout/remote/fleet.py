@@ -34,6 +34,7 @@ from typing import Any
 import httpx
 
 from frlab.rollout.engine import EngineError
+from frlab.rollout.remote import control
 from frlab.rollout.remote import protocol as proto
 from frlab.rollout.remote.worker_extension import SNAPSHOT_METHOD, VERSION_METHOD, check_acks
 
@@ -169,12 +170,12 @@ class FleetMixin:
         was = server.state
         try:
             info = await self._server_info(server)
-            mode = proto.served_logprobs_mode(info)
+            mode = control.served_logprobs_mode(info)
             if mode != proto.PROCESSED_LOGPROBS:
                 self._refuse(server, f"it serves logprobs_mode={mode!r}: run it with "
                              f"--logprobs-mode {proto.PROCESSED_LOGPROBS}")  # fmt: skip
                 return
-            if not self._serves_mode(server, proto.served_weight_update(info)):
+            if not self._serves_mode(server, control.served_weight_update(info)):
                 return
             if server.stops and not await self._probe_labels(server):  # frlab...in_flight
                 return
@@ -183,12 +184,12 @@ class FleetMixin:
                 reported = [await self._load_adapter(server, snap)]
             elif snap is not None:
                 args = [str(snap.path), snap.version, dict(snap.fingerprint)]  # 3rd: dedup key
-                body = proto.rpc_request(SNAPSHOT_METHOD, args)
-                acks = proto.rpc_dicts(
+                body = control.rpc_request(SNAPSHOT_METHOD, args)
+                acks = control.rpc_dicts(
                     await self._post(server, proto.COLLECTIVE_RPC, body), "version"
                 )
                 check_acks(acks, snap.version, snap.fingerprint)
-                if not (server.paused and self._generates(server)) and not proto.reset_succeeded(
+                if not (server.paused and self._generates(server)) and not control.reset_succeeded(
                     await self._post(server, proto.RESET_PREFIX_CACHE, {})
                 ):
                     self._refuse(server, "its prefix-cache reset did not succeed")
@@ -197,9 +198,9 @@ class FleetMixin:
                 if not await self._set_label(server):
                     return
                 answer = await self._post(
-                    server, proto.COLLECTIVE_RPC, proto.rpc_request(VERSION_METHOD)
+                    server, proto.COLLECTIVE_RPC, control.rpc_request(VERSION_METHOD)
                 )
-                reported = proto.rpc_versions(answer)
+                reported = control.rpc_versions(answer)
             if server.paused and not self._syncing:  # a resubmit update could not resume it
                 await self._resume(server)
         except ServerFault as fault:
@@ -223,7 +224,7 @@ class FleetMixin:
     async def _server_info(self, server: Server) -> Any:
         """The server's `/server_info` answer, after learning its model id (once)."""
         if server.model is None:
-            server.model = self.model or proto.served_model(await self._get(server, proto.MODELS))
+            server.model = self.model or control.served_model(await self._get(server, proto.MODELS))
         # the first /server_info of a vLLM server collects its environment: allow time
         return await self._get(server, proto.SERVER_INFO, self.request_timeout_s)
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from frlab.rollout.engine import SamplingParams
 from frlab.rollout.engines.vllm_args import vllm_sampling_kwargs
-from frlab.rollout.remote.protocol import Completion, MalformedResponse
+from frlab.rollout.remote.protocol import Completion, MalformedResponse, is_int
 
 GENERATE = "/inference/v1/generate"
 UPDATE_WEIGHT_VERSION = "/update_weight_version"
@@ -108,7 +108,7 @@ def span_versions(spans: Any, n: int) -> list[int]:
         start, end, label = span["start"], span["end"], span["version"]
         if not isinstance(label, str) or not label.isdigit():
             raise MalformedResponse(f"weight version label {label!r} is not frlab's version")
-        if start != len(out) or not _is_int(end) or end < start:
+        if start != len(out) or not is_int(end) or end < start:
             raise MalformedResponse(f"weight_versions do not tile the output: {spans!r:.200}")
         out += [int(label)] * (end - start)
     if len(out) != n:
@@ -157,12 +157,8 @@ def version_spans(versions: Sequence[int]) -> list[dict[str, Any]]:
     return spans
 
 
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
 def _ids(ids: Any) -> list[int]:
-    if not isinstance(ids, list) or not all(_is_int(t) and t >= 0 for t in ids):
+    if not isinstance(ids, list) or not all(is_int(t) and t >= 0 for t in ids):
         raise MalformedResponse(f"token_ids must be a list of ids, got {ids!r:.200}")
     return list(ids)
 

@@ -27,6 +27,7 @@ import asyncio
 import logging
 
 from frlab.rollout.engine import EngineError
+from frlab.rollout.remote import control
 from frlab.rollout.remote import generate as gen
 from frlab.rollout.remote import protocol as proto
 from frlab.rollout.remote.fleet import Server, ServerFault
@@ -66,7 +67,7 @@ class InFlightMixin:
 
     async def _labels_at_start(self, server: Server) -> bool:
         try:
-            served = proto.served_weight_update(await self._server_info(server))
+            served = control.served_weight_update(await self._server_info(server))
             if served is not None:  # frlab.serve labels in its own mode
                 return served == "in_flight"
             server.labels = await self._offers_labels(server)

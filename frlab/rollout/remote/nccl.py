@@ -51,6 +51,7 @@ import torch
 
 from frlab.rollout.engine import EngineError
 from frlab.rollout.engines.vllm_releases import SUPPORTED
+from frlab.rollout.remote import control
 from frlab.rollout.remote import protocol as proto
 from frlab.rollout.remote.fleet import REFUSED, Server, ServerFault
 from frlab.rollout.remote.hosts import nccl_master_address
@@ -259,7 +260,7 @@ class NcclSync:
             return
         finally:
             self.source.set([])
-        body = proto.rpc_request(COMMIT_METHOD, [int(version), dict(fingerprint)])
+        body = control.rpc_request(COMMIT_METHOD, [int(version), dict(fingerprint)])
         await asyncio.gather(
             *(self._commit(engine, s, body, version, fingerprint) for s in members)
         )
@@ -269,11 +270,11 @@ class NcclSync:
     ) -> None:
         try:
             answer = await engine._post(server, proto.COLLECTIVE_RPC, body)
-            check_acks(proto.rpc_dicts(answer, "version"), version, fingerprint)
+            check_acks(control.rpc_dicts(answer, "version"), version, fingerprint)
             if server.paused and engine._generates(server):  # in_flight: frozen requests
                 return  # hold KV blocks, so vLLM's reset would fail (frlab...in_flight)
             reset = await engine._post(server, proto.RESET_PREFIX_CACHE, {})  # no old-weight KV
-            if not proto.reset_succeeded(reset):
+            if not control.reset_succeeded(reset):
                 raise RuntimeError("its prefix-cache reset did not succeed")
         except ServerFault as fault:
             server.state = fault.kind
@@ -299,15 +300,15 @@ class NcclSync:
     async def _begin(self, engine: Any) -> bool:
         if any(s.state == "dead" for s in self.members):
             return False
-        body = proto.rpc_request(NCCL_BEGIN_METHOD, [self.token])
+        body = control.rpc_request(NCCL_BEGIN_METHOD, [self.token])
         ready = (self._rpc_ok(engine, s, body, self._ready_flags) for s in self.members)
         return all(await asyncio.gather(*ready))
 
     def _ready_flags(self, answer: Any) -> bool:
-        return all(proto.rpc_flags(answer, "ready"))
+        return all(control.rpc_flags(answer, "ready"))
 
     def _joined(self, answer: Any) -> bool:
-        return all(r["group"] == self.token for r in proto.rpc_dicts(answer, "group"))
+        return all(r["group"] == self.token for r in control.rpc_dicts(answer, "group"))
 
     async def _rpc_ok(self, engine: Any, server: Server, body: Any, check: Any) -> bool:
         """True when `server` answered the rpc and `check(answer)` holds for it."""
@@ -325,7 +326,7 @@ class NcclSync:
         members = [s for s, n in zip(engine.servers, sized, strict=True) if n]
         if not members:
             return False
-        offsets, world = proto.nccl_rank_offsets([n for n in sized if n])
+        offsets, world = control.nccl_rank_offsets([n for n in sized if n])
         port = self.master_port + self.generation if self.master_port else free_port()
         self.generation += 1
         client = FleetClient([s.url for s in members], offsets, self.timeout)
@@ -343,7 +344,7 @@ class NcclSync:
         self.members, self.token = members, f"{uuid.uuid4().hex}-{self.generation}"
         log.info("remote engine: NCCL group of %d ranks on %s:%d: %s", world,
                  info.master_address, port, [s.url for s in members])  # fmt: skip
-        body = proto.rpc_request(NCCL_JOIN_METHOD, [self.token])
+        body = control.rpc_request(NCCL_JOIN_METHOD, [self.token])
         if all(
             await asyncio.gather(*(self._rpc_ok(engine, s, body, self._joined) for s in members))
         ):
@@ -354,7 +355,7 @@ class NcclSync:
     async def _workers(self, engine: Any, server: Server) -> int:
         """The server's worker count (0 when it does not answer: not a member)."""
         try:
-            return proto.world_size_of(await engine._get(server, proto.WORLD_SIZE))
+            return control.world_size_of(await engine._get(server, proto.WORLD_SIZE))
         except ServerFault as fault:
             server.state = fault.kind
         except (RuntimeError, proto.MalformedResponse) as exc:  # EngineError: a 4xx answer

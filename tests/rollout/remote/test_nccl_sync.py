@@ -20,6 +20,7 @@ import torch
 from nccl_testlib import EVENTS, WIRE, FakeTrainerEngine, FakeVllmServer, install_fake_vllm
 
 from frlab.rollout.engine import EngineError, SamplingParams
+from frlab.rollout.remote import control
 from frlab.rollout.remote import protocol as proto
 from frlab.rollout.remote.engine import RemoteEngine
 
@@ -272,12 +273,12 @@ def test_bad_nccl_settings_name_their_key(kw: dict[str, Any], key: str) -> None:
 
 
 def test_rank_offsets_follow_each_servers_worker_count() -> None:
-    assert proto.nccl_rank_offsets([2, 1, 4]) == ([1, 3, 4], 8)
-    assert proto.world_size_of({"world_size": 3}) == 3
+    assert control.nccl_rank_offsets([2, 1, 4]) == ([1, 3, 4], 8)
+    assert control.world_size_of({"world_size": 3}) == 3
     with pytest.raises(ValueError, match="worker"):
-        proto.nccl_rank_offsets([2, 0])
+        control.nccl_rank_offsets([2, 0])
     with pytest.raises(proto.MalformedResponse):
-        proto.world_size_of({"world_size": 0})
+        control.world_size_of({"world_size": 0})
 
 
 def test_a_weight_source_base_that_refuses_frlabs_source_is_an_engine_error() -> None:

@@ -12,6 +12,7 @@ from vllm_worker_testlib import FakeWorker
 
 from frlab.rollout.callbacks import rollout_metrics
 from frlab.rollout.engine import SamplingParams
+from frlab.rollout.remote import control
 from frlab.rollout.remote import protocol as proto
 from frlab.rollout.remote.engine import RemoteEngine, Server
 from frlab.rollout.remote.snapshot import (
@@ -123,19 +124,19 @@ def test_garbage_answers_are_malformed(answer: dict) -> None:
 
 
 def test_control_plane_bodies() -> None:
-    assert proto.rpc_request("frlab_load_snapshot", ["/s/v3/model.safetensors", 3]) == {
+    assert control.rpc_request("frlab_load_snapshot", ["/s/v3/model.safetensors", 3]) == {
         "method": "frlab_load_snapshot", "args": ["/s/v3/model.safetensors", 3], "kwargs": {}
     }  # fmt: skip
-    assert proto.rpc_results({"results": [3, 3]}) == [3, 3]
+    assert control.rpc_results({"results": [3, 3]}) == [3, 3]
     with pytest.raises(proto.MalformedResponse):
-        proto.rpc_results({"error": "no dev mode"})
-    assert proto.served_model({"object": "list", "data": [{"id": "q"}]}) == "q"
-    assert proto.nccl_init_request("10.0.0.1", 29500, 3) == {"init_info": {
+        control.rpc_results({"error": "no dev mode"})
+    assert control.served_model({"object": "list", "data": [{"id": "q"}]}) == "q"
+    assert control.nccl_init_request("10.0.0.1", 29500, 3) == {"init_info": {
         "master_address": "10.0.0.1", "master_port": 29500, "rank_offset": 1, "world_size": 3,
         "packed": True,
     }}  # fmt: skip
     with pytest.raises(ValueError, match="world_size"):
-        proto.nccl_init_request("h", 1, 1)
+        control.nccl_init_request("h", 1, 1)
 
 
 def test_the_nccl_update_body_has_exactly_the_fields_vllm_parses() -> None:
@@ -146,12 +147,12 @@ def test_the_nccl_update_body_has_exactly_the_fields_vllm_parses() -> None:
     from nccl_testlib import INIT_FIELDS, INIT_REQUIRED, UPDATE_FIELDS, parse_info
 
     named = [("a.weight", torch.zeros(2, 3, dtype=torch.bfloat16)), ("b", torch.zeros(4))]
-    update = proto.nccl_update_request(named)["update_info"]
+    update = control.nccl_update_request(named)["update_info"]
     assert parse_info(update, UPDATE_FIELDS, UPDATE_FIELDS) == {
         "names": ["a.weight", "b"], "dtype_names": ["bfloat16", "float32"],
         "shapes": [[2, 3], [4]],
     }  # fmt: skip
-    init = proto.nccl_init_request("10.0.0.1", 29500, 3, packed=False)["init_info"]
+    init = control.nccl_init_request("10.0.0.1", 29500, 3, packed=False)["init_info"]
     assert parse_info(init, INIT_FIELDS, INIT_REQUIRED)["packed"] is False
 
 
@@ -160,35 +161,38 @@ def test_rpc_answers_are_parsed_strictly_as_vllm_sends_them() -> None:
     `collective_rpc`) sends results that are not a dict, list or None as `str(result)`: a
     version 3 arrives as "3" and never equals 3, False as the truthy "False". frlab's worker
     methods answer dicts and the client parses them strictly."""
-    assert proto.rpc_answer([3, False, None, {"a": 1}, [2]]) == {
+    assert control.rpc_answer([3, False, None, {"a": 1}, [2]]) == {
         "results": ["3", "False", None, {"a": 1}, [2]]
     }
-    assert proto.rpc_answer(None) is None  # vLLM: an empty 200 body
-    assert proto.rpc_versions(proto.rpc_answer([{"version": 3}, {"version": None}])) == [3, None]
-    assert proto.rpc_flags(proto.rpc_answer([{"ready": False}]), "ready") == [False]
-    for bad in (proto.rpc_answer([3]), {"results": [{"version": "3"}]},
+    assert control.rpc_answer(None) is None  # vLLM: an empty 200 body
+    assert control.rpc_versions(control.rpc_answer([{"version": 3}, {"version": None}])) == [
+        3,
+        None,
+    ]
+    assert control.rpc_flags(control.rpc_answer([{"ready": False}]), "ready") == [False]
+    for bad in (control.rpc_answer([3]), {"results": [{"version": "3"}]},
                 {"results": [{"version": True}]}, {"results": [{"v": 3}]}):  # fmt: skip
         with pytest.raises(proto.MalformedResponse):
-            proto.rpc_versions(bad)
+            control.rpc_versions(bad)
     with pytest.raises(proto.MalformedResponse):
-        proto.rpc_flags(proto.rpc_answer([False]), "ready")  # "False": not a flag
+        control.rpc_flags(control.rpc_answer([False]), "ready")  # "False": not a flag
     with pytest.raises(proto.MalformedResponse):
-        proto.rpc_flags({"results": [{"ready": "False"}]}, "ready")
+        control.rpc_flags({"results": [{"ready": "False"}]}, "ready")
 
 
 def test_reset_and_server_info_answers() -> None:
     """vLLM's `/reset_prefix_cache` answers `{"success": bool}`
     (vllm/entrypoints/serve/dev/cache/api_router.py); `/server_info?config_format=json`
     dumps the VllmConfig (vllm/entrypoints/serve/dev/server_info/api_router.py)."""
-    assert proto.reset_succeeded({"success": True}) is True
-    assert proto.reset_succeeded({"success": False}) is False
+    assert control.reset_succeeded({"success": True}) is True
+    assert control.reset_succeeded({"success": False}) is False
     for bad in ({}, {"success": "true"}, None):
         with pytest.raises(proto.MalformedResponse):
-            proto.reset_succeeded(bad)
-    info = proto.server_info("processed_logprobs")
-    assert proto.served_logprobs_mode(info) == "processed_logprobs"
+            control.reset_succeeded(bad)
+    info = control.server_info("processed_logprobs")
+    assert control.served_logprobs_mode(info) == "processed_logprobs"
     with pytest.raises(proto.MalformedResponse):
-        proto.served_logprobs_mode({"vllm_config": "ModelConfig(...)"})  # config_format=text
+        control.served_logprobs_mode({"vllm_config": "ModelConfig(...)"})  # config_format=text
 
 
 def test_snapshots_are_written_whole_tied_tensors_included_and_pruned(tmp_path: Path) -> None:

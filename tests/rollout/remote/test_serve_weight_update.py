@@ -17,6 +17,7 @@ import torch
 from serve_testlib import TINY_QWEN2, Fleet, free_port, save_tiny_model, url
 
 from frlab.rollout.engine import EngineError, GenerationResult, SamplingParams
+from frlab.rollout.remote import control
 from frlab.rollout.remote import protocol as proto
 from frlab.rollout.remote.engine import RemoteEngine
 from frlab.serve import __main__ as serve_main
@@ -81,8 +82,8 @@ def engine_on(port: int, tmp_path: Path, mode: str, weights: Any) -> RemoteEngin
 
 def test_each_server_reports_its_mode(servers: tuple[Fleet, int, int, Any]) -> None:
     _, resubmit, default, _ = servers
-    assert proto.served_weight_update(info(resubmit)) == "resubmit"
-    assert proto.served_weight_update(info(default)) == "in_flight"  # TorchEngine's default
+    assert control.served_weight_update(info(resubmit)) == "resubmit"
+    assert control.served_weight_update(info(default)) == "in_flight"  # TorchEngine's default
 
 
 def test_a_fleet_asking_another_mode_refuses_the_server(
