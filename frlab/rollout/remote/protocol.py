@@ -131,7 +131,7 @@ def request_seed(seed: Any) -> int | None:
     in [0, 2**63): negative values are folded (seed mod 2**63); None stays None."""
     if seed is None:
         return None
-    if isinstance(seed, bool) or not is_int(seed) or not -(2**63) <= int(seed) < 2**63:
+    if not is_int(seed) or not -(2**63) <= int(seed) < 2**63:
         raise ValueError(f"`seed` must be a 64-bit integer, got {seed!r}")
     return int(seed) % 2**63
 
@@ -200,6 +200,7 @@ def _given(body: Mapping[str, Any], key: str, default: Any) -> Any:
 
 
 def is_int(x: Any) -> bool:
+    """An int of JSON, not a bool (True is an int to Python, never an id or a version)."""
     return isinstance(x, int) and not isinstance(x, bool)
 
 
