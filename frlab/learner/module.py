@@ -49,7 +49,13 @@ from torch import Tensor
 
 from frlab.data.batch import RolloutBatch, per_rank_batch
 from frlab.learner.checkpoint import capture_rng_states, restore_rng_states
-from frlab.learner.distributed import DataParallelMixin
+from frlab.learner.distributed import (
+    clip_gradients,
+    gather_rows,
+    grad_sync,
+    reduce_across_ranks,
+    world_of,
+)
 from frlab.learner.metrics import PROGRESS_BAR, StepMetrics
 from frlab.learner.micro_batches import contributes, forward_context, micro_batch_plan, split_batch
 from frlab.learner.optim import build_optimizer, build_scheduler, grad_clip_norm, with_defaults
@@ -73,7 +79,7 @@ def _sync_device(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-class FlashReinforceModule(DataParallelMixin, L.LightningModule):
+class FlashReinforceModule(L.LightningModule):
     """Holds the policy and the composed Objective; manual optimisation, one step per batch."""
 
     def __init__(
@@ -244,12 +250,12 @@ class FlashReinforceModule(DataParallelMixin, L.LightningModule):
     def _micro_batch_count(self, batch: RolloutBatch) -> int:
         """The micro-batch count every rank uses: its own plan's, or the largest over ranks
         when a token budget makes plans differ (equal row caps give equal counts)."""
-        world, _ = self._world()
+        world, _ = world_of(self)
         if world == 1 or self.micro.max_tokens is None:
             return 1
         local = len(micro_batch_plan(batch, self.micro))
         count = torch.tensor(local, dtype=torch.long, device=batch.input_ids.device)
-        return int(self._max_across_ranks(count).item())
+        return int(reduce_across_ranks(self, count, "max").item())
 
     def _forward(
         self,
@@ -305,14 +311,14 @@ class FlashReinforceModule(DataParallelMixin, L.LightningModule):
         any rank skips its backward (its gradient is exactly 0). The last micro-batch carries
         the data-parallel gradient sync, so it runs whenever an earlier backward ran.
         """
-        world, _ = self._world()
+        world, _ = world_of(self)
         parts = split_batch(batch, self.micro, self._micro_batch_count(batch))
         loss = torch.zeros((), dtype=torch.float64, device=batch.rewards.device)
         ran_backward = False
         for k, (rows, mb) in enumerate(parts):
             last = k == len(parts) - 1
             with (
-                self._grad_sync(enabled=last),
+                grad_sync(self, self._scorer, enabled=last),
                 forward_context(
                     self.policy, mb, pack=self.micro.pack, routing_replay=self.routing_replay
                 ),
@@ -322,7 +328,7 @@ class FlashReinforceModule(DataParallelMixin, L.LightningModule):
                 )
                 loss = loss + mb_loss.detach().to(loss.dtype)
                 if self.skip_zero_signal:
-                    live = bool(self._max_across_ranks(live.long()).item())
+                    live = bool(reduce_across_ranks(self, live.long(), "max").item())
                     if not live and not (last and ran_backward and world > 1):
                         continue
                 self._backward(mb_loss * float(world), timings)
@@ -331,15 +337,15 @@ class FlashReinforceModule(DataParallelMixin, L.LightningModule):
 
     def training_step(self, batch: RolloutBatch, batch_idx: int) -> None:
         step_start = time.perf_counter()
-        world, rank = self._world()
+        world, rank = world_of(self)
         self._check_batch(batch, world)
         local_b = batch.batch_size
         global_advantages = self.objective.advantages(
-            self._gather_rows(batch.rewards), self._gather_rows(batch.prompt_ids)
+            gather_rows(self, batch.rewards), gather_rows(self, batch.prompt_ids)
         )
         all_zero = bool((global_advantages == 0).all())  # same on every rank
         advantages = global_advantages[rank * local_b : (rank + 1) * local_b]
-        num_tokens = int(self._sum_across_ranks(batch.action_mask.sum()).item())
+        num_tokens = int(reduce_across_ranks(self, batch.action_mask.sum(), "sum").item())
         self.step_metrics.update_batch(batch, self.policy_version)
 
         optimizer, scheduler = self.optimizers(), self.lr_schedulers()
@@ -351,7 +357,7 @@ class FlashReinforceModule(DataParallelMixin, L.LightningModule):
             micro_batches = 0
         else:
             loss, micro_batches = self._accumulate(batch, advantages, num_tokens, timings)
-        grad_norm = self._clip_gradients()
+        grad_norm = clip_gradients(self.parameters(), self.grad_clip, self.policy_version)
         zero_signal = bool(grad_norm == 0)  # global: every gradient entry is exactly 0
         if zero_signal and self.skip_zero_signal:
             # Without grads AdamW leaves parameters and moments as they are; the step counts.
@@ -360,7 +366,7 @@ class FlashReinforceModule(DataParallelMixin, L.LightningModule):
         scheduler.step()
         self.policy_version += 1
         self._log_step(
-            loss=self._sum_across_ranks(loss),
+            loss=reduce_across_ranks(self, loss, "sum"),
             grad_norm=grad_norm,
             lr=lr,
             zero_signal=zero_signal,
