@@ -61,7 +61,7 @@ from frlab.rollout.remote import generate as gen
 from frlab.rollout.remote import protocol as proto
 from frlab.rollout.remote.fleet import FleetMixin, Server, ServerFault, Snapshot
 from frlab.rollout.remote.in_flight import InFlightMixin
-from frlab.rollout.remote.lora import LORA_WEIGHT_UPDATES, LoraFleetMixin, check_lora_settings
+from frlab.rollout.remote.lora import LORA_WEIGHT_UPDATES, LoraAdapters, check_lora_settings
 from frlab.rollout.remote.nccl import NcclSync
 from frlab.rollout.remote.resubmit import UpdateModesMixin
 from frlab.rollout.remote.weight_sync import WeightSyncMixin
@@ -113,9 +113,7 @@ def _check_settings(
         raise ValueError(f"rollout.remote.keep_snapshots must be >= 1, got {keep_snapshots}")
 
 
-class RemoteEngine(
-    LoraFleetMixin, InFlightMixin, UpdateModesMixin, WeightSyncMixin, FleetMixin, Engine
-):
+class RemoteEngine(InFlightMixin, UpdateModesMixin, WeightSyncMixin, FleetMixin, Engine):
     """Generation on a fleet of HTTP servers, with versioned weight sync and failover."""
 
     shared_across_ranks = True  # every learner rank drives the same servers: collective syncs
@@ -204,6 +202,10 @@ class RemoteEngine(
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._client: httpx.AsyncClient | None = None
+        self._adapters = None if self.lora is None else LoraAdapters(
+            self.lora, self.snapshot_dir, self.keep_snapshots, self.request_timeout_s,
+            get=self._get, client=lambda: self._client,
+        )  # fmt: skip
         self._prober: asyncio.Task | None = None
         self._watcher: asyncio.Task | None = None
         self._sync_lock: asyncio.Lock | None = None

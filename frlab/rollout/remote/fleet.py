@@ -181,7 +181,7 @@ class FleetMixin:
                 return
             snap = self._snapshot
             if self.lora is not None:  # the adapter's own name proves its version
-                reported = [await self._load_adapter(server, snap)]
+                reported = [await self._adapters.load(server, snap)]
             elif snap is not None:
                 args = [str(snap.path), snap.version, dict(snap.fingerprint)]  # 3rd: dedup key
                 body = control.rpc_request(SNAPSHOT_METHOD, args)

@@ -1,4 +1,4 @@
-"""LoRA on a `vllm serve` fleet (mixed into `frlab.rollout.remote.engine.RemoteEngine`): the
+"""LoRA on a `vllm serve` fleet (held by `frlab.rollout.remote.engine.RemoteEngine`): the
 servers serve the frozen base model, each update sends the adapter only, and vLLM loads it with
 its own runtime LoRA loading.
 
@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -93,27 +93,37 @@ def listed_adapters(body: Any) -> dict[str, str]:
         ) from exc
 
 
-class LoraFleetMixin:
-    """Adapter snapshots, and their load and proof on each server (see the module docstring)."""
+class LoraAdapters:
+    """A LoRA fleet's adapter snapshots, and their load and proof on each server (see the
+    module docstring). Owned by the engine: `get` is its GET of a server route, `client` gives
+    its HTTP client (opened when the engine starts)."""
 
-    lora: dict[str, Any] | None
-    snapshot_dir: Path | None
-    keep_snapshots: int
-    request_timeout_s: float
-    _client: httpx.AsyncClient | None
+    def __init__(
+        self,
+        config: Mapping[str, Any],
+        snapshot_dir: Path,
+        keep_snapshots: int,
+        request_timeout_s: float,
+        get: Callable[[Server, str], Awaitable[Any]],
+        client: Callable[[], httpx.AsyncClient],
+    ) -> None:
+        self.config, self.snapshot_dir = dict(config), snapshot_dir
+        self.keep_snapshots, self.request_timeout_s = int(keep_snapshots), float(request_timeout_s)
+        self._get, self._client = get, client
 
-    def _write_adapter(self, state_dict: Mapping[str, torch.Tensor], version: int) -> Snapshot:
+    def write(self, state_dict: Mapping[str, torch.Tensor], version: int) -> Snapshot:
         """The adapter of `version` as a peft folder, and its identity read back from disk."""
-        folder = write_adapter(state_dict, self.lora, self.snapshot_dir, version)
+        folder = write_adapter(state_dict, self.config, self.snapshot_dir, version)
         identity = adapter_identity(folder)
         if identity is None:
             raise EngineError(f"the adapter folder {folder} just written cannot be read back")
         return Snapshot(folder, version, identity[1])
 
-    def _prune_adapters(self) -> None:
+    def prune(self) -> None:
+        """Remove adapter folders beyond the newest `keep_snapshots`."""
         prune_adapters(self.snapshot_dir, keep=self.keep_snapshots)
 
-    async def _load_adapter(self, server: Server, snap: Snapshot) -> int:
+    async def load(self, server: Server, snap: Snapshot) -> int:
         """Load `snap` on `server` under its version's name unless it already serves it, prove
         it by `/v1/models`, unload older names; the version proved."""
         name = adapter_name(snap.version)
@@ -158,7 +168,7 @@ class LoraFleetMixin:
         raise ServerFault, a 4xx EngineError (naming the launch flags when the route is absent);
         `quiet`: a failure is ignored (unloading an old name)."""
         try:
-            resp = await self._client.post(server.url + path, json=body,
+            resp = await self._client().post(server.url + path, json=body,
                                            timeout=self.request_timeout_s)  # fmt: skip
         except httpx.HTTPError as exc:
             if quiet:
@@ -175,5 +185,5 @@ class LoraFleetMixin:
 
 def _holds(folder: str | os.PathLike[str], snap: Snapshot) -> bool:
     """Whether the adapter folder `folder` holds `snap`'s version and tensors (our own folder
-    was identified when it was written: `_write_adapter`)."""
+    was identified when it was written: `LoraAdapters.write`)."""
     return adapter_identity(folder) == (snap.version, dict(snap.fingerprint))

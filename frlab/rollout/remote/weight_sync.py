@@ -76,7 +76,7 @@ class WeightSyncMixin:
         snap = self._write(state_dict, int(version))
         self._call(self._sync(int(version), snap, self._push(state_dict, int(version))))
         if self.lora is not None:
-            self._prune_adapters()
+            self._adapters.prune()
         elif self.snapshot_dir is not None:
             prune_snapshots(self.snapshot_dir, self.keep_snapshots)
 
@@ -84,7 +84,7 @@ class WeightSyncMixin:
         """The snapshot of `version` (None under nccl without a snapshot_dir; a LoRA fleet:
         the adapter folder, frlab.rollout.remote.lora)."""
         if self.lora is not None:
-            return self._write_adapter(state_dict, version)
+            return self._adapters.write(state_dict, version)
         if self.snapshot_dir is None:
             return None
         path, fingerprint = write_snapshot(state_dict, self.snapshot_dir, version)
