@@ -107,7 +107,7 @@ class LoraAdapters:
         get: Callable[[Server, str], Awaitable[Any]],
         client: Callable[[], httpx.AsyncClient],
     ) -> None:
-        self.config, self.snapshot_dir = dict(config), snapshot_dir
+        self.config, self.snapshot_dir = config, snapshot_dir  # the engine's own peft config
         self.keep_snapshots, self.request_timeout_s = int(keep_snapshots), float(request_timeout_s)
         self._get, self._client = get, client
 
