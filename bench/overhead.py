@@ -15,9 +15,11 @@ for `--steps` updates through `frlab.train.run`, then, alone in the same process
 generation of the same number of batches (the same pool and engine, no learner) and the
 learner updates on those batches (no pool, no callbacks); the weight push to the engine
 after each batch is timed on its own. Overhead fraction = (pipeline seconds per update -
-generation alone - learner alone) / pipeline seconds per update. Where the
-per-update time goes is read from a cProfile of a second pipeline run (main thread only: the
-engine and environments run in their own threads).
+generation alone - learner alone) / pipeline seconds per update, computed per round
+(`--pipeline-rounds` rounds of pipeline, then the parts alone) and reported as the median of
+the rounds with their spread, since one round's generation time varies by 2x on a shared
+machine. Where the per-update time goes is read from a cProfile of one more pipeline run (main
+thread only: the engine and environments run in their own threads).
 
 Run: `python bench/overhead.py` (both parts) or `--part update` / `--part pipeline`.
 """
@@ -272,28 +274,39 @@ def attribution(profile: cProfile.Profile, steps: int) -> list[tuple[str, float]
     return [(name, t / steps) for name, t in found.items()]
 
 
-def part_pipeline(args: argparse.Namespace) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        cfg, wall, learner_in = run_pipeline(args, Path(tmp) / "plain", None)
-        gen, sync, learn = alone(cfg, args)
-        profile = cProfile.Profile()
-        _, wall_p, _ = run_pipeline(args, Path(tmp) / "profiled", profile)
+def pipeline_round(args: argparse.Namespace, out: Path) -> dict[str, float]:
+    """One round: the pipeline, then its generation, weight push and learner alone (medians
+    of the round's updates, the first left out as warm-up)."""
+    cfg, wall, learner_in = run_pipeline(args, out, None)
+    gen, sync, learn = alone(cfg, args)
     per_update = statistics.median(wall[1:])
     g, lrn, w = statistics.median(gen), statistics.median(learn), statistics.median(sync)
-    overhead = per_update - g - lrn
+    return {"update": per_update, "learner_in": statistics.median(learner_in[1:]),
+            "gen": g, "learn": lrn, "push": w, "overhead": (per_update - g - lrn) / per_update}  # fmt: skip
+
+
+def part_pipeline(args: argparse.Namespace) -> None:
+    rounds = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(args.pipeline_rounds):
+            r = pipeline_round(args, Path(tmp) / f"round{i}")
+            rounds.append(r)
+            print(
+                f"round {i}: pipeline {r['update']:.4f} s/update (learner step inside it "
+                f"{r['learner_in']:.4f} s); alone: generation {r['gen']:.4f} s/batch, learner "
+                f"{r['learn']:.4f} s/update, weight push {r['push']:.4f} s; overhead "
+                f"{100 * r['overhead']:.1f}%",
+                flush=True,
+            )
+        profile = cProfile.Profile()
+        _, wall_p, _ = run_pipeline(args, Path(tmp) / "profiled", profile)
+    share = sorted(r["overhead"] for r in rounds)
+    push = statistics.median(r["push"] / r["update"] for r in rounds)
     print(
-        f"pipeline (toy_cpu, rollout=sync, {args.pipeline_steps} updates): "
-        f"{per_update:.4f} s/update (median); learner step inside it "
-        f"{statistics.median(learner_in[1:]):.4f} s"
-    )
-    print(
-        f"alone: generation {g:.4f} s/batch, learner {lrn:.4f} s/update -> sum {g + lrn:.4f} s"
-        f" (one weight push to the engine alone: {w:.4f} s)"
-    )
-    print(
-        f"overhead: {overhead:.4f} s/update = {100 * overhead / per_update:.1f}% of the "
-        f"pipeline's time per update ({100 * (overhead - w) / per_update:.1f}% besides the "
-        "weight push)"
+        f"pipeline (toy_cpu, rollout=sync, {args.pipeline_steps} updates x "
+        f"{len(rounds)} rounds): overhead {100 * statistics.median(share):.1f}% of the "
+        f"pipeline's time per update (median of rounds; range {100 * share[0]:.1f}% to "
+        f"{100 * share[-1]:.1f}%), of which the weight push {100 * push:.1f}%"
     )
     print(
         f"where the main thread's time goes, Trainer.fit / updates (cProfile run, median "
@@ -312,6 +325,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=4, help="timed updates per round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--pipeline-steps", type=int, default=40)
+    parser.add_argument("--pipeline-rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args(argv)
     if args.threads:
