@@ -131,6 +131,6 @@ def test_the_fleet_drops_idle_connections_before_vllms_server_closes_them() -> N
     before the installed vLLM's default keep-alive timeout."""
     from vllm import envs
 
-    from frlab.rollout.remote.engine import KEEPALIVE_S
+    from frlab.rollout.remote.fleet import KEEPALIVE_S
 
     assert KEEPALIVE_S <= envs.VLLM_HTTP_TIMEOUT_KEEP_ALIVE / 2

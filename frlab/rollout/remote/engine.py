@@ -17,10 +17,10 @@ dead and stale servers every `probe_interval_s`; one that answers `/health` agai
 the current snapshot and report the current weight version before it is re-admitted.
 
 Weight sync (filesystem snapshots or vLLM's NCCL broadcast, the version check, several learner
-ranks sharing one fleet) lives in `frlab.rollout.remote.weight_sync`, server states,
-admission and probing in `frlab.rollout.remote.fleet`, and what `weight_update` (drain |
-in_flight | resubmit) does to requests in flight in `frlab.rollout.remote.resubmit` (all mixed
-in). Token versions come from the server: `frlab_versions` in the answer (frlab.serve);
+ranks sharing one fleet, the admission and re-probing of a server) lives in
+`frlab.rollout.remote.weight_sync`, server states, load spreading and the HTTP calls in the
+engine's `Fleet` (frlab.rollout.remote.fleet), and what `weight_update` (drain |
+in_flight | resubmit) does to requests in flight in `frlab.rollout.remote.resubmit` (mixed in). Token versions come from the server: `frlab_versions` in the answer (frlab.serve);
 under in_flight on vLLM, the per-token `weight_versions` spans of its token-in/token-out
 endpoint (`/inference/v1/generate`, vLLM 0.32+ with `--enable-scale-out`: probed once per
 server, frlab.rollout.remote.in_flight and frlab.rollout.remote.generate); under drain and
@@ -41,12 +41,10 @@ import shutil
 import tempfile
 import threading
 import time
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import httpx
 import torch
 
 from frlab.rollout.engine import (
@@ -59,40 +57,17 @@ from frlab.rollout.engine import (
 )
 from frlab.rollout.remote import generate as gen
 from frlab.rollout.remote import protocol as proto
-from frlab.rollout.remote.fleet import FleetMixin, Server, ServerFault, Snapshot
+from frlab.rollout.remote.fleet import Fleet, Server, ServerFault, Snapshot, check_urls
 from frlab.rollout.remote.in_flight import InFlightMixin
 from frlab.rollout.remote.lora import LORA_WEIGHT_UPDATES, LoraAdapters, check_lora_settings
 from frlab.rollout.remote.nccl import NcclSync
 from frlab.rollout.remote.resubmit import UpdateModesMixin
+from frlab.rollout.remote.snapshot import rank_folder
 from frlab.rollout.remote.weight_sync import WeightSyncMixin
 
 log = logging.getLogger(__name__)
 
 WEIGHT_SYNCS = ("filesystem", "nccl")
-# An idle pooled connection is dropped after this long: well before vLLM's server closes it
-# (VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s). At httpx's default (5 s, the same) a request can be
-# sent on a connection the server is closing, fail with a transport error and mark the
-# server dead.
-KEEPALIVE_S = 2.0
-
-
-def _check_urls(servers: Sequence[str]) -> list[str]:
-    """Distinct http(s) base URLs without a trailing slash (ValueError naming the config key)."""
-    urls = [str(u).rstrip("/") for u in servers or ()]
-    if not urls or len(set(urls)) != len(urls):
-        raise ValueError(f"rollout.remote.servers must list distinct base URLs, got {servers}")
-    for url in urls:
-        if not url.startswith(("http://", "https://")):
-            raise ValueError(f"rollout.remote.servers: {url!r} is not an http(s):// URL")
-    return urls
-
-
-def rank_folder(snapshot_dir: str | Path) -> Path:
-    """`snapshot_dir`, or `<snapshot_dir>/rank<R>` when this process is rank R of W > 1."""
-    dist = torch.distributed
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        return Path(snapshot_dir) / f"rank{dist.get_rank()}"
-    return Path(snapshot_dir)
 
 
 def _check_settings(
@@ -113,7 +88,7 @@ def _check_settings(
         raise ValueError(f"rollout.remote.keep_snapshots must be >= 1, got {keep_snapshots}")
 
 
-class RemoteEngine(InFlightMixin, UpdateModesMixin, WeightSyncMixin, FleetMixin, Engine):
+class RemoteEngine(InFlightMixin, UpdateModesMixin, WeightSyncMixin, Engine):
     """Generation on a fleet of HTTP servers, with versioned weight sync and failover."""
 
     shared_across_ranks = True  # every learner rank drives the same servers: collective syncs
@@ -169,14 +144,14 @@ class RemoteEngine(InFlightMixin, UpdateModesMixin, WeightSyncMixin, FleetMixin,
         weight_update: str | None = None,
         lora: Mapping[str, Any] | None = None,
     ) -> None:
-        urls = _check_urls(servers)
+        urls = check_urls(servers)
         self.weight_update = resolve_weight_update(weight_update, self.weight_updates(), "remote")
         self._auto_mode = weight_update is None  # chosen at start (in_flight where exact)
         _check_settings(weight_sync, request_timeout_s, probe_interval_s, max_retries,
                         keep_snapshots, fleet_down_timeout_s)  # fmt: skip
         check_lora_settings(lora, self.weight_update, weight_sync)
         self.lora = None if lora is None else dict(lora)  # the adapter's peft config
-        self.servers = [Server(u) for u in urls]
+        self._fleet = Fleet(urls, request_timeout_s, probe_interval_s, fleet_down_timeout_s)
         self._nccl = (
             NcclSync(nccl_master_address, nccl_master_port, nccl_packed, request_timeout_s, urls)
             if weight_sync == "nccl" else None
@@ -188,23 +163,18 @@ class RemoteEngine(InFlightMixin, UpdateModesMixin, WeightSyncMixin, FleetMixin,
             else None if snapshot_dir is None else rank_folder(snapshot_dir)
         )  # fmt: skip
         self.weight_sync = weight_sync
-        self.request_timeout_s, self.max_retries = float(request_timeout_s), int(max_retries)
-        self.probe_interval_s = float(probe_interval_s)
+        self.max_retries = int(max_retries)
         self.startup_timeout_s = float(startup_timeout_s)
-        self.fleet_down_timeout_s = float(fleet_down_timeout_s)
-        self._last_healthy: float | None = None  # time.monotonic() a server was last seen ok
         self.keep_snapshots, self.model, self.seed = int(keep_snapshots), model, int(seed)
         self._version = int(initial_version)
         self._snapshot: Snapshot | None = None
         self._initial_weights = initial_weights
-        self._counts: Counter[str] = Counter()
         self._requests = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        self._client: httpx.AsyncClient | None = None
         self._adapters = None if self.lora is None else LoraAdapters(
             self.lora, self.snapshot_dir, self.keep_snapshots, self.request_timeout_s,
-            get=self._get, client=lambda: self._client,
+            get=self._fleet.get, client=lambda: self._fleet.client,
         )  # fmt: skip
         self._prober: asyncio.Task | None = None
         self._watcher: asyncio.Task | None = None
@@ -218,6 +188,26 @@ class RemoteEngine(InFlightMixin, UpdateModesMixin, WeightSyncMixin, FleetMixin,
     @property
     def version(self) -> int:
         return self._version
+
+    @property
+    def request_timeout_s(self) -> float:
+        return self._fleet.request_timeout_s
+
+    @property
+    def probe_interval_s(self) -> float:
+        return self._fleet.probe_interval_s
+
+    @property
+    def servers(self) -> list[Server]:
+        """The fleet's servers, in the order of `rollout.remote.servers`."""
+        return self._fleet.servers
+
+    def stats(self) -> dict[str, int]:
+        """Counters and gauges for the pool's stats (logged as `rollout/<name>`)."""
+        return self._fleet.stats()
+
+    def down_reason(self) -> str | None:
+        return self._fleet.down_reason(self._syncing)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -245,10 +235,7 @@ class RemoteEngine(InFlightMixin, UpdateModesMixin, WeightSyncMixin, FleetMixin,
         push = None if initial is None else self._push(initial, self._version)
         if push is None:  # filesystem: servers must load the learner's weights to be admitted
             self._snapshot = snap
-        timeout = httpx.Timeout(self.request_timeout_s, connect=min(5.0, self.request_timeout_s))
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64,
-                              keepalive_expiry=KEEPALIVE_S)  # fmt: skip
-        self._client = httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False)
+        self._fleet.open()
         self._sync_lock, self._gate, self._idle = asyncio.Lock(), asyncio.Event(), asyncio.Event()
         self._gate.set()
         self._idle.set()
@@ -260,18 +247,20 @@ class RemoteEngine(InFlightMixin, UpdateModesMixin, WeightSyncMixin, FleetMixin,
                 await self._sync(self._version, snap, push)
             else:
                 async with self._sync_lock:
-                    await asyncio.gather(*(self._admit(s) for s in self.servers if s.state != "ok"))
-            if any(s.state == "ok" for s in self.servers):
+                    await asyncio.gather(
+                        *(self._admit(s) for s in self._fleet.servers if s.state != "ok")
+                    )
+            if any(s.state == "ok" for s in self._fleet.servers):
                 break
             if asyncio.get_running_loop().time() > deadline:
                 raise EngineError(
                     f"no server in rollout.remote.servers serves weight version {self._version} "
-                    f"after {self.startup_timeout_s}s: {self._describe()}"
+                    f"after {self.startup_timeout_s}s: {self._fleet.describe()}"
                 )
             await asyncio.sleep(min(0.2, self.probe_interval_s))
-        self._last_healthy = time.monotonic()
+        self._fleet.last_healthy = time.monotonic()
         self._prober = asyncio.get_running_loop().create_task(self._probe_forever())
-        self._watcher = asyncio.get_running_loop().create_task(self._watch_forever())
+        self._watcher = asyncio.get_running_loop().create_task(self._fleet.watch_forever())
 
     def shutdown(self) -> None:
         if self._nccl is not None:
@@ -298,8 +287,7 @@ class RemoteEngine(InFlightMixin, UpdateModesMixin, WeightSyncMixin, FleetMixin,
         for task in others:
             task.cancel()
         await asyncio.gather(*others, return_exceptions=True)
-        if self._client is not None:
-            await self._client.aclose()
+        await self._fleet.close()
 
     def pause(self) -> None:
         """Stop dispatching and wait until no request is in flight."""
@@ -356,13 +344,13 @@ class RemoteEngine(InFlightMixin, UpdateModesMixin, WeightSyncMixin, FleetMixin,
         while True:
             while not self._gate.is_set():
                 await self._gate.wait()
-            server = self._pick()
+            server = self._fleet.pick()
             if server is not None:
                 try:
                     return await self._request(server, prompt, params)
                 except ServerFault as fault:
-                    self._fault(server, fault)
-                    self._counts["retries"] += 1
+                    self._fleet.fault(server, fault)
+                    self._fleet.counts["retries"] += 1
                     log.warning("remote engine: retrying a request after %s failed: %s",
                                 server.url, fault)  # fmt: skip
                     cause: Exception | None = fault
@@ -373,7 +361,7 @@ class RemoteEngine(InFlightMixin, UpdateModesMixin, WeightSyncMixin, FleetMixin,
             if attempts > self.max_retries:
                 raise EngineError(
                     f"request failed after {attempts} attempts (rollout.remote.max_retries="
-                    f"{self.max_retries}); servers: {self._describe()}"
+                    f"{self.max_retries}); servers: {self._fleet.describe()}"
                 ) from cause
 
     async def _request(
@@ -389,7 +377,7 @@ class RemoteEngine(InFlightMixin, UpdateModesMixin, WeightSyncMixin, FleetMixin,
         self._in_flight += 1
         self._idle.clear()
         try:
-            answer = await self._post(server, gen.GENERATE if generates else proto.COMPLETIONS,
+            answer = await self._fleet.post(server, gen.GENERATE if generates else proto.COMPLETIONS,
                                       body)  # fmt: skip
         finally:
             server.in_flight -= 1

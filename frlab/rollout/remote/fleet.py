@@ -1,23 +1,11 @@
-"""The fleet side of the `remote` engine: server state, admission, probing, HTTP calls.
+"""The servers of a `remote` engine as its client sees them: state, load, HTTP, counters.
 
-`FleetMixin` is mixed into `frlab.rollout.remote.engine.RemoteEngine` (which owns the event
-loop, the request gate and weight sync). A server is `ok` only after it reported
-`logprobs_mode=processed_logprobs` (`GET /server_info`, vLLM's dev mode) and the fleet's
-current weight version in answer to `frlab_weight_version` (having first loaded and
-acknowledged the current snapshot, if there is one, and reset its prefix cache with
-success); `stale` when it reported another version or mode, did not acknowledge the load or
-the reset; `dead` after a transport error, a timeout, an HTTP 5xx or a malformed answer;
-`unverified` before its first check or during a sync. Only `ok` servers get requests; the
-prober re-checks the others every `probe_interval_s` once `/health` answers 200 (vLLM's
-health answer has an empty body: the status code is the answer). A frlab.serve server reports
-its own weight-update mode in `/server_info`, which must be the fleet's `in_flight` /
-`resubmit` when it asks one; a server without it (vLLM) is one a resubmit update pauses
-(`stops`), and one left paused is resumed before it is re-admitted
-(frlab.rollout.remote.resubmit). Under in_flight a vLLM server must also label tokens (probed
-at admission, its label set to the current version before it is verified; its prefix cache is
-not reset while an update holds it frozen: frlab.rollout.remote.in_flight). With LoRA the
-current adapter is loaded instead, and its listing in `/v1/models` is the version proof
-(frlab.rollout.remote.lora).
+`Fleet` holds one `Server` record per URL (`ok` | `stale` | `dead` | `unverified`), the
+HTTP client every request, probe and load goes through, the fault and refusal counters logged
+as `rollout/<name>`, and the clock of `down_reason`. It decides nothing about weights: which
+server is admitted at which version is the engine's weight sync
+(frlab.rollout.remote.weight_sync); it only records the outcome and picks, for each request,
+the healthy server with the fewest requests in flight.
 """
 
 from __future__ import annotations
@@ -26,7 +14,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,13 +22,17 @@ from typing import Any
 import httpx
 
 from frlab.rollout.engine import EngineError
-from frlab.rollout.remote import control
 from frlab.rollout.remote import protocol as proto
-from frlab.rollout.remote.worker_extension import SNAPSHOT_METHOD, VERSION_METHOD, check_acks
 
-REFUSED = (RuntimeError, proto.MalformedResponse)  # EngineError (a 4xx answer) is a RuntimeError
+# answers that refuse a load or a version check (EngineError, a 4xx answer, is a RuntimeError)
+REFUSED = (RuntimeError, proto.MalformedResponse)
 
 log = logging.getLogger("frlab.rollout.remote.engine")
+# An idle pooled connection is dropped after this long: well before vLLM's server closes it
+# (VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s). At httpx's default (5 s, the same) a request can be
+# sent on a connection the server is closing, fail with a transport error and mark the
+# server dead.
+KEEPALIVE_S = 2.0
 
 
 class ServerFault(Exception):
@@ -76,208 +68,135 @@ class Snapshot:
     fingerprint: Mapping[str, Any]
 
 
-class FleetMixin:
-    """Server bookkeeping shared by RemoteEngine's request, sync and probe paths."""
+class Fleet:
+    """The servers, the HTTP client that talks to them, and what their faults have cost."""
 
-    servers: list[Server]
-    model: str | None
-    request_timeout_s: float
-    probe_interval_s: float
-    fleet_down_timeout_s: float
-    _last_healthy: float | None
-    _syncing: bool
-    _version: int
-    _snapshot: Snapshot | None
-    _counts: Counter[str]
-    _client: httpx.AsyncClient | None
-    _sync_lock: asyncio.Lock | None
-    _user_paused: bool
-    weight_update: str
-    lora: dict[str, Any] | None
+    def __init__(
+        self, urls: list[str], request_timeout_s: float, probe_interval_s: float,
+        fleet_down_timeout_s: float,
+    ) -> None:  # fmt: skip
+        self.servers = [Server(u) for u in urls]
+        self.request_timeout_s = float(request_timeout_s)
+        self.probe_interval_s = float(probe_interval_s)
+        self.fleet_down_timeout_s = float(fleet_down_timeout_s)
+        self.counts: Counter[str] = Counter()
+        self.client: httpx.AsyncClient | None = None
+        self.last_healthy: float | None = None  # time.monotonic() a server was last seen ok
+
+    def open(self) -> None:
+        """The HTTP client (call on the engine's event loop)."""
+        timeout = httpx.Timeout(self.request_timeout_s, connect=min(5.0, self.request_timeout_s))
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64,
+                              keepalive_expiry=KEEPALIVE_S)  # fmt: skip
+        self.client = httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False)
+
+    async def close(self) -> None:
+        if self.client is not None:
+            await self.client.aclose()
+
+    def healthy_now(self) -> bool:
+        return any(s.state == "ok" for s in self.servers)
 
     def stats(self) -> dict[str, int]:
         """Counters and gauges for the pool's stats (logged as `rollout/<name>`)."""
         states = Counter(s.state for s in self.servers)
         return {
-            "retries": self._counts["retries"],
+            "retries": self.counts["retries"],
             "servers_healthy": states["ok"],
             "servers_stale": states["stale"],
             "servers_dead": states["dead"] + states["unverified"],
-            "stale_refusals": self._counts["stale_refusals"],
-            "readmissions": self._counts["readmissions"],
-            "server_faults": self._counts["faults"],
+            "stale_refusals": self.counts["stale_refusals"],
+            "readmissions": self.counts["readmissions"],
+            "server_faults": self.counts["faults"],
         }
 
-    def down_reason(self) -> str | None:
+    def down_reason(self, syncing: bool) -> str | None:
         """Not None once no server has been healthy for `fleet_down_timeout_s` (outside a sync,
         whose waits have deadlines of their own)."""
-        if self._last_healthy is None or self._syncing:
+        if self.last_healthy is None or syncing or self.healthy_now():
             return None
-        if any(s.state == "ok" for s in self.servers):
-            return None
-        down_for = time.monotonic() - self._last_healthy
+        down_for = time.monotonic() - self.last_healthy
         if down_for < self.fleet_down_timeout_s:
             return None
         return (
             f"no server of rollout.remote.servers has been healthy for {down_for:.0f} s "
             f"(rollout.remote.fleet_down_timeout_s={self.fleet_down_timeout_s:g}): "
-            f"{self._describe()}"
+            f"{self.describe()}"
         )
 
-    async def _watch_forever(self) -> None:
+    async def watch_forever(self) -> None:
         """Note the time while any server is healthy (the clock of `down_reason`)."""
         while True:
-            if any(s.state == "ok" for s in self.servers):
-                self._last_healthy = time.monotonic()
+            if self.healthy_now():
+                self.last_healthy = time.monotonic()
             await asyncio.sleep(min(self.probe_interval_s, 1.0))
 
-    def _describe(self) -> str:
+    def describe(self) -> str:
         return ", ".join(
             f"{s.url}={s.state}@v{s.version}" + (f" ({s.why})" if s.why and s.state != "ok" else "")
             for s in self.servers
         )
 
-    def _pick(self) -> Server | None:
+    def pick(self) -> Server | None:
         """The healthy server with the fewest requests in flight (first listed on ties)."""
         healthy = [s for s in self.servers if s.state == "ok"]
         return min(healthy, key=lambda s: s.in_flight) if healthy else None
 
-    async def _post(
-        self, server: Server, path: str, body: Any, timeout: float | None = None
-    ) -> Any:
+    async def post(self, server: Server, path: str, body: Any, timeout: float | None = None) -> Any:
         """POST JSON and decode the answer; transport, 5xx and non-JSON raise ServerFault."""
         kw = {} if timeout is None else {"timeout": timeout}
         try:
-            resp = await self._client.post(server.url + path, json=body, **kw)
+            resp = await self.client.post(server.url + path, json=body, **kw)
         except httpx.TimeoutException as exc:
             raise ServerFault("dead", f"{path} timed out: {exc!r}") from exc
         except httpx.HTTPError as exc:
             raise ServerFault("dead", f"{path} transport error: {exc!r}") from exc
         return decode(resp, path)
 
-    def _fault(self, server: Server, fault: ServerFault) -> None:
-        self._counts["faults"] += 1
-        self._counts["stale_refusals"] += fault.kind == "stale"
-        if server.state == "ok":
-            log.warning("remote engine: server %s marked %s: %s", server.url, fault.kind, fault)
-        server.state, server.why = fault.kind, str(fault)
-        server.labels = None if fault.kind == "dead" else server.labels  # a restart: re-probed
-
-    # -- admission, probing ------------------------------------------------------------------
-    async def _admit(self, server: Server) -> None:
-        """Check the server's log-prob mode, load the current snapshot (if any) on it, then
-        admit it only if it reports the current version; call with `_sync_lock` held."""
-        was = server.state
+    async def get(self, server: Server, path: str, timeout: float | None = None) -> Any:
         try:
-            info = await self._server_info(server)
-            mode = control.served_logprobs_mode(info)
-            if mode != proto.PROCESSED_LOGPROBS:
-                self._refuse(server, f"it serves logprobs_mode={mode!r}: run it with "
-                             f"--logprobs-mode {proto.PROCESSED_LOGPROBS}")  # fmt: skip
-                return
-            if not self._serves_mode(server, control.served_weight_update(info)):
-                return
-            if server.stops and not await self._probe_labels(server):  # frlab...in_flight
-                return
-            snap = self._snapshot
-            if self.lora is not None:  # the adapter's own name proves its version
-                reported = [await self._adapters.load(server, snap)]
-            elif snap is not None:
-                args = [str(snap.path), snap.version, dict(snap.fingerprint)]  # 3rd: dedup key
-                body = control.rpc_request(SNAPSHOT_METHOD, args)
-                acks = control.rpc_dicts(
-                    await self._post(server, proto.COLLECTIVE_RPC, body), "version"
-                )
-                check_acks(acks, snap.version, snap.fingerprint)
-                if not (server.paused and self._generates(server)) and not control.reset_succeeded(
-                    await self._post(server, proto.RESET_PREFIX_CACHE, {})
-                ):
-                    self._refuse(server, "its prefix-cache reset did not succeed")
-                    return
-            if self.lora is None:
-                if not await self._set_label(server):
-                    return
-                answer = await self._post(
-                    server, proto.COLLECTIVE_RPC, control.rpc_request(VERSION_METHOD)
-                )
-                reported = control.rpc_versions(answer)
-            if server.paused and not self._syncing:  # a resubmit update could not resume it
-                await self._resume(server)
-        except ServerFault as fault:
-            if was in ("ok", "unverified"):
-                log.warning("remote engine: server %s marked %s: %s", server.url, fault.kind, fault)
-            server.state, server.why = fault.kind, str(fault)
-            server.labels = None if fault.kind == "dead" else server.labels  # re-probed
-            return
-        except REFUSED as exc:
-            self._refuse(server, f"weight load not acknowledged: {exc}")
-            return
-        if any(v != self._version for v in reported):
-            self._refuse(server, f"reports version(s) {reported}, expected {self._version}")
-            return
-        server.version, server.state, server.why = self._version, "ok", ""
-        if was in ("dead", "stale"):
-            self._counts["readmissions"] += 1
-            log.warning("remote engine: server %s re-admitted: it reported version %d",
-                        server.url, self._version)  # fmt: skip
-
-    async def _server_info(self, server: Server) -> Any:
-        """The server's `/server_info` answer, after learning its model id (once)."""
-        if server.model is None:
-            server.model = self.model or control.served_model(await self._get(server, proto.MODELS))
-        # the first /server_info of a vLLM server collects its environment: allow time
-        return await self._get(server, proto.SERVER_INFO, self.request_timeout_s)
-
-    def _serves_mode(self, server: Server, served: str | None) -> bool:
-        """Whether a server's own weight-update mode (frlab.serve reports it, vLLM does not)
-        gives `in_flight` / `resubmit` what they ask (refused as stale otherwise)."""
-        server.stops = served is None
-        if served is not None and self.lora is not None:
-            self._refuse(server, "frlab.serve loads full weights only: model.lora needs vLLM "
-                         "servers run with --enable-lora")  # fmt: skip
-            return False
-        wanted = self.weight_update
-        if served is None or wanted not in ("in_flight", "resubmit") or served == wanted:
-            return True
-        self._refuse(server, f"it runs --weight-update {served}; rollout.weight_update={wanted} "
-                     f"needs frlab.serve --weight-update {wanted}")  # fmt: skip
-        return False
-
-    def _refuse(self, server: Server, why: str) -> None:
-        self._counts["stale_refusals"] += 1
-        server.state, server.why = "stale", why
-        log.warning("remote engine: server %s refused as stale: %s", server.url, why)
-
-    async def _get(self, server: Server, path: str, timeout: float | None = None) -> Any:
-        try:
-            resp = await self._client.get(
+            resp = await self.client.get(
                 server.url + path, timeout=timeout or min(5.0, self.request_timeout_s)
             )
         except httpx.HTTPError as exc:
             raise ServerFault("dead", f"GET {path}: {exc!r}") from exc
         return decode(resp, path)
 
-    async def _healthy(self, server: Server) -> bool:
+    async def healthy(self, server: Server) -> bool:
         """`GET /health` answered 200 (vLLM answers with an empty body: only the status counts)."""
         try:
-            resp = await self._client.get(
+            resp = await self.client.get(
                 server.url + proto.HEALTH, timeout=min(5.0, self.request_timeout_s)
             )
         except httpx.HTTPError:
             return False
         return resp.status_code == 200
 
-    async def _probe_forever(self) -> None:
-        """Re-check dead / stale servers; admit none while the engine is paused (a collective sync
-        of several ranks may be under way: admitting now could load an older snapshot)."""
-        while True:
-            await asyncio.sleep(self.probe_interval_s)
-            for server in [s for s in self.servers if s.state != "ok"]:
-                if not await self._healthy(server):
-                    continue
-                async with self._sync_lock:
-                    if server.state != "ok" and not (self._user_paused or self._syncing):
-                        await self._admit(server)
+    def fault(self, server: Server, fault: ServerFault) -> None:
+        """A request's fault: counted, and the server marked."""
+        self.counts["faults"] += 1
+        self.counts["stale_refusals"] += fault.kind == "stale"
+        self.mark(server, fault, warn=server.state == "ok")
+
+    def mark(self, server: Server, fault: ServerFault, *, warn: bool) -> None:
+        """Mark `server` dead or stale for `fault` (a dead one is re-probed for labels)."""
+        if warn:
+            log.warning("remote engine: server %s marked %s: %s", server.url, fault.kind, fault)
+        server.state, server.why = fault.kind, str(fault)
+        server.labels = None if fault.kind == "dead" else server.labels
+
+    def refuse(self, server: Server, why: str) -> None:
+        self.counts["stale_refusals"] += 1
+        server.state, server.why = "stale", why
+        log.warning("remote engine: server %s refused as stale: %s", server.url, why)
+
+    def admitted(self, server: Server, version: int, was: str) -> None:
+        """`server` proved `version`: ok again (a re-admission is counted and logged)."""
+        server.version, server.state, server.why = version, "ok", ""
+        if was in ("dead", "stale"):
+            self.counts["readmissions"] += 1
+            log.warning("remote engine: server %s re-admitted: it reported version %d",
+                        server.url, version)  # fmt: skip
 
 
 def decode(resp: httpx.Response, path: str) -> Any:
@@ -291,3 +210,14 @@ def decode(resp: httpx.Response, path: str) -> Any:
         return resp.json()
     except ValueError as exc:
         raise ServerFault("dead", f"{path} answered non-JSON: {resp.content[:60]!r}") from exc
+
+
+def check_urls(servers: Sequence[str]) -> list[str]:
+    """Distinct http(s) base URLs without a trailing slash (ValueError naming the config key)."""
+    urls = [str(u).rstrip("/") for u in servers or ()]
+    if not urls or len(set(urls)) != len(urls):
+        raise ValueError(f"rollout.remote.servers must list distinct base URLs, got {servers}")
+    for url in urls:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"rollout.remote.servers: {url!r} is not an http(s):// URL")
+    return urls

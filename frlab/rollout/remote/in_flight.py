@@ -30,7 +30,7 @@ from frlab.rollout.engine import EngineError
 from frlab.rollout.remote import control
 from frlab.rollout.remote import generate as gen
 from frlab.rollout.remote import protocol as proto
-from frlab.rollout.remote.fleet import Server, ServerFault
+from frlab.rollout.remote.fleet import Fleet, Server, ServerFault
 
 log = logging.getLogger("frlab.rollout.remote.engine")
 
@@ -45,7 +45,7 @@ NO_LABELS = (
 class InFlightMixin:
     """The label probe, label update and keep-pause of an in_flight update on vLLM servers."""
 
-    servers: list[Server]
+    _fleet: Fleet
     weight_update: str
     request_timeout_s: float
     _version: int
@@ -58,7 +58,7 @@ class InFlightMixin:
         otherwise (a server unreachable at start counts as one without labels)."""
         if self.lora is not None:
             return "drain"
-        labels = await asyncio.gather(*(self._labels_at_start(s) for s in self.servers))
+        labels = await asyncio.gather(*(self._labels_at_start(s) for s in self._fleet.servers))
         mode = "in_flight" if all(labels) else "drain"
         log.info("remote engine: rollout.weight_update=null -> %s (%s)", mode,
                  "every server labels each token's version" if all(labels) else
@@ -88,18 +88,18 @@ class InFlightMixin:
             server.labels = await self._offers_labels(server)
         if server.labels:
             return True
-        self._refuse(server, NO_LABELS.format(routes=" / ".join(gen.LABEL_ROUTES)))
+        self._fleet.refuse(server, NO_LABELS.format(routes=" / ".join(gen.LABEL_ROUTES)))
         return False
 
     async def _offers_labels(self, server: Server) -> bool:
         """The routes in `/openapi.json`, then a one-token generate answer with spans."""
         try:
-            if not gen.offers_labels(await self._get(server, gen.OPENAPI)):
+            if not gen.offers_labels(await self._fleet.get(server, gen.OPENAPI)):
                 return False
             if server.paused and not self._syncing:  # left frozen by a failed update
                 await self._resume(server)
             probe = gen.probe_request(server.model or "")
-            return gen.answers_labels(await self._post(server, gen.GENERATE, probe))
+            return gen.answers_labels(await self._fleet.post(server, gen.GENERATE, probe))
         except EngineError:  # 4xx: no OpenAPI document, or the route is disabled
             return False
 
@@ -108,13 +108,13 @@ class InFlightMixin:
         if not self._generates(server):
             return True
         try:
-            answer = await self._post(server, gen.UPDATE_WEIGHT_VERSION,
+            answer = await self._fleet.post(server, gen.UPDATE_WEIGHT_VERSION,
                                       gen.label_request(self._version))  # fmt: skip
         except EngineError as exc:
-            self._refuse(server, f"its weight version label was not set: {exc}")
+            self._fleet.refuse(server, f"its weight version label was not set: {exc}")
             return False
         if not gen.label_set(answer, self._version):
-            self._refuse(server, f"/update_weight_version answered {answer!r:.200}")
+            self._fleet.refuse(server, f"/update_weight_version answered {answer!r:.200}")
             return False
         return True
 
@@ -122,12 +122,12 @@ class InFlightMixin:
         """`POST /pause?mode=keep&clear_cache=false` on every live generating server (gate
         closed): its requests stop between two decode steps; one that refuses has its
         requests aborted."""
-        live = [s for s in self.servers if self._generates(s) and s.state != "dead"]
+        live = [s for s in self._fleet.servers if self._generates(s) and s.state != "dead"]
         await asyncio.gather(*(self._freeze_one(s) for s in live))
 
     async def _freeze_one(self, server: Server) -> None:
         try:
-            await self._post(server, gen.PAUSE_KEEP, {}, timeout=self.request_timeout_s)
+            await self._fleet.post(server, gen.PAUSE_KEEP, {}, timeout=self.request_timeout_s)
         except (ServerFault, EngineError) as exc:
             log.warning("remote engine: %s refused the in_flight pause, aborting its requests: "
                         "%s", server.url, exc)  # fmt: skip
@@ -137,5 +137,7 @@ class InFlightMixin:
 
     async def _abort_unverified(self) -> None:
         """Abort every request held by a frozen server the update left unverified."""
-        bad = [s for s in self.servers if s.paused and self._generates(s) and s.state != "ok"]
+        bad = [
+            s for s in self._fleet.servers if s.paused and self._generates(s) and s.state != "ok"
+        ]
         await asyncio.gather(*(self._abort_all(s) for s in bad if s.state != "dead"))

@@ -269,11 +269,13 @@ class NcclSync:
         self, engine: Any, server: Server, body: Any, version: int, fingerprint: Any
     ) -> None:
         try:
-            answer = await engine._post(server, proto.COLLECTIVE_RPC, body)
+            answer = await engine._fleet.post(server, proto.COLLECTIVE_RPC, body)
             check_acks(control.rpc_dicts(answer, "version"), version, fingerprint)
             if server.paused and engine._generates(server):  # in_flight: frozen requests
                 return  # hold KV blocks, so vLLM's reset would fail (frlab...in_flight)
-            reset = await engine._post(server, proto.RESET_PREFIX_CACHE, {})  # no old-weight KV
+            reset = await engine._fleet.post(
+                server, proto.RESET_PREFIX_CACHE, {}
+            )  # no old-weight KV
             if not control.reset_succeeded(reset):
                 raise RuntimeError("its prefix-cache reset did not succeed")
         except ServerFault as fault:
@@ -313,7 +315,7 @@ class NcclSync:
     async def _rpc_ok(self, engine: Any, server: Server, body: Any, check: Any) -> bool:
         """True when `server` answered the rpc and `check(answer)` holds for it."""
         try:
-            return bool(check(await engine._post(server, proto.COLLECTIVE_RPC, body)))
+            return bool(check(await engine._fleet.post(server, proto.COLLECTIVE_RPC, body)))
         except ServerFault as fault:
             server.state = fault.kind
         except REFUSED as exc:
@@ -355,7 +357,7 @@ class NcclSync:
     async def _workers(self, engine: Any, server: Server) -> int:
         """The server's worker count (0 when it does not answer: not a member)."""
         try:
-            return control.world_size_of(await engine._get(server, proto.WORLD_SIZE))
+            return control.world_size_of(await engine._fleet.get(server, proto.WORLD_SIZE))
         except ServerFault as fault:
             server.state = fault.kind
         except (RuntimeError, proto.MalformedResponse) as exc:  # EngineError: a 4xx answer

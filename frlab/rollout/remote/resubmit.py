@@ -30,13 +30,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections import Counter
-
-import httpx
 
 from frlab.rollout.engine import EngineError, GenerationResult, SamplingParams
 from frlab.rollout.remote import protocol as proto
-from frlab.rollout.remote.fleet import Server, ServerFault
+from frlab.rollout.remote.fleet import Fleet, Server, ServerFault
 
 log = logging.getLogger("frlab.rollout.remote.engine")
 
@@ -46,13 +43,11 @@ ABORT_POLL_S = 0.2  # how often a resubmit update re-aborts requests queued afte
 class UpdateModesMixin:
     """Per-token versions, request continuation and the stop / resume of a resubmit update."""
 
-    servers: list[Server]
+    _fleet: Fleet
     weight_update: str
     request_timeout_s: float
     _version: int
     _aborts: int  # resubmit updates that stopped requests so far: an abort after one is ours
-    _counts: Counter[str]
-    _client: httpx.AsyncClient | None
 
     async def _continue(self, prompt: list[int], params: SamplingParams) -> GenerationResult:
         """Dispatch; after an abort by a resubmit update, send prompt + tokens so far with the
@@ -67,7 +62,7 @@ class UpdateModesMixin:
             versions += part.versions
             if part.finish_reason != "abort":
                 return GenerationResult(tokens, log_probs, versions, part.finish_reason)
-            self._counts["resubmitted"] += 1
+            self._fleet.counts["resubmitted"] += 1
             if tokens and tokens[-1] in params.stop_token_ids:
                 return GenerationResult(tokens, log_probs, versions, "stop")
             if len(tokens) >= params.max_new_tokens:  # aborted with its budget spent
@@ -101,7 +96,7 @@ class UpdateModesMixin:
         """Pause-with-abort each live vLLM-like server with requests in flight and wait (within
         request_timeout_s + 5 s) until none of them is in flight; call with the gate closed
         and `_aborts` counted (the hold of the update)."""
-        busy = [s for s in self.servers if s.stops and s.state != "dead" and s.in_flight]
+        busy = [s for s in self._fleet.servers if s.stops and s.state != "dead" and s.in_flight]
         await asyncio.gather(*(self._pause(s) for s in busy))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.request_timeout_s + 5.0
@@ -117,9 +112,9 @@ class UpdateModesMixin:
     async def _pause(self, server: Server) -> None:
         """`POST /pause?mode=abort`; a server that refuses it is waited for as under drain."""
         try:
-            await self._post(server, proto.PAUSE_ABORT, {}, timeout=self.request_timeout_s)
+            await self._fleet.post(server, proto.PAUSE_ABORT, {}, timeout=self.request_timeout_s)
         except ServerFault as fault:
-            self._fault(server, fault)
+            self._fleet.fault(server, fault)
             return
         except EngineError as exc:  # 4xx: no dev-mode RL router
             log.warning("remote engine: %s refused the resubmit pause, waiting for its requests "
@@ -130,25 +125,25 @@ class UpdateModesMixin:
     async def _abort_all(self, server: Server) -> None:
         """`POST /abort_requests {}`: a request queued on a paused server ends as aborted."""
         try:
-            await self._post(server, proto.ABORT_REQUESTS, {}, timeout=self.request_timeout_s)
+            await self._fleet.post(server, proto.ABORT_REQUESTS, {}, timeout=self.request_timeout_s)
         except ServerFault as fault:
-            self._fault(server, fault)
+            self._fleet.fault(server, fault)
         except EngineError as exc:
             log.warning("remote engine: %s refused /abort_requests: %s", server.url, exc)
 
     async def _resume_paused(self) -> None:
         """`POST /resume` on every server a resubmit update paused (a dead one: at re-admission)."""
-        paused = [s for s in self.servers if s.paused and s.state != "dead"]
+        paused = [s for s in self._fleet.servers if s.paused and s.state != "dead"]
         results = await asyncio.gather(*(self._resume(s) for s in paused), return_exceptions=True)
         for server, result in zip(paused, results, strict=True):
             if isinstance(result, ServerFault):
-                self._fault(server, result)
+                self._fleet.fault(server, result)
             elif isinstance(result, Exception):
-                self._fault(server, ServerFault("dead", f"/resume failed: {result}"))
+                self._fleet.fault(server, ServerFault("dead", f"/resume failed: {result}"))
 
     async def _resume(self, server: Server) -> None:
         """Resume one paused server (ServerFault / EngineError if it does not answer 2xx)."""
-        await self._post(server, proto.RESUME, {}, timeout=self.request_timeout_s)
+        await self._fleet.post(server, proto.RESUME, {}, timeout=self.request_timeout_s)
         server.paused = False
 
 

@@ -28,6 +28,14 @@ SNAPSHOT_FILE = "model.safetensors"
 _VERSION_DIR = re.compile(r"^v(\d+)$")
 
 
+def rank_folder(snapshot_dir: str | Path) -> Path:
+    """`snapshot_dir`, or `<snapshot_dir>/rank<R>` when this process is rank R of W > 1."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return Path(snapshot_dir) / f"rank{dist.get_rank()}"
+    return Path(snapshot_dir)
+
+
 def snapshot_path(snapshot_dir: str | os.PathLike[str], version: int) -> Path:
     """Where version `version`'s snapshot lives."""
     return Path(snapshot_dir) / f"v{int(version)}" / SNAPSHOT_FILE

@@ -32,6 +32,22 @@ server is asked its version as above. Snapshots are written only if `snapshot_di
 they re-admit a server outside the NCCL group (restarted, refused) before the next sync
 re-forms the group with it; without them it stays out until then. Tested with fake vllm
 modules and fake servers on CPU; never run on GPUs with a real vLLM.
+
+Admission (`_admit`, also how the prober re-admits a server): a server is `ok` only after it
+reported `logprobs_mode=processed_logprobs` (`GET /server_info`, vLLM's dev mode) and the
+fleet's current weight version in answer to `frlab_weight_version` (having first loaded and
+acknowledged the current snapshot, if there is one, and reset its prefix cache with success);
+`stale` when it reported another version or mode, did not acknowledge the load or the reset;
+`dead` after a transport error, a timeout, an HTTP 5xx or a malformed answer; `unverified`
+before its first check or during a sync. The prober re-checks the others every
+`probe_interval_s` once `/health` answers 200. A frlab.serve server reports its own
+weight-update mode in `/server_info`, which must be the fleet's `in_flight` / `resubmit` when
+it asks one; a server without it (vLLM) is one a resubmit update pauses (`stops`), and one
+left paused is resumed before it is re-admitted (frlab.rollout.remote.resubmit). Under
+in_flight a vLLM server must also label tokens (probed at admission, its label set to the
+current version before it is verified; its prefix cache is not reset while an update holds it
+frozen: frlab.rollout.remote.in_flight). With LoRA the current adapter is loaded instead, and
+its listing in `/v1/models` is the version proof (frlab.rollout.remote.lora).
 """
 
 from __future__ import annotations
@@ -45,16 +61,21 @@ from typing import Any
 
 import torch
 
-from frlab.rollout.remote.fleet import Server, Snapshot
+from frlab.rollout.remote import control
+from frlab.rollout.remote import protocol as proto
+from frlab.rollout.remote.fleet import REFUSED, Fleet, Server, ServerFault, Snapshot
 from frlab.rollout.remote.snapshot import prune_snapshots, write_snapshot
+from frlab.rollout.remote.worker_extension import SNAPSHOT_METHOD, VERSION_METHOD, check_acks
 
 log = logging.getLogger("frlab.rollout.remote.engine")
 
 
 class WeightSyncMixin:
-    """`update_weights` of the remote engine: snapshot, drain, load everywhere, verify."""
+    """`update_weights` of the remote engine: snapshot, drain, load everywhere, verify; the
+    admission of one server at the current weights, and the prober that re-admits."""
 
-    servers: list[Server]
+    _fleet: Fleet
+    model: str | None
     snapshot_dir: Path | None
     keep_snapshots: int
     request_timeout_s: float
@@ -66,6 +87,7 @@ class WeightSyncMixin:
     _in_flight: int
     _syncing: bool
     _held: bool  # a collective update holds the engine (hold_for_update .. release_update)
+    _user_paused: bool
     weight_update: str
     lora: dict[str, Any] | None
 
@@ -109,15 +131,15 @@ class WeightSyncMixin:
                 if push is not None:
                     await push()
                 self._snapshot, self._version = snap, version
-                live = [s for s in self.servers if s.state != "dead"]
-                for s in self.servers:
+                live = [s for s in self._fleet.servers if s.state != "dead"]
+                for s in self._fleet.servers:
                     s.state = "unverified" if s.state == "ok" else s.state
                 await asyncio.gather(*(self._admit(s) for s in live))
                 await self._abort_unverified()
             finally:
                 if not held:
                     await self._release()
-        log.info("remote engine: weights v%d on %s", version, self._describe())
+        log.info("remote engine: weights v%d on %s", version, self._fleet.describe())
 
     # -- the phases of an update (one rank: all in `_sync`; several: frlab...fleet_sync) -------
     def hold_for_update(self) -> None:
@@ -169,3 +191,90 @@ class WeightSyncMixin:
             log.warning(
                 "remote engine: %d requests still in flight at a weight sync", self._in_flight
             )
+
+    # -- admission, probing ------------------------------------------------------------------
+    async def _admit(self, server: Server) -> None:
+        """Check the server's log-prob mode, load the current snapshot (if any) on it, then
+        admit it only if it reports the current version; call with `_sync_lock` held."""
+        fleet, was = self._fleet, server.state
+        try:
+            info = await self._server_info(server)
+            mode = control.served_logprobs_mode(info)
+            if mode != proto.PROCESSED_LOGPROBS:
+                fleet.refuse(server, f"it serves logprobs_mode={mode!r}: run it with "
+                             f"--logprobs-mode {proto.PROCESSED_LOGPROBS}")  # fmt: skip
+                return
+            if not self._serves_mode(server, control.served_weight_update(info)):
+                return
+            if server.stops and not await self._probe_labels(server):  # frlab...in_flight
+                return
+            snap = self._snapshot
+            if self.lora is not None:  # the adapter's own name proves its version
+                reported = [await self._adapters.load(server, snap)]
+            elif snap is not None:
+                args = [str(snap.path), snap.version, dict(snap.fingerprint)]  # 3rd: dedup key
+                body = control.rpc_request(SNAPSHOT_METHOD, args)
+                acks = control.rpc_dicts(
+                    await fleet.post(server, proto.COLLECTIVE_RPC, body), "version"
+                )
+                check_acks(acks, snap.version, snap.fingerprint)
+                if not (server.paused and self._generates(server)) and not control.reset_succeeded(
+                    await fleet.post(server, proto.RESET_PREFIX_CACHE, {})
+                ):
+                    fleet.refuse(server, "its prefix-cache reset did not succeed")
+                    return
+            if self.lora is None:
+                if not await self._set_label(server):
+                    return
+                answer = await fleet.post(
+                    server, proto.COLLECTIVE_RPC, control.rpc_request(VERSION_METHOD)
+                )
+                reported = control.rpc_versions(answer)
+            if server.paused and not self._syncing:  # a resubmit update could not resume it
+                await self._resume(server)
+        except ServerFault as fault:
+            fleet.mark(server, fault, warn=was in ("ok", "unverified"))
+            return
+        except REFUSED as exc:
+            fleet.refuse(server, f"weight load not acknowledged: {exc}")
+            return
+        if any(v != self._version for v in reported):
+            fleet.refuse(server, f"reports version(s) {reported}, expected {self._version}")
+            return
+        fleet.admitted(server, self._version, was)
+
+    async def _server_info(self, server: Server) -> Any:
+        """The server's `/server_info` answer, after learning its model id (once)."""
+        if server.model is None:
+            server.model = self.model or control.served_model(
+                await self._fleet.get(server, proto.MODELS)
+            )
+        # the first /server_info of a vLLM server collects its environment: allow time
+        return await self._fleet.get(server, proto.SERVER_INFO, self.request_timeout_s)
+
+    def _serves_mode(self, server: Server, served: str | None) -> bool:
+        """Whether a server's own weight-update mode (frlab.serve reports it, vLLM does not)
+        gives `in_flight` / `resubmit` what they ask (refused as stale otherwise)."""
+        server.stops = served is None
+        if served is not None and self.lora is not None:
+            self._fleet.refuse(server, "frlab.serve loads full weights only: model.lora needs "
+                               "vLLM servers run with --enable-lora")  # fmt: skip
+            return False
+        wanted = self.weight_update
+        if served is None or wanted not in ("in_flight", "resubmit") or served == wanted:
+            return True
+        self._fleet.refuse(server, f"it runs --weight-update {served}; rollout.weight_update="
+                           f"{wanted} needs frlab.serve --weight-update {wanted}")  # fmt: skip
+        return False
+
+    async def _probe_forever(self) -> None:
+        """Re-check dead / stale servers; admit none while the engine is paused (a collective sync
+        of several ranks may be under way: admitting now could load an older snapshot)."""
+        while True:
+            await asyncio.sleep(self._fleet.probe_interval_s)
+            for server in [s for s in self._fleet.servers if s.state != "ok"]:
+                if not await self._fleet.healthy(server):
+                    continue
+                async with self._sync_lock:
+                    if server.state != "ok" and not (self._user_paused or self._syncing):
+                        await self._admit(server)

@@ -263,15 +263,15 @@ def test_remote_engine_is_built_from_its_settings_and_checks_its_arguments(tmp_p
 def test_requests_go_to_the_healthy_server_with_fewest_in_flight(tmp_path: Path) -> None:
     engine = RemoteEngine(["http://a", "http://b", "http://c"], snapshot_dir=str(tmp_path))
     a, b, c = engine.servers
-    assert engine._pick() is None  # nothing verified yet
+    assert engine._fleet.pick() is None  # nothing verified yet
     a.state = b.state = c.state = "ok"
     a.in_flight, b.in_flight, c.in_flight = 2, 1, 1
-    assert engine._pick() is b  # fewest in flight; the first listed on ties
+    assert engine._fleet.pick() is b  # fewest in flight; the first listed on ties
     b.state = "stale"
-    assert engine._pick() is c
+    assert engine._fleet.pick() is c
     c.state = "dead"
-    assert engine._pick() is a
-    assert isinstance(engine._pick(), Server)
+    assert engine._fleet.pick() is a
+    assert isinstance(engine._fleet.pick(), Server)
 
 
 def test_serve_model_config_random_inits_the_architecture(tmp_path) -> None:
