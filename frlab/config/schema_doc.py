@@ -45,46 +45,11 @@ below. The rollout engine is the config group `rollout/engine` (on the command l
 Lightning argument).
 """
 
-TAIL = """## Run folders and files
+TAIL = """## Run folders and metrics
 
-Single runs: `<paths.log_dir>/runs/<experiment>/<date>_<time>[_<hash>]`, `<hash>` 6 hex digits
-of the command-line overrides (the overrides themselves are in the folder,
-`.hydra/overrides.yaml`); sweeps: `<paths.log_dir>/multirun/<experiment or sweep>/<date>_<time>/
-<the job's overrides>` (`job<N>_<hash>` when longer than 80 characters). The keys experiment,
-sweep, dry_run, ckpt_path, logger, plots, paths.log_dir and task_name are left out of both.
-
-Every run writes `metrics.csv` (step, elapsed_s, every `train/`, `timing/`, `rollout/` and
-`eval/` metric; a step-0 row when the run evaluates before its first update) and
-`summary.json` (status, steps, reward_mean_first_10 / last_10 / last_20, acceptance, lag, wall
-time, `eval`: the first and last value of every `eval/` metric with their steps, components,
-plan, rollout_stats) into its run folder. `python -m frlab.export RUN_DIR OUT_DIR` turns a
-run's checkpoint into a Hugging Face model folder (frlab/export.py). Metric names:
-learner `train/reward_mean`, `train/acceptance_rate` (trust regions that can reject),
-`train/sequence_kl_mean`, `train/policy_lag_mean` and `train/policy_lag_max` (per trajectory,
-oldest action token), `train/policy_lag_token_mean` (per action token),
-`train/response_tokens_mean`, `train/advantage_abs_mean`, `train/retained_tokens_frac`,
-`train/loss`, `train/grad_norm`, `train/lr`, `train/zero_signal_step` (1 when the update's
-gradient was exactly 0), `train/micro_batches` (forward passes on one rank; 0 when a
-zero-signal batch skipped them; statistics that need the forward are then NaN),
-`timing/step_s`, `timing/logprob_s`, `timing/backward_s`; the generation behind each batch
-(frlab/rollout/pool/metering.py) `timing/generation_s` (seconds with a training generate call in
-flight since the previous batch), `timing/generation_tokens_per_s` (tokens returned in that
-window per such second), `timing/batch_wait_s` (how long the learner waited for the batch),
-`timing/lag_wait_s` (the part of that wait with B finished trajectories ready, held back only
-by the lag bound: rollouts due in this batch still running); component diagnostics
-`train/<component>/<name>` (the objective section); rollout pool counters since the pool
-started `rollout/paused_for_lag`, `rollout/lag_violations`, `rollout/failed`,
-`rollout/rejected` and per reason `rollout/failed/<reason>`, `rollout/rejected/<reason>`;
-engine counters
-`rollout/retries`, `rollout/servers_healthy`, `rollout/servers_stale`, `rollout/servers_dead`,
-`rollout/stale_refusals`, `rollout/readmissions`, `rollout/server_faults`; evaluation
-`eval/<benchmark>/avg@<k>`, its standard error `eval/<benchmark>/avg@<k>_se` (kind math:
-sample std of the per-problem accuracies / sqrt(problems)), `eval/mean/avg@<k>`,
-`eval/<benchmark>/errors` (kind episodes). An evaluation runs in the background (the learner
-goes on; the next weight push waits for it) and its metrics land in the row of the step it
-measured.
+Where a run writes, what `metrics.csv` and `summary.json` hold and every metric's meaning:
+`docs/configuration.md`, section "The run folder".
 """
-
 
 def type_name(annotation: Any, spec_: Field) -> str:
     inner, optional = unwrap(annotation)
