@@ -36,11 +36,9 @@ while it composes; preflight checks ranges and the rules between keys; both repo
 
 Hydra root: `configs/train.yaml`; groups under `configs/`; experiment presets in
 `experiments/experiment/NAME.yaml` and sweep presets in `experiments/sweep/NAME.yaml`
-(`experiments/` is on Hydra's search path). Defaults: `model=toy_qwen2 env=toy_single
-rollout=async rollout/engine=torch data=default objective=flashreinforce optim=adamw
-trainer=cpu logger=csv callbacks=default eval=none experiment=toy_cpu`; `python -m frlab`
-therefore runs `toy_cpu`. A group option only sets the values that differ from the defaults
-below. The rollout engine is the config group `rollout/engine` (on the command line the older
+(`experiments/` is on Hydra's search path). Defaults (the choices Hydra composes with no
+arguments, from `configs/train.yaml`): `{choices}`; `python -m frlab` therefore runs
+`{experiment}`. A group option only sets the values that differ from the defaults below. The rollout engine is the config group `rollout/engine` (on the command line the older
 `rollout.engine=NAME` is read as `rollout/engine=NAME`; `+trainer.KEY=...` still sets a
 Lightning argument).
 """
@@ -50,6 +48,7 @@ TAIL = """## Run folders and metrics
 Where a run writes, what `metrics.csv` and `summary.json` hold and every metric's meaning:
 `docs/configuration.md`, section "The run folder".
 """
+
 
 def type_name(annotation: Any, spec_: Field) -> str:
     inner, optional = unwrap(annotation)
@@ -153,8 +152,20 @@ def objective_section() -> list[str]:
             "Component metrics:", "", component_metrics_text(), ""]  # fmt: skip
 
 
+def default_choices() -> dict[str, str]:
+    """{group: option} Hydra composes with no arguments (frlab's groups, none left unset)."""
+    from frlab.config.compose import compose
+
+    choices = compose(()).hydra.runtime.choices
+    return {g: str(o) for g, o in choices.items() if o is not None and g.split("/")[0] in GROUPS
+            and g.split("/")[0] != "hydra" and "@" not in g}  # fmt: skip
+
+
 def generate() -> str:
-    out = [HEAD, "## Config groups", "", "| group | options |", "|---|---|"]
+    choices = default_choices()
+    shown = " ".join(f"{g}={o}" for g, o in reversed(list(choices.items())))
+    head = HEAD.format(choices=shown, experiment=choices["experiment"])
+    out = [head, "## Config groups", "", "| group | options |", "|---|---|"]
     out += [row([f"`{g}`", ", ".join(group_options(g))]) for g in GROUPS if group_options(g)]
     out += ["", "## Keys", ""]
     root_scalars = [f for f, a in declared(schema.FrlabConfig) if section_type(a) is None]
