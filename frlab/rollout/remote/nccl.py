@@ -273,9 +273,8 @@ class NcclSync:
             check_acks(control.rpc_dicts(answer, "version"), version, fingerprint)
             if server.paused and engine._generates(server):  # in_flight: frozen requests
                 return  # hold KV blocks, so vLLM's reset would fail (frlab...in_flight)
-            reset = await engine._fleet.post(
-                server, proto.RESET_PREFIX_CACHE, {}
-            )  # no old-weight KV
+            # no KV computed by the old weights
+            reset = await engine._fleet.post(server, proto.RESET_PREFIX_CACHE, {})
             if not control.reset_succeeded(reset):
                 raise RuntimeError("its prefix-cache reset did not succeed")
         except ServerFault as fault:
