@@ -16,11 +16,12 @@ its last error): the pool stops the run with `EngineDown` instead of failing rol
 dead and stale servers every `probe_interval_s`; one that answers `/health` again must load
 the current snapshot and report the current weight version before it is re-admitted.
 
-Weight sync (filesystem snapshots or vLLM's NCCL broadcast, the version check, several learner
-ranks sharing one fleet, the admission and re-probing of a server) lives in
-`frlab.rollout.remote.weight_sync`, server states, load spreading and the HTTP calls in the
-engine's `Fleet` (frlab.rollout.remote.fleet), and what `weight_update` (drain |
-in_flight | resubmit) does to requests in flight in `frlab.rollout.remote.resubmit` (mixed in). Token versions come from the server: `frlab_versions` in the answer (frlab.serve);
+Server states, load spreading and the HTTP calls are the engine's `Fleet`
+(frlab.rollout.remote.fleet). Mixed in: weight sync (filesystem snapshots or vLLM's NCCL
+broadcast, the version check, several learner ranks sharing one fleet, the admission and
+re-probing of a server; frlab.rollout.remote.weight_sync), and what `weight_update` (drain |
+in_flight | resubmit) does to requests in flight (frlab.rollout.remote.resubmit, .in_flight).
+Token versions come from the server: `frlab_versions` in the answer (frlab.serve);
 under in_flight on vLLM, the per-token `weight_versions` spans of its token-in/token-out
 endpoint (`/inference/v1/generate`, vLLM 0.32+ with `--enable-scale-out`: probed once per
 server, frlab.rollout.remote.in_flight and frlab.rollout.remote.generate); under drain and
