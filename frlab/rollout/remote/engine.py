@@ -174,8 +174,7 @@ class RemoteEngine(InFlightMixin, UpdateModesMixin, WeightSyncMixin, Engine):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._adapters = None if self.lora is None else LoraAdapters(
-            self.lora, self.snapshot_dir, self.keep_snapshots, self.request_timeout_s,
-            get=self._fleet.get, client=lambda: self._fleet.client,
+            self.lora, self.snapshot_dir, self.keep_snapshots, self._fleet
         )  # fmt: skip
         self._prober: asyncio.Task | None = None
         self._watcher: asyncio.Task | None = None

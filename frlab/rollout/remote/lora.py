@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +36,7 @@ from safetensors import safe_open
 from frlab.rollout.engine import EngineError
 from frlab.rollout.engines.vllm_lora import ADAPTER_FILE, prune_adapters, write_adapter
 from frlab.rollout.remote import protocol as proto
-from frlab.rollout.remote.fleet import Server, ServerFault, Snapshot
+from frlab.rollout.remote.fleet import Fleet, Server, ServerFault, Snapshot
 from frlab.rollout.remote.worker_extension import weights_fingerprint
 
 LOAD_ADAPTER, UNLOAD_ADAPTER = "/v1/load_lora_adapter", "/v1/unload_lora_adapter"
@@ -95,21 +95,17 @@ def listed_adapters(body: Any) -> dict[str, str]:
 
 class LoraAdapters:
     """A LoRA fleet's adapter snapshots, and their load and proof on each server (see the
-    module docstring). Owned by the engine: `get` is its GET of a server route, `client` gives
-    its HTTP client (opened when the engine starts)."""
+    module docstring). Owned by the engine; its requests go through the engine's `fleet`."""
 
     def __init__(
         self,
         config: Mapping[str, Any],
         snapshot_dir: Path,
         keep_snapshots: int,
-        request_timeout_s: float,
-        get: Callable[[Server, str], Awaitable[Any]],
-        client: Callable[[], httpx.AsyncClient],
+        fleet: Fleet,
     ) -> None:
         self.config, self.snapshot_dir = config, snapshot_dir  # the engine's own peft config
-        self.keep_snapshots, self.request_timeout_s = int(keep_snapshots), float(request_timeout_s)
-        self._get, self._client = get, client
+        self.keep_snapshots, self.fleet = int(keep_snapshots), fleet
 
     def write(self, state_dict: Mapping[str, torch.Tensor], version: int) -> Snapshot:
         """The adapter of `version` as a peft folder, and its identity read back from disk."""
@@ -127,14 +123,14 @@ class LoraAdapters:
         """Load `snap` on `server` under its version's name unless it already serves it, prove
         it by `/v1/models`, unload older names; the version proved."""
         name = adapter_name(snap.version)
-        root = listed_adapters(await self._get(server, proto.MODELS)).get(name)
+        root = listed_adapters(await self.fleet.get(server, proto.MODELS)).get(name)
         if root is not None and not self._served_copy(root, snap):  # reload it from our folder
             await self._lora_call(server, UNLOAD_ADAPTER, {"lora_name": name})
             root = None
         if root is None:
             await self._lora_call(server, LOAD_ADAPTER,
                                   {"lora_name": name, "lora_path": str(snap.path)})  # fmt: skip
-        listed = listed_adapters(await self._get(server, proto.MODELS))
+        listed = listed_adapters(await self.fleet.get(server, proto.MODELS))
         served = listed.get(name)
         if served is None or not (Path(served) == Path(snap.path) or _holds(served, snap)):
             raise RuntimeError(f"/v1/models lists {listed}, not {name} at {snap.path}")
@@ -168,8 +164,9 @@ class LoraAdapters:
         raise ServerFault, a 4xx EngineError (naming the launch flags when the route is absent);
         `quiet`: a failure is ignored (unloading an old name)."""
         try:
-            resp = await self._client().post(server.url + path, json=body,
-                                           timeout=self.request_timeout_s)  # fmt: skip
+            resp = await self.fleet.client.post(
+                server.url + path, json=body, timeout=self.fleet.request_timeout_s
+            )
         except httpx.HTTPError as exc:
             if quiet:
                 return
