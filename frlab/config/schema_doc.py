@@ -37,8 +37,12 @@ while it composes; preflight checks ranges and the rules between keys; both repo
 Hydra root: `configs/train.yaml`; groups under `configs/`; experiment presets in
 `experiments/experiment/NAME.yaml` and sweep presets in `experiments/sweep/NAME.yaml`
 (`experiments/` is on Hydra's search path). Defaults (the choices Hydra composes with no
-arguments, from `configs/train.yaml`): `{choices}`; `python -m frlab` therefore runs
-`{experiment}`. A group option only sets the values that differ from the defaults below. The rollout engine is the config group `rollout/engine` (on the command line the older
+arguments, from `configs/train.yaml`):
+
+`{choices}`
+
+so `python -m frlab` runs `{experiment}`. A group option only sets the values that differ from
+the defaults below. The rollout engine is the config group `rollout/engine` (on the command line the older
 `rollout.engine=NAME` is read as `rollout/engine=NAME`; `+trainer.KEY=...` still sets a
 Lightning argument).
 """

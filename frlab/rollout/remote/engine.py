@@ -250,7 +250,7 @@ class RemoteEngine(InFlightMixin, UpdateModesMixin, WeightSyncMixin, Engine):
                     await asyncio.gather(
                         *(self._admit(s) for s in self._fleet.servers if s.state != "ok")
                     )
-            if any(s.state == "ok" for s in self._fleet.servers):
+            if self._fleet.healthy_now():
                 break
             if asyncio.get_running_loop().time() > deadline:
                 raise EngineError(
@@ -377,8 +377,8 @@ class RemoteEngine(InFlightMixin, UpdateModesMixin, WeightSyncMixin, Engine):
         self._in_flight += 1
         self._idle.clear()
         try:
-            answer = await self._fleet.post(server, gen.GENERATE if generates else proto.COMPLETIONS,
-                                      body)  # fmt: skip
+            path = gen.GENERATE if generates else proto.COMPLETIONS
+            answer = await self._fleet.post(server, path, body)
         finally:
             server.in_flight -= 1
             self._in_flight -= 1
