@@ -65,8 +65,8 @@ from frlab.config.eval_check import check_eval
 from frlab.config.instantiate import check_allowed, check_user_modules
 from frlab.config.objective_check import check_objective
 from frlab.config.plan import Plan, build_plan, engine_name
-from frlab.config.resources import local_source_problem
 from frlab.config.schema_trainer import world_size
+from frlab.model.hub import local_source_problem
 
 __all__ = ["ConfigError", "Plan", "preflight"]
 

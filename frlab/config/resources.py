@@ -1,22 +1,24 @@
 """Before a real run starts: is what the config needs on this machine? (fast, offline)
 
 `check_machine(cfg)` runs first in `python -m frlab` (not for `dry_run=true`) and costs well
-under a second: it imports neither torch nor transformers. It checks
+under a second: it imports neither torch nor transformers, and loads or downloads nothing. It
+checks
 
-- devices: a GPU trainer (`trainer.accelerator=gpu|cuda`), `rollout/engine=vllm` or a CUDA
-  `rollout.device` need a GPU that this machine exposes (NVIDIA or ROCm device files, unless
-  CUDA_VISIBLE_DEVICES hides them all);
-- the model and tokenizer sources (`model.name_or_path`, `model.tokenizer`): a local path
-  must be an existing folder, a `gguf:` source must name a known GGUF or an existing file,
-  and with HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE set a Hugging Face id must already be in the
-  local cache (without the flags it may still be downloaded);
+- devices: a GPU trainer (`trainer.accelerator=gpu|cuda`) or a CUDA `rollout.device` need a
+  GPU that this machine exposes (NVIDIA or ROCm device files, unless CUDA_VISIBLE_DEVICES
+  hides them all);
+- the model and tokenizer sources (`model.name_or_path`, `model.tokenizer`), as
+  `frlab.model.hub.source_problem` judges them: a local path must be an existing folder, a
+  `gguf:` source a known GGUF or an existing file, and offline a hub id must be cached;
 - data files: the environment's `data_dir` / `data_path` and a file `source`, and the same
-  keys of every evaluation benchmark; then what each environment class declares it reads
-  (`Env.missing_sources`: math datasets, the Python tool's task file, ALFWorld's game
-  folders), for the training env and every evaluation benchmark (frlab.config.availability).
+  keys of every evaluation benchmark;
+- then what each environment class declares it reads (`Env.missing_sources`: math datasets,
+  the Python tool's task file, ALFWorld's game folders), for the training env and for each
+  episode benchmark's env node (the training node with the benchmark's changes), and each math
+  benchmark's source.
 
-Each problem is a `ConfigError` naming the key, with the way to check a config without the
-machine it needs: `dry_run=true`. `local_source_problem` is also used by preflight.
+The first problem is a `ConfigError` naming its key (exit code 2), with the way to check a
+config without the machine it needs: `dry_run=true`.
 """
 
 from __future__ import annotations
@@ -29,15 +31,14 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from frlab.config.availability import named_benchmarks
 from frlab.config.errors import ConfigError
+from frlab.model.hub import source_problem
 
 DRY_RUN_HINT = "to check the configuration and see the plan without running it, add dry_run=true"
 # Device files that exist when a GPU is usable: NVIDIA (Linux), ROCm, WSL.
 GPU_DEVICE_FILES = ("/dev/nvidiactl", "/dev/nvidia0", "/proc/driver/nvidia/gpus", "/dev/kfd",
                     "/dev/dxg")  # fmt: skip
 DATA_FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
-FALSE_ENV = {"", "0", "OFF", "NO", "FALSE"}
 
 
 def gpu_visible() -> bool:
@@ -50,68 +51,9 @@ def gpu_visible() -> bool:
     return any(os.path.exists(p) for p in GPU_DEVICE_FILES)
 
 
-def hub_offline() -> bool:
-    """HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE set: nothing can be downloaded."""
-    return any(
-        os.environ.get(k, "").strip().upper() not in FALSE_ENV
-        for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
-    )
-
-
-def local_source_problem(source: str) -> str | None:
-    """Why a model source cannot be local as written (None: fine, or a hub id to check later)."""
-    from frlab.model.gguf import GGUF_PACKAGES, GGUF_PREFIX
-
-    if source.startswith(GGUF_PREFIX):
-        name = source[len(GGUF_PREFIX) :]
-        if name.lower().endswith(".gguf"):
-            path = Path(name).expanduser()
-            return None if path.is_file() else f"GGUF file not found: {path}"
-        if name in GGUF_PACKAGES:
-            return None
-        known = ", ".join(GGUF_PREFIX + n for n in GGUF_PACKAGES)
-        return f"{source!r} is neither a known GGUF ({known}) nor a path to a .gguf file"
-    path = Path(source).expanduser()
-    if path.exists():
-        return None if path.is_dir() else f"{source!r} is a file, not a model folder"
-    if path.is_absolute() or source.startswith((".", "~")) or source.count("/") > 1:
-        return (
-            f"{source!r} is not an existing folder (expected a local folder, a Hugging Face id "
-            "such as Qwen/Qwen2.5-Math-1.5B, or a gguf: source)"
-        )
-    return None
-
-
-def cached_on_hub(repo_id: str) -> bool:
-    """Whether a Hugging Face model id has a config in the local cache."""
-    from huggingface_hub import try_to_load_from_cache
-
-    try:
-        found = try_to_load_from_cache(repo_id, "config.json")
-    except Exception:  # not a valid repo id
-        return False
-    return isinstance(found, str)
-
-
-def source_problem(source: str) -> str | None:
-    """`local_source_problem`, then (offline) whether a hub id is in the local cache."""
-    problem = local_source_problem(source)
-    if problem or source.startswith("gguf:") or Path(source).expanduser().exists():
-        return problem
-    if hub_offline() and not cached_on_hub(source):
-        return (
-            f"{source!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE / "
-            "TRANSFORMERS_OFFLINE forbid downloading it: download it where there is network "
-            "(huggingface-cli download ID) or give a local folder"
-        )
-    return None
-
-
 def check_machine(cfg: DictConfig) -> None:
     """Devices, then model sources, then data files, then what each environment and benchmark
-    declares it reads (frlab.config.availability); ConfigError naming the key."""
-    from frlab.config.availability import data_problems
-
+    declares it reads; ConfigError naming the key."""
     check_devices(cfg)
     check_model_sources(cfg)
     check_data_files(cfg)
@@ -187,3 +129,64 @@ def _plain(node: Any) -> dict[str, Any]:
         return OmegaConf.to_container(node, resolve=True)  # type: ignore[return-value]
     except Exception:  # an unresolvable value: preflight names it
         return {}
+
+
+def data_problems(cfg: DictConfig) -> Iterator[tuple[str, str]]:
+    """(config key, what is missing) for the training environment and every benchmark."""
+    env = _plain(cfg.get("env"))
+    yield from _env_problems(env, {}, "env")
+    yield from _eval_problems(_plain(cfg.get("eval")), env)
+
+
+def _env_problems(
+    env: Mapping[str, Any], changes: Mapping[str, Any], key: str
+) -> Iterator[tuple[str, str]]:
+    """Problems of one env node (`changes` applied; keys named where they were set)."""
+    node = {**env, **changes}
+    target = node.get("_target_")
+    if not isinstance(target, str):
+        return
+    try:
+        from hydra.utils import get_class
+
+        env_class = get_class(target)
+    except Exception:  # an unknown class is reported by instantiation, naming env._target_
+        return
+    missing = getattr(env_class, "missing_sources", None)
+    if not callable(missing):
+        return
+    kwargs = {k: v for k, v in node.items() if not k.startswith("_")}
+    for name, problem in missing(kwargs).items():
+        yield (f"{key}.{name}" if name in changes else f"env.{name}"), problem
+
+
+def named_benchmarks(evaluation: Mapping[str, Any]) -> dict[str, Any]:
+    """`eval.benchmarks` as `{name: spec}` (a list named as frlab.evaluation.benchmarks does);
+    empty when it is malformed: preflight reports that, naming the key."""
+    from frlab.evaluation.benchmarks import benchmark_specs
+
+    try:
+        return benchmark_specs(evaluation.get("benchmarks") or {})
+    except ValueError:
+        return {}
+
+
+def _eval_problems(
+    evaluation: Mapping[str, Any], env: Mapping[str, Any]
+) -> Iterator[tuple[str, str]]:
+    benchmarks = named_benchmarks(evaluation)
+    if evaluation.get("kind") == "episodes":
+        for name, changes in benchmarks.items():
+            yield from _env_problems(env, changes or {}, f"eval.benchmarks.{name}")
+        return
+    from envs.math.datasets import source_problem as dataset_problem
+
+    for name, spec in benchmarks.items():
+        if isinstance(spec, str):
+            problem = dataset_problem(spec)
+        elif isinstance(spec, Mapping):
+            problem = dataset_problem(spec.get("source"), spec.get("split"), spec.get("subset"))
+        else:
+            continue  # an in-memory list of problems
+        if problem:
+            yield f"eval.benchmarks.{name}", problem

@@ -22,6 +22,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
 from frlab.model.gguf import resolve_model_source
+from frlab.model.hub import hub_offline
 from frlab.model.lora import apply_lora
 from frlab.model.lora import enabled as lora_enabled
 from frlab.registry import close_matches
@@ -210,16 +211,6 @@ def _random_init(
         if seed is not None:
             torch.manual_seed(seed)
         return AutoModelForCausalLM.from_config(cfg, **kwargs)
-
-
-def hub_offline() -> bool:
-    """True when HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE (env or huggingface_hub) forbid downloads."""
-    from huggingface_hub import constants
-
-    flags = (
-        os.environ.get(k, "").strip().upper() for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
-    )
-    return bool(constants.HF_HUB_OFFLINE) or any(f in {"1", "ON", "YES", "TRUE"} for f in flags)
 
 
 class ModelNotCachedError(OSError):

@@ -1,5 +1,6 @@
-"""Before a real run: devices, model sources and data files are checked first, fast, offline,
-each problem naming its key and pointing to dry_run=true."""
+"""Before a real run: devices, model sources, data files and what each environment reads are
+checked first, fast, offline, each problem naming its key and pointing to dry_run=true (before:
+a missing evaluation set was a raw FileNotFoundError at the first evaluation, step 50)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from frlab.config import resources
 from frlab.config.compose import compose
 from frlab.config.errors import ConfigError
 from frlab.config.preflight import preflight
-from frlab.config.resources import check_machine
+from frlab.config.resources import check_machine, data_problems
+from frlab.model import hub
 
 
 @pytest.fixture
@@ -74,22 +76,22 @@ def test_a_loadable_model_next_to_a_random_init_config_is_refused_at_model_confi
 def test_an_uncached_hub_model_offline_is_found_before_anything_loads(monkeypatch) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(resources, "gpu_visible", lambda: True)
-    monkeypatch.setattr(resources, "cached_on_hub", lambda repo: False)
+    monkeypatch.setattr(hub, "cached_on_hub", lambda repo: False)
     err = machine_error(["experiment=qwen_math_1p5b"])
     assert err.key == "model.name_or_path" and "local Hugging Face cache" in str(err)
-    monkeypatch.setattr(resources, "cached_on_hub", lambda repo: repo == "Qwen/Qwen2.5-Math-1.5B")
+    monkeypatch.setattr(hub, "cached_on_hub", lambda repo: repo == "Qwen/Qwen2.5-Math-1.5B")
     err = machine_error(["experiment=qwen_math_1p5b", "eval=none"])
     assert err.key == "env.source"  # the model is cached, the DAPO training set is not
     for flag in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
         monkeypatch.setenv(flag, "0")
-    monkeypatch.setattr(resources, "cached_on_hub", lambda repo: False)
+    monkeypatch.setattr(hub, "cached_on_hub", lambda repo: False)
     check_machine(compose(["experiment=qwen_math_1p5b", "eval=none"]))  # online: downloadable
 
 
 def test_missing_data_files_name_their_keys(monkeypatch, tmp_path: Path) -> None:
     monkeypatch.setattr(resources, "gpu_visible", lambda: True)
     monkeypatch.setenv("FRLAB_DATA_DIR", str(tmp_path))
-    monkeypatch.setattr(resources, "cached_on_hub", lambda repo: True)
+    monkeypatch.setattr(hub, "cached_on_hub", lambda repo: True)
     err = machine_error(["experiment=python_tool_qwen7b", "eval=none"])
     assert err.key == "env.data_path" and "dapo_math_7500_tool.jsonl" in str(err)
     (tmp_path / "dapo_math_7500_tool.jsonl").write_text("")
@@ -131,3 +133,62 @@ def test_a_benchmark_list_is_checked_entry_by_entry(tmp_path) -> None:
     with pytest.raises(ConfigError) as info:
         check_data_files(cfg)
     assert info.value.key == "eval.benchmarks.gone.source"
+
+
+def _keys(overrides: list[str]) -> list[str]:
+    return [key for key, _ in data_problems(compose(overrides, with_hydra=False))]
+
+
+def test_the_default_toy_run_reads_nothing_that_is_missing() -> None:
+    assert _keys([]) == []
+
+
+def test_a_missing_math_evaluation_file_names_its_benchmark(tmp_path: Path) -> None:
+    missing = tmp_path / "aime24.jsonl"
+    cfg = compose(["eval=math", f"+eval.benchmarks.AIME24={missing}"], with_hydra=False)
+    with pytest.raises(ConfigError) as info:
+        check_machine(cfg)
+    assert info.value.key == "eval.benchmarks.AIME24" and str(missing) in str(info.value)
+    missing.write_text('{"question": "1+1?", "answer": "2"}\n')
+    check_machine(cfg)
+
+
+def test_a_hub_dataset_that_is_not_cached_offline_is_reported(monkeypatch) -> None:
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", "/nonexistent-hf-home")
+    monkeypatch.delenv("HF_DATASETS_CACHE", raising=False)
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    keys = _keys(["eval=math_tool"])  # AMC23 and Minerva come from the hub, AIME25 ships offline
+    assert keys == ["eval.benchmarks.AMC23", "eval.benchmarks.Minerva"]
+
+
+def test_a_missing_training_dataset_names_env_source(tmp_path: Path) -> None:
+    assert _keys(["env=math", f"env.source={tmp_path / 'train.jsonl'}"]) == ["env.source"]
+
+
+def test_episode_benchmarks_and_the_training_game_folder(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.delenv("ALFWORLD_DATA", raising=False)
+    games = tmp_path / "train"
+    assert _keys(["env=alfworld", f"env.data_dir={games}", "eval=alfworld"]) == [
+        "env.data_dir", "eval.benchmarks.seen.data_dir", "eval.benchmarks.unseen.data_dir",
+    ]  # fmt: skip
+    game = games / "pick_apple" / "trial_1"
+    game.mkdir(parents=True)
+    (game / "game.tw-pddl").write_text("{}")
+    (game / "traj_data.json").write_text("{}")
+    assert _keys(["env=alfworld", f"env.data_dir={games}"]) == []
+
+
+def test_a_python_tool_task_file_must_exist(tmp_path: Path) -> None:
+    assert _keys(["env=python_tool", f"env.data_path={tmp_path / 'tasks.jsonl'}"]) == [
+        "env.data_path"
+    ]
+
+
+def test_a_preset_whose_model_is_not_cached_fails_on_model_name_or_path(monkeypatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("ALFWORLD_DATA", "/nonexistent-alfworld")
+    monkeypatch.setattr(resources, "gpu_visible", lambda: True)
+    monkeypatch.setattr(hub, "cached_on_hub", lambda repo: False)
+    assert machine_error(["experiment=alfworld_qwen7b"]).key == "model.name_or_path"
+    assert "env.data_dir" in _keys(["experiment=alfworld_qwen7b"])
