@@ -44,13 +44,11 @@ drain only: there a request queued during an update would run on the new weights
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import copy
 import dataclasses
 import shutil
 import tempfile
-import threading
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -67,6 +65,7 @@ from frlab.rollout.engine import (
     request_seed,
     resolve_weight_update,
 )
+from frlab.rollout.engine_loop import EngineLoop
 from frlab.rollout.engines import vllm_platform
 from frlab.rollout.engines.vllm_args import (
     check_served_mode,
@@ -192,8 +191,7 @@ class VLLMEngine(WeightsSide, Engine):
         self._adapter: Mapping[str, torch.Tensor] | None = None  # the adapter served first
         self._lora_request: Any = None  # every request's vLLM LoRARequest (with LoRA)
         self._version = int(initial_version)
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+        self._runner = EngineLoop("VLLMEngine", "frlab-vllm-engine")
         self._engine: Any = None
         self._vllm: Any = None
         self._requests = 0
@@ -231,14 +229,10 @@ class VLLMEngine(WeightsSide, Engine):
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
-        if self._thread is not None:
+        if self._runner.running:
             return
         self._vllm = _import_vllm()
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self._loop.run_forever, name="frlab-vllm-engine", daemon=True
-        )
-        self._thread.start()
+        self._runner.start()
         try:
             self._call(self._build())
         except BaseException:
@@ -279,14 +273,13 @@ class VLLMEngine(WeightsSide, Engine):
             if folder is not None:
                 shutil.rmtree(folder, ignore_errors=True)
         self._own_dir = self._own_model_dir = None
-        if self._thread is None or self._loop is None:
-            return
+        self._runner.stop(self._close())
+        self._engine = None
+
+    async def _close(self) -> None:
+        """Shut vLLM's engine core down (on the engine loop, where it was built)."""
         if self._engine is not None and hasattr(self._engine, "shutdown"):
-            self._loop.call_soon_threadsafe(self._engine.shutdown)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
-        self._loop.close()
-        self._thread, self._loop, self._engine = None, None, None
+            self._engine.shutdown()
 
     def pause(self) -> None:
         """Stop admitting requests and return once every in-flight request has finished, so
@@ -315,36 +308,20 @@ class VLLMEngine(WeightsSide, Engine):
             await self._idle.wait()
 
     def _call(self, coro: Any) -> Any:
-        """Run `coro` on the engine loop and wait for it (from a non-engine thread)."""
-        if self._loop is None:
-            coro.close()
-            raise EngineError("VLLMEngine is not running: call start() first")
-        if threading.current_thread() is self._thread:
-            coro.close()
-            raise EngineError("VLLMEngine control calls must not run on its own loop thread")
-        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
-        while True:  # a call awaiting a dead engine core would never return: poll its state
-            try:
-                return future.result(timeout=DOWN_POLL_S)
-            except concurrent.futures.TimeoutError:
-                down = self.down_reason()
-                if down is not None:
-                    future.cancel()
-                    raise EngineError(down) from None
+        """Run `coro` on the engine loop and wait for it (from a non-engine thread); a dead
+        engine core ends the wait (a call awaiting it would never return)."""
+        return self._runner.call(coro, down=self.down_reason, poll_s=DOWN_POLL_S)
 
     # -- requests ----------------------------------------------------------------------------
     async def generate(
         self, prompt_token_ids: list[int], params: SamplingParams
     ) -> GenerationResult:
-        if self._loop is None:
+        if not self._runner.running:
             raise EngineError("VLLMEngine is not running: call start() first")
         prompt = [int(t) for t in prompt_token_ids]
         if not prompt:
             raise ValueError("prompt_token_ids is empty")
-        future: concurrent.futures.Future = asyncio.run_coroutine_threadsafe(
-            self._generate(prompt, params), self._loop
-        )
-        return await asyncio.wrap_future(future)
+        return await self._runner.submit(self._generate(prompt, params))
 
     async def _generate(self, prompt: list[int], params: SamplingParams) -> GenerationResult:
         """Submit, and after a resubmit update's abort submit the rest again (see above)."""

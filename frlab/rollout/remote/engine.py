@@ -40,7 +40,6 @@ import dataclasses
 import logging
 import shutil
 import tempfile
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -56,6 +55,7 @@ from frlab.rollout.engine import (
     request_seed,
     resolve_weight_update,
 )
+from frlab.rollout.engine_loop import EngineLoop
 from frlab.rollout.remote import generate as gen
 from frlab.rollout.remote import protocol as proto
 from frlab.rollout.remote.fleet import Fleet, Server, ServerFault, Snapshot, check_urls
@@ -171,8 +171,7 @@ class RemoteEngine(InFlightMixin, UpdateModesMixin, WeightSyncMixin, Engine):
         self._snapshot: Snapshot | None = None
         self._initial_weights = initial_weights
         self._requests = 0
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+        self._runner = EngineLoop("RemoteEngine", "frlab-remote-engine")
         self._adapters = None if self.lora is None else LoraAdapters(
             self.lora, self.snapshot_dir, self.keep_snapshots, self._fleet
         )  # fmt: skip
@@ -214,15 +213,11 @@ class RemoteEngine(InFlightMixin, UpdateModesMixin, WeightSyncMixin, Engine):
         """Start the client loop, load `initial_weights` (if given) as the snapshot of
         `initial_version` on every server, verify the fleet (at least one server at the current
         version within `startup_timeout_s`, else EngineError) and start the prober."""
-        if self._thread is not None:
+        if self._runner.running:
             return
         if self._nccl is not None:
             self._nccl.load()  # one learner rank, vLLM's trainer API installed (else EngineError)
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self._loop.run_forever, name="frlab-remote-engine", daemon=True
-        )
-        self._thread.start()
+        self._runner.start()
         try:
             self._call(self._start())
         except BaseException:
@@ -267,17 +262,7 @@ class RemoteEngine(InFlightMixin, UpdateModesMixin, WeightSyncMixin, Engine):
             self._nccl.shutdown()
         if self._own_dir:
             shutil.rmtree(self.snapshot_dir, ignore_errors=True)
-        if self._thread is None or self._loop is None:
-            return
-        if self._loop.is_running():
-            try:
-                asyncio.run_coroutine_threadsafe(self._close(), self._loop).result(timeout=10)
-            except Exception:  # closing must never fail the run
-                log.exception("remote engine: closing the HTTP client failed")
-            self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
-        self._loop.close()
-        self._thread, self._loop = None, None
+        self._runner.stop(self._close())
 
     async def _close(self) -> None:
         """Stop the prober, fail pending requests with EngineError, close the HTTP client."""
@@ -311,10 +296,7 @@ class RemoteEngine(InFlightMixin, UpdateModesMixin, WeightSyncMixin, Engine):
             self._gate.set()
 
     def _call(self, coro: Any, timeout: float | None = None) -> Any:
-        if self._loop is None:
-            coro.close()
-            raise EngineError("RemoteEngine is not running: call start() first")
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+        return self._runner.call(coro, timeout)
 
     # -- generation --------------------------------------------------------------------------
     async def generate(
@@ -324,10 +306,9 @@ class RemoteEngine(InFlightMixin, UpdateModesMixin, WeightSyncMixin, Engine):
         if not prompt:
             raise ValueError("prompt_token_ids is empty")
         params.validate(off_policy_correction=False)
-        if self._loop is None:
+        if not self._runner.running:
             raise EngineError("RemoteEngine is not running: call start() first")
-        future = asyncio.run_coroutine_threadsafe(self._generate(prompt, params), self._loop)
-        return await asyncio.wrap_future(future)
+        return await self._runner.submit(self._generate(prompt, params))
 
     async def _generate(self, prompt: list[int], params: SamplingParams) -> GenerationResult:
         try:
