@@ -154,13 +154,18 @@ def test_a_request_across_several_updates_is_as_old_as_its_oldest_token(weights)
 
     old, new = weights
     engine = build("torch", "in_flight", old)
+    forwards = [0]  # the engine's forward passes: one per decode step
+    engine._model.register_forward_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
     try:
 
         async def go():  # noqa: ANN202
             (long,) = engine.generate_many([(PROMPT, LONG)])
             await asyncio.to_thread(wait_until, lambda: running(engine) > 0)
             for version in (1, 2, 3):
-                await asyncio.sleep(0.002)
+                # at least one step on the weights of the previous version (however loaded
+                # the machine), so that every version labels a token
+                seen = forwards[0]
+                await asyncio.to_thread(wait_until, lambda seen=seen: forwards[0] > seen + 1)
                 engine.pause()
                 source = new if version % 2 else old
                 await asyncio.to_thread(engine.update_weights, source.state_dict(), version)
