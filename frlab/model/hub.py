@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from frlab.model.gguf import GGUF_PACKAGES, GGUF_PREFIX
+
 # The values huggingface_hub reads as true in its environment variables.
 TRUE_VALUES = frozenset({"1", "ON", "YES", "TRUE"})
 
@@ -37,8 +39,6 @@ def cached_on_hub(repo_id: str) -> bool:
 
 def local_source_problem(source: str) -> str | None:
     """Why a model source cannot be local as written (None: fine, or a hub id)."""
-    from frlab.model.gguf import GGUF_PACKAGES, GGUF_PREFIX
-
     if source.startswith(GGUF_PREFIX):
         name = source[len(GGUF_PREFIX) :]
         if name.lower().endswith(".gguf"):
@@ -62,7 +62,7 @@ def local_source_problem(source: str) -> str | None:
 def source_problem(source: str) -> str | None:
     """`local_source_problem`, then (offline) whether a hub id is in the local cache."""
     problem = local_source_problem(source)
-    if problem or source.startswith("gguf:") or Path(source).expanduser().exists():
+    if problem or source.startswith(GGUF_PREFIX) or Path(source).expanduser().exists():
         return problem
     if hub_offline() and not cached_on_hub(source):
         return (

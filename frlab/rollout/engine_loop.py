@@ -60,21 +60,21 @@ class EngineLoop:
         """Run `coro` on the loop and return its result (from any other thread).
 
         TimeoutError after `timeout` s; with `down`, every `poll_s` the wait asks it whether
-        the engine died, and an answer cancels the call with EngineError naming it."""
+        the engine died, and an answer ends the call with EngineError naming it. Either
+        cancels the coroutine."""
         loop = self._running_loop(coro)
         if threading.current_thread() is self._thread:
             coro.close()
             raise EngineError(f"{self.owner} control calls must not run on its own loop thread")
         future = asyncio.run_coroutine_threadsafe(coro, loop)
-        if down is None:
-            return future.result(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            wait = left if down is None else poll_s if left is None else min(poll_s, left)
             try:
-                return future.result(poll_s if left is None else min(poll_s, left))
+                return future.result(wait)
             except concurrent.futures.TimeoutError:
-                reason = down()
+                reason = None if down is None else down()
                 if reason is not None:
                     future.cancel()
                     raise EngineError(reason) from None

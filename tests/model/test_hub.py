@@ -3,6 +3,7 @@ why a model source cannot be used."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -35,8 +36,6 @@ def test_hub_offline_agrees_with_huggingface_hub_itself() -> None:
         "from frlab.model.hub import hub_offline\n"
         "print(json.dumps([bool(constants.HF_HUB_OFFLINE), hub_offline()]))\n"
     )
-    import json
-
     for case in FLAG_CASES:
         out = subprocess.run(
             [sys.executable, "-c", code, json.dumps(case)],

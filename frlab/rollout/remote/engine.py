@@ -295,8 +295,8 @@ class RemoteEngine(InFlightMixin, UpdateModesMixin, WeightSyncMixin, Engine):
         else:
             self._gate.set()
 
-    def _call(self, coro: Any, timeout: float | None = None) -> Any:
-        return self._runner.call(coro, timeout)
+    def _call(self, coro: Any) -> Any:
+        return self._runner.call(coro)
 
     # -- generation --------------------------------------------------------------------------
     async def generate(
@@ -306,9 +306,7 @@ class RemoteEngine(InFlightMixin, UpdateModesMixin, WeightSyncMixin, Engine):
         if not prompt:
             raise ValueError("prompt_token_ids is empty")
         params.validate(off_policy_correction=False)
-        if not self._runner.running:
-            raise EngineError("RemoteEngine is not running: call start() first")
-        return await self._runner.submit(self._generate(prompt, params))
+        return await self._runner.submit(self._generate(prompt, params))  # EngineError: not started
 
     async def _generate(self, prompt: list[int], params: SamplingParams) -> GenerationResult:
         try:
