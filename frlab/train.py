@@ -41,8 +41,9 @@ __all__ = ["build_callbacks", "build_evaluation", "build_policy_from", "build_to
 
 def run(cfg: DictConfig, plan: Plan | None = None) -> dict[str, Any]:
     """Train as configured; return the run summary (also written to summary.json)."""
-    from frlab.config.preflight import preflight
+    from frlab.config.preflight import preflight, structured
 
+    cfg = structured(cfg)  # a config built by hand gets the declared defaults it leaves out
     plan = plan or preflight(cfg)
     import lightning as L
 

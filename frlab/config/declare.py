@@ -1,13 +1,13 @@
-"""How a config key is declared, and the checks derived from a declaration.
+"""What a key's declaration adds to its type: `spec(default, low=, high=, choices=, doc=, arg=)`.
 
 A section of the config is a dataclass (frlab.config.schema): each field's annotation is the
-key's type, its default the key's default, and `spec(...)` adds what a type cannot say: an
-inclusive or open range, a list of choices, a fixed list length, a one-line description, and
-whether the key is an argument of the section's `_target_` (`arg=False`: read by frlab itself,
-left out when the section is instantiated). Hydra enforces types and unknown keys while it
-composes (the dataclasses are registered as structured configs); `check_declared` checks the
-same declaration again on the resolved values (ranges, choices, keys added with `+`), so that
-every error is a `ConfigError` naming the full key.
+key's type and its default the key's default. OmegaConf enforces the types and refuses unknown
+keys (Hydra composes over the dataclasses, registered as structured configs; a config built
+some other way is merged onto them by `frlab.config.preflight.structured`). `spec` adds what a
+type cannot say: an inclusive or open range, a list of choices, a list of exactly two numbers,
+a one-line description, and whether the key is an argument of the section's `_target_`
+(`arg=False`: read by frlab itself, left out when the section is instantiated).
+`check_values` checks those rules on the resolved values, naming the full key.
 """
 
 from __future__ import annotations
@@ -26,22 +26,6 @@ META = "frlab"
 
 
 @dataclass(frozen=True)
-class Field:
-    """One value's rule: its type, whether null is allowed, choices, an inclusive range.
-
-    kind: "int" | "float" | "bool" | "str" | "mapping" | "list" | "float_pair" | "any".
-    """
-
-    kind: str
-    optional: bool = False
-    choices: tuple[str, ...] | None = None
-    low: float | None = None
-    high: float | None = None
-    low_open: bool = False  # exclude `low` itself
-    high_open: bool = False
-
-
-@dataclass(frozen=True)
 class Meta:
     """What `spec` adds to a dataclass field."""
 
@@ -49,41 +33,23 @@ class Meta:
     choices: tuple[str, ...] | None = None
     low: float | None = None
     high: float | None = None
-    low_open: bool = False
+    low_open: bool = False  # exclude `low` itself
     high_open: bool = False
     pair: bool = False  # a list of exactly two numbers
     arg: bool = True  # passed to the section's `_target_` when it is instantiated
-    kind: str | None = None  # for `Any` fields: the kind of value expected (e.g. "mapping")
 
 
-def spec(
-    default: Any = dataclasses.MISSING,
-    *,
-    factory: Any = dataclasses.MISSING,
-    doc: str = "",
-    choices: tuple[str, ...] | None = None,
-    low: float | None = None,
-    high: float | None = None,
-    low_open: bool = False,
-    high_open: bool = False,
-    pair: bool = False,
-    arg: bool = True,
-    kind: str | None = None,
-) -> Any:
-    """A dataclass field with frlab's metadata (range, choices, description, `arg`)."""
-    meta = Meta(doc, choices, low, high, low_open, high_open, pair, arg, kind)
+def spec(default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSING,
+         **rules: Any) -> Any:  # fmt: skip
+    """A dataclass field with frlab's rules (`Meta`'s fields: range, choices, doc, arg)."""
+    meta = {META: Meta(**rules)}
     if factory is not dataclasses.MISSING:
-        return dataclasses.field(default_factory=factory, metadata={META: meta})
-    return dataclasses.field(default=default, metadata={META: meta})
+        return dataclasses.field(default_factory=factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
 
 
 def meta_of(f: dataclasses.Field) -> Meta:
     return f.metadata.get(META, Meta())
-
-
-def hints(cls: type) -> dict[str, Any]:
-    """The evaluated annotations of a config dataclass."""
-    return typing.get_type_hints(cls)
 
 
 def unwrap(annotation: Any) -> tuple[Any, bool]:
@@ -101,33 +67,11 @@ def section_type(annotation: Any) -> type | None:
     return inner if dataclasses.is_dataclass(inner) else None
 
 
-KINDS = {int: "int", float: "float", bool: "bool", str: "str"}
-
-
-def rule(annotation: Any, meta: Meta) -> Field:
-    """The `Field` rule of one declared key."""
-    inner, optional = unwrap(annotation)
-    origin = typing.get_origin(inner) or inner
-    if meta.kind is not None:
-        kind = meta.kind
-    elif meta.pair:
-        kind = "float_pair"
-    elif inner in KINDS:
-        kind = KINDS[inner]
-    elif origin in (dict, Mapping):
-        kind = "mapping"
-    elif origin in (list, tuple):
-        kind = "list"
-    else:
-        kind = "any"
-    return Field(kind, optional, meta.choices, meta.low, meta.high, meta.low_open, meta.high_open)
-
-
 def declared(cls: type) -> Iterator[tuple[dataclasses.Field, Any]]:
-    """(field, annotation) for every key of a config dataclass."""
-    types_ = hints(cls)
+    """(field, evaluated annotation) for every key of a config dataclass."""
+    hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
-        yield f, types_[f.name]
+        yield f, hints[f.name]
 
 
 def not_args(cls: type) -> tuple[str, ...]:
@@ -135,128 +79,60 @@ def not_args(cls: type) -> tuple[str, ...]:
     return tuple(f.name for f, _ in declared(cls) if not meta_of(f).arg)
 
 
-def check_declared(
-    key: str, values: Mapping[str, Any], cls: type, root: Mapping[str, Any] | None = None
-) -> None:
-    """Validate resolved `values` against the declaration `cls`: unknown keys (close matches
-    suggested, searched in `root` too), removed keys, types, choices and ranges, nested
-    sections included."""
-    names = [f.name for f in dataclasses.fields(cls)]
-    refused: Mapping[str, str] = getattr(cls, "REFUSED", {})
-    for name in values:
-        if name not in names:
-            why = refused.get(str(name))
-            raise unknown_key(join(key, name), names, root or {key: values}, why)
-    for f, annotation in declared(cls):
-        full = join(key, f.name)
-        if f.name not in values:
-            raise ConfigError(full, "missing (a declared key cannot be removed)")
-        value = values[f.name]
-        sub = section_type(annotation)
-        if sub is not None:
-            if value is None and unwrap(annotation)[1]:
-                continue
-            if not isinstance(value, Mapping):
-                raise ConfigError(full, f"must be a mapping, got {value!r}")
-            check_declared(full, value, sub, root)
-        else:
-            check_value(full, value, rule(annotation, meta_of(f)))
-
-
 def join(prefix: str, name: object) -> str:
     return f"{prefix}.{name}" if prefix else str(name)
 
 
-def unknown_key(
-    full: str,
-    siblings: list[str],
-    root: Mapping[str, Any] | None = None,
-    why: str | None = None,
-    hint: str = "",
-) -> ConfigError:
-    """The error for a key that is not declared. Suggested: the same name elsewhere in the
-    same top-level section (`rollout.temperature` -> `rollout.sampling.temperature`), else
-    the closest sibling names."""
-    name = full.rsplit(".", 1)[-1]
-    if why:
-        return ConfigError(full, f"frlab sets this itself: {why}")
-    top = full.split(".", 1)[0]
-    section = (root or {}).get(top)
-    moved = [
-        k for k in leaf_keys(section, top) if k.rsplit(".", 1)[-1] == name and k != full
-    ] if isinstance(section, Mapping) and "." in full else []  # fmt: skip
-    text = f"unknown key {name!r}" + (f" ({hint})" if hint else "")
-    return ConfigError(full, text, value=name, choices=siblings, suggestions=moved or None)
+def check_values(key: str, values: Mapping[str, Any], cls: type) -> None:
+    """The declared ranges and choices of `cls` on resolved `values` (nested sections too),
+    and booleans that are booleans; other types and unknown keys are OmegaConf's to check."""
+    for f, annotation in declared(cls):
+        if f.name not in values:
+            continue
+        value, sub = values[f.name], section_type(annotation)
+        if sub is not None and isinstance(value, Mapping):
+            check_values(join(key, f.name), value, sub)
+        elif unwrap(annotation)[0] is bool and value is not None and not isinstance(value, bool):
+            # OmegaConf would read 3 as true: a key declared bool takes only booleans
+            raise ConfigError(join(key, f.name), f"must be true or false, got {value!r}")
+        elif value is not None:
+            check_value(join(key, f.name), value, meta_of(f))
 
 
-def leaf_keys(values: Mapping[str, Any], prefix: str) -> list[str]:
-    """Full keys of every value below `values` (depth first)."""
-    out: list[str] = []
-    for name, value in values.items():
-        full = join(prefix, name)
-        out.append(full)
-        if isinstance(value, Mapping):
-            out += leaf_keys(value, full)
-    return out
-
-
-def check_value(key: str, value: Any, spec_: Field) -> None:
-    """Raise ConfigError unless `value` fits `spec_`."""
-    if value is None:
-        if spec_.optional:
-            return
-        raise ConfigError(key, f"must be set ({describe(spec_.kind)}), got null")
-    if spec_.kind == "float_pair":
+def check_value(key: str, value: Any, meta: Meta) -> None:
+    """Raise ConfigError unless `value` fits the rules of `meta`."""
+    if meta.pair:
         if not isinstance(value, list | tuple) or len(value) != 2:
             raise ConfigError(key, f"must be a list of two numbers, got {value!r}")
-        item = Field("float", low=spec_.low, high=spec_.high, low_open=spec_.low_open,
-                     high_open=spec_.high_open)  # fmt: skip
         for i, x in enumerate(value):
-            check_value(f"{key}[{i}]", x, item)
+            check_value(f"{key}[{i}]", x, dataclasses.replace(meta, pair=False))
         return
-    check_type(key, value, spec_.kind)
-    if spec_.choices is not None and value not in spec_.choices:
-        raise ConfigError(key, f"unknown value {value!r}", value=value, choices=spec_.choices)
-    if spec_.kind in ("int", "float"):
-        check_range(key, float(value), spec_)
+    if meta.choices is not None and value not in meta.choices:
+        raise ConfigError(key, f"unknown value {value!r}", value=value, choices=meta.choices)
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if math.isnan(value):
+            raise ConfigError(key, "must not be NaN")
+        low, high = meta.low, meta.high
+        below = low is not None and (value < low or (meta.low_open and value == low))
+        above = high is not None and (value > high or (meta.high_open and value == high))
+        if below or above:
+            raise ConfigError(key, f"must be in {interval(meta)}, got {value:g}")
 
 
-def check_type(key: str, value: Any, kind: str) -> None:
-    ok = {
-        "int": isinstance(value, int) and not isinstance(value, bool),
-        "float": isinstance(value, int | float) and not isinstance(value, bool),
-        "bool": isinstance(value, bool),
-        "str": isinstance(value, str),
-        "mapping": isinstance(value, Mapping),
-        "list": isinstance(value, list | tuple),
-    }.get(kind, True)
-    if not ok:
-        raise ConfigError(key, f"must be {describe(kind)}, got {value!r} ({type(value).__name__})")
+def interval(meta: Meta) -> str:
+    """`[0, 1)`-style text of a declared range ("" when the key has none)."""
+    if meta.low is None and meta.high is None:
+        return ""
+    low = "-inf" if meta.low is None else f"{meta.low:g}"
+    high = "inf" if meta.high is None else f"{meta.high:g}"
+    return f"{'(' if meta.low_open else '['}{low}, {high}{')' if meta.high_open else ']'}"
 
 
-def describe(kind: str) -> str:
-    """A kind in words: 'an integer', 'a number', 'true or false', ..."""
-    return {"int": "an integer", "float": "a number", "bool": "true or false",
-            "str": "a string", "mapping": "a mapping", "list": "a list",
-            "float_pair": "a list of two numbers"}.get(kind, "a value")  # fmt: skip
-
-
-def check_range(key: str, x: float, spec_: Field) -> None:
-    if math.isnan(x):
-        raise ConfigError(key, "must not be NaN")
-    below = spec_.low is not None and (x < spec_.low or (spec_.low_open and x == spec_.low))
-    above = spec_.high is not None and (x > spec_.high or (spec_.high_open and x == spec_.high))
-    if below or above:
-        raise ConfigError(key, f"must be in {interval(spec_)}, got {x:g}")
-
-
-def interval(spec_: Field) -> str:
-    """`[0, 1)`-style text of a rule's range."""
-    lo = "(" if spec_.low_open else "["
-    hi = ")" if spec_.high_open else "]"
-    low = "-inf" if spec_.low is None else f"{spec_.low:g}"
-    high = "inf" if spec_.high is None else f"{spec_.high:g}"
-    return f"{lo}{low}, {high}{hi}"
+def default_of(f: dataclasses.Field) -> Any:
+    """A field's declared default (`dataclasses.MISSING` when it has none)."""
+    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+        return f.default_factory()  # type: ignore[misc]
+    return f.default
 
 
 def changed(key: str, values: Mapping[str, Any], cls: type) -> dict[str, Any]:
@@ -271,10 +147,7 @@ def changed(key: str, values: Mapping[str, Any], cls: type) -> dict[str, Any]:
         if sub is not None and isinstance(value, Mapping):
             out.update(changed(full, value, sub))
             continue
-        if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-            default = f.default_factory()  # type: ignore[misc]
-        else:
-            default = f.default
+        default = default_of(f)
         if isinstance(default, str) and default.startswith("${"):
             continue
         if isinstance(value, Mapping) or value != default or default == "???":
@@ -287,12 +160,11 @@ def declared_annotation(cls: type, key: str) -> Any:
     there, or inside an open node such as `env` or `rollout.engine`)."""
     head, _, rest = key.partition(".")
     for f, annotation in declared(cls):
-        if f.name != head:
-            continue
-        if not rest:
-            return annotation
-        inner = section_type(annotation)
-        return None if inner is None else declared_annotation(inner, rest)
+        if f.name == head:
+            inner = section_type(annotation)
+            if not rest:
+                return annotation
+            return None if inner is None else declared_annotation(inner, rest)
     return None
 
 

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from frlab.config import schema
-from frlab.config.declare import check_declared
+from frlab.config.declare import check_values
 from frlab.config.errors import ConfigError
 
 VLLM_ARGS_SET_BY_FRLAB = {"model", "seed", "max_model_len", "worker_extension_cls"}
@@ -163,7 +163,7 @@ def check_remote(engine: str, rollout: Mapping[str, Any], world: int) -> None:
         raise ConfigError("rollout.remote", "missing: select the backend with rollout=remote")
     if not isinstance(remote, Mapping):
         raise ConfigError("rollout.remote", f"must be a mapping, got {remote!r}")
-    check_declared("rollout.remote", remote, schema.RemoteConfig)
+    check_values("rollout.remote", remote, schema.RemoteConfig)
     servers = remote["servers"]
     if not isinstance(servers, list) or not servers:
         raise ConfigError(

@@ -29,7 +29,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from frlab.config.declare import check_declared
+from frlab.config.declare import check_values
 from frlab.config.errors import ConfigError, unknown
 from frlab.config.schema_eval import EVALS, KINDS, MathBenchmarkConfig
 from frlab.evaluation.benchmarks import benchmark_specs
@@ -67,7 +67,8 @@ def check_eval(
         values["benchmarks"] = benchmark_specs(values.get("benchmarks"))
     except ValueError as exc:
         raise ConfigError("eval.benchmarks", str(exc).removeprefix("eval.benchmarks ")) from exc
-    check_declared("eval", values, EVALS[kind], {"eval": values})
+    _check_types(values, EVALS[kind])
+    check_values("eval", values, EVALS[kind])
     if not values["benchmarks"]:
         raise ConfigError("eval.benchmarks", "is empty: name at least one benchmark or eval=none")
     env_keys = [str(k) for k in (cfg.get("env") or {}) if k != "_target_"]
@@ -83,6 +84,19 @@ def check_eval(
             log.warning(message)
     _check_cross(values, rollout, trainer)
     return values
+
+
+def _check_types(values: Mapping[str, Any], cls: type) -> None:
+    """Types and unknown keys of the (untyped) eval node, checked by OmegaConf against its
+    declaration as Hydra checks the typed sections."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    from frlab.config.hydra_errors import omegaconf_error
+
+    try:
+        OmegaConf.merge(OmegaConf.create({"eval": OmegaConf.structured(cls)}), {"eval": values})
+    except OmegaConfBaseException as exc:
+        raise omegaconf_error(exc) from exc
 
 
 def _holdout(spec: Any) -> tuple[float, str] | None:

@@ -18,17 +18,17 @@ from __future__ import annotations
 import os
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from frlab.config.declare import describe, unknown_key
 from frlab.config.errors import ConfigError
 
 # old key -> config group, for command-line overrides `KEY=VALUE` (also `-m` sweeps).
 LEGACY_GROUP_KEYS = {"rollout.engine": "rollout/engine"}
 
-NODE_KINDS = {"IntegerNode": "int", "FloatNode": "float", "BooleanNode": "bool",
-              "StringNode": "str"}  # fmt: skip
+# OmegaConf's typed value nodes, in words.
+NODE_KINDS = {"IntegerNode": "an integer", "FloatNode": "a number", "BooleanNode": "true or false",
+              "StringNode": "a string"}  # fmt: skip
 
 
 BENCHMARKS = "eval.benchmarks"
@@ -89,6 +89,11 @@ def explain(exc: BaseException) -> ConfigError | None:
     return ConfigError(key, text.strip().splitlines()[0] + source)
 
 
+def omegaconf_error(exc: Any) -> ConfigError:
+    """The ConfigError for an OmegaConf error raised outside composition (a merge)."""
+    return _from_omegaconf(exc, "")
+
+
 def _missing_option(exc: Any) -> ConfigError | None:
     """`objective=flashreinforse`: an unknown option of a config group."""
     found = re.search(r"Could not find '([^']+)'", str(exc))
@@ -123,12 +128,13 @@ def _from_omegaconf(cause: Any, source: str) -> ConfigError:
     typed = re.search(r"(\w+) is not a subclass of (\w+)\. value: (.*)", msg)
     if typed:
         return _wrong_node(key, typed.group(2), typed.group(3).strip(), source)
-    if "is not Optional" in msg or "cannot be assigned None" in msg:
-        return ConfigError(key, f"must be set ({describe(_node_kind(parent, key))}), got null")
+    null = "Incompatible value 'None'" in msg
+    if null or "is not Optional" in msg or "cannot be assigned None" in msg:
+        return ConfigError(key, f"must be set ({_node_kind(parent, key)}), got null")
     value = re.match(r"Value '(.*)' (?:of type|is not)", msg)
     if value and key:
         shown = value.group(1)
-        return ConfigError(key, f"must be {describe(_node_kind(parent, key))}, got {shown!r}")
+        return ConfigError(key, f"must be {_node_kind(parent, key)}, got {shown!r}")
     return ConfigError(key or "config", msg + source)
 
 
@@ -194,12 +200,41 @@ def _refused(node: Any, key: str) -> str | None:
 
 
 def _node_kind(parent: Any, key: str) -> str:
-    """The declared kind of `key` (from the typed node holding it)."""
+    """The declared kind of `key` in words (from the typed node holding it)."""
     try:
         node = parent._get_node(key.rsplit(".", 1)[-1])
     except Exception:
-        return "value"
-    return NODE_KINDS.get(type(node).__name__, "value")
+        return "a value"
+    return NODE_KINDS.get(type(node).__name__, "a value")
+
+
+def unknown_key(
+    full: str, siblings: list[str], root: Mapping[str, Any], why: str | None, hint: str = ""
+) -> ConfigError:
+    """The error for a key that is not declared. Suggested: the same name elsewhere in the
+    same top-level section (`rollout.temperature` -> `rollout.sampling.temperature`), else
+    the closest sibling names."""
+    name = full.rsplit(".", 1)[-1]
+    if why:
+        return ConfigError(full, f"frlab sets this itself: {why}")
+    section = root.get(full.split(".", 1)[0])
+    moved = []
+    if isinstance(section, Mapping) and "." in full:
+        moved = [k for k in _leaf_keys(section, full.split(".", 1)[0])
+                 if k.rsplit(".", 1)[-1] == name and k != full]  # fmt: skip
+    text = f"unknown key {name!r}" + (f" ({hint})" if hint else "")
+    return ConfigError(full, text, value=name, choices=siblings, suggestions=moved or None)
+
+
+def _leaf_keys(values: Mapping[str, Any], prefix: str) -> list[str]:
+    """Full keys of every value below `values` (depth first)."""
+    out: list[str] = []
+    for name, value in values.items():
+        full = f"{prefix}.{name}"
+        out.append(full)
+        if isinstance(value, Mapping):
+            out += _leaf_keys(value, full)
+    return out
 
 
 def call_hydra_main(hydra_main: Callable[[], Any]) -> None:

@@ -2,9 +2,9 @@
 
 Runs in well under a second, loads no model and imports no `transformers` (only
 `frlab.objective`, for the component registries, after every lighter check). Every key is
-checked against its one declaration (frlab.config.schema: type, range, choices, unknown keys
-with close-match suggestions; `check_declared`), then the cross-field rules of the method
-(FlashREINFORCE paper, Sec. 3):
+checked against its one declaration (frlab.config.schema): types and unknown keys by
+OmegaConf (`structured`), ranges and choices by `frlab.config.declare.check_values`; then the
+cross-field rules of the method (FlashREINFORCE paper, Sec. 3):
 
 - the global batch B splits evenly over ranks and each rank's share over micro-batches; each
   rank's share B / W is a whole number of groups of `rollout.samples_per_prompt` (each rank's
@@ -42,17 +42,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
 
 from frlab.config import schema
-from frlab.config.declare import (
-    check_declared,
-    check_value,
-    declared,
-    meta_of,
-    rule,
-    section_type,
-)
+from frlab.config.declare import check_values, declared, section_type
 from frlab.config.engine_check import (
     check_engine,
     check_lora_engine,
@@ -60,7 +54,7 @@ from frlab.config.engine_check import (
     check_routing_replay,
     check_weight_update,
 )
-from frlab.config.errors import ConfigError, unknown
+from frlab.config.errors import ConfigError
 from frlab.config.eval_check import check_eval
 from frlab.config.instantiate import check_allowed, check_user_modules
 from frlab.config.objective_check import check_objective
@@ -72,7 +66,8 @@ __all__ = ["ConfigError", "Plan", "preflight"]
 
 
 def preflight(cfg: DictConfig) -> Plan:
-    """Validate `cfg` (a composed frlab config) and return the resolved run plan."""
+    """Validate `cfg` (a frlab config, see `structured`) and return the resolved run plan."""
+    cfg = structured(cfg)
     _check_root(cfg)
     sec = {name: _resolve(cfg, name) for name in ("model", "rollout", "data", "objective", "optim")}
     trainer = _resolve(cfg, "trainer")
@@ -80,7 +75,7 @@ def preflight(cfg: DictConfig) -> Plan:
     for name, cls in (("model", schema.ModelConfig), ("rollout", schema.RolloutConfig),
                       ("data", schema.DataConfig), ("optim", schema.OptimConfig),
                       ("trainer", schema.TrainerConfig)):  # fmt: skip
-        check_declared(name, root[name], cls, root)
+        check_values(name, root[name], cls)
     user_modules = check_user_modules(cfg.get("user_modules") or [])
     engine = _check_engine_node(sec["rollout"])
     _check_infrastructure(cfg, user_modules)
@@ -130,20 +125,40 @@ def _missing_keys(node: DictConfig, prefix: str) -> list[str]:
     return sorted(out)
 
 
+def structured(cfg: DictConfig) -> DictConfig:
+    """`cfg` merged onto frlab's declarations (with the declared engine and fleet nodes it
+    names), so OmegaConf checks its types and keys: those of a config built in Python or
+    loaded from a run folder, and the keys a command line added with `+` to a composed one.
+    A key a config leaves out takes its declared default. A composed config is returned as it
+    is once it passed. Errors are ConfigErrors naming the key."""
+    from frlab.config.hydra_errors import omegaconf_error
+
+    target = OmegaConf.select(cfg, "rollout.engine._target_", default=None)
+    engines = [cls() for cls in schema.ENGINES.values() if cls._target_ == target]
+    rollout = schema.RolloutConfig(engine=engines[0] if engines else None)
+    if OmegaConf.select(cfg, "rollout.remote", default=None) is not None:
+        rollout.remote = schema.RemoteConfig()
+    # as plain containers (interpolations kept): a typed node would carry its own extra keys
+    values = OmegaConf.to_container(cfg, resolve=False)
+    values.pop("hydra", None)  # type: ignore[union-attr]
+    try:
+        out = OmegaConf.merge(OmegaConf.structured(schema.FrlabConfig(rollout=rollout)), values)
+    except OmegaConfBaseException as exc:
+        raise omegaconf_error(exc) from exc
+    if OmegaConf.get_type(cfg) is schema.FrlabConfig:
+        return cfg
+    if "hydra" in cfg:
+        with open_dict(out):
+            out.hydra = cfg.hydra
+    return out  # type: ignore[return-value]
+
+
 def _check_root(cfg: DictConfig) -> None:
-    names = [f.name for f, _ in declared(schema.FrlabConfig)]
-    for key in cfg:
-        if key not in (*names, "hydra"):
-            raise unknown(str(key), "top-level key", key, names)
-    for f, annotation in declared(schema.FrlabConfig):
-        if annotation is Any or section_type(annotation) is not None:
-            continue  # an open node or a section, checked on its own
-        if f.name not in cfg:
-            raise ConfigError(f.name, "missing (required key)")
-        value = cfg[f.name]
-        if isinstance(value, ListConfig):
-            value = OmegaConf.to_container(value, resolve=True)
-        check_value(f.name, value, rule(annotation, meta_of(f)))
+    """The declared rules of the root's own keys (the sections are checked one by one)."""
+    own = [f.name for f, a in declared(schema.FrlabConfig) if a is not Any and not section_type(a)]
+    values = {k: OmegaConf.to_container(v) if isinstance(v, ListConfig) else v
+              for k in own for v in [cfg[k]]}  # fmt: skip
+    check_values("", values, schema.FrlabConfig)
 
 
 def _check_engine_node(rollout: Mapping[str, Any]) -> str:
@@ -163,7 +178,7 @@ def _check_engine_node(rollout: Mapping[str, Any]) -> str:
         )
     name = engine_name(node)
     if name in schema.ENGINES:
-        check_declared("rollout.engine", node, schema.ENGINES[name])
+        check_values("rollout.engine", node, schema.ENGINES[name])
     return name
 
 

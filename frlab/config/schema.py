@@ -3,8 +3,8 @@
 These dataclasses are Hydra structured configs (registered by `frlab.config.store`): the
 root `FrlabConfig` is the first entry of `configs/train.yaml`'s defaults list, so Hydra
 checks types and refuses unknown keys while it composes, and a group option (a YAML file)
-only holds the values that differ from the defaults declared here. Preflight
-(`frlab.config.declare.check_declared`), the dry-run plan and `frlab/config/SCHEMA.md`
+only holds the values that differ from the defaults declared here. Preflight (ranges and
+choices: `frlab.config.declare.check_values`), the dry-run plan and `frlab/config/SCHEMA.md`
 (`python -m frlab.config.schema_doc`) read the same declarations.
 
 Nodes whose keys depend on the chosen class stay open mappings (`Any`): `env` (the
@@ -20,12 +20,12 @@ from typing import Any
 
 from omegaconf import II, MISSING
 
-from frlab.config.declare import Field, check_value, spec
+from frlab.config.declare import spec
 from frlab.config.schema_trainer import TrainerConfig
 
 WEIGHT_UPDATES = ("in_flight", "resubmit", "drain")  # frlab.rollout.engine.WEIGHT_UPDATES
 
-__all__ = ["Field", "check_value", "FrlabConfig", "ENGINES", "TrainerConfig"]
+__all__ = ["FrlabConfig", "ENGINES", "TrainerConfig"]
 
 
 @dataclass
@@ -50,8 +50,8 @@ class ModelConfig:
     name_or_path: str | None = spec(
         MISSING, doc="Hugging Face id, local folder or gguf:NAME / gguf:/path.gguf; null: random "
         "init from `config`")  # fmt: skip
-    config: Any = spec(
-        None, kind="mapping", doc="mapping for transformers.AutoConfig.for_model (needs model_type); null "
+    config: dict[str, Any] | None = spec(
+        None, doc="mapping for transformers.AutoConfig.for_model (needs model_type); null "
         "when name_or_path loads a checkpoint")  # fmt: skip
     tokenizer: str = spec(
         II("model.name_or_path"), arg=False,
@@ -226,9 +226,9 @@ class RolloutConfig:
                                          doc="the adaptive engine deadline's lower bound")  # fmt: skip
     sampling: SamplingConfig = spec(factory=SamplingConfig)
     device: str = spec("cpu", doc="device of the in-process engine (torch)")
-    remote: Any = spec(None, kind="mapping", doc="the fleet (RemoteConfig), set by rollout=remote")
-    vllm_engine_args: Any = spec(
-        None, kind="mapping", doc="rollout/engine=vllm only: extra vLLM AsyncEngineArgs, e.g. "
+    remote: Any = spec(None, doc="the fleet (RemoteConfig), set by rollout=remote")
+    vllm_engine_args: dict[str, Any] | None = spec(
+        None, doc="rollout/engine=vllm only: extra vLLM AsyncEngineArgs, e.g. "
         "{gpu_memory_utilization: 0.4}")  # fmt: skip
 
 

@@ -11,12 +11,13 @@ from __future__ import annotations
 import dataclasses
 import re
 import sys
+import typing
 from pathlib import Path
 from typing import Any
 
 from frlab.config import schema
 from frlab.config.compose import group_dir, group_options
-from frlab.config.declare import Field, declared, interval, meta_of, rule, section_type, unwrap
+from frlab.config.declare import Meta, declared, default_of, interval, meta_of, section_type, unwrap
 from frlab.config.instantiate import ALLOWED_TARGETS, BUILTIN_PREFIXES
 from frlab.config.schema_eval import EVALS, MathBenchmarkConfig
 from frlab.config.schema_trainer import TrainerConfig
@@ -54,22 +55,25 @@ Where a run writes, what `metrics.csv` and `summary.json` hold and every metric'
 """
 
 
-def type_name(annotation: Any, spec_: Field) -> str:
+def type_name(annotation: Any, meta: Meta) -> str:
+    """A declared type in words: int, float | null, mapping, list[str], [float, float], ..."""
     inner, optional = unwrap(annotation)
-    if section_type(annotation) is not None:
-        name = inner.__name__
-    elif spec_.kind == "float_pair":
+    origin = typing.get_origin(inner) or inner
+    if meta.pair:
         name = "[float, float]"
-    elif spec_.kind in ("mapping", "list", "int", "float", "bool", "str"):
-        name = getattr(inner, "__name__", spec_.kind) if spec_.kind == "list" else spec_.kind
-        name = str(inner).replace("typing.", "") if spec_.kind == "list" else name
+    elif dataclasses.is_dataclass(inner) or inner in (int, float, bool, str):
+        name = inner.__name__
+    elif origin is dict:
+        name = "mapping"
+    elif origin is list:
+        name = str(inner).replace("typing.", "")
     else:
         name = "any"
     return f"{name} | null" if optional and name != "any" else name
 
 
 def show(value: Any) -> str:
-    if value is dataclasses.MISSING:
+    if value is dataclasses.MISSING or dataclasses.is_dataclass(value):
         return ""
     if value is None:
         return "null"
@@ -80,19 +84,8 @@ def show(value: Any) -> str:
     return str(value)
 
 
-def default_of(f: dataclasses.Field) -> str:
-    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-        value = f.default_factory()  # type: ignore[misc]
-        return "" if dataclasses.is_dataclass(value) else show(value)
-    return show(f.default)
-
-
-def allowed_of(spec_: Field) -> str:
-    if spec_.choices:
-        return " | ".join(spec_.choices)
-    if spec_.low is not None or spec_.high is not None:
-        return interval(spec_)
-    return ""
+def allowed_of(meta: Meta) -> str:
+    return " | ".join(meta.choices) if meta.choices else interval(meta)
 
 
 def row(cells: list[str]) -> str:
@@ -105,14 +98,13 @@ def table(prefix: str, cls: type) -> list[str]:
     rows = ["| key | type | default | allowed | meaning |", "|---|---|---|---|---|"]
     nested: list[tuple[str, type]] = []
     for f, annotation in declared(cls):
-        meta = meta_of(f)
-        spec_ = rule(annotation, meta)
-        sub = section_type(annotation)
+        meta, sub = meta_of(f), section_type(annotation)
         if sub is not None:
             nested.append((f"{prefix}.{f.name}", sub))
         doc = meta.doc + (" (read by frlab, not passed to `_target_`)" if not meta.arg else "")
-        cells = [f"`{prefix}.{f.name}`", type_name(annotation, spec_), f"`{default_of(f)}`"
-                 if default_of(f) else "", allowed_of(spec_), doc or (sub.__doc__ or "")]  # fmt: skip
+        default = show(default_of(f))
+        cells = [f"`{prefix}.{f.name}`", type_name(annotation, meta),
+                 f"`{default}`" if default else "", allowed_of(meta), doc or (sub.__doc__ or "")]  # fmt: skip
         rows.append(row(cells))
     out = [f"### `{prefix}` ({cls.__name__})", "", (cls.__doc__ or "").strip(), "", *rows, ""]
     for key, sub in nested:
@@ -176,9 +168,8 @@ def generate() -> str:
     out += ["| key | type | default | meaning |", "|---|---|---|---|"]
     hints = dict((f.name, a) for f, a in declared(schema.FrlabConfig))
     for f in root_scalars:
-        spec_ = rule(hints[f.name], meta_of(f))
-        out.append(row([f"`{f.name}`", type_name(hints[f.name], spec_), f"`{default_of(f)}`",
-                        meta_of(f).doc]))  # fmt: skip
+        out.append(row([f"`{f.name}`", type_name(hints[f.name], meta_of(f)),
+                        f"`{show(default_of(f))}`", meta_of(f).doc]))  # fmt: skip
     out.append("")
     for name in ("model", "rollout", "data", "optim", "paths"):
         out += table(name, section_type(hints[name]))  # type: ignore[arg-type]

@@ -41,8 +41,8 @@ class MathBenchmarkConfig:
     limit: int | None = spec(None, low=1, doc="first N problems")
     subset: str | None = spec(None, doc="Hugging Face config name")
     seed: int = spec(0, doc="reasoning-gym generator seed")
-    options: Any = spec(None, kind="mapping", doc="reasoning-gym generator settings")
-    holdout: Any = spec(None, kind="mapping",
+    options: dict[str, Any] | None = spec(None, doc="reasoning-gym generator settings")
+    holdout: dict[str, Any] | None = spec(None,
                         doc="{fraction: f, part: train | heldout}: one part of the distinct "
                         "questions (envs.math.holdout)")  # fmt: skip
     deduplicate: bool = spec(False, doc="keep the first row of each question text (before limit)")
@@ -55,7 +55,7 @@ class MathEvalConfig:
     _target_: str = "frlab.evaluation.avg_at_k.AvgAtKEvaluation.from_config"
     _recursive_: bool = False
     kind: str = spec("math", choices=KINDS, arg=False)
-    benchmarks: Any = spec(MISSING, kind="mapping",
+    benchmarks: Any = spec(MISSING,
                            doc="name -> dataset source, or a MathBenchmarkConfig mapping; a "
                            "list replaces the set in one override (frlab.evaluation.benchmarks)")  # fmt: skip
     k: int = spec(4, low=1, doc="sampled replies per problem")
@@ -75,7 +75,7 @@ class MathEvalConfig:
     system_prompt: str = spec(II("oc.select:env.system_prompt,default"),
                               doc="default (the chat template's) | none | the text; the env's "
                               "by default")  # fmt: skip
-    env: Any = spec(II("env"), kind="mapping",
+    env: Any = spec(II("env"),
                     doc="the training environment (to count questions it shares with a benchmark)")  # fmt: skip
     user_modules: list[str] = spec(II("user_modules"), doc="follows user_modules")
 
@@ -87,7 +87,7 @@ class EpisodesEvalConfig:
     _target_: str = "frlab.evaluation.episodes.EpisodeEvaluation.from_config"
     _recursive_: bool = False
     kind: str = spec("episodes", choices=KINDS, arg=False)
-    benchmarks: Any = spec(MISSING, kind="mapping",
+    benchmarks: Any = spec(MISSING,
                            doc="name -> keys of the `env` node to change (may be empty)")  # fmt: skip
     k: int = spec(4, low=1, doc="episodes per task")
     every_n_steps: int = spec(50, low=1, doc="optimizer steps between evaluations (<= max_steps)")
@@ -95,7 +95,7 @@ class EpisodesEvalConfig:
     sampling: EvalSamplingConfig = spec(factory=EvalSamplingConfig)
     limit: int | None = spec(None, low=1, doc="first N tasks per benchmark; null: all")
     concurrency: int = spec(II("rollout.max_in_flight"), low=1, doc="episodes played at once")
-    env: Any = spec(II("env"), kind="mapping", doc="the environment node (the training env)")
+    env: Any = spec(II("env"), doc="the environment node (the training env)")
     max_turns: int = spec(II("rollout.max_turns"), low=1, doc="follows rollout.max_turns")
     max_len: int = spec(II("rollout.max_len"), low=2, doc="follows rollout.max_len")
     env_timeout_s: float = spec(II("rollout.env_timeout_s"), low=0.0, low_open=True,

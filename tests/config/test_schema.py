@@ -9,7 +9,7 @@ import inspect
 import pytest
 
 from frlab.config import schema
-from frlab.config.declare import Field, check_declared, check_value, not_args
+from frlab.config.declare import Meta, check_value, check_values, not_args
 from frlab.config.errors import ConfigError
 from frlab.config.resolvers import run_suffix, safe_name, sweep_subdir
 from frlab.config.schema_trainer import FRLAB_DEFAULTS, TrainerConfig, trainer_keys, world_size
@@ -32,32 +32,63 @@ def test_trainer_defaults_are_lightnings_except_frlabs_own() -> None:
         assert f.default == params[f.name].default, f.name
 
 
-def test_check_value_types_and_bounds() -> None:
-    spec = Field("float", low=0.0, high=1.0, high_open=True)
-    check_value("k", 0.0, spec)
-    check_value("k", 0, spec)  # an int is a number
-    for bad in (1.0, -0.1, float("nan"), True, "0.5", None):
+def test_check_value_ranges_choices_and_pairs() -> None:
+    meta = Meta(low=0.0, high=1.0, high_open=True)
+    check_value("k", 0.0, meta)
+    check_value("k", 0, meta)  # an int is a number
+    for bad in (1.0, -0.1, float("nan")):
         with pytest.raises(ConfigError, match="`k`"):
-            check_value("k", bad, spec)
-    check_value("k", None, Field("str", optional=True))
-    with pytest.raises(ConfigError, match="integer"):
-        check_value("k", False, Field("int"))
-
-
-def test_check_declared_unknown_removed_and_nested_keys() -> None:
-    values = {"batch_size": 8, "micro_batch_size": 4, "_target_": "x",
-              "max_tokens_per_micro_batch": None, "pack_sequences": True}  # fmt: skip
-    check_declared("data", values, schema.DataConfig)
-    with pytest.raises(ConfigError, match="missing"):
-        check_declared("data", {"batch_size": 8, "_target_": "x"}, schema.DataConfig)
+            check_value("k", bad, meta)
+    with pytest.raises(ConfigError, match=r"must be in \[0, 1\), got 1"):
+        check_value("k", 1, meta)
     with pytest.raises(ConfigError) as info:
-        check_declared("data", {**values, "batch_sise": 2}, schema.DataConfig)
-    assert info.value.key == "data.batch_sise" and info.value.suggestions[0] == "batch_size"
-    rollout = {f.name: None for f in dataclasses.fields(schema.RolloutConfig)}
+        check_value("mode", "asynch", Meta(choices=("async", "sync")))
+    assert info.value.suggestions[0] == "async"
+    check_value("betas", [0.9, 0.99], Meta(pair=True, low=0.0, high=1.0))
+    with pytest.raises(ConfigError, match="two numbers"):
+        check_value("betas", [0.9], Meta(pair=True))
+    with pytest.raises(ConfigError, match=r"`betas\[1\]`"):
+        check_value("betas", [0.9, 1.5], Meta(pair=True, low=0.0, high=1.0))
+
+
+def test_check_values_walks_nested_sections_and_skips_null() -> None:
+    values = {"batch_size": 0, "micro_batch_size": 4, "max_tokens_per_micro_batch": None}
+    with pytest.raises(ConfigError) as info:
+        check_values("data", values, schema.DataConfig)
+    assert info.value.key == "data.batch_size"
+    check_values("data", {**values, "batch_size": 8}, schema.DataConfig)
     with pytest.raises(ConfigError) as info:  # nested sections are checked too
-        check_declared("rollout", {**rollout, "sampling": {"temperature": 1.0}},
-                       schema.RolloutConfig)  # fmt: skip
-    assert info.value.key.startswith("rollout.")
+        check_values("rollout", {"sampling": {"top_p": 0.0}}, schema.RolloutConfig)
+    assert info.value.key == "rollout.sampling.top_p"
+
+
+def test_a_config_not_composed_by_hydra_is_checked_by_omegaconf_against_the_declarations() -> None:
+    """`structured` merges a hand-built config onto the declarations: unknown keys (close
+    matches suggested, nested engine nodes included), wrong types and nulls are ConfigErrors
+    naming the key; a key it leaves out takes its declared default."""
+    from omegaconf import OmegaConf
+
+    from frlab.config.compose import compose
+    from frlab.config.preflight import preflight, structured
+
+    plain = OmegaConf.to_container(compose([], with_hydra=False), resolve=False)
+    del plain["data"]["pack_sequences"]
+    cfg = structured(OmegaConf.create(plain))
+    assert cfg.data.pack_sequences is True and OmegaConf.get_type(cfg.rollout.engine).__name__ == (
+        "TorchEngineConfig"
+    )
+    assert preflight(OmegaConf.create(plain)).engine == "torch"
+    for change, key, fragment in [
+        ({"data": {"batch_sise": 2}}, "data.batch_sise", "'batch_size'"),
+        ({"rollout": {"engine": {"max_batch_sise": 2}}}, "rollout.engine.max_batch_sise",
+         "'max_batch_size'"),
+        ({"optim": {"lr": "fast"}}, "optim.lr", "a number"),
+        ({"data": {"batch_size": None}}, "data.batch_size", "null"),
+        ({"sead": 1}, "sead", "'seed'"),
+    ]:  # fmt: skip
+        with pytest.raises(ConfigError) as info:
+            structured(OmegaConf.merge(OmegaConf.create(plain), change))
+        assert info.value.key == key and fragment in str(info.value), str(info.value)
 
 
 def test_keys_frlab_reads_itself_are_not_target_arguments() -> None:
