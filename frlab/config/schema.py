@@ -4,8 +4,8 @@ These dataclasses are Hydra structured configs (registered by `frlab.config.stor
 root `FrlabConfig` is the first entry of `configs/train.yaml`'s defaults list, so Hydra
 checks types and refuses unknown keys while it composes, and a group option (a YAML file)
 only holds the values that differ from the defaults declared here. Preflight (ranges and
-choices: `frlab.config.declare.check_values`), the dry-run plan and `frlab/config/SCHEMA.md`
-(`python -m frlab.config.schema_doc`) read the same declarations.
+choices: `frlab.config.declare.check_values`), the dry-run plan and the key reference `docs/config-keys.md`
+(`python -m frlab.generated --write`) read the same declarations.
 
 Nodes whose keys depend on the chosen class stay open mappings (`Any`): `env` (the
 environment's constructor arguments), `objective` (frlab.config.objective_check), `logger`,

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from torchmetrics import MaxMetric, Metric
 
-# Metric names, one scheme for every logger (see frlab/config/SCHEMA.md).
+# Metric names, one scheme for every logger (see docs/configuration.md, "The run folder").
 REWARD = "train/reward_mean"
 ACCEPTANCE = "train/acceptance_rate"
 SEQUENCE_KL = "train/sequence_kl_mean"

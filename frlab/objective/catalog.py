@@ -4,7 +4,7 @@ A new component or preset needs no hand edit outside its own file: this module b
 per-component defaults `configs/objective/params/default.yaml` (`default_params_yaml`), one
 option file per preset `configs/objective/<preset>.yaml` (`preset_yaml`, the `objective` config
 group), the component table of `README.md` (`component_table`) and the objective section and
-component metric names of `frlab/config/SCHEMA.md`; `python -m frlab.generated --write`
+component metric names of `docs/config-keys.md`; `python -m frlab.generated --write`
 rewrites every committed generated file, and the tests fail while one is stale.
 """
 
@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PARAMS_FILE = Path("configs/objective/params/default.yaml")
 PRESETS_DIR = Path("configs/objective")  # the `objective` config group: one file per preset
 README_FILE = Path("README.md")
-SCHEMA_FILE = Path("frlab/config/SCHEMA.md")
+KEYS_FILE = Path("docs/config-keys.md")  # the config key reference (frlab.generated)
 REGENERATE = "python -m frlab.generated --write"  # the command that rewrites them (frlab.generated)
 KIND_TITLES = {"baseline": "baseline", "trust_region": "trust region",
                "aggregation": "aggregation", "token_filter": "token filter"}  # fmt: skip
@@ -119,8 +119,8 @@ def _commented(key_line: str, notes: list[str]) -> list[str]:
 
 
 def schema_objective_section() -> str:
-    """The `objective:` node of SCHEMA.md's key layout (slot names, defaults, ranges, docs)."""
-    col = 27  # the comment column of SCHEMA.md's key layout
+    """The `objective:` node of the key reference's layout (slot names, defaults, ranges, docs)."""
+    col = 27  # the comment column of the key reference's layout
     lines = ["objective:".ljust(col) + "# component names (plain strings) + per-component "
              "kwargs under own name"]  # fmt: skip
     for kind, reg in KINDS.items():
@@ -142,7 +142,7 @@ def schema_objective_section() -> str:
 
 
 def component_metrics_text() -> str:
-    """SCHEMA.md's list item of the component diagnostics metric names."""
+    """The key reference's list item of the component diagnostics metric names."""
     names = [d.metric(cls.name) for _, cls in components() for d in getattr(cls, "diagnostics", ())]
     accept = ", ".join(
         f"`{cls.name}`" for kind, cls in components() if kind == "trust_region" and cls.admits_all

@@ -4,7 +4,7 @@ This is the one writer of `metrics.csv` (the default `logger=csv` adds no Lightn
 `frlab.tracking.metrics_file` holds the Lightning-free format helpers that read it back).
 
 `metrics.csv` has one row per optimizer step: `step`, `elapsed_s` and every metric the learner
-logged under `train/`, `timing/` or `eval/` (names of frlab/config/SCHEMA.md), plus the values
+logged under `train/`, `timing/` or `eval/` (names listed in docs/configuration.md), plus the values
 other callbacks hand to `log_step_metrics` for that step only (avg@k from
 frlab.evaluation, measured every N steps: Lightning would repeat a value logged with
 `self.log` in every later row until the epoch ends). `log_step_metrics(metrics, step=N)` puts

@@ -1,5 +1,5 @@
 """The declarations (frlab.config.schema) and what is derived from them: value rules, the
-trainer's arguments, run-folder names, the search path, SCHEMA.md."""
+trainer's arguments, run-folder names, the search path."""
 
 from __future__ import annotations
 
@@ -139,18 +139,6 @@ def test_search_path_plugin_is_registered_idempotently() -> None:
     register_search_path()
     found = [p for p in Plugins.instance().discover(SearchPathPlugin) if p is FrlabSearchPathPlugin]
     assert len(found) == 1
-
-
-def test_schema_md_is_generated_from_the_declarations() -> None:
-    """The committed frlab/config/SCHEMA.md equals `python -m frlab.config.schema_doc`'s."""
-    from frlab.config.schema_doc import PATH, generate
-
-    text = generate()
-    assert PATH.read_text() == text, "run: python -m frlab.config.schema_doc"
-    for key in ("`rollout.sampling.temperature`", "`env.options`", "`env.seed`", "`env.limit`",
-                "`eval.benchmarks.NAME.options`", "`trainer.max_time`", "`user_modules`",
-                "`rollout/engine`"):  # fmt: skip
-        assert key in text, key
 
 
 def test_every_engine_option_has_its_declaration() -> None:

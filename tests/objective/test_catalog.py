@@ -17,11 +17,11 @@ from frlab.generated import stale_files
 from frlab.learner.metrics import ACCEPTANCE, StepMetrics
 from frlab.objective import KINDS, Objective
 from frlab.objective.catalog import (
+    KEYS_FILE,
     KIND_TITLES,
     PARAMS_FILE,
     README_FILE,
     ROOT,
-    SCHEMA_FILE,
     components,
     yaml_number,
 )
@@ -57,10 +57,10 @@ def test_every_component_is_selectable_documented_and_logged(kind: str, name: st
     assert plan.components[kind] == name
     if cls.hyperparameters():
         assert plan.component_params[name] == cls.defaults()
-    # documented: its README row, SCHEMA.md's slot comment, its defaults in the config
+    # documented: its README row, the key reference's slot comment, its defaults in the config
     readme = (ROOT / README_FILE).read_text()
     assert f"| {KIND_TITLES[kind]} | `{name}` | {cls.summary().rstrip('.')} |" in readme
-    schema = (ROOT / SCHEMA_FILE).read_text()
+    schema = (ROOT / KEYS_FILE).read_text()
     section = schema[schema.index("# objective:begin") : schema.index("# objective:end")]
     assert name in re.findall(r"\w+", section)
     params = OmegaConf.load(ROOT / PARAMS_FILE)

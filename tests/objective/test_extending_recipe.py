@@ -28,7 +28,8 @@ GUIDE = REPO / "docs" / "extending.md"
 SECTION = ("## A new objective component", "## A new environment")
 # What the recipe's steps, commands and tests read.
 COPIED = ("frlab", "envs", "configs", "experiments/experiment", "experiments/sweep",
-          "tests/conftest.py", "tests/objective", "tests/config", "README.md", "pyproject.toml")  # fmt: skip
+          "tests/conftest.py", "tests/objective", "tests/generated", "docs/config-keys.md",
+          "README.md", "pyproject.toml")  # fmt: skip
 LOOP_FILE = "tests/objective/loop_testlib.py"
 
 FILTER = '''
@@ -209,10 +210,10 @@ def test_the_component_recipe_adds_a_token_filter_and_an_aggregation(tmp_path: P
     assert catalog[1:] == ["-m", "frlab.generated", "--write"], catalog
     wrote = run(root, catalog)
     assert wrote.returncode == 0, wrote.stderr[-3000:]
-    for path in ("configs/objective/params/default.yaml", "README.md", "frlab/config/SCHEMA.md"):
+    for path in ("configs/objective/params/default.yaml", "README.md", "docs/config-keys.md"):
         assert f"wrote {path}" in wrote.stdout, wrote.stdout
     assert run(root, [sys.executable, "-m", "frlab.generated"]).returncode == 0  # current
-    assert "first_fraction" in (root / "frlab/config/SCHEMA.md").read_text()
+    assert "first_fraction" in (root / "docs/config-keys.md").read_text()
     ran = run(root, [*tests, "-v"], timeout=600)
     assert ran.returncode == 0, ran.stdout[-6000:]
     for test_id in (
@@ -223,7 +224,7 @@ def test_the_component_recipe_adds_a_token_filter_and_an_aggregation(tmp_path: P
         "test_first_fraction_hand_values PASSED",
         "test_length_power_hand_values PASSED",
         "test_max_log_ratio_hand_values PASSED",
-        "test_schema_md_is_generated_from_the_declarations PASSED",
+        "test_the_key_reference_is_current_and_covers_the_open_nodes PASSED",
     ):
         assert test_id in ran.stdout, test_id
 

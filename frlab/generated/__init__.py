@@ -2,7 +2,8 @@
 
 - `configs/objective/params/default.yaml`, `configs/objective/<preset>.yaml` and the component
   table of `README.md`: from the objective components and presets (frlab.objective.catalog);
-- `frlab/config/SCHEMA.md`: from the config declarations (frlab.config.schema_doc).
+- `docs/config-keys.md`, the reference of every config key: from the config declarations
+  (frlab.generated.config_keys).
 
 `tests/objective/test_catalog.py` and `tests/config/test_schema.py` fail while one is stale.
 It sits above both packages, so that neither imports the other to write the docs.
@@ -19,12 +20,12 @@ import sys
 from pathlib import Path
 
 from frlab.objective.catalog import (
+    KEYS_FILE,
     PARAMS_FILE,
     PRESETS_DIR,
     README_FILE,
     REGENERATE,
     ROOT,
-    SCHEMA_FILE,
     component_table,
     default_params_yaml,
     preset_yaml,
@@ -35,7 +36,7 @@ MARKERS = {
     README_FILE: [("<!-- components:begin (generated: {cmd}) -->", "<!-- components:end -->",
                    component_table)],
 }  # fmt: skip
-# frlab/config/SCHEMA.md is generated whole by frlab.config.schema_doc, which takes its objective
+# docs/config-keys.md is generated whole by frlab.generated.config_keys, which takes its objective
 # section from schema_objective_section and component_metrics_text (expected_files adds it).
 
 
@@ -49,7 +50,7 @@ def _replace_between(text: str, begin: str, end: str, body: str, path: Path) -> 
 
 def expected_files(root: Path = ROOT) -> dict[Path, str]:
     """path -> the full text it must have (the generated parts substituted)."""
-    from frlab.config.schema_doc import generate  # loads Hydra: only when the files are compared
+    from frlab.generated.config_keys import generate  # loads Hydra: only when compared
 
     out = {PARAMS_FILE: default_params_yaml()}
     out.update({PRESETS_DIR / f"{name}.yaml": preset_yaml(name) for name in PRESETS})
@@ -58,7 +59,7 @@ def expected_files(root: Path = ROOT) -> dict[Path, str]:
         for begin, end, make in parts:
             text = _replace_between(text, begin, end, make(), path)
         out[path] = text
-    out[SCHEMA_FILE] = generate()
+    out[KEYS_FILE] = generate()
     return out
 
 
@@ -86,6 +87,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{path} is stale: run `{REGENERATE}`", file=sys.stderr)
     return 1 if stale else 0
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,16 +1,15 @@
-"""Generate `frlab/config/SCHEMA.md` from the declarations: `python -m frlab.config.schema_doc`.
+"""The reference of every config key, `docs/config-keys.md`, rendered from the declarations.
 
 Every table row comes from a declaration (frlab.config.schema, schema_trainer, schema_eval:
 type, default, allowed values, meaning), from the registered objective components, or from
 the option files of the config groups (env, logger, callbacks: their keys and comments).
-`--check` exits 1 when the committed file differs from what would be generated (a test runs it).
+`python -m frlab.generated --write` rewrites it with the other generated files.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
-import sys
 import typing
 from pathlib import Path
 from typing import Any
@@ -22,13 +21,12 @@ from frlab.config.instantiate import ALLOWED_TARGETS, BUILTIN_PREFIXES
 from frlab.config.schema_eval import EVALS, MathBenchmarkConfig
 from frlab.config.schema_trainer import TrainerConfig
 
-PATH = Path(__file__).with_name("SCHEMA.md")
 GROUPS = ("model", "env", "rollout", "rollout/engine", "data", "objective", "optim", "trainer",
           "logger", "callbacks", "eval", "paths", "hydra", "ablation", "experiment", "sweep")  # fmt: skip
 
 HEAD = """# frlab config schema
 
-Generated from the declarations by `python -m frlab.config.schema_doc` (do not edit by hand;
+Generated from the declarations by `python -m frlab.generated --write` (do not edit by hand;
 a test checks that this file is current). Every key's type, default and allowed values are
 declared once, as structured configs: `frlab/config/schema.py` (root and sections),
 `schema_trainer.py` (`trainer`), `schema_eval.py` (`eval`). Hydra checks types and unknown keys
@@ -188,20 +186,3 @@ def generate() -> str:
     out += ["## Allowed `_target_`s", "", f"Anything under {', '.join(f'`{p}`' for p in BUILTIN_PREFIXES)}, "
             f"under a package listed in `user_modules`, and exactly: {targets}.", "", TAIL]  # fmt: skip
     return "\n".join(out).rstrip() + "\n"
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    text = generate()
-    if "--check" in args:
-        if PATH.read_text() != text:
-            print(f"{PATH} is out of date: run python -m frlab.config.schema_doc", file=sys.stderr)
-            return 1
-        return 0
-    PATH.write_text(text)
-    print(f"wrote {PATH}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
