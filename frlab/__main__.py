@@ -2,7 +2,7 @@
 
 Thin on purpose: Hydra composes `configs/train.yaml` (+ `experiments/` on the search path) over
 frlab's structured configs (frlab.config.schema), and `task` runs one job: for a real run the
-cheap checks of the machine first (devices, model and data sources, frlab.config.resources),
+cheap checks of the machine first (devices, model and data sources, frlab.run.machine),
 then the preflight (validation, the resolved plan); it prints the plan and stops for
 `dry_run=true`, and otherwise hands over to `frlab.train.run`. Every config error, from Hydra's
 composition or from frlab's checks, is printed as `frlab: config error: ...` naming the key and
@@ -35,7 +35,7 @@ ENGINE_DOWN_EXIT = 75  # EX_TEMPFAIL (sysexits.h): the rollout engine went down 
 def task(cfg: DictConfig) -> dict[str, Any]:
     """One job: preflight, then the dry-run plan or the training run's summary."""
     from frlab.config.preflight import preflight
-    from frlab.config.resources import check_machine
+    from frlab.run.machine import check_machine
 
     if not cfg.dry_run:
         check_machine(cfg)

@@ -4,24 +4,26 @@ Everything with a `_target_` goes through `frlab.config.instantiate.instantiate`
 allowlist, with the run's `user_modules`): the policy (`model`), the rollout engine
 (`rollout.engine`, a partial called once per rank with the policy and the rank's seed), the
 data module (`data`), the evaluation (`eval`), the optimizer (`optim`, a partial), the
-callbacks, the logger and the Trainer. Also here: the tokenizer, the per-rank rollout pool
-factory, the quieting of expected warnings, the plots. The run folder and the resume checks
+callbacks, the logger and the Trainer. Also here: the tokenizer, the env node's two factories
+(fresh environments, one per episode: `env_factory`; task samplers, one per rollout pool:
+`task_sampler_factory`), the per-rank rollout pool factory, the quieting of expected warnings, the plots. The run folder and the resume checks
 are frlab.run.guard's.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from frlab.config.errors import ConfigError
-from frlab.config.instantiate import env_factory, instantiate, task_sampler_factory
+from frlab.config.instantiate import instantiate, iter_targets
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +42,54 @@ def arguments(node: Mapping[str, Any]) -> dict[str, Any]:
 
 def user_modules(cfg: DictConfig) -> tuple[str, ...]:
     return tuple(cfg.get("user_modules") or ())
+
+
+def env_factory(node: DictConfig, *, user_modules: Iterable[str] = ()) -> Callable[[], Any]:
+    """A zero-argument factory of fresh environments (one per episode) from an env node.
+
+    Builds one environment right away so that a missing implementation or a bad kwarg fails
+    before training starts, with a ConfigError naming `env._target_`. A flat node (one
+    `_target_`, no Hydra flags) becomes a plain `functools.partial`, cheap and thread-safe.
+    """
+    modules = tuple(user_modules)
+    first = instantiate(node, key="env", user_modules=modules)
+    close = getattr(first, "close", None)
+    if callable(close):
+        close()
+    kwargs = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
+    kwargs = dict(kwargs)  # type: ignore[arg-type]
+    flat = len(list(iter_targets(node, "env"))) == 1 and not any(
+        k.startswith("_") and k != "_target_" for k in kwargs
+    )
+    if flat:
+        from hydra.utils import get_object
+
+        return functools.partial(get_object(kwargs.pop("_target_")), **kwargs)
+    return functools.partial(instantiate, OmegaConf.create(kwargs), key="env", user_modules=modules)
+
+
+def task_sampler_factory(node: Any, *, user_modules: Iterable[str] = ()) -> Callable[[], Any]:
+    """A zero-argument factory of task samplers (envs.base.TaskSampler, one per rollout pool)
+    from an env node: `env._target_`'s classmethod `task_sampler(**kwargs)`, which opens no
+    episode. A target without one (a function that returns an env) samples from one instance
+    it builds (`envs.base.EnvTaskSampler`)."""
+    modules = tuple(user_modules)
+
+    def make() -> Any:
+        from envs.base import EnvTaskSampler
+
+        built = instantiate(node, key="env", user_modules=modules, _partial_=True)
+        target, args, kwargs = built.func, built.args, built.keywords
+        try:
+            if callable(getattr(target, "task_sampler", None)):
+                return target.task_sampler(*args, **kwargs)
+            return EnvTaskSampler(target(*args, **kwargs))
+        except ConfigError:
+            raise
+        except (TypeError, ValueError, OSError) as exc:  # bad or missing env arguments
+            raise ConfigError("env", f"cannot build its task sampler: {exc}") from exc
+
+    return make
 
 
 def build_tokenizer(name: str) -> Any:

@@ -24,6 +24,7 @@ from frlab.build import (
     build_tokenizer,
     build_trainer,
     check_vocab,
+    env_factory,
     load_tokenizer,
     plain,
     pool_factory,
@@ -31,7 +32,7 @@ from frlab.build import (
     user_modules,
     write_plots,
 )
-from frlab.config.instantiate import env_factory, instantiate
+from frlab.config.instantiate import instantiate
 from frlab.config.plan import Plan
 from frlab.run.guard import check_resume, run_folder
 

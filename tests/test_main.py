@@ -118,7 +118,7 @@ def test_other_errors_exit_1(tmp_path: Path, args: list[str], fragment: str) -> 
 
 @pytest.mark.slow
 def test_a_gpu_preset_on_a_cpu_machine_fails_at_once_pointing_to_dry_run(tmp_path: Path) -> None:
-    from frlab.config.resources import gpu_visible
+    from frlab.run.machine import gpu_visible
 
     if gpu_visible():
         pytest.skip("this machine has a GPU")

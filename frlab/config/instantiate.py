@@ -16,15 +16,12 @@ included, is checked before anything is built. Import failures are reported as `
 that name the key, and a missing optional environment (math, python_tool, alfworld) reads as
 "not yet implemented / not installed" instead of a bare traceback. Keys a section declares
 with `arg=False` (read by frlab itself, e.g. `optim.grad_clip`) are not passed to its target.
-The env node gives two factories: fresh environments (`env_factory`, one per episode) and task
-samplers (`task_sampler_factory`, one per rollout pool).
 """
 
 from __future__ import annotations
 
-import functools
 import sys
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -154,54 +151,6 @@ def _without_frlab_keys(node: Any) -> Any:
         return node
     values = OmegaConf.to_container(node, resolve=True)
     return OmegaConf.create({k: v for k, v in values.items() if k not in drop})  # type: ignore[union-attr]
-
-
-def env_factory(node: DictConfig, *, user_modules: Iterable[str] = ()) -> Callable[[], Any]:
-    """A zero-argument factory of fresh environments (one per episode) from an env node.
-
-    Builds one environment right away so that a missing implementation or a bad kwarg fails
-    before training starts, with a ConfigError naming `env._target_`. A flat node (one
-    `_target_`, no Hydra flags) becomes a plain `functools.partial`, cheap and thread-safe.
-    """
-    modules = tuple(user_modules)
-    first = instantiate(node, key="env", user_modules=modules)
-    close = getattr(first, "close", None)
-    if callable(close):
-        close()
-    kwargs = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
-    kwargs = dict(kwargs)  # type: ignore[arg-type]
-    flat = len(list(iter_targets(node, "env"))) == 1 and not any(
-        k.startswith("_") and k != "_target_" for k in kwargs
-    )
-    if flat:
-        from hydra.utils import get_object
-
-        return functools.partial(get_object(kwargs.pop("_target_")), **kwargs)
-    return functools.partial(instantiate, OmegaConf.create(kwargs), key="env", user_modules=modules)
-
-
-def task_sampler_factory(node: Any, *, user_modules: Iterable[str] = ()) -> Callable[[], Any]:
-    """A zero-argument factory of task samplers (envs.base.TaskSampler, one per rollout pool)
-    from an env node: `env._target_`'s classmethod `task_sampler(**kwargs)`, which opens no
-    episode. A target without one (a function that returns an env) samples from one instance
-    it builds (`envs.base.EnvTaskSampler`)."""
-    modules = tuple(user_modules)
-
-    def make() -> Any:
-        from envs.base import EnvTaskSampler
-
-        built = instantiate(node, key="env", user_modules=modules, _partial_=True)
-        target, args, kwargs = built.func, built.args, built.keywords
-        try:
-            if callable(getattr(target, "task_sampler", None)):
-                return target.task_sampler(*args, **kwargs)
-            return EnvTaskSampler(target(*args, **kwargs))
-        except ConfigError:
-            raise
-        except (TypeError, ValueError, OSError) as exc:  # bad or missing env arguments
-            raise ConfigError("env", f"cannot build its task sampler: {exc}") from exc
-
-    return make
 
 
 def _explain(node: Any, key: str, exc: Exception) -> ConfigError:

@@ -59,7 +59,7 @@ from frlab.rollout.seeding import derive_seed
 
 log = logging.getLogger(__name__)
 # (env node, *, user_modules) -> a zero-argument factory of fresh environments; the caller
-# passes the one its rollout pool uses (frlab.config.instantiate.env_factory).
+# passes the one its rollout pool uses (frlab.build.env_factory).
 EnvFactory = Callable[..., Callable[[], Any]]
 
 

@@ -86,4 +86,3 @@ def main(argv: list[str] | None = None) -> int:
     for path in stale:
         print(f"{path} is stale: run `{REGENERATE}`", file=sys.stderr)
     return 1 if stale else 0
-

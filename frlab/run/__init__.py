@@ -1,5 +1,7 @@
 """One training run's lifecycle around `frlab.train.run`: its folder and its record.
 
+- `frlab.run.machine`: before a real run, whether this machine has what the config needs
+  (devices, model and data sources), offline and in well under a second;
 - `frlab.run.folder`: one run per folder (a new run never writes over another's files), no
   leftovers of killed writes, and which checkpoint a resume starts from;
 - `frlab.run.hydra_record`: the Hydra callback that keeps an earlier launch's `.hydra/`

@@ -75,7 +75,7 @@ class KeepRunRecord(Callback):
 
 
 class CheckMachine(Callback):
-    """A single real run's machine check (frlab.config.resources.check_machine) before Hydra
+    """A single real run's machine check (frlab.run.machine.check_machine) before Hydra
     creates its run folder: a GPU preset on a CPU machine leaves no folder behind. Sweep jobs
     are checked by `task` (each job's own config). It exits itself: Hydra turns an exception
     raised in a callback into a warning and goes on."""
@@ -83,7 +83,7 @@ class CheckMachine(Callback):
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         if config.get("dry_run") is not False:
             return
-        from frlab.config.resources import check_machine
+        from frlab.run.machine import check_machine
 
         try:
             check_machine(config)

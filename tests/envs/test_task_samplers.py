@@ -20,7 +20,7 @@ from envs.base import Env, EnvTaskSampler, StepResult, TaskSampler
 from envs.math import MathEnv
 from envs.python_tool import PythonToolEnv
 from envs.toy import FaultyParityEnv, KeyParityEnv, ParityEnv
-from frlab.config.instantiate import task_sampler_factory
+from frlab.build import task_sampler_factory
 
 DATA = [{"question": f"q{i}", "answer": str(i)} for i in range(5)]
 

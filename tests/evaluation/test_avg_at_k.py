@@ -266,7 +266,7 @@ def test_from_config_counts_questions_shared_with_the_training_env(tmp_path) -> 
     evaluation builds the env's dataset to count benchmark questions training also sees."""
     from omegaconf import OmegaConf
 
-    from frlab.config.instantiate import env_factory
+    from frlab.build import env_factory
 
     data = tmp_path / "train.jsonl"
     data.write_text('{"question": "1+1", "answer": "2"}\n{"question": "2+2", "answer": "4"}\n')

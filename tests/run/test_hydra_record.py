@@ -70,7 +70,7 @@ def test_a_gpu_preset_on_a_cpu_machine_exits_2_before_any_run_folder_exists(tmp_
     import subprocess
     import sys
 
-    from frlab.config.resources import gpu_visible
+    from frlab.run.machine import gpu_visible
 
     if gpu_visible():
         pytest.skip("this machine has a GPU")

@@ -99,7 +99,7 @@ def test_source_tasks_load_lazily_once_and_are_shared(tmp_path: Path) -> None:
 
 
 def test_config_file_builds_the_env_through_frlab(tmp_path: Path) -> None:
-    from frlab.config.instantiate import task_sampler_factory
+    from frlab.build import task_sampler_factory
     from frlab.train import env_factory
 
     path = tmp_path / "tiny.jsonl"

@@ -9,18 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from frlab.config import resources
 from frlab.config.compose import compose
 from frlab.config.errors import ConfigError
 from frlab.config.preflight import preflight
-from frlab.config.resources import check_machine, data_problems
 from frlab.model import hub
+from frlab.run import machine
+from frlab.run.machine import check_machine, data_problems
 
 
 @pytest.fixture
 def no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(resources, "GPU_DEVICE_FILES", ("/nonexistent/nvidia0",))
-    monkeypatch.setattr(resources.platform, "system", lambda: "Linux")
+    monkeypatch.setattr(machine, "GPU_DEVICE_FILES", ("/nonexistent/nvidia0",))
+    monkeypatch.setattr(machine.platform, "system", lambda: "Linux")
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
 
 
@@ -49,11 +49,11 @@ def test_gpu_use_outside_the_trainer_is_caught_too(no_gpu: None) -> None:
 def test_a_visible_gpu_passes_the_device_check(monkeypatch, tmp_path: Path) -> None:
     device = tmp_path / "nvidia0"
     device.write_text("")
-    monkeypatch.setattr(resources, "GPU_DEVICE_FILES", (str(device),))
+    monkeypatch.setattr(machine, "GPU_DEVICE_FILES", (str(device),))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    assert resources.gpu_visible()
+    assert machine.gpu_visible()
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    assert not resources.gpu_visible()
+    assert not machine.gpu_visible()
 
 
 def test_a_missing_model_folder_names_the_key_not_the_config_clash(tmp_path: Path) -> None:
@@ -75,7 +75,7 @@ def test_a_loadable_model_next_to_a_random_init_config_is_refused_at_model_confi
 
 def test_an_uncached_hub_model_offline_is_found_before_anything_loads(monkeypatch) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(resources, "gpu_visible", lambda: True)
+    monkeypatch.setattr(machine, "gpu_visible", lambda: True)
     monkeypatch.setattr(hub, "cached_on_hub", lambda repo: False)
     err = machine_error(["experiment=qwen_math_1p5b"])
     assert err.key == "model.name_or_path" and "local Hugging Face cache" in str(err)
@@ -89,7 +89,7 @@ def test_an_uncached_hub_model_offline_is_found_before_anything_loads(monkeypatc
 
 
 def test_missing_data_files_name_their_keys(monkeypatch, tmp_path: Path) -> None:
-    monkeypatch.setattr(resources, "gpu_visible", lambda: True)
+    monkeypatch.setattr(machine, "gpu_visible", lambda: True)
     monkeypatch.setenv("FRLAB_DATA_DIR", str(tmp_path))
     monkeypatch.setattr(hub, "cached_on_hub", lambda repo: True)
     err = machine_error(["experiment=python_tool_qwen7b", "eval=none"])
@@ -109,7 +109,7 @@ def test_the_checks_import_neither_torch_nor_transformers() -> None:
     code = (
         "import sys\n"
         "from frlab.config.compose import compose\n"
-        "from frlab.config.resources import check_machine\n"
+        "from frlab.run.machine import check_machine\n"
         "try:\n"
         "    check_machine(compose(['experiment=alfworld_qwen7b']))\n"
         "except Exception as exc:\n"
@@ -124,7 +124,7 @@ def test_the_checks_import_neither_torch_nor_transformers() -> None:
 def test_a_benchmark_list_is_checked_entry_by_entry(tmp_path) -> None:
     """`eval.benchmarks` given as a list (one override replaces the set): each entry's local
     file is checked under the name the evaluation gives it."""
-    from frlab.config.resources import check_data_files
+    from frlab.run.machine import check_data_files
 
     present = tmp_path / "present.jsonl"
     present.write_text('{"question": "1+1", "answer": "2"}\n')
@@ -188,7 +188,7 @@ def test_a_python_tool_task_file_must_exist(tmp_path: Path) -> None:
 def test_a_preset_whose_model_is_not_cached_fails_on_model_name_or_path(monkeypatch) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("ALFWORLD_DATA", "/nonexistent-alfworld")
-    monkeypatch.setattr(resources, "gpu_visible", lambda: True)
+    monkeypatch.setattr(machine, "gpu_visible", lambda: True)
     monkeypatch.setattr(hub, "cached_on_hub", lambda repo: False)
     assert machine_error(["experiment=alfworld_qwen7b"]).key == "model.name_or_path"
     assert "env.data_dir" in _keys(["experiment=alfworld_qwen7b"])
