@@ -21,10 +21,9 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from frlab.config.compose import setup_hydra
+from frlab.config.compose import legacy_overrides, setup_hydra
 from frlab.config.declare import check_bool_overrides
-from frlab.config.errors import ConfigError
-from frlab.config.hydra_errors import call_hydra_main, legacy_overrides
+from frlab.config.errors import ConfigError, call_hydra_main
 from frlab.config.schema import FrlabConfig
 
 setup_hydra()

@@ -1,10 +1,17 @@
-"""frlab's configuration system: declarations, Hydra configs, preflight, the run plan.
+"""frlab's configuration: each key declared once, Hydra composes, preflight checks, a plan.
 
-Each key is declared once in `frlab.config.schema` (structured configs, registered by
-`frlab.config.store`); import from the submodules: `frlab.config.preflight.preflight(cfg) ->
-Plan`, `frlab.config.instantiate.instantiate(node, **kw)`,
-`frlab.config.compose.compose(overrides)`. Importing the package is light (no torch, no
-transformers).
+- `schema` (with `schema_trainer`, `schema_eval`): every key's type, default, range and
+  meaning, as Hydra structured configs; `declare`: the `spec` rules a type cannot say
+  (ranges, choices, `arg=False`) and their check;
+- `compose`: what frlab registers with Hydra (the declarations, the `experiments/` search
+  path, the run-folder resolvers, old command-line spellings) and `compose(overrides)`;
+- `errors`: `ConfigError` (the key named, close matches) and Hydra's errors as one, exit 2;
+- `preflight`: the rules between keys, with `engine_check`, `eval_check` and
+  `objective_check` for the nodes whose keys depend on a chosen class; it returns
+- `plan`: the resolved `Plan` a dry run prints and a run records;
+- `instantiate`: the one door from a `_target_` node to an object (an allowlist).
+
+Importing the package is light (no torch, no transformers).
 """
 
 from frlab.config.errors import ConfigError

@@ -1,29 +1,125 @@
-"""Compose frlab configs outside `python -m frlab` (tests, notebooks, scripts).
+"""Everything frlab registers with Hydra, and `compose` for use outside `python -m frlab`.
+
+- The declarations (frlab.config.schema) go into Hydra's ConfigStore: `frlab_root` (the root
+  `FrlabConfig`, first in `configs/train.yaml`'s defaults list), `frlab_schema/rollout/remote`,
+  `frlab_schema/rollout/engine/NAME` and `frlab_schema/eval/KIND` (the eval node's defaults as
+  a plain mapping: frlab.config.schema_eval says why). Group option files pull these in with
+  `defaults: [/frlab_schema/...@_here_]`, so a YAML file holds only what differs.
+- `experiments/` (the `experiment/` and `sweep/` groups) is appended to Hydra's search path by
+  a `SearchPathPlugin` registered in-process, so `experiment=NAME` works from any working
+  directory, with `hydra.compose` in tests and in jobs that re-import `frlab.__main__`.
+- Two resolvers name run folders: a single run's is `<log_dir>/runs/<experiment>/<date>_<time>`
+  plus `_` and 6 hex digits of the overrides' SHA-1 (`frlab_suffix`; the overrides themselves
+  are in `.hydra/overrides.yaml`); a sweep job's is named by its overrides when short, else
+  `job<N>_<hash>` (`frlab_subdir`). Path separators are replaced, so no nested folders.
+
+- `legacy_overrides` keeps old command-line spellings working: `rollout.engine=NAME` (a plain
+  key before the engine became a config group) means `rollout/engine=NAME`, and
+  `+trainer.KEY=V` / `eval.benchmarks=[...]` are rewritten as Hydra needs them.
 
 `compose(overrides)` gives exactly the config `python -m frlab <overrides>` would run with
-(same search path, structured configs, resolvers and legacy spellings), including the `hydra`
-node; a composition error is raised as the `ConfigError` the command line would print.
-`group_options(group)` lists the option files of a config group.
+(legacy spellings included), with the `hydra` node; a composition error is raised as the
+`ConfigError` the command line would print. `group_options(group)` lists a group's options.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from pathlib import Path
 
-from omegaconf import DictConfig
+from hydra.core.config_search_path import ConfigSearchPath
+from hydra.plugins.search_path_plugin import SearchPathPlugin
+from omegaconf import DictConfig, OmegaConf
 
-from frlab.config.searchpath import CONFIGS_DIR, EXPERIMENTS_DIR
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CONFIGS_DIR = REPO_ROOT / "configs"
+EXPERIMENTS_DIR = REPO_ROOT / "experiments"
+MAX_NAME = 80  # longest sweep-job folder named by its overrides
+# old key -> config group, for command-line overrides `KEY=VALUE` (also `-m` sweeps).
+LEGACY_GROUP_KEYS = {"rollout.engine": "rollout/engine"}
+BENCHMARKS = "eval.benchmarks"
+
+
+def legacy_overrides(args: Sequence[str]) -> list[str]:
+    """`rollout.engine=vllm` -> `rollout/engine=vllm`; `+trainer.KEY=V` (needed before every
+    Lightning argument was declared) -> `++trainer.KEY=V` for a declared KEY;
+    `eval.benchmarks=[...]` (a list replaces the benchmark set, frlab.evaluation.benchmarks) ->
+    `~eval.benchmarks +eval.benchmarks=[...]`, since Hydra cannot merge a list into the
+    mapping of an eval group file; every other argument unchanged."""
+    import dataclasses
+
+    from frlab.config.schema_trainer import TrainerConfig
+
+    declared = {f"+trainer.{f.name}" for f in dataclasses.fields(TrainerConfig)}
+    out = []
+    for arg in args:
+        key, sep, value = arg.partition("=")
+        if sep and key in LEGACY_GROUP_KEYS:
+            arg = f"{LEGACY_GROUP_KEYS[key]}={value}"
+        elif sep and key in declared:
+            arg = f"+{arg}"
+        elif sep and key == BENCHMARKS and value.lstrip().startswith("["):
+            out.append(f"~{BENCHMARKS}")
+            arg = f"+{arg}"
+        out.append(arg)
+    return out
+
+
+class FrlabSearchPathPlugin(SearchPathPlugin):
+    """Appends `experiments/` (experiment and sweep presets) to Hydra's config search path."""
+
+    def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
+        search_path.append(provider="frlab-experiments", path=f"file://{EXPERIMENTS_DIR}")
+
+
+def safe_name(text: str) -> str:
+    """A single path component: separators replaced."""
+    return str(text).replace("/", "_").replace("\\", "_").strip()
+
+
+def short_hash(text: str) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()[:6]
+
+
+def run_suffix(override_dirname: str) -> str:
+    """`_<hash of the overrides>`, or "" without overrides."""
+    return f"_{short_hash(override_dirname)}" if override_dirname.strip() else ""
+
+
+def sweep_subdir(job_num: object, override_dirname: str) -> str:
+    """A sweep job's folder: its overrides when short, else `job<N>_<hash>`."""
+    name = safe_name(override_dirname)
+    if not name:
+        return f"job{job_num}"
+    return name if len(name) <= MAX_NAME else f"job{job_num}_{short_hash(override_dirname)}"
+
+
+def register_configs() -> None:
+    """Store every declaration (storing again replaces the same entries)."""
+    from hydra.core.config_store import ConfigStore
+
+    from frlab.config.schema import ENGINES, FrlabConfig, RemoteConfig
+    from frlab.config.schema_eval import EVALS
+
+    cs = ConfigStore.instance()
+    cs.store(name="frlab_root", node=FrlabConfig)
+    cs.store(group="frlab_schema/rollout", name="remote", node=RemoteConfig)
+    for name, cls in ENGINES.items():
+        cs.store(group="frlab_schema/rollout/engine", name=name, node=cls)
+    for kind, cls in EVALS.items():
+        plain = OmegaConf.to_container(OmegaConf.structured(cls), resolve=False)
+        cs.store(group="frlab_schema/eval", name=kind, node=plain)
 
 
 def setup_hydra() -> None:
     """Everything `python -m frlab` registers with Hydra and OmegaConf (idempotent)."""
-    from frlab.config.resolvers import register_resolvers
-    from frlab.config.searchpath import register_search_path
-    from frlab.config.store import register_configs
+    from hydra.core.plugins import Plugins
 
-    register_search_path()
-    register_resolvers()
+    Plugins.instance().register(FrlabSearchPathPlugin)
+    for name, fn in (("frlab_suffix", run_suffix), ("frlab_subdir", sweep_subdir)):
+        if not OmegaConf.has_resolver(name):
+            OmegaConf.register_new_resolver(name, fn)
     register_configs()
 
 
@@ -36,7 +132,7 @@ def compose(
     from hydra.core.global_hydra import GlobalHydra
 
     from frlab.config.declare import check_bool_overrides
-    from frlab.config.hydra_errors import explain, legacy_overrides
+    from frlab.config.errors import explain
     from frlab.config.schema import FrlabConfig
 
     check_bool_overrides(FrlabConfig, legacy_overrides(overrides))

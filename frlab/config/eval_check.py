@@ -91,7 +91,7 @@ def _check_types(values: Mapping[str, Any], cls: type) -> None:
     declaration as Hydra checks the typed sections."""
     from omegaconf.errors import OmegaConfBaseException
 
-    from frlab.config.hydra_errors import omegaconf_error
+    from frlab.config.errors import omegaconf_error
 
     try:
         OmegaConf.merge(OmegaConf.create({"eval": OmegaConf.structured(cls)}), {"eval": values})

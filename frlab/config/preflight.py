@@ -131,7 +131,7 @@ def structured(cfg: DictConfig) -> DictConfig:
     loaded from a run folder, and the keys a command line added with `+` to a composed one.
     A key a config leaves out takes its declared default. A composed config is returned as it
     is once it passed. Errors are ConfigErrors naming the key."""
-    from frlab.config.hydra_errors import omegaconf_error
+    from frlab.config.errors import omegaconf_error
 
     target = OmegaConf.select(cfg, "rollout.engine._target_", default=None)
     engines = [cls() for cls in schema.ENGINES.values() if cls._target_ == target]

@@ -1,6 +1,6 @@
 """Every frlab config key, declared once: type (the annotation), default, range and meaning.
 
-These dataclasses are Hydra structured configs (registered by `frlab.config.store`): the
+These dataclasses are Hydra structured configs (registered by `frlab.config.compose`): the
 root `FrlabConfig` is the first entry of `configs/train.yaml`'s defaults list, so Hydra
 checks types and refuses unknown keys while it composes, and a group option (a YAML file)
 only holds the values that differ from the defaults declared here. Preflight (ranges and

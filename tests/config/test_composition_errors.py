@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from frlab.config.compose import compose, group_options
+from frlab.config.compose import compose, group_options, legacy_overrides
 from frlab.config.errors import ConfigError
-from frlab.config.hydra_errors import legacy_overrides
 
 
 def composition_error(overrides: list[str]) -> ConfigError:
@@ -132,7 +131,7 @@ def test_call_hydra_main_reports_config_errors_and_keeps_other_errors(
 
     from hydra.errors import SearchPathException
 
-    from frlab.config.hydra_errors import call_hydra_main
+    from frlab.config.errors import call_hydra_main
 
     def fails(exc: Exception):  # noqa: ANN202
         def hydra_main() -> None:

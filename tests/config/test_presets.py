@@ -96,7 +96,7 @@ def test_toy_sweep_runs_on_cpu() -> None:
 
 
 def test_submitit_launcher_is_documented_in_every_sweep() -> None:
-    from frlab.config.searchpath import EXPERIMENTS_DIR
+    from frlab.config.compose import EXPERIMENTS_DIR
 
     for name in SWEEPS:
         text = (EXPERIMENTS_DIR / "sweep" / f"{name}.yaml").read_text()

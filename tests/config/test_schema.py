@@ -9,9 +9,9 @@ import inspect
 import pytest
 
 from frlab.config import schema
+from frlab.config.compose import run_suffix, safe_name, sweep_subdir
 from frlab.config.declare import Meta, check_value, check_values, not_args
 from frlab.config.errors import ConfigError
-from frlab.config.resolvers import run_suffix, safe_name, sweep_subdir
 from frlab.config.schema_trainer import FRLAB_DEFAULTS, TrainerConfig, trainer_keys, world_size
 
 
@@ -133,10 +133,10 @@ def test_search_path_plugin_is_registered_idempotently() -> None:
     from hydra.core.plugins import Plugins
     from hydra.plugins.search_path_plugin import SearchPathPlugin
 
-    from frlab.config.searchpath import FrlabSearchPathPlugin, register_search_path
+    from frlab.config.compose import FrlabSearchPathPlugin, setup_hydra
 
-    register_search_path()
-    register_search_path()
+    setup_hydra()
+    setup_hydra()
     found = [p for p in Plugins.instance().discover(SearchPathPlugin) if p is FrlabSearchPathPlugin]
     assert len(found) == 1
 
