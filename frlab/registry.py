@@ -14,7 +14,13 @@ T = TypeVar("T")
 
 
 class RegistryError(KeyError):
-    """An unknown or duplicate component name."""
+    """An unknown or duplicate component name; an unknown one carries the `kind` asked for,
+    the config `key` it was read from (None outside a config), the `name` and the `choices`."""
+
+    def __init__(self, message: str, *, kind: str = "", key: str | None = None,
+                 name: str | None = None, choices: list[str] | None = None) -> None:  # fmt: skip
+        super().__init__(message)
+        self.kind, self.key, self.name, self.choices = kind, key, name, sorted(choices or [])
 
     def __str__(self) -> str:  # KeyError quotes its message; keep it readable
         return str(self.args[0]) if self.args else ""
@@ -56,7 +62,9 @@ class Registry(Generic[T]):
     def get(self, name: str, key: str | None = None) -> T:
         """The entry for `name`, or a RegistryError listing names and close matches."""
         if name not in self._entries:
-            raise RegistryError(unknown_name_message(self.kind, name, list(self._entries), key))
+            choices = list(self._entries)
+            raise RegistryError(unknown_name_message(self.kind, name, choices, key),
+                                kind=self.kind, key=key, name=name, choices=choices)  # fmt: skip
         return self._entries[name]
 
     def build(self, name: str, /, **kwargs: Any) -> Any:

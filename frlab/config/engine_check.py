@@ -136,51 +136,21 @@ def check_weight_update(engine: str, rollout: Mapping[str, Any], model: Mapping[
         )
 
 
-def _check_nccl_address(remote: Mapping[str, Any]) -> None:
-    """nccl with servers on other hosts needs `rollout.remote.nccl_master_address`."""
-    from frlab.rollout.remote.hosts import nccl_master_address
-
-    try:
-        nccl_master_address(remote.get("nccl_master_address"), remote["servers"])
-    except ValueError as exc:
-        key = "rollout.remote.nccl_master_address"
-        raise ConfigError(key, str(exc).removeprefix(key + " ")) from exc
-
-
 def check_remote(engine: str, rollout: Mapping[str, Any], world: int) -> None:
-    """The `rollout.remote` block: present exactly with engine remote, servers well formed."""
-    remote = rollout.get("remote")
-    if engine != "remote":
-        if remote is not None:
-            raise ConfigError(
-                "rollout.engine",
-                f"is {engine!r} but a rollout.remote block is set (rollout=remote): add "
-                "rollout/engine=remote (or rollout.engine=remote; an experiment preset may pin "
-                "the engine)",
-            )
-        return
-    if remote is None:
-        raise ConfigError("rollout.remote", "missing: select the backend with rollout=remote")
-    if not isinstance(remote, Mapping):
-        raise ConfigError("rollout.remote", f"must be a mapping, got {remote!r}")
-    check_values("rollout.remote", remote, schema.RemoteConfig)
-    servers = remote["servers"]
-    if not isinstance(servers, list) or not servers:
+    """The `rollout.remote` block: set exactly for an engine that reads a fleet, within its
+    declared ranges, then the engine class's own checks (`Engine.check_settings`)."""
+    cls, remote = _engine_class(rollout), rollout.get("remote")
+    if remote is not None and not cls.reads_fleet:
         raise ConfigError(
-            "rollout.remote.servers", f"must be a non-empty list of URLs, got {servers!r}"
+            "rollout.engine",
+            f"is {engine!r} but a rollout.remote block is set (rollout=remote): add "
+            "rollout/engine=remote (or rollout.engine=remote; an experiment preset may pin "
+            "the engine)",
         )
-    for url in servers:
-        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-            raise ConfigError("rollout.remote.servers", f"{url!r} is not an http(s):// base URL")
-    if len({u.rstrip("/") for u in servers}) != len(servers):
-        raise ConfigError("rollout.remote.servers", f"lists a server twice: {servers}")
-    if remote["weight_sync"] == "nccl" and world > 1:
-        raise ConfigError(
-            "rollout.remote.weight_sync",
-            f"nccl supports one learner rank (the single NCCL sender), this run has {world}; "
-            "use filesystem with several ranks",
-        )
-    if remote["weight_sync"] == "nccl":
-        _check_nccl_address(remote)
-    # W > 1 learner ranks share the fleet: weight syncs are collective
-    # (frlab.rollout.remote.fleet_sync) and each rank writes under `<snapshot_dir>/rank<R>`.
+    if isinstance(remote, Mapping):
+        check_values("rollout.remote", remote, schema.RemoteConfig)
+    try:
+        cls.check_settings(rollout, world)
+    except ValueError as exc:
+        key, _, text = str(exc).partition(" ")
+        raise ConfigError(key.rstrip(":"), text) from exc

@@ -3,7 +3,8 @@
 A component's hyperparameters are the fields of its (frozen) dataclass, each declared once with
 `hyperparameter(default, low=..., high=..., doc=...)`. Everything else reads that declaration:
 construction-time validation (`Hyperparameter.check`), the config defaults
-(`configs/objective/params/default.yaml`), config validation (`frlab.config.objective_check`),
+(`configs/objective/params/default.yaml`), the `objective` node's checks
+(`Objective.from_config`, whose errors preflight reports),
 the dry-run plan and the generated docs (`frlab.objective.catalog`).
 """
 
@@ -16,15 +17,21 @@ import operator
 from dataclasses import dataclass
 from typing import Any
 
+from frlab.registry import close_matches
+
 METADATA_KEY = "frlab_hyperparameter"
 
 
 class HyperparameterError(ValueError):
-    """A value that does not fit its declaration; `key` names it (e.g. `token_tis.cap`)."""
+    """A setting that does not fit its declaration; `key` names it (e.g. `token_tis.cap`).
+    For an unknown name, `name` and the valid `choices` (the closest ones are suggested)."""
 
-    def __init__(self, key: str, reason: str) -> None:
-        self.key, self.reason = key, reason
-        super().__init__(f"{key} {reason}")
+    def __init__(self, key: str, reason: str, *, name: str | None = None,
+                 choices: tuple[str, ...] = ()) -> None:  # fmt: skip
+        self.key, self.reason, self.name, self.choices = key, reason, name, tuple(choices)
+        near = close_matches(name, list(choices)) if name is not None else []
+        hint = f"; did you mean {' or '.join(map(repr, near))}?" if near else ""
+        super().__init__(f"{key} {reason}{hint}")
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,7 @@ from frlab.objective.base import (
     TrustRegionOutput,
     compute_dtype,
 )
+from frlab.objective.hyperparameters import HyperparameterError
 from frlab.objective.statistics import TokenBatch, count_per_row
 from frlab.objective.validation import (
     ValueChecks,
@@ -56,7 +57,7 @@ from frlab.objective.validation import (
     check_token_tensors,
     check_trust_region_output,
 )
-from frlab.registry import Registry, RegistryError, close_matches, unknown_name_message
+from frlab.registry import Registry, RegistryError, unknown_name_message
 
 KINDS: dict[str, Registry[type]] = {
     "baseline": BASELINES,
@@ -99,21 +100,25 @@ PRESET_NOTES: dict[str, str] = {
 def build_component(kind: str, name: object, params: Mapping[str, Any], key: str | None) -> Any:
     """Instantiate component `name` of `kind` with params[name] as its hyperparameters."""
     if not isinstance(name, str):
-        raise ValueError(f"{key or kind} must be a component name (str), got {name!r}")
+        raise HyperparameterError(key or kind, f"must be a component name (str), got {name!r}")
     cls: Any = KINDS[kind].get(name, key=key)
     kwargs = params.get(name)
     kwargs = {} if kwargs is None else kwargs
+    where = f"{key.rsplit('.', 1)[0]}.{name}" if key and "." in key else name
     if not isinstance(kwargs, Mapping):
-        where = f"{key.rsplit('.', 1)[0]}.{name}" if key and "." in key else f"params[{name!r}]"
-        raise ValueError(f"{where} must be a mapping of keyword arguments, got {kwargs!r}")
-    allowed = [h.name for h in cls.hyperparameters()]
+        raise HyperparameterError(
+            where if key else f"params[{name!r}]",
+            f"must be a mapping of keyword arguments, got {kwargs!r}",
+        )
+    allowed = tuple(h.name for h in cls.hyperparameters())
     for kw in kwargs:
         if kw not in allowed:
-            near = close_matches(str(kw), allowed)
-            hint = f"; did you mean {' or '.join(map(repr, near))}?" if near else ""
-            raise ValueError(
+            raise HyperparameterError(
+                f"{where}.{kw}",
                 f"bad arguments for {kind} {name!r}: unknown hyperparameter {kw!r} "
-                f"(declared: {', '.join(allowed) or 'none'}){hint}"
+                f"(declared: {', '.join(allowed) or 'none'})",
+                name=str(kw),
+                choices=allowed,
             )
     return cls(**{str(k): v for k, v in kwargs.items()})
 
@@ -171,21 +176,24 @@ class Objective:
         """From the `objective` config node: names under the kind keys, kwargs under names.
 
         A key that is neither a kind nor a registered component name raises (a misspelt
-        kwargs key would otherwise be ignored silently).
+        kwargs key would otherwise be ignored silently), and so do the settings of a component
+        that is not chosen. Errors name the config key (`objective.NAME.ARG`):
+        `HyperparameterError` for a setting, `RegistryError` for an unknown component name.
         """
         if not isinstance(node, Mapping):
             raise ValueError(f"objective config must be a mapping, got {type(node).__name__}")
         known = component_names()
         for key in node:
             if key not in KINDS and key not in known:
-                choices = sorted(set(KINDS) | known)
-                raise ValueError(
-                    unknown_name_message(
-                        "objective config key", str(key), choices, f"objective.{key}"
-                    )
-                )
+                raise HyperparameterError(
+                    f"objective.{key}", "is neither a slot nor a component name",
+                    name=str(key), choices=tuple(sorted(set(KINDS) | known)),
+                )  # fmt: skip
         names = {kind: node.get(kind, default) for kind, default in DEFAULTS.items()}
         params = {k: v for k, v in node.items() if k not in KINDS}
+        for name in set(params) - set(names.values()):  # settings of the components not chosen
+            for kind in (kind for kind, reg in KINDS.items() if name in reg):
+                build_component(kind, name, params, f"objective.{kind}")
         return cls(**names, params=params, validate=validate, _key_prefix="objective")
 
     @classmethod

@@ -178,6 +178,14 @@ class Engine(abc.ABC):
     serves_lora: bool = False  # samples from a LoRA policy and loads adapter-only pushes
     records_routing: bool = False  # returns each token's MoE experts (routing replay)
     devices: tuple[str, ...] = ("cpu", "cuda")  # device types it samples on (rollout.device)
+    reads_fleet: bool = False  # reads the `rollout.remote` block (a fleet of servers)
+
+    @classmethod
+    def check_settings(cls, rollout: Mapping[str, Any], world: int) -> None:
+        """Raise ValueError, its text starting with the config key, for a `rollout` setting
+        this engine cannot honour with `world` learner ranks (preflight asks before anything
+        is built); by default every setting is fine."""
+        return None
 
     @classmethod
     def check_learner(cls, accelerator: str) -> None:

@@ -94,6 +94,28 @@ class RemoteEngine(InFlightMixin, UpdateModesMixin, WeightSyncMixin, Engine):
 
     shared_across_ranks = True  # every learner rank drives the same servers: collective syncs
     serves_lora = True  # vLLM servers with runtime LoRA loading (frlab.rollout.remote.lora)
+    reads_fleet = True
+
+    @classmethod
+    def check_settings(cls, rollout: Mapping[str, Any], world: int) -> None:
+        """The `rollout.remote` block: present, distinct http(s) servers; nccl weight sync has
+        one sender, so one learner rank, and an address the servers reach (filesystem sync
+        serves any number of ranks: they share the fleet, each writing `<snapshot_dir>/rank<R>`)."""
+        from frlab.rollout.remote.hosts import nccl_master_address
+
+        remote = rollout.get("remote")
+        if remote is None:
+            raise ValueError("rollout.remote missing: select the backend with rollout=remote")
+        if not isinstance(remote, Mapping):
+            raise ValueError(f"rollout.remote must be a mapping, got {remote!r}")
+        check_urls(remote["servers"])
+        if remote["weight_sync"] == "nccl" and world > 1:
+            raise ValueError(
+                f"rollout.remote.weight_sync nccl supports one learner rank (the single NCCL "
+                f"sender), this run has {world}; use filesystem with several ranks"
+            )
+        if remote["weight_sync"] == "nccl":
+            nccl_master_address(remote.get("nccl_master_address"), remote["servers"])
 
     @classmethod
     def for_policy(

@@ -214,10 +214,14 @@ def decode(resp: httpx.Response, path: str) -> Any:
 
 def check_urls(servers: Sequence[str]) -> list[str]:
     """Distinct http(s) base URLs without a trailing slash (ValueError naming the config key)."""
-    urls = [str(u).rstrip("/") for u in servers or ()]
-    if not urls or len(set(urls)) != len(urls):
-        raise ValueError(f"rollout.remote.servers must list distinct base URLs, got {servers}")
+    if isinstance(servers, str) or not servers:
+        raise ValueError(
+            f"rollout.remote.servers must be a non-empty list of URLs, got {servers!r}"
+        )
+    urls = [str(u).rstrip("/") for u in servers]
     for url in urls:
         if not url.startswith(("http://", "https://")):
-            raise ValueError(f"rollout.remote.servers: {url!r} is not an http(s):// URL")
+            raise ValueError(f"rollout.remote.servers: {url!r} is not an http(s):// base URL")
+    if len(set(urls)) != len(urls):
+        raise ValueError(f"rollout.remote.servers lists a server twice: {list(servers)}")
     return urls

@@ -250,7 +250,7 @@ def test_remote_engine_is_built_from_its_settings_and_checks_its_arguments(tmp_p
     bad = [
         ({"servers": []}, "servers"),
         ({"servers": ["127.0.0.1:1"]}, "http"),
-        ({"servers": ["http://a", "http://a"]}, "distinct"),
+        ({"servers": ["http://a", "http://a"]}, "twice"),
         ({"servers": ["http://a"], "weight_sync": "rsync"}, "weight_sync"),
         ({"servers": ["http://a"], "request_timeout_s": 0}, "request_timeout_s"),
         ({"servers": ["http://a"], "max_retries": -1}, "max_retries"),
