@@ -16,11 +16,13 @@ its last error): the pool stops the run with `EngineDown` instead of failing rol
 dead and stale servers every `probe_interval_s`; one that answers `/health` again must load
 the current snapshot and report the current weight version before it is re-admitted.
 
-Server states, load spreading and the HTTP calls are the engine's `Fleet`
-(frlab.rollout.remote.fleet). Mixed in: weight sync (filesystem snapshots or vLLM's NCCL
-broadcast, the version check, several learner ranks sharing one fleet, the admission and
-re-probing of a server; frlab.rollout.remote.weight_sync), and what `weight_update` (drain |
-in_flight | resubmit) does to requests in flight (frlab.rollout.remote.resubmit, .in_flight).
+The engine holds three parts: the servers' states, load spreading, HTTP and control calls
+(`Fleet`, frlab.rollout.remote.fleet); its own requests' gate and in-flight count (`Traffic`,
+frlab.rollout.remote.traffic); and the weight sync (`WeightSync`, frlab.rollout.remote.
+weight_sync: filesystem snapshots or vLLM's NCCL broadcast, the version check, several
+learner ranks sharing one fleet, the admission and re-probing of a server). What
+`weight_update` (drain | in_flight | resubmit) does to requests in flight is in
+frlab.rollout.remote.resubmit and frlab.rollout.remote.in_flight.
 Token versions come from the server: `frlab_versions` in the answer (frlab.serve);
 under in_flight on vLLM, the per-token `weight_versions` spans of its token-in/token-out
 endpoint (`/inference/v1/generate`, vLLM 0.32+ with `--enable-scale-out`: probed once per
@@ -57,39 +59,19 @@ from frlab.rollout.engine import (
 )
 from frlab.rollout.engine_loop import EngineLoop
 from frlab.rollout.remote import generate as gen
+from frlab.rollout.remote import in_flight, resubmit
 from frlab.rollout.remote import protocol as proto
-from frlab.rollout.remote.fleet import Fleet, Server, ServerFault, Snapshot, check_urls
-from frlab.rollout.remote.in_flight import InFlightMixin
+from frlab.rollout.remote.fleet import Fleet, Server, ServerFault, check_settings, check_urls
 from frlab.rollout.remote.lora import LORA_WEIGHT_UPDATES, LoraAdapters, check_lora_settings
 from frlab.rollout.remote.nccl import NcclSync
-from frlab.rollout.remote.resubmit import UpdateModesMixin
 from frlab.rollout.remote.snapshot import rank_folder
-from frlab.rollout.remote.weight_sync import WeightSyncMixin
+from frlab.rollout.remote.traffic import Traffic
+from frlab.rollout.remote.weight_sync import WeightSync
 
 log = logging.getLogger(__name__)
 
-WEIGHT_SYNCS = ("filesystem", "nccl")
 
-
-def _check_settings(
-    weight_sync: str, request_timeout_s: float, probe_interval_s: float, max_retries: int,
-    keep_snapshots: int, fleet_down_timeout_s: float,
-) -> None:  # fmt: skip
-    """ValueError naming the `rollout.remote` key of the first invalid setting."""
-    if weight_sync not in WEIGHT_SYNCS:
-        raise ValueError(f"rollout.remote.weight_sync must be filesystem|nccl, got {weight_sync!r}")
-    for key, value in (("request_timeout_s", request_timeout_s),
-                       ("probe_interval_s", probe_interval_s),
-                       ("fleet_down_timeout_s", fleet_down_timeout_s)):  # fmt: skip
-        if not float(value) > 0:
-            raise ValueError(f"rollout.remote.{key} must be > 0, got {value}")
-    if int(max_retries) < 0:
-        raise ValueError(f"rollout.remote.max_retries must be >= 0, got {max_retries}")
-    if int(keep_snapshots) < 1:
-        raise ValueError(f"rollout.remote.keep_snapshots must be >= 1, got {keep_snapshots}")
-
-
-class RemoteEngine(InFlightMixin, UpdateModesMixin, WeightSyncMixin, Engine):
+class RemoteEngine(Engine):
     """Generation on a fleet of HTTP servers, with versioned weight sync and failover."""
 
     shared_across_ranks = True  # every learner rank drives the same servers: collective syncs
@@ -168,11 +150,11 @@ class RemoteEngine(InFlightMixin, UpdateModesMixin, WeightSyncMixin, Engine):
         lora: Mapping[str, Any] | None = None,
     ) -> None:
         urls = check_urls(servers)
-        self.weight_update = resolve_weight_update(weight_update, self.weight_updates(), "remote")
+        mode = resolve_weight_update(weight_update, self.weight_updates(), "remote")
         self._auto_mode = weight_update is None  # chosen at start (in_flight where exact)
-        _check_settings(weight_sync, request_timeout_s, probe_interval_s, max_retries,
+        check_settings(weight_sync, request_timeout_s, probe_interval_s, max_retries,
                         keep_snapshots, fleet_down_timeout_s)  # fmt: skip
-        check_lora_settings(lora, self.weight_update, weight_sync)
+        check_lora_settings(lora, mode, weight_sync)
         self.lora = None if lora is None else dict(lora)  # the adapter's peft config
         self._fleet = Fleet(urls, request_timeout_s, probe_interval_s, fleet_down_timeout_s)
         self._nccl = (
@@ -189,26 +171,33 @@ class RemoteEngine(InFlightMixin, UpdateModesMixin, WeightSyncMixin, Engine):
         self.max_retries = int(max_retries)
         self.startup_timeout_s = float(startup_timeout_s)
         self.keep_snapshots, self.model, self.seed = int(keep_snapshots), model, int(seed)
-        self._version = int(initial_version)
-        self._snapshot: Snapshot | None = None
         self._initial_weights = initial_weights
         self._requests = 0
         self._runner = EngineLoop("RemoteEngine", "frlab-remote-engine")
-        self._adapters = None if self.lora is None else LoraAdapters(
+        self._traffic = Traffic()
+        adapters = None if self.lora is None else LoraAdapters(
             self.lora, self.snapshot_dir, self.keep_snapshots, self._fleet
         )  # fmt: skip
-        self._prober: asyncio.Task | None = None
-        self._watcher: asyncio.Task | None = None
-        self._sync_lock: asyncio.Lock | None = None
-        self._gate: asyncio.Event | None = None  # set while requests may be dispatched
-        self._idle: asyncio.Event | None = None  # set while no request is in flight
-        self._in_flight = 0
-        self._aborts = 0  # resubmit updates that stopped requests (frlab.rollout.remote.resubmit)
-        self._user_paused = self._syncing = self._stopping = self._held = False
+        self._sync = WeightSync(
+            self._fleet, self._traffic, mode=mode, version=initial_version, model=model,
+            snapshot_dir=self.snapshot_dir, keep_snapshots=self.keep_snapshots,
+            nccl=self._nccl, adapters=adapters,
+        )  # fmt: skip
+        self._tasks: list[asyncio.Task] = []  # the prober and the fleet's watch
+
+    @property
+    def weight_update(self) -> str | None:
+        """`rollout.weight_update` (null asked: chosen when the engine starts)."""
+        return self._sync.mode
+
+    @property
+    def _in_flight(self) -> int:
+        """This client's requests in flight."""
+        return self._traffic.in_flight
 
     @property
     def version(self) -> int:
-        return self._version
+        return self._sync.version
 
     @property
     def request_timeout_s(self) -> float:
@@ -228,7 +217,7 @@ class RemoteEngine(InFlightMixin, UpdateModesMixin, WeightSyncMixin, Engine):
         return self._fleet.stats()
 
     def down_reason(self) -> str | None:
-        return self._fleet.down_reason(self._syncing)
+        return self._fleet.down_reason(self._traffic.syncing)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -247,37 +236,21 @@ class RemoteEngine(InFlightMixin, UpdateModesMixin, WeightSyncMixin, Engine):
             raise
 
     async def _start(self) -> None:
-        initial, self._initial_weights = self._initial_weights, None
-        snap = None if initial is None else self._write(initial, self._version)
-        push = None if initial is None else self._push(initial, self._version)
+        sync, initial, self._initial_weights = self._sync, self._initial_weights, None
+        snap = None if initial is None else sync.write(initial, sync.version)
+        push = None if initial is None else sync.push(initial, sync.version)
         if push is None:  # filesystem: servers must load the learner's weights to be admitted
-            self._snapshot = snap
+            sync.snapshot = snap
         self._fleet.open()
-        self._sync_lock, self._gate, self._idle = asyncio.Lock(), asyncio.Event(), asyncio.Event()
-        self._gate.set()
-        self._idle.set()
+        self._traffic.open()
+        sync.lock = asyncio.Lock()
         if self._auto_mode:
-            self.weight_update = await self._default_mode()
-        deadline = asyncio.get_running_loop().time() + self.startup_timeout_s
-        while True:
-            if push is not None:  # nccl: broadcast to the servers that answer by now
-                await self._sync(self._version, snap, push)
-            else:
-                async with self._sync_lock:
-                    await asyncio.gather(
-                        *(self._admit(s) for s in self._fleet.servers if s.state != "ok")
-                    )
-            if self._fleet.healthy_now():
-                break
-            if asyncio.get_running_loop().time() > deadline:
-                raise EngineError(
-                    f"no server in rollout.remote.servers serves weight version {self._version} "
-                    f"after {self.startup_timeout_s}s: {self._fleet.describe()}"
-                )
-            await asyncio.sleep(min(0.2, self.probe_interval_s))
+            sync.mode = await in_flight.default_mode(self._fleet, self.model, self.lora is not None)
+        await sync.admit_at_start(push, self.startup_timeout_s)
         self._fleet.last_healthy = time.monotonic()
-        self._prober = asyncio.get_running_loop().create_task(self._probe_forever())
-        self._watcher = asyncio.get_running_loop().create_task(self._fleet.watch_forever())
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(sync.probe_forever()),
+                       loop.create_task(self._fleet.watch_forever())]  # fmt: skip
 
     def shutdown(self) -> None:
         if self._nccl is not None:
@@ -288,7 +261,7 @@ class RemoteEngine(InFlightMixin, UpdateModesMixin, WeightSyncMixin, Engine):
 
     async def _close(self) -> None:
         """Stop the prober, fail pending requests with EngineError, close the HTTP client."""
-        self._stopping = True
+        self._traffic.stopping = True
         me = asyncio.current_task()
         others = [t for t in asyncio.all_tasks() if t is not me]
         for task in others:
@@ -304,18 +277,35 @@ class RemoteEngine(InFlightMixin, UpdateModesMixin, WeightSyncMixin, Engine):
         self._call(self._set_paused(False))
 
     async def _set_paused(self, paused: bool) -> None:
-        self._user_paused = paused
-        self._refresh_gate()
+        self._traffic.user_paused = paused
+        self._traffic.refresh()
         if paused:
-            await self._drain()
-            async with self._sync_lock:  # an admission under way (prober) ends first
+            await self._traffic.drain(self.request_timeout_s + 5.0)
+            async with self._sync.lock:  # an admission under way (prober) ends first
                 pass
 
-    def _refresh_gate(self) -> None:
-        if self._user_paused or self._syncing:
-            self._gate.clear()
-        else:
-            self._gate.set()
+    # -- weight updates (frlab.rollout.remote.weight_sync) -----------------------------------
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        """Write the snapshot, stop the requests as `weight_update` says, load it on every live
+        server and verify their versions."""
+        if int(version) < 0:
+            raise ValueError(f"update_weights version must be >= 0, got {version}")
+        sync = self._sync
+        snap = sync.write(state_dict, int(version))
+        self._call(sync.sync(int(version), snap, sync.push(state_dict, int(version))))
+        sync.prune()
+
+    def hold_for_update(self) -> None:
+        """Phase 1 of a collective update (frlab.rollout.remote.fleet_sync): stop dispatching."""
+        self._call(self._sync.hold())
+
+    def stop_for_update(self) -> None:
+        """Phase 2: the requests in flight drained, stopped or frozen (`weight_update`)."""
+        self._call(self._sync.stop_held())
+
+    def release_update(self) -> None:
+        """Last phase: resume the servers this rank paused, dispatch again."""
+        self._call(self._sync.release())
 
     def _call(self, coro: Any) -> Any:
         return self._runner.call(coro)
@@ -332,9 +322,11 @@ class RemoteEngine(InFlightMixin, UpdateModesMixin, WeightSyncMixin, Engine):
 
     async def _generate(self, prompt: list[int], params: SamplingParams) -> GenerationResult:
         try:
-            return await self._continue(prompt, params)
+            return await resubmit.continue_request(self._dispatch, self._fleet, prompt, params)
         except asyncio.CancelledError:
-            if self._stopping:  # shutdown, not the caller: fail the request like other engines
+            if (
+                self._traffic.stopping
+            ):  # shutdown, not the caller: fail the request like other engines
                 raise EngineError("RemoteEngine shut down before the request finished") from None
             raise
 
@@ -343,8 +335,7 @@ class RemoteEngine(InFlightMixin, UpdateModesMixin, WeightSyncMixin, Engine):
         The answer's versions are exact per token (`_versions`); it may be an abort."""
         attempts = 0
         while True:
-            while not self._gate.is_set():
-                await self._gate.wait()
+            await self._traffic.wait_gate()
             server = self._fleet.pick()
             if server is not None:
                 try:
@@ -370,26 +361,24 @@ class RemoteEngine(InFlightMixin, UpdateModesMixin, WeightSyncMixin, Engine):
     ) -> proto.Completion:
         self._requests += 1
         seed = request_seed(params, self.seed * 1_000_003, self._requests)
-        generates = self._generates(server)  # vLLM with labels under in_flight
+        generates = in_flight.generates(server, self.weight_update)  # vLLM labels, in_flight
         shape = gen.generate_request if generates else proto.completion_request
         body = shape(server.adapter or server.model or "", prompt, params, seed=seed)
-        version, aborts = server.version, self._aborts
+        version, aborts = server.version, self._traffic.aborts
         server.in_flight += 1
-        self._in_flight += 1
-        self._idle.clear()
+        self._traffic.sent()
         try:
             path = gen.GENERATE if generates else proto.COMPLETIONS
             answer = await self._fleet.post(server, path, body)
         finally:
             server.in_flight -= 1
-            self._in_flight -= 1
-            if not self._in_flight:
-                self._idle.set()
+            self._traffic.answered()
         try:
             done = (
                 gen.parse_generate(answer) if generates else proto.parse_completion(answer, prompt)
             )
         except proto.MalformedResponse as exc:
             raise ServerFault("dead", f"garbage answer: {exc}") from exc
-        self._check_abort(done, aborts)
-        return dataclasses.replace(done, versions=self._versions(server, version, done))
+        resubmit.check_abort(done, aborts, self._traffic.aborts)
+        versions = resubmit.token_versions(server, version, done, self.version, self.weight_update)
+        return dataclasses.replace(done, versions=versions)

@@ -1,8 +1,9 @@
 """The servers of a `remote` engine as its client sees them: state, load, HTTP, counters.
 
 `Fleet` holds one `Server` record per URL (`ok` | `stale` | `dead` | `unverified`), the
-HTTP client every request, probe and load goes through, the fault and refusal counters logged
-as `rollout/<name>`, and the clock of `down_reason`. It decides nothing about weights: which
+HTTP client every request, probe and load goes through, the control calls that pause, abort
+and resume a server's requests, the fault and refusal counters logged as `rollout/<name>`,
+and the clock of `down_reason`. It decides nothing about weights: which
 server is admitted at which version is the engine's weight sync
 (frlab.rollout.remote.weight_sync); it only records the outcome and picks, for each request,
 the healthy server with the fewest requests in flight.
@@ -22,6 +23,7 @@ from typing import Any
 import httpx
 
 from frlab.rollout.engine import EngineError
+from frlab.rollout.remote import control
 from frlab.rollout.remote import protocol as proto
 
 # answers that refuse a load or a version check (EngineError, a 4xx answer, is a RuntimeError)
@@ -198,6 +200,65 @@ class Fleet:
             log.warning("remote engine: server %s re-admitted: it reported version %d",
                         server.url, version)  # fmt: skip
 
+    # -- server control: vLLM's dev-mode routes (frlab.serve answers them too) ---------------
+    async def server_info(self, server: Server, model: str | None) -> Any:
+        """The server's `/server_info` answer, after learning its model id (once: `model`, or
+        its first `/v1/models` entry)."""
+        if server.model is None:
+            server.model = model or control.served_model(await self.get(server, proto.MODELS))
+        # the first /server_info of a vLLM server collects its environment: allow time
+        return await self.get(server, proto.SERVER_INFO, self.request_timeout_s)
+
+    async def pause_abort(self, server: Server) -> None:
+        """`POST /pause?mode=abort` (every request it holds ends as aborted, new ones queue);
+        a server that refuses it is waited for as under drain."""
+        try:
+            await self.post(server, proto.PAUSE_ABORT, {}, timeout=self.request_timeout_s)
+        except ServerFault as fault:
+            self.fault(server, fault)
+            return
+        except EngineError as exc:  # 4xx: no dev-mode RL router
+            log.warning("remote engine: %s refused the resubmit pause, waiting for its requests "
+                        "instead: %s", server.url, exc)  # fmt: skip
+            return
+        server.paused = True
+
+    async def freeze(self, server: Server, path: str) -> None:
+        """`POST path` (a pause that keeps the KV cache: requests stop between two decode
+        steps); a server that refuses has its requests aborted (they fail over)."""
+        try:
+            await self.post(server, path, {}, timeout=self.request_timeout_s)
+        except (ServerFault, EngineError) as exc:
+            log.warning("remote engine: %s refused the in_flight pause, aborting its requests: "
+                        "%s", server.url, exc)  # fmt: skip
+            await self.abort_all(server)
+            return
+        server.paused = True
+
+    async def abort_all(self, server: Server) -> None:
+        """`POST /abort_requests {}`: a request queued on a paused server ends as aborted."""
+        try:
+            await self.post(server, proto.ABORT_REQUESTS, {}, timeout=self.request_timeout_s)
+        except ServerFault as fault:
+            self.fault(server, fault)
+        except EngineError as exc:
+            log.warning("remote engine: %s refused /abort_requests: %s", server.url, exc)
+
+    async def resume(self, server: Server) -> None:
+        """Resume one paused server (ServerFault / EngineError if it does not answer 2xx)."""
+        await self.post(server, proto.RESUME, {}, timeout=self.request_timeout_s)
+        server.paused = False
+
+    async def resume_paused(self) -> None:
+        """`POST /resume` on every live paused server (a dead one: at its re-admission)."""
+        paused = [s for s in self.servers if s.paused and s.state != "dead"]
+        results = await asyncio.gather(*(self.resume(s) for s in paused), return_exceptions=True)
+        for server, result in zip(paused, results, strict=True):
+            if isinstance(result, ServerFault):
+                self.fault(server, result)
+            elif isinstance(result, Exception):
+                self.fault(server, ServerFault("dead", f"/resume failed: {result}"))
+
 
 def decode(resp: httpx.Response, path: str) -> Any:
     if resp.status_code >= 500:
@@ -225,3 +286,25 @@ def check_urls(servers: Sequence[str]) -> list[str]:
     if len(set(urls)) != len(urls):
         raise ValueError(f"rollout.remote.servers lists a server twice: {list(servers)}")
     return urls
+
+
+WEIGHT_SYNCS = ("filesystem", "nccl")
+
+
+def check_settings(
+    weight_sync: str, request_timeout_s: float, probe_interval_s: float, max_retries: int,
+    keep_snapshots: int, fleet_down_timeout_s: float,
+) -> None:  # fmt: skip
+    """ValueError naming the `rollout.remote` key of the first invalid setting (the ranges
+    `frlab.config.schema.RemoteConfig` declares, for an engine built without a config)."""
+    if weight_sync not in WEIGHT_SYNCS:
+        raise ValueError(f"rollout.remote.weight_sync must be filesystem|nccl, got {weight_sync!r}")
+    for key, value in (("request_timeout_s", request_timeout_s),
+                       ("probe_interval_s", probe_interval_s),
+                       ("fleet_down_timeout_s", fleet_down_timeout_s)):  # fmt: skip
+        if not float(value) > 0:
+            raise ValueError(f"rollout.remote.{key} must be > 0, got {value}")
+    if int(max_retries) < 0:
+        raise ValueError(f"rollout.remote.max_retries must be >= 0, got {max_retries}")
+    if int(keep_snapshots) < 1:
+        raise ValueError(f"rollout.remote.keep_snapshots must be >= 1, got {keep_snapshots}")

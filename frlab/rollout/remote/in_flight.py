@@ -1,6 +1,5 @@
 """`rollout.weight_update=in_flight` on vLLM servers that label each token's weight version
-(mixed into `frlab.rollout.remote.engine.RemoteEngine`; the endpoints: frlab.rollout.remote.
-generate).
+(used by the `remote` engine's weight sync; the endpoints: frlab.rollout.remote.generate).
 
 Each vLLM-like server is probed when it is first admitted (again after it was marked dead):
 it `labels` when its `/openapi.json` lists `/inference/v1/generate`, `/update_weight_version`
@@ -25,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from frlab.rollout.engine import EngineError
 from frlab.rollout.remote import control
@@ -42,102 +42,90 @@ NO_LABELS = (
 )
 
 
-class InFlightMixin:
-    """The label probe, label update and keep-pause of an in_flight update on vLLM servers."""
+async def default_mode(fleet: Fleet, model: str | None, lora: bool) -> str:
+    """`rollout.weight_update=null`: in_flight when every server labels each token's version
+    (frlab.serve run with --weight-update in_flight, vLLM with labels: probed here), drain
+    otherwise (a server unreachable at start counts as one without labels; a LoRA fleet:
+    drain)."""
+    if lora:
+        return "drain"
+    labels = await asyncio.gather(*(_labels_at_start(fleet, s, model) for s in fleet.servers))
+    mode = "in_flight" if all(labels) else "drain"
+    log.info("remote engine: rollout.weight_update=null -> %s (%s)", mode,
+             "every server labels each token's version" if all(labels) else
+             "not every server labels each token's version")  # fmt: skip
+    return mode
 
-    _fleet: Fleet
-    weight_update: str
-    request_timeout_s: float
-    _version: int
-    _syncing: bool
-    lora: dict | None
 
-    async def _default_mode(self) -> str:
-        """`rollout.weight_update=null`: in_flight when every server labels each token's version
-        (frlab.serve run with --weight-update in_flight, vLLM with labels: probed here), drain
-        otherwise (a server unreachable at start counts as one without labels)."""
-        if self.lora is not None:
-            return "drain"
-        labels = await asyncio.gather(*(self._labels_at_start(s) for s in self._fleet.servers))
-        mode = "in_flight" if all(labels) else "drain"
-        log.info("remote engine: rollout.weight_update=null -> %s (%s)", mode,
-                 "every server labels each token's version" if all(labels) else
-                 "not every server labels each token's version")  # fmt: skip
-        return mode
+async def _labels_at_start(fleet: Fleet, server: Server, model: str | None) -> bool:
+    try:
+        served = control.served_weight_update(await fleet.server_info(server, model))
+        if served is not None:  # frlab.serve labels in its own mode
+            return served == "in_flight"
+        server.labels = await _offers_labels(fleet, server, lambda: False)
+    except (ServerFault, EngineError, proto.MalformedResponse):
+        return False
+    return bool(server.labels)
 
-    async def _labels_at_start(self, server: Server) -> bool:
-        try:
-            served = control.served_weight_update(await self._server_info(server))
-            if served is not None:  # frlab.serve labels in its own mode
-                return served == "in_flight"
-            server.labels = await self._offers_labels(server)
-        except (ServerFault, EngineError, proto.MalformedResponse):
+
+def generates(server: Server, mode: str | None) -> bool:
+    """Whether this server's requests go to the generate endpoint (labels, in_flight)."""
+    return bool(server.labels) and mode == "in_flight"
+
+
+async def probe_labels(
+    fleet: Fleet, server: Server, mode: str | None, syncing: Callable[[], bool]
+) -> bool:
+    """Probe a vLLM-like server once (`labels`; drain and resubmit need no labels: no
+    probe); False (refused) when in_flight needs labels it does not offer. `syncing()`: an
+    update holds the fleet (a server it paused stays paused)."""
+    if mode != "in_flight":
+        return True
+    if server.labels is None:
+        server.labels = await _offers_labels(fleet, server, syncing)
+    if server.labels:
+        return True
+    fleet.refuse(server, NO_LABELS.format(routes=" / ".join(gen.LABEL_ROUTES)))
+    return False
+
+
+async def _offers_labels(fleet: Fleet, server: Server, syncing: Callable[[], bool]) -> bool:
+    """The routes in `/openapi.json`, then a one-token generate answer with spans."""
+    try:
+        if not gen.offers_labels(await fleet.get(server, gen.OPENAPI)):
             return False
-        return bool(server.labels)
-
-    def _generates(self, server: Server) -> bool:
-        """Whether this server's requests go to the generate endpoint (labels, in_flight)."""
-        return bool(server.labels) and self.weight_update == "in_flight"
-
-    async def _probe_labels(self, server: Server) -> bool:
-        """Probe a vLLM-like server once (`labels`; drain and resubmit need no labels: no
-        probe); False (refused) when in_flight needs labels it does not offer."""
-        if self.weight_update != "in_flight":
-            return True
-        if server.labels is None:
-            server.labels = await self._offers_labels(server)
-        if server.labels:
-            return True
-        self._fleet.refuse(server, NO_LABELS.format(routes=" / ".join(gen.LABEL_ROUTES)))
+        if server.paused and not syncing():  # left frozen by a failed update
+            await fleet.resume(server)
+        probe = gen.probe_request(server.model or "")
+        return gen.answers_labels(await fleet.post(server, gen.GENERATE, probe))
+    except EngineError:  # 4xx: no OpenAPI document, or the route is disabled
         return False
 
-    async def _offers_labels(self, server: Server) -> bool:
-        """The routes in `/openapi.json`, then a one-token generate answer with spans."""
-        try:
-            if not gen.offers_labels(await self._fleet.get(server, gen.OPENAPI)):
-                return False
-            if server.paused and not self._syncing:  # left frozen by a failed update
-                await self._resume(server)
-            probe = gen.probe_request(server.model or "")
-            return gen.answers_labels(await self._fleet.post(server, gen.GENERATE, probe))
-        except EngineError:  # 4xx: no OpenAPI document, or the route is disabled
-            return False
 
-    async def _set_label(self, server: Server) -> bool:
-        """Set a generating server's label to the fleet's version (False: refused)."""
-        if not self._generates(server):
-            return True
-        try:
-            answer = await self._fleet.post(server, gen.UPDATE_WEIGHT_VERSION,
-                                      gen.label_request(self._version))  # fmt: skip
-        except EngineError as exc:
-            self._fleet.refuse(server, f"its weight version label was not set: {exc}")
-            return False
-        if not gen.label_set(answer, self._version):
-            self._fleet.refuse(server, f"/update_weight_version answered {answer!r:.200}")
-            return False
+async def set_label(fleet: Fleet, server: Server, version: int, mode: str | None) -> bool:
+    """Set a generating server's label to the fleet's `version` (False: refused)."""
+    if not generates(server, mode):
         return True
+    try:
+        answer = await fleet.post(server, gen.UPDATE_WEIGHT_VERSION, gen.label_request(version))
+    except EngineError as exc:
+        fleet.refuse(server, f"its weight version label was not set: {exc}")
+        return False
+    if not gen.label_set(answer, version):
+        fleet.refuse(server, f"/update_weight_version answered {answer!r:.200}")
+        return False
+    return True
 
-    async def _freeze(self) -> None:
-        """`POST /pause?mode=keep&clear_cache=false` on every live generating server (gate
-        closed): its requests stop between two decode steps; one that refuses has its
-        requests aborted."""
-        live = [s for s in self._fleet.servers if self._generates(s) and s.state != "dead"]
-        await asyncio.gather(*(self._freeze_one(s) for s in live))
 
-    async def _freeze_one(self, server: Server) -> None:
-        try:
-            await self._fleet.post(server, gen.PAUSE_KEEP, {}, timeout=self.request_timeout_s)
-        except (ServerFault, EngineError) as exc:
-            log.warning("remote engine: %s refused the in_flight pause, aborting its requests: "
-                        "%s", server.url, exc)  # fmt: skip
-            await self._abort_all(server)
-            return
-        server.paused = True
+async def freeze(fleet: Fleet, mode: str | None) -> None:
+    """`POST /pause?mode=keep&clear_cache=false` on every live generating server (gate
+    closed): its requests stop between two decode steps; one that refuses has its requests
+    aborted."""
+    live = [s for s in fleet.servers if generates(s, mode) and s.state != "dead"]
+    await asyncio.gather(*(fleet.freeze(s, gen.PAUSE_KEEP) for s in live))
 
-    async def _abort_unverified(self) -> None:
-        """Abort every request held by a frozen server the update left unverified."""
-        bad = [
-            s for s in self._fleet.servers if s.paused and self._generates(s) and s.state != "ok"
-        ]
-        await asyncio.gather(*(self._abort_all(s) for s in bad if s.state != "dead"))
+
+async def abort_unverified(fleet: Fleet, mode: str | None) -> None:
+    """Abort every request held by a frozen server the update left unverified."""
+    bad = [s for s in fleet.servers if s.paused and generates(s, mode) and s.state != "ok"]
+    await asyncio.gather(*(fleet.abort_all(s) for s in bad if s.state != "dead"))

@@ -41,7 +41,7 @@ import functools
 import logging
 import socket
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -53,7 +53,7 @@ from frlab.rollout.engine import EngineError
 from frlab.rollout.engines.vllm_releases import SUPPORTED
 from frlab.rollout.remote import control
 from frlab.rollout.remote import protocol as proto
-from frlab.rollout.remote.fleet import REFUSED, Server, ServerFault
+from frlab.rollout.remote.fleet import REFUSED, Fleet, Server, ServerFault
 from frlab.rollout.remote.hosts import nccl_master_address
 from frlab.rollout.remote.worker_extension import (
     COMMIT_METHOD,
@@ -242,10 +242,14 @@ class NcclSync:
         self.api = load_trainer_api()
         self.source = build_source(self.api)
 
-    async def push(self, engine: Any, named: list[tuple[str, torch.Tensor]], version: int) -> None:
+    async def push(
+        self, fleet: Fleet, frozen: Callable[[Server], bool],
+        named: list[tuple[str, torch.Tensor]], version: int,
+    ) -> None:  # fmt: skip
         """Broadcast `named` to the group and commit `version` on the members that loaded
-        exactly it; the caller then verifies every server's version."""
-        members = await self._ready(engine)
+        exactly it (`frozen(server)`: an in_flight update holds its requests, so its prefix
+        cache is not reset); the caller then verifies every server's version."""
+        members = await self._ready(fleet)
         if not members:
             return
         fingerprint = weights_fingerprint(named)
@@ -262,19 +266,20 @@ class NcclSync:
             self.source.set([])
         body = control.rpc_request(COMMIT_METHOD, [int(version), dict(fingerprint)])
         await asyncio.gather(
-            *(self._commit(engine, s, body, version, fingerprint) for s in members)
+            *(self._commit(fleet, frozen, s, body, version, fingerprint) for s in members)
         )
 
     async def _commit(
-        self, engine: Any, server: Server, body: Any, version: int, fingerprint: Any
-    ) -> None:
+        self, fleet: Fleet, frozen: Callable[[Server], bool], server: Server, body: Any,
+        version: int, fingerprint: Any,
+    ) -> None:  # fmt: skip
         try:
-            answer = await engine._fleet.post(server, proto.COLLECTIVE_RPC, body)
+            answer = await fleet.post(server, proto.COLLECTIVE_RPC, body)
             check_acks(control.rpc_dicts(answer, "version"), version, fingerprint)
-            if server.paused and engine._generates(server):  # in_flight: frozen requests
+            if frozen(server):  # in_flight: frozen requests
                 return  # hold KV blocks, so vLLM's reset would fail (frlab...in_flight)
             # no KV computed by the old weights
-            reset = await engine._fleet.post(server, proto.RESET_PREFIX_CACHE, {})
+            reset = await fleet.post(server, proto.RESET_PREFIX_CACHE, {})
             if not control.reset_succeeded(reset):
                 raise RuntimeError("its prefix-cache reset did not succeed")
         except ServerFault as fault:
@@ -283,26 +288,26 @@ class NcclSync:
             log.warning("remote engine: %s did not commit NCCL weights v%d: %s",
                         server.url, version, exc)  # fmt: skip
 
-    async def _ready(self, engine: Any) -> list[Server]:
+    async def _ready(self, fleet: Fleet) -> list[Server]:
         """The group's members after `frlab_nccl_begin` succeeded on all; re-forms once."""
         inside = {s.url for s in self.members}
         if self.trainer is not None and any(
-            s.url not in inside and s.state != "dead" for s in engine.servers
+            s.url not in inside and s.state != "dead" for s in fleet.servers
         ):  # a server that answers is outside the group (restarted, or late): re-form
             self._retire()
         for _ in range(2):
-            if self.trainer is None and not await self._form(engine):
+            if self.trainer is None and not await self._form(fleet):
                 return []
-            if await self._begin(engine):
+            if await self._begin(fleet):
                 return self.members
             self._retire()
         return []
 
-    async def _begin(self, engine: Any) -> bool:
+    async def _begin(self, fleet: Fleet) -> bool:
         if any(s.state == "dead" for s in self.members):
             return False
         body = control.rpc_request(NCCL_BEGIN_METHOD, [self.token])
-        ready = (self._rpc_ok(engine, s, body, self._ready_flags) for s in self.members)
+        ready = (self._rpc_ok(fleet, s, body, self._ready_flags) for s in self.members)
         return all(await asyncio.gather(*ready))
 
     def _ready_flags(self, answer: Any) -> bool:
@@ -311,20 +316,20 @@ class NcclSync:
     def _joined(self, answer: Any) -> bool:
         return all(r["group"] == self.token for r in control.rpc_dicts(answer, "group"))
 
-    async def _rpc_ok(self, engine: Any, server: Server, body: Any, check: Any) -> bool:
+    async def _rpc_ok(self, fleet: Fleet, server: Server, body: Any, check: Any) -> bool:
         """True when `server` answered the rpc and `check(answer)` holds for it."""
         try:
-            return bool(check(await engine._fleet.post(server, proto.COLLECTIVE_RPC, body)))
+            return bool(check(await fleet.post(server, proto.COLLECTIVE_RPC, body)))
         except ServerFault as fault:
             server.state = fault.kind
         except REFUSED as exc:
             log.warning("remote engine: %s refused an NCCL group rpc: %s", server.url, exc)
         return False
 
-    async def _form(self, engine: Any) -> bool:
+    async def _form(self, fleet: Fleet) -> bool:
         """Open a group with every server that reports its worker count; join it by token."""
-        sized = await asyncio.gather(*(self._workers(engine, s) for s in engine.servers))
-        members = [s for s, n in zip(engine.servers, sized, strict=True) if n]
+        sized = await asyncio.gather(*(self._workers(fleet, s) for s in fleet.servers))
+        members = [s for s, n in zip(fleet.servers, sized, strict=True) if n]
         if not members:
             return False
         offsets, world = control.nccl_rank_offsets([n for n in sized if n])
@@ -347,16 +352,16 @@ class NcclSync:
                  info.master_address, port, [s.url for s in members])  # fmt: skip
         body = control.rpc_request(NCCL_JOIN_METHOD, [self.token])
         if all(
-            await asyncio.gather(*(self._rpc_ok(engine, s, body, self._joined) for s in members))
+            await asyncio.gather(*(self._rpc_ok(fleet, s, body, self._joined) for s in members))
         ):
             return True
         self._retire()
         return False
 
-    async def _workers(self, engine: Any, server: Server) -> int:
+    async def _workers(self, fleet: Fleet, server: Server) -> int:
         """The server's worker count (0 when it does not answer: not a member)."""
         try:
-            return control.world_size_of(await engine._fleet.get(server, proto.WORLD_SIZE))
+            return control.world_size_of(await fleet.get(server, proto.WORLD_SIZE))
         except ServerFault as fault:
             server.state = fault.kind
         except (RuntimeError, proto.MalformedResponse) as exc:  # EngineError: a 4xx answer

@@ -1,4 +1,5 @@
-"""How a fleet's weight update meets the requests in flight (mixed into `RemoteEngine`).
+"""How a fleet's weight update meets the requests in flight (the `remote` engine's requests
+and weight sync use these).
 
 `weight_update=drain` waits for them (frlab.rollout.remote.weight_sync); `in_flight` lets them
 run on, each token labelled by the server (`frlab_versions` of frlab.serve, or vLLM's own
@@ -30,8 +31,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+from collections.abc import Awaitable, Callable
 
-from frlab.rollout.engine import EngineError, GenerationResult, SamplingParams
+from frlab.rollout.engine import GenerationResult, SamplingParams
 from frlab.rollout.remote import protocol as proto
 from frlab.rollout.remote.fleet import Fleet, Server, ServerFault
 
@@ -40,111 +42,77 @@ log = logging.getLogger("frlab.rollout.remote.engine")
 ABORT_POLL_S = 0.2  # how often a resubmit update re-aborts requests queued after its pause
 
 
-class UpdateModesMixin:
-    """Per-token versions, request continuation and the stop / resume of a resubmit update."""
+Dispatch = Callable[[list[int], SamplingParams], Awaitable[proto.Completion]]
 
-    _fleet: Fleet
-    weight_update: str
-    request_timeout_s: float
-    _version: int
-    _aborts: int  # resubmit updates that stopped requests so far: an abort after one is ours
 
-    async def _continue(self, prompt: list[int], params: SamplingParams) -> GenerationResult:
-        """Dispatch; after an abort by a resubmit update, send prompt + tokens so far with the
-        rest of the budget until the request ends (see the module docstring)."""
-        tokens: list[int] = []
-        log_probs: list[float] = []
-        versions: list[int] = []
-        while True:
-            part = await self._dispatch(prompt + tokens, _rest(params, len(tokens)))
-            tokens += part.token_ids
-            log_probs += part.log_probs
-            versions += part.versions
-            if part.finish_reason != "abort":
-                return GenerationResult(tokens, log_probs, versions, part.finish_reason)
-            self._fleet.counts["resubmitted"] += 1
-            if tokens and tokens[-1] in params.stop_token_ids:
-                return GenerationResult(tokens, log_probs, versions, "stop")
-            if len(tokens) >= params.max_new_tokens:  # aborted with its budget spent
-                return GenerationResult(tokens, log_probs, versions, "length")
+async def continue_request(
+    dispatch: Dispatch, fleet: Fleet, prompt: list[int], params: SamplingParams
+) -> GenerationResult:
+    """`dispatch`; after an abort by a resubmit update, send prompt + tokens so far with the
+    rest of the budget until the request ends (see the module docstring)."""
+    tokens: list[int] = []
+    log_probs: list[float] = []
+    versions: list[int] = []
+    while True:
+        part = await dispatch(prompt + tokens, _rest(params, len(tokens)))
+        tokens += part.token_ids
+        log_probs += part.log_probs
+        versions += part.versions
+        if part.finish_reason != "abort":
+            return GenerationResult(tokens, log_probs, versions, part.finish_reason)
+        fleet.counts["resubmitted"] += 1
+        if tokens and tokens[-1] in params.stop_token_ids:
+            return GenerationResult(tokens, log_probs, versions, "stop")
+        if len(tokens) >= params.max_new_tokens:  # aborted with its budget spent
+            return GenerationResult(tokens, log_probs, versions, "length")
 
-    def _check_abort(self, done: proto.Completion, aborts_at_send: int) -> None:
-        """An aborted answer is one of ours only if a resubmit update stopped it."""
-        if done.finish_reason == "abort" and self._aborts == aborts_at_send:
-            raise ServerFault("dead", "it aborted the request, and no weight update asked it to")
 
-    def _versions(self, server: Server, sent_at: int | None, done: proto.Completion) -> list[int]:
-        """Per-token versions from the server's own answers (see the module docstring)."""
-        if done.versions is not None:
-            if sent_at is None or any(not sent_at <= v <= self._version for v in done.versions):
-                raise ServerFault(
-                    "stale", f"answered token versions {sorted(set(done.versions))}, it proved "
-                    f"v{sent_at} and the fleet is at v{self._version}",
-                )  # fmt: skip
-            return list(done.versions)
-        if self.weight_update == "in_flight":
-            raise ServerFault("stale", "rollout.weight_update=in_flight needs servers that label "
-                              "each token's version (frlab_versions, or vLLM's weight_versions), "
-                              "and it answered none")  # fmt: skip
-        if sent_at is None or server.version != sent_at:
-            raise ServerFault("stale", f"weights changed from v{sent_at} to v{server.version} "
-                              "during the request")  # fmt: skip
-        return [sent_at] * len(done.token_ids)
+def check_abort(done: proto.Completion, aborts_at_send: int, aborts_now: int) -> None:
+    """An aborted answer is one of ours only if a resubmit update stopped it since it was sent
+    (`aborts`: the count of resubmit updates that stopped requests)."""
+    if done.finish_reason == "abort" and aborts_now == aborts_at_send:
+        raise ServerFault("dead", "it aborted the request, and no weight update asked it to")
 
-    # -- the stop and resume of a resubmit update ----------------------------------------------
-    async def _stop_requests(self) -> None:
-        """Pause-with-abort each live vLLM-like server with requests in flight and wait (within
-        request_timeout_s + 5 s) until none of them is in flight; call with the gate closed
-        and `_aborts` counted (the hold of the update)."""
-        busy = [s for s in self._fleet.servers if s.stops and s.state != "dead" and s.in_flight]
-        await asyncio.gather(*(self._pause(s) for s in busy))
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.request_timeout_s + 5.0
-        while any(s.in_flight and s.state != "dead" for s in busy):
-            if loop.time() > deadline:
-                log.warning("remote engine: %d requests still in flight after a resubmit abort",
-                            sum(s.in_flight for s in busy))  # fmt: skip
-                return
-            await asyncio.sleep(ABORT_POLL_S)
-            late = [s for s in busy if s.paused and s.in_flight and s.state != "dead"]
-            await asyncio.gather(*(self._abort_all(s) for s in late))
 
-    async def _pause(self, server: Server) -> None:
-        """`POST /pause?mode=abort`; a server that refuses it is waited for as under drain."""
-        try:
-            await self._fleet.post(server, proto.PAUSE_ABORT, {}, timeout=self.request_timeout_s)
-        except ServerFault as fault:
-            self._fleet.fault(server, fault)
+def token_versions(
+    server: Server, sent_at: int | None, done: proto.Completion, version: int, mode: str | None
+) -> list[int]:
+    """Per-token versions from the server's own answers (see the module docstring);
+    `sent_at`: the version the server had proved when the request was sent, `version` the
+    fleet's now."""
+    if done.versions is not None:
+        if sent_at is None or any(not sent_at <= v <= version for v in done.versions):
+            raise ServerFault(
+                "stale", f"answered token versions {sorted(set(done.versions))}, it proved "
+                f"v{sent_at} and the fleet is at v{version}",
+            )  # fmt: skip
+        return list(done.versions)
+    if mode == "in_flight":
+        raise ServerFault("stale", "rollout.weight_update=in_flight needs servers that label "
+                          "each token's version (frlab_versions, or vLLM's weight_versions), "
+                          "and it answered none")  # fmt: skip
+    if sent_at is None or server.version != sent_at:
+        raise ServerFault("stale", f"weights changed from v{sent_at} to v{server.version} "
+                          "during the request")  # fmt: skip
+    return [sent_at] * len(done.token_ids)
+
+
+async def stop_requests(fleet: Fleet) -> None:
+    """Pause-with-abort each live vLLM-like server with requests in flight and wait (within
+    request_timeout_s + 5 s) until none of them is in flight; call with the gate closed and
+    the update's abort counted (the hold of the update)."""
+    busy = [s for s in fleet.servers if s.stops and s.state != "dead" and s.in_flight]
+    await asyncio.gather(*(fleet.pause_abort(s) for s in busy))
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + fleet.request_timeout_s + 5.0
+    while any(s.in_flight and s.state != "dead" for s in busy):
+        if loop.time() > deadline:
+            log.warning("remote engine: %d requests still in flight after a resubmit abort",
+                        sum(s.in_flight for s in busy))  # fmt: skip
             return
-        except EngineError as exc:  # 4xx: no dev-mode RL router
-            log.warning("remote engine: %s refused the resubmit pause, waiting for its requests "
-                        "instead: %s", server.url, exc)  # fmt: skip
-            return
-        server.paused = True
-
-    async def _abort_all(self, server: Server) -> None:
-        """`POST /abort_requests {}`: a request queued on a paused server ends as aborted."""
-        try:
-            await self._fleet.post(server, proto.ABORT_REQUESTS, {}, timeout=self.request_timeout_s)
-        except ServerFault as fault:
-            self._fleet.fault(server, fault)
-        except EngineError as exc:
-            log.warning("remote engine: %s refused /abort_requests: %s", server.url, exc)
-
-    async def _resume_paused(self) -> None:
-        """`POST /resume` on every server a resubmit update paused (a dead one: at re-admission)."""
-        paused = [s for s in self._fleet.servers if s.paused and s.state != "dead"]
-        results = await asyncio.gather(*(self._resume(s) for s in paused), return_exceptions=True)
-        for server, result in zip(paused, results, strict=True):
-            if isinstance(result, ServerFault):
-                self._fleet.fault(server, result)
-            elif isinstance(result, Exception):
-                self._fleet.fault(server, ServerFault("dead", f"/resume failed: {result}"))
-
-    async def _resume(self, server: Server) -> None:
-        """Resume one paused server (ServerFault / EngineError if it does not answer 2xx)."""
-        await self._fleet.post(server, proto.RESUME, {}, timeout=self.request_timeout_s)
-        server.paused = False
+        await asyncio.sleep(ABORT_POLL_S)
+        late = [s for s in busy if s.paused and s.in_flight and s.state != "dead"]
+        await asyncio.gather(*(fleet.abort_all(s) for s in late))
 
 
 def _rest(params: SamplingParams, done: int) -> SamplingParams:

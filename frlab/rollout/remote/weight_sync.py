@@ -1,4 +1,4 @@
-"""Weight sync of the `remote` engine (mixed into `frlab.rollout.remote.engine.RemoteEngine`).
+"""Weight sync of the `remote` engine: `WeightSync`, held by `RemoteEngine`.
 
 Weight sync (`weight_sync="filesystem"`): `update_weights` writes
 `<snapshot_dir>/v<version>/model.safetensors` (snapshot_dir None: a private temp folder,
@@ -61,68 +61,71 @@ from typing import Any
 
 import torch
 
-from frlab.rollout.remote import control
+from frlab.rollout.engine import EngineError
+from frlab.rollout.remote import control, in_flight, resubmit
 from frlab.rollout.remote import protocol as proto
 from frlab.rollout.remote.fleet import REFUSED, Fleet, Server, ServerFault, Snapshot
+from frlab.rollout.remote.lora import LoraAdapters
 from frlab.rollout.remote.snapshot import prune_snapshots, write_snapshot
+from frlab.rollout.remote.traffic import Traffic
 from frlab.rollout.remote.worker_extension import SNAPSHOT_METHOD, VERSION_METHOD, check_acks
 
 log = logging.getLogger("frlab.rollout.remote.engine")
 
 
-class WeightSyncMixin:
-    """`update_weights` of the remote engine: snapshot, drain, load everywhere, verify; the
-    admission of one server at the current weights, and the prober that re-admits."""
+class WeightSync:
+    """The fleet's weight version: snapshot, stop the requests as `mode` says, load everywhere,
+    verify, release; the admission of one server at the current weights, and the prober that
+    re-admits. The async methods run on the engine's event loop."""
 
-    _fleet: Fleet
-    model: str | None
-    snapshot_dir: Path | None
-    keep_snapshots: int
-    request_timeout_s: float
-    _nccl: Any
-    _version: int
-    _snapshot: Snapshot | None
-    _sync_lock: asyncio.Lock | None
-    _idle: asyncio.Event | None
-    _in_flight: int
-    _syncing: bool
-    _held: bool  # a collective update holds the engine (hold_for_update .. release_update)
-    _user_paused: bool
-    weight_update: str
-    lora: dict[str, Any] | None
+    def __init__(
+        self, fleet: Fleet, traffic: Traffic, *, mode: str | None, version: int,
+        model: str | None, snapshot_dir: Path | None, keep_snapshots: int, nccl: Any,
+        adapters: LoraAdapters | None,
+    ) -> None:  # fmt: skip
+        self.fleet, self.traffic = fleet, traffic
+        self.mode = mode  # rollout.weight_update (None until the engine's start picks one)
+        self.version = int(version)
+        self.snapshot: Snapshot | None = None
+        self.lock: asyncio.Lock | None = None  # one sync or admission at a time
+        self.model, self.snapshot_dir, self.keep_snapshots = model, snapshot_dir, keep_snapshots
+        self.nccl, self.adapters = nccl, adapters
 
-    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
-        """Write the snapshot, drain, load it on every live server and verify their versions."""
-        if int(version) < 0:
-            raise ValueError(f"update_weights version must be >= 0, got {version}")
-        snap = self._write(state_dict, int(version))
-        self._call(self._sync(int(version), snap, self._push(state_dict, int(version))))
-        if self.lora is not None:
-            self._adapters.prune()
-        elif self.snapshot_dir is not None:
-            prune_snapshots(self.snapshot_dir, self.keep_snapshots)
-
-    def _write(self, state_dict: Mapping[str, torch.Tensor], version: int) -> Snapshot | None:
+    # -- an update ---------------------------------------------------------------------------
+    def write(self, state_dict: Mapping[str, torch.Tensor], version: int) -> Snapshot | None:
         """The snapshot of `version` (None under nccl without a snapshot_dir; a LoRA fleet:
         the adapter folder, frlab.rollout.remote.lora)."""
-        if self.lora is not None:
-            return self._adapters.write(state_dict, version)
+        if self.adapters is not None:
+            return self.adapters.write(state_dict, version)
         if self.snapshot_dir is None:
             return None
         path, fingerprint = write_snapshot(state_dict, self.snapshot_dir, version)
         return Snapshot(path, version, fingerprint)
 
-    def _push(self, state_dict: Mapping[str, torch.Tensor], version: int) -> Any:
-        """The NCCL broadcast to run once drained (None for filesystem sync)."""
-        if self._nccl is None:
+    def push(self, state_dict: Mapping[str, torch.Tensor], version: int) -> Any:
+        """The NCCL broadcast to run once the requests are stopped (None for filesystem)."""
+        if self.nccl is None:
             return None
-        return functools.partial(self._nccl.push, self, list(state_dict.items()), version)
+        named = list(state_dict.items())
+        return functools.partial(self.nccl.push, self.fleet, self.frozen, named, version)
 
-    async def _sync(self, version: int, snap: Snapshot | None, push: Any = None) -> None:
-        """Hold, stop (as `weight_update` says), load, verify, release; a collective update
-        (`hold_for_update` called) only loads and verifies: the caller stops and releases."""
-        async with self._sync_lock:
-            held = self._held
+    def prune(self) -> None:
+        """Delete old snapshots (the newest `keep_snapshots` stay)."""
+        if self.adapters is not None:
+            self.adapters.prune()
+        elif self.snapshot_dir is not None:
+            prune_snapshots(self.snapshot_dir, self.keep_snapshots)
+
+    def frozen(self, server: Server) -> bool:
+        """An in_flight update holds this server's requests frozen (their KV blocks held, so
+        its prefix cache is not reset)."""
+        return server.paused and in_flight.generates(server, self.mode)
+
+    async def sync(self, version: int, snap: Snapshot | None, push: Any = None) -> None:
+        """Hold, stop (as `mode` says), load, verify, release; a collective update
+        (`hold` called) only loads and verifies: the caller stops and releases."""
+        async with self.lock:
+            held = self.traffic.held
             if not held:
                 self._hold()
             try:
@@ -130,75 +133,79 @@ class WeightSyncMixin:
                     await self._stop_in_flight()
                 if push is not None:
                     await push()
-                self._snapshot, self._version = snap, version
-                live = [s for s in self._fleet.servers if s.state != "dead"]
-                for s in self._fleet.servers:
+                self.snapshot, self.version = snap, version
+                live = [s for s in self.fleet.servers if s.state != "dead"]
+                for s in self.fleet.servers:
                     s.state = "unverified" if s.state == "ok" else s.state
-                await asyncio.gather(*(self._admit(s) for s in live))
-                await self._abort_unverified()
+                await asyncio.gather(*(self.admit(s) for s in live))
+                await in_flight.abort_unverified(self.fleet, self.mode)
             finally:
                 if not held:
-                    await self._release()
-        log.info("remote engine: weights v%d on %s", version, self._fleet.describe())
+                    await self.release()
+        log.info("remote engine: weights v%d on %s", version, self.fleet.describe())
 
-    # -- the phases of an update (one rank: all in `_sync`; several: frlab...fleet_sync) -------
-    def hold_for_update(self) -> None:
-        """Phase 1 of a collective update: stop dispatching; a resubmit abort is ours from now."""
-        self._call(self._hold_async())
-
-    def stop_for_update(self) -> None:
-        """Phase 2: the requests in flight drained, stopped or frozen (`weight_update`)."""
-        self._call(self._stop_held())
-
-    def release_update(self) -> None:
-        """Last phase: resume the servers this rank paused, dispatch again."""
-        self._call(self._release())
-
-    async def _hold_async(self) -> None:
+    # -- the phases of a collective update (frlab.rollout.remote.fleet_sync) -----------------
+    async def hold(self) -> None:
+        """Phase 1: stop dispatching; a resubmit abort is ours from now."""
         self._hold()
-        self._held = True
+        self.traffic.held = True
 
     def _hold(self) -> None:
-        self._syncing = True
-        self._refresh_gate()
-        self._aborts += self.weight_update == "resubmit"  # aborted answers: ours (resubmit)
+        self.traffic.syncing = True
+        self.traffic.refresh()
+        self.traffic.aborts += self.mode == "resubmit"  # aborted answers: ours (resubmit)
 
-    async def _stop_held(self) -> None:
-        async with self._sync_lock:  # an admission under way (prober) ends first
+    async def stop_held(self) -> None:
+        """Phase 2: the requests in flight drained, stopped or frozen (`mode`)."""
+        async with self.lock:  # an admission under way (prober) ends first
             pass
         await self._stop_in_flight()
 
     async def _stop_in_flight(self) -> None:
-        if self.weight_update == "drain":
-            await self._drain()
-        elif self.weight_update == "resubmit":  # vLLM: stopped, sent again after
-            await self._stop_requests()
+        if self.mode == "drain":
+            await self.traffic.drain(self.fleet.request_timeout_s + 5.0)
+        elif self.mode == "resubmit":  # vLLM: stopped, sent again after
+            await resubmit.stop_requests(self.fleet)
         else:  # in_flight: requests run on, labelled (vLLM: frozen between steps)
-            await self._freeze()
+            await in_flight.freeze(self.fleet, self.mode)
 
-    async def _release(self) -> None:
+    async def release(self) -> None:
+        """Last phase: resume the servers this update paused, dispatch again."""
         try:
-            await self._resume_paused()
+            await self.fleet.resume_paused()
         finally:
-            self._held = self._syncing = False
-            self._refresh_gate()
-
-    async def _drain(self) -> None:
-        """Wait for in-flight requests (each ends within request_timeout_s: done or failed)."""
-        try:
-            await asyncio.wait_for(self._idle.wait(), self.request_timeout_s + 5.0)
-        except TimeoutError:
-            log.warning(
-                "remote engine: %d requests still in flight at a weight sync", self._in_flight
-            )
+            self.traffic.held = self.traffic.syncing = False
+            self.traffic.refresh()
 
     # -- admission, probing ------------------------------------------------------------------
-    async def _admit(self, server: Server) -> None:
+    async def admit_at_start(self, push: Any, deadline_s: float) -> None:
+        """Until a server serves the current version (EngineError after `deadline_s`): nccl
+        broadcasts to the servers that answer by now, filesystem admits each server."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + deadline_s
+        while True:
+            if push is not None:
+                await self.sync(self.version, self.snapshot, push)
+            else:
+                async with self.lock:
+                    await asyncio.gather(
+                        *(self.admit(s) for s in self.fleet.servers if s.state != "ok")
+                    )
+            if self.fleet.healthy_now():
+                return
+            if loop.time() > deadline:
+                raise EngineError(
+                    f"no server in rollout.remote.servers serves weight version {self.version} "
+                    f"after {deadline_s}s: {self.fleet.describe()}"
+                )
+            await asyncio.sleep(min(0.2, self.fleet.probe_interval_s))
+
+    async def admit(self, server: Server) -> None:
         """Check the server's log-prob mode, load the current snapshot (if any) on it, then
-        admit it only if it reports the current version; call with `_sync_lock` held."""
-        fleet, was = self._fleet, server.state
+        admit it only if it reports the current version; call with `lock` held."""
+        fleet, was = self.fleet, server.state
         try:
-            info = await self._server_info(server)
+            info = await fleet.server_info(server, self.model)
             mode = control.served_logprobs_mode(info)
             if mode != proto.PROCESSED_LOGPROBS:
                 fleet.refuse(server, f"it serves logprobs_mode={mode!r}: run it with "
@@ -206,75 +213,73 @@ class WeightSyncMixin:
                 return
             if not self._serves_mode(server, control.served_weight_update(info)):
                 return
-            if server.stops and not await self._probe_labels(server):  # frlab...in_flight
+            syncing = self.traffic.is_syncing
+            if server.stops and not await in_flight.probe_labels(fleet, server, self.mode, syncing):
                 return
-            snap = self._snapshot
-            if self.lora is not None:  # the adapter's own name proves its version
-                reported = [await self._adapters.load(server, snap)]
-            elif snap is not None:
-                args = [str(snap.path), snap.version, dict(snap.fingerprint)]  # 3rd: dedup key
-                body = control.rpc_request(SNAPSHOT_METHOD, args)
-                acks = control.rpc_dicts(
-                    await fleet.post(server, proto.COLLECTIVE_RPC, body), "version"
-                )
-                check_acks(acks, snap.version, snap.fingerprint)
-                if not (server.paused and self._generates(server)) and not control.reset_succeeded(
-                    await fleet.post(server, proto.RESET_PREFIX_CACHE, {})
-                ):
-                    fleet.refuse(server, "its prefix-cache reset did not succeed")
-                    return
-            if self.lora is None:
-                if not await self._set_label(server):
-                    return
-                answer = await fleet.post(
-                    server, proto.COLLECTIVE_RPC, control.rpc_request(VERSION_METHOD)
-                )
-                reported = control.rpc_versions(answer)
-            if server.paused and not self._syncing:  # a resubmit update could not resume it
-                await self._resume(server)
+            reported = await self._load(server)
+            if reported is None:
+                return
+            if server.paused and not self.traffic.syncing:  # an update could not resume it
+                await fleet.resume(server)
         except ServerFault as fault:
             fleet.mark(server, fault, warn=was in ("ok", "unverified"))
             return
         except REFUSED as exc:
             fleet.refuse(server, f"weight load not acknowledged: {exc}")
             return
-        if any(v != self._version for v in reported):
-            fleet.refuse(server, f"reports version(s) {reported}, expected {self._version}")
+        if any(v != self.version for v in reported):
+            fleet.refuse(server, f"reports version(s) {reported}, expected {self.version}")
             return
-        fleet.admitted(server, self._version, was)
+        fleet.admitted(server, self.version, was)
 
-    async def _server_info(self, server: Server) -> Any:
-        """The server's `/server_info` answer, after learning its model id (once)."""
-        if server.model is None:
-            server.model = self.model or control.served_model(
-                await self._fleet.get(server, proto.MODELS)
+    async def _load(self, server: Server) -> list[int] | None:
+        """Load the current snapshot (or adapter) on `server` and return the version(s) it
+        reports (None: refused)."""
+        fleet, snap = self.fleet, self.snapshot
+        if self.adapters is not None:  # the adapter's own name proves its version
+            return [await self.adapters.load(server, snap)]
+        if snap is not None:
+            args = [str(snap.path), snap.version, dict(snap.fingerprint)]  # 3rd: dedup key
+            body = control.rpc_request(SNAPSHOT_METHOD, args)
+            acks = control.rpc_dicts(
+                await fleet.post(server, proto.COLLECTIVE_RPC, body), "version"
             )
-        # the first /server_info of a vLLM server collects its environment: allow time
-        return await self._fleet.get(server, proto.SERVER_INFO, self.request_timeout_s)
+            check_acks(acks, snap.version, snap.fingerprint)
+            if not self.frozen(server) and not control.reset_succeeded(
+                await fleet.post(server, proto.RESET_PREFIX_CACHE, {})
+            ):
+                fleet.refuse(server, "its prefix-cache reset did not succeed")
+                return None
+        if not await in_flight.set_label(fleet, server, self.version, self.mode):
+            return None
+        answer = await fleet.post(server, proto.COLLECTIVE_RPC, control.rpc_request(VERSION_METHOD))
+        return control.rpc_versions(answer)
 
     def _serves_mode(self, server: Server, served: str | None) -> bool:
         """Whether a server's own weight-update mode (frlab.serve reports it, vLLM does not)
         gives `in_flight` / `resubmit` what they ask (refused as stale otherwise)."""
         server.stops = served is None
-        if served is not None and self.lora is not None:
-            self._fleet.refuse(server, "frlab.serve loads full weights only: model.lora needs "
-                               "vLLM servers run with --enable-lora")  # fmt: skip
+        if served is not None and self.adapters is not None:
+            self.fleet.refuse(server, "frlab.serve loads full weights only: model.lora needs "
+                              "vLLM servers run with --enable-lora")  # fmt: skip
             return False
-        wanted = self.weight_update
+        wanted = self.mode
         if served is None or wanted not in ("in_flight", "resubmit") or served == wanted:
             return True
-        self._fleet.refuse(server, f"it runs --weight-update {served}; rollout.weight_update="
-                           f"{wanted} needs frlab.serve --weight-update {wanted}")  # fmt: skip
+        self.fleet.refuse(server, f"it runs --weight-update {served}; rollout.weight_update="
+                          f"{wanted} needs frlab.serve --weight-update {wanted}")  # fmt: skip
         return False
 
-    async def _probe_forever(self) -> None:
-        """Re-check dead / stale servers; admit none while the engine is paused (a collective sync
-        of several ranks may be under way: admitting now could load an older snapshot)."""
+    async def probe_forever(self) -> None:
+        """Re-check dead / stale servers; admit none while the engine is paused (a collective
+        sync of several ranks may be under way: admitting now could load an older snapshot)."""
         while True:
-            await asyncio.sleep(self._fleet.probe_interval_s)
-            for server in [s for s in self._fleet.servers if s.state != "ok"]:
-                if not await self._fleet.healthy(server):
+            await asyncio.sleep(self.fleet.probe_interval_s)
+            for server in [s for s in self.fleet.servers if s.state != "ok"]:
+                if not await self.fleet.healthy(server):
                     continue
-                async with self._sync_lock:
-                    if server.state != "ok" and not (self._user_paused or self._syncing):
-                        await self._admit(server)
+                async with self.lock:
+                    if server.state != "ok" and not (
+                        self.traffic.user_paused or self.traffic.syncing
+                    ):
+                        await self.admit(server)
