@@ -83,6 +83,24 @@ def join(prefix: str, name: object) -> str:
     return f"{prefix}.{name}" if prefix else str(name)
 
 
+def check_node(key: str, values: Mapping[str, Any], cls: type) -> None:
+    """An untyped node (`eval`, a benchmark mapping) against its declaration `cls`: types and
+    unknown keys by OmegaConf (as Hydra checks the typed sections), then `check_values`."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from frlab.config.errors import omegaconf_error
+
+    declared_node, given = OmegaConf.structured(cls), dict(values)
+    for part in reversed(key.split(".")):  # nested under the full key, so errors name it
+        declared_node, given = {part: declared_node}, {part: given}
+    try:
+        OmegaConf.merge(OmegaConf.create(declared_node), given)
+    except OmegaConfBaseException as exc:
+        raise omegaconf_error(exc) from exc
+    check_values(key, values, cls)
+
+
 def check_values(key: str, values: Mapping[str, Any], cls: type) -> None:
     """The declared ranges and choices of `cls` on resolved `values` (nested sections too),
     and booleans that are booleans; other types and unknown keys are OmegaConf's to check."""

@@ -144,13 +144,18 @@ def _wrong_node(key: str, cls_name: str, value: str, source: str) -> ConfigError
     from frlab.config.schema import ENGINES
 
     if cls_name in {cls.__name__ for cls in ENGINES.values()}:
-        return ConfigError(
-            "rollout.engine",
-            f"{value!r} is a name, but the engine is the config group rollout/engine: write "
-            f"rollout/engine={value} on the command line, or `- override /rollout/engine: "
-            f"{value}` in a preset's defaults list{source}",
-        )
+        return engine_named(value, source)
     return ConfigError(key or "config", f"must be a mapping of {cls_name} keys, got {value!r}")
+
+
+def engine_named(name: str, source: str = "") -> ConfigError:
+    """The engine written as a name where its config group belongs (a preset's `engine: vllm`)."""
+    return ConfigError(
+        "rollout.engine",
+        f"{name!r} is a name, but the engine is the config group rollout/engine: write "
+        f"rollout/engine={name} on the command line, or `- override /rollout/engine: "
+        f"{name}` in a preset's defaults list{source}",
+    )
 
 
 def _null_hint(head: str) -> str:

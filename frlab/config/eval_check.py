@@ -22,22 +22,18 @@ evaluation loads its problems (frlab.evaluation.avg_at_k).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Mapping
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from frlab.config.declare import check_values
+from frlab.config.declare import check_node
 from frlab.config.errors import ConfigError, unknown
 from frlab.config.schema_eval import EVALS, KINDS, MathBenchmarkConfig
 from frlab.evaluation.benchmarks import benchmark_specs
 
 log = logging.getLogger(__name__)
-
-# Keyword arguments of envs.math.load_math_dataset that a benchmark mapping may give.
-BENCHMARK_KEYS = tuple(f.name for f in dataclasses.fields(MathBenchmarkConfig))
 
 
 def check_eval(
@@ -67,8 +63,7 @@ def check_eval(
         values["benchmarks"] = benchmark_specs(values.get("benchmarks"))
     except ValueError as exc:
         raise ConfigError("eval.benchmarks", str(exc).removeprefix("eval.benchmarks ")) from exc
-    _check_types(values, EVALS[kind])
-    check_values("eval", values, EVALS[kind])
+    check_node("eval", values, EVALS[kind])
     if not values["benchmarks"]:
         raise ConfigError("eval.benchmarks", "is empty: name at least one benchmark or eval=none")
     env_keys = [str(k) for k in (cfg.get("env") or {}) if k != "_target_"]
@@ -84,19 +79,6 @@ def check_eval(
             log.warning(message)
     _check_cross(values, rollout, trainer)
     return values
-
-
-def _check_types(values: Mapping[str, Any], cls: type) -> None:
-    """Types and unknown keys of the (untyped) eval node, checked by OmegaConf against its
-    declaration as Hydra checks the typed sections."""
-    from omegaconf.errors import OmegaConfBaseException
-
-    from frlab.config.errors import omegaconf_error
-
-    try:
-        OmegaConf.merge(OmegaConf.create({"eval": OmegaConf.structured(cls)}), {"eval": values})
-    except OmegaConfBaseException as exc:
-        raise omegaconf_error(exc) from exc
 
 
 def _holdout(spec: Any) -> tuple[float, str] | None:
@@ -132,21 +114,17 @@ def overlap_warnings(env: Mapping[str, Any], benchmarks: Mapping[str, Any]) -> l
 
 
 def _check_benchmark(key: str, spec: Any) -> None:
+    """A math benchmark: a dataset source, or a `MathBenchmarkConfig` mapping."""
     if isinstance(spec, str):
         if not spec.strip():
             raise ConfigError(key, "must name a dataset source, got an empty string")
         return
     if not isinstance(spec, Mapping):
         raise ConfigError(key, f"must be a dataset source or a mapping with `source`, got {spec!r}")
-    for field in spec:
-        if field not in BENCHMARK_KEYS:
-            raise unknown(f"{key}.{field}", "benchmark key", field, BENCHMARK_KEYS)
+    check_node(key, spec, MathBenchmarkConfig)
     source = spec.get("source")
     if not isinstance(source, str) or not source.strip():
         raise ConfigError(f"{key}.source", f"must be a non-empty dataset source, got {source!r}")
-    limit = spec.get("limit")
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise ConfigError(f"{key}.limit", f"must be an integer >= 1 or null, got {limit!r}")
 
 
 def _check_env_benchmark(key: str, spec: Any, env_keys: list[str]) -> None:

@@ -54,7 +54,7 @@ from frlab.config.engine_check import (
     check_routing_replay,
     check_weight_update,
 )
-from frlab.config.errors import ConfigError
+from frlab.config.errors import ConfigError, engine_named
 from frlab.config.eval_check import check_eval
 from frlab.config.instantiate import check_allowed, check_user_modules
 from frlab.config.objective_check import check_objective
@@ -165,12 +165,7 @@ def _check_engine_node(rollout: Mapping[str, Any]) -> str:
     """The engine node is one of the rollout/engine options (or a user engine): its name."""
     node = rollout.get("engine")
     if isinstance(node, str):
-        raise ConfigError(
-            "rollout.engine",
-            f"is the name {node!r}, but the engine is the config group rollout/engine: write "
-            f"rollout/engine={node} on the command line, or `- override /rollout/engine: "
-            f"{node}` in a preset's defaults list",
-        )
+        raise engine_named(node)
     if not isinstance(node, Mapping) or "_target_" not in node:
         raise ConfigError(
             "rollout.engine",
