@@ -50,7 +50,7 @@ from frlab.learner.metrics import ACCEPTANCE
 from frlab.learner.module import FlashReinforceModule
 from frlab.model.policy import build_policy
 from frlab.model.toy_tokenizer import build_toy_tokenizer
-from frlab.objective.objective import PRESETS
+from frlab.objective.presets import PRESETS
 from frlab.rollout.agent_loop import AgentLoopConfig
 from frlab.rollout.callbacks import WeightSyncCallback
 from frlab.rollout.engine import SamplingParams

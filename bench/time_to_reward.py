@@ -67,7 +67,7 @@ from frlab.data.datamodule import RolloutDataModule  # noqa: E402
 from frlab.learner.metrics import STEP_S  # noqa: E402
 from frlab.learner.module import FlashReinforceModule  # noqa: E402
 from frlab.model.toy_tokenizer import build_toy_tokenizer  # noqa: E402
-from frlab.objective.objective import PRESETS  # noqa: E402
+from frlab.objective.presets import PRESETS  # noqa: E402
 from frlab.rollout.agent_loop import AgentLoopConfig  # noqa: E402
 from frlab.rollout.callbacks import WeightSyncCallback  # noqa: E402
 from frlab.rollout.engine import SamplingParams  # noqa: E402

@@ -40,7 +40,7 @@ import lightning as L  # noqa: E402
 import torch  # noqa: E402
 
 from envs.base import Env, StepResult  # noqa: E402
-from frlab.objective.objective import PRESETS  # noqa: E402
+from frlab.objective.presets import PRESETS  # noqa: E402
 
 # Qwen2.5-0.5B's shape (494M parameters with tied embeddings).
 QWEN25_0P5B: dict[str, Any] = {

@@ -30,7 +30,7 @@ from frlab.objective.catalog import (
     default_params_yaml,
     preset_yaml,
 )
-from frlab.objective.objective import PRESETS
+from frlab.objective.presets import PRESETS
 
 MARKERS = {
     README_FILE: [("<!-- components:begin (generated: {cmd}) -->", "<!-- components:end -->",

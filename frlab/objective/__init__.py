@@ -29,7 +29,8 @@ from frlab.objective.base import (
     hyperparameter,
 )
 from frlab.objective.hyperparameters import Hyperparameter, HyperparameterError
-from frlab.objective.objective import KINDS, PRESETS, Objective
+from frlab.objective.objective import KINDS, Objective
+from frlab.objective.presets import PRESETS
 from frlab.objective.reference import flashreinforce_loss
 
 __all__ = [

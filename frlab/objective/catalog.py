@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from frlab.objective.base import Component, Diagnostic
-from frlab.objective.objective import DEFAULTS, KINDS, PRESET_NOTES, PRESETS
+from frlab.objective.objective import KINDS
+from frlab.objective.presets import DEFAULTS, PRESET_NOTES, PRESETS
 
 ROOT = Path(__file__).resolve().parents[2]
 PARAMS_FILE = Path("configs/objective/params/default.yaml")

@@ -11,7 +11,7 @@ import statistics
 from bench_testlib import load_bench
 
 from envs.toy import ParityEnv
-from frlab.objective.objective import PRESETS, Objective
+from frlab.objective import PRESETS, Objective
 
 ttr = load_bench("time_to_reward")
 

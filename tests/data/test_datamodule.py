@@ -22,7 +22,7 @@ from frlab.data.batch import RolloutBatch
 from frlab.data.datamodule import RolloutDataModule
 from frlab.learner.module import FlashReinforceModule
 from frlab.model.toy_tokenizer import build_toy_tokenizer
-from frlab.objective.objective import PRESETS
+from frlab.objective.presets import PRESETS
 from frlab.rollout.agent_loop import AgentLoopConfig
 from frlab.rollout.callbacks import WeightSyncCallback
 from frlab.rollout.engine import SamplingParams
