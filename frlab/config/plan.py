@@ -185,11 +185,10 @@ def changed_settings(sec: Mapping[str, Any], trainer: Mapping[str, Any]) -> dict
     from frlab.config import schema
     from frlab.config.declare import changed
 
+    values = {**sec, "trainer": trainer}
     out: dict[str, Any] = {}
-    for name, cls in (("model", schema.ModelConfig), ("rollout", schema.RolloutConfig),
-                      ("data", schema.DataConfig), ("optim", schema.OptimConfig)):  # fmt: skip
-        out.update(changed(name, sec[name], cls))
-    out.update(changed("trainer", trainer, schema.TrainerConfig))
+    for name, cls in schema.SECTIONS.items():
+        out.update(changed(name, values[name], cls))
     return out
 
 

@@ -72,9 +72,7 @@ def preflight(cfg: DictConfig) -> Plan:
     sec = {name: _resolve(cfg, name) for name in ("model", "rollout", "data", "objective", "optim")}
     trainer = _resolve(cfg, "trainer")
     root = {**sec, "trainer": trainer}
-    for name, cls in (("model", schema.ModelConfig), ("rollout", schema.RolloutConfig),
-                      ("data", schema.DataConfig), ("optim", schema.OptimConfig),
-                      ("trainer", schema.TrainerConfig)):  # fmt: skip
+    for name, cls in schema.SECTIONS.items():
         check_values(name, root[name], cls)
     user_modules = check_user_modules(cfg.get("user_modules") or [])
     engine = _check_engine_node(sec["rollout"])

@@ -314,8 +314,10 @@ class FrlabConfig:
     eval: Any = spec(None, doc="evaluation during training (eval group); null: off")
 
 
-# Typed sections of the root, checked by preflight in this order.
-SECTIONS = ("model", "rollout", "data", "optim", "trainer", "paths")
+# The typed sections of the root whose values preflight checks and the plan compares with their
+# defaults, in this order (`paths` holds Hydra's folder).
+SECTIONS: dict[str, type] = {"model": ModelConfig, "rollout": RolloutConfig, "data": DataConfig,
+                             "optim": OptimConfig, "trainer": TrainerConfig}  # fmt: skip
 
 
 def declaration_for(target: str) -> type | None:
