@@ -247,7 +247,7 @@ def build_plan(
         delta=None if delta is None or not objective.uses_off_policy_correction else float(delta),
         trust=describe_trust_region(names["trust_region"], objective.trust_region),
         q=float(q),
-        servers=len(rollout["remote"]["servers"]) if engine == "remote" else None,
+        servers=len(rollout["remote"]["servers"]) if rollout.get("remote") else None,  # a fleet
         weight_update=rollout.get("weight_update"),
         evaluation=describe_eval(cfg.get("eval")),
         logger=None if cfg.get("logger") is None else str(cfg.logger.get("_target_")),
