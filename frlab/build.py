@@ -6,8 +6,8 @@ allowlist, with the run's `user_modules`): the policy (`model`), the rollout eng
 data module (`data`), the evaluation (`eval`), the optimizer (`optim`, a partial), the
 callbacks, the logger and the Trainer. Also here: the tokenizer, the env node's two factories
 (fresh environments, one per episode: `env_factory`; task samplers, one per rollout pool:
-`task_sampler_factory`), the per-rank rollout pool factory, the quieting of expected warnings, the plots. The run folder and the resume checks
-are frlab.run.guard's.
+`task_sampler_factory`), the per-rank rollout pool factory, the quieting of expected
+warnings, the plots. The run folder and the resume checks are frlab.run.guard's.
 """
 
 from __future__ import annotations

@@ -31,14 +31,17 @@ def close_matches(name: str, choices: list[str], n: int = 3) -> list[str]:
     return difflib.get_close_matches(name, choices, n=n, cutoff=0.5)
 
 
+def did_you_mean(name: str, choices: list[str]) -> str:
+    """`; did you mean 'a' or 'b'?` for the names close to `name`, else ""."""
+    near = close_matches(str(name), choices)
+    return f"; did you mean {' or '.join(repr(m) for m in near)}?" if near else ""
+
+
 def unknown_name_message(kind: str, name: str, choices: list[str], key: str | None = None) -> str:
     """The one error text for an unknown name: what, where, registered names, close matches."""
     where = f" (config key `{key}`)" if key else ""
     msg = f"unknown {kind} {name!r}{where}; registered: {', '.join(sorted(choices))}"
-    near = close_matches(str(name), choices)
-    if near:
-        msg += f"; did you mean {' or '.join(repr(m) for m in near)}?"
-    return msg
+    return msg + did_you_mean(name, choices)
 
 
 class Registry(Generic[T]):

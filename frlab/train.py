@@ -42,9 +42,13 @@ __all__ = ["build_callbacks", "build_evaluation", "build_policy_from", "build_to
 
 def run(cfg: DictConfig, plan: Plan | None = None) -> dict[str, Any]:
     """Train as configured; return the run summary (also written to summary.json)."""
-    from frlab.config.preflight import preflight, structured
+    from omegaconf import OmegaConf
 
-    cfg = structured(cfg)  # a config built by hand gets the declared defaults it leaves out
+    from frlab.config.preflight import preflight, structured
+    from frlab.config.schema import FrlabConfig
+
+    if OmegaConf.get_type(cfg) is not FrlabConfig:  # built by hand: the defaults it leaves out
+        cfg = structured(cfg)
     plan = plan or preflight(cfg)
     import lightning as L
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from frlab.config import schema
 from frlab.config.declare import check_values
-from frlab.config.errors import ConfigError
+from frlab.config.errors import ConfigError, keyed
 
 VLLM_ARGS_SET_BY_FRLAB = {"model", "seed", "max_model_len", "worker_extension_cls"}
 
@@ -92,8 +92,7 @@ def check_lora_engine(engine: str, rollout: Mapping[str, Any], model: Mapping[st
     try:
         check_lora(lora)
     except ValueError as exc:
-        key = str(exc).split(" ", 1)[0]
-        raise ConfigError(key, str(exc).removeprefix(key + " ")) from exc
+        raise keyed(exc) from exc
     if not enabled(lora):
         return
     cls = _engine_class(rollout)
@@ -152,5 +151,4 @@ def check_remote(engine: str, rollout: Mapping[str, Any], world: int) -> None:
     try:
         cls.check_settings(rollout, world)
     except ValueError as exc:
-        key, _, text = str(exc).partition(" ")
-        raise ConfigError(key.rstrip(":"), text) from exc
+        raise keyed(exc) from exc

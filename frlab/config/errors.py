@@ -50,6 +50,13 @@ class ConfigError(ValueError):
         super().__init__(text)
 
 
+def keyed(exc: Exception) -> ConfigError:
+    """The ConfigError for a ValueError whose text starts with the config key it is about
+    (`rollout.remote.servers lists a server twice: ...`), as the owners of a setting raise."""
+    key, _, text = str(exc).partition(" ")
+    return ConfigError(key.rstrip(":"), text)
+
+
 def unknown(key: str, what: str, value: object, choices: Iterable[str]) -> ConfigError:
     """The error for an unknown name or key `value` at `key`."""
     return ConfigError(key, f"unknown {what} {value!r}", value=value, choices=choices)

@@ -42,7 +42,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from frlab.config import schema
@@ -131,9 +131,10 @@ def structured(cfg: DictConfig) -> DictConfig:
     is once it passed. Errors are ConfigErrors naming the key."""
     from frlab.config.errors import omegaconf_error
 
-    target = OmegaConf.select(cfg, "rollout.engine._target_", default=None)
-    engines = [cls() for cls in schema.ENGINES.values() if cls._target_ == target]
-    rollout = schema.RolloutConfig(engine=engines[0] if engines else None)
+    declaration = schema.ENGINES.get(
+        engine_name({"_target_": OmegaConf.select(cfg, "rollout.engine._target_", default=None)})
+    )
+    rollout = schema.RolloutConfig(engine=None if declaration is None else declaration())
     if OmegaConf.select(cfg, "rollout.remote", default=None) is not None:
         rollout.remote = schema.RemoteConfig()
     # as plain containers (interpolations kept): a typed node would carry its own extra keys
@@ -154,9 +155,8 @@ def structured(cfg: DictConfig) -> DictConfig:
 def _check_root(cfg: DictConfig) -> None:
     """The declared rules of the root's own keys (the sections are checked one by one)."""
     own = [f.name for f, a in declared(schema.FrlabConfig) if a is not Any and not section_type(a)]
-    values = {k: OmegaConf.to_container(v) if isinstance(v, ListConfig) else v
-              for k in own for v in [cfg[k]]}  # fmt: skip
-    check_values("", values, schema.FrlabConfig)
+    values = OmegaConf.to_container(OmegaConf.masked_copy(cfg, own), resolve=True)
+    check_values("", values, schema.FrlabConfig)  # type: ignore[arg-type]
 
 
 def _check_engine_node(rollout: Mapping[str, Any]) -> str:

@@ -17,7 +17,7 @@ import operator
 from dataclasses import dataclass
 from typing import Any
 
-from frlab.registry import close_matches
+from frlab.registry import did_you_mean
 
 METADATA_KEY = "frlab_hyperparameter"
 
@@ -29,8 +29,7 @@ class HyperparameterError(ValueError):
     def __init__(self, key: str, reason: str, *, name: str | None = None,
                  choices: tuple[str, ...] = ()) -> None:  # fmt: skip
         self.key, self.reason, self.name, self.choices = key, reason, name, tuple(choices)
-        near = close_matches(name, list(choices)) if name is not None else []
-        hint = f"; did you mean {' or '.join(map(repr, near))}?" if near else ""
+        hint = did_you_mean(name, list(choices)) if name is not None else ""
         super().__init__(f"{key} {reason}{hint}")
 
 

@@ -162,7 +162,7 @@ class Objective:
                 )  # fmt: skip
         names = {kind: node.get(kind, default) for kind, default in DEFAULTS.items()}
         params = {k: v for k, v in node.items() if k not in KINDS}
-        for name in set(params) - set(names.values()):  # settings of the components not chosen
+        for name in [n for n in params if n not in names.values()]:  # components not chosen
             for kind in (kind for kind, reg in KINDS.items() if name in reg):
                 build_component(kind, name, params, f"objective.{kind}")
         return cls(**names, params=params, validate=validate, _key_prefix="objective")

@@ -174,7 +174,7 @@ class RemoteEngine(Engine):
         self._initial_weights = initial_weights
         self._requests = 0
         self._runner = EngineLoop("RemoteEngine", "frlab-remote-engine")
-        self._traffic = Traffic()
+        self._traffic = Traffic(request_timeout_s)
         adapters = None if self.lora is None else LoraAdapters(
             self.lora, self.snapshot_dir, self.keep_snapshots, self._fleet
         )  # fmt: skip
@@ -280,7 +280,7 @@ class RemoteEngine(Engine):
         self._traffic.user_paused = paused
         self._traffic.refresh()
         if paused:
-            await self._traffic.drain(self.request_timeout_s + 5.0)
+            await self._traffic.drain()
             async with self._sync.lock:  # an admission under way (prober) ends first
                 pass
 

@@ -18,15 +18,13 @@ log = logging.getLogger("frlab.rollout.remote.engine")
 class Traffic:
     """The gate, the in-flight count and the flags that close the gate."""
 
-    def __init__(self) -> None:
+    def __init__(self, request_timeout_s: float) -> None:
+        self.drain_timeout_s = float(request_timeout_s) + 5.0  # each request ends by then
         self.gate: asyncio.Event | None = None  # set while requests may be dispatched
         self.idle: asyncio.Event | None = None  # set while no request is in flight
         self.in_flight = 0
         self.aborts = 0  # resubmit updates that stopped requests so far
         self.user_paused = self.syncing = self.held = self.stopping = False
-
-    def is_syncing(self) -> bool:
-        return self.syncing
 
     def open(self) -> None:
         """Create the events (call on the engine's event loop); the gate opens."""
@@ -54,11 +52,11 @@ class Traffic:
         if not self.in_flight:
             self.idle.set()
 
-    async def drain(self, timeout_s: float) -> None:
+    async def drain(self) -> None:
         """Wait for the requests in flight (each ends within request_timeout_s: done or
-        failed), at most `timeout_s`."""
+        failed), at most `drain_timeout_s`."""
         try:
-            await asyncio.wait_for(self.idle.wait(), timeout_s)
+            await asyncio.wait_for(self.idle.wait(), self.drain_timeout_s)
         except TimeoutError:
             log.warning("remote engine: %d requests still in flight at a weight sync",
                         self.in_flight)  # fmt: skip

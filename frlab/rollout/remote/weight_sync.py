@@ -163,7 +163,7 @@ class WeightSync:
 
     async def _stop_in_flight(self) -> None:
         if self.mode == "drain":
-            await self.traffic.drain(self.fleet.request_timeout_s + 5.0)
+            await self.traffic.drain()
         elif self.mode == "resubmit":  # vLLM: stopped, sent again after
             await resubmit.stop_requests(self.fleet)
         else:  # in_flight: requests run on, labelled (vLLM: frozen between steps)
@@ -213,7 +213,7 @@ class WeightSync:
                 return
             if not self._serves_mode(server, control.served_weight_update(info)):
                 return
-            syncing = self.traffic.is_syncing
+            syncing = lambda: self.traffic.syncing  # noqa: E731  (read when the probe resumes)
             if server.stops and not await in_flight.probe_labels(fleet, server, self.mode, syncing):
                 return
             reported = await self._load(server)
