@@ -201,7 +201,7 @@ def pool_factory(
 
 def build_evaluation(cfg: DictConfig) -> Any:
     """The evaluation callback of the `eval` node (None when off, eval=none), built from its
-    `_target_` (AvgAtKEvaluation or EpisodeEvaluation, frlab.config.schema_eval)."""
+    `_target_` (AvgAtKEvaluation or EpisodeEvaluation, frlab.config.evaluation)."""
     node = cfg.get("eval")
     if node is None:
         return None

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from frlab.config.compose import compose
-from frlab.config.plan import engine_name
+from frlab.config.engines import engine_name
 from frlab.config.preflight import preflight
 
 REPO = Path(__file__).resolve().parents[1]

@@ -3,7 +3,7 @@
 - The declarations (frlab.config.schema) go into Hydra's ConfigStore: `frlab_root` (the root
   `FrlabConfig`, first in `configs/train.yaml`'s defaults list), `frlab_schema/rollout/remote`,
   `frlab_schema/rollout/engine/NAME` and `frlab_schema/eval/KIND` (the eval node's defaults as
-  a plain mapping: frlab.config.schema_eval says why). Group option files pull these in with
+  a plain mapping: frlab.config.evaluation says why). Group option files pull these in with
   `defaults: [/frlab_schema/...@_here_]`, so a YAML file holds only what differs.
 - `experiments/` (the `experiment/` and `sweep/` groups) is appended to Hydra's search path by
   a `SearchPathPlugin` registered in-process, so `experiment=NAME` works from any working
@@ -99,8 +99,9 @@ def register_configs() -> None:
     """Store every declaration (storing again replaces the same entries)."""
     from hydra.core.config_store import ConfigStore
 
-    from frlab.config.schema import ENGINES, FrlabConfig, RemoteConfig
-    from frlab.config.schema_eval import EVALS
+    from frlab.config.engines import ENGINES, RemoteConfig
+    from frlab.config.evaluation import EVALS
+    from frlab.config.schema import FrlabConfig
 
     cs = ConfigStore.instance()
     cs.store(name="frlab_root", node=FrlabConfig)

@@ -148,7 +148,7 @@ def _from_omegaconf(cause: Any, source: str) -> ConfigError:
 
 def _wrong_node(key: str, cls_name: str, value: str, source: str) -> ConfigError:
     """A plain value where a declared section (or an engine node) belongs."""
-    from frlab.config.schema import ENGINES
+    from frlab.config.engines import ENGINES
 
     if cls_name in {cls.__name__ for cls in ENGINES.values()}:
         return engine_named(value, source)

@@ -259,17 +259,6 @@ def build_plan(
     )
 
 
-def engine_name(node: Mapping[str, Any]) -> str:
-    """The rollout/engine option whose declared `_target_` the engine node has (or the target)."""
-    from frlab.config.schema import ENGINES
-
-    target = str(node.get("_target_"))
-    for name, cls in ENGINES.items():
-        if cls._target_ == target:
-            return name
-    return target
-
-
 # Trust regions with no parameter of their own: what they do to the off-policy ratio.
 NO_GATE = {"none": "plain token IS, no gate", "no_is": "no IS, no gate"}
 
@@ -286,7 +275,7 @@ def describe_eval(node: DictConfig | None) -> str:
     """`KIND avg@K every N steps[ and at step 0] on A, B (T=t, top_p=p[, first L each])`, or
     `none` (eval=none).
 
-    Expects a node that passed `frlab.config.eval_check.check_eval` (it resolves cleanly)."""
+    Expects a node that passed `frlab.config.evaluation.check_eval` (it resolves cleanly)."""
     if node is None:
         return "none"
     ev: dict[str, Any] = OmegaConf.to_container(node, resolve=True)  # type: ignore[assignment]

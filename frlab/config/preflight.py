@@ -32,7 +32,9 @@ cross-field rules of the method (FlashREINFORCE paper, Sec. 3):
   another engine is refused (an experiment preset may have pinned the engine);
 - every `_target_` is on the instantiation allowlist (frlab.config.instantiate), with the
   packages of `user_modules`;
-- the optional `eval` node (avg@k during training) is checked by `frlab.config.eval_check`.
+- the optional `eval` node (avg@k during training) is checked by `frlab.config.evaluation`;
+- the `objective` node checks itself (`Objective.from_config`): one component name per slot,
+  each component's hyperparameters under its own name; a slot left empty is refused.
 
 Every error is a `ConfigError` naming the full key.
 """
@@ -47,18 +49,20 @@ from omegaconf.errors import OmegaConfBaseException
 
 from frlab.config import schema
 from frlab.config.declare import check_values, declared, section_type
-from frlab.config.engine_check import (
+from frlab.config.engines import (
+    ENGINES,
+    RemoteConfig,
     check_engine,
     check_lora_engine,
     check_remote,
     check_routing_replay,
     check_weight_update,
+    engine_name,
 )
-from frlab.config.errors import ConfigError, engine_named
-from frlab.config.eval_check import check_eval
+from frlab.config.errors import ConfigError, engine_named, unknown
+from frlab.config.evaluation import check_eval
 from frlab.config.instantiate import check_allowed, check_user_modules
-from frlab.config.objective_check import check_objective
-from frlab.config.plan import Plan, build_plan, engine_name
+from frlab.config.plan import Plan, build_plan
 from frlab.config.schema_trainer import world_size
 from frlab.model.hub import local_source_problem
 
@@ -131,12 +135,12 @@ def structured(cfg: DictConfig) -> DictConfig:
     is once it passed. Errors are ConfigErrors naming the key."""
     from frlab.config.errors import omegaconf_error
 
-    declaration = schema.ENGINES.get(
+    declaration = ENGINES.get(
         engine_name({"_target_": OmegaConf.select(cfg, "rollout.engine._target_", default=None)})
     )
     rollout = schema.RolloutConfig(engine=None if declaration is None else declaration())
     if OmegaConf.select(cfg, "rollout.remote", default=None) is not None:
-        rollout.remote = schema.RemoteConfig()
+        rollout.remote = RemoteConfig()
     # as plain containers (interpolations kept): a typed node would carry its own extra keys
     values = OmegaConf.to_container(cfg, resolve=False)
     values.pop("hydra", None)  # type: ignore[union-attr]
@@ -167,11 +171,11 @@ def _check_engine_node(rollout: Mapping[str, Any]) -> str:
     if not isinstance(node, Mapping) or "_target_" not in node:
         raise ConfigError(
             "rollout.engine",
-            f"must be an engine node (rollout/engine={'|'.join(schema.ENGINES)}), got {node!r}",
+            f"must be an engine node (rollout/engine={'|'.join(ENGINES)}), got {node!r}",
         )
     name = engine_name(node)
-    if name in schema.ENGINES:
-        check_values("rollout.engine", node, schema.ENGINES[name])
+    if name in ENGINES:
+        check_values("rollout.engine", node, ENGINES[name])
     return name
 
 
@@ -274,6 +278,28 @@ def _check_batch(data: Mapping[str, Any], rollout: Mapping[str, Any], world: int
             f"({rollout['max_in_flight']}) must be >= rollout.samples_per_prompt ({g}): a "
             "group's rollouts are started together",
         )
+
+
+def check_objective(node: Mapping[str, Any]) -> Any:
+    """The composed `Objective` of the resolved `objective` node; its own errors (unknown keys,
+    names and hyperparameters, chosen components or not) as ConfigErrors naming the key."""
+    from frlab.objective import KINDS, HyperparameterError, Objective
+    from frlab.registry import RegistryError
+
+    for slot, registry in KINDS.items():
+        if node.get(slot) is None:
+            raise ConfigError(f"objective.{slot}", f"missing: name a {registry.kind}")
+    try:
+        return Objective.from_config(node)
+    except RegistryError as exc:
+        if exc.key is None:
+            raise ConfigError("objective", f"cannot compose the objective: {exc}") from exc
+        raise unknown(exc.key, exc.kind, exc.name, exc.choices) from exc
+    except HyperparameterError as exc:
+        key = exc.key if exc.key.startswith("objective.") else f"objective.{exc.key}"
+        raise ConfigError(key, exc.reason, value=exc.name, choices=exc.choices or None) from exc
+    except (ValueError, TypeError) as exc:
+        raise ConfigError("objective", f"cannot compose the objective: {exc}") from exc
 
 
 def _check_support(objective: Any, sampling: Mapping[str, Any]) -> None:

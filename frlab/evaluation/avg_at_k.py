@@ -181,7 +181,7 @@ class AvgAtKEvaluation(PeriodicEvaluation):
         env_factory: EnvFactory | None = None,
         **kw: Any,
     ) -> AvgAtKEvaluation:
-        """From an `eval` node of kind math (frlab.config.schema_eval.MathEvalConfig); with the
+        """From an `eval` node of kind math (frlab.config.evaluation.MathEvalConfig); with the
         training `env` node, benchmark questions that training also sees are counted."""
         benchmarks, sampling, env = _plain(benchmarks), _plain(sampling), _plain(env)
         questions = None

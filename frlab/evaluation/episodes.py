@@ -123,7 +123,7 @@ class EpisodeEvaluation(PeriodicEvaluation):
         env_factory: Callable[..., Callable[[], Any]] | None = None,
         **kw: Any,
     ) -> EpisodeEvaluation:
-        """From an `eval` node of kind episodes (frlab.config.schema_eval.EpisodesEvalConfig):
+        """From an `eval` node of kind episodes (frlab.config.evaluation.EpisodesEvalConfig):
         one environment factory per benchmark, the `env` node with the benchmark's keys
         changed."""
         from omegaconf import OmegaConf

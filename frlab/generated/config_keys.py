@@ -1,6 +1,6 @@
 """The reference of every config key, `docs/config-keys.md`, rendered from the declarations.
 
-Every table row comes from a declaration (frlab.config.schema, schema_trainer, schema_eval:
+Every table row comes from a declaration (frlab.config.schema, schema_trainer, engines, evaluation:
 type, default, allowed values, meaning), from the registered objective components, or from
 the option files of the config groups (env, logger, callbacks: their keys and comments).
 `python -m frlab.generated --write` rewrites it with the other generated files.
@@ -14,11 +14,11 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from frlab.config import schema
+from frlab.config import engines, schema
 from frlab.config.compose import group_dir, group_options
 from frlab.config.declare import Meta, declared, default_of, interval, meta_of, section_type, unwrap
+from frlab.config.evaluation import EVALS, MathBenchmarkConfig
 from frlab.config.instantiate import ALLOWED_TARGETS, BUILTIN_PREFIXES
-from frlab.config.schema_eval import EVALS, MathBenchmarkConfig
 from frlab.config.schema_trainer import TrainerConfig
 
 GROUPS = ("model", "env", "rollout", "rollout/engine", "data", "objective", "optim", "trainer",
@@ -29,7 +29,8 @@ HEAD = """# frlab config schema
 Generated from the declarations by `python -m frlab.generated --write` (do not edit by hand;
 a test checks that this file is current). Every key's type, default and allowed values are
 declared once, as structured configs: `frlab/config/schema.py` (root and sections),
-`schema_trainer.py` (`trainer`), `schema_eval.py` (`eval`). Hydra checks types and unknown keys
+`schema_trainer.py` (`trainer`), `engines.py` (`rollout.engine`, `rollout.remote`),
+`evaluation.py` (`eval`). Hydra checks types and unknown keys
 while it composes; preflight checks ranges and the rules between keys; both report
 `frlab: config error: config key `KEY`: ...` with close matches and exit with code 2.
 
@@ -138,7 +139,7 @@ def objective_section() -> list[str]:
 
     intro = ("Component names (plain strings), one per slot, and each component's "
              "hyperparameters under its own name (`objective.NAME.ARG`), declared once on the "
-             "component class and checked by frlab/config/objective_check.py; presets "
+             "component class and checked by the objective itself (Objective.from_config); presets "
              "`objective=" + "|".join(group_options("objective")) + "`.")  # fmt: skip
     return ["## `objective`", "", intro, "", "```yaml",
             "# objective:begin (generated from the component declarations)",
@@ -171,8 +172,8 @@ def generate() -> str:
     out.append("")
     for name in ("model", "rollout", "data", "optim", "paths"):
         out += table(name, section_type(hints[name]))  # type: ignore[arg-type]
-    out += table("rollout.remote", schema.RemoteConfig)
-    for name, cls in schema.ENGINES.items():
+    out += table("rollout.remote", engines.RemoteConfig)
+    for name, cls in engines.ENGINES.items():
         out += [f"`rollout/engine={name}`:", ""] + table("rollout.engine", cls)
     out += table("trainer", TrainerConfig)
     refused = "; ".join(f"`{k}` ({v})" for k, v in TrainerConfig.REFUSED.items())

@@ -30,7 +30,8 @@ class HyperparameterError(ValueError):
                  choices: tuple[str, ...] = ()) -> None:  # fmt: skip
         self.key, self.reason, self.name, self.choices = key, reason, name, tuple(choices)
         hint = did_you_mean(name, list(choices)) if name is not None else ""
-        super().__init__(f"{key} {reason}{hint}")
+        listed = f" (declared: {', '.join(choices)})" if choices else ""
+        super().__init__(f"{key} {reason}{hint}{listed}")
 
 
 @dataclass(frozen=True)

@@ -86,8 +86,8 @@ def build_component(kind: str, name: object, params: Mapping[str, Any], key: str
         if kw not in allowed:
             raise HyperparameterError(
                 f"{where}.{kw}",
-                f"bad arguments for {kind} {name!r}: unknown hyperparameter {kw!r} "
-                f"(declared: {', '.join(allowed) or 'none'})",
+                f"bad arguments for {kind} {name!r}: unknown hyperparameter {kw!r}"
+                + ("" if allowed else " (it declares none)"),
                 name=str(kw),
                 choices=allowed,
             )

@@ -30,7 +30,7 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from frlab.rollout.engine import WEIGHT_UPDATES
+from frlab.rollout.weight_modes import WEIGHT_UPDATES
 from frlab.serve.server import FAULTS, ServeState, serve
 
 

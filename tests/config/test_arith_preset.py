@@ -75,10 +75,10 @@ def test_one_override_replaces_a_group_files_benchmark_mapping() -> None:
 
 
 def test_an_eval_set_that_overlaps_training_is_warned_about(caplog) -> None:
-    with caplog.at_level(logging.WARNING, logger="frlab.config.eval_check"):
+    with caplog.at_level(logging.WARNING, logger="frlab.config.evaluation"):
         preflight(compose([PRESET], with_hydra=False))
     assert "overlaps" not in caplog.text  # the preset's parts are disjoint
-    with caplog.at_level(logging.WARNING, logger="frlab.config.eval_check"):
+    with caplog.at_level(logging.WARNING, logger="frlab.config.evaluation"):
         preflight(compose([PRESET, "env.holdout=null"], with_hydra=False))
     assert "eval.benchmarks.heldout draws from the training source" in caplog.text
     assert "eval.benchmarks.transfer draws from the training source" in caplog.text

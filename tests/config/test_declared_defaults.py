@@ -11,23 +11,23 @@ from typing import Any
 import pytest
 from hydra.utils import get_object
 
-from frlab.config import schema, schema_eval, schema_trainer
+from frlab.config import engines, evaluation, schema, schema_trainer
 
 # declaration -> the frlab callables built from (or handed) its keys
 BUILT_FROM = {
     schema.ModelConfig: ["frlab.model.policy.build_policy"],
-    schema.TorchEngineConfig: ["frlab.rollout.engines.torch.TorchEngine.for_policy"],
-    schema.TorchProcessEngineConfig: [
+    engines.TorchEngineConfig: ["frlab.rollout.engines.torch.TorchEngine.for_policy"],
+    engines.TorchProcessEngineConfig: [
         "frlab.rollout.engines.torch_process.ProcessTorchEngine.for_policy"
     ],
-    schema.VLLMEngineConfig: ["frlab.rollout.engines.vllm.VLLMEngine.for_policy"],
-    schema.RemoteEngineConfig: ["frlab.rollout.remote.engine.RemoteEngine.for_policy"],
-    schema.RemoteConfig: ["frlab.rollout.remote.engine.RemoteEngine"],  # cls(**settings)
+    engines.VLLMEngineConfig: ["frlab.rollout.engines.vllm.VLLMEngine.for_policy"],
+    engines.RemoteEngineConfig: ["frlab.rollout.remote.engine.RemoteEngine.for_policy"],
+    engines.RemoteConfig: ["frlab.rollout.remote.engine.RemoteEngine"],  # cls(**settings)
     schema.DataConfig: ["frlab.data.datamodule.RolloutDataModule"],
     schema.RolloutConfig: ["frlab.rollout.pool.RolloutPool"],
     schema.SamplingConfig: ["frlab.rollout.engine.SamplingParams"],
-    schema_eval.MathEvalConfig: ["frlab.evaluation.avg_at_k.AvgAtKEvaluation"],
-    schema_eval.EpisodesEvalConfig: ["frlab.evaluation.episodes.EpisodeEvaluation"],
+    evaluation.MathEvalConfig: ["frlab.evaluation.avg_at_k.AvgAtKEvaluation"],
+    evaluation.EpisodesEvalConfig: ["frlab.evaluation.episodes.EpisodeEvaluation"],
 }
 # None and a rank-0 LoRA block both mean "no adapter" (frlab.model.lora.enabled).
 SAME_MEANING = {("ModelConfig", "lora")}
@@ -86,7 +86,7 @@ def test_every_declared_frlab_target_is_compared() -> None:
     """A new section whose `_target_` is frlab's must join BUILT_FROM."""
     sections = [
         obj
-        for module in (schema, schema_eval, schema_trainer)
+        for module in (schema, engines, evaluation, schema_trainer)
         for obj in vars(module).values()
         if dataclasses.is_dataclass(obj) and isinstance(obj, type)
     ]

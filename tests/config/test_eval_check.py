@@ -143,7 +143,7 @@ def test_eval_templates_are_the_math_envs_own(monkeypatch) -> None:
 
     import envs.math.templates as math_templates
     from frlab.config.errors import ConfigError
-    from frlab.config.eval_check import _check_template
+    from frlab.config.evaluation import _check_template
 
     with pytest.raises(ConfigError, match=r"eval\.template.*instruct, base.*messages"):
         _check_template("terse")

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from frlab.config.compose import compose
-from frlab.config.objective_check import check_objective
-from frlab.config.preflight import preflight
+from frlab.config.preflight import check_objective, preflight
 from frlab.objective import PRESETS
 
 

@@ -252,7 +252,7 @@ def test_user_modules_admit_the_users_own_package_and_nothing_general() -> None:
 def test_lora_needs_an_engine_that_serves_it_and_valid_settings() -> None:
     """Engine classes that declare serves_lora take LoRA policies; a fleet only with the modes
     it implements for adapters; a class that does not declare it is refused by name."""
-    from frlab.config.engine_check import check_lora_engine
+    from frlab.config.engines import check_lora_engine
 
     preflight(compose(["model.lora.rank=8"]))  # torch: accepted
     preflight(compose(["model.lora.rank=8", "rollout/engine=torch_process"]))

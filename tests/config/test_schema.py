@@ -142,9 +142,9 @@ def test_search_path_plugin_is_registered_idempotently() -> None:
 
 
 def test_every_engine_option_has_its_declaration() -> None:
-    """The rollout/engine group's options and frlab.config.schema.ENGINES name the same
+    """The rollout/engine group's options and frlab.config.engines.ENGINES name the same
     engines: the group is the list, the declaration holds each node's keys."""
     from frlab.config.compose import group_options
-    from frlab.config.schema import ENGINES
+    from frlab.config.engines import ENGINES
 
     assert sorted(ENGINES) == group_options("rollout/engine")

@@ -44,12 +44,10 @@ from transformers import PreTrainedModel
 from frlab.model.lora import base_of
 from frlab.model.routing_replay import RoutingRecord, record_routing
 from frlab.rollout.engine import (
-    WEIGHT_UPDATES,
     Engine,
     EngineError,
     GenerationResult,
     SamplingParams,
-    resolve_weight_update,
 )
 from frlab.rollout.engines import prefill
 from frlab.rollout.engines.common import check_prompt, check_update, private_copy, require_moe
@@ -58,6 +56,7 @@ from frlab.rollout.engines.request_state import Request, awaitable, fail
 from frlab.rollout.engines.sampling import draw, request_generator
 from frlab.rollout.engines.sampling import sampling_log_probs as sampling_log_probs
 from frlab.rollout.engines.steps import decode_step, prefill_requests
+from frlab.rollout.weight_modes import WEIGHT_UPDATES, resolve_weight_update
 
 log = logging.getLogger(__name__)
 Span = tuple[int, int, int]  # (row, first, end) of a request's positions in one forward

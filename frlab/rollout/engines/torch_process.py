@@ -36,17 +36,16 @@ import torch.multiprocessing as tmp
 from transformers import PreTrainedModel
 
 from frlab.rollout.engine import (
-    WEIGHT_UPDATES,
     Engine,
     EngineError,
     GenerationResult,
     SamplingParams,
-    resolve_weight_update,
 )
 from frlab.rollout.engines.common import check_prompt, check_update, private_copy, require_moe
 from frlab.rollout.engines.request_state import settle
 from frlab.rollout.engines.shared_weights import check_open_files, check_shared_memory
 from frlab.rollout.engines.torch_process_child import child_main
+from frlab.rollout.weight_modes import WEIGHT_UPDATES, resolve_weight_update
 
 STOP_WAIT_S = 30.0  # shutdown: the child's own clean stop, then terminate / kill
 # update_weights: the child's current decode step (one prefill of up to max_batch_size prompts

@@ -57,13 +57,11 @@ import torch
 
 from frlab.rollout.engine import (
     SEED_LIMIT,
-    WEIGHT_UPDATES,
     Engine,
     EngineError,
     GenerationResult,
     SamplingParams,
     request_seed,
-    resolve_weight_update,
 )
 from frlab.rollout.engine_loop import EngineLoop
 from frlab.rollout.engines import vllm_platform
@@ -81,6 +79,7 @@ from frlab.rollout.engines.vllm_outputs import generation_result, sampled_log_pr
 from frlab.rollout.engines.vllm_platform import import_vllm as _import_vllm
 from frlab.rollout.engines.vllm_platform import installed_platform
 from frlab.rollout.engines.vllm_weights import WeightsSide
+from frlab.rollout.weight_modes import WEIGHT_UPDATES, resolve_weight_update
 
 __all__ = ["VLLMEngine", "generation_result", "installed_platform", "sampled_log_probs",
            "vllm_engine_kwargs", "vllm_sampling_kwargs"]  # fmt: skip

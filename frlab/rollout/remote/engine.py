@@ -55,7 +55,6 @@ from frlab.rollout.engine import (
     GenerationResult,
     SamplingParams,
     request_seed,
-    resolve_weight_update,
 )
 from frlab.rollout.engine_loop import EngineLoop
 from frlab.rollout.remote import generate as gen
@@ -67,6 +66,7 @@ from frlab.rollout.remote.nccl import NcclSync
 from frlab.rollout.remote.snapshot import rank_folder
 from frlab.rollout.remote.traffic import Traffic
 from frlab.rollout.remote.weight_sync import WeightSync
+from frlab.rollout.weight_modes import resolve_weight_update
 
 log = logging.getLogger(__name__)
 
