@@ -48,7 +48,7 @@ PLACEHOLDER = re.compile(r"\$|<[^>]*>")
 ISSUE_WORDS = re.compile(r"\b(?:issues?|PRs?|pull\s+requests?|tickets?)\s*#?\d+\b", re.I)
 ISSUE_PAREN = re.compile(r"\(#\d+\)")
 ISSUE_BARE = re.compile(r"(?<![\w&#/`])#\d+\b")  # prose of a Markdown file only
-SCANNED = ("bench", "scripts", "tests", "frlab")
+SCANNED = ("bench", "scripts", "tests", "frlab", "envs", "configs", "experiments", ".ci")
 SCANNED_SUFFIXES = {".py", ".sh", ".sbatch", ".md", ".yaml", ".yml", ".toml", ".txt"}
 
 
@@ -499,9 +499,23 @@ def test_the_issue_number_check_finds_them(tmp_path: Path) -> None:
 
 
 def test_no_internal_issue_numbers() -> None:
-    files = [*LINKED_DOCS]
+    files = [*LINKED_DOCS, ROOT / "pyproject.toml", ROOT / ".ci" / "run"]
     for folder in SCANNED:
         files += [p for p in sorted((ROOT / folder).rglob("*"))
                   if p.suffix in SCANNED_SUFFIXES and p.is_file() and "__pycache__" not in p.parts]  # fmt: skip
     found = [hit for path in files for hit in issue_numbers(path)]
     assert not found, "\n".join(found)
+
+
+REPO_PATH = re.compile(
+    r"(?<![\w/.~-])((?:frlab|envs|scripts|bench|docs|configs|experiments|tests)/[\w/.-]*\w)"
+)
+
+
+def test_every_repo_path_a_config_comment_names_exists() -> None:
+    """Config files point at the code that declares or reads their keys: those paths exist."""
+    files = sorted([*(ROOT / "configs").rglob("*.yaml"), *(ROOT / "experiments").rglob("*.yaml")])
+    missing = [f"{path.relative_to(ROOT)}: {name}" for path in files
+               for name in REPO_PATH.findall(path.read_text())
+               if not (ROOT / name).exists() and not (ROOT / name).with_suffix(".py").exists()]  # fmt: skip
+    assert not missing, "\n".join(missing)
