@@ -40,11 +40,12 @@ def task(cfg: DictConfig) -> dict[str, Any]:
         check_machine(cfg)
     plan = preflight(cfg)
     if cfg.dry_run:
+        from frlab.config.engines import engine_class
         from frlab.model.memory_plan import describe_memory
 
-        plan.memory = describe_memory(
-            {k: OmegaConf.to_container(cfg[k], resolve=True) for k in MEMORY_SECTIONS}
-        )
+        sections = {k: OmegaConf.to_container(cfg[k], resolve=True) for k in MEMORY_SECTIONS}
+        engine = engine_class(sections["rollout"])  # type: ignore[arg-type]
+        plan.memory = describe_memory(sections, engine.reserves_gpu_share)
         print(plan.format(), flush=True)
         return plan.to_dict()
     from frlab.train import run

@@ -146,7 +146,7 @@ def check_engine(engine: str, rollout: Mapping[str, Any], trainer: Mapping[str, 
     key = "rollout.device"
     if str(node.get("device", device)) != device:  # set on the engine node itself
         key, device = "rollout.engine.device", str(node.get("device"))
-    cls = _engine_class(rollout)
+    cls = engine_class(rollout)
     if device.split(":")[0] not in cls.devices:
         raise ConfigError(
             key,
@@ -175,9 +175,7 @@ def check_engine(engine: str, rollout: Mapping[str, Any], trainer: Mapping[str, 
 
 def check_routing_replay(engine: str, rollout: Mapping[str, Any], model: Mapping[str, Any]) -> None:
     """`model.routing_replay` needs an engine class that records MoE routing (asked of it)."""
-    if model.get("routing_replay") and not getattr(
-        _engine_class(rollout), "records_routing", False
-    ):
+    if model.get("routing_replay") and not getattr(engine_class(rollout), "records_routing", False):
         able = " or ".join(f"rollout/engine={n}" for n in engines_that("records_routing"))
         raise ConfigError(
             "model.routing_replay",
@@ -197,8 +195,8 @@ def engines_that(capability: str) -> list[str]:
     return out
 
 
-def _engine_class(rollout: Mapping[str, Any]) -> Any:
-    """The engine class a `rollout.engine` node builds."""
+def engine_class(rollout: Mapping[str, Any]) -> Any:
+    """The engine class a `rollout.engine` node builds (its capabilities are class attributes)."""
     return _class_of(str(rollout["engine"]["_target_"]))
 
 
@@ -221,7 +219,7 @@ def check_lora_engine(engine: str, rollout: Mapping[str, Any], model: Mapping[st
         raise keyed(exc) from exc
     if not enabled(lora):
         return
-    cls = _engine_class(rollout)
+    cls = engine_class(rollout)
     if not getattr(cls, "serves_lora", False):
         raise ConfigError(
             "model.lora.rank",
@@ -251,7 +249,7 @@ def check_weight_update(engine: str, rollout: Mapping[str, Any], model: Mapping[
             "resubmit re-prefills sampled tokens on the new weights, so a position would have "
             "two routings: not with model.routing_replay (use in_flight or drain)",
         )
-    supported = getattr(_engine_class(rollout), "weight_updates", None)
+    supported = getattr(engine_class(rollout), "weight_updates", None)
     modes = tuple(supported()) if callable(supported) else ()
     if mode not in modes:
         raise ConfigError(
@@ -264,7 +262,7 @@ def check_weight_update(engine: str, rollout: Mapping[str, Any], model: Mapping[
 def check_remote(engine: str, rollout: Mapping[str, Any], world: int) -> None:
     """The `rollout.remote` block: set exactly for an engine that reads a fleet, within its
     declared ranges, then the engine class's own checks (`Engine.check_settings`)."""
-    cls, remote = _engine_class(rollout), rollout.get("remote")
+    cls, remote = engine_class(rollout), rollout.get("remote")
     if remote is not None and not cls.reads_fleet:
         raise ConfigError(
             "rollout.engine",

@@ -163,8 +163,10 @@ def kv_cache_bytes(config: Any, sequences: int, length: int, dtype_bytes: int) -
     return kv_bytes_per_token(config, dtype_bytes) * int(sequences) * int(length)
 
 
-def memory_plan(cfg: Mapping[str, Any]) -> MemoryPlan | None:
-    """The plan of a resolved run config (None: the model's config is not on this machine)."""
+def memory_plan(cfg: Mapping[str, Any], engine_reserves_share: bool = False) -> MemoryPlan | None:
+    """The plan of a resolved run config (None: the model's config is not on this machine).
+    `engine_reserves_share`: the engine class's `reserves_gpu_share` (vLLM in-process: its
+    weights and KV cache take gpu_memory_utilization of the learner's GPU)."""
     model, data, rollout, trainer = cfg["model"], cfg["data"], cfg["rollout"], cfg["trainer"]
     config = model_config(model)
     if config is None:
@@ -191,9 +193,7 @@ def memory_plan(cfg: Mapping[str, Any]) -> MemoryPlan | None:
             int(model.get("logprob_chunk_size") or 1024),
         ),  # fmt: skip
     )
-    if "vllm" in str(_target(rollout.get("engine"))) and str(rollout.get("device", "")).startswith(
-        "cuda"
-    ):
+    if engine_reserves_share and str(rollout.get("device", "")).startswith("cuda"):
         args = rollout.get("vllm_engine_args") or {}
         served = DTYPE_BYTES.get(str(args.get("dtype", "bfloat16")), 2)
         kv = kv_cache_bytes(config, int(rollout["max_in_flight"]), int(rollout["max_len"]), served)
@@ -206,9 +206,9 @@ def _target(node: Any) -> str:
     return str(node.get("_target_", "")) if isinstance(node, Mapping) else str(node)
 
 
-def describe_memory(cfg: Mapping[str, Any]) -> str:
-    """The plan's `memory` line."""
-    plan = memory_plan(cfg)
+def describe_memory(cfg: Mapping[str, Any], engine_reserves_share: bool = False) -> str:
+    """The plan's `memory` line (`engine_reserves_share`: as for `memory_plan`)."""
+    plan = memory_plan(cfg, engine_reserves_share)
     if plan is None:
         source = cfg["model"].get("name_or_path")
         if str(source).startswith("gguf:"):

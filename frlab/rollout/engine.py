@@ -149,6 +149,7 @@ class Engine(abc.ABC):
     records_routing: bool = False  # returns each token's MoE experts (routing replay)
     devices: tuple[str, ...] = ("cpu", "cuda")  # device types it samples on (rollout.device)
     reads_fleet: bool = False  # reads the `rollout.remote` block (a fleet of servers)
+    reserves_gpu_share: bool = False  # on CUDA, preallocates a share of the learner's GPU
 
     @classmethod
     def check_settings(cls, rollout: Mapping[str, Any], world: int) -> None:

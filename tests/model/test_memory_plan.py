@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from frlab.config.engines import engine_class
 from frlab.model.memory_plan import (
     MemoryPlan,
     activation_bytes,
@@ -88,9 +89,12 @@ def test_states_shard_under_fsdp2_and_vllm_takes_its_share() -> None:
     assert (fsdp.weights, fsdp.grads, fsdp.optimizer) == (20768, 20768, 2 * 20768)
     vllm = {"_target_": "frlab.rollout.engines.vllm.VLLMEngine.for_policy"}
     colocated = memory_plan(run_cfg(rollout__engine=vllm, rollout__device="cuda",
-                                    rollout__vllm_engine_args={"gpu_memory_utilization": 0.5}))  # fmt: skip
+                                    rollout__vllm_engine_args={"gpu_memory_utilization": 0.5}),
+                            engine_reserves_share=engine_class({"engine": vllm}).reserves_gpu_share)  # fmt: skip
     assert colocated.engine == 2 * 20768 + kv_cache_bytes(tiny_config(), 3, 50, 2)
     assert colocated.gpu_needed() == int(max(colocated.learner / 0.5, colocated.engine / 0.5))
+    torch_engine = {"engine": {"_target_": "frlab.rollout.engines.torch.TorchEngine.for_policy"}}
+    assert not engine_class(torch_engine).reserves_gpu_share
     lora = memory_plan(run_cfg(model__lora=LORA))
     assert lora.weights == plain.weights and lora.grads < plain.grads / 4
 

@@ -91,6 +91,7 @@ class VLLMEngine(WeightsSide, Engine):
     """vLLM AsyncLLMEngine on a private event-loop thread (single node, one device)."""
 
     serves_lora = True  # vLLM's own LoRA serving (frlab.rollout.engines.vllm_lora)
+    reserves_gpu_share = True  # weights + KV cache in gpu_memory_utilization of the GPU
 
     @classmethod
     def check_learner(cls, accelerator: str) -> None:
