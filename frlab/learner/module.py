@@ -211,7 +211,6 @@ class FlashReinforceModule(L.LightningModule):
                 "trainer.precision=16-mixed (loss scaling) is not supported by the learner; "
                 "use bf16-mixed or 32-true"
             )
-        per_rank_batch(self.batch_size, self.trainer.world_size)
 
     def transfer_batch_to_device(
         self, batch: Any, device: torch.device, dataloader_idx: int
@@ -235,7 +234,7 @@ class FlashReinforceModule(L.LightningModule):
     def _check_batch(self, batch: Any, world: int) -> None:
         if not isinstance(batch, RolloutBatch):
             raise TypeError(f"training batch must be a RolloutBatch, got {type(batch).__name__}")
-        local = self.batch_size // world
+        local = per_rank_batch(self.batch_size, world)
         if batch.batch_size != local:
             raise ValueError(
                 f"RolloutBatch has {batch.batch_size} rows on this rank; data.batch_size="

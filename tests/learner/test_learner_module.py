@@ -200,6 +200,14 @@ def test_batch_of_wrong_size_names_the_field() -> None:
         trainer(1).fit(module, loader([make_batch(policy, rows=B - 2, seed=11)]))
 
 
+def test_a_batch_that_does_not_split_over_the_ranks_is_refused() -> None:
+    """B = 5 over 2 ranks: 2 rows a rank would sum to 4, not the B of the normalisation."""
+    policy = tiny_policy(seed=6)
+    module = _module(policy, micro=1, batch_size=5)
+    with pytest.raises(ValueError, match="must be divisible by the number of ranks"):
+        module._check_batch(make_batch(policy, rows=2, seed=11), world=2)
+
+
 @pytest.mark.parametrize(
     ("changes", "kwargs", "match"),
     [
