@@ -142,16 +142,6 @@ class RolloutBatch:
             infos = [self.infos[i] for i in index.tolist()] if self.infos else []
         return RolloutBatch(**rows, infos=infos)
 
-    def split(self, micro_batch_size: int) -> list[RolloutBatch]:
-        """Consecutive micro-batches of at most `micro_batch_size` rows."""
-        if micro_batch_size <= 0:
-            raise ValueError(f"micro_batch_size must be positive, got {micro_batch_size}")
-        b = self.batch_size
-        return [
-            self.select(slice(i, min(i + micro_batch_size, b)))
-            for i in range(0, b, micro_batch_size)
-        ]
-
     def trim(self) -> RolloutBatch:
         """Drop trailing columns that are padding in every row."""
         width = int(self.attention_mask.sum(dim=1).max().item())
