@@ -1,6 +1,9 @@
 """Micro-batching: which trajectories of a learner batch share one forward/backward, and what
 one micro-batch's forward runs under.
 
+`MicroBatching` holds the settings (`data.micro_batch_size`, `data.max_tokens_per_micro_batch`,
+`data.pack_sequences`).
+
 Learner batches are ragged (long chain-of-thought lengths vary tenfold within a batch), so
 fixed-row micro-batches padded to their longest row spend most of their compute on padding.
 `plan_micro_batches` groups rows under two caps: at most `max_rows` rows, and, when
@@ -37,14 +40,40 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from frlab.data.batch import RolloutBatch
-from frlab.learner.settings import MicroBatching
+from frlab.learner.distributed import reduce_across_ranks, world_of
+from frlab.learner.settings import flag, positive_int
 from frlab.model.packed_attention import packed_attention
 from frlab.model.routing_replay import replay_routing
+
+
+@dataclass(frozen=True)
+class MicroBatching:
+    """How one rank's rows are split into micro-batches.
+
+    max_rows: `data.micro_batch_size`; max_tokens: `data.max_tokens_per_micro_batch` (None: no
+    token cap); pack: `data.pack_sequences` (each micro-batch runs as one padding-free row).
+    """
+
+    max_rows: int
+    max_tokens: int | None = None
+    pack: bool = True
+
+    @classmethod
+    def checked(cls, max_rows: Any, max_tokens: Any, pack: Any) -> MicroBatching:
+        return cls(
+            positive_int("data.micro_batch_size", max_rows),
+            None
+            if max_tokens is None
+            else positive_int("data.max_tokens_per_micro_batch", max_tokens),
+            flag("data.pack_sequences", pack),
+        )
 
 
 # -- planning: which rows share one forward/backward ------------------------------------------
@@ -156,6 +185,17 @@ def split_batch(
         index = torch.tensor(rows, dtype=torch.long, device=batch.input_ids.device)
         out.append((index, batch.select(index).trim()))
     return out
+
+
+def agreed_count(module: Any, batch: RolloutBatch, how: MicroBatching) -> int:
+    """The micro-batch count every rank of `module` uses: its own plan's, or the largest over
+    ranks when a token budget makes plans differ (equal row caps give equal counts)."""
+    world, _ = world_of(module)
+    if world == 1 or how.max_tokens is None:
+        return 1
+    local = len(micro_batch_plan(batch, how))
+    count = torch.tensor(local, dtype=torch.long, device=batch.input_ids.device)
+    return int(reduce_across_ranks(module, count, "max").item())
 
 
 @contextlib.contextmanager

@@ -57,10 +57,15 @@ from frlab.learner.distributed import (
     world_of,
 )
 from frlab.learner.metrics import PROGRESS_BAR, StepMetrics
-from frlab.learner.micro_batches import contributes, forward_context, micro_batch_plan, split_batch
+from frlab.learner.micro_batches import (
+    MicroBatching,
+    agreed_count,
+    contributes,
+    forward_context,
+    split_batch,
+)
 from frlab.learner.optim import build_optimizer, build_scheduler, grad_clip_norm, with_defaults
 from frlab.learner.settings import (
-    MicroBatching,
     flag,
     mapping_copy,
     policy_kwargs,
@@ -246,16 +251,6 @@ class FlashReinforceModule(L.LightningModule):
                 "engine must record it (TorchEngine(record_routing=True))"
             )
 
-    def _micro_batch_count(self, batch: RolloutBatch) -> int:
-        """The micro-batch count every rank uses: its own plan's, or the largest over ranks
-        when a token budget makes plans differ (equal row caps give equal counts)."""
-        world, _ = world_of(self)
-        if world == 1 or self.micro.max_tokens is None:
-            return 1
-        local = len(micro_batch_plan(batch, self.micro))
-        count = torch.tensor(local, dtype=torch.long, device=batch.input_ids.device)
-        return int(reduce_across_ranks(self, count, "max").item())
-
     def _forward(
         self,
         mb: RolloutBatch,
@@ -311,7 +306,7 @@ class FlashReinforceModule(L.LightningModule):
         the data-parallel gradient sync, so it runs whenever an earlier backward ran.
         """
         world, _ = world_of(self)
-        parts = split_batch(batch, self.micro, self._micro_batch_count(batch))
+        parts = split_batch(batch, self.micro, agreed_count(self, batch, self.micro))
         loss = torch.zeros((), dtype=torch.float64, device=batch.rewards.device)
         ran_backward = False
         for k, (rows, mb) in enumerate(parts):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from frlab.model.policy import build_policy
@@ -58,26 +57,3 @@ def flag(name: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise ValueError(f"{name} must be true or false, got {value!r}")
     return value
-
-
-@dataclass(frozen=True)
-class MicroBatching:
-    """How one rank's rows are split into micro-batches (frlab.learner.micro_batches).
-
-    max_rows: `data.micro_batch_size`; max_tokens: `data.max_tokens_per_micro_batch` (None: no
-    token cap); pack: `data.pack_sequences` (each micro-batch runs as one padding-free row).
-    """
-
-    max_rows: int
-    max_tokens: int | None = None
-    pack: bool = True
-
-    @classmethod
-    def checked(cls, max_rows: Any, max_tokens: Any, pack: Any) -> MicroBatching:
-        return cls(
-            positive_int("data.micro_batch_size", max_rows),
-            None
-            if max_tokens is None
-            else positive_int("data.max_tokens_per_micro_batch", max_tokens),
-            flag("data.pack_sequences", pack),
-        )

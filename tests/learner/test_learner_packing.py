@@ -30,8 +30,7 @@ from learner_testlib import (
 
 from frlab.learner import FlashReinforceModule
 from frlab.learner import metrics as M
-from frlab.learner.micro_batches import micro_batch_plan
-from frlab.learner.settings import MicroBatching
+from frlab.learner.micro_batches import MicroBatching, micro_batch_plan
 from frlab.objective import AGGREGATIONS
 
 B = 8
