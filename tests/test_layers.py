@@ -108,3 +108,11 @@ def test_evaluation_and_tracking_sit_below_config() -> None:
     graph = package_graph()
     assert "frlab.config" not in graph.get("frlab.evaluation", set())
     assert "frlab.tracking" not in graph.get("frlab.config", set())
+
+
+def test_tracking_knows_neither_evaluation_nor_environments() -> None:
+    """Run files and metrics (frlab.tracking) are written the same whatever is evaluated or
+    played: tracking imports no evaluation and no environment package."""
+    graph = package_graph()
+    below = graph.get("frlab.tracking", set())
+    assert "frlab.evaluation" not in below and not any(n.startswith("envs.") for n in below), below
