@@ -23,9 +23,15 @@ BUILT_FROM = {
     engines.VLLMEngineConfig: ["frlab.rollout.engines.vllm.VLLMEngine.for_policy"],
     engines.RemoteEngineConfig: ["frlab.rollout.remote.engine.RemoteEngine.for_policy"],
     engines.RemoteConfig: ["frlab.rollout.remote.engine.RemoteEngine"],  # cls(**settings)
-    schema.DataConfig: ["frlab.data.datamodule.RolloutDataModule"],
+    schema.DataConfig: [
+        "frlab.data.datamodule.RolloutDataModule",
+        "frlab.learner.module.FlashReinforceModule",
+    ],
     schema.RolloutConfig: ["frlab.rollout.pool.RolloutPool"],
-    schema.SamplingConfig: ["frlab.rollout.engine.SamplingParams"],
+    schema.SamplingConfig: [
+        "frlab.rollout.engine.SamplingParams",
+        "frlab.learner.module.FlashReinforceModule",
+    ],
     evaluation.MathEvalConfig: ["frlab.evaluation.avg_at_k.AvgAtKEvaluation"],
     evaluation.EpisodesEvalConfig: ["frlab.evaluation.episodes.EpisodeEvaluation"],
 }

@@ -290,3 +290,17 @@ def test_fp16_loss_scaling_is_refused() -> None:
     fp16 = MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu"))
     with pytest.raises(ValueError, match="16-mixed"):
         trainer(1, plugins=[fp16]).fit(module, loader([batch]))
+
+
+def test_model_keys_the_learner_reads_default_to_the_declared_values() -> None:
+    """`model.logprob_chunk_size` and `model.routing_replay` left out of the mapping: the
+    learner uses the schema's defaults (a Python caller trains as the command line does)."""
+    from frlab.config.schema import ModelConfig
+
+    model = {
+        k: v for k, v in MODEL_CFG.items() if k not in ("logprob_chunk_size", "routing_replay")
+    }
+    module = FlashReinforceModule(model, OBJECTIVE_CFG, OPTIM_CFG, batch_size=B, micro_batch_size=B)
+    declared = ModelConfig()
+    assert module.logprob_chunk_size == declared.logprob_chunk_size
+    assert module.routing_replay == declared.routing_replay
