@@ -245,4 +245,4 @@ class AvgAtKEvaluation(PeriodicEvaluation):
         )
 
     def evaluate_pool(self, pool: Any) -> dict[str, float]:
-        return self.evaluate(pool.engine, pool.tokenizer, getattr(pool, "_loop", None))
+        return self.evaluate(pool.engine, pool.tokenizer, getattr(pool, "loop", None))

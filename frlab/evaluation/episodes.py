@@ -198,4 +198,4 @@ class EpisodeEvaluation(PeriodicEvaluation):
         return metrics
 
     def evaluate_pool(self, pool: Any) -> dict[str, float]:
-        return self.evaluate(pool.engine, pool.tokenizer, getattr(pool, "_loop", None))
+        return self.evaluate(pool.engine, pool.tokenizer, getattr(pool, "loop", None))

@@ -61,7 +61,7 @@ class ScriptedEngine:
 
 def make_pool(loop: asyncio.AbstractEventLoop | None = None) -> SimpleNamespace:
     tokenizer = build_toy_tokenizer()
-    return SimpleNamespace(engine=ScriptedEngine(tokenizer), tokenizer=tokenizer, _loop=loop)
+    return SimpleNamespace(engine=ScriptedEngine(tokenizer), tokenizer=tokenizer, loop=loop)
 
 
 class Recorder:

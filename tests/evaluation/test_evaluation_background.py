@@ -48,8 +48,8 @@ class PinnedPool:
         self.tokenizer = build_toy_tokenizer()
         self.engine = GatedEngine(self.tokenizer)
         self.pins = WeightPins(timeout_s=30)
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._thread.start()
 
     def run_pinned(self, fn: Any, *args: Any) -> Any:
@@ -58,9 +58,9 @@ class PinnedPool:
     def stop(self) -> None:
         self.engine.gate.set()
         self.pins.shutdown()
-        self._loop.call_soon_threadsafe(self._loop.stop)
+        self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join()
-        self._loop.close()
+        self.loop.close()
 
 
 @pytest.fixture
@@ -95,7 +95,7 @@ def test_the_learner_goes_on_while_the_evaluation_generates(pool: PinnedPool) ->
 
 def test_a_pool_without_pinning_is_evaluated_synchronously() -> None:
     tokenizer = build_toy_tokenizer()
-    pool = SimpleNamespace(engine=ScriptedEngine(tokenizer), tokenizer=tokenizer, _loop=None)
+    pool = SimpleNamespace(engine=ScriptedEngine(tokenizer), tokenizer=tokenizer, loop=None)
     recorder = Recorder()
     cb = AvgAtKEvaluation({"arith": ARITH}, k=1, every_n_steps=1, at_start=True)
     cb.on_train_start(trainer_for(pool, recorder), None)

@@ -4,26 +4,17 @@ FlashREINFORCE (paper, Sec. 3) trains on a batch of B finished trajectories of B
 prompts as soon as they exist: the pool keeps up to `max_in_flight` rollouts running on an
 asyncio loop in a background thread, hands out the first B that finish and carries the rest
 over (no drain between steps). Finished trajectories are never dropped for being slow;
-staleness is bounded by admission control (`admission`), so every trajectory satisfies
-`learner_version - min token version <= max_policy_lag` at consumption, and its lag is
-written into `Trajectory.info`.
+admission control (`admission`) bounds staleness, so every trajectory satisfies
+`learner_version - min token version <= max_policy_lag` when it is consumed (its lag is in
+`Trajectory.info`).
 
-Group baselines (GRPO; `samples_per_prompt` G > 1) run in the same pipeline: the G samples of
-a prompt are admitted together, batches hold whole groups, and a failed sample fails its
-group. `mode="sync"` (collect, then train) uses the same code: `next_batch` requests exactly
-B/G prompts x G samples, handed out together in prompt order; nothing else starts until the
-next request; a failed group is counted (`rejected_by_reason["incomplete_group"]`) and
-replaced. Every rollout samples with its own seed (frlab.rollout.seeding) and, in sync mode,
-engine calls go through the lockstep gate: two sync runs on the CPU torch engine are
-bit-identical.
-
-Nothing here waits without a deadline: environment calls and engine requests have the agent
-loop's (`env_timeout_s`, `engine_timeout_s`), hung environment threads are abandoned, and
-`stop()` is bounded. The counters and the task sampler's state travel with `state_dict()`,
-so a resumed run covers the whole run and draws the tasks the uninterrupted run would have.
-`run_pinned` runs background work (evaluation) that weight updates wait for;
-`close_admission` (after the last planned batch) starts no more rollouts and cancels the
-unconsumed ones, so an evaluation at the end of a run has the engine to itself.
+Group baselines (GRPO; `samples_per_prompt` G > 1) use the same pipeline: a prompt's G samples
+are admitted together, batches hold whole groups, and a failed sample fails its group.
+`mode="sync"` (collect, then train) too: `next_batch` requests exactly B/G prompts x G samples,
+handed out in prompt order; a failed group is counted (`incomplete_group`) and replaced; with
+per-rollout seeds (frlab.rollout.seeding) and the lockstep gate, two sync runs on the CPU torch
+engine are bit-identical. Every wait has a deadline (the agent loop's per call, STOP_WAIT_S
+when stopping), and the counters and task sampler's state travel with `state_dict()`.
 """
 
 from __future__ import annotations
@@ -173,7 +164,7 @@ class RolloutPool:
                     self._cond.notify_all()
 
     @property
-    def _loop(self) -> asyncio.AbstractEventLoop | None:
+    def loop(self) -> asyncio.AbstractEventLoop | None:
         """The event loop the engine's requests run on (evaluation runs there too)."""
         return self._runner.loop
 
@@ -188,9 +179,6 @@ class RolloutPool:
         self._admit()
         if self._gate is not None:
             self._gate.release()
-
-    def _notify_loop(self) -> None:
-        self._runner.wake()
 
     # -- admission and rollouts (loop thread) ------------------------------------------------
     def _admit(self) -> None:
@@ -312,7 +300,7 @@ class RolloutPool:
                 lag_wait += (time.monotonic() - since) if held else 0.0
             batch = self._hand_out(chosen)
             self._generation = self._meter.take_window(time.monotonic() - called, lag_wait)
-        self._notify_loop()
+        self._runner.wake()
         return batch
 
     def close_admission(self) -> None:
@@ -331,7 +319,7 @@ class RolloutPool:
         if self.mode == "sync" and self._sync_need <= 0:
             groups = self._queue.num_groups()
             self._sync_need = self.batch_size // self.samples_per_prompt - groups
-            self._notify_loop()
+            self._runner.wake()
 
     def _raise_if_unusable(self) -> None:
         if self._error is not None:
@@ -365,7 +353,7 @@ class RolloutPool:
             self._learner_version = int(version)
             self._next_consume_version = max(self._next_consume_version, int(version))
             self._cond.notify_all()
-        self._notify_loop()
+        self._runner.wake()
 
     def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
         """Push learner weights at `version` to the engine (it pauses, loads, bumps, resumes)."""
@@ -417,7 +405,7 @@ class RolloutPool:
             self._apply_state(state)
         finally:
             self._loading = False
-        self._notify_loop()
+        self._runner.wake()
 
     def _apply_state(self, state: Mapping[str, Any]) -> None:
         with self._cond:
