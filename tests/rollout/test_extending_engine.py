@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -15,27 +16,37 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 GUIDE = REPO / "docs" / "extending.md"  # holds the marked example
 BEGIN, END = "<!-- engine-example:begin", "<!-- engine-example:end -->"
-OPTION = "_target_: mypkg.engine.NaiveEngine.for_policy\n_partial_: true\n"
+MODULE, OPTION = "mypkg/engine.py", "myconfigs/rollout/engine/naive.yaml"  # named by the guide
 
 
-def example() -> str:
+def example() -> dict[str, str]:
+    """The marked block's fenced code, by language: python, yaml, bash."""
     text = GUIDE.read_text()
     block = text[text.index(BEGIN) : text.index(END)]
-    return block.split("```python\n", 1)[1].rsplit("```", 1)[0]
+    out = {}
+    for lang in ("python", "yaml", "bash"):
+        assert block.count(f"```{lang}\n") == 1, f"one {lang} block in the marked example"
+        out[lang] = block.split(f"```{lang}\n", 1)[1].split("```", 1)[0]
+    return out
 
 
 def run(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
-    package = tmp_path / "mypkg"
-    package.mkdir(exist_ok=True)
-    (package / "__init__.py").write_text("")
-    (package / "engine.py").write_text(example())
-    group = tmp_path / "myconfigs" / "rollout" / "engine"  # the engine as a config-group option
-    group.mkdir(parents=True, exist_ok=True)
-    (group / "naive.yaml").write_text(OPTION)
-    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    cmd = [sys.executable, "-m", "frlab", "user_modules=[mypkg]",
-           f"hydra.searchpath=[file://{tmp_path / 'myconfigs'}]", "rollout/engine=naive", *overrides]  # fmt: skip
-    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    """The guide's files under `tmp_path`, then its command with `overrides` added."""
+    code, text = example(), GUIDE.read_text()
+    for path in (MODULE, OPTION):
+        assert f"`{path}`" in text, f"the guide no longer names {path}"
+    (tmp_path / "mypkg").mkdir(exist_ok=True)
+    (tmp_path / "mypkg" / "__init__.py").write_text("")
+    (tmp_path / MODULE).write_text(code["python"])
+    (tmp_path / OPTION).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / OPTION).write_text(code["yaml"])
+    [line] = [ln for ln in code["bash"].splitlines() if "python -m frlab" in ln]
+    words = shlex.split(line.replace("$PWD", str(tmp_path)))
+    assert words[0] == "PYTHONPATH=" + str(tmp_path) and words[1:4] == ["python", "-m", "frlab"]
+    path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHONPATH": path}
+    cmd = [sys.executable, "-m", "frlab", *words[4:], *overrides]
+    return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
 
 
 @pytest.mark.slow
