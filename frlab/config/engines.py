@@ -138,9 +138,6 @@ def engine_name(node: Mapping[str, Any]) -> str:
     return target
 
 
-VLLM_ARGS_SET_BY_FRLAB = {"model", "seed", "max_model_len", "worker_extension_cls"}
-
-
 def check_engine(engine: str, rollout: Mapping[str, Any], trainer: Mapping[str, Any]) -> None:
     node, device = rollout.get("engine") or {}, str(rollout.get("device", "cpu"))
     key = "rollout.device"
@@ -160,17 +157,11 @@ def check_engine(engine: str, rollout: Mapping[str, Any], trainer: Mapping[str, 
     except ValueError as exc:
         raise ConfigError("rollout.engine", f"{engine!r}: {exc}") from exc
     extra = rollout.get("vllm_engine_args")
-    if extra is None:
-        return
-    # Used only by rollout/engine=vllm; kept (not refused) when a preset's in-process vLLM
-    # settings meet rollout=remote, so the fleet recipes run the presets unchanged.
-    owned = sorted(set(extra) & VLLM_ARGS_SET_BY_FRLAB)
-    if owned:
-        raise ConfigError(
-            "rollout.vllm_engine_args",
-            f"{', '.join(owned)} are set by frlab (model.name_or_path, seed, rollout.max_len, "
-            "the worker extension): remove them",
-        )
+    if extra is not None:  # read by rollout/engine=vllm; checked, not refused, beside
+        try:  # rollout=remote, so the fleet recipes run the presets' vLLM settings unchanged
+            _class_of(ENGINES["vllm"]._target_).check_engine_args(extra)
+        except ValueError as exc:
+            raise keyed(exc) from exc
 
 
 def check_routing_replay(engine: str, rollout: Mapping[str, Any], model: Mapping[str, Any]) -> None:

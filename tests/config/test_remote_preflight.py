@@ -105,6 +105,10 @@ def test_vllm_engine_args_reach_the_in_process_engine_and_frlab_owned_keys_are_r
     with pytest.raises(ConfigError) as info:
         preflight(compose(["experiment=qwen_math_1p5b", "+rollout.vllm_engine_args.seed=3"]))
     assert info.value.key == "rollout.vllm_engine_args" and "seed" in str(info.value)
+    fixed = "+rollout.vllm_engine_args.logprobs_mode=raw_logprobs"  # the engine's own rule
+    with pytest.raises(ConfigError) as info:
+        preflight(compose(["experiment=qwen_math_1p5b", fixed]))
+    assert info.value.key == "rollout.vllm_engine_args.logprobs_mode"
 
 
 @pytest.mark.parametrize("mode", ["drain", "in_flight", "resubmit"])

@@ -67,6 +67,7 @@ from frlab.rollout.engine_loop import EngineLoop
 from frlab.rollout.engines import vllm_platform
 from frlab.rollout.engines.vllm_args import (
     check_served_mode,
+    check_user_engine_args,
     engine_visible_devices,
     rank_device_index,
     required_engine_options,
@@ -92,6 +93,11 @@ class VLLMEngine(WeightsSide, Engine):
 
     serves_lora = True  # vLLM's own LoRA serving (frlab.rollout.engines.vllm_lora)
     reserves_gpu_share = True  # weights + KV cache in gpu_memory_utilization of the GPU
+
+    @classmethod
+    def check_engine_args(cls, args: Mapping[str, Any]) -> None:
+        """The `rollout.vllm_engine_args` a config may set (ValueError naming the key)."""
+        check_user_engine_args(args)
 
     @classmethod
     def check_learner(cls, accelerator: str) -> None:

@@ -84,6 +84,24 @@ _REQUIRED = {
 }  # fmt: skip
 
 
+# Engine arguments frlab sets from other config keys (a value given here would be replaced).
+SET_FROM_CONFIG = {
+    "model": "model.name_or_path",
+    "seed": "the run's seed, per rank",
+    "max_model_len": "rollout.max_len",
+}
+
+
+def check_user_engine_args(args: Mapping[str, Any]) -> None:
+    """ValueError naming `rollout.vllm_engine_args` for an argument frlab sets from another
+    config key (SET_FROM_CONFIG), or one it fixes (`required_engine_options`) set otherwise."""
+    owned = sorted(set(args) & set(SET_FROM_CONFIG))
+    if owned:
+        where = ", ".join(f"{k} (from {SET_FROM_CONFIG[k]})" for k in owned)
+        raise ValueError(f"rollout.vllm_engine_args: frlab sets {where} itself: remove it")
+    required_engine_options(args)
+
+
 def required_engine_options(options: Mapping[str, Any]) -> dict[str, Any]:
     """The engine arguments frlab fixes; ValueError naming `rollout.vllm_engine_args.<key>`
     when `options` sets one of them to another value."""
