@@ -68,20 +68,13 @@ class TorchEngineConfig:
 
 
 @dataclass
-class TorchProcessEngineConfig:
+class TorchProcessEngineConfig(TorchEngineConfig):
     """`rollout/engine=torch_process`: the torch engine in a child process (CPU), its weights in
-    shared memory; generation runs beside the learner instead of sharing its interpreter lock."""
+    shared memory; generation runs beside the learner instead of sharing its interpreter lock.
+    The torch engine's keys, and two of its own."""
 
     _target_: str = "frlab.rollout.engines.torch_process.ProcessTorchEngine.for_policy"
-    _partial_: bool = True
     device: str = spec(II("rollout.device"), doc="follows rollout.device (cpu only)")
-    max_batch_size: int = spec(II("rollout.max_in_flight"), low=1,
-                               doc="requests decoded together; follows rollout.max_in_flight")  # fmt: skip
-    record_routing: bool = spec(II("model.routing_replay"), doc="record MoE experts per token")
-    packed_prefill: bool = spec(True, doc="pack ragged prompts in one prefill row if cheaper")
-    weight_update: str | None = spec(
-        II("rollout.weight_update"), doc="follows rollout.weight_update"
-    )
     num_threads: int = spec(1, low=1, doc="torch threads of the engine process")
     start_timeout_s: float = spec(300.0, low=0.0, low_open=True,
                                   doc="deadline for the engine process to load and report ready")  # fmt: skip
