@@ -45,7 +45,7 @@ def task(cfg: DictConfig) -> dict[str, Any]:
 
         sections = {k: OmegaConf.to_container(cfg[k], resolve=True) for k in MEMORY_SECTIONS}
         engine = engine_class(sections["rollout"])  # type: ignore[arg-type]
-        plan.memory = describe_memory(sections, engine.reserves_gpu_share)
+        plan.memory = describe_memory(sections, getattr(engine, "reserves_gpu_share", False))
         print(plan.format(), flush=True)
         return plan.to_dict()
     from frlab.train import run

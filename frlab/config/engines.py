@@ -5,7 +5,9 @@ The options of the config group `rollout/engine` are the names of `ENGINES`, eac
 declaration whose `_target_` builds the engine. What an engine supports is asked of its class
 (`frlab.rollout.engine.Engine`): the devices it samples on, the learner it can serve beside,
 MoE routing records, the `rollout.weight_update` modes it implements exactly, LoRA policies,
-whether it reads a fleet, and its own settings. Errors are ConfigErrors naming the key
+whether it reads a fleet, and its own settings; `rollout.vllm_engine_args`, when set, are
+checked by `VLLMEngine.check_engine_args` whatever the engine (a preset's vLLM settings meet
+`rollout=remote` in the fleet recipes). Errors are ConfigErrors naming the key
 (called by frlab.config.preflight).
 """
 
@@ -132,6 +134,7 @@ def engine_name(node: Mapping[str, Any]) -> str:
 
 
 def check_engine(engine: str, rollout: Mapping[str, Any], trainer: Mapping[str, Any]) -> None:
+    """The device the engine samples on, the learner it serves beside, and the vLLM arguments."""
     node, device = rollout.get("engine") or {}, str(rollout.get("device", "cpu"))
     key = "rollout.device"
     if str(node.get("device", device)) != device:  # set on the engine node itself
@@ -150,7 +153,7 @@ def check_engine(engine: str, rollout: Mapping[str, Any], trainer: Mapping[str, 
     except ValueError as exc:
         raise ConfigError("rollout.engine", f"{engine!r}: {exc}") from exc
     extra = rollout.get("vllm_engine_args")
-    if extra is not None:  # read by rollout/engine=vllm; checked, not refused, beside
+    if extra:  # read by rollout/engine=vllm; checked, not refused, beside
         try:  # rollout=remote, so the fleet recipes run the presets' vLLM settings unchanged
             _class_of(ENGINES["vllm"]._target_).check_engine_args(extra)
         except ValueError as exc:

@@ -82,6 +82,12 @@ def explain(exc: BaseException) -> ConfigError | None:
         return _missing_option(exc)
     if isinstance(exc, OverrideParseException):
         return ConfigError("command line", str(exc).strip().splitlines()[0])
+    null = re.search(r"full_key: (\S+)", str(exc)) if isinstance(exc, AttributeError) else None
+    if null and "'NoneType'" in str(exc):  # OmegaConf merging a mapping into a null typed node
+        key = null.group(1)
+        return ConfigError(key, "is null here, and OmegaConf cannot merge a mapping into a null "
+                                "typed key: set it in a config file (a preset or a group "
+                                "option) instead")  # fmt: skip
     if not isinstance(exc, ConfigCompositionException):
         return None
     text = str(exc)
@@ -126,7 +132,9 @@ def _from_omegaconf(cause: Any, source: str) -> ConfigError:
     root = _root_values(parent)
     if isinstance(cause, ConfigAttributeError | ConfigKeyError) and key:
         head = key.rsplit(".", 1)[0] if "." in key else ""
-        if head and not _keys(parent):  # the parent is null (or empty) here
+        if head and not _keys(parent) and _declared_empty(head):  # each key is a new one
+            return ConfigError(key, f"`{head}` is empty: add the key with +{key}=...")
+        if head and not _keys(parent):  # the parent is null here
             return ConfigError(key, f"`{head}` has no keys here: {_null_hint(head)}")
         open_node = not _typed(parent)  # env, callbacks, eval: new keys are added with +
         return unknown_key(key, _keys(parent), root, _refused(parent, key),
@@ -183,6 +191,23 @@ def _root_values(node: Any) -> dict[str, Any]:
     if not isinstance(root, DictConfig):
         return {}
     return OmegaConf.to_container(root, resolve=False)  # type: ignore[return-value]
+
+
+def _declared_empty(key: str) -> bool:
+    """Whether dotted `key` is declared with an empty mapping as its default."""
+    from frlab.config.declare import declared, default_of, section_type
+    from frlab.config.schema import FrlabConfig
+
+    cls: Any = FrlabConfig
+    for part in key.split("."):
+        if cls is None:
+            return False
+        fields = {f.name: (f, a) for f, a in declared(cls)}
+        if part not in fields:
+            return False
+        field, annotation = fields[part]
+        cls = section_type(annotation)
+    return default_of(field) == {}
 
 
 def _keys(node: Any) -> list[str]:

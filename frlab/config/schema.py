@@ -119,7 +119,7 @@ class RolloutConfig:
     device: str = spec("cpu", doc="device of the in-process engine (torch)")
     remote: Any = spec(None, doc="the fleet (RemoteConfig), set by rollout=remote")
     vllm_engine_args: dict[str, Any] | None = spec(
-        None, doc="rollout/engine=vllm only: extra vLLM AsyncEngineArgs, e.g. "
+        factory=dict, doc="rollout/engine=vllm only: extra vLLM AsyncEngineArgs, e.g. "
         "{gpu_memory_utilization: 0.4}")  # fmt: skip
 
 

@@ -149,7 +149,9 @@ class Engine(abc.ABC):
     records_routing: bool = False  # returns each token's MoE experts (routing replay)
     devices: tuple[str, ...] = ("cpu", "cuda")  # device types it samples on (rollout.device)
     reads_fleet: bool = False  # reads the `rollout.remote` block (a fleet of servers)
-    reserves_gpu_share: bool = False  # on CUDA, preallocates a share of the learner's GPU
+    # on CUDA, preallocates a share of the learner's GPU; the dry run's memory plan sizes it as
+    # vLLM's (rollout.vllm_engine_args gpu_memory_utilization, dtype)
+    reserves_gpu_share: bool = False
 
     @classmethod
     def check_settings(cls, rollout: Mapping[str, Any], world: int) -> None:
@@ -167,7 +169,7 @@ class Engine(abc.ABC):
     @classmethod
     def weight_updates(cls) -> tuple[str, ...]:
         """The `rollout.weight_update` modes this engine implements exactly, its default first
-        (see WEIGHT_UPDATES); an engine that does not say accepts only the default (null)."""
+        (frlab.rollout.weight_modes.WEIGHT_UPDATES); an engine that does not say accepts only the default (null)."""
         return ()
 
     @property

@@ -169,3 +169,17 @@ def test_frlab_imports_no_hydra_internals() -> None:
         str(p.relative_to(root)) for p in root.rglob("*.py") if "hydra._internal" in p.read_text()
     ]
     assert used == []
+
+
+def test_a_mapping_given_to_a_null_mapping_key_is_explained() -> None:
+    """OmegaConf cannot merge `KEY={...}` into a typed mapping that is null (it raises a bare
+    AttributeError): the error names the key. `rollout.vllm_engine_args` is an empty mapping
+    by default, so `+rollout.vllm_engine_args.NAME=VALUE` sets it."""
+    with pytest.raises(ConfigError) as info:
+        compose(["model=hf", "model.name_or_path=null", "model.config={model_type: llama}"])
+    assert info.value.key == "model.config" and "config file" in str(info.value)
+    cfg = compose(["+rollout.vllm_engine_args.gpu_memory_utilization=0.4"])
+    assert cfg.rollout.vllm_engine_args == {"gpu_memory_utilization": 0.4}
+    with pytest.raises(ConfigError) as info:  # a new key of the empty mapping takes a +
+        compose(["rollout.vllm_engine_args={gpu_memory_utilization: 0.4}"])
+    assert "+rollout.vllm_engine_args.gpu_memory_utilization=" in str(info.value), str(info.value)

@@ -46,7 +46,14 @@ def restated(values: Mapping[str, Any], cls: type, prefix: str) -> Iterator[str]
         sub = section_type(annotation)
         if sub is not None and isinstance(value, Mapping):
             yield from restated(value, sub, f"{prefix}.{key}")
-        elif default_of(f) is not dataclasses.MISSING and value == default_of(f):
+        elif (
+            (default := default_of(f)) is not dataclasses.MISSING
+            and value == default
+            and (
+                type(value)
+                is type(default)  # 1 == True, but an int for a bool key is no restatement
+            )
+        ):
             yield f"{prefix}.{key}"
 
 

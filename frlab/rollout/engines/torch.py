@@ -17,7 +17,7 @@ frlab.rollout.engines.sampling) and the weight version that sampled it. A reques
 `SamplingParams.seed` draws from its own generator, so its tokens do not depend on the other
 rows. `update_weights` takes the step lock, so new weights land between two decode steps;
 tokens sampled afterwards carry the new version. What happens to running requests is the
-engine's `weight_update` mode (frlab.rollout.engine.WEIGHT_UPDATES): `in_flight` keeps their
+engine's `weight_update` mode (frlab.rollout.weight_modes.WEIGHT_UPDATES): `in_flight` keeps their
 KV cache (as in-flight updates do in asynchronous RL systems), `resubmit` drops it and
 prefills prompt + tokens so far again on the new weights at the next step, `drain` admits no
 request until the running ones have finished and only then loads.

@@ -23,7 +23,7 @@ Weight updates (frlab.rollout.engines.vllm_weights): `update_weights` writes the
 disk and every worker loads it by path (a snapshot through frlab's worker extension, which
 acknowledges a fingerprint; with LoRA the adapter only, through vLLM's own LoRA support,
 frlab.rollout.engines.vllm_lora), or the engine is broken (it refuses further requests). What
-running requests see is `weight_update` (frlab.rollout.engine.WEIGHT_UPDATES), with vLLM's own
+running requests see is `weight_update` (frlab.rollout.weight_modes.WEIGHT_UPDATES), with vLLM's own
 RL machinery:
 
 - in_flight: `pause_generation(mode="keep")` freezes every request between two steps, the
