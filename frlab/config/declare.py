@@ -173,17 +173,23 @@ def changed(key: str, values: Mapping[str, Any], cls: type) -> dict[str, Any]:
     return out
 
 
-def declared_annotation(cls: type, key: str) -> Any:
-    """The declared type of dotted `key` below config dataclass `cls` (None: not declared
+def declared_field(cls: type, key: str) -> tuple[dataclasses.Field, Any] | None:
+    """(field, declared type) of dotted `key` below config dataclass `cls` (None: not declared
     there, or inside an open node such as `env` or `rollout.engine`)."""
     head, _, rest = key.partition(".")
     for f, annotation in declared(cls):
         if f.name == head:
             inner = section_type(annotation)
             if not rest:
-                return annotation
-            return None if inner is None else declared_annotation(inner, rest)
+                return f, annotation
+            return None if inner is None else declared_field(inner, rest)
     return None
+
+
+def declared_annotation(cls: type, key: str) -> Any:
+    """The declared type of dotted `key` below `cls` (None: not declared, see declared_field)."""
+    found = declared_field(cls, key)
+    return None if found is None else found[1]
 
 
 def check_bool_overrides(root: type, overrides: list[str]) -> None:

@@ -144,9 +144,8 @@ def check_engine(engine: str, rollout: Mapping[str, Any], trainer: Mapping[str, 
         raise ConfigError(
             key,
             f"is {device!r}, but rollout/engine={engine} ({cls.__name__}) samples on "
-            f"{' or '.join(d.upper() for d in cls.devices)} only: set rollout.device={cls.devices[0]}, "
-            "or pick an "
-            "engine that samples there",
+            f"{' or '.join(d.upper() for d in cls.devices)} only: set "
+            f"rollout.device={cls.devices[0]}, or pick an engine that samples there",
         )
     try:
         cls.check_learner(str(trainer["accelerator"]))
@@ -172,14 +171,8 @@ def check_routing_replay(engine: str, rollout: Mapping[str, Any], model: Mapping
 
 def engines_that(capability: str) -> list[str]:
     """The rollout/engine options whose engine class declares `capability` true."""
-    import dataclasses
-
-    out = []
-    for name, declaration in ENGINES.items():
-        target = {f.name: f.default for f in dataclasses.fields(declaration)}["_target_"]
-        if getattr(_class_of(str(target)), capability, False):
-            out.append(name)
-    return out
+    return [name for name, declaration in ENGINES.items()
+            if getattr(_class_of(declaration._target_), capability, False)]  # fmt: skip
 
 
 def engine_class(rollout: Mapping[str, Any]) -> Any:

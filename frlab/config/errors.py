@@ -195,19 +195,11 @@ def _root_values(node: Any) -> dict[str, Any]:
 
 def _declared_empty(key: str) -> bool:
     """Whether dotted `key` is declared with an empty mapping as its default."""
-    from frlab.config.declare import declared, default_of, section_type
+    from frlab.config.declare import declared_field, default_of
     from frlab.config.schema import FrlabConfig
 
-    cls: Any = FrlabConfig
-    for part in key.split("."):
-        if cls is None:
-            return False
-        fields = {f.name: (f, a) for f, a in declared(cls)}
-        if part not in fields:
-            return False
-        field, annotation = fields[part]
-        cls = section_type(annotation)
-    return default_of(field) == {}
+    found = declared_field(FrlabConfig, key)
+    return found is not None and default_of(found[0]) == {}
 
 
 def _keys(node: Any) -> list[str]:

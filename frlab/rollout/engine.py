@@ -169,7 +169,8 @@ class Engine(abc.ABC):
     @classmethod
     def weight_updates(cls) -> tuple[str, ...]:
         """The `rollout.weight_update` modes this engine implements exactly, its default first
-        (frlab.rollout.weight_modes.WEIGHT_UPDATES); an engine that does not say accepts only the default (null)."""
+        (frlab.rollout.weight_modes.WEIGHT_UPDATES); an engine that does not say accepts only
+        the default (null)."""
         return ()
 
     @property
