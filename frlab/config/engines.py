@@ -207,36 +207,28 @@ def check_lora_engine(engine: str, rollout: Mapping[str, Any], model: Mapping[st
             "adapter with an engine that does, or set model.lora.rank=0",
         )
     declared = getattr(cls, "lora_weight_updates", None)
-    modes = tuple(declared()) if callable(declared) else None
-    mode = rollout.get("weight_update")
-    if mode is not None and modes is not None and mode not in modes:
-        raise ConfigError(
-            "rollout.weight_update",
-            f"{mode!r} is not exact with model.lora on the {engine} engine, which implements "
-            f"{', '.join(modes)} there",
-        )
+    if callable(declared):
+        _check_mode(rollout.get("weight_update"), tuple(declared()), f"{engine} (with model.lora)")
 
 
 def check_weight_update(engine: str, rollout: Mapping[str, Any], model: Mapping[str, Any]) -> None:
     """A `rollout.weight_update` the engine class implements exactly (asked of the class, only
     when a mode is set: null is the engine's own default)."""
-    mode = rollout.get("weight_update")
-    if mode is None:
-        return
-    if mode == "resubmit" and model.get("routing_replay"):
-        raise ConfigError(
-            "rollout.weight_update",
-            "resubmit re-prefills sampled tokens on the new weights, so a position would have "
-            "two routings: not with model.routing_replay (use in_flight or drain)",
-        )
     supported = getattr(engine_class(rollout), "weight_updates", None)
     modes = tuple(supported()) if callable(supported) else ()
-    if mode not in modes:
-        raise ConfigError(
-            "rollout.weight_update",
-            f"{mode!r} is not exact on the {engine} engine, which implements "
-            f"{', '.join(modes) or 'no named mode (leave it null)'}",
-        )
+    _check_mode(rollout.get("weight_update"), modes, engine, bool(model.get("routing_replay")))
+
+
+def _check_mode(
+    mode: str | None, modes: tuple[str, ...], engine: str, routing: bool = False
+) -> None:
+    """The engines' own rule (frlab.rollout.weight_modes.resolve_weight_update), at preflight."""
+    from frlab.rollout.weight_modes import resolve_weight_update
+
+    try:
+        resolve_weight_update(mode, modes, engine, record_routing=routing)
+    except ValueError as exc:
+        raise keyed(exc) from exc
 
 
 def check_remote(engine: str, rollout: Mapping[str, Any], world: int) -> None:

@@ -19,19 +19,29 @@ from collections.abc import Sequence
 WEIGHT_UPDATES = ("in_flight", "resubmit", "drain")
 
 
-def resolve_weight_update(mode: str | None, supported: Sequence[str], engine: str) -> str | None:
+def resolve_weight_update(
+    mode: str | None, supported: Sequence[str], engine: str, *, record_routing: bool = False
+) -> str | None:
     """The mode an engine runs: `mode`, else the engine's default (the first it supports;
-    None for an engine that declares none); ValueError naming `rollout.weight_update` for a
-    mode the engine does not implement."""
+    None for an engine that declares none). ValueError, its text starting with the key
+    `rollout.weight_update`, for a mode the engine does not implement exactly, and for
+    resubmit with MoE routing recorded (`record_routing`): a re-prefilled position would have
+    two routings."""
+    key = "rollout.weight_update"
     if mode is None:
         return supported[0] if supported else None
     if mode not in WEIGHT_UPDATES:
         raise ValueError(
-            f"rollout.weight_update must be one of {', '.join(WEIGHT_UPDATES)} (or null), got {mode!r}"
+            f"{key} must be one of {', '.join(WEIGHT_UPDATES)} (or null), got {mode!r}"
+        )
+    if mode == "resubmit" and record_routing:
+        raise ValueError(
+            f"{key} resubmit re-prefills sampled tokens on the new weights, so a position would "
+            "have two routings: not with model.routing_replay (use in_flight or drain)"
         )
     if mode not in supported:
         raise ValueError(
-            f"rollout.weight_update={mode} is not exact on the {engine} engine, which "
-            f"implements {', '.join(supported)}"
+            f"{key} {mode!r} is not exact on the {engine} engine, which implements "
+            f"{', '.join(supported) or 'no named mode (leave it null)'}"
         )
     return mode

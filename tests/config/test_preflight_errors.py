@@ -208,6 +208,18 @@ def test_preflight_asks_the_engine_class_for_its_devices_and_routing(monkeypatch
     assert "torch_process" not in str(err).split("(", 1)[1].split(")")[0]
 
 
+def test_resubmit_with_routing_replay_is_the_engines_own_rule_at_preflight() -> None:
+    """Preflight refuses what the engine constructor would, with the engine's own words: a
+    re-prefilled position would have two routings."""
+    from frlab.rollout.engines.torch import TorchEngine
+
+    overrides = ["model.routing_replay=true", "rollout.weight_update=resubmit"]
+    err = fails(overrides, "rollout.weight_update", "two routings", "model.routing_replay")
+    with pytest.raises(ValueError) as built:
+        TorchEngine(None, weight_update="resubmit", record_routing=True)  # refused before use
+    assert str(built.value).removeprefix("rollout.weight_update ") in str(err)
+
+
 def test_missing_values() -> None:
     fails(["model=hf"], "model.name_or_path", "???")
     fails(["model.config=null"], "model.name_or_path", "model.config")
@@ -259,7 +271,8 @@ def test_lora_needs_an_engine_that_serves_it_and_valid_settings() -> None:
     fleet = ["model.lora.rank=8", "rollout=remote", "rollout.remote.servers=[http://a:1]"]
     preflight(compose(fleet))
     preflight(compose([*fleet, "rollout.weight_update=resubmit"]))
-    fails([*fleet, "rollout.weight_update=in_flight"], "rollout.weight_update", "drain, resubmit")
+    fails([*fleet, "rollout.weight_update=in_flight"], "rollout.weight_update",
+          "'in_flight' is not exact on the remote (with model.lora) engine", "drain, resubmit")  # fmt: skip
     rollout = {"engine": {"_target_": "frlab.rollout.engine.Engine"}}
     with pytest.raises(ConfigError, match="model.lora.rank.*does not declare serves_lora"):
         check_lora_engine("mine", rollout, {"lora": {"rank": 8}})

@@ -97,12 +97,9 @@ class TorchEngine(Engine):
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"TorchEngine max_batch_size must be >= 1, got {max_batch_size}")
-        self.weight_update = resolve_weight_update(weight_update, self.weight_updates(), "torch")
-        if self.weight_update == "resubmit" and record_routing:
-            raise ValueError(
-                "rollout.weight_update=resubmit re-prefills generated tokens on new weights, so "
-                "a position would have two routings: not with model.routing_replay"
-            )
+        self.weight_update = resolve_weight_update(
+            weight_update, self.weight_updates(), "torch", record_routing=record_routing
+        )
         self.device = torch.device(device)
         self.max_batch_size = int(max_batch_size)
         self._model = self._private_model(model)

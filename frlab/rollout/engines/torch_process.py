@@ -91,13 +91,9 @@ class ProcessTorchEngine(Engine):
         packed_prefill: bool = True,
         weight_update: str | None = None,
     ) -> None:
-        self.weight_update = resolve_weight_update(weight_update, self.weight_updates(),
-                                                   "torch_process")  # fmt: skip
-        if self.weight_update == "resubmit" and record_routing:
-            raise ValueError(
-                "rollout.weight_update=resubmit re-prefills generated tokens on new weights, so "
-                "a position would have two routings: not with model.routing_replay"
-            )
+        self.weight_update = resolve_weight_update(
+            weight_update, self.weight_updates(), "torch_process", record_routing=record_routing
+        )
         if torch.device(device).type != "cpu":
             raise ValueError(
                 f"rollout.engine.device={device!r}: rollout/engine=torch_process serves on CPU "
