@@ -16,10 +16,9 @@ from frlab.config import engines, evaluation, schema, schema_trainer
 # declaration -> the frlab callables built from (or handed) its keys
 BUILT_FROM = {
     schema.ModelConfig: ["frlab.model.policy.build_policy"],
-    engines.TorchEngineConfig: ["frlab.rollout.engines.torch.TorchEngine.for_policy"],
-    engines.TorchProcessEngineConfig: [
-        "frlab.rollout.engines.torch_process.ProcessTorchEngine.for_policy"
-    ],
+    # for_policy(policy, **settings) hands the node's keys to the constructor
+    engines.TorchEngineConfig: ["frlab.rollout.engines.torch.TorchEngine"],
+    engines.TorchProcessEngineConfig: ["frlab.rollout.engines.torch_process.ProcessTorchEngine"],
     engines.VLLMEngineConfig: ["frlab.rollout.engines.vllm.VLLMEngine.for_policy"],
     engines.RemoteEngineConfig: ["frlab.rollout.remote.engine.RemoteEngine.for_policy"],
     engines.RemoteConfig: ["frlab.rollout.remote.engine.RemoteEngine"],  # cls(**settings)

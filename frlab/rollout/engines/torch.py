@@ -37,6 +37,7 @@ import logging
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel
@@ -67,21 +68,10 @@ class TorchEngine(Engine):
     """Sampler over a private copy of `model`, batched across concurrent requests."""
 
     @classmethod
-    def for_policy(
-        cls,
-        policy: PreTrainedModel,
-        *,
-        seed: int = 0,
-        device: str | torch.device = "cpu",
-        max_batch_size: int = 32,
-        record_routing: bool = False,
-        packed_prefill: bool = True,
-        weight_update: str | None = None,
-    ) -> TorchEngine:
-        """The engine of `rollout/engine=torch`: a copy of the learner's `policy`."""
-        return cls(policy, device=device, max_batch_size=max_batch_size, seed=seed,
-                   record_routing=record_routing, packed_prefill=packed_prefill,
-                   weight_update=weight_update)  # fmt: skip
+    def for_policy(cls, policy: PreTrainedModel, **settings: Any) -> TorchEngine:
+        """The engine of `rollout/engine=torch`: a copy of the learner's `policy` (`settings`
+        are the constructor's keywords, from the engine node)."""
+        return cls(policy, **settings)
 
     def __init__(
         self,

@@ -58,24 +58,10 @@ class ProcessTorchEngine(Engine):
     """`TorchEngine` decoding in a child process over shared-memory weights (CPU)."""
 
     @classmethod
-    def for_policy(
-        cls,
-        policy: PreTrainedModel,
-        *,
-        seed: int = 0,
-        device: str | torch.device = "cpu",
-        max_batch_size: int = 32,
-        record_routing: bool = False,
-        num_threads: int = 1,
-        start_timeout_s: float = 300.0,
-        packed_prefill: bool = True,
-        weight_update: str | None = None,
-    ) -> ProcessTorchEngine:
-        """The engine of `rollout/engine=torch_process`: a copy of the learner's `policy`."""
-        return cls(policy, device=device, max_batch_size=max_batch_size, seed=seed,
-                   record_routing=record_routing, num_threads=num_threads,
-                   start_timeout_s=start_timeout_s, packed_prefill=packed_prefill,
-                   weight_update=weight_update)  # fmt: skip
+    def for_policy(cls, policy: PreTrainedModel, **settings: Any) -> ProcessTorchEngine:
+        """The engine of `rollout/engine=torch_process`: a copy of the learner's `policy` (`settings`
+        are the constructor's keywords, from the engine node)."""
+        return cls(policy, **settings)
 
     def __init__(
         self,
