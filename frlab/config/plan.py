@@ -259,15 +259,13 @@ def build_plan(
     )
 
 
-# Trust regions with no parameter of their own: what they do to the off-policy ratio.
-NO_GATE = {"none": "plain token IS, no gate", "no_is": "no IS, no gate"}
-
-
 def describe_trust_region(name: str, trust_region: Any) -> str:
-    """`name p=v ...` with the built component's declared hyperparameters and their values."""
-    if name in NO_GATE:
-        return NO_GATE[name]
+    """`name p=v ...` with the built component's hyperparameters and their values; for one
+    without any, `name: ` and its maths in one line (the class docstring's, as the README's
+    component table shows it)."""
     values = [f"{p}={_number(v)}" for p, v in trust_region.params().items()]
+    if not values:
+        return f"{name}: {trust_region.summary().rstrip('.')}"
     return " ".join([name, *values])
 
 

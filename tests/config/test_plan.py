@@ -26,8 +26,9 @@ def trust_row(overrides: list[str]) -> str:
         (["objective.trust_region=geometric_ratio", "objective.geometric_ratio.lower=0.99"],
          "geometric_ratio lower=0.99 upper=1.001;"),
         (["objective.sequence_bernoulli_kl.delta=0.01"], "sequence_bernoulli_kl delta=0.01;"),
-        (["objective.trust_region=none"], "plain token IS, no gate;"),
-        (["objective.trust_region=no_is"], "no IS, no gate;"),
+        (["objective.trust_region=none"], "none: Plain token IS ratio, no gate;"),
+        (["objective.trust_region=no_is"],
+         "no_is: Ratio against the detached current policy (weight 1), no gate;"),
     ],
 )  # fmt: skip
 def test_trust_row_shows_the_chosen_trust_regions_parameters(
