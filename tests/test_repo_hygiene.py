@@ -1,0 +1,72 @@
+"""Repository hygiene: no internal issue numbers anywhere in the repository, and every repository
+path that a config file's comments name exists.
+
+No internal issue numbers (the word issue before a number, or a number after a hash) in the
+docs, the write-ups, bench/, scripts/, tests/ or frlab/: a document cites the paper by title
+and section, code and measurements by path.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from docs_testlib import HEADING, LINKED_DOCS, ROOT, split_fences, without_code_spans
+
+ISSUE_WORDS = re.compile(r"\b(?:issues?|PRs?|pull\s+requests?|tickets?)\s*#?\d+\b", re.I)
+ISSUE_PAREN = re.compile(r"\(#\d+\)")
+ISSUE_BARE = re.compile(r"(?<![\w&#/`])#\d+\b")  # prose of a Markdown file only
+SCANNED = ("bench", "scripts", "tests", "frlab", "envs", "configs", "experiments", ".ci")
+SCANNED_SUFFIXES = {".py", ".sh", ".sbatch", ".md", ".yaml", ".yml", ".toml", ".txt"}
+
+
+# --- no internal issue numbers --------------------------------------------------------------
+
+
+def issue_numbers(path: Path, root: Path = ROOT) -> list[str]:
+    """Internal issue references in `path`: the word issue (or PR, ticket) before a number, a
+    number after a hash in parentheses, and in a Markdown file's prose any number after a hash."""
+    text = path.read_text(errors="replace")
+    prose = split_fences(text)[0] if path.suffix == ".md" else text.splitlines()
+    found = []
+    for number, line in enumerate(text.splitlines(), 1):
+        hits = ISSUE_WORDS.findall(line) + ISSUE_PAREN.findall(line)
+        if path.suffix == ".md" and not HEADING.match(prose[number - 1]):
+            hits += ISSUE_BARE.findall(without_code_spans(prose[number - 1]))
+        found += [f"{path.relative_to(root)}:{number}: {hit}" for hit in hits]
+    return found
+
+
+def test_the_issue_number_check_finds_them(tmp_path: Path) -> None:
+    hash_ = "#"  # spelled apart, so that this file passes its own check
+    sample = tmp_path / "x.md"
+    sample.write_text(f"Fixed in issue {12}.\nSee ({hash_}7) and {hash_}31 here.\n"
+                      f"`{hash_}5` in code; a heading is not one:\n\n{hash_}{hash_} 3 x\n")  # fmt: skip
+    hits = [h.split(": ", 1)[1] for h in issue_numbers(sample, tmp_path)]
+    assert hits == [f"issue {12}", f"({hash_}7)", f"{hash_}7", f"{hash_}31"], hits
+
+
+def test_no_internal_issue_numbers() -> None:
+    files = [*LINKED_DOCS, ROOT / "pyproject.toml", ROOT / ".ci" / "run"]
+    for folder in SCANNED:
+        files += [p for p in sorted((ROOT / folder).rglob("*"))
+                  if p.suffix in SCANNED_SUFFIXES and p.is_file() and "__pycache__" not in p.parts]  # fmt: skip
+    found = [hit for path in files for hit in issue_numbers(path)]
+    assert not found, "\n".join(found)
+
+
+# --- config comments name real paths --------------------------------------------------------
+
+
+REPO_PATH = re.compile(
+    r"(?<![\w/.~-])((?:frlab|envs|scripts|bench|docs|configs|experiments|tests)/[\w/.-]*\w)"
+)
+
+
+def test_every_repo_path_a_config_comment_names_exists() -> None:
+    """Config files point at the code that declares or reads their keys: those paths exist."""
+    files = sorted([*(ROOT / "configs").rglob("*.yaml"), *(ROOT / "experiments").rglob("*.yaml")])
+    missing = [f"{path.relative_to(ROOT)}: {name}" for path in files
+               for name in REPO_PATH.findall(path.read_text())
+               if not (ROOT / name).exists() and not (ROOT / name).with_suffix(".py").exists()]  # fmt: skip
+    assert not missing, "\n".join(missing)
