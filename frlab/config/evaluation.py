@@ -31,7 +31,7 @@ from typing import Any
 from omegaconf import II, MISSING, DictConfig, OmegaConf
 
 from frlab.config.declare import check_node, spec
-from frlab.config.errors import ConfigError, unknown
+from frlab.config.errors import ConfigError, keyed, unknown
 from frlab.evaluation.benchmarks import benchmark_specs
 
 KINDS = ("math", "episodes")
@@ -219,6 +219,12 @@ def _check_benchmark(key: str, bench: Any) -> None:
     source = bench.get("source")
     if not isinstance(source, str) or not source.strip():
         raise ConfigError(f"{key}.source", f"must be a non-empty dataset source, got {source!r}")
+    from envs.math.holdout import check_holdout
+
+    try:  # the loader's own rule, before the run starts rather than at its first evaluation
+        check_holdout(bench.get("holdout"), f"{key}.holdout")
+    except ValueError as exc:
+        raise keyed(exc) from exc
 
 
 def _check_env_benchmark(key: str, bench: Any, env_keys: list[str]) -> None:
