@@ -45,8 +45,8 @@ def test_dry_run_task_loads_no_model_and_no_transformers(tmp_path: Path) -> None
         "from frlab.config.compose import compose\n"
         "plan = task(compose(['experiment=r1_distill_1p5b', 'dry_run=true']))\n"
         "assert plan['model'] == 'deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B', plan\n"
-        "heavy = [m for m in ('transformers', 'lightning', 'vllm', 'envs.math.env',\n"
-        "                      'envs.math.datasets') if m in sys.modules]\n"
+        "heavy = [m for m in ('transformers', 'lightning', 'vllm', 'datasets', 'math_verify',\n"
+        "                      'sympy') if m in sys.modules]\n"
         "print('HEAVY', heavy)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=ENV, capture_output=True,

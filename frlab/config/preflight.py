@@ -31,7 +31,8 @@ cross-field rules of the method (FlashREINFORCE paper, Sec. 3):
   (they share the fleet), nccl exactly one (the single NCCL sender); a `remote` block under
   another engine is refused (an experiment preset may have pinned the engine);
 - every `_target_` is on the instantiation allowlist (frlab.config.instantiate), with the
-  packages of `user_modules`;
+  packages of `user_modules`; the `env` node's keys are arguments of its class (its signature:
+  an unknown or missing one is named, nothing is built);
 - the optional `eval` node (avg@k during training) is checked by `frlab.config.evaluation`;
 - the `objective` node checks itself (`Objective.from_config`): one component name per slot,
   each component's hyperparameters under its own name; a slot left empty is refused.
@@ -209,6 +210,33 @@ def _check_infrastructure(cfg: DictConfig, user_modules: tuple[str, ...]) -> Non
         nodes["eval"] = cfg.eval
     for key, node in nodes.items():
         check_allowed(node, key, user_modules)
+    _check_env_args(env)
+
+
+def _check_env_args(env: DictConfig) -> None:
+    """The env node's keys are arguments of its `_target_` and its required ones are given
+    (asked of the signature; nothing is built), so a dry run catches `+env.tpyo=1`. A target
+    this machine cannot import (a user package installed only where the run goes) is left to
+    the run, which names it."""
+    import inspect
+
+    from hydra.utils import get_object
+
+    target = str(env._target_)
+    try:
+        params = inspect.signature(get_object(target)).parameters
+    except (ImportError, ValueError, TypeError):  # not importable here, or no signature
+        return
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return
+    named = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    for key in env:
+        if not str(key).startswith("_") and key not in named:
+            raise ConfigError(f"env.{key}", f"unknown argument {key!r} of {target}", value=key,
+                              choices=named)  # fmt: skip
+    for name in named:
+        if params[name].default is inspect.Parameter.empty and name not in env:
+            raise ConfigError(f"env.{name}", f"missing: a required argument of {target}")
 
 
 def _check_model(model: Mapping[str, Any], rollout: Mapping[str, Any], engine: str) -> None:

@@ -235,8 +235,9 @@ def test_targets_outside_the_allowlist_are_refused() -> None:
     fails(["+callbacks.evil._target_=builtins.eval"], "callbacks.evil._target_", "not allowed")
 
 
-def test_preflight_does_not_import_environments() -> None:
-    """In a fresh interpreter: other tests in this process may have imported envs.alfworld."""
+def test_preflight_does_not_import_an_environments_libraries() -> None:
+    """Preflight reads the env class's signature (envs.alfworld is light) but never imports
+    ALFWorld itself; in a fresh interpreter, as other tests in this process may have."""
     import subprocess
     import sys
 
@@ -245,11 +246,23 @@ def test_preflight_does_not_import_environments() -> None:
         "from frlab.config.compose import compose\n"
         "from frlab.config.preflight import preflight\n"
         "preflight(compose(['experiment=alfworld_qwen7b']))\n"
-        "print(sorted(m for m in sys.modules if m.startswith(('envs.alfworld', 'alfworld'))))\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('alfworld', 'textworld'))))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_a_dry_run_checks_the_env_nodes_keys_against_its_class() -> None:
+    """Unknown and missing constructor arguments are found without building the env; a key
+    the class takes passes."""
+    err = fails(["+env.num_digit=3"], "env.num_digit", "unknown argument", "envs.toy.ParityEnv")
+    assert err.suggestions == ["num_digits"]
+    fails(["env=math", "+env.templte=base"], "env.templte", "did you mean 'template'")
+    preflight(compose(["env=math", "env.template=base"]))
+    holdout = "env._target_=envs.math.holdout.check_holdout"  # a callable with a required arg
+    fails([holdout], "env.num_digits", "unknown argument")
+    fails([holdout, "~env.num_digits"], "env.holdout", "missing: a required argument")
 
 
 def test_user_modules_admit_the_users_own_package_and_nothing_general() -> None:
