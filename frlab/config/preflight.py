@@ -214,29 +214,41 @@ def _check_infrastructure(cfg: DictConfig, user_modules: tuple[str, ...]) -> Non
 
 
 def _check_env_args(env: DictConfig) -> None:
-    """The env node's keys are arguments of its `_target_` and its required ones are given
-    (asked of the signature; nothing is built), so a dry run catches `+env.tpyo=1`. A target
-    this machine cannot import (a user package installed only where the run goes) is left to
-    the run, which names it."""
+    """The env node's keys bind to its `_target_`'s signature as the task samplers bind them
+    (`envs.base.init_arguments`; nothing is built), so a dry run catches `+env.tpyo=1`; the
+    refused key is named. A target this machine cannot import (a user package installed only
+    where the run goes) is left to the run, which names it."""
     import inspect
 
     from hydra.utils import get_object
 
+    from envs.base import init_arguments
+
     target = str(env._target_)
+    keys = [str(k) for k in env if not str(k).startswith("_")]
     try:
-        params = inspect.signature(get_object(target)).parameters
+        built_by = get_object(target)
+        params = inspect.signature(built_by).parameters
     except (ImportError, ValueError, TypeError):  # not importable here, or no signature
         return
-    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        return
-    named = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-    for key in env:
-        if not str(key).startswith("_") and key not in named:
+    try:
+        init_arguments(built_by, dict.fromkeys(keys))
+    except TypeError as exc:
+        unknown_keys = [k for k in keys if k not in params]
+        if unknown_keys:
+            key = unknown_keys[0]
             raise ConfigError(f"env.{key}", f"unknown argument {key!r} of {target}", value=key,
-                              choices=named)  # fmt: skip
-    for name in named:
-        if params[name].default is inspect.Parameter.empty and name not in env:
-            raise ConfigError(f"env.{name}", f"missing: a required argument of {target}")
+                              choices=list(params)) from None  # fmt: skip
+        variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+        missing = [n for n, p in params.items()
+                   if p.default is p.empty and p.kind not in variadic and n not in keys]  # fmt: skip
+        if missing:
+            raise ConfigError(
+                f"env.{missing[0]}", f"missing: a required argument of {target}"
+            ) from None
+        raise ConfigError(
+            "env._target_", f"{target} refuses the env node's arguments: {exc}"
+        ) from None
 
 
 def _check_model(model: Mapping[str, Any], rollout: Mapping[str, Any], engine: str) -> None:
