@@ -30,6 +30,7 @@ from typing import Any
 
 from omegaconf import II, MISSING, DictConfig, OmegaConf
 
+from envs.math.extract import ANSWER_FORMATS
 from frlab.config.declare import check_node, spec
 from frlab.config.errors import ConfigError, keyed, unknown
 from frlab.evaluation.benchmarks import benchmark_specs
@@ -87,7 +88,7 @@ class MathEvalConfig:
     timeout_s: float = spec(5.0, low=0.0, low_open=True, doc="per symbolic check when grading")
     max_workers: int = spec(4, low=1, doc="grading threads")
     answer_format: str = spec(II("oc.select:env.answer_format,any"),
-                              choices=("any", "boxed", "final_line"),
+                              choices=ANSWER_FORMATS,
                               doc="any (box, final-answer phrase, last number) | boxed | "
                               "final_line; the env's by default")  # fmt: skip
     system_prompt: str = spec(II("oc.select:env.system_prompt,default"),

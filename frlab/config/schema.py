@@ -61,8 +61,8 @@ class ModelConfig:
     gradient_checkpointing: bool = spec(False, doc="recompute activations in backward")
     logprob_chunk_size: int = spec(1024, low=1, arg=False, doc="tokens per LM-head chunk")
     routing_replay: bool = spec(
-        False, arg=False, doc="MoE: replay the sampler's experts (needs rollout/engine=torch)"
-    )
+        False, arg=False, doc="MoE: replay the sampler's experts (needs an engine whose "
+        "class declares records_routing; a dry run names them)")  # fmt: skip
     trust_remote_code: bool = spec(False, doc="passed to transformers")
     attn_implementation: str | None = spec(
         None, doc="transformers attention; null: eager on CPU-only machines, else sdpa"

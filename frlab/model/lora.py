@@ -27,23 +27,33 @@ import torch
 
 ADAPTER_MARKERS = ("lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B", "lora_magnitude")
 ROUTER_SUFFIXES = ("mlp.gate", "router")  # MoE routers: never adapted
+# A `model.lora` mapping's keys left out take these (the declared defaults, compared by a test).
+LORA_DEFAULTS: dict[str, Any] = {
+    "rank": 0, "alpha": 16.0, "dropout": 0.0, "target_modules": ["all-linear"], "adapter": None,
+}  # fmt: skip
+
+
+def with_defaults(lora: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A `model.lora` mapping with every key (those left out at their declared defaults)."""
+    return {**LORA_DEFAULTS, **(lora or {})}
 
 
 def enabled(lora: Mapping[str, Any] | None) -> bool:
     """Whether a `model.lora` node asks for adapters (rank > 0)."""
-    return bool(lora) and int(lora.get("rank", 0) or 0) > 0
+    return bool(lora) and int(with_defaults(lora)["rank"] or 0) > 0
 
 
 def check_lora(lora: Mapping[str, Any]) -> None:
     """ValueError naming the `model.lora` key of the first invalid setting."""
-    rank, alpha, dropout = lora.get("rank", 0), lora.get("alpha", 16.0), lora.get("dropout", 0.0)
+    lora = with_defaults(lora)
+    rank, alpha, dropout = lora["rank"], lora["alpha"], lora["dropout"]
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
         raise ValueError(f"model.lora.rank must be an int >= 0 (0: no adapters), got {rank!r}")
     if not isinstance(alpha, int | float) or isinstance(alpha, bool) or not alpha > 0:
         raise ValueError(f"model.lora.alpha must be a number > 0, got {alpha!r}")
     if not isinstance(dropout, int | float) or isinstance(dropout, bool) or not 0 <= dropout < 1:
         raise ValueError(f"model.lora.dropout must be in [0, 1), got {dropout!r}")
-    targets = lora.get("target_modules", ["all-linear"])
+    targets = lora["target_modules"]
     if isinstance(targets, str) or not targets or not all(isinstance(t, str) for t in targets):
         raise ValueError(
             f"model.lora.target_modules must be a non-empty list of module names (or "
@@ -56,16 +66,17 @@ def apply_lora(model: Any, lora: Mapping[str, Any]) -> Any:
     from peft import LoraConfig, PeftModel, get_peft_model
 
     check_lora(lora)
-    adapter = lora.get("adapter")
+    lora = with_defaults(lora)
+    adapter = lora["adapter"]
     if adapter:
         return PeftModel.from_pretrained(model, str(adapter), is_trainable=True)
-    targets, parameters = list(lora.get("target_modules", ["all-linear"])), None
+    targets, parameters = list(lora["target_modules"]), None
     if targets == ["all-linear"]:
         targets, parameters = all_linear(model)
     config = LoraConfig(
         r=int(lora["rank"]),
-        lora_alpha=float(lora.get("alpha", 16.0)),
-        lora_dropout=float(lora.get("dropout", 0.0)),
+        lora_alpha=float(lora["alpha"]),
+        lora_dropout=float(lora["dropout"]),
         target_modules=targets,
         target_parameters=parameters,
         bias="none",

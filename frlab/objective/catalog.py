@@ -25,8 +25,11 @@ PRESETS_DIR = Path("configs/objective")  # the `objective` config group: one fil
 README_FILE = Path("README.md")
 KEYS_FILE = Path("docs/config-keys.md")  # the config key reference (frlab.generated)
 REGENERATE = "python -m frlab.generated --write"  # the command that rewrites them (frlab.generated)
-KIND_TITLES = {"baseline": "baseline", "trust_region": "trust region",
-               "aggregation": "aggregation", "token_filter": "token filter"}  # fmt: skip
+
+
+def kind_title(kind: str) -> str:
+    """A component kind as the README's table names it (`trust_region` -> `trust region`)."""
+    return kind.replace("_", " ")
 
 
 def components() -> list[tuple[str, type[Component]]]:
@@ -92,7 +95,7 @@ def component_table() -> str:
     ]
     for kind, cls in components():
         maths = cls.summary().rstrip(".")
-        cells = (KIND_TITLES[kind], f"`{cls.name}`", maths, _hyperparameters_cell(cls),
+        cells = (kind_title(kind), f"`{cls.name}`", maths, _hyperparameters_cell(cls),
                  _diagnostics_cell(cls), cls.source)  # fmt: skip
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)

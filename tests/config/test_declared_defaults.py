@@ -26,7 +26,10 @@ BUILT_FROM = {
         "frlab.data.datamodule.RolloutDataModule",
         "frlab.learner.module.FlashReinforceModule",
     ],
-    schema.RolloutConfig: ["frlab.rollout.pool.RolloutPool"],
+    schema.RolloutConfig: [
+        "frlab.rollout.pool.RolloutPool",
+        "frlab.rollout.agent_loop.AgentLoopConfig",  # AgentLoopConfig.from_rollout
+    ],
     schema.SamplingConfig: [
         "frlab.rollout.engine.SamplingParams",
         "frlab.learner.module.FlashReinforceModule",
@@ -52,14 +55,22 @@ def concrete(value: Any) -> bool:
 
 
 def shared_defaults(cls: type, target: str) -> list[tuple[str, Any, Any]]:
-    """(key, declared default, constructor default) for every key both give a default."""
+    """(key, declared default, constructor default) for every key both give a default; a
+    nested section the constructor does not take whole (`eval.sampling`, spread into
+    temperature, top_p, ... by `from_config`) is compared key by key."""
     parameters = inspect.signature(get_object(target)).parameters
     out = []
     for f in dataclasses.fields(cls):
+        value = declared_default(f)
+        if f.name not in parameters and dataclasses.is_dataclass(value):
+            out += [(f"{f.name}.{key}", declared, given)
+                    for key, declared, given in shared_defaults(type(value), target)]  # fmt: skip
+            continue
         p = parameters.get(f.name)
         if p is None or p.default is inspect.Parameter.empty:
             continue
-        value = declared_default(f)
+        if dataclasses.is_dataclass(value):  # taken whole: its own BUILT_FROM row compares it
+            continue
         if concrete(value):
             out.append((f.name, value, p.default))
     return out
@@ -120,3 +131,27 @@ def test_a_drifted_default_is_caught() -> None:
     module = sys.modules[__name__]
     module._built = built  # type: ignore[attr-defined]
     assert shared_defaults(Declared, f"{__name__}._built") == [("k", 4, 5)]
+
+
+def test_a_drifted_default_inside_a_spread_section_is_caught() -> None:
+    """A nested section handed to the constructor key by key is compared key by key."""
+
+    @dataclasses.dataclass
+    class Inner:
+        temperature: float = 0.7
+
+    @dataclasses.dataclass
+    class Outer:
+        k: int = 4
+        sampling: Inner = dataclasses.field(default_factory=Inner)
+
+    def built(k: int = 4, temperature: float = 0.6) -> None: ...
+
+    import sys
+
+    module = sys.modules[__name__]
+    module._spread = built  # type: ignore[attr-defined]
+    assert shared_defaults(Outer, f"{__name__}._spread") == [
+        ("k", 4, 4),
+        ("sampling.temperature", 0.7, 0.6),
+    ]

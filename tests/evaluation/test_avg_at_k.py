@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from frlab.config.evaluation import EvalSamplingConfig
 from frlab.evaluation.avg_at_k import AvgAtKEvaluation, EngineGenerate
 from frlab.evaluation.benchmarks import load_benchmark
 from frlab.model.toy_tokenizer import build_toy_tokenizer
@@ -99,7 +100,7 @@ def test_avg_at_k_is_exact_per_benchmark_and_mean() -> None:
     assert pool.engine.calls == {q: 4 for q in REPLIES}  # every problem asked k times
     eos = pool.tokenizer.eos_token_id
     assert {(p.temperature, p.top_p, p.stop_token_ids) for p in pool.engine.params} == {
-        (0.6, 0.95, (eos,))
+        (EvalSamplingConfig().temperature, 0.95, (eos,))  # the declared default, top_p given
     }
 
 

@@ -121,6 +121,19 @@ def test_bad_settings_name_their_key(lora: dict, match: str) -> None:
         check_lora(lora)
 
 
+def test_keys_left_out_take_the_declared_defaults() -> None:
+    """`build_policy(lora={"rank": 8})` from Python adapts as the command line does: the keys
+    left out take the `model.lora` declaration's defaults, not a second copy of them."""
+    import dataclasses
+
+    from frlab.config.schema import LoraConfig
+    from frlab.model.lora import LORA_DEFAULTS, with_defaults
+
+    declared = dataclasses.asdict(LoraConfig())
+    assert LORA_DEFAULTS == declared
+    assert with_defaults({"rank": 8}) == {**declared, "rank": 8}
+
+
 def test_routing_replay_with_moe_adapters_gives_back_the_samplers_log_probs() -> None:
     """Qwen3-MoE with trained adapters (attention and fused experts): the torch engine records
     its experts, and the learner replaying them recomputes the behaviour log-probs exactly (no

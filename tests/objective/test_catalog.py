@@ -18,11 +18,11 @@ from frlab.learner.metrics import ACCEPTANCE, StepMetrics
 from frlab.objective import KINDS, Objective
 from frlab.objective.catalog import (
     KEYS_FILE,
-    KIND_TITLES,
     PARAMS_FILE,
     README_FILE,
     ROOT,
     components,
+    kind_title,
     yaml_number,
 )
 
@@ -59,7 +59,7 @@ def test_every_component_is_selectable_documented_and_logged(kind: str, name: st
         assert plan.component_params[name] == cls.defaults()
     # documented: its README row, the key reference's slot comment, its defaults in the config
     readme = (ROOT / README_FILE).read_text()
-    assert f"| {KIND_TITLES[kind]} | `{name}` | {cls.summary().rstrip('.')} |" in readme
+    assert f"| {kind_title(kind)} | `{name}` | {cls.summary().rstrip('.')} |" in readme
     schema = (ROOT / KEYS_FILE).read_text()
     section = schema[schema.index("# objective:begin") : schema.index("# objective:end")]
     assert name in re.findall(r"\w+", section)
