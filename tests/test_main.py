@@ -93,12 +93,28 @@ def test_sweep_preset_runs_without_dash_m(tmp_path: Path) -> None:
         (["data.batch_size=abc"], "config key `data.batch_size`: must be an integer"),
         (["-m", "objective=grpo,rlo"], "did you mean 'rloo'"),
         (["rollout.engine=torhc"], "did you mean 'torch'"),
+        (["-m", "data.pack_sequences=false,3"], "`data.pack_sequences`: must be true or false"),
     ],
 )
 def test_config_errors_exit_2_with_the_key(tmp_path: Path, args: list[str], fragment: str) -> None:
     out = frlab(*args, "dry_run=true", cwd=tmp_path)
     assert out.returncode == 2, (out.stdout, out.stderr)
     assert "frlab: config error:" in out.stderr and fragment in out.stderr, out.stderr
+
+
+@pytest.mark.slow
+def test_a_sweep_presets_value_on_a_bool_key_is_refused_in_its_job(tmp_path: Path) -> None:
+    """A sweep preset's values reach each job as its overrides, not on the command line: the
+    job's preflight checks them (job 0 runs, job 1's `3` is refused instead of read as true)."""
+    (tmp_path / "sweep").mkdir()
+    (tmp_path / "sweep" / "badbool.yaml").write_text(
+        "# @package _global_\nhydra:\n  mode: MULTIRUN\n  sweeper:\n    params:\n"
+        "      data.pack_sequences: false,3\n"
+    )
+    out = frlab(f"--config-dir={tmp_path}", "sweep=badbool", "dry_run=true", cwd=tmp_path)
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    assert out.stdout.count("frlab plan") == 1, out.stdout
+    assert "`data.pack_sequences`: must be true or false, got 3" in out.stderr, out.stderr
 
 
 @pytest.mark.slow

@@ -194,21 +194,26 @@ def declared_annotation(cls: type, key: str) -> Any:
 
 def check_bool_overrides(root: type, overrides: list[str]) -> None:
     """ConfigError for a command-line value that is not a boolean on a key declared bool:
-    OmegaConf would turn `data.pack_sequences=3` into True silently."""
+    OmegaConf would turn `data.pack_sequences=3` into True silently (each value of a sweep
+    such as `data.pack_sequences=3,false` too)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
 
     try:
         parsed = OverridesParser.create().parse_overrides(overrides=list(overrides))
     except Exception:  # a malformed override: Hydra reports it itself
         return
     for override in parsed:
-        if override.is_sweep_override() or override.is_delete():
-            continue
         key = override.key_or_group.lstrip("+")
-        if unwrap(declared_annotation(root, key) or object)[0] is not bool:
+        if override.is_delete() or unwrap(declared_annotation(root, key) or object)[0] is not bool:
             continue
-        value = override.value()
-        if value is not None and not isinstance(value, bool):
-            raise ConfigError(
-                key, f"must be true or false, got {override.get_value_element_as_str()}"
-            )
+        values: list[Any] = [override.value()]
+        if override.is_discrete_sweep():
+            try:
+                values = list(override.sweep_iterator())
+            except HydraException:  # a glob() sweep: it lists group options, not values
+                continue
+        for value in values:
+            if value is not None and not isinstance(value, bool):
+                shown = value if override.is_discrete_sweep() else override.get_value_string()
+                raise ConfigError(key, f"must be true or false, got {shown}")

@@ -49,7 +49,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from frlab.config import schema
-from frlab.config.declare import check_values, declared, section_type
+from frlab.config.declare import check_bool_overrides, check_values, declared, section_type
 from frlab.config.engines import (
     ENGINES,
     RemoteConfig,
@@ -73,6 +73,7 @@ __all__ = ["ConfigError", "Plan", "preflight"]
 def preflight(cfg: DictConfig) -> Plan:
     """Validate `cfg` (a frlab config, see `structured`) and return the resolved run plan."""
     cfg = structured(cfg)
+    check_bool_overrides(schema.FrlabConfig, _job_overrides(cfg))  # a sweep preset's too
     _check_root(cfg)
     sec = {name: _resolve(cfg, name) for name in ("model", "rollout", "data", "objective", "optim")}
     trainer = _resolve(cfg, "trainer")
@@ -96,6 +97,16 @@ def preflight(cfg: DictConfig) -> Plan:
     _check_support(objective, sec["rollout"]["sampling"])
     _check_groups(objective, sec["rollout"], sec["data"])
     return build_plan(cfg, sec, trainer, objective, world, engine)
+
+
+def _job_overrides(cfg: DictConfig) -> list[str]:
+    """This job's overrides: the command line's, with a sweep's values for this job (from the
+    composed `hydra` node, or the live run's)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if "hydra" in cfg:
+        return list(OmegaConf.select(cfg, "hydra.overrides.task", default=None) or [])
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
 
 
 def _resolve(cfg: DictConfig, section: str) -> dict[str, Any]:

@@ -3,6 +3,8 @@ ConfigErrors naming the key, with close matches, from compose() as from `python 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from frlab.config.compose import compose, group_options, legacy_overrides
@@ -120,6 +122,34 @@ def test_a_bool_key_accepts_only_booleans() -> None:
             compose([f"data.pack_sequences={bad}"])
     assert compose(["data.pack_sequences=false"]).data.pack_sequences is False
     assert compose(["model.lora.rank=4"]).model.lora.rank == 4  # not a bool key: untouched
+
+
+def test_preflight_checks_the_jobs_own_overrides_on_bool_keys() -> None:
+    """The values a sweep preset hands a job are its overrides (`hydra.overrides.task`)."""
+    from frlab.config.compose import compose
+    from frlab.config.errors import ConfigError
+    from frlab.config.preflight import preflight
+
+    cfg = compose([])
+    cfg.hydra.overrides.task = ["data.pack_sequences=3"]
+    with pytest.raises(ConfigError, match="data.pack_sequences.*got 3"):
+        preflight(cfg)
+
+
+@pytest.mark.parametrize(
+    ("sweep", "shown"),
+    [("false,3", "3"), ("range(0,2)", "0"), ("choice(true,yes)", "yes"),
+     ("interval(0,1)", "interval(0,1)")],
+)  # fmt: skip
+def test_every_value_of_a_sweep_on_a_bool_key_is_a_boolean(sweep: str, shown: str) -> None:
+    """`-m data.pack_sequences=false,3` would run a job with 3 read as true."""
+    from frlab.config.declare import check_bool_overrides
+    from frlab.config.errors import ConfigError
+    from frlab.config.schema import FrlabConfig
+
+    with pytest.raises(ConfigError, match=f"data.pack_sequences.*got {re.escape(shown)}$"):
+        check_bool_overrides(FrlabConfig, [f"data.pack_sequences={sweep}"])
+    check_bool_overrides(FrlabConfig, ["data.pack_sequences=true,false", "seed=0,1"])
 
 
 def test_call_hydra_main_reports_config_errors_and_keeps_other_errors(
