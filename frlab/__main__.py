@@ -10,7 +10,9 @@ exits with code 2; a failure exits 1 (disk full: one line naming the folder), 75
 rollout engine went down for good (a dead engine process, a fleet down past
 `rollout.remote.fleet_down_timeout_s`: the last step is checkpointed, resume with
 `ckpt_path=last` once it is back), and 130 / 143 when SIGINT / SIGTERM stopped the run
-(frlab.run.guard). With no arguments the embedded CPU default experiment `toy_cpu` runs.
+(frlab.run.guard). A job SLURM requeued resumes from its run folder's last.ckpt
+(frlab.run.folder.requeue_resume). With no arguments the embedded CPU default experiment
+`toy_cpu` runs.
 """
 
 from __future__ import annotations
@@ -34,10 +36,12 @@ ENGINE_DOWN_EXIT = 75  # EX_TEMPFAIL (sysexits.h): the rollout engine went down 
 def task(cfg: DictConfig) -> dict[str, Any]:
     """One job: preflight, then the dry-run plan or the training run's summary."""
     from frlab.config.preflight import preflight
+    from frlab.run.folder import resume_if_requeued
     from frlab.run.machine import check_machine
 
     if not cfg.dry_run:
         check_machine(cfg)
+        resume_if_requeued(cfg)  # a job SLURM requeued resumes from its last.ckpt
     plan = preflight(cfg)
     if cfg.dry_run:
         from frlab.config.engines import engine_class

@@ -1,12 +1,13 @@
 """`run(cfg) -> summary`: a composed config becomes a FlashREINFORCE training run.
 
 The story (the FlashREINFORCE paper's one-pass update): validate the config (preflight: the plan and the
-objective, built once), build the policy and its tokenizer, the learner module (policy,
-objective, optimizer), the rollout side (a data module whose pool drives its own engine copy
-of the weights and one environment per episode), the callbacks (weight sync every
-`rollout.sync_every` steps, evaluation, run files, progress bar, atomic checkpoints), the
-logger and the Trainer; then `fit` (resuming from `ckpt_path`) and the summary (also in
-`summary.json`), with plots in the run folder. Each object with a `_target_` is built by
+objective, built once); build the callbacks (weight sync every `rollout.sync_every` steps,
+evaluation, run files, progress bar, atomic checkpoints), the logger and the Trainer, which
+are cheap, so a bad key of theirs fails before the model loads; then the policy and its
+tokenizer, the learner module (policy, objective, optimizer), the rollout side (a data module
+whose pool drives its own engine copy of the weights and one environment per episode); then
+`fit` (resuming from `ckpt_path`) and the summary (also in `summary.json`), with plots in the
+run folder. Each object with a `_target_` is built by
 `frlab.config.instantiate.instantiate` (frlab.build).
 """
 
@@ -59,6 +60,13 @@ def run(cfg: DictConfig, plan: Plan | None = None) -> dict[str, Any]:
     output_dir, guard = run_folder(cfg, plan)
     if guard.finished:
         return guard.previous_summary  # a resume of a finished run changes nothing
+    # the Trainer, its logger and callbacks first: a bad key there fails in seconds, not after
+    # the model loaded (they draw no random numbers, so seeding after them changes nothing)
+    run_files = RunFilesCallback(
+        output_dir, components=plan.components, extra={"plan": plan.to_dict()}
+    )
+    callbacks = [*build_callbacks(cfg, run_files), guard.callback]
+    trainer = build_trainer(cfg, callbacks, output_dir)
     L.seed_everything(int(cfg.seed), workers=True)
     model = plain(cfg.model)
     tokenizer = load_tokenizer(model)
@@ -79,11 +87,6 @@ def run(cfg: DictConfig, plan: Plan | None = None) -> dict[str, Any]:
         cfg.data, key="data", user_modules=user_modules(cfg), pool_factory=pools,
         seed=int(cfg.seed), pad_token_id=int(tokenizer.pad_token_id),
     )  # fmt: skip
-    run_files = RunFilesCallback(
-        output_dir, components=plan.components, extra={"plan": plan.to_dict()}
-    )
-    callbacks = [*build_callbacks(cfg, run_files), guard.callback]
-    trainer = build_trainer(cfg, callbacks, output_dir)
     with guard.signals():  # SIGINT/SIGTERM: final checkpoint, then RunInterrupted (130/143)
         trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
     summary = run_files.summary or run_files.finish("finished")

@@ -220,15 +220,19 @@ def test_servers_get_the_models_context_as_the_preset_sets_it(exp: str) -> None:
             assert json.loads(words[words.index("--hf-overrides") + 1]) == dict(extra)
 
 
-def test_a_requeued_slurm_job_resumes_from_its_last_checkpoint(tmp_path: Path) -> None:
-    """SLURM requeues a preempted job with the same id, so the same RUN_DIR: the learner step
-    must add ckpt_path=last once the run has a checkpoint (else frlab refuses the folder)."""
+def test_a_requeued_slurm_job_reruns_in_its_own_folder() -> None:
+    """The job asks SLURM to requeue it (preemption, node failure), and a requeued job keeps
+    its id, so its run folder: there frlab resumes from last.ckpt by itself
+    (SLURM_RESTART_COUNT; tests/reliability/test_crash_resume.py)."""
     exp = "python_tool_qwen3_30b_a3b"
+    assert "#SBATCH --requeue" in (LAUNCH / "slurm_learner_fleet.sbatch").read_text()
     hosts = " ".join(f"node{i}" for i in range(LAYOUTS[exp][2] + 1))
-    first = _run("slurm_learner_fleet.sbatch", exp, FRLAB_NODES=hosts, RUN_DIR=str(tmp_path))
-    assert first.returncode == 0 and "ckpt_path=last" not in first.stdout
-    (tmp_path / "checkpoints").mkdir()
-    (tmp_path / "checkpoints" / "last.ckpt").write_bytes(b"")
-    again = _run("slurm_learner_fleet.sbatch", exp, FRLAB_NODES=hosts, RUN_DIR=str(tmp_path))
-    assert again.returncode == 0
-    assert "ckpt_path=last" in _frlab_overrides(again.stdout.splitlines()[-1])
+    folders = set()
+    for restart in ("0", "1"):
+        out = _run("slurm_learner_fleet.sbatch", exp, FRLAB_NODES=hosts, RUN_DIR="",
+                   SLURM_JOB_ID="4242", SLURM_RESTART_COUNT=restart)  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        overrides = _frlab_overrides(out.stdout.splitlines()[-1])
+        assert not any(o.startswith("ckpt_path=") for o in overrides)  # frlab decides
+        folders |= {o for o in overrides if o.startswith("hydra.run.dir=")}
+    assert len(folders) == 1 and next(iter(folders)).endswith("/slurm_4242"), folders

@@ -70,3 +70,21 @@ def test_the_optimizer_and_data_module_come_from_their_nodes() -> None:
     assert "grad_clip" not in group and "scheduler" not in group  # read by the learner
     data = instantiate(cfg.data, key="data", pool_factory=lambda **kw: None, seed=3)
     assert isinstance(data, RolloutDataModule) and (data.batch_size, data.seed) == (8, 3)
+
+
+def test_a_bad_callback_key_fails_before_the_model_is_built(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Trainer, its logger and callbacks are built first: a misspelt callback argument
+    is refused, naming the key, before minutes of model loading on a GPU."""
+    from frlab import train
+    from frlab.config.errors import ConfigError
+
+    def no_model(*args: object) -> None:
+        raise AssertionError("the policy was built before the callbacks were checked")
+
+    monkeypatch.setattr(train, "build_policy_from", no_model)
+    cfg = compose([f"paths.output_dir={tmp_path}", "+callbacks.progress_bar.refresh_rat=3"])
+    with pytest.raises(ConfigError, match="did you mean 'refresh_rate'") as info:
+        train.run(cfg)
+    assert info.value.key == "callbacks.progress_bar.refresh_rat"

@@ -20,6 +20,7 @@ with `arg=False` (read by frlab itself, e.g. `optim.grad_clip`) are not passed t
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
@@ -161,6 +162,11 @@ def _explain(node: Any, key: str, exc: Exception) -> ConfigError:
     if isinstance(cause, ConfigError):
         return cause
     text = str(exc)
+    refused = re.search(r"unexpected keyword argument '(\w+)'", str(cause))
+    if isinstance(cause, TypeError) and refused and target:
+        name = refused.group(1)
+        return ConfigError(f"{key}.{name}" if key else name, f"unknown argument {name!r} of "
+                           f"{target}", value=name, choices=accepted_arguments(str(target)))  # fmt: skip
     if isinstance(cause, ImportError) or "Error locating target" in text:
         return ConfigError(
             where,
@@ -168,3 +174,32 @@ def _explain(node: Any, key: str, exc: Exception) -> ConfigError:
             f"optional extra is not installed ({cause})",
         )
     return ConfigError(where, f"building {target!r} failed: {text}")
+
+
+def accepted_arguments(target: str) -> list[str]:
+    """The keyword arguments `target` takes, following `**kwargs` handed on to a base class's
+    `__init__` (a subclass that only adds behaviour); [] when they cannot be read."""
+    import inspect
+
+    from hydra.utils import get_object
+
+    try:
+        owner = get_object(target)
+    except Exception:  # noqa: BLE001 - only used to suggest names
+        return []
+    callables = (
+        [c.__init__ for c in owner.__mro__ if "__init__" in vars(c)]
+        if inspect.isclass(owner)
+        else [owner]
+    )
+    names: list[str] = []
+    for fn in callables:
+        try:
+            params = inspect.signature(fn).parameters.values()
+        except (TypeError, ValueError):
+            break
+        names += [p.name for p in params
+                  if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self"]  # fmt: skip
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            break
+    return sorted(set(names))

@@ -10,14 +10,21 @@
   `.hydra/` before this check runs: frlab.run.hydra_record refuses earlier and keeps it).
 - `checkpoint_step`: the optimizer step a checkpoint file was taken at, so a resume of a run
   that already reached `trainer.max_steps` can say so and change nothing.
+- `requeue_resume`: a job SLURM requeued (preemption, node failure, submitit's requeue at the
+  time limit: the same job in the same folder, `SLURM_RESTART_COUNT` >= 1) launched without
+  `ckpt_path` resumes from its folder's `last.ckpt` instead of being refused as a new run.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
+
+from omegaconf import DictConfig
 
 from frlab.config.errors import ConfigError
 from frlab.tracking.metrics_file import METRICS_FILE, SUMMARY_FILE
@@ -27,6 +34,7 @@ log = logging.getLogger(__name__)
 SAMPLES_FILE = "samples.jsonl"  # frlab.tracking.samples (kept Lightning-free here)
 RUN_FILES = (METRICS_FILE, SUMMARY_FILE, SAMPLES_FILE)
 PLOTS_DIR = "plots"
+REQUEUE_COUNT = "SLURM_RESTART_COUNT"  # SLURM sets it on a requeued job: 1, 2, ...
 
 
 def partial_writes(folder: Path) -> list[Path]:
@@ -64,6 +72,33 @@ def existing_run_files(output_dir: Path, ckpt_dir: Path) -> list[Path]:
     if ckpt_dir.is_dir():
         found += sorted(p for p in ckpt_dir.iterdir() if p.name.endswith(".ckpt"))
     return found
+
+
+def checkpoint_dir(cfg: Mapping[str, object], output_dir: Path) -> Path:
+    """The checkpoint folder: `callbacks.model_checkpoint.dirpath`, else `<run>/checkpoints`."""
+    node = (cfg.get("callbacks") or {}).get("model_checkpoint") or {}  # type: ignore[union-attr]
+    return Path(str(node.get("dirpath") or output_dir / "checkpoints"))
+
+
+def requeue_resume(
+    ckpt_path: object, ckpt_dir: Path, environ: Mapping[str, str] | None = None
+) -> object:
+    """The `ckpt_path` this launch uses: as given, or `last` for a job SLURM requeued whose
+    folder holds `last.ckpt` (a requeue without one has nothing to resume: it stays refused)."""
+    count = (os.environ if environ is None else environ).get(REQUEUE_COUNT, "") or "0"
+    if ckpt_path is not None or not count.isdigit() or int(count) < 1:
+        return ckpt_path
+    if not (ckpt_dir / "last.ckpt").is_file():
+        return None
+    log.warning("SLURM requeued this job (%s=%s): resuming from %s/last.ckpt",
+                REQUEUE_COUNT, count, ckpt_dir)  # fmt: skip
+    return "last"
+
+
+def resume_if_requeued(cfg: DictConfig) -> None:
+    """`ckpt_path=last` on a requeued job whose folder holds `last.ckpt` (`requeue_resume`)."""
+    ckpt_dir = checkpoint_dir(cfg, Path(str(cfg.paths.output_dir)))
+    cfg.ckpt_path = requeue_resume(cfg.get("ckpt_path"), ckpt_dir)
 
 
 def check_new_run(output_dir: Path, ckpt_dir: Path, *, overwrite: bool) -> None:

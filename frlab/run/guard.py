@@ -42,6 +42,7 @@ from frlab.learner.integrity import CheckpointCorrupt, verify_checkpoint
 from frlab.rollout.engine import EngineDown
 from frlab.run.folder import (
     check_new_run,
+    checkpoint_dir,
     checkpoint_step,
     clean_partial_writes,
     resolve_checkpoint,
@@ -53,12 +54,6 @@ log = logging.getLogger(__name__)
 
 GRACE_S = 30.0  # how long a learner step may still run after SIGINT/SIGTERM
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
-def checkpoint_dir(cfg: Any, output_dir: Path) -> Path:
-    """The checkpoint folder: `callbacks.model_checkpoint.dirpath`, else `<run>/checkpoints`."""
-    node = (cfg.get("callbacks") or {}).get("model_checkpoint") or {}
-    return Path(str(node.get("dirpath") or output_dir / "checkpoints"))
 
 
 @dataclass

@@ -25,7 +25,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from frlab.config.errors import ConfigError
-from frlab.run.folder import check_new_run
+from frlab.run.folder import check_new_run, requeue_resume
 
 RECORD = ("config.yaml", "hydra.yaml", "overrides.yaml")
 PREVIOUS = "previous"
@@ -64,7 +64,8 @@ class KeepRunRecord(Callback):
         hydra_dir = run_dir / str(config.hydra.output_subdir or ".hydra")
         if not hydra_dir.is_dir():
             return
-        new_run = config.get("ckpt_path") is None and not config.get("dry_run", False)
+        resume = requeue_resume(config.get("ckpt_path"), run_dir / "checkpoints")
+        new_run = resume is None and not config.get("dry_run", False)
         if new_run and not config.get("overwrite", False):
             try:
                 check_new_run(run_dir, run_dir / "checkpoints", overwrite=False)

@@ -9,6 +9,7 @@ from frlab.config.errors import ConfigError
 from frlab.config.instantiate import (
     ALLOWED_TARGETS,
     BUILTIN_PREFIXES,
+    accepted_arguments,
     check_allowed,
     check_user_modules,
     instantiate,
@@ -84,5 +85,18 @@ def test_missing_module_reads_as_not_implemented() -> None:
 
 def test_bad_kwargs_name_the_key() -> None:
     node = OmegaConf.create({"_target_": "envs.toy.ParityEnv", "num_digitz": 2})
-    with pytest.raises(ConfigError, match=r"(?s)env\._target_.*num_digitz"):
+    with pytest.raises(ConfigError, match="did you mean 'num_digits'") as info:
         instantiate(node, key="env")
+    assert info.value.key == "env.num_digitz"
+
+
+def test_a_bad_kwarg_handed_on_to_a_base_class_is_named_with_the_bases_arguments() -> None:
+    """frlab's ProgressBar takes **kwargs for Lightning's TQDMProgressBar: the names offered
+    are the base class's."""
+    node = OmegaConf.create({"_target_": "frlab.tracking.ProgressBar", "refresh_rat": 3})
+    with pytest.raises(ConfigError, match="did you mean 'refresh_rate'") as info:
+        instantiate(node, key="callbacks.progress_bar")
+    assert info.value.key == "callbacks.progress_bar.refresh_rat"
+    assert accepted_arguments("frlab.tracking.ProgressBar") == [
+        "leave", "process_position", "refresh_rate"
+    ]  # fmt: skip

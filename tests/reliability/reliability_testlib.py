@@ -37,9 +37,11 @@ def command(run_dir: Path, *args: str) -> list[str]:
     return [sys.executable, "-m", "frlab", f"hydra.run.dir={run_dir}", *SMALL, *args]
 
 
-def run(run_dir: Path, *args: str) -> subprocess.CompletedProcess:
-    """Run frlab to completion (or the deadline) and return its output."""
-    return subprocess.run(command(run_dir, *args), cwd=run_dir.parent, env=ENV,
+def run(
+    run_dir: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """Run frlab to completion (or the deadline) and return its output (`env`: added)."""
+    return subprocess.run(command(run_dir, *args), cwd=run_dir.parent, env={**ENV, **(env or {})},
                           capture_output=True, text=True, timeout=DEADLINE_S)  # fmt: skip
 
 

@@ -132,6 +132,21 @@ def test_a_new_run_in_a_used_folder_is_refused_and_changes_nothing(straight: Pat
     assert not list((straight / "checkpoints").glob("last-v*.ckpt"))
 
 
+def test_a_job_slurm_requeued_resumes_without_ckpt_path(tmp_path: Path, straight: Path) -> None:
+    """A requeued job (SLURM_RESTART_COUNT >= 1) reruns its command unchanged, in its folder:
+    it resumes from last.ckpt; the same command not requeued stays refused."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(straight, run_dir, symlinks=True)
+    longer = (*SYNC, f"trainer.max_steps={STEPS + 2}")
+    refused = run(run_dir, *longer)
+    assert refused.returncode == 2 and "config key `paths.output_dir`" in refused.stderr
+    out = run(run_dir, *longer, env={"SLURM_RESTART_COUNT": "1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "SLURM requeued this job" in out.stdout + out.stderr
+    assert steps(run_dir) == list(range(1, STEPS + 3))  # resumed: no step repeated
+    assert summary(run_dir)["plan"]["ckpt_path"] == "last"
+
+
 def test_a_damaged_checkpoint_fails_fast_naming_it_and_the_previous_one_resumes(
     tmp_path: Path, straight: Path
 ) -> None:

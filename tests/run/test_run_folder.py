@@ -81,3 +81,17 @@ def test_resolve_checkpoint_and_its_step(tmp_path: Path) -> None:
     AtomicCheckpointIO().save_checkpoint({"global_step": 42, "w": torch.ones(3)}, path)
     assert checkpoint_step(path) == 42
     assert checkpoint_step(ckpts) is None  # a sharded checkpoint folder
+
+
+def test_requeue_resume_resumes_only_a_requeued_job_with_a_last_checkpoint(tmp_path: Path) -> None:
+    from frlab.run.folder import requeue_resume
+
+    ckpt_dir = tmp_path / "checkpoints"
+    ckpt_dir.mkdir()
+    requeued, fresh = {"SLURM_RESTART_COUNT": "2"}, {"SLURM_RESTART_COUNT": "0"}
+    assert requeue_resume(None, ckpt_dir, requeued) is None  # nothing to resume: stays refused
+    (ckpt_dir / "last.ckpt").write_bytes(b"x")
+    assert requeue_resume(None, ckpt_dir, requeued) == "last"
+    assert requeue_resume(None, ckpt_dir, fresh) is None  # a first launch is a new run
+    assert requeue_resume(None, ckpt_dir, {}) is None  # not under SLURM
+    assert requeue_resume("step3.ckpt", ckpt_dir, requeued) == "step3.ckpt"  # the user's choice
