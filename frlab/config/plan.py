@@ -180,16 +180,39 @@ def wrapped(head: str, items: list[str], width: int = 100) -> list[str]:
     return [*lines, line.rstrip()]
 
 
-def changed_settings(sec: Mapping[str, Any], trainer: Mapping[str, Any]) -> dict[str, Any]:
-    """The keys of the declared sections whose values differ from their declared defaults."""
+def changed_settings(
+    sec: Mapping[str, Any], trainer: Mapping[str, Any], env: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The keys whose values differ from their declared defaults: the declared sections', the
+    chosen engine node's (against its declaration) and the env node's (against its class's
+    constructor defaults)."""
     from frlab.config import schema
     from frlab.config.declare import changed
+    from frlab.config.engines import ENGINES, engine_name
 
     values = {**sec, "trainer": trainer}
     out: dict[str, Any] = {}
     for name, cls in schema.SECTIONS.items():
         out.update(changed(name, values[name], cls))
-    return out
+    node = sec["rollout"].get("engine")
+    if isinstance(node, Mapping) and engine_name(node) in ENGINES:
+        out.pop("rollout.engine", None)
+        out.update(changed("rollout.engine", node, ENGINES[engine_name(node)]))
+    return {**out, **_changed_env(env or {})}
+
+
+def _changed_env(env: Mapping[str, Any]) -> dict[str, Any]:
+    """`env.KEY` values unlike the env class's constructor defaults ({} when it cannot be read)."""
+    import inspect
+
+    from hydra.utils import get_object
+
+    try:
+        params = inspect.signature(get_object(str(env.get("_target_")))).parameters
+    except (ImportError, ValueError, TypeError):
+        return {}
+    return {f"env.{k}": v for k, v in env.items()
+            if not str(k).startswith("_") and (k not in params or params[k].default != v)}  # fmt: skip
 
 
 def build_plan(
@@ -254,9 +277,17 @@ def build_plan(
         output_dir=output_dir(cfg),
         ckpt_path=cfg.get("ckpt_path"),
         seed=int(cfg.seed),
-        changed=changed_settings(sec, trainer),
+        changed=changed_settings(sec, trainer, _env_values(cfg)),
         objective=objective,
     )
+
+
+def _env_values(cfg: DictConfig) -> dict[str, Any]:
+    """The env node's values, resolved where they resolve ({} otherwise: a dry run goes on)."""
+    try:
+        return OmegaConf.to_container(cfg.env, resolve=True)  # type: ignore[return-value]
+    except Exception:  # noqa: BLE001 - an interpolation only the run resolves
+        return {}
 
 
 def describe_trust_region(name: str, trust_region: Any) -> str:

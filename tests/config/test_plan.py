@@ -147,6 +147,22 @@ def test_the_plan_lists_the_values_that_differ_from_the_declared_defaults() -> N
     assert "model.name_or_path=null" in text
 
 
+def test_the_changed_row_shows_the_engine_and_env_keys_set() -> None:
+    """The engine node against its declaration, the env node against its class's constructor
+    defaults: `rollout.engine.num_threads=2`, `env.num_digits=5`, key by key."""
+    plan = preflight(compose(["rollout/engine=torch_process", "rollout.engine.num_threads=2",
+                              "rollout.engine.packed_prefill=false", "env.num_digits=5"]))  # fmt: skip
+    assert plan.changed["rollout.engine.num_threads"] == 2
+    assert plan.changed["rollout.engine.packed_prefill"] is False
+    assert plan.changed["env.num_digits"] == 5
+    assert "rollout.engine" not in plan.changed  # not the whole node
+    assert "rollout.engine.start_timeout_s" not in plan.changed  # the declared default
+    text = " ".join(plan.format().split())
+    assert "rollout.engine.num_threads=2" in text and "env.num_digits=5" in text
+    default = preflight(compose([]))
+    assert not [k for k in default.changed if k.startswith("rollout.engine")]
+
+
 def test_objective_row_shows_every_components_own_values() -> None:
     overrides = ["objective=dr_grpo", "rollout=sync", "rollout.samples_per_prompt=2",
                  "objective.constant_length.length=512", "objective.ppo_clip.eps_high=0.28",
