@@ -70,3 +70,35 @@ def test_every_repo_path_a_config_comment_names_exists() -> None:
                for name in REPO_PATH.findall(path.read_text())
                if not (ROOT / name).exists() and not (ROOT / name).with_suffix(".py").exists()]  # fmt: skip
     assert not missing, "\n".join(missing)
+
+
+# --- option lists written in the docs are the config groups' options ------------------------
+
+OPTION_LIST = re.compile(r"\b([a-z_]+(?:/[a-z_]+)*)=([a-z_0-9]+(?:\|[a-z_0-9]+)+)")
+
+
+def option_lists(text: str) -> list[tuple[str, list[str]]]:
+    """(group, options) of each `group=a|b|c` a text writes out."""
+    return [(m.group(1), m.group(2).split("|")) for m in OPTION_LIST.finditer(text)]
+
+
+def test_every_option_list_in_the_docs_is_the_groups_options() -> None:
+    """`rollout/engine=torch|torch_process|vllm|remote` in a guide (or an error message) lists
+    exactly the options of the config group, so an engine added as an option file cannot be
+    missing from it."""
+    from frlab.config.compose import group_options
+
+    docs = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
+            *sorted((ROOT / "frlab").rglob("*.py"))]  # error messages and key docs too  # fmt: skip
+    found = 0
+    for path in docs:
+        for group, listed in option_lists(path.read_text()):
+            options = group_options(group)
+            if not options:  # a key, not a config group
+                continue
+            found += 1
+            assert sorted(listed) == options, f"{path.name}: {group}={'|'.join(listed)}"
+    assert found >= 2  # the engine lists of configuration.md and engines.md at least
+    assert option_lists("pick rollout/engine=torch|vllm here") == [
+        ("rollout/engine", ["torch", "vllm"])
+    ]

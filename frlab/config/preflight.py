@@ -49,6 +49,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from frlab.config import schema
+from frlab.config.compose import group_options
 from frlab.config.declare import check_bool_overrides, check_values, declared, section_type
 from frlab.config.engines import (
     ENGINES,
@@ -201,7 +202,8 @@ def _check_infrastructure(cfg: DictConfig, user_modules: tuple[str, ...]) -> Non
     logger = cfg.get("logger")
     if logger is not None:
         if not isinstance(logger, DictConfig) or "_target_" not in logger:
-            raise ConfigError("logger._target_", "missing: choose logger=csv|tensorboard|wandb")
+            options = "|".join(group_options("logger"))
+            raise ConfigError("logger._target_", f"missing: choose logger={options}")
         nodes["logger"] = logger
     callbacks = cfg.get("callbacks")
     if callbacks is not None:
