@@ -15,7 +15,7 @@ import yaml
 from hydra.utils import get_object
 
 from frlab.config import schema
-from frlab.config.compose import CONFIGS_DIR
+from frlab.config.compose import CONFIGS_DIR, EXPERIMENTS_DIR
 from frlab.config.declare import declared, default_of, section_type
 from frlab.config.engines import ENGINES
 
@@ -95,3 +95,33 @@ def test_an_env_option_holds_its_constructors_defaults(path: Path) -> None:
         if not interpolated and value != default and key not in ENV_CHOICES.get(path.name, ()):
             differ[key] = (value, default)
     assert not differ, f"env/{path.name} (value, constructor default): {differ}"
+
+
+# Presets that state a paper setting in full on purpose: a change of frlab's defaults must not
+# change what they reproduce.
+PAPER_PRESETS = {
+    "experiment/alfworld_qwen7b.yaml", "experiment/python_tool_qwen3_30b_a3b.yaml",
+    "experiment/python_tool_qwen7b.yaml", "experiment/qwen_math_1p5b.yaml",
+    "experiment/r1_distill_1p5b.yaml",
+    "experiment/smollm2_gsm8k_cpu.yaml",  # the paper's optimiser and sampling on a CPU model
+    "ablation/grpo_8x8.yaml", "ablation/grpo_32x4_no_std.yaml",  # the reference's GRPO arm
+}  # fmt: skip
+PRESETS = [*sorted(EXPERIMENTS_DIR.glob("experiment/*.yaml")), *options("ablation")]
+
+
+def test_the_paper_presets_exist() -> None:
+    names = {f"{p.parent.name}/{p.name}" for p in PRESETS}
+    assert PAPER_PRESETS <= names, PAPER_PRESETS - names
+
+
+@pytest.mark.parametrize("path", PRESETS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_a_preset_restates_no_declared_default_unless_it_states_a_paper_setting(
+    path: Path,
+) -> None:
+    """Experiment and ablation presets (`# @package _global_`) only change values; a paper
+    preset states its setting in full (PAPER_PRESETS)."""
+    if f"{path.parent.name}/{path.name}" in PAPER_PRESETS:
+        pytest.skip("a paper setting, stated in full on purpose")
+    values = yaml.safe_load(path.read_text()) or {}
+    found = [key.lstrip(".") for key in restated(values, schema.FrlabConfig, "")]
+    assert not found, f"{path.parent.name}/{path.name} restates declared defaults: {found}"
