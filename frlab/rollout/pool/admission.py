@@ -112,9 +112,13 @@ def lag_info(learner_version: int, start_version: int, traj: Trajectory) -> dict
 
 
 def validate_pool_args(
-    batch_size: int, max_in_flight: int, max_policy_lag: int, mode: str, g: int
-) -> None:
-    """Raise ValueError naming the config key of a bad pool size, mode or lag bound."""
+    batch_size: int, max_in_flight: int, max_policy_lag: int, mode: str, g: int,
+    env_workers: int = 1, prompt_id_offset: int = 0, prompt_id_stride: int = 1,
+) -> None:  # fmt: skip
+    """Raise ValueError naming the config key of a bad pool size, mode or lag bound (or the
+    argument: env threads, this rank's share of the prompt ids)."""
+    if int(env_workers) < 1 or not 0 <= int(prompt_id_offset) < int(prompt_id_stride):
+        raise ValueError("need num_env_workers >= 1 and 0 <= prompt_id_offset < stride")
     if int(batch_size) < 1:
         raise ValueError(f"data.batch_size must be >= 1, got {batch_size}")
     if mode not in MODES:

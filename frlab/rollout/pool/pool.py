@@ -84,12 +84,11 @@ class RolloutPool:
         prompt_id_stride: int = 1,
         off_policy_correction: bool = True,
     ) -> None:
-        validate_pool_args(batch_size, max_in_flight, max_policy_lag, mode, samples_per_prompt)
+        validate_pool_args(batch_size, max_in_flight, max_policy_lag, mode, samples_per_prompt,
+                           num_env_workers, prompt_id_offset, prompt_id_stride)  # fmt: skip
         # Importance ratios need the full sampling support (truncation biases them): refuse
         # top-p / top-k here too, so pools built outside train.py (benches, scripts) cannot.
         loop_cfg.sampling.validate(off_policy_correction)
-        if num_env_workers < 1 or not 0 <= prompt_id_offset < prompt_id_stride:
-            raise ValueError("need num_env_workers >= 1 and 0 <= prompt_id_offset < stride")
         self.engine = engine
         self.env_factory = env_factory
         self.tokenizer = tokenizer
@@ -285,7 +284,7 @@ class RolloutPool:
                 chosen = self._queue.select(self._next_consume_version, self.batch_size)
                 if chosen is not None:
                     break
-                self._raise_if_engine_down()
+                self._raise_if_engine_down(None)
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise TimeoutError(
@@ -334,11 +333,12 @@ class RolloutPool:
                 "push weights (WeightSyncCallback, rollout.sync_every <= rollout.max_policy_lag)"
             )
 
-    def _raise_if_engine_down(self) -> None:
-        """EngineDown when no batch is ready and the engine says it can serve nothing more."""
+    def _raise_if_engine_down(self, cause: BaseException | None) -> None:
+        """EngineDown when the engine says it can serve nothing more (no batch is ready, or a
+        weight push failed: `cause`)."""
         down = self.engine.down_reason()
         if down is not None:
-            raise EngineDown(f"the rollout engine is down: {down}")
+            raise EngineDown(f"the rollout engine is down: {down}") from cause
 
     def _hand_out(self, chosen: list[Rollout]) -> list[Trajectory]:
         batch = self._queue.hand_out(chosen, self._next_consume_version, self.mode == "sync")
@@ -363,9 +363,7 @@ class RolloutPool:
         try:
             self.engine.update_weights(state_dict, int(version))
         except Exception as exc:
-            down = self.engine.down_reason()
-            if down is not None:  # the learner step is done: a safe point to stop at
-                raise EngineDown(f"the rollout engine is down: {down}") from exc
+            self._raise_if_engine_down(exc)  # the learner step is done: a safe point to stop at
             raise
         if int(self.engine.version) != int(version):
             raise RuntimeError(
