@@ -117,6 +117,21 @@ def check_values(key: str, values: Mapping[str, Any], cls: type) -> None:
             check_value(join(key, f.name), value, meta_of(f))
 
 
+def non_booleans(cls: type, values: Mapping[str, Any], key: str = "") -> Iterator[tuple[str, Any]]:
+    """(full key, value) of each raw value on a key `cls` declares bool that is not a boolean
+    (nor null, nor an interpolation): OmegaConf, merging, would read 3 as true silently."""
+    for f, annotation in declared(cls):
+        if f.name not in values:
+            continue
+        value, sub, full = values[f.name], section_type(annotation), join(key, f.name)
+        if sub is not None and isinstance(value, Mapping):
+            yield from non_booleans(sub, value, full)
+        elif unwrap(annotation)[0] is bool and not (
+            value is None or isinstance(value, bool) or str(value).startswith("${")
+        ):
+            yield full, value
+
+
 def check_value(key: str, value: Any, meta: Meta) -> None:
     """Raise ConfigError unless `value` fits the rules of `meta`."""
     if meta.pair:

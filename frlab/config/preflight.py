@@ -50,7 +50,13 @@ from omegaconf.errors import OmegaConfBaseException
 
 from frlab.config import schema
 from frlab.config.compose import group_options
-from frlab.config.declare import check_bool_overrides, check_values, declared, section_type
+from frlab.config.declare import (
+    check_bool_overrides,
+    check_values,
+    declared,
+    non_booleans,
+    section_type,
+)
 from frlab.config.engines import (
     ENGINES,
     RemoteConfig,
@@ -157,6 +163,9 @@ def structured(cfg: DictConfig) -> DictConfig:
     # as plain containers (interpolations kept): a typed node would carry its own extra keys
     values = OmegaConf.to_container(cfg, resolve=False)
     values.pop("hydra", None)  # type: ignore[union-attr]
+    if OmegaConf.get_type(cfg) is not schema.FrlabConfig:  # raw values: not yet converted
+        for key, value in non_booleans(schema.FrlabConfig, values):  # type: ignore[arg-type]
+            raise ConfigError(key, f"must be true or false, got {value!r}")
     try:
         out = OmegaConf.merge(OmegaConf.structured(schema.FrlabConfig(rollout=rollout)), values)
     except OmegaConfBaseException as exc:

@@ -124,6 +124,23 @@ def test_a_bool_key_accepts_only_booleans() -> None:
     assert compose(["model.lora.rank=4"]).model.lora.rank == 4  # not a bool key: untouched
 
 
+def test_a_config_built_in_python_gives_bool_keys_booleans() -> None:
+    """`structured` merges a plain config onto the declarations: its raw values are checked
+    first, since the merge would turn 3 into true."""
+    from omegaconf import OmegaConf
+
+    from frlab.config.compose import compose
+    from frlab.config.errors import ConfigError
+    from frlab.config.preflight import preflight
+
+    plain = OmegaConf.create(OmegaConf.to_container(compose([], with_hydra=False)))
+    plain.data.pack_sequences = 3
+    with pytest.raises(ConfigError, match="data.pack_sequences.*got 3"):
+        preflight(plain)
+    plain.data.pack_sequences = "${oc.select:nothing,true}"  # an interpolation resolves later
+    assert preflight(plain).pack_sequences is True
+
+
 def test_preflight_checks_the_jobs_own_overrides_on_bool_keys() -> None:
     """The values a sweep preset hands a job are its overrides (`hydra.overrides.task`)."""
     from frlab.config.compose import compose
