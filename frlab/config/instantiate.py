@@ -163,10 +163,11 @@ def _explain(node: Any, key: str, exc: Exception) -> ConfigError:
         return cause
     text = str(exc)
     refused = re.search(r"unexpected keyword argument '(\w+)'", str(cause))
-    if isinstance(cause, TypeError) and refused and target:
-        name = refused.group(1)
+    name = refused.group(1) if refused and isinstance(cause, TypeError) else None
+    accepted = accepted_arguments(str(target)) if name and target else []
+    if name in node and accepted and name not in accepted:  # this node's own key (not nested)
         return ConfigError(f"{key}.{name}" if key else name, f"unknown argument {name!r} of "
-                           f"{target}", value=name, choices=accepted_arguments(str(target)))  # fmt: skip
+                           f"{target}", value=name, choices=accepted)  # fmt: skip
     if isinstance(cause, ImportError) or "Error locating target" in text:
         return ConfigError(
             where,

@@ -12,7 +12,8 @@
   that already reached `trainer.max_steps` can say so and change nothing.
 - `requeue_resume`: a job SLURM requeued (preemption, node failure, submitit's requeue at the
   time limit: the same job in the same folder, `SLURM_RESTART_COUNT` >= 1) launched without
-  `ckpt_path` resumes from its folder's `last.ckpt` instead of being refused as a new run.
+  `ckpt_path` resumes from its folder's `last.ckpt` instead of being refused as a new run,
+  when that folder is this job's own (`record_slurm_job` wrote its id there at start).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import contextlib
 import logging
 import os
 import shutil
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -35,6 +37,7 @@ SAMPLES_FILE = "samples.jsonl"  # frlab.tracking.samples (kept Lightning-free he
 RUN_FILES = (METRICS_FILE, SUMMARY_FILE, SAMPLES_FILE)
 PLOTS_DIR = "plots"
 REQUEUE_COUNT = "SLURM_RESTART_COUNT"  # SLURM sets it on a requeued job: 1, 2, ...
+SLURM_JOB_FILE = "slurm_job_id"  # the SLURM job that runs in this folder (requeue_resume)
 
 
 def partial_writes(folder: Path) -> list[Path]:
@@ -81,24 +84,42 @@ def checkpoint_dir(cfg: Mapping[str, object], output_dir: Path) -> Path:
 
 
 def requeue_resume(
-    ckpt_path: object, ckpt_dir: Path, environ: Mapping[str, str] | None = None
+    ckpt_path: object, output_dir: Path, ckpt_dir: Path, environ: Mapping[str, str] | None = None
 ) -> object:
     """The `ckpt_path` this launch uses: as given, or `last` for a job SLURM requeued whose
-    folder holds `last.ckpt` (a requeue without one has nothing to resume: it stays refused)."""
-    count = (os.environ if environ is None else environ).get(REQUEUE_COUNT, "") or "0"
-    if ckpt_path is not None or not count.isdigit() or int(count) < 1:
+    folder holds `last.ckpt` written by this very job (its id in `slurm_job_id`, recorded when
+    it started); any other folder stays a new run's (refused when used)."""
+    env = os.environ if environ is None else environ
+    count, job = env.get(REQUEUE_COUNT, "") or "0", env.get("SLURM_JOB_ID")
+    if ckpt_path is not None or not count.isdigit() or int(count) < 1 or not job:
         return ckpt_path
-    if not (ckpt_dir / "last.ckpt").is_file():
-        return None
-    log.warning("SLURM requeued this job (%s=%s): resuming from %s/last.ckpt",
-                REQUEUE_COUNT, count, ckpt_dir)  # fmt: skip
-    return "last"
+    mine = (output_dir / SLURM_JOB_FILE).is_file() and (
+        (output_dir / SLURM_JOB_FILE).read_text().strip() == job
+    )
+    return "last" if mine and (ckpt_dir / "last.ckpt").is_file() else None
+
+
+def record_slurm_job(output_dir: Path, environ: Mapping[str, str] | None = None) -> None:
+    """Write this SLURM job's id into the run folder (atomically), so that a requeue of the
+    same job, and only it, resumes there (`requeue_resume`)."""
+    job = (os.environ if environ is None else environ).get("SLURM_JOB_ID")
+    if not job:
+        return
+    fd, tmp = tempfile.mkstemp(prefix=f".{SLURM_JOB_FILE}.", suffix=".tmp", dir=output_dir)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(job + "\n")
+    os.replace(tmp, output_dir / SLURM_JOB_FILE)
 
 
 def resume_if_requeued(cfg: DictConfig) -> None:
-    """`ckpt_path=last` on a requeued job whose folder holds `last.ckpt` (`requeue_resume`)."""
-    ckpt_dir = checkpoint_dir(cfg, Path(str(cfg.paths.output_dir)))
-    cfg.ckpt_path = requeue_resume(cfg.get("ckpt_path"), ckpt_dir)
+    """`ckpt_path=last` on a requeued job whose folder holds its own `last.ckpt`."""
+    output_dir = Path(str(cfg.paths.output_dir))
+    ckpt_dir = checkpoint_dir(cfg, output_dir)
+    resume = requeue_resume(cfg.get("ckpt_path"), output_dir, ckpt_dir)
+    if resume != cfg.get("ckpt_path"):
+        log.warning("SLURM requeued this job (%s=%s): resuming from %s/last.ckpt",
+                    REQUEUE_COUNT, os.environ.get(REQUEUE_COUNT), ckpt_dir)  # fmt: skip
+        cfg.ckpt_path = resume
 
 
 def check_new_run(output_dir: Path, ckpt_dir: Path, *, overwrite: bool) -> None:

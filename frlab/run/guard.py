@@ -45,6 +45,7 @@ from frlab.run.folder import (
     checkpoint_dir,
     checkpoint_step,
     clean_partial_writes,
+    record_slurm_job,
     resolve_checkpoint,
 )
 from frlab.stop import RunInterrupted
@@ -272,4 +273,5 @@ def run_folder(cfg: DictConfig, plan: Plan) -> tuple[Path, Any]:
     check_resume(cfg.get("ckpt_path"), cfg, output_dir)
     guard = RunGuard.prepare(cfg, output_dir)  # used folder, resume checkpoint, temp files
     output_dir.mkdir(parents=True, exist_ok=True)
+    record_slurm_job(output_dir)  # a requeue of this job resumes here (requeue_resume)
     return output_dir, guard

@@ -5,7 +5,8 @@ job starts, before frlab's own checks run. Pointed at a folder that already hold
 (`hydra.run.dir=...`), that would replace the record of how the earlier run was launched.
 `KeepRunRecord.on_run_start` runs first (single runs; sweep folders are new per launch):
 
-- a NEW run (no `ckpt_path`, no `overwrite=true`, not a dry run) in a folder that holds
+- a NEW run (no `ckpt_path`, no `overwrite=true`, not a dry run, not a SLURM requeue of the
+  job that runs in this folder: frlab.run.folder.requeue_resume) in a folder that holds
   another run's files is refused right there, with the message and exit code 2 of frlab's
   run-folder check (frlab.run.folder.check_new_run), so nothing in it changes;
 - otherwise (a resume, a dry run, `overwrite=true`) the existing `.hydra/*.yaml` are copied to
@@ -25,7 +26,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from frlab.config.errors import ConfigError
-from frlab.run.folder import check_new_run, requeue_resume
+from frlab.run.folder import check_new_run, checkpoint_dir, requeue_resume
 
 RECORD = ("config.yaml", "hydra.yaml", "overrides.yaml")
 PREVIOUS = "previous"
@@ -64,7 +65,7 @@ class KeepRunRecord(Callback):
         hydra_dir = run_dir / str(config.hydra.output_subdir or ".hydra")
         if not hydra_dir.is_dir():
             return
-        resume = requeue_resume(config.get("ckpt_path"), run_dir / "checkpoints")
+        resume = requeue_resume(config.get("ckpt_path"), run_dir, _checkpoints(config, run_dir))
         new_run = resume is None and not config.get("dry_run", False)
         if new_run and not config.get("overwrite", False):
             try:
@@ -73,6 +74,15 @@ class KeepRunRecord(Callback):
                 print(f"frlab: config error: {exc}", file=sys.stderr, flush=True)
                 sys.exit(2)
         keep_record(hydra_dir)
+
+
+def _checkpoints(config: DictConfig, run_dir: Path) -> Path:
+    """The run's checkpoint folder, or `<run>/checkpoints` where it cannot be resolved yet
+    (Hydra's runtime keys are set after this callback)."""
+    try:
+        return checkpoint_dir(config, run_dir)
+    except Exception:  # noqa: BLE001 - an interpolation of the runtime output folder
+        return run_dir / "checkpoints"
 
 
 class CheckMachine(Callback):

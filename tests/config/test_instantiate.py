@@ -100,3 +100,28 @@ def test_a_bad_kwarg_handed_on_to_a_base_class_is_named_with_the_bases_arguments
     assert accepted_arguments("frlab.tracking.ProgressBar") == [
         "leave", "process_position", "refresh_rate"
     ]  # fmt: skip
+
+
+def test_a_bad_kwarg_of_a_nested_node_or_raised_inside_is_not_pinned_on_the_outer_key(
+    tmp_path, monkeypatch
+) -> None:
+    """Only a key of the node itself that its target does not take is named as the node's:
+    a nested node's typo, or a TypeError from inside a constructor, keeps the target's error."""
+    (tmp_path / "nestpkg").mkdir()
+    (tmp_path / "nestpkg" / "__init__.py").write_text(
+        "class Inner:\n    def __init__(self, size=1):\n        self.size = size\n"
+        "class Outer:\n    def __init__(self, inner=None, depth=1):\n        self.inner = inner\n"
+        "def helper(size):\n    return size\n"
+        "class Calls:\n    def __init__(self, depth=1):\n        helper(depth=depth)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    nested = {"_target_": "nestpkg.Outer", "inner": {"_target_": "nestpkg.Inner", "sise": 2}}
+    inside = {"_target_": "nestpkg.Calls", "depth": 2}
+    for node in (nested, inside):
+        with pytest.raises(ConfigError) as info:
+            instantiate(OmegaConf.create(node), key="env", user_modules=["nestpkg"])
+        assert info.value.key == "env._target_", str(info.value)
+    own = {"_target_": "nestpkg.Outer", "dept": 2}
+    with pytest.raises(ConfigError, match="did you mean 'depth'") as info:
+        instantiate(OmegaConf.create(own), key="env", user_modules=["nestpkg"])
+    assert info.value.key == "env.dept"

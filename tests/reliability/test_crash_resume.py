@@ -132,18 +132,23 @@ def test_a_new_run_in_a_used_folder_is_refused_and_changes_nothing(straight: Pat
     assert not list((straight / "checkpoints").glob("last-v*.ckpt"))
 
 
-def test_a_job_slurm_requeued_resumes_without_ckpt_path(tmp_path: Path, straight: Path) -> None:
-    """A requeued job (SLURM_RESTART_COUNT >= 1) reruns its command unchanged, in its folder:
-    it resumes from last.ckpt; the same command not requeued stays refused."""
+def test_a_job_slurm_requeued_resumes_in_its_own_folder_only(tmp_path: Path) -> None:
+    """A requeued job (SLURM_RESTART_COUNT >= 1, the same SLURM_JOB_ID) reruns its command
+    unchanged in its folder and resumes from last.ckpt; another job pointed at that folder, or
+    the same command not requeued, stays refused."""
     run_dir = tmp_path / "run"
-    shutil.copytree(straight, run_dir, symlinks=True)
-    longer = (*SYNC, f"trainer.max_steps={STEPS + 2}")
-    refused = run(run_dir, *longer)
-    assert refused.returncode == 2 and "config key `paths.output_dir`" in refused.stderr
-    out = run(run_dir, *longer, env={"SLURM_RESTART_COUNT": "1"})
+    short = ("rollout.mode=sync", "callbacks.model_checkpoint.every_n_train_steps=2")
+    job = {"SLURM_JOB_ID": "4242"}
+    first = run(run_dir, *short, "trainer.max_steps=4", env=job)
+    assert first.returncode == 0, first.stderr[-3000:]
+    longer = (*short, "trainer.max_steps=6")
+    for env in ({}, {"SLURM_JOB_ID": "4243", "SLURM_RESTART_COUNT": "1"}):
+        refused = run(run_dir, *longer, env=env)
+        assert refused.returncode == 2 and "config key `paths.output_dir`" in refused.stderr
+    out = run(run_dir, *longer, env={**job, "SLURM_RESTART_COUNT": "1"})
     assert out.returncode == 0, out.stderr[-3000:]
     assert "SLURM requeued this job" in out.stdout + out.stderr
-    assert steps(run_dir) == list(range(1, STEPS + 3))  # resumed: no step repeated
+    assert steps(run_dir) == list(range(1, 7))  # resumed at step 4: no step repeated
     assert summary(run_dir)["plan"]["ckpt_path"] == "last"
 
 

@@ -83,15 +83,23 @@ def test_resolve_checkpoint_and_its_step(tmp_path: Path) -> None:
     assert checkpoint_step(ckpts) is None  # a sharded checkpoint folder
 
 
-def test_requeue_resume_resumes_only_a_requeued_job_with_a_last_checkpoint(tmp_path: Path) -> None:
-    from frlab.run.folder import requeue_resume
+def test_requeue_resume_resumes_only_the_requeued_job_in_its_own_folder(tmp_path: Path) -> None:
+    from frlab.run.folder import record_slurm_job, requeue_resume
 
-    ckpt_dir = tmp_path / "checkpoints"
+    run, ckpt_dir = tmp_path, tmp_path / "checkpoints"
     ckpt_dir.mkdir()
-    requeued, fresh = {"SLURM_RESTART_COUNT": "2"}, {"SLURM_RESTART_COUNT": "0"}
-    assert requeue_resume(None, ckpt_dir, requeued) is None  # nothing to resume: stays refused
+    requeued = {"SLURM_RESTART_COUNT": "2", "SLURM_JOB_ID": "77"}
+    record_slurm_job(run, {"SLURM_JOB_ID": "77"})
+    assert (run / "slurm_job_id").read_text() == "77\n"
+    assert requeue_resume(None, run, ckpt_dir, requeued) is None  # nothing to resume: refused
     (ckpt_dir / "last.ckpt").write_bytes(b"x")
-    assert requeue_resume(None, ckpt_dir, requeued) == "last"
-    assert requeue_resume(None, ckpt_dir, fresh) is None  # a first launch is a new run
-    assert requeue_resume(None, ckpt_dir, {}) is None  # not under SLURM
-    assert requeue_resume("step3.ckpt", ckpt_dir, requeued) == "step3.ckpt"  # the user's choice
+    assert requeue_resume(None, run, ckpt_dir, requeued) == "last"
+    other_job = {**requeued, "SLURM_JOB_ID": "78"}  # a requeued job pointed at another's run
+    assert requeue_resume(None, run, ckpt_dir, other_job) is None
+    assert requeue_resume(None, run, ckpt_dir, {**requeued, "SLURM_RESTART_COUNT": "0"}) is None
+    assert requeue_resume(None, run, ckpt_dir, {}) is None  # not under SLURM
+    assert requeue_resume("step3.ckpt", run, ckpt_dir, requeued) == "step3.ckpt"  # as given
+    (run / "slurm_job_id").unlink()  # a folder no job recorded (a run before this rule)
+    assert requeue_resume(None, run, ckpt_dir, requeued) is None
+    record_slurm_job(run, {})  # outside SLURM: nothing written
+    assert not (run / "slurm_job_id").exists()
