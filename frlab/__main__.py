@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from frlab.config.compose import legacy_overrides, setup_hydra
 from frlab.config.declare import check_bool_overrides
+from frlab.config.engines import TYPED_NODES
 from frlab.config.errors import ConfigError, call_hydra_main
 from frlab.config.schema import FrlabConfig
 
@@ -89,7 +90,8 @@ def main() -> None:
     """Console entry point."""
     sys.argv[1:] = legacy_overrides(sys.argv[1:])
     try:
-        check_bool_overrides(FrlabConfig, [a for a in sys.argv[1:] if not a.startswith("-")])
+        args = [a for a in sys.argv[1:] if not a.startswith("-")]
+        check_bool_overrides(FrlabConfig, args, TYPED_NODES)
     except ConfigError as exc:
         print(f"frlab: config error: {exc}", file=sys.stderr, flush=True)
         sys.exit(2)

@@ -133,10 +133,11 @@ def compose(
     from hydra.core.global_hydra import GlobalHydra
 
     from frlab.config.declare import check_bool_overrides
+    from frlab.config.engines import TYPED_NODES
     from frlab.config.errors import explain
     from frlab.config.schema import FrlabConfig
 
-    check_bool_overrides(FrlabConfig, legacy_overrides(overrides))
+    check_bool_overrides(FrlabConfig, legacy_overrides(overrides), TYPED_NODES)
     setup_hydra()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONFIGS_DIR), version_base="1.3"):

@@ -207,10 +207,27 @@ def declared_annotation(cls: type, key: str) -> Any:
     return None if found is None else found[1]
 
 
-def check_bool_overrides(root: type, overrides: list[str]) -> None:
-    """ConfigError for a command-line value that is not a boolean on a key declared bool:
-    OmegaConf would turn `data.pack_sequences=3` into True silently (each value of a sweep
-    such as `data.pack_sequences=3,false` too)."""
+def declared_bool(
+    root: type, key: str, nodes: Mapping[str, tuple[type, ...]] | None = None
+) -> bool:
+    """Whether dotted `key` is declared bool below `root`, or, below one of `nodes` (a key
+    declared `Any` that holds a typed node: the chosen engine's, the fleet's), by any of that
+    node's declarations."""
+    if unwrap(declared_annotation(root, key) or object)[0] is bool:
+        return True
+    for node, classes in (nodes or {}).items():
+        if key.startswith(f"{node}."):
+            rest = key.removeprefix(f"{node}.")
+            return any(unwrap(declared_annotation(c, rest) or object)[0] is bool for c in classes)
+    return False
+
+
+def check_bool_overrides(
+    root: type, overrides: list[str], nodes: Mapping[str, tuple[type, ...]] | None = None
+) -> None:
+    """ConfigError for a command-line value that is not a boolean on a key declared bool
+    (`declared_bool`): OmegaConf would turn `data.pack_sequences=3` into True silently (each
+    value of a sweep such as `data.pack_sequences=3,false` too)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
@@ -220,7 +237,7 @@ def check_bool_overrides(root: type, overrides: list[str]) -> None:
         return
     for override in parsed:
         key = override.key_or_group.lstrip("+")
-        if override.is_delete() or unwrap(declared_annotation(root, key) or object)[0] is not bool:
+        if override.is_delete() or not declared_bool(root, key, nodes):
             continue
         values: list[Any] = [override.value()]
         if override.is_discrete_sweep():

@@ -124,6 +124,13 @@ ENGINES: dict[str, type] = {
 }
 
 
+# Keys declared `Any` in the root that hold typed nodes: their possible declarations.
+TYPED_NODES: dict[str, tuple[type, ...]] = {
+    "rollout.engine": tuple(ENGINES.values()),
+    "rollout.remote": (RemoteConfig,),
+}
+
+
 def engine_name(node: Mapping[str, Any]) -> str:
     """The rollout/engine option whose declared `_target_` the engine node has (or the target)."""
     target = str(node.get("_target_"))

@@ -283,11 +283,14 @@ def build_plan(
 
 
 def _env_values(cfg: DictConfig) -> dict[str, Any]:
-    """The env node's values, resolved where they resolve ({} otherwise: a dry run goes on)."""
+    """The env node's values, resolved, without the keys that follow another key by
+    interpolation (as for the sections); {} where they do not resolve (a dry run goes on)."""
+    raw: dict[str, Any] = OmegaConf.to_container(cfg.env, resolve=False)  # type: ignore[assignment]
     try:
-        return OmegaConf.to_container(cfg.env, resolve=True)  # type: ignore[return-value]
+        values: dict[str, Any] = OmegaConf.to_container(cfg.env, resolve=True)  # type: ignore[assignment]
     except Exception:  # noqa: BLE001 - an interpolation only the run resolves
         return {}
+    return {k: v for k, v in values.items() if not str(raw.get(k)).startswith("${")}
 
 
 def describe_trust_region(name: str, trust_region: Any) -> str:

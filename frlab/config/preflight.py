@@ -59,6 +59,7 @@ from frlab.config.declare import (
 )
 from frlab.config.engines import (
     ENGINES,
+    TYPED_NODES,
     RemoteConfig,
     check_engine,
     check_lora_engine,
@@ -80,7 +81,7 @@ __all__ = ["ConfigError", "Plan", "preflight"]
 def preflight(cfg: DictConfig) -> Plan:
     """Validate `cfg` (a frlab config, see `structured`) and return the resolved run plan."""
     cfg = structured(cfg)
-    check_bool_overrides(schema.FrlabConfig, _job_overrides(cfg))  # a sweep preset's too
+    check_bool_overrides(schema.FrlabConfig, _job_overrides(cfg), TYPED_NODES)  # a sweep's too
     _check_root(cfg)
     sec = {name: _resolve(cfg, name) for name in ("model", "rollout", "data", "objective", "optim")}
     trainer = _resolve(cfg, "trainer")
@@ -164,8 +165,7 @@ def structured(cfg: DictConfig) -> DictConfig:
     values = OmegaConf.to_container(cfg, resolve=False)
     values.pop("hydra", None)  # type: ignore[union-attr]
     if OmegaConf.get_type(cfg) is not schema.FrlabConfig:  # raw values: not yet converted
-        for key, value in non_booleans(schema.FrlabConfig, values):  # type: ignore[arg-type]
-            raise ConfigError(key, f"must be true or false, got {value!r}")
+        _check_raw_booleans(values, declaration)  # type: ignore[arg-type]
     try:
         out = OmegaConf.merge(OmegaConf.structured(schema.FrlabConfig(rollout=rollout)), values)
     except OmegaConfBaseException as exc:
@@ -176,6 +176,19 @@ def structured(cfg: DictConfig) -> DictConfig:
         with open_dict(out):
             out.hydra = cfg.hydra
     return out  # type: ignore[return-value]
+
+
+def _check_raw_booleans(values: Mapping[str, Any], engine: type | None) -> None:
+    """The keys declared bool (the root's, the engine's and the fleet's) hold booleans."""
+    rollout = values.get("rollout")
+    nodes = [(schema.FrlabConfig, values, "")]
+    for cls, name in ((engine, "engine"), (RemoteConfig, "remote")):
+        node = rollout.get(name) if isinstance(rollout, Mapping) else None
+        if cls is not None and isinstance(node, Mapping):
+            nodes.append((cls, node, f"rollout.{name}"))
+    for cls, node, key in nodes:
+        for full, value in non_booleans(cls, node, key):
+            raise ConfigError(full, f"must be true or false, got {value!r}")
 
 
 def _check_root(cfg: DictConfig) -> None:

@@ -139,6 +139,27 @@ def test_a_config_built_in_python_gives_bool_keys_booleans() -> None:
         preflight(plain)
     plain.data.pack_sequences = "${oc.select:nothing,true}"  # an interpolation resolves later
     assert preflight(plain).pack_sequences is True
+    plain.rollout.engine.packed_prefill = 0  # the chosen engine's declaration: typed as well
+    with pytest.raises(ConfigError, match="rollout.engine.packed_prefill.*got 0"):
+        preflight(plain)
+
+
+@pytest.mark.parametrize(
+    "override",
+    ["rollout.engine.packed_prefill=3", "rollout.remote.nccl_packed=1",
+     "rollout.engine.record_routing=false,2"],
+)  # fmt: skip
+def test_bool_keys_of_the_engine_and_fleet_nodes_take_only_booleans(override: str) -> None:
+    """`rollout.engine` and `rollout.remote` are typed by the option chosen (declared `Any` in
+    the root): their bool keys are held to booleans as the root's are."""
+    from frlab.config.declare import check_bool_overrides
+    from frlab.config.engines import TYPED_NODES
+    from frlab.config.errors import ConfigError
+    from frlab.config.schema import FrlabConfig
+
+    with pytest.raises(ConfigError, match="must be true or false"):
+        check_bool_overrides(FrlabConfig, [override], TYPED_NODES)
+    check_bool_overrides(FrlabConfig, [override], None)  # what the root alone would miss
 
 
 def test_preflight_checks_the_jobs_own_overrides_on_bool_keys() -> None:

@@ -161,6 +161,10 @@ def test_the_changed_row_shows_the_engine_and_env_keys_set() -> None:
     assert "rollout.engine.num_threads=2" in text and "env.num_digits=5" in text
     default = preflight(compose([]))
     assert not [k for k in default.changed if k.startswith("rollout.engine")]
+    from frlab.config.plan import _env_values
+
+    tool_env = _env_values(compose(["env=python_tool"]))  # max_turns follows rollout.max_turns
+    assert "max_turns" not in tool_env and "_target_" in tool_env
 
 
 def test_objective_row_shows_every_components_own_values() -> None:

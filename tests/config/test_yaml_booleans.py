@@ -12,14 +12,14 @@ import pytest
 import yaml
 
 from frlab.config.compose import CONFIGS_DIR, EXPERIMENTS_DIR
-from frlab.config.declare import declared_annotation, unwrap
-from frlab.config.engines import ENGINES
+from frlab.config.declare import declared_bool
+from frlab.config.engines import TYPED_NODES
 from frlab.config.evaluation import EVALS
 from frlab.config.schema import FrlabConfig
 
 FILES = sorted([*CONFIGS_DIR.rglob("*.yaml"), *EXPERIMENTS_DIR.rglob("*.yaml")])
 # the open nodes whose keys are declared by the option chosen (any declaration counts)
-OPEN = {"rollout.engine": list(ENGINES.values()), "eval": list(EVALS.values())}
+OPEN = {**TYPED_NODES, "eval": tuple(EVALS.values())}
 
 
 def package(path: Path, text: str) -> str:
@@ -32,17 +32,6 @@ def package(path: Path, text: str) -> str:
     return ".".join(path.relative_to(root).parent.parts)
 
 
-def declared_bool(key: str) -> bool:
-    """Whether dotted `key` is declared bool (in the root, or by an engine or eval option)."""
-    if unwrap(declared_annotation(FrlabConfig, key) or object)[0] is bool:
-        return True
-    for node, classes in OPEN.items():
-        if key.startswith(f"{node}."):
-            rest = key.removeprefix(f"{node}.")
-            return any(unwrap(declared_annotation(c, rest) or object)[0] is bool for c in classes)
-    return False
-
-
 def non_booleans(values: Mapping[str, Any], prefix: str) -> Iterator[tuple[str, Any]]:
     """(full key, value) of each value that is not a boolean (nor null, nor an interpolation)
     on a key declared bool."""
@@ -52,7 +41,7 @@ def non_booleans(values: Mapping[str, Any], prefix: str) -> Iterator[tuple[str, 
         key = f"{prefix}.{name}" if prefix else str(name)
         if isinstance(value, Mapping):
             yield from non_booleans(value, key)
-        elif declared_bool(key) and not (
+        elif declared_bool(FrlabConfig, key, OPEN) and not (
             value is None or isinstance(value, bool) or str(value).startswith("${")
         ):
             yield key, value
