@@ -246,6 +246,6 @@ def check_bool_overrides(
             except HydraException:  # a glob() sweep: it lists group options, not values
                 continue
         for value in values:
-            if value is not None and not isinstance(value, bool):
+            if not (value is None or isinstance(value, bool) or str(value).startswith("${")):
                 shown = value if override.is_discrete_sweep() else override.get_value_string()
                 raise ConfigError(key, f"must be true or false, got {shown}")

@@ -188,6 +188,7 @@ def test_every_value_of_a_sweep_on_a_bool_key_is_a_boolean(sweep: str, shown: st
     with pytest.raises(ConfigError, match=f"data.pack_sequences.*got {re.escape(shown)}$"):
         check_bool_overrides(FrlabConfig, [f"data.pack_sequences={sweep}"])
     check_bool_overrides(FrlabConfig, ["data.pack_sequences=true,false", "seed=0,1"])
+    check_bool_overrides(FrlabConfig, ["data.pack_sequences=${oc.env:PACK,true}"])  # resolves later
 
 
 def test_call_hydra_main_reports_config_errors_and_keeps_other_errors(
