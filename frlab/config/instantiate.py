@@ -177,15 +177,28 @@ def _explain(node: Any, key: str, exc: Exception) -> ConfigError:
     return ConfigError(where, f"building {target!r} failed: {text}")
 
 
+def locate(target: str) -> Any:
+    """The object a `_target_` names (`hydra.utils.get_object`), without Hydra's ERROR log
+    when it cannot be imported: the callers here treat that as "not on this machine"."""
+    import logging
+
+    from hydra.utils import get_object
+
+    hydra_log = logging.getLogger("hydra.utils")
+    disabled, hydra_log.disabled = hydra_log.disabled, True
+    try:
+        return get_object(target)
+    finally:
+        hydra_log.disabled = disabled
+
+
 def accepted_arguments(target: str) -> list[str]:
     """The keyword arguments `target` takes, following `**kwargs` handed on to a base class's
     `__init__` (a subclass that only adds behaviour); [] when they cannot be read."""
     import inspect
 
-    from hydra.utils import get_object
-
     try:
-        owner = get_object(target)
+        owner = locate(target)
     except Exception:  # noqa: BLE001 - only used to suggest names
         return []
     callables = (

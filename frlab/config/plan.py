@@ -205,10 +205,10 @@ def _changed_env(env: Mapping[str, Any]) -> dict[str, Any]:
     """`env.KEY` values unlike the env class's constructor defaults ({} when it cannot be read)."""
     import inspect
 
-    from hydra.utils import get_object
+    from frlab.config.instantiate import locate
 
     try:
-        params = inspect.signature(get_object(str(env.get("_target_")))).parameters
+        params = inspect.signature(locate(str(env.get("_target_")))).parameters
     except (ImportError, ValueError, TypeError):
         return {}
     return {f"env.{k}": v for k, v in env.items()

@@ -70,7 +70,7 @@ from frlab.config.engines import (
 )
 from frlab.config.errors import ConfigError, engine_named, unknown
 from frlab.config.evaluation import check_eval
-from frlab.config.instantiate import check_allowed, check_user_modules
+from frlab.config.instantiate import check_allowed, check_user_modules, locate
 from frlab.config.plan import Plan, build_plan
 from frlab.config.schema_trainer import world_size
 from frlab.model.hub import local_source_problem
@@ -255,14 +255,12 @@ def _check_env_args(env: DictConfig) -> None:
     where the run goes) is left to the run, which names it."""
     import inspect
 
-    from hydra.utils import get_object
-
     from envs.base import init_arguments
 
     target = str(env._target_)
     keys = [str(k) for k in env if not str(k).startswith("_")]
     try:
-        built_by = get_object(target)
+        built_by = locate(target)
         params = inspect.signature(built_by).parameters
     except (ImportError, ValueError, TypeError):  # not importable here, or no signature
         return
