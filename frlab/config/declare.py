@@ -110,26 +110,16 @@ def check_values(key: str, values: Mapping[str, Any], cls: type) -> None:
         value, sub = values[f.name], section_type(annotation)
         if sub is not None and isinstance(value, Mapping):
             check_values(join(key, f.name), value, sub)
-        elif unwrap(annotation)[0] is bool and value is not None and not isinstance(value, bool):
+        elif unwrap(annotation)[0] is bool and not is_boolean(value):
             # OmegaConf would read 3 as true: a key declared bool takes only booleans
             raise ConfigError(join(key, f.name), f"must be true or false, got {value!r}")
         elif value is not None:
             check_value(join(key, f.name), value, meta_of(f))
 
 
-def non_booleans(cls: type, values: Mapping[str, Any], key: str = "") -> Iterator[tuple[str, Any]]:
-    """(full key, value) of each raw value on a key `cls` declares bool that is not a boolean
-    (nor null, nor an interpolation): OmegaConf, merging, would read 3 as true silently."""
-    for f, annotation in declared(cls):
-        if f.name not in values:
-            continue
-        value, sub, full = values[f.name], section_type(annotation), join(key, f.name)
-        if sub is not None and isinstance(value, Mapping):
-            yield from non_booleans(sub, value, full)
-        elif unwrap(annotation)[0] is bool and not (
-            value is None or isinstance(value, bool) or str(value).startswith("${")
-        ):
-            yield full, value
+def is_boolean(value: Any) -> bool:
+    """What a key declared bool may hold: a boolean, null, or an interpolation (resolved later)."""
+    return value is None or isinstance(value, bool) or str(value).startswith("${")
 
 
 def check_value(key: str, value: Any, meta: Meta) -> None:
@@ -222,6 +212,22 @@ def declared_bool(
     return False
 
 
+def non_booleans(
+    root: type,
+    values: Mapping[str, Any],
+    nodes: Mapping[str, tuple[type, ...]] | None = None,
+    key: str = "",
+) -> Iterator[tuple[str, Any]]:
+    """(full key, value) of each raw value below `values` on a key declared bool
+    (`declared_bool`) that is not a boolean: OmegaConf, merging, would read 3 as true."""
+    for name, value in values.items():
+        full = join(key, name)
+        if isinstance(value, Mapping):
+            yield from non_booleans(root, value, nodes, full)
+        elif not is_boolean(value) and declared_bool(root, full, nodes):
+            yield full, value
+
+
 def check_bool_overrides(
     root: type, overrides: list[str], nodes: Mapping[str, tuple[type, ...]] | None = None
 ) -> None:
@@ -246,6 +252,6 @@ def check_bool_overrides(
             except HydraException:  # a glob() sweep: it lists group options, not values
                 continue
         for value in values:
-            if not (value is None or isinstance(value, bool) or str(value).startswith("${")):
+            if not is_boolean(value):
                 shown = value if override.is_discrete_sweep() else override.get_value_string()
                 raise ConfigError(key, f"must be true or false, got {shown}")

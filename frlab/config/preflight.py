@@ -165,7 +165,8 @@ def structured(cfg: DictConfig) -> DictConfig:
     values = OmegaConf.to_container(cfg, resolve=False)
     values.pop("hydra", None)  # type: ignore[union-attr]
     if OmegaConf.get_type(cfg) is not schema.FrlabConfig:  # raw values: not yet converted
-        _check_raw_booleans(values, declaration)  # type: ignore[arg-type]
+        for key, value in non_booleans(schema.FrlabConfig, values, TYPED_NODES):  # type: ignore[arg-type]
+            raise ConfigError(key, f"must be true or false, got {value!r}")
     try:
         out = OmegaConf.merge(OmegaConf.structured(schema.FrlabConfig(rollout=rollout)), values)
     except OmegaConfBaseException as exc:
@@ -176,19 +177,6 @@ def structured(cfg: DictConfig) -> DictConfig:
         with open_dict(out):
             out.hydra = cfg.hydra
     return out  # type: ignore[return-value]
-
-
-def _check_raw_booleans(values: Mapping[str, Any], engine: type | None) -> None:
-    """The keys declared bool (the root's, the engine's and the fleet's) hold booleans."""
-    rollout = values.get("rollout")
-    nodes = [(schema.FrlabConfig, values, "")]
-    for cls, name in ((engine, "engine"), (RemoteConfig, "remote")):
-        node = rollout.get(name) if isinstance(rollout, Mapping) else None
-        if cls is not None and isinstance(node, Mapping):
-            nodes.append((cls, node, f"rollout.{name}"))
-    for cls, node, key in nodes:
-        for full, value in non_booleans(cls, node, key):
-            raise ConfigError(full, f"must be true or false, got {value!r}")
 
 
 def _check_root(cfg: DictConfig) -> None:

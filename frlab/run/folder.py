@@ -93,9 +93,10 @@ def requeue_resume(
     count, job = env.get(REQUEUE_COUNT, "") or "0", env.get("SLURM_JOB_ID")
     if ckpt_path is not None or not count.isdigit() or int(count) < 1 or not job:
         return ckpt_path
-    mine = (output_dir / SLURM_JOB_FILE).is_file() and (
-        (output_dir / SLURM_JOB_FILE).read_text().strip() == job
-    )
+    try:
+        mine = (output_dir / SLURM_JOB_FILE).read_text().strip() == job
+    except FileNotFoundError:  # no job recorded a run here
+        mine = False
     return "last" if mine and (ckpt_dir / "last.ckpt").is_file() else None
 
 

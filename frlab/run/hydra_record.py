@@ -65,11 +65,12 @@ class KeepRunRecord(Callback):
         hydra_dir = run_dir / str(config.hydra.output_subdir or ".hydra")
         if not hydra_dir.is_dir():
             return
-        resume = requeue_resume(config.get("ckpt_path"), run_dir, _checkpoints(config, run_dir))
+        ckpt_dir = _checkpoints(config, run_dir)
+        resume = requeue_resume(config.get("ckpt_path"), run_dir, ckpt_dir)
         new_run = resume is None and not config.get("dry_run", False)
         if new_run and not config.get("overwrite", False):
             try:
-                check_new_run(run_dir, run_dir / "checkpoints", overwrite=False)
+                check_new_run(run_dir, ckpt_dir, overwrite=False)
             except ConfigError as exc:
                 print(f"frlab: config error: {exc}", file=sys.stderr, flush=True)
                 sys.exit(2)

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from frlab.config.compose import CONFIGS_DIR, EXPERIMENTS_DIR
-from frlab.config.declare import declared_bool
+from frlab.config.declare import non_booleans as declared_non_booleans
 from frlab.config.engines import TYPED_NODES
 from frlab.config.evaluation import EVALS
 from frlab.config.schema import FrlabConfig
@@ -34,17 +34,8 @@ def package(path: Path, text: str) -> str:
 
 def non_booleans(values: Mapping[str, Any], prefix: str) -> Iterator[tuple[str, Any]]:
     """(full key, value) of each value that is not a boolean (nor null, nor an interpolation)
-    on a key declared bool."""
-    for name, value in values.items():
-        if name == "defaults" and not prefix:
-            continue
-        key = f"{prefix}.{name}" if prefix else str(name)
-        if isinstance(value, Mapping):
-            yield from non_booleans(value, key)
-        elif declared_bool(FrlabConfig, key, OPEN) and not (
-            value is None or isinstance(value, bool) or str(value).startswith("${")
-        ):
-            yield key, value
+    on a key declared bool (the root's, or an open node's declarations)."""
+    yield from declared_non_booleans(FrlabConfig, values, OPEN, prefix)
 
 
 def file_non_booleans(path: Path) -> list[tuple[str, Any]]:
