@@ -1,7 +1,8 @@
 """Preflight: validate a composed config and resolve it into a `Plan`, before anything heavy.
 
-Runs in well under a second, loads no model and imports no `transformers` (only
-`frlab.objective`, for the component registries, after every lighter check). Every key is
+Loads no model and imports no `transformers`: torch comes in with `frlab.objective` (the
+component registries, after every lighter check) and the chosen engine's class, asked what it
+supports; once imported, a check takes well under a second. Every key is
 checked against its one declaration (frlab.config.schema): types and unknown keys by
 OmegaConf (`structured`), ranges and choices by `frlab.config.declare.check_values`; then the
 cross-field rules of the method (FlashREINFORCE paper, Sec. 3):
@@ -22,10 +23,9 @@ cross-field rules of the method (FlashREINFORCE paper, Sec. 3):
   the run: a preset may stop at a headline step before the reference's schedule ends;
 - a model is either loaded (`model.name_or_path`, which must exist when it is a local path)
   or random-initialised from `model.config`, not both;
-- MoE routing replay (`model.routing_replay`) needs `rollout/engine=torch` or `torch_process`,
-  the engines that record the experts they used; `torch_process` serves on CPU only;
-  `rollout/engine=vllm` beside a CPU learner needs an installed vLLM whose platform (asked of
-  vLLM itself) is the CPU: vLLM's CPU build;
+- what the chosen engine supports is asked of its class (frlab.config.engines): the devices
+  it samples on, the learner it serves beside, MoE routing records for `model.routing_replay`,
+  the `rollout.weight_update` modes and LoRA policies; a refusal names the engines that do;
 - `rollout/engine=remote` needs the `rollout.remote` block (`rollout=remote`) with a list of
   distinct http(s) server URLs; filesystem weight sync serves any number of learner ranks
   (they share the fleet), nccl exactly one (the single NCCL sender); a `remote` block under

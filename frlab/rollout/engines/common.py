@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import PreTrainedModel
 
 from frlab.model.lora import check_partial_update, is_adapter, is_peft
 from frlab.model.routing_replay import moe_routers
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 def private_copy(model: PreTrainedModel, device: str | torch.device) -> PreTrainedModel:

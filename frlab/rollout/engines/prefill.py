@@ -17,15 +17,17 @@ import inspect
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import PreTrainedModel
-from transformers.masking_utils import create_causal_mask
 
 from frlab.model.lora import base_of
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
 log = logging.getLogger(__name__)
-MASK_PARAMETERS = frozenset(inspect.signature(create_causal_mask).parameters)
 
 MIN_PACK_TOKENS = 256  # a packed row may always hold this many prompt tokens
 MAX_PACK_TOKENS = 4096  # and never more (its [S, S] attention scores are materialised)
@@ -122,14 +124,24 @@ def packed_inputs(
     return ids.to(device), positions.to(device), (lengths.cumsum(0) - 1).to(device)
 
 
+@cache
+def mask_parameters() -> frozenset[str]:
+    """The arguments of this transformers' `create_causal_mask` (they changed across releases)."""
+    from transformers.masking_utils import create_causal_mask
+
+    return frozenset(inspect.signature(create_causal_mask).parameters)
+
+
 def packed_mask(model: PreTrainedModel, positions: torch.Tensor) -> torch.Tensor:
     """The 4D block-diagonal causal mask transformers builds for a packed row (sdpa: bool,
     eager: additive float); RuntimeError when it builds none (a single prompt needs none)."""
+    from transformers.masking_utils import create_causal_mask
+
     length = positions.shape[1]
     shape_only = torch.empty((1, length, 1), dtype=model.dtype, device=positions.device)
     kwargs: dict[str, object] = {"attention_mask": None, "position_ids": positions}
-    kwargs.update({k: None for k in ("cache", "past_key_values") if k in MASK_PARAMETERS})
-    if "cache_position" in MASK_PARAMETERS:  # transformers < 5.9 indexes queries with it
+    kwargs.update({k: None for k in ("cache", "past_key_values") if k in mask_parameters()})
+    if "cache_position" in mask_parameters():  # transformers < 5.9 indexes queries with it
         kwargs["cache_position"] = torch.arange(length, device=positions.device)
     mask = create_causal_mask(model.config.get_text_config(), shape_only, **kwargs)
     if not isinstance(mask, torch.Tensor) or mask.dim() != 4:

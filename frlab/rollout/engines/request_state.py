@@ -10,11 +10,14 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from frlab.rollout.engine import EngineError, GenerationResult, SamplingParams
-from frlab.rollout.engines.kv_batch import DecodeRows
+
+if TYPE_CHECKING:
+    from frlab.rollout.engines.kv_batch import DecodeRows
 
 
 @dataclass(eq=False)

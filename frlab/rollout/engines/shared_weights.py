@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import os
 import shutil
+from typing import TYPE_CHECKING
 
-from transformers import PreTrainedModel
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 def check_shared_memory(model: PreTrainedModel, shm: str = "/dev/shm") -> None:

@@ -37,10 +37,9 @@ import logging
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from transformers import PreTrainedModel
 
 from frlab.model.lora import base_of
 from frlab.model.routing_replay import RoutingRecord, record_routing
@@ -52,12 +51,15 @@ from frlab.rollout.engine import (
 )
 from frlab.rollout.engines import prefill
 from frlab.rollout.engines.common import check_prompt, check_update, private_copy, require_moe
-from frlab.rollout.engines.kv_batch import DecodeRows, GrowingCache
 from frlab.rollout.engines.request_state import Request, awaitable, fail
 from frlab.rollout.engines.sampling import draw, request_generator
 from frlab.rollout.engines.sampling import sampling_log_probs as sampling_log_probs
-from frlab.rollout.engines.steps import decode_step, prefill_requests
 from frlab.rollout.weight_modes import WEIGHT_UPDATES, resolve_weight_update
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from frlab.rollout.engines.kv_batch import DecodeRows, GrowingCache
 
 log = logging.getLogger(__name__)
 Span = tuple[int, int, int]  # (row, first, end) of a request's positions in one forward
@@ -319,6 +321,8 @@ class TorchEngine(Engine):
         self, rows: DecodeRows | None, reqs: list[Request], newcomers: list[Request]
     ) -> tuple[DecodeRows | None, list[Request]]:
         """Prefill `newcomers` into the batch, then one decode step for every row."""
+        from frlab.rollout.engines.steps import decode_step, prefill_requests  # transformers
+
         if newcomers:
             fresh, fresh_reqs = prefill_requests(self, newcomers)
             if fresh is not None:

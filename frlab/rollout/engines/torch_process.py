@@ -29,11 +29,10 @@ import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.multiprocessing as tmp
-from transformers import PreTrainedModel
 
 from frlab.rollout.engine import (
     Engine,
@@ -46,6 +45,9 @@ from frlab.rollout.engines.request_state import settle
 from frlab.rollout.engines.shared_weights import check_open_files, check_shared_memory
 from frlab.rollout.engines.torch_process_child import child_main
 from frlab.rollout.weight_modes import WEIGHT_UPDATES, resolve_weight_update
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 STOP_WAIT_S = 30.0  # shutdown: the child's own clean stop, then terminate / kill
 # update_weights: the child's current decode step (one prefill of up to max_batch_size prompts

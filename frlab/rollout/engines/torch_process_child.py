@@ -14,14 +14,16 @@ import os
 import signal
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from transformers import PreTrainedModel
 
 from frlab.rollout.engine import EngineError
 from frlab.rollout.engines.request_state import Request
 from frlab.rollout.engines.torch import TorchEngine
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 POLL_S = 0.5  # the gate / lock waits re-check that the parent is alive this often
 GATE_POLL_S = (0.001, 0.02)  # a closed gate is polled from 1 ms, backing off to 20 ms
