@@ -321,7 +321,9 @@ class TorchEngine(Engine):
         self, rows: DecodeRows | None, reqs: list[Request], newcomers: list[Request]
     ) -> tuple[DecodeRows | None, list[Request]]:
         """Prefill `newcomers` into the batch, then one decode step for every row."""
-        from frlab.rollout.engines.steps import decode_step, prefill_requests  # transformers
+        # imported here: its cache classes subclass transformers' own, and asking this class
+        # what it supports (preflight) need not import transformers
+        from frlab.rollout.engines.steps import decode_step, prefill_requests
 
         if newcomers:
             fresh, fresh_reqs = prefill_requests(self, newcomers)
