@@ -53,3 +53,23 @@ def fsync_path(path: str | os.PathLike[str] | Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def write_text_atomic(path: str | os.PathLike[str] | Path, text: str) -> None:
+    """Write `text` to `path` through a temp file beside it (`.<name>.*.tmp`, which the run
+    folder's partial-write cleanup recognises) and one rename: a reader sees the old text or
+    the new, never part of it."""
+    import tempfile
+
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        umask = os.umask(0)  # the mode a plain write would give (mkstemp makes it 0600)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

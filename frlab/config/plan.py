@@ -195,9 +195,10 @@ def changed_settings(
     for name, cls in schema.SECTIONS.items():
         out.update(changed(name, values[name], cls))
     node = sec["rollout"].get("engine")
-    if isinstance(node, Mapping) and engine_name(node) in ENGINES:
+    declaration = ENGINES.get(engine_name(node)) if isinstance(node, Mapping) else None
+    if declaration is not None:
         out.pop("rollout.engine", None)
-        out.update(changed("rollout.engine", node, ENGINES[engine_name(node)]))
+        out.update(changed("rollout.engine", node, declaration))
     return {**out, **_changed_env(env or {})}
 
 

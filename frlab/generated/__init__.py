@@ -15,10 +15,10 @@ It sits above both packages, so that neither imports the other to write the docs
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
+from frlab.fsio import write_text_atomic
 from frlab.objective.catalog import (
     KEYS_FILE,
     PARAMS_FILE,
@@ -77,10 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.write:
         for path, text in expected_files(args.root).items():
             if path in stale:
-                target = args.root / path
-                tmp = target.with_name(target.name + ".tmp")
-                tmp.write_text(text)
-                os.replace(tmp, target)  # atomic: a reader sees the old or the new text
+                write_text_atomic(args.root / path, text)  # a reader sees old or new text
                 print(f"wrote {path}")
         return 0
     for path in stale:

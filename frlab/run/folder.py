@@ -22,13 +22,13 @@ import contextlib
 import logging
 import os
 import shutil
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
 from omegaconf import DictConfig
 
 from frlab.config.errors import ConfigError
+from frlab.fsio import write_text_atomic
 from frlab.tracking.metrics_file import METRICS_FILE, SUMMARY_FILE
 
 log = logging.getLogger(__name__)
@@ -106,10 +106,7 @@ def record_slurm_job(output_dir: Path, environ: Mapping[str, str] | None = None)
     job = (os.environ if environ is None else environ).get("SLURM_JOB_ID")
     if not job:
         return
-    fd, tmp = tempfile.mkstemp(prefix=f".{SLURM_JOB_FILE}.", suffix=".tmp", dir=output_dir)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(job + "\n")
-    os.replace(tmp, output_dir / SLURM_JOB_FILE)
+    write_text_atomic(output_dir / SLURM_JOB_FILE, job + "\n")
 
 
 def resume_if_requeued(cfg: DictConfig) -> None:
