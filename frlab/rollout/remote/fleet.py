@@ -59,6 +59,7 @@ class Server:
     paused: bool = False  # a resubmit / in_flight update paused it and has not resumed it yet
     labels: bool | None = None  # vLLM-like: labels each token's version (None: not probed yet)
     adapter: str | None = None  # LoRA: the adapter name its requests carry (frlab...remote.lora)
+    marks: int = 0  # how often it was marked dead or stale (an admission under way checks it)
 
 
 @dataclass(frozen=True)
@@ -186,10 +187,12 @@ class Fleet:
             log.warning("remote engine: server %s marked %s: %s", server.url, fault.kind, fault)
         server.state, server.why = fault.kind, str(fault)
         server.labels = None if fault.kind == "dead" else server.labels
+        server.marks += 1
 
     def refuse(self, server: Server, why: str) -> None:
         self.counts["stale_refusals"] += 1
         server.state, server.why = "stale", why
+        server.marks += 1
         log.warning("remote engine: server %s refused as stale: %s", server.url, why)
 
     def admitted(self, server: Server, version: int, was: str) -> None:

@@ -33,13 +33,15 @@ they re-admit a server outside the NCCL group (restarted, refused) before the ne
 re-forms the group with it; without them it stays out until then. Tested with fake vllm
 modules and fake servers on CPU; never run on GPUs with a real vLLM.
 
-Admission (`_admit`, also how the prober re-admits a server): a server is `ok` only after it
+Admission (`admit`, also how the prober re-admits a server): a server is `ok` only after it
 reported `logprobs_mode=processed_logprobs` (`GET /server_info`, vLLM's dev mode) and the
 fleet's current weight version in answer to `frlab_weight_version` (having first loaded and
 acknowledged the current snapshot, if there is one, and reset its prefix cache with success);
 `stale` when it reported another version or mode, did not acknowledge the load or the reset;
 `dead` after a transport error, a timeout, an HTTP 5xx or a malformed answer; `unverified`
-before its first check or during a sync. The prober re-checks the others every
+before its first check or during a sync. A server that a request marks dead or stale while it
+is being admitted stays so (the admission's checks came before that fault, and a dead mark
+forgets whether it labels tokens). The prober re-checks every server that is not `ok`, each
 `probe_interval_s` once `/health` answers 200. A frlab.serve server reports its own
 weight-update mode in `/server_info`, which must be the fleet's `in_flight` / `resubmit` when
 it asks one; a server without it (vLLM) is one a resubmit update pauses (`stops`), and one
@@ -203,7 +205,7 @@ class WeightSync:
     async def admit(self, server: Server) -> None:
         """Check the server's log-prob mode, load the current snapshot (if any) on it, then
         admit it only if it reports the current version; call with `lock` held."""
-        fleet, was = self.fleet, server.state
+        fleet, was, marks = self.fleet, server.state, server.marks
         try:
             info = await fleet.server_info(server, self.model)
             mode = control.served_logprobs_mode(info)
@@ -229,6 +231,8 @@ class WeightSync:
             return
         if any(v != self.version for v in reported):
             fleet.refuse(server, f"reports version(s) {reported}, expected {self.version}")
+            return
+        if server.marks != marks:  # a request failed on it meanwhile: the prober re-checks it
             return
         fleet.admitted(server, self.version, was)
 
