@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 
 from frlab.rollout.engine import EngineError
@@ -35,6 +36,14 @@ log = logging.getLogger("frlab.rollout.remote.engine")
 # sent on a connection the server is closing, fail with a transport error and mark the
 # server dead.
 KEEPALIVE_S = 2.0
+# No cap on idle connections: httpcore 1.0's pool closes idle connections once it holds more
+# than the cap in all (busy ones counted), and one it has just handed to a request that has not
+# started yet is still idle: that request's connection is closed under it (a Read/WriteError
+# from anyio's ClosedResourceError), which marked a healthy server dead whenever a fleet had
+# more requests in flight than the cap. The pool's keep-alive expiry can do the same to a
+# connection handed out just before it expires, so a request whose connection the client
+# closed is sent again on a fresh one (`Fleet.send`), at most REOPENS times.
+REOPENS = 2
 
 
 class ServerFault(Exception):
@@ -89,7 +98,7 @@ class Fleet:
     def open(self) -> None:
         """The HTTP client (call on the engine's event loop)."""
         timeout = httpx.Timeout(self.request_timeout_s, connect=min(5.0, self.request_timeout_s))
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64,
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None,
                               keepalive_expiry=KEEPALIVE_S)  # fmt: skip
         self.client = httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False)
 
@@ -145,11 +154,25 @@ class Fleet:
         healthy = [s for s in self.servers if s.state == "ok"]
         return min(healthy, key=lambda s: s.in_flight) if healthy else None
 
+    async def send(self, method: str, url: str, **kw: Any) -> httpx.Response:
+        """One HTTP request; sent again on a fresh connection (at most REOPENS times) when the
+        client's own pool closed the connection under it: that is no fault of the server."""
+        reopened = 0
+        while True:
+            try:
+                return await self.client.request(method, url, **kw)
+            except httpx.TransportError as exc:
+                if reopened == REOPENS or not closed_by_client(exc):
+                    raise
+                reopened += 1
+                log.debug("remote engine: %s %s: the client closed its connection, sending it "
+                          "again: %r", method, url, exc)  # fmt: skip
+
     async def post(self, server: Server, path: str, body: Any, timeout: float | None = None) -> Any:
         """POST JSON and decode the answer; transport, 5xx and non-JSON raise ServerFault."""
         kw = {} if timeout is None else {"timeout": timeout}
         try:
-            resp = await self.client.post(server.url + path, json=body, **kw)
+            resp = await self.send("POST", server.url + path, json=body, **kw)
         except httpx.TimeoutException as exc:
             raise ServerFault("dead", f"{path} timed out: {exc!r}") from exc
         except httpx.HTTPError as exc:
@@ -158,8 +181,8 @@ class Fleet:
 
     async def get(self, server: Server, path: str, timeout: float | None = None) -> Any:
         try:
-            resp = await self.client.get(
-                server.url + path, timeout=timeout or min(5.0, self.request_timeout_s)
+            resp = await self.send(
+                "GET", server.url + path, timeout=timeout or min(5.0, self.request_timeout_s)
             )
         except httpx.HTTPError as exc:
             raise ServerFault("dead", f"GET {path}: {exc!r}") from exc
@@ -168,8 +191,8 @@ class Fleet:
     async def healthy(self, server: Server) -> bool:
         """`GET /health` answered 200 (vLLM answers with an empty body: only the status counts)."""
         try:
-            resp = await self.client.get(
-                server.url + proto.HEALTH, timeout=min(5.0, self.request_timeout_s)
+            resp = await self.send(
+                "GET", server.url + proto.HEALTH, timeout=min(5.0, self.request_timeout_s)
             )
         except httpx.HTTPError:
             return False
@@ -261,6 +284,20 @@ class Fleet:
                 self.fault(server, result)
             elif isinstance(result, Exception):
                 self.fault(server, ServerFault("dead", f"/resume failed: {result}"))
+
+
+def closed_by_client(exc: BaseException) -> bool:
+    """Whether a transport error comes from the client closing its own connection (anyio's
+    ClosedResourceError under httpx's error), not from the server or the network (a reset or
+    an end of stream is BrokenResourceError / EndOfStream there)."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # httpx's error <- httpcore's <- anyio's
+        if seen is None:
+            return False
+        if isinstance(seen, anyio.ClosedResourceError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def decode(resp: httpx.Response, path: str) -> Any:

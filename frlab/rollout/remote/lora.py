@@ -164,8 +164,8 @@ class LoraAdapters:
         raise ServerFault, a 4xx EngineError (naming the launch flags when the route is absent);
         `quiet`: a failure is ignored (unloading an old name)."""
         try:
-            resp = await self.fleet.client.post(
-                server.url + path, json=body, timeout=self.fleet.request_timeout_s
+            resp = await self.fleet.send(
+                "POST", server.url + path, json=body, timeout=self.fleet.request_timeout_s
             )
         except httpx.HTTPError as exc:
             if quiet:
