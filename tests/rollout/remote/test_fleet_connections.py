@@ -15,9 +15,11 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import anyio
@@ -30,16 +32,16 @@ from frlab.rollout.remote.fleet import REOPENS, Fleet, ServerFault, closed_by_cl
 IN_FLIGHT = 80  # more requests at once than the old cap of 64 idle connections
 
 
-class CountingServer(ThreadingHTTPServer):
-    """HTTP/1.1 keep-alive server; each round of requests is answered only once IN_FLIGHT of
-    them are in, so the client holds IN_FLIGHT connections at once; `closed` counts the
-    connections that ended."""
+class LocalServer(ThreadingHTTPServer):
+    """An HTTP/1.1 keep-alive server on a free loopback port; `closed` counts the connections
+    that ended, `barrier` holds IN_FLIGHT requests until all of them are in."""
 
     daemon_threads = True
     request_queue_size = 256
 
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), Handler)
+    def __init__(self, handler: type[BaseHTTPRequestHandler]) -> None:
+        super().__init__(("127.0.0.1", 0), handler)
+        self.url = f"http://127.0.0.1:{self.server_address[1]}"
         self.closed = 0
         self.barrier = threading.Barrier(IN_FLIGHT, timeout=30)
         self.lock = threading.Lock()
@@ -49,15 +51,27 @@ class CountingServer(ThreadingHTTPServer):
             self.closed += 1
         super().shutdown_request(request)
 
+    def handle_error(self, request: object, client_address: object) -> None:
+        if not isinstance(sys.exc_info()[1], BrokenPipeError):  # an answer to a closed client
+            super().handle_error(request, client_address)
 
-class Handler(BaseHTTPRequestHandler):
+
+@contextmanager
+def serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[LocalServer]:
+    srv = LocalServer(handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        yield srv
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+class Quiet(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
-    server: CountingServer
+    server: LocalServer
 
-    def do_POST(self) -> None:  # noqa: N802  (http.server's name)
-        self.rfile.read(int(self.headers["content-length"]))
-        self.server.barrier.wait()
-        body = b'{"ok": true}'
+    def answer(self, body: bytes) -> None:
         self.send_response(200)
         self.send_header("content-length", str(len(body)))
         self.end_headers()
@@ -67,24 +81,23 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture
-def server() -> Iterator[CountingServer]:
-    srv = CountingServer()
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
+class AllAtOnce(Quiet):
+    """Each round of requests is answered only once IN_FLIGHT of them are in, so the client
+    holds IN_FLIGHT connections at once."""
+
+    def do_POST(self) -> None:  # noqa: N802  (http.server's name)
+        self.rfile.read(int(self.headers["content-length"]))
+        self.server.barrier.wait()
+        self.answer(b'{"ok": true}')
 
 
 def test_no_connection_is_closed_while_more_requests_are_in_flight_than_the_old_cap(
-    server: CountingServer, monkeypatch: pytest.MonkeyPatch
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(fleet_module, "KEEPALIVE_S", 60.0)  # no expiry within the test
-    url = f"http://127.0.0.1:{server.server_address[1]}"
-    fleet = Fleet([url], 30.0, 1.0, 30.0)
 
-    async def rounds() -> list[int]:
+    async def rounds(server: LocalServer) -> list[int]:
+        fleet = Fleet([server.url], 30.0, 1.0, 30.0)
         fleet.open()
         closed = []
         try:
@@ -99,13 +112,12 @@ def test_no_connection_is_closed_while_more_requests_are_in_flight_than_the_old_
             await fleet.close()
         return closed
 
-    assert asyncio.run(rounds()) == [0, 0, 0]
+    with serving(AllAtOnce) as server:
+        assert asyncio.run(rounds(server)) == [0, 0, 0]
 
 
-class SlowOrResetting(BaseHTTPRequestHandler):
+class SlowOrResetting(Quiet):
     """`/slow` answers after 1 s; `/reset` resets the connection (RST) while the client waits."""
-
-    protocol_version = "HTTP/1.1"
 
     def do_POST(self) -> None:  # noqa: N802  (http.server's name)
         self.rfile.read(int(self.headers["content-length"]))
@@ -117,30 +129,14 @@ class SlowOrResetting(BaseHTTPRequestHandler):
             self.close_connection = True
             return
         time.sleep(1.0)
-        self.send_response(200)
-        self.send_header("content-length", "2")
-        self.end_headers()
-        self.wfile.write(b"{}")
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-class QuietServer(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def handle_error(self, request: object, client_address: object) -> None:
-        pass  # the connection /reset closed itself: socketserver's own shutdown of it fails
+        self.answer(b"{}")
 
 
 def test_closed_by_client_tells_the_clients_own_close_from_a_servers_reset() -> None:
     """Both reach httpx as `ReadError('')` (as in the fleet's log); only the client's own
     close of its connection under a request is `closed_by_client`."""
-    srv = QuietServer(("127.0.0.1", 0), SlowOrResetting)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{srv.server_address[1]}"
 
-    async def errors() -> tuple[BaseException, BaseException]:
+    async def errors(url: str) -> tuple[BaseException, BaseException]:
         client = httpx.AsyncClient()
         request = asyncio.create_task(client.post(url + "/slow", json={}))
         await asyncio.sleep(0.3)
@@ -152,24 +148,17 @@ def test_closed_by_client_tells_the_clients_own_close_from_a_servers_reset() -> 
                 await client.post(url + "/reset", json={})
         return ours.value, theirs.value
 
-    try:
-        ours, theirs = asyncio.run(errors())
-    finally:
-        srv.shutdown()
-        srv.server_close()
+    with serving(SlowOrResetting) as server:
+        ours, theirs = asyncio.run(errors(server.url))
     assert closed_by_client(ours) and not closed_by_client(theirs), (ours, theirs)
     assert not closed_by_client(httpx.ConnectError("refused"))
 
 
 def closed_under(request: httpx.Request) -> httpx.ReadError:
     """The error httpx raises when its pool closed the connection under `request`."""
-    try:
-        raise anyio.ClosedResourceError
-    except anyio.ClosedResourceError as exc:
-        try:
-            raise httpx.ReadError("", request=request) from exc
-        except httpx.ReadError as read_error:
-            return read_error
+    error = httpx.ReadError("", request=request)
+    error.__cause__ = anyio.ClosedResourceError()
+    return error
 
 
 def fleet_on(answers: list) -> tuple[Fleet, list]:
