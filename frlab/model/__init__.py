@@ -12,7 +12,7 @@ _EXPORTS = {
     "save_policy": "frlab.model.policy",
     "tiny_config": "frlab.model.policy",
     "ModelNotCachedError": "frlab.model.policy",
-    "logprobs_from_hidden": "frlab.model.lm_logprobs",
+    "logprobs_from_hidden": "frlab.model.lm_head",
     "sequence_logprobs": "frlab.model.lm_logprobs",
 }
 

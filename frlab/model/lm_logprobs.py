@@ -4,171 +4,24 @@ The learner needs `log pi_theta(y_t | y_<t)` for every policy token (the FlashRE
 token ratio `rho = exp(logp - behaviour)` and the loss are built from it). With 8k-16k token
 contexts and 152k vocabularies, `model(...).logits` alone is tens of GB. Instead we run the
 decoder to its final hidden states, gather the hidden states of the positions that are scored
-(only policy tokens, when an action mask is given) and push them through the LM head
-`chunk_size` rows at a time. A custom autograd Function keeps only the hidden states, the head
-weight and a per-row log-sum-exp; backward recomputes each chunk's logits and accumulates the
-gradients of the hidden states, the head weight and its bias.
-
-Numerics: the head matmul runs in the operands' dtype (or the active autocast dtype, as the
-model's own forward would), the softmax in float32 (float64 for float64 models).
+(only policy tokens, when an action mask is given) and push them through the LM head in
+chunks (frlab.model.lm_head: one float32 chunk of logits alive at a time, sized to the
+device).
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from frlab.model.lm_head import describe, logprobs_from_hidden
 from frlab.model.lora import base_of
-from frlab.ops.logprobs import (
-    check_chunking,
-    check_targets,
-    chunk_stats_,
-    compute_dtype_for,
-    rows_per_chunk,
-    softmax_grad_,
-)
 
 # Config keys whose models transform logits after the LM head (cap or rescale): the chunked
-# head below would compute a different distribution, so such models are refused.
+# head would compute a different distribution, so such models are refused.
 SOFTCAP_KEYS = ("final_logit_softcapping", "softcap")
 SCALE_KEYS = ("logit_scale", "logits_scaling", "lm_head_multiplier", "output_multiplier")
-
-
-def matmul_dtype(hidden: Tensor, weight: Tensor) -> torch.dtype:
-    """The dtype the head matmul would run in: the autocast dtype if active, else promoted."""
-    promoted = torch.promote_types(hidden.dtype, weight.dtype)
-    device_type = hidden.device.type
-    if promoted != torch.float64 and torch.is_autocast_enabled(device_type):
-        return torch.get_autocast_dtype(device_type)
-    return promoted
-
-
-def _head_chunk(
-    h: Tensor, w: Tensor, b: Tensor | None, mm: torch.dtype, cdtype: torch.dtype, tau: float
-) -> Tensor:
-    """Fresh tempered logits of one row chunk: (h W^T + b) / tau in the compute dtype."""
-    z = F.linear(h.to(mm), w, b).to(cdtype)
-    return z.div_(tau) if tau != 1.0 else z
-
-
-class _ChunkedLMHeadLogProb(torch.autograd.Function):
-    """(hidden [N,H], weight [V,H], bias [V]|None) -> (logp [N], entropy [N] detached)."""
-
-    @staticmethod
-    def forward(  # type: ignore[override]
-        ctx: torch.autograd.function.FunctionCtx,
-        hidden: Tensor,
-        weight: Tensor,
-        bias: Tensor | None,
-        targets: Tensor,
-        temperature: float,
-        chunk_size: int,
-        compute_entropy: bool,
-        mm_dtype: torch.dtype,
-    ) -> tuple[Tensor, Tensor]:
-        cdtype = compute_dtype_for(mm_dtype)
-        n, dev = hidden.shape[0], hidden.device
-        logp = torch.empty(n, dtype=cdtype, device=dev)
-        lse = torch.empty(n, dtype=cdtype, device=dev)
-        entropy = torch.zeros(n if compute_entropy else 0, dtype=cdtype, device=dev)
-        with torch.autocast(dev.type, enabled=False):
-            w = weight.to(mm_dtype)
-            b = None if bias is None else bias.to(mm_dtype)
-            for s in range(0, n, chunk_size):
-                e = min(s + chunk_size, n)
-                z = _head_chunk(hidden[s:e], w, b, mm_dtype, cdtype, temperature)
-                lp, ls, ent = chunk_stats_(z, targets[s:e], compute_entropy)
-                logp[s:e], lse[s:e] = lp, ls
-                if ent is not None:
-                    entropy[s:e] = ent
-        ctx.save_for_backward(hidden, weight, bias, targets, lse)
-        ctx.temperature, ctx.chunk_size, ctx.mm_dtype = temperature, chunk_size, mm_dtype
-        ctx.mark_non_differentiable(entropy)
-        return logp, entropy
-
-    @staticmethod
-    def backward(  # type: ignore[override]
-        ctx: torch.autograd.function.FunctionCtx, grad_logp: Tensor, _grad_entropy: Tensor
-    ) -> tuple[Tensor | None, ...]:
-        hidden, weight, bias, targets, lse = ctx.saved_tensors
-        need_h, need_w, need_b = ctx.needs_input_grad[:3]
-        mm, tau, cdtype = ctx.mm_dtype, ctx.temperature, lse.dtype
-        n = hidden.shape[0]
-        grad_h = torch.empty_like(hidden) if need_h else None
-        # Accumulate the head's gradient over chunks in the compute dtype, cast once at the end.
-        grad_w = torch.zeros(weight.shape, dtype=cdtype, device=weight.device) if need_w else None
-        grad_b = torch.zeros(bias.shape, dtype=cdtype, device=bias.device) if need_b else None
-        with torch.autocast(hidden.device.type, enabled=False):
-            w = weight.to(mm)
-            b = None if bias is None else bias.to(mm)
-            for s in range(0, n, ctx.chunk_size):
-                e = min(s + ctx.chunk_size, n)
-                h = hidden[s:e].to(mm)
-                z = _head_chunk(h, w, b, mm, cdtype, tau)
-                g = softmax_grad_(z, lse[s:e], targets[s:e], grad_logp[s:e].to(cdtype), tau)
-                g_mm = g.to(mm)
-                if grad_h is not None:
-                    grad_h[s:e] = g_mm @ w
-                if grad_w is not None and mm == cdtype:
-                    grad_w.addmm_(g_mm.t(), h)  # no [V, H] temporary
-                elif grad_w is not None:
-                    grad_w += g_mm.t() @ h  # low-precision matmul, summed in float32
-                if grad_b is not None:
-                    grad_b += g.sum(dim=0)
-        return (
-            grad_h,
-            None if grad_w is None else grad_w.to(weight.dtype),
-            None if grad_b is None else grad_b.to(bias.dtype),
-            None, None, None, None, None,
-        )  # fmt: skip
-
-
-def logprobs_from_hidden(
-    hidden: Tensor,
-    weight: Tensor,
-    targets: Tensor,
-    *,
-    bias: Tensor | None = None,
-    temperature: float = 1.0,
-    chunk_size: int = 1024,
-    compute_entropy: bool = False,
-) -> tuple[Tensor, Tensor | None]:
-    """`log softmax((hidden @ weight.T + bias) / temperature)[targets]`, chunked over rows.
-
-    hidden [N,H], weight [V,H], bias [V] or None, targets long [N]. Returns `(logp [N],
-    entropy [N] or None)` in float32 (float64 for float64 operands); `logp` is differentiable
-    w.r.t. hidden, weight and bias, `entropy` is detached. `[N, V]` is never materialised and
-    nothing of that size is kept for backward.
-    """
-    if not isinstance(hidden, Tensor) or hidden.dim() != 2 or not hidden.is_floating_point():
-        raise ValueError(f"hidden must be a 2-D float [N, H] tensor, got {_describe(hidden)}")
-    if not isinstance(weight, Tensor) or weight.dim() != 2 or not weight.is_floating_point():
-        raise ValueError(f"weight must be a 2-D float [V, H] tensor, got {_describe(weight)}")
-    if weight.shape[1] != hidden.shape[1]:
-        raise ValueError(f"weight is {list(weight.shape)} but hidden has H={hidden.shape[1]}")
-    if weight.device != hidden.device:
-        raise ValueError(f"weight is on {weight.device}, hidden on {hidden.device}")
-    if bias is not None and (bias.shape != weight.shape[:1] or bias.device != hidden.device):
-        raise ValueError(f"bias must have shape [{weight.shape[0]}] on {hidden.device}")
-    if not isinstance(targets, Tensor):
-        raise ValueError(f"targets must be a tensor, got {type(targets).__name__}")
-    check_chunking(temperature, chunk_size)
-    check_targets(targets, hidden.shape[0], weight.shape[0], hidden.device)
-    mm = matmul_dtype(hidden, weight)
-    logp, entropy = _ChunkedLMHeadLogProb.apply(
-        hidden, weight, bias, targets, float(temperature),
-        rows_per_chunk(chunk_size, weight.shape[0]), bool(compute_entropy), mm,
-    )  # fmt: skip
-    return logp, (entropy if compute_entropy else None)
-
-
-def _describe(x: Any) -> str:
-    if isinstance(x, Tensor):
-        return f"{x.dtype} tensor of shape {list(x.shape)}"
-    return type(x).__name__
 
 
 def lm_parts(model: nn.Module) -> tuple[nn.Module, nn.Linear]:
@@ -224,9 +77,9 @@ def _check_sequence_inputs(
     action_mask: Tensor | None,
 ) -> None:
     if not isinstance(input_ids, Tensor) or input_ids.dim() != 2 or input_ids.dtype != torch.long:
-        raise ValueError(f"input_ids must be a long [B, T] tensor, got {_describe(input_ids)}")
+        raise ValueError(f"input_ids must be a long [B, T] tensor, got {describe(input_ids)}")
     if not isinstance(attention_mask, Tensor):
-        raise ValueError(f"attention_mask must be a [B, T] tensor, got {_describe(attention_mask)}")
+        raise ValueError(f"attention_mask must be a [B, T] tensor, got {describe(attention_mask)}")
     shape = input_ids.shape
     named = {
         "attention_mask": attention_mask,
@@ -237,7 +90,7 @@ def _check_sequence_inputs(
         if t is None:
             continue
         if not isinstance(t, Tensor) or t.shape != shape:
-            raise ValueError(f"{name} must have shape {list(shape)}, got {_describe(t)}")
+            raise ValueError(f"{name} must have shape {list(shape)}, got {describe(t)}")
         if t.device != input_ids.device:
             raise ValueError(f"{name} is on {t.device}, input_ids on {input_ids.device}")
     if action_mask is not None and action_mask.dtype != torch.bool:

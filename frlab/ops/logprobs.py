@@ -10,8 +10,13 @@ input and the per-row log-sum-exp; backward recomputes each chunk's softmax and 
 `d logp / d z = (onehot(y) - softmax(z / tau)) / tau` straight into the gradient buffer.
 
 Memory beyond the input: the forward works in place on one `chunk_size x V` buffer in the
-compute dtype (4 * chunk_size * V bytes in float32); the backward adds the `[N, V]` gradient
-in the input's dtype (as any backward through logits must) and one such chunk buffer.
+compute dtype (4 * chunk_size * V bytes in float32), released before the next chunk's is
+made, so one chunk is alive at a time; the backward adds the `[N, V]` gradient in the input's
+dtype (as any backward through logits must) and one such chunk buffer. A chunk's rows are
+capped so that its buffer stays within `chunk_bytes(device)`: 64 MiB on a CPU (larger chunks
+gain nothing there), 1/128 of the memory of a CUDA device up to 1 GiB (a 152k vocabulary then
+takes about 1,700 rows per chunk on an 80-141 GB GPU: few, large matmuls instead of hundreds
+of 110-row ones).
 """
 
 from __future__ import annotations
@@ -37,14 +42,27 @@ def check_chunking(temperature: float, chunk_size: int) -> None:
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
 
 
-# A chunk's float32 [rows, V] buffer never exceeds this: at a 152k vocabulary the default
-# chunk_size of 1024 rows would otherwise be a 622 MB buffer, larger than many whole batches.
+# A chunk's float32 [rows, V] buffer on a CPU never exceeds this: at a 152k vocabulary the
+# default chunk_size of 1024 rows would otherwise be a 622 MB buffer, larger than many whole
+# batches there.
 CHUNK_BYTES = 64 << 20
+# On a CUDA device: this share of its memory, at most CUDA_CHUNK_CAP bytes.
+CUDA_CHUNK_SHARE = 1 / 128
+CUDA_CHUNK_CAP = 1 << 30
 
 
-def rows_per_chunk(chunk_size: int, vocab: int) -> int:
-    """`chunk_size`, capped so that one float32 chunk of logits stays within CHUNK_BYTES."""
-    return max(1, min(int(chunk_size), CHUNK_BYTES // (4 * max(1, int(vocab)))))
+def chunk_bytes(device: torch.device | str | None = None) -> int:
+    """The largest float32 chunk of logits for `device` (see the module docstring)."""
+    device = torch.device("cpu" if device is None else device)
+    if device.type != "cuda":
+        return CHUNK_BYTES
+    total = torch.cuda.get_device_properties(device).total_memory
+    return max(CHUNK_BYTES, min(CUDA_CHUNK_CAP, int(total * CUDA_CHUNK_SHARE)))
+
+
+def rows_per_chunk(chunk_size: int, vocab: int, device: torch.device | str | None = None) -> int:
+    """`chunk_size`, capped so that one float32 chunk of logits stays within chunk_bytes."""
+    return max(1, min(int(chunk_size), chunk_bytes(device) // (4 * max(1, int(vocab)))))
 
 
 def check_targets(targets: Tensor, n: int, vocab: int, device: torch.device) -> None:
@@ -118,6 +136,7 @@ class _ChunkedSampledLogProb(torch.autograd.Function):
             logp[s:e], lse[s:e] = lp, ls
             if ent is not None:
                 entropy[s:e] = ent
+            del z  # freed before the next chunk's buffer is made: one chunk alive at a time
         ctx.save_for_backward(logits, targets, lse)
         ctx.temperature, ctx.chunk_size = temperature, chunk_size
         ctx.mark_non_differentiable(entropy)
@@ -136,6 +155,7 @@ class _ChunkedSampledLogProb(torch.autograd.Function):
             e = min(s + ctx.chunk_size, n)
             z = tempered_chunk(logits[s:e], lse.dtype, tau)
             grad_logits[s:e] = softmax_grad_(z, lse[s:e], targets[s:e], grad_logp[s:e], tau)
+            del z
         return grad_logits, None, None, None, None
 
 
@@ -170,7 +190,7 @@ def sampled_logprobs_and_entropy(
         logits,
         targets,
         float(temperature),
-        rows_per_chunk(chunk_size, logits.shape[1]),
+        rows_per_chunk(chunk_size, logits.shape[1], logits.device),
         bool(compute_entropy),
     )
     return logp, (entropy if compute_entropy else None)

@@ -11,7 +11,7 @@ import math
 
 import pytest
 import torch
-from memory_testlib import AllocationRecorder
+from memory_testlib import AllocationRecorder, LiveBytes
 
 from frlab.ops.logprobs import sampled_logprobs_and_entropy
 
@@ -211,3 +211,39 @@ def test_cuda_peak_memory_at_a_qwen_vocabulary() -> None:
     ref_logp, ref_ent = naive(logits.detach().double(), y)
     torch.testing.assert_close(logp.double(), ref_logp, atol=2e-5, rtol=0)
     torch.testing.assert_close(ent.double(), ref_ent, atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_forward_holds_one_float32_chunk_at_a_time(dtype: torch.dtype) -> None:
+    """The forward's peak extra memory is one float32 chunk (and a few [N] vectors): each
+    chunk's buffer is freed before the next is made (with two alive, the peak is two)."""
+    n, v, chunk = 96, 4096, 16
+    logits, y = make(n, v, dtype=dtype)
+    recorder = LiveBytes()
+    with recorder:
+        sampled_logprobs_and_entropy(logits, y, chunk_size=chunk)
+    one_chunk = chunk * v * 4
+    assert one_chunk <= recorder.peak <= one_chunk + 64 * n * 4
+
+
+def test_backward_holds_one_float32_chunk_beside_the_gradient() -> None:
+    n, v, chunk = 96, 4096, 16
+    logits, y = make(n, v)
+    logp, _ = sampled_logprobs_and_entropy(logits, y, chunk_size=chunk, compute_entropy=False)
+    recorder = LiveBytes()
+    with recorder:
+        (grad,) = torch.autograd.grad(logp.sum(), logits)
+    gradient, one_chunk = n * v * 4, chunk * v * 4
+    assert gradient + one_chunk <= recorder.peak <= gradient + one_chunk + 64 * n * 4
+
+
+def test_chunk_bytes_by_device() -> None:
+    """64 MiB chunks on a CPU; a CUDA device gets 1/128 of its memory, at most 1 GiB."""
+    from frlab.ops.logprobs import CHUNK_BYTES, chunk_bytes, rows_per_chunk
+
+    assert chunk_bytes("cpu") == chunk_bytes(None) == CHUNK_BYTES == 64 << 20
+    assert rows_per_chunk(1024, 151_936, "cpu") == 110
+    assert rows_per_chunk(64, 151_936, "cpu") == 64
+    if torch.cuda.is_available():
+        total = torch.cuda.get_device_properties(0).total_memory
+        assert chunk_bytes("cuda:0") == max(CHUNK_BYTES, min(1 << 30, total // 128))
