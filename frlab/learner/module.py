@@ -64,7 +64,13 @@ from frlab.learner.micro_batches import (
     forward_context,
     split_batch,
 )
-from frlab.learner.optim import build_optimizer, build_scheduler, grad_clip_norm, with_defaults
+from frlab.learner.optim import (
+    build_optimizer,
+    build_scheduler,
+    grad_clip_norm,
+    make_optimizer,
+    with_defaults,
+)
 from frlab.learner.settings import (
     flag,
     mapping_copy,
@@ -177,7 +183,7 @@ class FlashReinforceModule(L.LightningModule):
     def configure_optimizers(self) -> dict[str, Any]:
         params = [p for p in self._trained_module().parameters() if p.requires_grad]
         if self.optimizer_factory is not None:
-            optimizer = self.optimizer_factory(params)
+            optimizer = make_optimizer(self.optimizer_factory, params)
         else:
             optimizer = build_optimizer(params, **self.optim_cfg)
         scheduler = build_scheduler(

@@ -5,6 +5,10 @@ either a cosine schedule (linear warmup over `warmup_ratio * max_steps` updates,
 to `min_lr_ratio * lr`) or a constant one (ALFWorld). A schedule advances once per optimizer
 update, never per micro-batch, because the learner takes exactly one update per batch.
 
+On CUDA, torch's AdamW (or Adam) is built fused (`fused=True`: one kernel per step instead of
+foreach's several) unless the `optim` node sets `fused` or `foreach` itself; elsewhere it is
+torch's default.
+
 The schedule's length `max_steps` is `optim.schedule_steps` when set, else `trainer.max_steps`:
 the paper presets keep the reference run's update count as the schedule (e.g. 3,944) and may
 stop earlier at a headline step (`trainer.max_steps`, e.g. 600), exactly as a longer reference
@@ -25,7 +29,7 @@ from __future__ import annotations
 
 import abc
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,6 +92,28 @@ def grad_clip_norm(grad_clip: Any) -> float:
     return math.inf if value == 0 else value
 
 
+FUSABLE = (torch.optim.AdamW, torch.optim.Adam)
+
+
+def fused_where_offered(params: Iterable[Any]) -> dict[str, bool]:
+    """`{"fused": True}` when every parameter is a floating-point CUDA tensor (torch's fused
+    AdamW: one kernel per step instead of foreach's several), else `{}` (torch's default)."""
+    params = list(params)
+    if params and all(p.is_cuda and p.is_floating_point() for p in params):
+        return {"fused": True}
+    return {}
+
+
+def make_optimizer(factory: Callable[..., Any], params: list[torch.nn.Parameter]) -> Any:
+    """`factory(params)`, fused on CUDA when the factory is torch's AdamW or Adam and the
+    `optim` node does not say otherwise."""
+    target = getattr(factory, "func", factory)
+    keywords = getattr(factory, "keywords", {})
+    if target in FUSABLE and "fused" not in keywords and "foreach" not in keywords:
+        return factory(params, **fused_where_offered(params))
+    return factory(params)
+
+
 def build_optimizer(
     params: Iterable[torch.nn.Parameter] | Iterable[dict[str, Any]],
     *,
@@ -97,7 +123,8 @@ def build_optimizer(
     eps: float = OPTIM_DEFAULTS["eps"],
     **rest: Any,
 ) -> torch.optim.AdamW:
-    """AdamW over `params` from the `optim` config node (schedule keys and grad_clip ignored)."""
+    """AdamW over `params` from the `optim` config node (schedule keys and grad_clip ignored),
+    fused on CUDA."""
     _check_unknown({k: v for k, v in rest.items() if k not in SCHEDULE_KEYS + LEARNER_KEYS})
     lr = _finite_number("optim.lr", lr)
     if lr <= 0:
@@ -111,9 +138,14 @@ def build_optimizer(
     eps = _finite_number("optim.eps", eps)
     if eps <= 0:
         raise ValueError(f"optim.eps must be > 0, got {eps!r}")
+    params = list(params)
+    flat = [
+        p for group in params for p in (group["params"] if isinstance(group, dict) else [group])
+    ]
     return torch.optim.AdamW(
-        params, lr=lr, weight_decay=weight_decay, betas=(float(betas[0]), float(betas[1])), eps=eps
-    )
+        params, lr=lr, weight_decay=weight_decay, betas=(float(betas[0]), float(betas[1])),
+        eps=eps, **fused_where_offered(flat),
+    )  # fmt: skip
 
 
 @dataclass

@@ -168,3 +168,50 @@ def test_every_default_a_python_caller_gets_is_the_config_schemas() -> None:
                 assert (list(default) if isinstance(default, tuple) else default) == schema[name], (
                     name
                 )
+
+
+def test_fused_only_when_every_parameter_is_a_floating_cuda_tensor() -> None:
+    from types import SimpleNamespace
+
+    from frlab.learner.optim import fused_where_offered
+
+    def param(cuda: bool, floating: bool = True) -> SimpleNamespace:
+        return SimpleNamespace(is_cuda=cuda, is_floating_point=lambda: floating)
+
+    assert fused_where_offered([param(True), param(True)]) == {"fused": True}
+    assert fused_where_offered([param(True), param(False)]) == {}
+    assert fused_where_offered([param(True, floating=False)]) == {}
+    assert fused_where_offered([]) == {}
+    cpu = [torch.nn.Parameter(torch.zeros(2))]
+    assert fused_where_offered(cpu) == {}
+    assert build_optimizer(cpu, lr=BASE_LR).defaults["fused"] is None  # torch's default
+
+
+def test_make_optimizer_fuses_torchs_adamw_unless_the_node_says_otherwise(monkeypatch) -> None:
+    import functools
+
+    from frlab.learner import optim
+
+    monkeypatch.setattr(optim, "fused_where_offered", lambda params: {"fused": True})
+    params = [torch.nn.Parameter(torch.zeros(2))]
+    adamw = functools.partial(torch.optim.AdamW, lr=BASE_LR)
+    assert optim.make_optimizer(adamw, params).defaults["fused"] is True
+    unfused = functools.partial(torch.optim.AdamW, lr=BASE_LR, fused=False)
+    assert optim.make_optimizer(unfused, params).defaults["fused"] is False
+    foreach = functools.partial(torch.optim.AdamW, lr=BASE_LR, foreach=True)
+    assert optim.make_optimizer(foreach, params).defaults["fused"] is None
+    sgd = functools.partial(torch.optim.SGD, lr=0.1)
+    assert isinstance(optim.make_optimizer(sgd, params), torch.optim.SGD)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_parameters_get_fused_adamw() -> None:
+    import functools
+
+    from frlab.learner.optim import make_optimizer
+
+    params = [torch.nn.Parameter(torch.zeros(2, device="cuda"))]
+    adamw = functools.partial(torch.optim.AdamW, lr=BASE_LR)
+    assert make_optimizer(adamw, params).defaults["fused"] is True
+    assert build_optimizer(params, lr=BASE_LR).defaults["fused"] is True
