@@ -30,10 +30,9 @@ MoE routing replay (`model.routing_replay=true`, frlab.model.routing_replay): ea
 micro-batch's forward AND backward run with every MoE layer forced to the experts the sampler
 recorded (`RolloutBatch.routing`), so the ratio `pi_theta / mu` is not moved by expert flips.
 
-Sharding (frlab.learner.sharding): under `FSDP2Strategy` (a `ModelParallelStrategy`)
-`configure_model` shards the policy with FSDP2 and the log-probs run through the sharded root
-(`LogprobScorer`). Lightning's `FSDPStrategy` (FSDP1) is refused with a clear error: it runs
-`training_step` inside its root forward, where per-micro-batch backwards fail.
+Sharding (frlab.learner.sharding): under `FSDP2Strategy` `configure_model` shards the policy
+with FSDP2, log-probs run through the sharded root (`LogprobScorer`); Lightning's FSDP1 is
+refused (it runs `training_step` inside its root forward, where per-micro-batch backwards fail).
 """
 
 from __future__ import annotations
@@ -83,6 +82,7 @@ from frlab.model.packed_attention import check_packable
 from frlab.model.policy import build_policy
 from frlab.model.routing_replay import moe_routers
 from frlab.objective import Objective
+from frlab.ops.phases import phase
 
 
 def _sync_device(device: torch.device) -> None:
@@ -283,22 +283,24 @@ class FlashReinforceModule(L.LightningModule):
         behavior = mb.behavior_log_probs.to(
             torch.promote_types(log_probs.dtype, mb.behavior_log_probs.dtype)
         )
-        loss, diagnostics = self.objective(
-            log_probs,
-            behavior,
-            advantages,
-            mb.action_mask,
-            entropies=entropies,
-            failures=mb.failures,
-            num_sequences=self.batch_size,
-            num_tokens=num_tokens,
-        )
+        with phase("objective"):
+            loss, diagnostics = self.objective(
+                log_probs,
+                behavior,
+                advantages,
+                mb.action_mask,
+                entropies=entropies,
+                failures=mb.failures,
+                num_sequences=self.batch_size,
+                num_tokens=num_tokens,
+            )
         self.step_metrics.update_diagnostics(diagnostics)
         return loss, contributes(diagnostics).any()
 
     def _backward(self, loss: Tensor, timings: dict[str, float]) -> None:
         t0 = time.perf_counter()
-        self.manual_backward(loss)
+        with phase("backward"):
+            self.manual_backward(loss)
         _sync_device(loss.device)
         timings["backward"] += time.perf_counter() - t0
 
@@ -357,13 +359,14 @@ class FlashReinforceModule(L.LightningModule):
             micro_batches = 0
         else:
             loss, micro_batches = self._accumulate(batch, advantages, num_tokens, timings)
-        grad_norm = clip_gradients(self.parameters(), self.grad_clip, self.policy_version)
-        zero_signal = bool(grad_norm == 0)  # global: every gradient entry is exactly 0
-        if zero_signal and self.skip_zero_signal:
-            # Without grads AdamW leaves parameters and moments as they are; the step counts.
-            optimizer.zero_grad(set_to_none=True)
-        optimizer.step()
-        scheduler.step()
+        with phase("optimizer"):
+            grad_norm = clip_gradients(self.parameters(), self.grad_clip, self.policy_version)
+            zero_signal = bool(grad_norm == 0)  # global: every gradient entry is exactly 0
+            if zero_signal and self.skip_zero_signal:
+                # Without grads AdamW leaves parameters and moments as they are; the step counts.
+                optimizer.zero_grad(set_to_none=True)
+            optimizer.step()
+            scheduler.step()
         self.policy_version += 1
         self._log_step(
             loss=reduce_across_ranks(self, loss, "sum"),

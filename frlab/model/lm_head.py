@@ -10,7 +10,7 @@ Numerics: the head matmul runs in the operands' dtype (or the active autocast dt
 model's own forward would), the softmax in float32 (float64 for float64 models).
 
 Speed and memory: a chunk's rows are capped by bytes sized to the device
-(frlab.ops.logprobs.chunk_bytes: 64 MiB on a CPU, up to 1 GiB on a large GPU), and one chunk
+(frlab.ops.logprobs.chunk_bytes: 64 MiB on a CPU, up to 256 MiB on a large GPU), and one chunk
 is alive at a time. Where the device multiplies bfloat16/float16 operands straight into
 float32 (CUDA's `aten::mm.dtype`, checked once per device against the plain product) the
 forward holds one float32 chunk and the backward accumulates the head's float32 gradient in
@@ -34,6 +34,7 @@ from frlab.ops.logprobs import (
     rows_per_chunk,
     softmax_grad_,
 )
+from frlab.ops.phases import phase
 
 
 def matmul_dtype(hidden: Tensor, weight: Tensor) -> torch.dtype:
@@ -122,7 +123,7 @@ class _ChunkedLMHeadLogProb(torch.autograd.Function):
         logp = torch.empty(n, dtype=cdtype, device=dev)
         lse = torch.empty(n, dtype=cdtype, device=dev)
         entropy = torch.zeros(n if compute_entropy else 0, dtype=cdtype, device=dev)
-        with torch.autocast(dev.type, enabled=False):
+        with torch.autocast(dev.type, enabled=False), phase("lm_head_forward"):
             w = weight.to(mm_dtype)
             b = None if bias is None else bias.to(mm_dtype)
             for s in range(0, n, chunk_size):
@@ -150,7 +151,7 @@ class _ChunkedLMHeadLogProb(torch.autograd.Function):
         # Accumulate the head's gradient over chunks in the compute dtype, cast once at the end.
         grad_w = torch.zeros(weight.shape, dtype=cdtype, device=weight.device) if need_w else None
         grad_b = torch.zeros(bias.shape, dtype=cdtype, device=bias.device) if need_b else None
-        with torch.autocast(hidden.device.type, enabled=False):
+        with torch.autocast(hidden.device.type, enabled=False), phase("lm_head_backward"):
             w = weight.to(mm)
             b = None if bias is None else bias.to(mm)
             for s in range(0, n, ctx.chunk_size):

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from frlab.model.lm_head import describe, logprobs_from_hidden
 from frlab.model.lora import base_of
+from frlab.ops.phases import phase
 
 # Config keys whose models transform logits after the LM head (cap or rescale): the chunked
 # head would compute a different distribution, so such models are refused.
@@ -132,12 +133,13 @@ def sequence_logprobs(
     if pack:
         hidden, rows = _packed_hidden(model, decoder, input_ids, mask, position_ids)
     else:
-        out = decoder(
-            input_ids=input_ids,
-            attention_mask=mask.long(),
-            position_ids=position_ids,
-            use_cache=False,
-        )
+        with phase("decoder_forward"):
+            out = decoder(
+                input_ids=input_ids,
+                attention_mask=mask.long(),
+                position_ids=position_ids,
+                use_cache=False,
+            )
         hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
         rows = None
     score = scored_positions(mask, action_mask)
@@ -183,15 +185,16 @@ def _packed_hidden(
     lengths = mask.sum(dim=1)
     bounds = F.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
     longest = int(lengths.max())
-    out = decoder(
-        input_ids=input_ids[mask].unsqueeze(0),
-        position_ids=position_ids[mask].unsqueeze(0),
-        use_cache=False,
-        cu_seq_lens_q=bounds,
-        cu_seq_lens_k=bounds,
-        max_length_q=longest,
-        max_length_k=longest,
-    )
+    with phase("decoder_forward"):
+        out = decoder(
+            input_ids=input_ids[mask].unsqueeze(0),
+            position_ids=position_ids[mask].unsqueeze(0),
+            use_cache=False,
+            cu_seq_lens_q=bounds,
+            cu_seq_lens_k=bounds,
+            max_length_q=longest,
+            max_length_k=longest,
+        )
     hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
     return hidden[0], rows
 

@@ -12,8 +12,9 @@ Per GPU, in bytes:
   _batch`, else `data.micro_batch_size` x `rollout.max_len`) and layer, a Llama-style block
   keeps about 8 x hidden + 3 x intermediate values for backward (attention by sdpa, no
   T x T term); with activation checkpointing one hidden state per layer plus one block
-  recomputed; plus one chunk of float32 logits (`model.logprob_chunk_size` tokens x vocab,
-  twice: logits and their softmax);
+  recomputed; plus two chunks of float32 logits (the backward's chunk and its low-precision
+  copy, with room to spare): `model.logprob_chunk_size` rows at most, capped at the largest
+  chunk a GPU takes (frlab.ops.logprobs.CUDA_CHUNK_CAP bytes);
 - an in-process vLLM engine on the same GPU (`rollout/engine=vllm`): vLLM reserves its
   `gpu_memory_utilization` share of the GPU for its own weights (bfloat16 unless
   `vllm_engine_args.dtype` says otherwise) and the KV cache of `rollout.max_in_flight`
@@ -146,7 +147,10 @@ def activation_bytes(config: Any, tokens: int, checkpointing: bool, act_bytes: i
     inner = int(getattr(text, "intermediate_size", None) or 4 * hidden)
     block = tokens * (8 * hidden + 3 * inner) * act_bytes
     kept = tokens * hidden * layers * act_bytes + block if checkpointing else block * layers
-    return kept + 2 * min(tokens, chunk) * int(text.vocab_size) * 4
+    from frlab.ops.logprobs import CUDA_CHUNK_CAP
+
+    rows = min(tokens, chunk, CUDA_CHUNK_CAP // (4 * int(text.vocab_size)))
+    return kept + 2 * rows * int(text.vocab_size) * 4
 
 
 def kv_bytes_per_token(config: Any, dtype_bytes: int) -> int:

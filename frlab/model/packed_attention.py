@@ -45,6 +45,7 @@ import torch
 from torch import Tensor, nn
 
 from frlab.model import varlen
+from frlab.ops.phases import phase, time_backward
 
 PACKED_SDPA = "frlab_packed_sdpa"
 PACKED_VARLEN = "frlab_packed_varlen"
@@ -70,8 +71,6 @@ def packed_sdpa_attention(
     Needs `cu_seq_lens_q` (boundaries `[0, n_1, n_1 + n_2, ..., N]`); refuses a padding mask,
     a batch of several rows, a KV cache, a sliding window and logit soft-capping.
     """
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     bounds = check_packed_call(PACKED_SDPA, module, query, key, attention_mask, kwargs)
     cuts = [int(b) for b in bounds.tolist()]
     if (
@@ -80,9 +79,27 @@ def packed_sdpa_attention(
         or any(a >= b for a, b in zip(cuts[:-1], cuts[1:], strict=True))
     ):
         raise ValueError(f"cu_seq_lens_q {cuts} does not partition {query.shape[2]} positions")
+    lengths = [end - start for start, end in zip(cuts[:-1], cuts[1:], strict=True)]
+    with phase("attention_forward"):
+        out = _per_trajectory(module, query, key, value, lengths, dropout, scaling)
+    time_backward("attention_backward", out, (query, key, value))
+    return out.unsqueeze(0), None
+
+
+def _per_trajectory(
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    lengths: list[int],
+    dropout: float,
+    scaling: float | None,
+) -> Tensor:
+    """`[N, heads, d]`: causal sdpa per trajectory of the given lengths."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
     # One split per tensor (its backward is one concatenation, not one full-size copy per
     # slice); trajectories of equal length share one batched call; one cat back in order.
-    lengths = [end - start for start, end in zip(cuts[:-1], cuts[1:], strict=True)]
     parts = [t.split(lengths, dim=2) for t in (query, key, value)]
     by_length: dict[int, list[int]] = {}
     for i, n in enumerate(lengths):
@@ -95,7 +112,7 @@ def packed_sdpa_attention(
         )[0]  # [len(members), n, heads, d]
         for i, piece in zip(members, out.unbind(0), strict=True):
             outputs[i] = piece
-    return torch.cat(outputs).unsqueeze(0), None
+    return torch.cat(outputs)
 
 
 def check_packed_call(
@@ -138,7 +155,9 @@ def packed_varlen_attention(
     longest = kwargs.get("max_length_q")
     if not isinstance(longest, int):
         raise ValueError(f"{PACKED_VARLEN} attention needs max_length_q as an int")
-    out = varlen.varlen_packed_attention(query[0], key[0], value[0], bounds, longest, scaling)
+    with phase("attention_forward"):
+        out = varlen.varlen_packed_attention(query[0], key[0], value[0], bounds, longest, scaling)
+    time_backward("attention_backward", out, (query, key, value))
     return out.unsqueeze(0), None  # [1, N, heads, d], as transformers' kernels return
 
 
