@@ -1,20 +1,26 @@
-"""GPU figures: learner model-FLOPs utilisation, peak memory at 8,192-token trajectories, and the
-torch engine's decode throughput (needs CUDA; run by scripts/gpu_check.sh).
+"""GPU figures: the learner's model-FLOPs utilisation with its profile against a plain
+transformers step, peak memory against the dry run's memory plan, and the torch engine's
+decode throughput (run by scripts/gpu_check.sh; `--device cpu --tiny` runs every part on a
+CPU at a tiny shape, which tests/test_gpu_mfu.py does).
 
-1. MFU: one FlashREINFORCE learner update (`FlashReinforceModule.training_step` under a
+1. mfu: one FlashREINFORCE learner update (`FlashReinforceModule.training_step` under a
    Lightning Trainer: packed token-budget micro-batches, chunked log-probs, the objective,
    backward, AdamW) on a random-init model of Qwen2.5-1.5B's shape in bf16, on B trajectories
-   with log-normal lengths (median 1,024, clipped to [64, 8,192]). Model FLOPs per update =
-   3 x forward FLOPs (backward = 2 x forward), forward = 2 x (non-embedding matmul parameters
-   + the LM head) per token + causal attention 2 x n^2 x hidden per layer per trajectory of n
-   tokens (recomputation is not counted). MFU = model FLOPs / step time / peak, against the
-   H100/H200 SXM datasheet's dense bf16 989 TFLOP/s and against a bf16 matmul measured here.
-2. Peak memory: `torch.cuda.max_memory_allocated` over an update whose trajectories all have
-   8,192 tokens (one per micro-batch), without and with gradient checkpointing.
-3. Decode: the torch engine (frlab.rollout.engines.torch) on Qwen2.5-0.5B's shape in bf16:
-   generated tokens per second for a batch of requests sampled at temperature 1.
+   with log-normal lengths (median 1,024, clipped to [64, 8,192]); median of `--repeats` timed
+   updates after one warm-up. Then one profiled update (bench/learner_profile.py: seconds per
+   phase), and a plain transformers training step of the same shape on the same number of
+   tokens in dense 1,024-token rows. FLOPs per update: bench/learner_profile.model_flops (the
+   same formula for both; recomputation is not counted). MFU = FLOPs / step time / peak,
+   against the H100/H200 SXM datasheet's dense bf16 989 TFLOP/s and a bf16 matmul measured
+   here; `frlab/plain per FLOP` = frlab's FLOP/s over the plain step's.
+2. memory: `torch.cuda.max_memory_allocated` over an update against the learner line of the
+   dry run's memory plan (frlab.model.memory_plan) for the same settings: Qwen2.5-1.5B's shape
+   (bf16) at 4 trajectories of 8,192 tokens, one per micro-batch, checkpointing off and on;
+   the `python_tool_qwen7b_lora` preset's shape (Qwen2.5-7B in bf16, frozen, rank-32 adapters,
+   checkpointing on, bf16-mixed, one 8,192-token trajectory per micro-batch), two of them.
+3. decode: the torch engine on Qwen2.5-0.5B's shape in bf16: generated tokens per second.
 
-Run: `PYTHONPATH=$PWD python bench/gpu_mfu.py` (prints one line per figure).
+Run: `PYTHONPATH=$PWD python bench/gpu_mfu.py [--parts mfu,memory,decode]` (one line per figure).
 """
 
 from __future__ import annotations
@@ -22,47 +28,46 @@ from __future__ import annotations
 import argparse
 import asyncio
 import copy
+import functools
 import logging
 import os
 import statistics
 import sys
 import time
+from typing import Any
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from learner import OBJECTIVE, OPTIM, QWEN25_05B, make_batch, one_update  # noqa: E402
+from learner import OBJECTIVE, OPTIM, QWEN25_05B, TOY, make_batch, one_update  # noqa: E402
+from learner_profile import (  # noqa: E402
+    describe_profile,
+    model_flops,
+    plain_step_seconds,
+    profile_update,
+)
 
 from frlab.learner.module import FlashReinforceModule  # noqa: E402
+from frlab.model.memory_plan import gib, memory_plan  # noqa: E402
 from frlab.model.policy import build_policy, tiny_config  # noqa: E402
 
 QWEN25_1P5B = {"vocab_size": 151936, "hidden_size": 1536, "intermediate_size": 8960,
                "num_hidden_layers": 28, "num_attention_heads": 12, "num_key_value_heads": 2,
                "max_position_embeddings": 32768, "tie_word_embeddings": True,
                "rope_theta": 1000000.0}  # fmt: skip
+QWEN25_7B = {"vocab_size": 152064, "hidden_size": 3584, "intermediate_size": 18944,
+             "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
+             "max_position_embeddings": 32768, "tie_word_embeddings": False,
+             "rope_theta": 1000000.0}  # fmt: skip
+LORA_7B = {"rank": 32, "alpha": 64.0}  # experiment=python_tool_qwen7b_lora
 DATASHEET_BF16_TFLOPS = 989.0
 
 
-def matmul_params(cfg: dict) -> int:
-    """Parameters that take part in matmuls per token: attention, MLP and the LM head."""
-    d, ff, layers = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
-    head_dim = d // cfg["num_attention_heads"]
-    kv = cfg["num_key_value_heads"] * head_dim
-    per_layer = d * d + 2 * d * kv + d * d + 3 * d * ff
-    return layers * per_layer + d * cfg["vocab_size"]
-
-
-def update_flops(cfg: dict, lengths: list[int]) -> float:
-    """Model FLOPs of one training update (forward + backward = 3 x forward)."""
-    tokens = sum(lengths)
-    forward = 2 * matmul_params(cfg) * tokens
-    forward += cfg["num_hidden_layers"] * sum(2 * n * n * cfg["hidden_size"] for n in lengths)
-    return 3.0 * forward
-
-
-def measured_matmul_tflops(n: int = 8192, iters: int = 20) -> float:
+def measured_matmul_tflops(device: str, n: int = 8192, iters: int = 20) -> float:
+    if device != "cuda":
+        return float("nan")
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     for _ in range(3):
@@ -81,6 +86,18 @@ def lognormal_lengths(batch: int, median: float, seed: int, lo: int, hi: int) ->
     return raw.round().clamp(lo, hi).long().tolist()
 
 
+def shape(args: argparse.Namespace, full: dict) -> dict:
+    return TOY if args.tiny else full
+
+
+def build(args: argparse.Namespace, cfg: dict, **kwargs: Any) -> torch.nn.Module:
+    """A random-init bf16 model of `cfg`'s shape, built on the device."""
+    with torch.device(args.device):
+        model = build_policy(config=tiny_config("qwen2", **cfg), seed=0, dtype=args.dtype,
+                             **kwargs)  # fmt: skip
+    return model.train()
+
+
 def learner_module(base: torch.nn.Module, batch: int, budget: int) -> FlashReinforceModule:
     return FlashReinforceModule(
         {}, OBJECTIVE, OPTIM, batch_size=batch, policy=copy.deepcopy(base),
@@ -89,58 +106,96 @@ def learner_module(base: torch.nn.Module, batch: int, budget: int) -> FlashReinf
 
 
 def mfu(args: argparse.Namespace, peak_measured: float) -> None:
-    cfg = QWEN25_1P5B
-    base = build_policy(config=tiny_config("qwen2", **cfg), seed=0, dtype="bfloat16")
-    base = base.to("cuda").train()
-    lengths = lognormal_lengths(args.batch, args.median, 0, 64, 8192)
+    cfg = shape(args, QWEN25_1P5B)
+    base = build(args, cfg)
+    hi = cfg["max_position_embeddings"]
+    lengths = lognormal_lengths(args.batch, args.median, 0, min(64, hi // 4), min(8192, hi))
     batch = make_batch(base, lengths, seed=0)
     module = learner_module(base, args.batch, args.budget)
     del base
-    times = []
-    for round_ in range(args.repeats + 1):
-        logged = one_update(module, batch, "cuda")
-        if round_:
-            times.append(logged["timing/step_s"])
+    times = [one_update(module, batch, args.device)["timing/step_s"]
+             for _ in range(args.repeats + 1)][1:]  # fmt: skip
     step = statistics.median(times)
-    achieved = update_flops(cfg, lengths) / step / 1e12
-    print(f"mfu: Qwen2.5-1.5B shape bf16, B={args.batch}, {sum(lengths)} tokens (median "
+    tokens = sum(lengths)
+    achieved = model_flops(cfg, lengths) / step / 1e12
+    print(f"mfu: Qwen2.5-1.5B shape {args.dtype}, B={args.batch}, {tokens} tokens (median "
           f"{statistics.median(lengths):g}, max {max(lengths)}), budget {args.budget}: step "
-          f"{step:.3f} s, {sum(lengths) / step:,.0f} tokens/s, {achieved:.0f} TFLOP/s = "
+          f"{step:.3f} s, {tokens / step:,.0f} tokens/s, {achieved:.1f} TFLOP/s = "
           f"{achieved / DATASHEET_BF16_TFLOPS:.1%} of {DATASHEET_BF16_TFLOPS:g} (datasheet), "
-          f"{achieved / peak_measured:.1%} of {peak_measured:.0f} (measured matmul)")  # fmt: skip
+          f"{achieved / peak_measured:.1%} of {peak_measured:.0f} (measured matmul)",
+          flush=True)  # fmt: skip
+    seconds = profile_update(functools.partial(one_update, module, batch, args.device), args.device)
+    print(f"profile: {describe_profile(seconds)}", flush=True)
     del module
-    torch.cuda.empty_cache()
+    _free(args.device)
+    width = min(1024, cfg["max_position_embeddings"])
+    rows = max(1, round(tokens / width))
+    config = tiny_config("qwen2", **cfg)
+    plain = plain_step_seconds(config, rows, width, args.device, _dtype(args), args.repeats)
+    plain_flops = model_flops(cfg, [width] * rows) / plain / 1e12
+    print(f"plain transformers step: {rows} rows x {width} tokens (sdpa, full logits + "
+          f"cross-entropy, AdamW): {plain:.3f} s, {rows * width / plain:,.0f} tokens/s, "
+          f"{plain_flops:.1f} TFLOP/s = {plain_flops / DATASHEET_BF16_TFLOPS:.1%} of "
+          f"{DATASHEET_BF16_TFLOPS:g}", flush=True)  # fmt: skip
+    print(f"frlab/plain per FLOP: {achieved / plain_flops:.2f}", flush=True)
+
+
+def planned(cfg: dict, *, lora: dict | None, checkpointing: bool, tokens: int,
+            precision: str) -> int:  # fmt: skip
+    """The learner bytes the dry run's memory plan gives for these settings (one GPU)."""
+    plan = memory_plan({
+        "model": {"config": {"model_type": "qwen2", **cfg}, "dtype": "bfloat16", "lora": lora,
+                  "gradient_checkpointing": checkpointing, "logprob_chunk_size": 1024},
+        "data": {"micro_batch_size": 1, "max_tokens_per_micro_batch": tokens},
+        "rollout": {"max_len": tokens, "device": "cpu", "max_in_flight": 1},
+        "trainer": {"precision": precision, "devices": 1},
+    })  # fmt: skip
+    assert plan is not None
+    return plan.learner
+
+
+def measure_peak(args: argparse.Namespace, cfg: dict, rows: int, tokens: int, **kwargs) -> tuple:
+    """(peak bytes, step seconds) of one update of `rows` trajectories of `tokens` tokens."""
+    base = build(args, cfg, **kwargs)
+    batch = make_batch(base, [tokens] * rows, seed=1)
+    module = learner_module(base, rows, tokens)
+    del base
+    _free(args.device)
+    if args.device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    logged = one_update(module, batch, args.device)
+    peak = torch.cuda.max_memory_allocated() if args.device == "cuda" else 0
+    del module, batch
+    _free(args.device)
+    return peak, logged["timing/step_s"]
 
 
 def peak_memory(args: argparse.Namespace) -> None:
-    for checkpointing in (False, True):
-        base = build_policy(config=tiny_config("qwen2", **QWEN25_1P5B), seed=0, dtype="bfloat16",
-                            gradient_checkpointing=checkpointing).to("cuda").train()  # fmt: skip
-        lengths = [8192] * args.long_rows
-        batch = make_batch(base, lengths, seed=1)
-        module = learner_module(base, args.long_rows, 8192)
-        del base
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        logged = one_update(module, batch, "cuda")
-        peak = torch.cuda.max_memory_allocated() / 2**30
-        print(f"peak memory: {args.long_rows} trajectories x 8192 tokens, one per micro-batch, "
-              f"gradient checkpointing {'on' if checkpointing else 'off'}: {peak:.1f} GiB "
-              f"(step {logged['timing/step_s']:.2f} s)")  # fmt: skip
-        del module, batch
-        torch.cuda.empty_cache()
+    tokens = 128 if args.tiny else 8192
+    arms = [("Qwen2.5-1.5B shape", shape(args, QWEN25_1P5B), None, ck) for ck in (False, True)]
+    arms.append(("python_tool_qwen7b_lora shape", shape(args, QWEN25_7B), LORA_7B, True))
+    for name, cfg, lora, ck in arms:
+        rows = args.long_rows if lora is None else 2
+        peak, step = measure_peak(args, cfg, rows, tokens, gradient_checkpointing=ck, lora=lora)
+        plan = planned(cfg, lora=lora, checkpointing=ck, tokens=tokens, precision="bf16-true")
+        ratio = f"{plan / peak:.2f}" if peak else "n/a (no CUDA)"
+        print(f"peak memory: {name}, {rows} trajectories x {tokens} tokens, one per "
+              f"micro-batch, checkpointing {'on' if ck else 'off'}"
+              f"{', LoRA rank 32' if lora else ''}: measured {gib(peak)}, plan {gib(plan)}, "
+              f"plan/measured {ratio} (step {step:.2f} s)", flush=True)  # fmt: skip
 
 
 def decode(args: argparse.Namespace) -> None:
     from frlab.rollout.engine import SamplingParams
     from frlab.rollout.engines.torch import TorchEngine
 
-    model = build_policy(config=tiny_config("qwen2", **QWEN25_05B), seed=0, dtype="bfloat16")
-    engine = TorchEngine(model, device="cuda", max_batch_size=args.decode_batch, seed=0)
+    cfg = shape(args, QWEN25_05B)
+    model = build(args, cfg).eval()
+    engine = TorchEngine(model, device=args.device, max_batch_size=args.decode_batch, seed=0)
     params = SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens)
     gen = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(0, 151936, (128,), generator=gen).tolist()
-               for _ in range(args.decode_batch)]  # fmt: skip
+    prompts = [torch.randint(0, cfg["vocab_size"], (16 if args.tiny else 128,),
+                             generator=gen).tolist() for _ in range(args.decode_batch)]  # fmt: skip
 
     async def run() -> int:
         results = await asyncio.gather(*(engine.generate(p, params) for p in prompts))
@@ -148,18 +203,31 @@ def decode(args: argparse.Namespace) -> None:
 
     with engine:
         asyncio.run(run())  # warm-up
-        torch.cuda.synchronize()
+        _free(args.device)
         start = time.perf_counter()
         tokens = asyncio.run(run())
-        torch.cuda.synchronize()
+        _free(args.device)
         wall = time.perf_counter() - start
-    print(f"decode: torch engine, Qwen2.5-0.5B shape bf16, {args.decode_batch} requests x "
-          f"{args.new_tokens} new tokens (prompts 128): {tokens / wall:,.0f} tokens/s "
-          f"({wall:.2f} s)")  # fmt: skip
+    print(f"decode: torch engine, Qwen2.5-0.5B shape {args.dtype}, {args.decode_batch} "
+          f"requests x {args.new_tokens} new tokens: {tokens / wall:,.0f} tokens/s "
+          f"({wall:.2f} s)", flush=True)  # fmt: skip
 
 
-def main() -> int:
+def _dtype(args: argparse.Namespace) -> torch.dtype:
+    return {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
+
+
+def _free(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--tiny", action="store_true", help="tiny shapes (a CPU check)")
+    parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--median", type=float, default=1024)
     parser.add_argument("--budget", type=int, default=16384)
@@ -168,22 +236,29 @@ def main() -> int:
     parser.add_argument("--decode-batch", type=int, default=64)
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--parts", default="mfu,memory,decode")
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        print("gpu_mfu: no CUDA device", file=sys.stderr)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("gpu_mfu: no CUDA device (--device cpu --tiny runs the parts on a CPU)",
+              file=sys.stderr)  # fmt: skip
         return 1
     logging.getLogger("lightning").setLevel(logging.ERROR)
-    peak = measured_matmul_tflops()
-    print(f"{torch.cuda.get_device_name()}: bf16 matmul 8192^3 measured {peak:.0f} TFLOP/s")
-    parts = args.parts.split(",")
-    for name, fn in (("mfu", lambda: mfu(args, peak)), ("memory", lambda: peak_memory(args)),
+    peak = measured_matmul_tflops(args.device)
+    name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
+    print(f"{name}: bf16 matmul 8192^3 measured {peak:.0f} TFLOP/s", flush=True)
+    failed = 0
+    for part, fn in (("mfu", lambda: mfu(args, peak)), ("memory", lambda: peak_memory(args)),
                      ("decode", lambda: decode(args))):  # fmt: skip
-        if name in parts:
+        if part in args.parts.split(","):
             try:
                 fn()
             except Exception as exc:  # report every part even if one fails
-                print(f"{name}: FAILED {type(exc).__name__}: {exc}", flush=True)
-    return 0
+                print(f"{part}: FAILED {type(exc).__name__}: {exc}", flush=True)
+                failed += 1
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
