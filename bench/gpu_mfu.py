@@ -19,8 +19,11 @@ CPU at a tiny shape, which tests/test_gpu_mfu.py does).
    the `python_tool_qwen7b_lora` preset's shape (Qwen2.5-7B in bf16, frozen, rank-32 adapters,
    checkpointing on, bf16-mixed, one 8,192-token trajectory per micro-batch), two of them.
 3. decode: the torch engine on Qwen2.5-0.5B's shape in bf16: generated tokens per second.
+4. compile: the MFU update with `model.compile=true` (frlab.model.compile): the first update
+   (compiling) and the step after, against the uncompiled step of part 1.
 
-Run: `PYTHONPATH=$PWD python bench/gpu_mfu.py [--parts mfu,memory,decode]` (one line per figure).
+Run: `PYTHONPATH=$PWD python bench/gpu_mfu.py [--parts mfu,memory,decode,compile]` (one line
+per figure).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import copy
+import dataclasses
 import functools
 import logging
 import os
@@ -63,6 +67,7 @@ QWEN25_7B = {"vocab_size": 152064, "hidden_size": 3584, "intermediate_size": 189
              "rope_theta": 1000000.0}  # fmt: skip
 LORA_7B = {"rank": 32, "alpha": 64.0}  # experiment=python_tool_qwen7b_lora
 DATASHEET_BF16_TFLOPS = 989.0
+UNCOMPILED: dict[str, float] = {}  # the mfu part's step, for the compile part's ratio
 
 
 def measured_matmul_tflops(device: str, n: int = 8192, iters: int = 20) -> float:
@@ -105,17 +110,27 @@ def learner_module(base: torch.nn.Module, batch: int, budget: int) -> FlashReinf
     )  # fmt: skip
 
 
-def mfu(args: argparse.Namespace, peak_measured: float) -> None:
+def mfu_inputs(args: argparse.Namespace) -> tuple[dict, torch.nn.Module, list[int], Any]:
+    """(shape, model, lengths, batch) of the MFU update."""
     cfg = shape(args, QWEN25_1P5B)
     base = build(args, cfg)
     hi = cfg["max_position_embeddings"]
     lengths = lognormal_lengths(args.batch, args.median, 0, min(64, hi // 4), min(8192, hi))
-    batch = make_batch(base, lengths, seed=0)
+    return cfg, base, lengths, make_batch(base, lengths, seed=0)
+
+
+def timed_steps(module: FlashReinforceModule, batch: Any, args: argparse.Namespace) -> list:
+    """Step seconds of `--repeats` updates after one warm-up."""
+    return [one_update(module, batch, args.device)["timing/step_s"]
+            for _ in range(args.repeats + 1)][1:]  # fmt: skip
+
+
+def mfu(args: argparse.Namespace, peak_measured: float) -> None:
+    cfg, base, lengths, batch = mfu_inputs(args)
     module = learner_module(base, args.batch, args.budget)
     del base
-    times = [one_update(module, batch, args.device)["timing/step_s"]
-             for _ in range(args.repeats + 1)][1:]  # fmt: skip
-    step = statistics.median(times)
+    step = statistics.median(timed_steps(module, batch, args))
+    UNCOMPILED["step"] = step
     tokens = sum(lengths)
     achieved = model_flops(cfg, lengths) / step / 1e12
     print(f"mfu: Qwen2.5-1.5B shape {args.dtype}, B={args.batch}, {tokens} tokens (median "
@@ -138,6 +153,25 @@ def mfu(args: argparse.Namespace, peak_measured: float) -> None:
           f"{plain_flops:.1f} TFLOP/s = {plain_flops / DATASHEET_BF16_TFLOPS:.1%} of "
           f"{DATASHEET_BF16_TFLOPS:g}", flush=True)  # fmt: skip
     print(f"frlab/plain per FLOP: {achieved / plain_flops:.2f}", flush=True)
+
+
+def compiled(args: argparse.Namespace) -> None:
+    """The MFU update with model.compile=true: the first update (compiling), then the step."""
+    _, base, _, batch = mfu_inputs(args)
+    module = learner_module(base, args.batch, args.budget)
+    module.settings = dataclasses.replace(module.settings, compile=True)
+    module.compile_backend = args.compile_backend
+    del base
+    start = time.perf_counter()
+    one_update(module, batch, args.device)
+    first = time.perf_counter() - start
+    step = statistics.median(timed_steps(module, batch, args))
+    ratio = f"{UNCOMPILED['step'] / step:.2f}x" if "step" in UNCOMPILED else "n/a"
+    print(f"compile ({args.compile_backend}): first update {first:.1f} s, then step {step:.3f} "
+          f"s, {ratio} the uncompiled step's speed; {module.compiled.compiles} graphs compiled "
+          f"in all", flush=True)  # fmt: skip
+    del module
+    _free(args.device)
 
 
 def planned(cfg: dict, *, lora: dict | None, checkpointing: bool, tokens: int,
@@ -235,7 +269,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--long-rows", type=int, default=4)
     parser.add_argument("--decode-batch", type=int, default=64)
     parser.add_argument("--new-tokens", type=int, default=256)
-    parser.add_argument("--parts", default="mfu,memory,decode")
+    parser.add_argument("--parts", default="mfu,memory,decode,compile")
+    parser.add_argument("--compile-backend", default="inductor")
     return parser.parse_args(argv)
 
 
@@ -251,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{name}: bf16 matmul 8192^3 measured {peak:.0f} TFLOP/s", flush=True)
     failed = 0
     for part, fn in (("mfu", lambda: mfu(args, peak)), ("memory", lambda: peak_memory(args)),
-                     ("decode", lambda: decode(args))):  # fmt: skip
+                     ("decode", lambda: decode(args)), ("compile", lambda: compiled(args))):  # fmt: skip
         if part in args.parts.split(","):
             try:
                 fn()

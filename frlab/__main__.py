@@ -21,7 +21,7 @@ import sys
 from typing import Any
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from frlab.config.compose import legacy_overrides, setup_hydra
 from frlab.config.declare import check_bool_overrides
@@ -30,7 +30,6 @@ from frlab.config.errors import ConfigError, call_hydra_main
 from frlab.config.schema import FrlabConfig
 
 setup_hydra()
-MEMORY_SECTIONS = ("model", "data", "rollout", "trainer")  # what the dry run's memory plan reads
 ENGINE_DOWN_EXIT = 75  # EX_TEMPFAIL (sysexits.h): the rollout engine went down for good
 
 
@@ -45,12 +44,9 @@ def task(cfg: DictConfig) -> dict[str, Any]:
         resume_if_requeued(cfg)  # a job SLURM requeued resumes from its last.ckpt
     plan = preflight(cfg)
     if cfg.dry_run:
-        from frlab.config.engines import engine_class
-        from frlab.model.memory_plan import describe_memory
+        from frlab.config.plan import learner_plan
 
-        sections = {k: OmegaConf.to_container(cfg[k], resolve=True) for k in MEMORY_SECTIONS}
-        engine = engine_class(sections["rollout"])  # type: ignore[arg-type]
-        plan.memory = describe_memory(sections, getattr(engine, "reserves_gpu_share", False))
+        learner_plan(cfg, plan)  # kernels, auto budget and checkpointing, the memory plan
         print(plan.format(), flush=True)
         return plan.to_dict()
     from frlab.train import run

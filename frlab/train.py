@@ -33,12 +33,34 @@ from frlab.build import (
     user_modules,
     write_plots,
 )
+from frlab.config.errors import ConfigError
 from frlab.config.instantiate import instantiate
-from frlab.config.plan import Plan
+from frlab.config.plan import Plan, learner_plan
 from frlab.run.guard import check_resume, run_folder
 
 __all__ = ["build_callbacks", "build_evaluation", "build_policy_from", "build_tokenizer",
            "build_trainer", "check_resume", "check_vocab", "env_factory", "plain", "run"]  # fmt: skip
+
+
+def learner_policy(cfg: DictConfig, plan: Plan, model: dict[str, Any]) -> Any:
+    """The policy, with `auto` budget and checkpointing chosen once its config is known
+    (written into `plan` and `model`)."""
+    from frlab.model.auto_memory import AUTO
+    from frlab.model.lora import base_of
+    from frlab.model.policy import checkpoint_policy
+
+    auto = model.get("gradient_checkpointing") == AUTO
+    node = {**model, "gradient_checkpointing": False} if auto else model
+    policy = build_policy_from(node, int(cfg.seed))
+    learner_plan(cfg, plan, base_of(policy).config)
+    for key, value in (("data.max_tokens_per_micro_batch", plan.max_tokens_per_micro_batch),
+                       ("model.gradient_checkpointing", plan.gradient_checkpointing)):  # fmt: skip
+        if value == AUTO:
+            raise ConfigError(key, "auto needs the learner's device visible at start")
+    if auto and plan.gradient_checkpointing:
+        checkpoint_policy(policy)
+    model["gradient_checkpointing"] = plan.gradient_checkpointing
+    return policy
 
 
 def run(cfg: DictConfig, plan: Plan | None = None) -> dict[str, Any]:
@@ -62,16 +84,15 @@ def run(cfg: DictConfig, plan: Plan | None = None) -> dict[str, Any]:
         return guard.previous_summary  # a resume of a finished run changes nothing
     # the Trainer, its logger and callbacks first: a bad key there fails in seconds, not after
     # the model loaded (they draw no random numbers, so seeding after them changes nothing)
-    run_files = RunFilesCallback(
-        output_dir, components=plan.components, extra={"plan": plan.to_dict()}
-    )
+    run_files = RunFilesCallback(output_dir, components=plan.components)
     callbacks = [*build_callbacks(cfg, run_files), guard.callback]
     trainer = build_trainer(cfg, callbacks, output_dir)
     L.seed_everything(int(cfg.seed), workers=True)
     model = plain(cfg.model)
     tokenizer = load_tokenizer(model)
     check_vocab(model, tokenizer)
-    policy = build_policy_from(model, int(cfg.seed))
+    policy = learner_policy(cfg, plan, model)
+    run_files.extra["plan"] = plan.to_dict()  # the auto values as chosen
     module = FlashReinforceModule(
         arguments(model), plain(cfg.objective), arguments(plain(cfg.optim)),
         batch_size=plan.batch_size, micro_batch_size=plan.micro_batch_size,

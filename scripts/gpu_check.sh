@@ -2,10 +2,11 @@
 # frlab GPU check: a few asynchronous FlashREINFORCE updates on CUDA in bf16 at Qwen2.5-0.5B's
 # shape (random init, no download): torch engine + pool + Lightning learner + weight sync, then
 # the GPU-marked tests, packed micro-batches on CUDA (scripts/gpu_packing_check.py: exactness
-# per attention implementation, packed vs padded speed), and bench/gpu_mfu.py (learner MFU at
-# Qwen2.5-1.5B's shape, peak memory at 8,192-token trajectories, torch-engine decode
-# throughput). Prints rollout tokens/s, learner tokens/s and step time (scripts/gpu_check.py).
-# Sized for about 8 minutes on one H200.
+# per attention kernel, packed vs padded speed), and bench/gpu_mfu.py (learner MFU at
+# Qwen2.5-1.5B's shape with its profile and a plain transformers step, peak memory against the
+# dry run's memory plan, torch-engine decode throughput, the compiled learner). Prints rollout
+# tokens/s, learner tokens/s and step time (scripts/gpu_check.py). The parts' timeouts add up
+# to 8 minutes (90 + 75 + 60 + 255 s) on one H200 without vLLM.
 #
 # With vllm installed (the `vllm` extra: frlab/rollout/engines/vllm_releases.py), also
 # scripts/gpu_check_vllm.py: the
@@ -14,8 +15,11 @@
 # filesystem weight sync and a short `rollout=remote` run. Without vllm that part prints
 # "SKIPPED (vllm is not installed)" and the rest runs. NOT run yet on a GPU with vllm.
 #
-# STATUS: written and tested on CPU only (`--tiny --device cpu`, tests/test_gpu_check.py);
-# the session that wrote it had no GPU lent, so it has NOT run on a GPU yet.
+# STATUS: run once on one H200 (2026-12-04) before the varlen attention, the device-sized
+# LM-head chunks, fused AdamW and model.compile; its figures are in docs/gpu.md. What was
+# added since (the profile, the plain-transformers arm, plan against measured memory, the
+# compile part, bf16 varlen exactness) has run on a CPU only (tests/test_gpu_check.py,
+# tests/bench/test_gpu_mfu.py).
 #
 # The H200 image has torch 2.11 (CUDA 13), lightning 2.6.6, transformers 5.17, torchmetrics,
 # tokenizers, safetensors, pytest, pyyaml, jinja2, numpy, but no hydra-core, omegaconf or
@@ -54,37 +58,50 @@ fi
 'cuda', torch.version.cuda, '| lightning', lightning.__version__, '| transformers', t.__version__)"
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader 2>/dev/null
 
-echo "== async updates (torch engine + learner)"
-timeout 300 "$PY" scripts/gpu_check.py "$@"
+# Each part has its own timeout (seconds, overridable; together at most 8 minutes) and its
+# output kept in $LOGS/<part>.log (LOGS defaults to $OUT on the device, else ./gpu_check_logs).
+LOGS=${LOGS:-${OUT:-gpu_check_logs}}
+mkdir -p "$LOGS"
+part() {  # part NAME SECONDS COMMAND...: run it under its timeout, output to the log and stdout
+  local name=$1 seconds=$2
+  shift 2
+  echo "== $name (timeout ${seconds} s)"
+  timeout "$seconds" "$@" 2>&1 | tee "$LOGS/$name.log"
+  local rc=${PIPESTATUS[0]}
+  [ "$rc" -eq 124 ] && echo "gpu_check: $name timed out after ${seconds} s"
+  return "$rc"
+}
+
+part async "${T_ASYNC:-90}" "$PY" scripts/gpu_check.py "$@"
 check_rc=$?
 
-echo "== pytest -m gpu"
-timeout 120 "$PY" -m pytest -q -m gpu tests/
+part gpu_tests "${T_TESTS:-75}" "$PY" -m pytest -q -m gpu tests/
 test_rc=$?
 [ "$test_rc" -eq 5 ] && { echo "gpu_check: no GPU-marked tests collected"; test_rc=0; }
 
-echo "== packed micro-batches on CUDA: exactness, then packed vs padded learner speed"
-timeout 300 "$PY" scripts/gpu_packing_check.py --repeats "${PACKING_REPEATS:-1}"
+# packed micro-batches: exactness per kernel, then packed vs padded learner speed
+part packing "${T_PACKING:-60}" "$PY" scripts/gpu_packing_check.py --repeats "${PACKING_REPEATS:-1}"
 packing_rc=$?
 
-echo "== learner MFU (Qwen2.5-1.5B shape), peak memory at 8192-token trajectories, decode"
-timeout 300 "$PY" bench/gpu_mfu.py
+# learner MFU + profile + plain transformers step, peak memory vs plan, decode, then the
+# compiled learner against the uncompiled step (one process; each line printed as it comes)
+part mfu "${T_MFU:-255}" "$PY" bench/gpu_mfu.py --parts mfu,memory,decode,compile
 mfu_rc=$?
 
-echo "== vLLM: in-process engine + one vllm serve server (skipped without vllm)"
-timeout 600 "$PY" scripts/gpu_check_vllm.py
-vllm_rc=$?
 if "$PY" -c "import vllm" 2>/dev/null; then
-  echo "== pytest -m vllm"
-  timeout 300 "$PY" -m pytest -q -m vllm tests/
+  part vllm "${T_VLLM:-300}" "$PY" scripts/gpu_check_vllm.py
+  vllm_rc=$?
+  part vllm_tests "${T_VLLM_TESTS:-300}" "$PY" -m pytest -q -m vllm tests/
   vllm_tests_rc=$?
   [ "$vllm_tests_rc" -eq 5 ] && vllm_tests_rc=0
 else
-  echo "gpu_check: pytest -m vllm SKIPPED (vllm is not installed)"
+  echo "gpu_check: vLLM parts SKIPPED (vllm is not installed)"
+  vllm_rc=0
   vllm_tests_rc=0
 fi
 
 echo "gpu_check.sh: check rc=$check_rc, gpu tests rc=$test_rc, packing rc=$packing_rc," \
-  "mfu rc=$mfu_rc, vllm rc=$vllm_rc, vllm tests rc=$vllm_tests_rc"
+  "mfu rc=$mfu_rc, vllm rc=$vllm_rc, vllm tests rc=$vllm_tests_rc" \
+  "(logs in $LOGS)"
 [ "$check_rc" -eq 0 ] && [ "$test_rc" -eq 0 ] && [ "$packing_rc" -eq 0 ] && [ "$mfu_rc" -eq 0 ] \
   && [ "$vllm_rc" -eq 0 ] && [ "$vllm_tests_rc" -eq 0 ]

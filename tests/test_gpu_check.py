@@ -135,3 +135,17 @@ def test_vllm_check_reports_skipped_without_vllm_or_cuda() -> None:
     proc = subprocess.run([sys.executable, str(REPO / "scripts/gpu_check_vllm.py")],
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode == 0 and "gpu_check_vllm: SKIPPED" in proc.stdout, proc.stderr
+
+
+def test_gpu_check_parts_fit_eight_minutes_and_keep_their_output() -> None:
+    """Every part of scripts/gpu_check.sh runs under its own timeout, logged to its own file;
+    without vLLM (the GPU machine has none) the timeouts add up to at most 8 minutes."""
+    import re
+
+    text = (REPO / "scripts" / "gpu_check.sh").read_text()
+    parts = re.findall(r'^\s*part (\w+) "\$\{T_\w+:-(\d+)\}"', text, re.M)
+    names = [name for name, _ in parts]
+    assert {"async", "gpu_tests", "packing", "mfu", "vllm", "vllm_tests"} <= set(names)
+    without_vllm = sum(int(s) for name, s in parts if not name.startswith("vllm"))
+    assert without_vllm <= 8 * 60, parts
+    assert 'tee "$LOGS/$name.log"' in text and 'timeout "$seconds"' in text

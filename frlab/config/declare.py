@@ -37,6 +37,10 @@ class Meta:
     high_open: bool = False
     pair: bool = False  # a list of exactly two numbers
     arg: bool = True  # passed to the section's `_target_` when it is instantiated
+    # A key that takes words beside a value of one type (`model.gradient_checkpointing`: a
+    # bool or `auto`) is declared `Any` for OmegaConf; `kind` is that type, `words` the words.
+    kind: type | None = None
+    words: tuple[str, ...] = ()
 
 
 def spec(default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSING,
@@ -107,14 +111,31 @@ def check_values(key: str, values: Mapping[str, Any], cls: type) -> None:
     for f, annotation in declared(cls):
         if f.name not in values:
             continue
-        value, sub = values[f.name], section_type(annotation)
+        value, sub, meta = values[f.name], section_type(annotation), meta_of(f)
+        kind = meta.kind or unwrap(annotation)[0]
         if sub is not None and isinstance(value, Mapping):
             check_values(join(key, f.name), value, sub)
-        elif unwrap(annotation)[0] is bool and not is_boolean(value):
+        elif value in meta.words:
+            continue
+        elif kind is bool and not is_boolean(value):
             # OmegaConf would read 3 as true: a key declared bool takes only booleans
-            raise ConfigError(join(key, f.name), f"must be true or false, got {value!r}")
+            raise ConfigError(join(key, f.name), f"must be {_either('true', 'false', meta)}, "
+                              f"got {value!r}")  # fmt: skip
+        elif kind is int and not (value is None or _is_int(value)):
+            raise ConfigError(join(key, f.name), f"must be {_either('an int', 'null', meta)}, "
+                              f"got {value!r}")  # fmt: skip
         elif value is not None:
-            check_value(join(key, f.name), value, meta_of(f))
+            check_value(join(key, f.name), value, meta)
+
+
+def _is_int(value: Any) -> bool:
+    return (isinstance(value, int) and not isinstance(value, bool)) or str(value).startswith("${")
+
+
+def _either(first: str, second: str, meta: Meta) -> str:
+    """`true or false`, or `true, false or auto` for a key that takes words too."""
+    options = [first, second, *meta.words]
+    return f"{', '.join(options[:-1])} or {options[-1]}"
 
 
 def is_boolean(value: Any) -> bool:

@@ -20,6 +20,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 NOT_RESOLVED = "(set by Hydra at run time)"
+LEARNER_SECTIONS = ("model", "data", "rollout", "trainer")  # what the learner's facts read
 
 
 @dataclass
@@ -41,7 +42,7 @@ class Plan:
     per_rank_batch_size: int
     micro_batch_size: int
     micro_batches_per_step: int
-    max_tokens_per_micro_batch: int | None
+    max_tokens_per_micro_batch: int | str | None  # `auto` until chosen
     pack_sequences: bool
     skip_zero_signal_steps: bool
     samples_per_prompt: int
@@ -68,6 +69,8 @@ class Plan:
     weight_update: str | None = None  # rollout.weight_update (None: the engine's default)
     evaluation: str = "none"  # the `eval` node in words (describe_eval)
     memory: str | None = None  # per-GPU memory (frlab.model.memory_plan; dry runs only)
+    learner: str | None = None  # kernels and auto choices (frlab.model.learner_kernels)
+    gradient_checkpointing: Any = None  # model.gradient_checkpointing as the run uses it
     logger: str | None = None
     output_dir: str = NOT_RESOLVED
     ckpt_path: str | None = None
@@ -108,6 +111,7 @@ class Plan:
                         f"{'skipped' if self.skip_zero_signal_steps else 'step AdamW'}"),
             ("lr", self._schedule()),
             ("eval", self.evaluation),
+            *([("learner", self.learner)] if self.learner else []),
             *([("memory", self.memory)] if self.memory else []),
             ("logger", self.logger or "none (metrics.csv in the run folder)"),
             ("output dir", self.output_dir),
@@ -249,6 +253,7 @@ def build_plan(
         micro_batch_size=data["micro_batch_size"],
         micro_batches_per_step=per_rank // data["micro_batch_size"],
         max_tokens_per_micro_batch=data.get("max_tokens_per_micro_batch"),
+        gradient_checkpointing=model.get("gradient_checkpointing"),
         pack_sequences=bool(data.get("pack_sequences", True)),
         skip_zero_signal_steps=bool(sec["optim"].get("skip_zero_signal_steps", False)),
         samples_per_prompt=rollout["samples_per_prompt"],
@@ -369,3 +374,21 @@ def _describe_strategy(strategy: Any) -> str:
     if isinstance(strategy, dict):
         return str(strategy.get("_target_", strategy)).rsplit(".", 1)[-1]
     return str(strategy)
+
+
+def learner_plan(cfg: DictConfig, plan: Plan, config: Any = None) -> None:
+    """The plan's learner facts (frlab.model.learner_kernels): its kernels, its memory line,
+    and `auto` budget and checkpointing chosen for the learner's device here (`config`: the
+    model's transformers config, once loaded)."""
+    from frlab.config.engines import engine_class
+    from frlab.model.auto_memory import device_memory
+    from frlab.model.learner_kernels import learner_facts
+
+    sections = {k: OmegaConf.to_container(cfg[k], resolve=True) for k in LEARNER_SECTIONS}
+    engine = engine_class(sections["rollout"])  # type: ignore[arg-type]
+    facts = learner_facts(
+        sections, getattr(engine, "reserves_gpu_share", False),
+        device_memory(sections["trainer"]["accelerator"]), config,
+    )  # fmt: skip
+    for name, value in facts.items():
+        setattr(plan, name, value)

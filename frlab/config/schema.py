@@ -58,7 +58,12 @@ class ModelConfig:
     )  # fmt: skip
     dtype: str = spec("float32", choices=("float32", "bfloat16", "float16", "float64"),
                       doc="learner master weights; compute precision is trainer.precision")  # fmt: skip
-    gradient_checkpointing: bool = spec(False, doc="recompute activations in backward")
+    gradient_checkpointing: Any = spec(
+        False, kind=bool, words=("auto",), doc="recompute activations in backward; auto: only "
+        "where a whole trajectory would not fit without it (frlab.model.auto_memory)")  # fmt: skip
+    compile: bool = spec(
+        False, arg=False, doc="torch.compile each decoder layer of the learner (packed lengths "
+        "bucketed; recompiles counted in train/compiles)")  # fmt: skip
     logprob_chunk_size: int = spec(1024, low=1, arg=False, doc="tokens per LM-head chunk")
     routing_replay: bool = spec(
         False, arg=False, doc="MoE: replay the sampler's experts (needs an engine whose "
@@ -132,10 +137,11 @@ class DataConfig:
     micro_batch_size: int = spec(16, low=1, arg=False,
                                  doc="at most this many rows per forward/backward on one rank; "
                                  "divides B / ranks")  # fmt: skip
-    max_tokens_per_micro_batch: int | None = spec(
-        None, low=1, arg=False, doc="also at most this many tokens per micro-batch (packed: sum "
-        "of lengths; padded: rows x longest); rows grouped longest first; a longer trajectory "
-        "runs alone; null: rows only")  # fmt: skip
+    max_tokens_per_micro_batch: Any = spec(
+        None, low=1, arg=False, kind=int, words=("auto",), doc="also at most this many tokens "
+        "per micro-batch (packed: sum of lengths; padded: rows x longest); rows grouped longest "
+        "first; a longer trajectory runs alone; null: rows only; auto: the most that fits the "
+        "learner's device (frlab.model.auto_memory)")  # fmt: skip
     pack_sequences: bool = spec(
         True, arg=False, doc="each micro-batch as ONE padding-free row, attention per trajectory "
         "(sdpa/eager: per-trajectory sdpa; flash_attention_2/3: varlen); exact (same loss and "

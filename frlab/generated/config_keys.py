@@ -58,6 +58,8 @@ def type_name(annotation: Any, meta: Meta) -> str:
     """A declared type in words: int, float | null, mapping, list[str], [float, float], ..."""
     inner, optional = unwrap(annotation)
     origin = typing.get_origin(inner) or inner
+    if meta.kind is not None:
+        return " | ".join([meta.kind.__name__, *meta.words])
     if meta.pair:
         name = "[float, float]"
     elif dataclasses.is_dataclass(inner) or inner in (int, float, bool, str):

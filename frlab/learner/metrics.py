@@ -42,6 +42,7 @@ GRAD_NORM = "train/grad_norm"
 LR = "train/lr"
 ZERO_SIGNAL = "train/zero_signal_step"  # 1 when the update's gradient was exactly 0
 MICRO_BATCHES = "train/micro_batches"  # forward/backward passes per rank (0: work skipped)
+COMPILES = "train/compiles"  # model.compile: graphs compiled so far, recompiles included
 STEP_S = "timing/step_s"
 LOGPROB_S = "timing/logprob_s"
 BACKWARD_S = "timing/backward_s"

@@ -30,14 +30,13 @@ MoE routing replay (`model.routing_replay=true`, frlab.model.routing_replay): ea
 micro-batch's forward AND backward run with every MoE layer forced to the experts the sampler
 recorded (`RolloutBatch.routing`), so the ratio `pi_theta / mu` is not moved by expert flips.
 
-Sharding (frlab.learner.sharding): under `FSDP2Strategy` `configure_model` shards the policy
-with FSDP2, log-probs run through the sharded root (`LogprobScorer`); Lightning's FSDP1 is
-refused (it runs `training_step` inside its root forward, where per-micro-batch backwards fail).
+`configure_model` shards the policy under `FSDP2Strategy` (frlab.learner.sharding; log-probs
+run through the sharded root; Lightning's FSDP1 is refused) and compiles its decoder layers
+for `model.compile=true` (frlab.model.compile: packed rows bucketed, `train/compiles`).
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -55,7 +54,7 @@ from frlab.learner.distributed import (
     reduce_across_ranks,
     world_of,
 )
-from frlab.learner.metrics import PROGRESS_BAR, StepMetrics
+from frlab.learner.metrics import COMPILES, PROGRESS_BAR, StepMetrics
 from frlab.learner.micro_batches import (
     MicroBatching,
     agreed_count,
@@ -71,16 +70,18 @@ from frlab.learner.optim import (
     with_defaults,
 )
 from frlab.learner.settings import (
+    ModelSettings,
+    check_policy,
     flag,
     mapping_copy,
     policy_kwargs,
     positive_int,
+    positive_number,
 )
 from frlab.learner.sharding import LogprobScorer, scorer_for, sequence_logprobs_of
 from frlab.learner.step_log import StepLog
-from frlab.model.packed_attention import check_packable
+from frlab.model.compile import BUCKET, CompileCounter, compile_layers
 from frlab.model.policy import build_policy
-from frlab.model.routing_replay import moe_routers
 from frlab.objective import Objective
 from frlab.ops.phases import phase
 
@@ -124,15 +125,10 @@ class FlashReinforceModule(L.LightningModule):
         if max_steps is not None:
             max_steps = positive_int("max_steps", max_steps)
         self.max_steps = max_steps
-        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
-            raise ValueError(f"temperature must be a number, got {temperature!r}")
-        if not (math.isfinite(temperature) and temperature > 0):
-            raise ValueError(f"temperature must be finite and > 0, got {temperature!r}")
-        self.temperature = float(temperature)
-        self.logprob_chunk_size = positive_int(
-            "model.logprob_chunk_size", model_cfg.get("logprob_chunk_size", 1024)
-        )
-        self.routing_replay = flag("model.routing_replay", model_cfg.get("routing_replay", False))
+        self.temperature = positive_number("temperature", temperature)
+        self.settings = ModelSettings.checked(model_cfg)
+        self.logprob_chunk_size = self.settings.logprob_chunk_size
+        self.routing_replay = self.settings.routing_replay
         self.grad_clip = grad_clip_norm(optim_cfg["grad_clip"])
         self.skip_zero_signal = flag(
             "optim.skip_zero_signal_steps", optim_cfg["skip_zero_signal_steps"]
@@ -153,13 +149,7 @@ class FlashReinforceModule(L.LightningModule):
             }
         )
         self.policy = policy if policy is not None else build_policy(**build_kwargs)
-        if self.routing_replay:
-            try:
-                moe_routers(self.policy)
-            except (TypeError, ValueError) as exc:
-                raise ValueError(f"model.routing_replay=true needs an MoE policy: {exc}") from exc
-        if self.micro.pack:
-            check_packable(self.policy)
+        check_policy(self.policy, self.settings, self.micro.pack)
         # `built_objective`: the one preflight composed from the same node (built once a run)
         self.objective = built_objective or Objective.from_config(objective_cfg)
         self.optimizer_factory = optimizer  # the `optim` node's partial; else build_optimizer
@@ -167,6 +157,8 @@ class FlashReinforceModule(L.LightningModule):
         self.step_metrics = StepMetrics(self.objective)
         self.step_log = StepLog()  # `self.log`'s destinations without its per-call cost
         self._scorer: LogprobScorer | None = None  # FSDP2 root; set by configure_model
+        self.compiled: CompileCounter | None = None  # model.compile: set by configure_model
+        self.compile_backend = "inductor"
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name == "_scorer":  # not a registered child: the policy's parameters appear once
@@ -179,6 +171,8 @@ class FlashReinforceModule(L.LightningModule):
         """Shard the policy under FSDP2Strategy; refuse FSDP1 (frlab.learner.sharding)."""
         if self._scorer is None:
             self._scorer = scorer_for(getattr(self._trainer, "strategy", None), self.policy)
+        if self.settings.compile and self.compiled is None:
+            self.compiled = compile_layers(self.policy, self.compile_backend)
 
     def configure_optimizers(self) -> dict[str, Any]:
         params = [p for p in self._trained_module().parameters() if p.requires_grad]
@@ -277,6 +271,7 @@ class FlashReinforceModule(L.LightningModule):
             compute_entropy=bool(self.objective.needs_entropies),
             action_mask=mb.action_mask,
             pack=self.micro.pack,
+            bucket=BUCKET if self.compiled is not None else None,
         )
         _sync_device(log_probs.device)
         timings["logprob"] += time.perf_counter() - t0
@@ -391,6 +386,8 @@ class FlashReinforceModule(L.LightningModule):
             loss=loss, grad_norm=grad_norm, lr=lr, timings=timings,
             zero_signal=zero_signal, micro_batches=micro_batches,
         )  # fmt: skip
+        if self.compiled is not None:
+            values[COMPILES] = float(self.compiled.compiles)
         self.step_log.add(self._trainer, values, PROGRESS_BAR)
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:

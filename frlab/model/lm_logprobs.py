@@ -109,6 +109,7 @@ def sequence_logprobs(
     compute_entropy: bool = False,
     action_mask: Tensor | None = None,
     pack: bool = False,
+    bucket: int | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Token log-probs (and entropies) of `input_ids` under a HF causal LM, aligned with ids.
 
@@ -123,7 +124,8 @@ def sequence_logprobs(
     row `[1, sum of lengths]` with their own position ids and boundaries, and the outputs are
     laid out as above. It must run where packed attention is exact: inside
     `frlab.model.packed_attention.packed_attention(model)` (sdpa/eager models; keep the
-    backward inside it too) or with flash-attention varlen.
+    backward inside it too) or with flash-attention varlen. `bucket` pads that row with one
+    unscored segment to a multiple of `bucket` tokens (few shapes for a compiled decoder).
     """
     decoder, head = lm_parts(model)
     _check_sequence_inputs(input_ids, attention_mask, position_ids, action_mask)
@@ -131,7 +133,7 @@ def sequence_logprobs(
     if position_ids is None:
         position_ids = (mask.long().cumsum(dim=1) - 1).clamp_min(0)
     if pack:
-        hidden, rows = _packed_hidden(model, decoder, input_ids, mask, position_ids)
+        hidden, rows = _packed_hidden(model, decoder, input_ids, mask, position_ids, bucket)
     else:
         with phase("decoder_forward"):
             out = decoder(
@@ -171,9 +173,15 @@ def packed_index(attention_mask: Tensor) -> Tensor:
 
 
 def _packed_hidden(
-    model: nn.Module, decoder: nn.Module, input_ids: Tensor, mask: Tensor, position_ids: Tensor
+    model: nn.Module,
+    decoder: nn.Module,
+    input_ids: Tensor,
+    mask: Tensor,
+    position_ids: Tensor,
+    bucket: int | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """Final hidden states `[N, H]` of the packed row, and `packed_index(mask)`."""
+    """Final hidden states `[N, H]` of the packed row (its padding segment included), and
+    `packed_index(mask)`."""
     from frlab.model.packed_attention import in_packed_mode
 
     if not in_packed_mode(model):
@@ -183,12 +191,18 @@ def _packed_hidden(
         )
     rows = packed_index(mask)
     lengths = mask.sum(dim=1)
+    ids, positions = input_ids[mask], position_ids[mask]
+    pad = -ids.shape[0] % bucket if bucket else 0
+    if pad:  # one more segment, attended by nothing else and never scored
+        ids = F.pad(ids, (0, pad))
+        positions = torch.cat([positions, torch.arange(pad, device=positions.device)])
+        lengths = torch.cat([lengths, lengths.new_tensor([pad])])
     bounds = F.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
     longest = int(lengths.max())
     with phase("decoder_forward"):
         out = decoder(
-            input_ids=input_ids[mask].unsqueeze(0),
-            position_ids=position_ids[mask].unsqueeze(0),
+            input_ids=ids.unsqueeze(0),
+            position_ids=positions.unsqueeze(0),
             use_cache=False,
             cu_seq_lens_q=bounds,
             cu_seq_lens_k=bounds,

@@ -142,15 +142,27 @@ def count_parameters(config: Any, lora: Mapping[str, Any] | None) -> tuple[int, 
 def activation_bytes(config: Any, tokens: int, checkpointing: bool, act_bytes: int,
                      chunk: int) -> int:  # fmt: skip
     """The activation estimate of the module docstring for one micro-batch of `tokens`."""
+    return tokens * activation_per_token(config, checkpointing, act_bytes) + head_chunk_bytes(
+        config, min(tokens, chunk)
+    )
+
+
+def activation_per_token(config: Any, checkpointing: bool, act_bytes: int) -> int:
+    """Activation bytes kept per token of a micro-batch (module docstring), the head aside."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     hidden, layers = int(text.hidden_size), int(text.num_hidden_layers)
     inner = int(getattr(text, "intermediate_size", None) or 4 * hidden)
-    block = tokens * (8 * hidden + 3 * inner) * act_bytes
-    kept = tokens * hidden * layers * act_bytes + block if checkpointing else block * layers
+    block = (8 * hidden + 3 * inner) * act_bytes
+    return hidden * layers * act_bytes + block if checkpointing else block * layers
+
+
+def head_chunk_bytes(config: Any, rows: int) -> int:
+    """Two float32 chunks of `rows` logits rows, as capped on a GPU."""
     from frlab.ops.logprobs import CUDA_CHUNK_CAP
 
-    rows = min(tokens, chunk, CUDA_CHUNK_CAP // (4 * int(text.vocab_size)))
-    return kept + 2 * rows * int(text.vocab_size) * 4
+    vocab = int((config.get_text_config() if hasattr(config, "get_text_config") else config)
+                .vocab_size)  # fmt: skip
+    return 2 * min(rows, CUDA_CHUNK_CAP // (4 * vocab)) * vocab * 4
 
 
 def kv_bytes_per_token(config: Any, dtype_bytes: int) -> int:
@@ -167,12 +179,15 @@ def kv_cache_bytes(config: Any, sequences: int, length: int, dtype_bytes: int) -
     return kv_bytes_per_token(config, dtype_bytes) * int(sequences) * int(length)
 
 
-def memory_plan(cfg: Mapping[str, Any], engine_reserves_share: bool = False) -> MemoryPlan | None:
+def memory_plan(
+    cfg: Mapping[str, Any], engine_reserves_share: bool = False, config: Any = None
+) -> MemoryPlan | None:
     """The plan of a resolved run config (None: the model's config is not on this machine).
     `engine_reserves_share`: the engine class's `reserves_gpu_share` (vLLM in-process: its
-    weights and KV cache take gpu_memory_utilization of the learner's GPU)."""
+    weights and KV cache take gpu_memory_utilization of the learner's GPU); `config`: the
+    model's transformers config (else read from the `model` section)."""
     model, data, rollout, trainer = cfg["model"], cfg["data"], cfg["rollout"], cfg["trainer"]
-    config = model_config(model)
+    config = config if config is not None else model_config(model)
     if config is None:
         return None
     total, trainable, trainable_bytes = count_parameters(config, model.get("lora"))
@@ -197,22 +212,33 @@ def memory_plan(cfg: Mapping[str, Any], engine_reserves_share: bool = False) -> 
             int(model.get("logprob_chunk_size") or 1024),
         ),  # fmt: skip
     )
-    if engine_reserves_share and str(rollout.get("device", "")).startswith("cuda"):
+    share = engine_share(rollout, engine_reserves_share)
+    if share is not None:
         args = rollout.get("vllm_engine_args") or {}
         served = DTYPE_BYTES.get(str(args.get("dtype", "bfloat16")), 2)
         kv = kv_cache_bytes(config, int(rollout["max_in_flight"]), int(rollout["max_len"]), served)
         plan.engine = total * served + kv
-        plan.engine_share = float(args.get("gpu_memory_utilization", VLLM_DEFAULT_SHARE))
+        plan.engine_share = share
     return plan
+
+
+def engine_share(rollout: Mapping[str, Any], engine_reserves_share: bool) -> float | None:
+    """The share of the learner's GPU an in-process engine reserves (None: it takes none)."""
+    if not (engine_reserves_share and str(rollout.get("device", "")).startswith("cuda")):
+        return None
+    args = rollout.get("vllm_engine_args") or {}
+    return float(args.get("gpu_memory_utilization", VLLM_DEFAULT_SHARE))
 
 
 def _target(node: Any) -> str:
     return str(node.get("_target_", "")) if isinstance(node, Mapping) else str(node)
 
 
-def describe_memory(cfg: Mapping[str, Any], engine_reserves_share: bool = False) -> str:
-    """The plan's `memory` line (`engine_reserves_share`: as for `memory_plan`)."""
-    plan = memory_plan(cfg, engine_reserves_share)
+def describe_memory(
+    cfg: Mapping[str, Any], engine_reserves_share: bool = False, config: Any = None
+) -> str:
+    """The plan's `memory` line (`engine_reserves_share`, `config`: as for `memory_plan`)."""
+    plan = memory_plan(cfg, engine_reserves_share, config)
     if plan is None:
         source = cfg["model"].get("name_or_path")
         if str(source).startswith("gguf:"):

@@ -189,6 +189,16 @@ def enable_checkpointing(model: PreTrainedModel) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
+def checkpoint_policy(policy: Any) -> None:
+    """Activation checkpointing on a built policy (inside a LoRA wrapper: its base model), as
+    `build_policy(gradient_checkpointing=True)` turns it on."""
+    from frlab.model.lora import base_of
+
+    base = base_of(policy)
+    base.config.use_cache = False
+    enable_checkpointing(base)
+
+
 def checkpointing_enabled(model: PreTrainedModel) -> bool:
     """Whether activation (gradient) checkpointing is on, under either transformers name."""
     if hasattr(type(model), "is_activation_checkpointing"):

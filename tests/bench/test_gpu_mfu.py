@@ -50,7 +50,7 @@ def test_every_part_runs_on_a_cpu_at_a_tiny_shape() -> None:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     args = ["--device", "cpu", "--tiny", "--dtype", "float32", "--batch", "4", "--median", "40",
             "--budget", "256", "--repeats", "1", "--long-rows", "2", "--decode-batch", "2",
-            "--new-tokens", "4"]  # fmt: skip
+            "--new-tokens", "4", "--compile-backend", "eager"]  # fmt: skip
     proc = subprocess.run(
         [sys.executable, str(BENCH / "gpu_mfu.py"), *args],
         env=env, capture_output=True, text=True, timeout=600,
@@ -63,3 +63,4 @@ def test_every_part_runs_on_a_cpu_at_a_tiny_shape() -> None:
     assert re.search(r"profile: decoder forward .* other \(Lightning, data, host syncs\)", out)
     assert len(re.findall(r"^peak memory: .* plan [0-9.]+ [MG]iB", out, re.M)) == 3
     assert re.search(r"^decode: .* tokens/s", out, re.M)
+    assert re.search(r"^compile \(eager\): first update .* [1-9][0-9]* graphs compiled", out, re.M)

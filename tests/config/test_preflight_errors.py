@@ -91,10 +91,22 @@ def test_unknown_choice_values() -> None:
         ("optim.betas=[0.9]", "optim.betas", "two numbers"),
         ("seed=-1", "seed", "[0"),
         ("data.batch_size=null", "data.batch_size", "null"),
+        ("model.gradient_checkpointing=3", "model.gradient_checkpointing", "true, false or auto"),
+        ("model.gradient_checkpointing=sometimes", "model.gradient_checkpointing", "or auto"),
+        ("data.max_tokens_per_micro_batch=big", "data.max_tokens_per_micro_batch", "an int, null or auto"),
+        ("data.max_tokens_per_micro_batch=1.5", "data.max_tokens_per_micro_batch", "an int"),
+        ("data.max_tokens_per_micro_batch=0", "data.max_tokens_per_micro_batch", "[1"),
+        ("model.compile=3", "model.compile", "true or false"),
     ],
 )  # fmt: skip
 def test_wrong_types_and_ranges(override: str, key: str, fragment: str) -> None:
     fails([override], key, fragment)
+
+
+def test_auto_is_taken_by_the_budget_and_checkpointing() -> None:
+    plan = preflight(compose(["data.max_tokens_per_micro_batch=auto",
+                              "model.gradient_checkpointing=auto"]))  # fmt: skip
+    assert (plan.max_tokens_per_micro_batch, plan.gradient_checkpointing) == ("auto", "auto")
 
 
 def test_q_needs_the_filter_to_matter_but_is_validated_anyway() -> None:

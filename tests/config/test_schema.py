@@ -96,7 +96,7 @@ def test_keys_frlab_reads_itself_are_not_target_arguments() -> None:
                                             "min_lr_ratio", "schedule_steps",
                                             "skip_zero_signal_steps")  # fmt: skip
     assert set(not_args(schema.ModelConfig)) == {"tokenizer", "logprob_chunk_size",
-                                                 "routing_replay"}  # fmt: skip
+                                                 "routing_replay", "compile"}  # fmt: skip
     assert not_args(schema.DataConfig) == ("micro_batch_size", "max_tokens_per_micro_batch",
                                            "pack_sequences")  # fmt: skip
 

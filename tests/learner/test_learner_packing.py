@@ -10,6 +10,7 @@ through Lightning's float32 logging, hence their relative tolerance of 1e-6.
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -141,3 +142,26 @@ def test_packing_with_an_unsupported_attention_is_refused() -> None:
     )  # fmt: skip
     assert module.micro.pack is False
     assert torch.is_tensor(next(module.policy.parameters()))
+
+
+@pytest.mark.slow  # torch.compile traces each layer
+def test_compiled_learner_matches_the_uncompiled_update_and_logs_its_compiles() -> None:
+    """model.compile=true (a CPU backend here): the same parameters and loss as the plain packed
+    update, and `train/compiles` logged; with routing replay it is refused naming both keys."""
+    base = tiny_policy(seed=0)
+    batch = make_batch(base, rows=B, seed=1, width=WIDTH)
+    want_params, want_row = _update(base, batch, **LAYOUTS["packed_budget"])
+    module, logger = _fit(copy.deepcopy(base), **LAYOUTS["packed_budget"])
+    module.settings = dataclasses.replace(module.settings, compile=True)
+    module.compile_backend = "eager"
+    trainer(1, logger=logger).fit(module, loader([batch]))
+    row = logger.rows[-1][1]
+    assert max_abs_diff(snapshot(module.policy), want_params) < 1e-12
+    assert row[M.LOSS] == pytest.approx(want_row[M.LOSS], rel=1e-6)
+    assert row[M.COMPILES] >= 1
+    assert M.COMPILES not in want_row
+    with pytest.raises(ValueError, match=r"model\.compile=true .*model\.routing_replay=true"):
+        FlashReinforceModule(
+            {**MODEL_CFG, "compile": True, "routing_replay": True}, OBJECTIVE_CFG, OPTIM_CFG,
+            batch_size=B, micro_batch_size=B, policy=copy.deepcopy(base),
+        )  # fmt: skip
