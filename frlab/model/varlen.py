@@ -11,8 +11,9 @@ call attends within each sequence only. Its releases differ, so nothing is assum
   repeated once per group (what the kernel would do, at the cost of the copy).
 
 `varlen_available` says why the kernel cannot run for a model here ('' when it can): it needs a
-CUDA device of compute capability 8.0 or newer (not ROCm), bfloat16 or float16, and a head
-dimension of at most 256 that is a multiple of 8.
+CUDA device of compute capability 8.0 or newer (not ROCm), bfloat16 or float16, a head
+dimension of at most 256 that is a multiple of 8, and the kernel must pass a check on this
+device (two small packed sequences against per-sequence sdpa, run once per device and dtype).
 """
 
 from __future__ import annotations
@@ -83,6 +84,46 @@ def varlen_available(device: torch.device, dtype: torch.dtype, config: Any) -> s
     head_dim = head_dim_of(config)
     if head_dim > MAX_HEAD_DIM or head_dim % 8:
         return f"head dimension {head_dim} (the kernel takes multiples of 8 up to 256)"
+    return kernel_check(device, dtype)
+
+
+_CHECKED: dict[tuple[str, torch.dtype], str] = {}
+
+
+def kernel_check(device: torch.device, dtype: torch.dtype) -> str:
+    """'' when the varlen kernel, called once here on two small packed sequences (grouped
+    heads, forward and backward), equals per-sequence sdpa; else what went wrong. Cached per
+    device and dtype: a kernel that fails on this GPU or torch is never chosen."""
+    key = (str(device), dtype)
+    if key not in _CHECKED:
+        try:
+            _CHECKED[key] = _check_against_sdpa(device, dtype)
+        except (RuntimeError, ValueError, TypeError, NotImplementedError) as exc:
+            _CHECKED[key] = f"varlen_attn failed its check here ({type(exc).__name__}: {exc})"
+    return _CHECKED[key]
+
+
+def _check_against_sdpa(device: torch.device, dtype: torch.dtype) -> str:
+    gen = torch.Generator(device=device).manual_seed(0)
+    lengths, heads, kv_heads, dim = (5, 11), 4, 2, 64
+    q = torch.randn(heads, sum(lengths), dim, device=device, generator=gen).to(dtype)
+    k, v = (torch.randn(kv_heads, sum(lengths), dim, device=device, generator=gen).to(dtype)
+            for _ in range(2))  # fmt: skip
+    q.requires_grad_()
+    cu_seq = torch.tensor([0, lengths[0], sum(lengths)], dtype=torch.int32, device=device)
+    out = varlen_packed_attention(q, k, v, cu_seq, max(lengths), None)
+    (grad,) = torch.autograd.grad(out.float().square().sum(), q)
+    want = torch.cat([
+        torch.nn.functional.scaled_dot_product_attention(
+            q[:, a:b].float().detach().requires_grad_(), k[:, a:b].float(), v[:, a:b].float(),
+            is_causal=True, enable_gqa=True,
+        ).transpose(0, 1)
+        for a, b in ((0, lengths[0]), (lengths[0], sum(lengths)))
+    ])  # fmt: skip
+    if not torch.allclose(out.float(), want, atol=3e-2, rtol=3e-2):
+        return "varlen_attn disagreed with sdpa in its check here"
+    if not bool(torch.isfinite(grad).all()):
+        return "varlen_attn's backward gave non-finite gradients in its check here"
     return ""
 
 

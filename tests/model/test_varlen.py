@@ -164,11 +164,43 @@ def test_varlen_available_names_why_not(monkeypatch) -> None:  # noqa: ANN001
     monkeypatch.setattr(varlen.torch.cuda, "get_device_capability", lambda device: (7, 5))
     assert "capability 7.5" in varlen.varlen_available(cuda, bf16, config)
     monkeypatch.setattr(varlen.torch.cuda, "get_device_capability", lambda device: (9, 0))
+    monkeypatch.setattr(varlen, "kernel_check", lambda device, dtype: "")
     assert varlen.varlen_available(cuda, bf16, config) == ""
+    monkeypatch.setattr(varlen, "kernel_check", lambda device, dtype: "it failed its check")
+    assert varlen.varlen_available(cuda, bf16, config) == "it failed its check"
+    monkeypatch.setattr(varlen, "kernel_check", lambda device, dtype: "")
     wide = tiny_config("llama", vocab_size=VOCAB, head_dim=320)
     assert "head dimension 320" in varlen.varlen_available(cuda, torch.float16, wide)
     monkeypatch.setattr(varlen, "varlen_kernel", lambda: None)
     assert "no torch.nn.attention.varlen" in varlen.varlen_available(cuda, bf16, config)
+
+
+def test_the_kernel_is_checked_once_against_sdpa_before_it_is_chosen(monkeypatch) -> None:  # noqa: ANN001
+    """A kernel that runs and agrees passes; one that disagrees or raises is never chosen, and
+    the verdict is cached per device and dtype."""
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(varlen, "_CHECKED", {})
+    with cpu_flash_kernels():
+        assert varlen.kernel_check(cpu, torch.float32) == ""
+    real = varlen.varlen_kernel()
+
+    @functools.wraps(real)
+    def wrong(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        return args[0] * 0.5  # connected to the query, but not attention
+
+    @functools.wraps(real)
+    def broken(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise RuntimeError("no kernel image is available for execution on the device")
+
+    monkeypatch.setattr(varlen, "varlen_kernel", lambda: wrong)
+    assert varlen.kernel_check(cpu, torch.float32) == ""  # cached: not asked again
+    monkeypatch.setattr(varlen, "_CHECKED", {})
+    assert "disagreed with sdpa" in varlen.kernel_check(cpu, torch.float32)
+    monkeypatch.setattr(varlen, "_CHECKED", {})
+    monkeypatch.setattr(varlen, "varlen_kernel", lambda: broken)
+    assert "failed its check here (RuntimeError: no kernel image" in varlen.kernel_check(
+        cpu, torch.float32
+    )
 
 
 def test_auto_takes_sdpa_on_a_cpu_and_varlen_is_refused_naming_why() -> None:
