@@ -136,7 +136,11 @@ def varlen_packed_attention(
     options = causal_options(kernel) if kernel is not None else None
     if kernel is None or options is None:
         raise RuntimeError(f"torch {torch.__version__} has no causal varlen_attn")
-    q, k, v = (t.transpose(0, 1) for t in (query, key, value))  # [N, heads, d]
+    # One dtype for the three: under autocast the rotary embedding leaves q and k in float32
+    # beside a bf16 v (torch's own sdpa is cast by autocast; this op is not).
+    kind = query.device.type
+    dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else value.dtype
+    q, k, v = (t.transpose(0, 1).to(dtype) for t in (query, key, value))  # [N, heads, d]
     groups = q.shape[1] // k.shape[1]
     if groups > 1 and takes_gqa(kernel):
         options = {**options, "enable_gqa": True}

@@ -114,6 +114,22 @@ def test_varlen_repeats_kv_heads_where_the_kernel_cannot_share_them(cpu_varlen) 
     _assert_same(packed, padded, 1e-12)
 
 
+def test_varlen_under_autocast_takes_one_dtype(cpu_varlen) -> None:  # noqa: ANN001
+    """bf16 autocast over float32 weights (trainer.precision=bf16-mixed): the rotary embedding
+    leaves q and k in float32 beside a bf16 v; the kernel gets all three in bf16 and the
+    packed forward matches the padded one under the same autocast."""
+    model = _model("qwen2", torch.float32)
+    ids, mask, action = _batch()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        padded = _run(model, ids, mask, action, kernel=None)
+        packed = _run(model, ids, mask, action, kernel="varlen")
+    for got, want in zip(packed[:2], padded[:2], strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0.1)
+    for name, grad in padded[2].items():
+        scale = float(grad.abs().max()) or 1.0
+        assert float((packed[2][name] - grad).abs().max()) <= 0.05 * scale, name
+
+
 def test_varlen_with_activation_checkpointing(cpu_varlen) -> None:  # noqa: ANN001
     model = _model("qwen2")
     ids, mask, action = _batch()
@@ -254,3 +270,17 @@ def test_cuda_varlen_layers_make_no_host_synchronisation() -> None:
             out.last_hidden_state.float().sum().backward()
         finally:
             torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_cuda_varlen_under_bf16_autocast_over_float32_weights() -> None:
+    """trainer.precision=bf16-mixed: auto picks varlen and it matches the padded forward."""
+    model = _model("qwen2", torch.float32).cuda()
+    ids, mask, action = _batch(device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        assert packed_kernel(model)[0] == "varlen", packed_kernel(model)
+        padded = _run(model, ids, mask, action, kernel=None)
+        packed = _run(model, ids, mask, action, kernel="auto")
+    for got, want in zip(packed[:2], padded[:2], strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=5e-2)

@@ -53,6 +53,8 @@ def cpu_flash_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dro
     assert cum_seq_q is not None and torch.equal(cum_seq_q, cum_seq_k)
     assert dropout_p == 0.0 and seqused_k is None and block_table is None
     assert window_size_left in (None, -1) and alibi_slopes is None
+    if not query.dtype == key.dtype == value.dtype:  # FlashAttention-2 checks the same
+        raise RuntimeError("query and key must have the same dtype")
     causal = bool(is_causal) or window_size_right == 0
     heads, scale = query.shape[1], scale or query.shape[-1] ** -0.5
     out = torch.empty_like(query)
