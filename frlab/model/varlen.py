@@ -97,7 +97,8 @@ def kernel_check(device: torch.device, dtype: torch.dtype) -> str:
     key = (str(device), dtype)
     if key not in _CHECKED:
         try:
-            _CHECKED[key] = _check_against_sdpa(device, dtype)
+            with torch.autocast(device.type, enabled=False):  # its own dtype, whatever is active
+                _CHECKED[key] = _check_against_sdpa(device, dtype)
         except (RuntimeError, ValueError, TypeError, NotImplementedError) as exc:
             _CHECKED[key] = f"varlen_attn failed its check here ({type(exc).__name__}: {exc})"
     return _CHECKED[key]
