@@ -43,8 +43,8 @@ import torch
 
 from frlab.model.policy import build_policy
 from frlab.rollout.engine import SamplingParams
-from frlab.rollout.engines.kv_batch import left_pad
-from frlab.rollout.engines.torch import TorchEngine
+from frlab.rollout.torch.engine import TorchEngine
+from frlab.rollout.torch.kv_batch import left_pad
 
 
 def parse_args() -> argparse.Namespace:

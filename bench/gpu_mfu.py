@@ -221,7 +221,7 @@ def peak_memory(args: argparse.Namespace) -> None:
 
 def decode(args: argparse.Namespace) -> None:
     from frlab.rollout.engine import SamplingParams
-    from frlab.rollout.engines.torch import TorchEngine
+    from frlab.rollout.torch.engine import TorchEngine
 
     cfg = shape(args, QWEN25_05B)
     model = build(args, cfg).eval()

@@ -67,7 +67,7 @@ def trainable_state_bytes(policy: torch.nn.Module) -> int:
 def push(policy: torch.nn.Module, pushes: int) -> tuple[int, float]:
     """(bytes sent, median seconds of the torch engine's update_weights) for this policy."""
     from frlab.model.lora import is_peft
-    from frlab.rollout.engines.torch import TorchEngine
+    from frlab.rollout.torch.engine import TorchEngine
 
     state = policy.state_dict()
     sent = adapter_state_dict(state) if is_peft(policy) else state

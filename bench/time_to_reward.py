@@ -71,10 +71,10 @@ from frlab.objective.presets import PRESETS  # noqa: E402
 from frlab.rollout.agent_loop import AgentLoopConfig  # noqa: E402
 from frlab.rollout.callbacks import WeightSyncCallback  # noqa: E402
 from frlab.rollout.engine import SamplingParams  # noqa: E402
-from frlab.rollout.engines.torch import TorchEngine  # noqa: E402
-from frlab.rollout.engines.torch_process import ProcessTorchEngine  # noqa: E402
 from frlab.rollout.pool import RolloutPool  # noqa: E402
 from frlab.rollout.pool.metering import LAG_WAIT_S  # noqa: E402
+from frlab.rollout.torch.engine import TorchEngine  # noqa: E402
+from frlab.rollout.torch.process import ProcessTorchEngine  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESET = OmegaConf.load(ROOT / "experiments/experiment/toy_cpu.yaml")

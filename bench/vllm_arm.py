@@ -25,7 +25,7 @@ import torch
 from frlab.model.gguf import resolve_model_source
 from frlab.model.policy import build_policy
 from frlab.rollout.engine import SamplingParams
-from frlab.rollout.engines.torch import TorchEngine
+from frlab.rollout.torch.engine import TorchEngine
 
 
 def _requests(prompts: list[list[int]], new_tokens: int, round_: int) -> list[Any]:

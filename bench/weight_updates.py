@@ -115,7 +115,7 @@ def make_engine(kind: str, mode: str, policy: Any, in_flight: int, max_len: int,
         return RemoteEngine(FLEET, seed=seed, weight_update=mode, request_timeout_s=600,
                             startup_timeout_s=300, initial_weights=policy.state_dict())  # fmt: skip
     if kind == "torch":
-        from frlab.rollout.engines.torch import TorchEngine
+        from frlab.rollout.torch.engine import TorchEngine
 
         return TorchEngine(policy, max_batch_size=in_flight, seed=seed, weight_update=mode)
     from frlab.rollout.engines.vllm import VLLMEngine

@@ -202,8 +202,8 @@ def build_run(args: argparse.Namespace) -> tuple[Any, Any, Meter, list[Any], L.T
     from frlab.rollout.agent_loop import AgentLoopConfig
     from frlab.rollout.callbacks import WeightSyncCallback
     from frlab.rollout.engine import SamplingParams
-    from frlab.rollout.engines.torch import TorchEngine
     from frlab.rollout.pool import RolloutPool
+    from frlab.rollout.torch.engine import TorchEngine
 
     cuda = args.device.type == "cuda"
     policy = build_policy(config=model_config(args.tiny), dtype="float32", seed=args.seed)

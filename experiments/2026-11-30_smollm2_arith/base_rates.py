@@ -60,7 +60,7 @@ def main() -> None:
     from frlab.model.gguf import resolve_model_source
     from frlab.rollout.chat import template_ids
     from frlab.rollout.engine import SamplingParams
-    from frlab.rollout.engines.torch import TorchEngine
+    from frlab.rollout.torch.engine import TorchEngine
 
     path = resolve_model_source("gguf:smollm2-135m-instruct")
     tokenizer = AutoTokenizer.from_pretrained(path)

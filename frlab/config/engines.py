@@ -57,7 +57,7 @@ class RemoteConfig:
 class TorchEngineConfig:
     """`rollout/engine=torch`: the in-process PyTorch engine (CPU or CUDA)."""
 
-    _target_: str = "frlab.rollout.engines.torch.TorchEngine.for_policy"
+    _target_: str = "frlab.rollout.torch.engine.TorchEngine.for_policy"
     _partial_: bool = True
     device: str = spec(II("rollout.device"), doc="follows rollout.device")
     max_batch_size: int = spec(II("rollout.max_in_flight"), low=1,
@@ -75,7 +75,7 @@ class TorchProcessEngineConfig(TorchEngineConfig):
     shared memory; generation runs beside the learner instead of sharing its interpreter lock.
     The torch engine's keys, and two of its own."""
 
-    _target_: str = "frlab.rollout.engines.torch_process.ProcessTorchEngine.for_policy"
+    _target_: str = "frlab.rollout.torch.process.ProcessTorchEngine.for_policy"
     device: str = spec(II("rollout.device"), doc="follows rollout.device (cpu only)")
     num_threads: int = spec(1, low=1, doc="torch threads of the engine process")
     start_timeout_s: float = spec(300.0, low=0.0, low_open=True,

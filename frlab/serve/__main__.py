@@ -89,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     import torch
 
-    from frlab.rollout.engines.torch import TorchEngine
+    from frlab.rollout.torch.engine import TorchEngine
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)

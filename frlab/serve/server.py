@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from frlab.rollout.engines.torch import TorchEngine
 from frlab.rollout.remote import control
 from frlab.rollout.remote import protocol as proto
 from frlab.rollout.remote.snapshot import read_snapshot
@@ -43,6 +42,7 @@ from frlab.rollout.remote.worker_extension import (
     weight_ack,
     weights_fingerprint,
 )
+from frlab.rollout.torch.engine import TorchEngine
 
 log = logging.getLogger("frlab.serve")
 

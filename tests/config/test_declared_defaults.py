@@ -17,8 +17,8 @@ from frlab.config import engines, evaluation, schema, schema_trainer
 BUILT_FROM = {
     schema.ModelConfig: ["frlab.model.policy.build_policy"],
     # for_policy(policy, **settings) hands the node's keys to the constructor
-    engines.TorchEngineConfig: ["frlab.rollout.engines.torch.TorchEngine"],
-    engines.TorchProcessEngineConfig: ["frlab.rollout.engines.torch_process.ProcessTorchEngine"],
+    engines.TorchEngineConfig: ["frlab.rollout.torch.engine.TorchEngine"],
+    engines.TorchProcessEngineConfig: ["frlab.rollout.torch.process.ProcessTorchEngine"],
     engines.VLLMEngineConfig: ["frlab.rollout.engines.vllm.VLLMEngine.for_policy"],
     engines.RemoteEngineConfig: ["frlab.rollout.remote.engine.RemoteEngine.for_policy"],
     engines.RemoteConfig: ["frlab.rollout.remote.engine.RemoteEngine"],  # cls(**settings)

@@ -207,8 +207,8 @@ def test_preflight_asks_the_engine_class_for_its_devices_and_routing(monkeypatch
     """Devices and routing replay are the engine class's own declarations, not names: an
     engine that declared CUDA would be accepted there, one that stops recording routing is
     refused, and the refusal lists the options whose classes do record it."""
-    from frlab.rollout.engines.torch import TorchEngine
-    from frlab.rollout.engines.torch_process import ProcessTorchEngine
+    from frlab.rollout.torch.engine import TorchEngine
+    from frlab.rollout.torch.process import ProcessTorchEngine
 
     monkeypatch.setattr(ProcessTorchEngine, "devices", ("cpu", "cuda"))
     assert preflight(compose(["rollout/engine=torch_process", "rollout.device=cuda"]))
@@ -223,7 +223,7 @@ def test_preflight_asks_the_engine_class_for_its_devices_and_routing(monkeypatch
 def test_resubmit_with_routing_replay_is_the_engines_own_rule_at_preflight() -> None:
     """Preflight refuses what the engine constructor would, with the engine's own words: a
     re-prefilled position would have two routings."""
-    from frlab.rollout.engines.torch import TorchEngine
+    from frlab.rollout.torch.engine import TorchEngine
 
     overrides = ["model.routing_replay=true", "rollout.weight_update=resubmit"]
     err = fails(overrides, "rollout.weight_update", "two routings", "model.routing_replay")

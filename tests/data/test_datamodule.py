@@ -26,8 +26,8 @@ from frlab.objective.presets import PRESETS
 from frlab.rollout.agent_loop import AgentLoopConfig
 from frlab.rollout.callbacks import WeightSyncCallback
 from frlab.rollout.engine import SamplingParams
-from frlab.rollout.engines.torch import TorchEngine
 from frlab.rollout.pool import RolloutPool
+from frlab.rollout.torch.engine import TorchEngine
 
 B, LAG = 4, 2
 MODEL = {

@@ -64,8 +64,8 @@ def test_moe_experts_are_adapted_and_routers_never() -> None:
 
 @pytest.mark.parametrize("engine_kind", ["torch", "torch_process"])
 def test_an_adapter_only_push_lands_and_matches_the_learners_log_probs(engine_kind: str) -> None:
-    from frlab.rollout.engines.torch import TorchEngine
-    from frlab.rollout.engines.torch_process import ProcessTorchEngine
+    from frlab.rollout.torch.engine import TorchEngine
+    from frlab.rollout.torch.process import ProcessTorchEngine
 
     learner = policy()
     cls = TorchEngine if engine_kind == "torch" else ProcessTorchEngine
@@ -101,7 +101,7 @@ def test_an_adapter_only_push_lands_and_matches_the_learners_log_probs(engine_ki
 
 
 def test_a_push_of_base_weights_to_a_lora_engine_is_refused() -> None:
-    from frlab.rollout.engines.common import check_update
+    from frlab.rollout.torch.common import check_update
 
     model = policy()
     base_name = next(n for n in model.state_dict() if not is_adapter(n))
@@ -139,7 +139,7 @@ def test_routing_replay_with_moe_adapters_gives_back_the_samplers_log_probs() ->
     its experts, and the learner replaying them recomputes the behaviour log-probs exactly (no
     engine-learner drift with LoRA on MoE layers)."""
     from frlab.model.routing_replay import moe_routers, replay_routing
-    from frlab.rollout.engines.torch import TorchEngine
+    from frlab.rollout.torch.engine import TorchEngine
 
     learner = policy(model_type="qwen3_moe")
     gen = torch.Generator().manual_seed(5)

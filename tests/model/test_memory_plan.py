@@ -69,7 +69,7 @@ def run_cfg(**over) -> dict:  # noqa: ANN003
         "model": {"config": dict(TINY), "dtype": "float32", "gradient_checkpointing": False,
                   "logprob_chunk_size": 1024, "lora": None},
         "data": {"micro_batch_size": 2, "max_tokens_per_micro_batch": None},
-        "rollout": {"engine": {"_target_": "frlab.rollout.engines.torch.TorchEngine.for_policy"},
+        "rollout": {"engine": {"_target_": "frlab.rollout.torch.engine.TorchEngine.for_policy"},
                     "max_len": 50, "max_in_flight": 3, "device": "cpu"},
         "trainer": {"strategy": "auto", "devices": 1, "precision": "32-true"},
     }  # fmt: skip
@@ -93,7 +93,7 @@ def test_states_shard_under_fsdp2_and_vllm_takes_its_share() -> None:
                             engine_reserves_share=engine_class({"engine": vllm}).reserves_gpu_share)  # fmt: skip
     assert colocated.engine == 2 * 20768 + kv_cache_bytes(tiny_config(), 3, 50, 2)
     assert colocated.gpu_needed() == int(max(colocated.learner / 0.5, colocated.engine / 0.5))
-    torch_engine = {"engine": {"_target_": "frlab.rollout.engines.torch.TorchEngine.for_policy"}}
+    torch_engine = {"engine": {"_target_": "frlab.rollout.torch.engine.TorchEngine.for_policy"}}
     assert not engine_class(torch_engine).reserves_gpu_share
     lora = memory_plan(run_cfg(model__lora=LORA))
     assert lora.weights == plain.weights and lora.grads < plain.grads / 4

@@ -19,7 +19,7 @@ from frlab.model.routing_replay import moe_routers, record_routing, replay_routi
 from frlab.model.toy_tokenizer import build_toy_tokenizer
 from frlab.rollout.agent_loop import AgentLoopConfig, run_episode
 from frlab.rollout.engine import SamplingParams
-from frlab.rollout.engines.torch import TorchEngine
+from frlab.rollout.torch.engine import TorchEngine
 
 TOK = build_toy_tokenizer()
 VOCAB, NUM_EXPERTS, TOP_K, EPISODES = 64, 8, 2, 4

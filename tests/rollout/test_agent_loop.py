@@ -25,8 +25,8 @@ from frlab.rollout.agent_loop import (
     template_ids,
 )
 from frlab.rollout.engine import Engine, GenerationResult, SamplingParams
-from frlab.rollout.engines.torch import TorchEngine
 from frlab.rollout.env_threads import EnvThreads
+from frlab.rollout.torch.engine import TorchEngine
 
 TOK = build_toy_tokenizer()
 EOS = TOK.eos_token_id

@@ -10,8 +10,8 @@ import httpx
 import pytest
 
 from frlab.model import build_policy
-from frlab.rollout.engines.torch import TorchEngine
 from frlab.rollout.remote.protocol import request_seed, sampling_from_request
+from frlab.rollout.torch.engine import TorchEngine
 from frlab.serve.server import ServeState, serve
 
 CONFIG = {

@@ -1,3 +1,3 @@
-"""Rollout engines, one module each: `torch` (TorchEngine, CPU/CUDA) and `vllm` (VLLMEngine, GPU,
-imported lazily so that `import frlab` never imports vllm). The remote fleet engine lives in
+"""The vLLM engine in-process (`vllm`, VLLMEngine, imported lazily so that `import frlab` never
+imports vllm). The torch engines live in `frlab.rollout.torch`, the remote fleet engine in
 `frlab.rollout.remote`. All implement `frlab.rollout.engine.Engine`."""

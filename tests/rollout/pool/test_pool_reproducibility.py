@@ -15,8 +15,8 @@ from frlab.model.policy import build_policy
 from frlab.model.toy_tokenizer import build_toy_tokenizer
 from frlab.rollout.agent_loop import AgentLoopConfig
 from frlab.rollout.engine import SamplingParams
-from frlab.rollout.engines.torch import TorchEngine
 from frlab.rollout.pool import RolloutPool
+from frlab.rollout.torch.engine import TorchEngine
 
 TOKENIZER = build_toy_tokenizer()
 JITTER = random.SystemRandom()  # timing noise that no seed controls

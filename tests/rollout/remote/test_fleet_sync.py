@@ -224,7 +224,7 @@ def in_process_server() -> Any:
     from serve_testlib import TINY_QWEN2, free_port, url
 
     from frlab.model import build_policy
-    from frlab.rollout.engines.torch import TorchEngine
+    from frlab.rollout.torch.engine import TorchEngine
     from frlab.serve.server import ServeState, serve
 
     policy = build_policy(config=dict(TINY_QWEN2), seed=0)

@@ -41,7 +41,7 @@ def test_main_passes_the_mode_to_its_torch_engine(mode: str | None, monkeypatch:
         def __init__(self, policy: Any, **kw: Any) -> None:
             built.update(kw)
 
-    import frlab.rollout.engines.torch as torch_engines
+    import frlab.rollout.torch.engine as torch_engines
 
     monkeypatch.setattr(torch_engines, "TorchEngine", Recorder)
     # main sets the server's thread count (--threads, default 1): recorded, not applied to

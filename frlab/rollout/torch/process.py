@@ -1,6 +1,6 @@
 """`torch_process` engine: the torch engine's sampler in a child process, weights in shared memory.
 
-The in-process torch engine (frlab.rollout.engines.torch) decodes in a thread of the learner's
+The in-process torch engine (frlab.rollout.torch.engine) decodes in a thread of the learner's
 process, so on CPU its Python work and the learner's take turns on one interpreter lock: with
 asynchronous collection the two serialise and the pool gains less than the cores allow. This
 engine runs the same sampler (the same `TorchEngine` code: continuous batching, per-request
@@ -40,10 +40,10 @@ from frlab.rollout.engine import (
     GenerationResult,
     SamplingParams,
 )
-from frlab.rollout.engines.common import check_prompt, check_update, private_copy, require_moe
-from frlab.rollout.engines.request_state import settle
-from frlab.rollout.engines.shared_weights import check_open_files, check_shared_memory
-from frlab.rollout.engines.torch_process_child import child_main
+from frlab.rollout.torch.child import child_main
+from frlab.rollout.torch.common import check_prompt, check_update, private_copy, require_moe
+from frlab.rollout.torch.request_state import settle
+from frlab.rollout.torch.shared_weights import check_open_files, check_shared_memory
 from frlab.rollout.weight_modes import WEIGHT_UPDATES, resolve_weight_update
 
 if TYPE_CHECKING:
@@ -328,7 +328,7 @@ class ProcessTorchEngine(Engine):
     # -- weights -----------------------------------------------------------------------------
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         """Load `state_dict` between two of the child's decode steps, as `weight_update` says
-        (frlab.rollout.engines.torch: the same three modes, driven through shared flags)."""
+        (frlab.rollout.torch.engine: the same three modes, driven through shared flags)."""
         own = check_update(self._model, state_dict, version)
         try:
             if self.weight_update == "drain":

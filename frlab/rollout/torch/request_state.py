@@ -17,7 +17,7 @@ import torch
 from frlab.rollout.engine import EngineError, GenerationResult, SamplingParams
 
 if TYPE_CHECKING:
-    from frlab.rollout.engines.kv_batch import DecodeRows
+    from frlab.rollout.torch.kv_batch import DecodeRows
 
 
 @dataclass(eq=False)

@@ -1,4 +1,4 @@
-"""The child side of `rollout/engine=torch_process` (frlab.rollout.engines.torch_process).
+"""The child side of `rollout/engine=torch_process` (frlab.rollout.torch.process).
 
 `child_main` runs in the spawned process: a `TorchEngine` over the parent's shared-memory
 weights (no copy), whose decode steps wait for the parent's gate and hold the shared step lock,
@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from frlab.rollout.engine import EngineError
-from frlab.rollout.engines.request_state import Request
-from frlab.rollout.engines.torch import TorchEngine
+from frlab.rollout.torch.engine import TorchEngine
+from frlab.rollout.torch.request_state import Request
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel

@@ -11,7 +11,8 @@ import torch
 from torch_testlib import VOCAB, generate_all, recomputed_log_probs, tiny_model
 
 from frlab.rollout.engine import EngineError, SamplingParams
-from frlab.rollout.engines.torch import TorchEngine, sampling_log_probs
+from frlab.rollout.torch.engine import TorchEngine
+from frlab.rollout.torch.sampling import sampling_log_probs
 
 PROMPTS = [[1, 2, 3], [5, 6, 7, 8, 9, 10, 11, 12], [4], [30, 31, 32, 33]]
 

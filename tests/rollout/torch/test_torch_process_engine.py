@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from frlab.rollout.engine import EngineError, SamplingParams
-from frlab.rollout.engines.torch import TorchEngine
-from frlab.rollout.engines.torch_process import ProcessTorchEngine
-from tests.rollout.engines.torch_testlib import VOCAB, tiny_model
+from frlab.rollout.torch.engine import TorchEngine
+from frlab.rollout.torch.process import ProcessTorchEngine
+from tests.rollout.torch.torch_testlib import VOCAB, tiny_model
 
 THREADS = torch.get_num_threads()  # the child uses the same count: identical float results
 
@@ -269,7 +269,7 @@ def test_the_open_files_limit_is_raised_for_the_shared_weights_or_refused(
     margin is raised up to the hard limit; a hard limit below it is refused with a clear error."""
     import resource
 
-    from frlab.rollout.engines import shared_weights
+    from frlab.rollout.torch import shared_weights
 
     model = tiny_model(0)
     tensors = len(list(model.parameters())) + len(list(model.buffers()))

@@ -13,8 +13,8 @@ import torch
 from torch_testlib import generate_all, recomputed_log_probs, tiny_model
 
 from frlab.rollout.engine import SamplingParams
-from frlab.rollout.engines import sampling as sampler
-from frlab.rollout.engines.torch import TorchEngine
+from frlab.rollout.torch import sampling as sampler
+from frlab.rollout.torch.engine import TorchEngine
 
 
 def forward_inputs(engine: TorchEngine) -> list[torch.Tensor]:

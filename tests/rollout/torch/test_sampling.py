@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from frlab.rollout.engine import SamplingParams
-from frlab.rollout.engines.sampling import (
+from frlab.rollout.torch.sampling import (
     BLOCK,
     _inverse_cdf_flat,
     draw,

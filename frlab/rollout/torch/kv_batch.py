@@ -6,7 +6,7 @@ running batch (both caches left-padded to the wider one), finished rows are remo
 leading columns that are padding for every remaining row are dropped. Padding columns carry
 attention mask 0 and zero keys/values.
 
-A prefill may also run the prompts packed end to end in one row (frlab.rollout.engines.prefill);
+A prefill may also run the prompts packed end to end in one row (frlab.rollout.torch.prefill);
 `unpack_rows` then splits its cache into the same left-padded rows.
 
 `GrowingLayer` keeps a layer's keys and values at the front of a buffer with spare room on the

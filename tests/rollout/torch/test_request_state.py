@@ -1,4 +1,4 @@
-"""A request's life in the torch engine (frlab.rollout.engines.request_state): it resolves once,
+"""A request's life in the torch engine (frlab.rollout.torch.request_state): it resolves once,
 at a stop token ("stop") or its token budget ("length"), fails when its caller abandoned it, and
 a failure after a cancel is silent."""
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from frlab.rollout.engine import EngineError, SamplingParams
-from frlab.rollout.engines.request_state import Request, fail, finished
+from frlab.rollout.torch.request_state import Request, fail, finished
 
 
 def request(**params) -> Request:

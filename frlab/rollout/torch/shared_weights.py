@@ -1,5 +1,5 @@
 """Limits a process engine meets when it shares the policy's weights with its child process
-(frlab.rollout.engines.torch_process): room in /dev/shm, and one open file per shared storage."""
+(frlab.rollout.torch.process): room in /dev/shm, and one open file per shared storage."""
 
 from __future__ import annotations
 

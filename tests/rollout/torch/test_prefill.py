@@ -1,4 +1,4 @@
-"""Packed prefill (frlab.rollout.engines.prefill): the plan's hand-computed choices, a packed
+"""Packed prefill (frlab.rollout.torch.prefill): the plan's hand-computed choices, a packed
 row's cache split into the padded layout, packed and padded engines sampling the same tokens
 and log-probs (sdpa, eager, MoE routing), and the fall-backs where packing is not exact."""
 
@@ -15,10 +15,10 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from frlab.model.policy import build_policy, tiny_config
 from frlab.model.routing_replay import moe_routers, record_routing
 from frlab.rollout.engine import SamplingParams
-from frlab.rollout.engines import prefill
-from frlab.rollout.engines.kv_batch import GrowingCache, left_pad, unpack_rows
-from frlab.rollout.engines.prefill import PrefillCost, plan
-from frlab.rollout.engines.torch import TorchEngine
+from frlab.rollout.torch import prefill
+from frlab.rollout.torch.engine import TorchEngine
+from frlab.rollout.torch.kv_batch import GrowingCache, left_pad, unpack_rows
+from frlab.rollout.torch.prefill import PrefillCost, plan
 
 PROMPTS = [[1, 2, 3], [5, 6, 7, 8, 9, 10, 11, 12], [4, 4], [30, 31, 32, 33], [9] * 17, [2, 7]]
 

@@ -1,4 +1,4 @@
-"""Checks and copies both torch engines share (frlab.rollout.engines.torch, torch_process)."""
+"""Checks and copies both torch engines share (frlab.rollout.torch.engine and .process)."""
 
 from __future__ import annotations
 

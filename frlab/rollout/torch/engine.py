@@ -4,8 +4,8 @@ The engine holds its OWN deep copy of the policy (the learner's model keeps trai
 serves `generate` requests from a background thread. Each iteration of that thread admits the
 requests waiting in the queue (up to `max_batch_size` rows in all): they are prefilled
 together, packed end to end in one row or left-padded, whichever the model's shape makes
-cheaper (frlab.rollout.engines.prefill), and merged into the running batch
-(frlab.rollout.engines.kv_batch); then
+cheaper (frlab.rollout.torch.prefill), and merged into the running batch
+(frlab.rollout.torch.kv_batch); then
 one decode step feeds every row's last token through the shared KV cache. A row leaves the
 batch (and its caller resumes) as soon as it samples a stop token or reaches its token
 budget, and a waiting request takes its place at the next iteration.
@@ -13,7 +13,7 @@ budget, and a waiting request takes its place at the next iteration.
 What it records is what FlashREINFORCE needs (paper, Sec. 3: store the real sampling
 probability): for each sampled token, the log-prob under the distribution actually sampled
 from (logits / temperature, then top-k / top-p if set, renormalised:
-frlab.rollout.engines.sampling) and the weight version that sampled it. A request with
+frlab.rollout.torch.sampling) and the weight version that sampled it. A request with
 `SamplingParams.seed` draws from its own generator, so its tokens do not depend on the other
 rows. `update_weights` takes the step lock, so new weights land between two decode steps;
 tokens sampled afterwards carry the new version. What happens to running requests is the
@@ -49,17 +49,16 @@ from frlab.rollout.engine import (
     GenerationResult,
     SamplingParams,
 )
-from frlab.rollout.engines import prefill
-from frlab.rollout.engines.common import check_prompt, check_update, private_copy, require_moe
-from frlab.rollout.engines.request_state import Request, awaitable, fail
-from frlab.rollout.engines.sampling import draw, request_generator
-from frlab.rollout.engines.sampling import sampling_log_probs as sampling_log_probs
+from frlab.rollout.torch import prefill
+from frlab.rollout.torch.common import check_prompt, check_update, private_copy, require_moe
+from frlab.rollout.torch.request_state import Request, awaitable, fail
+from frlab.rollout.torch.sampling import draw, request_generator
 from frlab.rollout.weight_modes import WEIGHT_UPDATES, resolve_weight_update
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-    from frlab.rollout.engines.kv_batch import DecodeRows, GrowingCache
+    from frlab.rollout.torch.kv_batch import DecodeRows, GrowingCache
 
 log = logging.getLogger(__name__)
 Span = tuple[int, int, int]  # (row, first, end) of a request's positions in one forward
@@ -121,7 +120,7 @@ class TorchEngine(Engine):
 
     @property
     def packed_prefill(self) -> bool:
-        """Whether prompts may be prefilled packed in one row (see frlab.rollout.engines.prefill)."""
+        """Whether prompts may be prefilled packed in one row (see frlab.rollout.torch.prefill)."""
         return self._prefill_cost is not None
 
     serves_lora = True  # its copy of the policy is the learner's PeftModel
@@ -323,7 +322,7 @@ class TorchEngine(Engine):
         """Prefill `newcomers` into the batch, then one decode step for every row."""
         # imported here: its cache classes subclass transformers' own, and asking this class
         # what it supports (preflight) need not import transformers
-        from frlab.rollout.engines.steps import decode_step, prefill_requests
+        from frlab.rollout.torch.steps import decode_step, prefill_requests
 
         if newcomers:
             fresh, fresh_reqs = prefill_requests(self, newcomers)

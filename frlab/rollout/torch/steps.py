@@ -1,5 +1,5 @@
-"""The torch engine's two kinds of forward step (frlab.rollout.engines.torch): the prefill of
-newly admitted requests, each group of the prefill plan (frlab.rollout.engines.prefill)
+"""The torch engine's two kinds of forward step (frlab.rollout.torch.engine): the prefill of
+newly admitted requests, each group of the prefill plan (frlab.rollout.torch.prefill)
 left-padded or packed in one row and its cache turned into decoding rows, and one decode step
 of every running row. A request's context is its prompt, then the tokens it has sampled so far
 (a request re-prefilled after a `resubmit` weight update)."""
@@ -10,9 +10,9 @@ from typing import Any
 
 import torch
 
-from frlab.rollout.engines import prefill
-from frlab.rollout.engines.kv_batch import DecodeRows, GrowingCache, left_pad, unpack_rows
-from frlab.rollout.engines.request_state import Request, drop_finished
+from frlab.rollout.torch import prefill
+from frlab.rollout.torch.kv_batch import DecodeRows, GrowingCache, left_pad, unpack_rows
+from frlab.rollout.torch.request_state import Request, drop_finished
 
 
 def prefill_requests(engine: Any, reqs: list[Request]) -> tuple[DecodeRows | None, list[Request]]:

@@ -20,8 +20,8 @@ import torch
 from torch_testlib import recomputed_log_probs, tiny_model
 
 from frlab.rollout.engine import SamplingParams
-from frlab.rollout.engines.torch import TorchEngine
-from frlab.rollout.engines.torch_process import ProcessTorchEngine
+from frlab.rollout.torch.engine import TorchEngine
+from frlab.rollout.torch.process import ProcessTorchEngine
 
 PROMPT = [1, 2, 3]
 LONG = SamplingParams(max_new_tokens=100, seed=7)
