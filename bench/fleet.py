@@ -46,7 +46,7 @@ import torch
 from frlab.model.policy import build_policy, save_policy
 from frlab.rollout.engine import SamplingParams
 from frlab.rollout.remote.engine import RemoteEngine
-from frlab.rollout.remote.snapshot import write_snapshot
+from frlab.rollout.vllm.snapshot import write_snapshot
 
 PROMPT = [5, 9, 2, 7, 3, 11, 4, 8]
 

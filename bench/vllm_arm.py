@@ -54,7 +54,7 @@ class Pair:
     """A torch engine and a vLLM engine on the same weights in one dtype."""
 
     def __init__(self, args: argparse.Namespace, dtype: str, prompts: list[list[int]]) -> None:
-        from frlab.rollout.engines.vllm import VLLMEngine
+        from frlab.rollout.vllm.engine import VLLMEngine
 
         self.dtype, self.prompts, self.args = dtype, prompts, args
         source = resolve_model_source(args.model) if not args.model_config else None

@@ -118,7 +118,7 @@ def make_engine(kind: str, mode: str, policy: Any, in_flight: int, max_len: int,
         from frlab.rollout.torch.engine import TorchEngine
 
         return TorchEngine(policy, max_batch_size=in_flight, seed=seed, weight_update=mode)
-    from frlab.rollout.engines.vllm import VLLMEngine
+    from frlab.rollout.vllm.engine import VLLMEngine
 
     return VLLMEngine.for_policy(policy, seed=seed, model=None, max_model_len=max_len,
                                  max_in_flight=in_flight, cpu_kv_cache_gib=None,

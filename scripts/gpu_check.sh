@@ -8,7 +8,7 @@
 # tokens/s, learner tokens/s and step time (scripts/gpu_check.py). The parts' timeouts add up
 # to 8 minutes (90 + 75 + 60 + 255 s) on one H200 without vLLM.
 #
-# With vllm installed (the `vllm` extra: frlab/rollout/engines/vllm_releases.py), also
+# With vllm installed (the `vllm` extra: frlab/rollout/vllm/releases.py), also
 # scripts/gpu_check_vllm.py: the
 # in-process vLLM engine with a weight update and its processed log-probs against the
 # learner's (max / mean |diff|, bf16), then one `vllm serve` server with the recipes' flags,

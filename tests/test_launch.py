@@ -107,7 +107,7 @@ def test_single_node_recipe_composes_for_each_one_node_setting(exp: str) -> None
     assert all(s[s.index("--tensor-parallel-size") + 1] == str(tp) for s in served)
     for s in served:
         ext = s[s.index("--worker-extension-cls") + 1]
-        assert ext == "frlab.rollout.remote.worker_extension.WeightUpdateExtension"
+        assert ext == "frlab.rollout.vllm.worker_extension.WeightUpdateExtension"
         # the importance ratios need the log-probs of the distribution actually sampled from
         assert s[s.index("--logprobs-mode") + 1] == "processed_logprobs"
         # and no sampling default from the model's generation_config.json
@@ -121,10 +121,10 @@ def test_single_node_recipe_composes_for_each_one_node_setting(exp: str) -> None
 
 
 def test_worker_extension_class_named_by_the_recipes_exists() -> None:
-    module, _, name = "frlab.rollout.remote.worker_extension.WeightUpdateExtension".rpartition(".")
+    module, _, name = "frlab.rollout.vllm.worker_extension.WeightUpdateExtension".rpartition(".")
     assert hasattr(importlib.import_module(module), name)
     assert (
-        "frlab.rollout.remote.worker_extension.WeightUpdateExtension"
+        "frlab.rollout.vllm.worker_extension.WeightUpdateExtension"
         in (LAUNCH / "fleet.sh").read_text()
     )
 

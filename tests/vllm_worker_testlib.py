@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from frlab.rollout.remote.worker_extension import WeightUpdateExtension
+from frlab.rollout.vllm.worker_extension import WeightUpdateExtension
 
 INLINE_BYTES = 256  # vLLM's VLLM_MSGPACK_ZERO_COPY_THRESHOLD default
 

@@ -87,7 +87,7 @@ class VLLMEngineConfig:
     """`rollout/engine=vllm`: vLLM's engine in-process (on a GPU with the `vllm` extra, or on
     a CPU with vLLM's CPU build: scripts/vllm_cpu_env.sh)."""
 
-    _target_: str = "frlab.rollout.engines.vllm.VLLMEngine.for_policy"
+    _target_: str = "frlab.rollout.vllm.engine.VLLMEngine.for_policy"
     _partial_: bool = True
     model: str | None = spec(II("model.name_or_path"),
                              doc="follows model.name_or_path (null: the random-init policy)")  # fmt: skip

@@ -13,7 +13,7 @@ sample index, weight version and turn: frlab.rollout.seeding) makes a request's 
 independent of what else the engine is serving; None lets the engine use its own stream.
 
 Implementations (this module imports none of them): `torch` (frlab.rollout.torch.engine,
-CPU/CUDA, test default), `vllm` (frlab.rollout.engines.vllm, GPU only; vllm itself is imported
+CPU/CUDA, test default), `vllm` (frlab.rollout.vllm.engine, GPU only; vllm itself is imported
 lazily so `import frlab` never imports it) and `remote` (frlab.rollout.remote.engine: a fleet
 of vLLM / frlab.serve servers over HTTP). A run picks one with the config group
 `rollout/engine=NAME` (its options: frlab.config.engines.ENGINES), whose node names the engine's

@@ -34,15 +34,15 @@ from typing import Any
 
 from frlab.rollout.remote import control
 from frlab.rollout.remote import protocol as proto
-from frlab.rollout.remote.snapshot import read_snapshot
-from frlab.rollout.remote.worker_extension import (
+from frlab.rollout.torch.engine import TorchEngine
+from frlab.rollout.vllm.snapshot import read_snapshot
+from frlab.rollout.vllm.worker_extension import (
     SNAPSHOT_METHOD,
     VERSION_METHOD,
     same_weights,
     weight_ack,
     weights_fingerprint,
 )
-from frlab.rollout.torch.engine import TorchEngine
 
 log = logging.getLogger("frlab.serve")
 

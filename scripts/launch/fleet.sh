@@ -75,7 +75,7 @@ start_server() {
   local cmd=(env CUDA_VISIBLE_DEVICES="$gpus" VLLM_SERVER_DEV_MODE=1 "${lora_env[@]}"
     "${SERVE_WORDS[@]}" --host 0.0.0.0 --port "$port" --tensor-parallel-size "$tp"
     --max-model-len "$max_len" --seed "${SEED:-0}"
-    --worker-extension-cls frlab.rollout.remote.worker_extension.WeightUpdateExtension
+    --worker-extension-cls frlab.rollout.vllm.worker_extension.WeightUpdateExtension
     --logprobs-mode processed_logprobs --generation-config vllm "${lora[@]}")
   if [[ -n "${HF_OVERRIDES:-}" ]]; then cmd+=(--hf-overrides "$HF_OVERRIDES"); fi
   if [[ -n "${VLLM_EXTRA_ARGS:-}" ]]; then read -ra extra <<< "$VLLM_EXTRA_ARGS"; cmd+=("${extra[@]}"); fi

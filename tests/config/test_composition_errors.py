@@ -99,7 +99,7 @@ def test_the_engine_group_and_its_legacy_spelling() -> None:
         "rollout/engine=vllm", "-m", "seed=1", "++trainer.max_time=1"]  # fmt: skip
     for args in (["rollout/engine=vllm"], ["rollout.engine=vllm"]):
         node = compose(args).rollout.engine
-        assert node._target_ == "frlab.rollout.engines.vllm.VLLMEngine.for_policy", args
+        assert node._target_ == "frlab.rollout.vllm.engine.VLLMEngine.for_policy", args
     # a preset written with the old string key gets a message pointing to the group
     from omegaconf import OmegaConf
 

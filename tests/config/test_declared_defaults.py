@@ -19,7 +19,7 @@ BUILT_FROM = {
     # for_policy(policy, **settings) hands the node's keys to the constructor
     engines.TorchEngineConfig: ["frlab.rollout.torch.engine.TorchEngine"],
     engines.TorchProcessEngineConfig: ["frlab.rollout.torch.process.ProcessTorchEngine"],
-    engines.VLLMEngineConfig: ["frlab.rollout.engines.vllm.VLLMEngine.for_policy"],
+    engines.VLLMEngineConfig: ["frlab.rollout.vllm.engine.VLLMEngine.for_policy"],
     engines.RemoteEngineConfig: ["frlab.rollout.remote.engine.RemoteEngine.for_policy"],
     engines.RemoteConfig: ["frlab.rollout.remote.engine.RemoteEngine"],  # cls(**settings)
     schema.DataConfig: [

@@ -87,7 +87,7 @@ def test_states_shard_under_fsdp2_and_vllm_takes_its_share() -> None:
     fsdp = memory_plan(run_cfg(trainer__strategy={"_target_": "frlab.learner.sharding.FSDP2Strategy"},
                                trainer__devices=4))  # fmt: skip
     assert (fsdp.weights, fsdp.grads, fsdp.optimizer) == (20768, 20768, 2 * 20768)
-    vllm = {"_target_": "frlab.rollout.engines.vllm.VLLMEngine.for_policy"}
+    vllm = {"_target_": "frlab.rollout.vllm.engine.VLLMEngine.for_policy"}
     colocated = memory_plan(run_cfg(rollout__engine=vllm, rollout__device="cuda",
                                     rollout__vllm_engine_args={"gpu_memory_utilization": 0.5}),
                             engine_reserves_share=engine_class({"engine": vllm}).reserves_gpu_share)  # fmt: skip

@@ -16,7 +16,7 @@ import pytest
 pytestmark = pytest.mark.vllm_contract
 
 REPO = Path(__file__).resolve().parents[2]
-EXTENSION = "frlab.rollout.remote.worker_extension.WeightUpdateExtension"
+EXTENSION = "frlab.rollout.vllm.worker_extension.WeightUpdateExtension"
 GUIDE = REPO / "docs" / "engines.md"  # the documented `vllm serve` commands
 
 

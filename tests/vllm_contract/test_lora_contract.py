@@ -18,9 +18,9 @@ import torch
 from contract_testlib import remote_testlib, tiny_model
 
 from frlab.rollout.engine import SamplingParams
-from frlab.rollout.engines.vllm_lora import write_adapter
 from frlab.rollout.remote import protocol as proto
 from frlab.rollout.remote.lora import LOAD_ADAPTER, UNLOAD_ADAPTER, listed_adapters
+from frlab.rollout.vllm.lora import write_adapter
 
 pytestmark = pytest.mark.vllm_contract
 CONFIG = {"peft_type": "LORA", "r": 8, "lora_alpha": 16, "target_modules": ["q_proj"]}

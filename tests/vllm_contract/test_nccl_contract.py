@@ -15,7 +15,8 @@ import torch
 
 from frlab.rollout.remote import control
 from frlab.rollout.remote import protocol as proto
-from frlab.rollout.remote.nccl import FleetClient, load_trainer_api, make_source
+from frlab.rollout.remote.nccl import FleetClient
+from frlab.rollout.vllm.nccl import load_trainer_api, make_source
 
 pytestmark = pytest.mark.vllm_contract
 

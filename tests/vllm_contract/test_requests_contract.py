@@ -12,9 +12,8 @@ import pytest
 from contract_testlib import tiny_model, vllm_config
 
 from frlab.rollout.engine import SamplingParams
-from frlab.rollout.engines.vllm import vllm_engine_kwargs, vllm_sampling_kwargs
-from frlab.rollout.engines.vllm_args import check_served_mode
 from frlab.rollout.remote import protocol as proto
+from frlab.rollout.vllm.args import check_served_mode, vllm_engine_kwargs, vllm_sampling_kwargs
 
 pytestmark = pytest.mark.vllm_contract
 

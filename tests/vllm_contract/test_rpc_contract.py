@@ -16,7 +16,7 @@ from vllm_worker_testlib import msgspec_transport, vllm_router_answer
 
 from frlab.rollout.remote import control
 from frlab.rollout.remote import protocol as proto
-from frlab.rollout.remote.worker_extension import SNAPSHOT_METHOD
+from frlab.rollout.vllm.worker_extension import SNAPSHOT_METHOD
 
 pytestmark = pytest.mark.vllm_contract
 
@@ -57,7 +57,7 @@ def test_snapshot_rpc_arguments_survive_and_tensors_do_not() -> None:
 
 
 def test_the_test_suites_transport_fake_matches_vllms() -> None:
-    """tests/rollout/engines/vllm_testlib.py `msgspec_transport` is what the CPU tests use
+    """tests/rollout/vllm_backend/vllm_testlib.py `msgspec_transport` is what the CPU tests use
     for vLLM's transport: it must produce what vLLM's own encoder and decoder produce."""
     for args in (
         ("/p", 3, {"tensors": 1, "numel": 2, "sum": 0.5}),

@@ -18,8 +18,8 @@ import pytest
 import torch
 from contract_testlib import tiny_model, vllm_config
 
-from frlab.rollout.remote.snapshot import write_snapshot
-from frlab.rollout.remote.worker_extension import WORKER_EXTENSION_CLS, check_acks
+from frlab.rollout.vllm.snapshot import write_snapshot
+from frlab.rollout.vllm.worker_extension import WORKER_EXTENSION_CLS, check_acks
 
 pytestmark = pytest.mark.vllm_contract
 
@@ -82,7 +82,7 @@ def worker(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
 def test_vllm_mixes_the_extension_into_its_worker_class(worker) -> None:  # noqa: ANN001
     from vllm.v1.worker.gpu_worker import Worker
 
-    from frlab.rollout.remote.worker_extension import WeightUpdateExtension
+    from frlab.rollout.vllm.worker_extension import WeightUpdateExtension
 
     assert isinstance(worker, Worker) and isinstance(worker, WeightUpdateExtension)
     assert type(worker).__bases__[-1] is WeightUpdateExtension

@@ -20,7 +20,7 @@ from typing import Any
 
 from vllm_worker_testlib import FakeWorker
 
-EXTENSION = "frlab.rollout.remote.worker_extension.WeightUpdateExtension"
+EXTENSION = "frlab.rollout.vllm.worker_extension.WeightUpdateExtension"
 SERVE_FLAGS = ["--worker-extension-cls", EXTENSION, "--logprobs-mode", "processed_logprobs",
                "--generation-config", "vllm", "--max-model-len", "128", "--skip-tokenizer-init",
                "--enforce-eager"]  # fmt: skip

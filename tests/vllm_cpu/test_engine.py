@@ -1,4 +1,4 @@
-"""frlab's in-process vLLM engine (`rollout/engine=vllm`, frlab.rollout.engines.vllm) on a REAL
+"""frlab's in-process vLLM engine (`rollout/engine=vllm`, frlab.rollout.vllm.engine) on a REAL
 vLLM engine on this CPU: generation, processed log-probs against the learner's recomputation
 (fp32 and bf16, max / mean |diff| reported), weight updates, pause / resume, an update with
 requests in flight (versions exact), and a dead engine core (EngineError, `down_reason`).
@@ -48,7 +48,7 @@ class Driver:
 
 
 def start_engine(folder: Path, **options: Any) -> Driver:
-    from frlab.rollout.engines.vllm import VLLMEngine
+    from frlab.rollout.vllm.engine import VLLMEngine
 
     engine = VLLMEngine(str(folder), seed=0, max_model_len=128, max_in_flight=8, **options)
     engine.start()
@@ -271,7 +271,7 @@ def test_a_killed_engine_core_fails_requests_and_reports_the_engine_down(tmp_pat
 
 
 def test_a_kv_cache_larger_than_free_memory_is_refused_by_name_before_start(tmp_path: Path) -> None:
-    from frlab.rollout.engines.vllm import VLLMEngine
+    from frlab.rollout.vllm.engine import VLLMEngine
 
     folder = tmp_path / "toy"
     save_model(folder, seed=0)

@@ -1,5 +1,5 @@
 """LoRA on a REAL vLLM engine on this CPU (`rollout/engine=vllm` with `model.lora`,
-frlab.rollout.engines.vllm_lora): vLLM serves the frozen base plus the learner's peft adapter,
+frlab.rollout.vllm.lora): vLLM serves the frozen base plus the learner's peft adapter,
 its log-probs equal the learner's recomputation of base + adapter, an adapter-only push lands
 (log-probs move to the new adapter's, away from the old and from the base), across an update
 in flight the tokens before it are the old adapter's, and a full-weight push is refused."""
@@ -43,7 +43,7 @@ def diffs(model: Any, prompt: list[int], result: Any) -> torch.Tensor:
 
 @pytest.fixture(scope="module")
 def lora_served(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    from frlab.rollout.engines.vllm import VLLMEngine
+    from frlab.rollout.vllm.engine import VLLMEngine
 
     base = save_model(tmp_path_factory.mktemp("vllm_lora") / "toy", seed=0, vocab_size=256)
     policy = apply_lora(copy.deepcopy(base), LORA)

@@ -24,7 +24,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 REPORT: list[str] = []
-EXTENSION = "frlab.rollout.remote.worker_extension.WeightUpdateExtension"
+EXTENSION = "frlab.rollout.vllm.worker_extension.WeightUpdateExtension"
 ENGINE_ARGS = {"dtype": "float32"}  # small engines for tests: fp32, eager (the CPU default)
 
 

@@ -2,7 +2,7 @@
 endpoints (routes in frlab.rollout.remote.protocol) and strict parsers of their answers.
 
 Weight versions are frlab's extension. A server run with frlab's worker extension
-(`frlab.rollout.remote.worker_extension.WeightUpdateExtension`, reached through vLLM's dev endpoint
+(`frlab.rollout.vllm.worker_extension.WeightUpdateExtension`, reached through vLLM's dev endpoint
 `POST /collective_rpc {"method", "args", "kwargs", "timeout"} -> {"results": [...]}`) answers
 `frlab_weight_version` and loads snapshots with `frlab_load_snapshot`. vLLM's router
 (`vllm/entrypoints/serve/dev/rpc/api_router.py`, `collective_rpc`) sends a worker's result

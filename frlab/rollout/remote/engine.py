@@ -1,7 +1,7 @@
 """`remote` engine: the rollout pool drives a fleet of generation servers over HTTP.
 
 On GPUs the servers are vLLM's own OpenAI-compatible servers (`vllm serve ...
---worker-extension-cls frlab.rollout.remote.worker_extension.WeightUpdateExtension`, dev mode on); on CPU
+--worker-extension-cls frlab.rollout.vllm.worker_extension.WeightUpdateExtension`, dev mode on); on CPU
 and in tests they are `python -m frlab.serve` processes (a test vehicle, not vLLM). Token in,
 token out: `frlab.rollout.remote.protocol` shapes every request and checks every answer.
 
@@ -63,9 +63,8 @@ from frlab.rollout.remote import protocol as proto
 from frlab.rollout.remote.fleet import Fleet, Server, ServerFault, check_settings, check_urls
 from frlab.rollout.remote.lora import LORA_WEIGHT_UPDATES, LoraAdapters, check_lora_settings
 from frlab.rollout.remote.nccl import NcclSync
-from frlab.rollout.remote.snapshot import rank_folder
 from frlab.rollout.remote.traffic import Traffic
-from frlab.rollout.remote.weight_sync import WeightSync
+from frlab.rollout.remote.weight_sync import WeightSync, rank_folder
 from frlab.rollout.weight_modes import resolve_weight_update
 
 log = logging.getLogger(__name__)
@@ -107,7 +106,7 @@ class RemoteEngine(Engine):
         block), starting from the learner's `policy` weights (a LoRA policy: its adapter, on
         servers that serve its base)."""
         from frlab.model.lora import adapter_state_dict, is_peft
-        from frlab.rollout.engines.vllm_lora import adapter_config
+        from frlab.rollout.vllm.lora import adapter_config
 
         lora = adapter_config(policy) if is_peft(policy) else None
         weights = policy.state_dict()

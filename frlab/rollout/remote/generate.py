@@ -28,8 +28,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from frlab.rollout.engine import SamplingParams
-from frlab.rollout.engines.vllm_args import vllm_sampling_kwargs
 from frlab.rollout.remote.protocol import Completion, MalformedResponse, is_int
+from frlab.rollout.vllm.args import vllm_sampling_kwargs
 
 GENERATE = "/inference/v1/generate"
 UPDATE_WEIGHT_VERSION = "/update_weight_version"

@@ -5,7 +5,7 @@ its own runtime LoRA loading.
 The servers run with `--enable-lora --max-lora-rank R` and `VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`
 (the launch recipe adds them when `LORA_RANK=R` is set), on the same base model as the learner
 (`model.name`). Version v's adapter is written once as a peft folder
-(`<snapshot_dir>/adapter-v<v>/`, atomically, frlab.rollout.engines.vllm_lora.write_adapter) and
+(`<snapshot_dir>/adapter-v<v>/`, atomically, frlab.rollout.vllm.lora.write_adapter) and
 loaded on each server under its own name `frlab-v<v>` (`POST /v1/load_lora_adapter`, not in
 place): vLLM gives a new name a new adapter id, so it reads the new folder, and its prefix cache
 (keyed by the adapter's name) never serves KV of an older adapter. The version is proved by
@@ -34,10 +34,10 @@ import torch
 from safetensors import safe_open
 
 from frlab.rollout.engine import EngineError
-from frlab.rollout.engines.vllm_lora import ADAPTER_FILE, prune_adapters, write_adapter
 from frlab.rollout.remote import protocol as proto
 from frlab.rollout.remote.fleet import Fleet, Server, ServerFault, Snapshot
-from frlab.rollout.remote.worker_extension import weights_fingerprint
+from frlab.rollout.vllm.lora import ADAPTER_FILE, prune_adapters, write_adapter
+from frlab.rollout.vllm.worker_extension import weights_fingerprint
 
 LOAD_ADAPTER, UNLOAD_ADAPTER = "/v1/load_lora_adapter", "/v1/unload_lora_adapter"
 PREFIX = "frlab-v"

@@ -2,7 +2,7 @@
 
 Weight sync (`weight_sync="filesystem"`): `update_weights` writes
 `<snapshot_dir>/v<version>/model.safetensors` (snapshot_dir None: a private temp folder,
-removed at shutdown, for servers on this host) atomically (frlab.rollout.remote.snapshot), stops
+removed at shutdown, for servers on this host) atomically (frlab.rollout.vllm.snapshot), stops
 dispatching, waits for in-flight requests to finish (`weight_update=drain`, the default: no
 request spans a weight change; with `in_flight` they run on and each token's version comes
 from the server's own labels, a vLLM server's requests frozen between two decode steps during
@@ -68,11 +68,20 @@ from frlab.rollout.remote import control, in_flight, resubmit
 from frlab.rollout.remote import protocol as proto
 from frlab.rollout.remote.fleet import REFUSED, Fleet, Server, ServerFault, Snapshot
 from frlab.rollout.remote.lora import LoraAdapters
-from frlab.rollout.remote.snapshot import prune_snapshots, write_snapshot
 from frlab.rollout.remote.traffic import Traffic
-from frlab.rollout.remote.worker_extension import SNAPSHOT_METHOD, VERSION_METHOD, check_acks
+from frlab.rollout.vllm.snapshot import prune_snapshots, write_snapshot
+from frlab.rollout.vllm.worker_extension import SNAPSHOT_METHOD, VERSION_METHOD, check_acks
 
 log = logging.getLogger("frlab.rollout.remote.engine")
+
+
+def rank_folder(snapshot_dir: str | Path) -> Path:
+    """`snapshot_dir`, or `<snapshot_dir>/rank<R>` when this process is rank R of W > 1 (the
+    ranks that share one fleet never write one file)."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return Path(snapshot_dir) / f"rank{dist.get_rank()}"
+    return Path(snapshot_dir)
 
 
 class WeightSync:

@@ -25,8 +25,8 @@ import torch
 
 from frlab.rollout.callbacks import WeightSyncCallback
 from frlab.rollout.remote.fleet_sync import shares_fleet
-from frlab.rollout.remote.snapshot import write_snapshot
-from frlab.rollout.remote.worker_extension import WeightUpdateExtension, same_weights
+from frlab.rollout.vllm.snapshot import write_snapshot
+from frlab.rollout.vllm.worker_extension import WeightUpdateExtension, same_weights
 
 WORLD = 2
 

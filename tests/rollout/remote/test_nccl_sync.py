@@ -284,7 +284,7 @@ def test_rank_offsets_follow_each_servers_worker_count() -> None:
 def test_a_weight_source_base_that_refuses_frlabs_source_is_an_engine_error() -> None:
     """A future vLLM whose WeightSource contract changed again fails at engine start with
     frlab's EngineError naming the setting, not with vLLM's raw TypeError."""
-    from frlab.rollout.remote.nccl import TrainerApi, build_source
+    from frlab.rollout.vllm.nccl import TrainerApi, build_source
 
     class Strict:
         def __init_subclass__(cls, **kwargs: Any) -> None:

@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 from vllm_worker_testlib import FakeWorker, msgspec_transport  # noqa: F401 (re-exported)
 
-from frlab.rollout.remote.worker_extension import WORKER_EXTENSION_CLS
+from frlab.rollout.vllm.worker_extension import WORKER_EXTENSION_CLS
 
 
 def completion(tokens: list[int], reason: str | None) -> SimpleNamespace:

@@ -1,11 +1,13 @@
-"""Versioned safetensors weight snapshots: how the learner hands weights to a server fleet.
+"""Versioned safetensors weight snapshots: how the learner hands full weights to vLLM's workers
+(frlab's worker extension loads them by path: the in-process engine's workers, and each server
+of a fleet; frlab.serve reads them too).
 
 `write_snapshot` writes `<snapshot_dir>/v<version>/model.safetensors` atomically (a temporary
-folder in the same directory, fsync, then one `rename`), so a server never reads a partial
-file; it returns the path and the fingerprint (`frlab.rollout.remote.worker_extension.weights_fingerprint`)
-that a server's load acknowledgement must match. `prune_snapshots` keeps the newest few.
-Tensors that share storage (tied embeddings) are copied, since safetensors refuses shared
-storage.
+folder in the same directory, fsync, then one `rename`), so a worker never reads a partial
+file; it returns the path and the fingerprint
+(`frlab.rollout.vllm.worker_extension.weights_fingerprint`) that a load acknowledgement must
+match. `prune_snapshots` keeps the newest few. Tensors that share storage (tied embeddings)
+are copied, since safetensors refuses shared storage.
 """
 
 from __future__ import annotations
@@ -22,18 +24,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from frlab.fsio import fsync_path
-from frlab.rollout.remote.worker_extension import weights_fingerprint
+from frlab.rollout.vllm.worker_extension import weights_fingerprint
 
 SNAPSHOT_FILE = "model.safetensors"
 _VERSION_DIR = re.compile(r"^v(\d+)$")
-
-
-def rank_folder(snapshot_dir: str | Path) -> Path:
-    """`snapshot_dir`, or `<snapshot_dir>/rank<R>` when this process is rank R of W > 1."""
-    dist = torch.distributed
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        return Path(snapshot_dir) / f"rank{dist.get_rank()}"
-    return Path(snapshot_dir)
 
 
 def snapshot_path(snapshot_dir: str | os.PathLike[str], version: int) -> Path:

@@ -12,7 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from frlab.rollout.engines.vllm_args import (
+from frlab.rollout.vllm.args import (
     check_cpu_memory,
     check_head_size,
     cpu_engine_options,

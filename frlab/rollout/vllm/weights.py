@@ -1,11 +1,11 @@
-"""The weights-in side of the `vllm` engine (frlab.rollout.engines.vllm): write an update to
+"""The weights-in side of the `vllm` engine (frlab.rollout.vllm.engine): write an update to
 disk, load it on vLLM's workers as `weight_update` says, label the tokens that follow.
 
 A full-weight update is a safetensors snapshot loaded by frlab's worker extension
 (`collective_rpc("frlab_load_snapshot", args=(path, version, fingerprint))`; a path survives
 vLLM's msgspec transport, tensors in rpc arguments do not), acknowledged by every worker with
 the version and a fingerprint of what it loaded. A LoRA engine's update is the adapter only,
-a peft folder loaded with vLLM's `add_lora` in place (frlab.rollout.engines.vllm_lora). Any
+a peft folder loaded with vLLM's `add_lora` in place (frlab.rollout.vllm.lora). Any
 failure while loading breaks the engine: its weights may be mixed, so it refuses requests.
 """
 
@@ -19,9 +19,9 @@ from typing import Any
 import torch
 
 from frlab.rollout.engine import EngineError
-from frlab.rollout.engines.vllm_lora import adapter_request, prune_adapters, write_adapter
-from frlab.rollout.remote.snapshot import prune_snapshots, write_snapshot
-from frlab.rollout.remote.worker_extension import SNAPSHOT_METHOD, check_acks
+from frlab.rollout.vllm.lora import adapter_request, prune_adapters, write_adapter
+from frlab.rollout.vllm.snapshot import prune_snapshots, write_snapshot
+from frlab.rollout.vllm.worker_extension import SNAPSHOT_METHOD, check_acks
 
 
 class WeightsSide:
@@ -47,7 +47,7 @@ class WeightsSide:
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         """Write `state_dict` (HF names; a LoRA engine: the adapter's tensors only) and load it
-        on every worker the way `weight_update` says (frlab.rollout.engines.vllm), then bump
+        on every worker the way `weight_update` says (frlab.rollout.vllm.engine), then bump
         the version."""
         if int(version) < 0:
             raise ValueError(f"update_weights version must be >= 0, got {version}")
@@ -124,7 +124,7 @@ class WeightsSide:
         return write_snapshot(state_dict, folder, version)
 
     async def _add_adapter(self, path: Any) -> None:
-        """Load the adapter folder at `path` in place of the one served (see vllm_lora)."""
+        """Load the adapter folder at `path` in place of the one served (frlab.rollout.vllm.lora)."""
         loaded = await self._engine.add_lora(adapter_request(self._vllm, path, load_inplace=True))
         if loaded is not True:
             raise EngineError(f"vLLM's add_lora of the adapter {path} answered {loaded!r}")

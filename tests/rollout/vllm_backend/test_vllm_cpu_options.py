@@ -1,4 +1,4 @@
-"""What frlab hands vLLM's CPU build (frlab.rollout.engines.vllm_args): the KV cache size from
+"""What frlab hands vLLM's CPU build (frlab.rollout.vllm.args): the KV cache size from
 config (hand-computed), CPU defaults under the user's engine arguments, the free-memory check
 and the head-size check. Pure functions: the real engine runs them in tests/vllm_cpu."""
 
@@ -9,7 +9,7 @@ import pytest
 from frlab.model.memory_plan import kv_bytes_per_token
 from frlab.model.policy import tiny_config
 from frlab.rollout.engine import EngineError
-from frlab.rollout.engines.vllm_args import (
+from frlab.rollout.vllm.args import (
     GIB,
     MIN_CPU_KV_CACHE,
     check_cpu_memory,

@@ -1,4 +1,4 @@
-"""The pure, CPU-testable half of the `vllm` engine adapter (frlab.rollout.engines.vllm): the
+"""The pure, CPU-testable half of the `vllm` engine adapter (frlab.rollout.vllm.engine): the
 keyword arguments frlab gives vLLM's `SamplingParams` and `AsyncEngineArgs`, the check of the
 built engine's log-prob mode, and the choice of this learner rank's GPU. Never imports vllm.
 
@@ -17,8 +17,8 @@ import torch
 
 from frlab.model.memory_plan import kv_bytes_per_token
 from frlab.rollout.engine import EngineError, SamplingParams
-from frlab.rollout.engines.vllm_releases import SUPPORTED
-from frlab.rollout.remote.worker_extension import WORKER_EXTENSION_CLS
+from frlab.rollout.vllm.releases import SUPPORTED
+from frlab.rollout.vllm.worker_extension import WORKER_EXTENSION_CLS
 
 PROCESSED_LOGPROBS = "processed_logprobs"
 GIB = 2**30

@@ -1,10 +1,10 @@
 """`vllm` engine: vLLM's asynchronous engine in-process, behind the frlab `Engine` interface.
 
 On a GPU with the `vllm` extra, or on a CPU with vLLM's CPU build (scripts/vllm_cpu_env.sh;
-frlab.rollout.engines.vllm_platform sets such an engine up). vllm is imported in `start`,
+frlab.rollout.vllm.platform sets such an engine up). vllm is imported in `start`,
 never at module import. The logic that can be checked without an engine lives in pure
-functions (frlab.rollout.engines.vllm_args, vllm_outputs, and the worker side in
-frlab.rollout.remote.worker_extension), tested with fakes, against vLLM's own Python code
+functions (frlab.rollout.vllm.args and .outputs, and the worker side in
+frlab.rollout.vllm.worker_extension), tested with fakes, against vLLM's own Python code
 (the `vllm_contract` tier) and on a real engine on the CPU (the `vllm_cpu` tier).
 
 Behaviour log-probs (FlashREINFORCE paper, Sec. 3) come from vLLM itself: `logprobs=1` returns
@@ -19,10 +19,10 @@ Device: each learner rank builds its own engine. vLLM's single-GPU engine core p
 `cuda:0` of the devices it sees, so the engine starts with `CUDA_VISIBLE_DEVICES` narrowed to
 this rank's GPU, restored once the engine-core process has started.
 
-Weight updates (frlab.rollout.engines.vllm_weights): `update_weights` writes the update to
+Weight updates (frlab.rollout.vllm.weights): `update_weights` writes the update to
 disk and every worker loads it by path (a snapshot through frlab's worker extension, which
 acknowledges a fingerprint; with LoRA the adapter only, through vLLM's own LoRA support,
-frlab.rollout.engines.vllm_lora), or the engine is broken (it refuses further requests). What
+frlab.rollout.vllm.lora), or the engine is broken (it refuses further requests). What
 running requests see is `weight_update` (frlab.rollout.weight_modes.WEIGHT_UPDATES), with vLLM's own
 RL machinery:
 
@@ -64,8 +64,8 @@ from frlab.rollout.engine import (
     request_seed,
 )
 from frlab.rollout.engine_loop import EngineLoop
-from frlab.rollout.engines import vllm_platform
-from frlab.rollout.engines.vllm_args import (
+from frlab.rollout.vllm import platform
+from frlab.rollout.vllm.args import (
     check_served_mode,
     check_user_engine_args,
     engine_visible_devices,
@@ -75,15 +75,12 @@ from frlab.rollout.engines.vllm_args import (
     vllm_engine_kwargs,
     vllm_sampling_kwargs,
 )
-from frlab.rollout.engines.vllm_lora import adapter_config, lora_engine_options
-from frlab.rollout.engines.vllm_outputs import generation_result, sampled_log_probs, span_versions
-from frlab.rollout.engines.vllm_platform import import_vllm as _import_vllm
-from frlab.rollout.engines.vllm_platform import installed_platform
-from frlab.rollout.engines.vllm_weights import WeightsSide
+from frlab.rollout.vllm.lora import adapter_config, lora_engine_options
+from frlab.rollout.vllm.outputs import generation_result, sampled_log_probs, span_versions
+from frlab.rollout.vllm.platform import import_vllm as _import_vllm
+from frlab.rollout.vllm.platform import installed_platform
+from frlab.rollout.vllm.weights import WeightsSide
 from frlab.rollout.weight_modes import WEIGHT_UPDATES, resolve_weight_update
-
-__all__ = ["VLLMEngine", "generation_result", "installed_platform", "sampled_log_probs",
-           "vllm_engine_kwargs", "vllm_sampling_kwargs"]  # fmt: skip
 
 DOWN_POLL_S = 1.0  # how often a control call waiting on the engine loop checks the core is alive
 
@@ -91,7 +88,7 @@ DOWN_POLL_S = 1.0  # how often a control call waiting on the engine loop checks 
 class VLLMEngine(WeightsSide, Engine):
     """vLLM AsyncLLMEngine on a private event-loop thread (single node, one device)."""
 
-    serves_lora = True  # vLLM's own LoRA serving (frlab.rollout.engines.vllm_lora)
+    serves_lora = True  # vLLM's own LoRA serving (frlab.rollout.vllm.lora)
     reserves_gpu_share = True  # weights + KV cache in gpu_memory_utilization of the GPU
 
     @classmethod
@@ -121,7 +118,7 @@ class VLLMEngine(WeightsSide, Engine):
 
     @classmethod
     def weight_updates(cls) -> tuple[str, ...]:
-        return vllm_platform.weight_updates()
+        return platform.weight_updates()
 
     @classmethod
     def for_policy(
@@ -251,7 +248,7 @@ class VLLMEngine(WeightsSide, Engine):
         if self.lora is not None:
             options = lora_engine_options(self.lora, options, self._vllm.lora_ranks)
         if self._vllm.platform.is_cpu():
-            options = vllm_platform.cpu_options(self.model_path, options, self.cpu_kv_cache_gib,
+            options = platform.cpu_options(self.model_path, options, self.cpu_kv_cache_gib,
                                                 self.max_in_flight, self.cpu_dtype)  # fmt: skip
         kwargs = vllm_engine_kwargs(self.model_path, fields, **options)
         index = rank_device_index() if self.device is None else int(self.device)
@@ -260,7 +257,7 @@ class VLLMEngine(WeightsSide, Engine):
         with visible_devices(devices) if devices is not None else contextlib.nullcontext():
             self._engine = self._vllm.AsyncLLMEngine.from_engine_args(args)
         check_served_mode(self._engine)
-        self._labels = vllm_platform.labels_tokens(self._vllm, self._engine)
+        self._labels = platform.labels_tokens(self._vllm, self._engine)
         supported = WEIGHT_UPDATES if self._labels else ("drain",)
         self.weight_update = resolve_weight_update(self._requested_update, supported, "vllm")
         if self._labels:  # tokens are labelled from the first one on

@@ -1,4 +1,4 @@
-"""The pure half of LoRA on the `vllm` engine (frlab.rollout.engines.vllm_lora): the adapter
+"""The pure half of LoRA on the `vllm` engine (frlab.rollout.vllm.lora): the adapter
 folder a push writes is the one peft itself saves (names, config; peft loads it back into an
 equal model), the engine options hold the adapter's rank, and what vLLM cannot serve is
 refused by name. The real engine serving it is tested in tests/vllm_cpu/test_lora_serving.py."""
@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 from frlab.model.lora import adapter_state_dict, apply_lora
 from frlab.rollout.engine import EngineError
-from frlab.rollout.engines.vllm_lora import (
+from frlab.rollout.vllm.lora import (
     ADAPTER_FILE,
     CONFIG_FILE,
     adapter_config,

@@ -1,4 +1,4 @@
-"""The supported vLLM range is stated once (frlab/rollout/engines/vllm_releases.py) and
+"""The supported vLLM range is stated once (frlab/rollout/vllm/releases.py) and
 everything agrees with it: pyproject's `vllm` extra, the scripts' default releases, the
 compatibility table of docs/engines.md; frlab's core torch / transformers ranges admit every
 supported release's own pins (read from the wheels' METADATA), so frlab installs beside each;
@@ -14,7 +14,7 @@ import tomllib
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 
-from frlab.rollout.engines.vllm_releases import (
+from frlab.rollout.vllm.releases import (
     NEWEST,
     NEWEST_CPU_BUILD,
     OLDEST,

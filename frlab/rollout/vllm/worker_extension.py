@@ -17,7 +17,7 @@ fingerprint)` streams the file into the worker's documented reload path,
 (`vllm/v1/worker/gpu_worker.py`, `GPUModelRunner.reload_weights`), which runs vLLM's
 post-load weight processing (kernels that repack weights: some MoE backends, quantised
 models); a bare `model.load_weights` would skip it. The in-process engine
-(frlab.rollout.engines.vllm) and the server fleet (frlab.rollout.remote) use the same method.
+(frlab.rollout.vllm.engine) and the server fleet (frlab.rollout.remote) use the same method.
 
 Every method returns a dict: vLLM's HTTP dev endpoint `POST /collective_rpc` answers results
 that are not a dict, a list or None as `str(result)`. A load answers an acknowledgement
@@ -52,7 +52,7 @@ from typing import Any
 
 import torch
 
-from frlab.rollout.engines.vllm_releases import SUPPORTED
+from frlab.rollout.vllm.releases import SUPPORTED
 
 
 def request_amx() -> bool:
@@ -68,7 +68,7 @@ def request_amx() -> bool:
 
 
 request_amx()
-WORKER_EXTENSION_CLS = "frlab.rollout.remote.worker_extension.WeightUpdateExtension"
+WORKER_EXTENSION_CLS = "frlab.rollout.vllm.worker_extension.WeightUpdateExtension"
 VERSION_METHOD = "frlab_weight_version"  # -> {"version": int | None}
 SNAPSHOT_METHOD = "frlab_load_snapshot"  # load a safetensors snapshot file -> weight_ack
 NCCL_JOIN_METHOD = "frlab_nccl_join"  # remote backend, nccl: the group token -> {"group"}

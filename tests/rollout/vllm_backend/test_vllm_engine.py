@@ -15,14 +15,10 @@ import pytest
 import torch
 
 from frlab.rollout.engine import EngineError, SamplingParams
-from frlab.rollout.engines.vllm import (
-    VLLMEngine,
-    generation_result,
-    sampled_log_probs,
-    vllm_engine_kwargs,
-    vllm_sampling_kwargs,
-)
-from frlab.rollout.remote.worker_extension import check_acks, weights_fingerprint
+from frlab.rollout.vllm.args import vllm_engine_kwargs, vllm_sampling_kwargs
+from frlab.rollout.vllm.engine import VLLMEngine
+from frlab.rollout.vllm.outputs import generation_result, sampled_log_probs
+from frlab.rollout.vllm.worker_extension import check_acks, weights_fingerprint
 
 
 def test_sampling_kwargs_follow_the_frlab_contract() -> None:
@@ -50,7 +46,7 @@ def test_engine_kwargs_fix_processed_log_probs_the_extension_and_neutral_default
         "model": "m",
         "seed": 1,
         "logprobs_mode": "processed_logprobs",
-        "worker_extension_cls": "frlab.rollout.remote.worker_extension.WeightUpdateExtension",
+        "worker_extension_cls": "frlab.rollout.vllm.worker_extension.WeightUpdateExtension",
         "generation_config": "vllm",
     }
     with pytest.raises(ValueError, match="gpu_mem"):
@@ -110,7 +106,7 @@ def test_generation_result_maps_finish_reasons() -> None:
 
 
 def test_rank_visible_devices() -> None:
-    from frlab.rollout.engines.vllm_args import engine_visible_devices, rank_visible_devices
+    from frlab.rollout.vllm.args import engine_visible_devices, rank_visible_devices
 
     assert rank_visible_devices(0, None) == "0" and rank_visible_devices(2, "") == "2"
     assert rank_visible_devices(1, "3, 5") == "5"
@@ -136,7 +132,7 @@ def test_check_acks_names_what_went_wrong() -> None:
 
 def test_importing_the_adapter_and_worker_does_not_import_vllm() -> None:
     code = (
-        "import sys, frlab.rollout, frlab.rollout.engines.vllm, frlab.rollout.remote.worker_extension; "
+        "import sys, frlab.rollout, frlab.rollout.vllm.engine, frlab.rollout.vllm.worker_extension; "
         "print('vllm' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -14,9 +14,9 @@ import torch
 from vllm_testlib import FakeAsyncLLM, msgspec_transport
 
 from frlab.rollout.engine import EngineError, SamplingParams
-from frlab.rollout.engines import vllm as vllm_engine
-from frlab.rollout.engines.vllm import VLLMEngine
-from frlab.rollout.remote.worker_extension import SNAPSHOT_METHOD, weights_fingerprint
+from frlab.rollout.vllm import engine as vllm_engine
+from frlab.rollout.vllm.engine import VLLMEngine
+from frlab.rollout.vllm.worker_extension import SNAPSHOT_METHOD, weights_fingerprint
 
 
 @pytest.fixture
@@ -248,7 +248,7 @@ def test_each_rank_starts_its_engine_on_its_own_gpu(
 def test_worker_extension_streams_a_snapshot_and_acknowledges(tmp_path) -> None:
     from vllm_worker_testlib import FakeWorker
 
-    from frlab.rollout.remote.snapshot import write_snapshot
+    from frlab.rollout.vllm.snapshot import write_snapshot
 
     worker = FakeWorker()
     weights = {"w": torch.arange(4.0), "b": torch.tensor([-1.0])}

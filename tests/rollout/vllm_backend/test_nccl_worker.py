@@ -1,4 +1,4 @@
-"""The NCCL rpcs of frlab's vLLM worker extension (frlab.rollout.remote.worker_extension), on a fake worker:
+"""The NCCL rpcs of frlab's vLLM worker extension (frlab.rollout.vllm.worker_extension), on a fake worker:
 join a group by token, begin (tap `load_weights`, forget the held version), commit only what
 was loaded when it matches the learner's fingerprint."""
 
@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from nccl_testlib import FakeModel, fake_worker
+from vllm_worker_testlib import FakeModel, fake_worker
 
-from frlab.rollout.remote.snapshot import write_snapshot
-from frlab.rollout.remote.worker_extension import check_acks, weights_fingerprint
+from frlab.rollout.vllm.snapshot import write_snapshot
+from frlab.rollout.vllm.worker_extension import check_acks, weights_fingerprint
 
 SENT = [("a", torch.tensor([1.0, 2.0])), ("b", torch.tensor([[0.5], [-4.0]]))]
 FP = weights_fingerprint(SENT)
