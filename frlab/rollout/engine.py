@@ -12,12 +12,15 @@ truncation is refused at start.
 sample index, weight version and turn: frlab.rollout.seeding) makes a request's random draws
 independent of what else the engine is serving; None lets the engine use its own stream.
 
-Implementations (this module imports none of them): `torch` (frlab.rollout.torch.engine,
-CPU/CUDA, test default), `vllm` (frlab.rollout.vllm.engine, GPU only; vllm itself is imported
-lazily so `import frlab` never imports it) and `remote` (frlab.rollout.remote.engine: a fleet
-of vLLM / frlab.serve servers over HTTP). A run picks one with the config group
-`rollout/engine=NAME` (its options: frlab.config.engines.ENGINES), whose node names the engine's
-`for_policy` constructor.
+Implementations, one folder each (this module imports none of them): `torch` and
+`torch_process` (frlab.rollout.torch: CPU/CUDA, the test default), `vllm` (frlab.rollout.vllm:
+vLLM in-process, on a GPU or with vLLM's CPU build; vllm itself is imported when the engine
+starts) and `remote` (frlab.rollout.remote: a fleet of vLLM / frlab.serve servers over HTTP).
+A run picks one with the config group `rollout/engine=NAME` (its options:
+frlab.config.engines.ENGINES), whose node names the engine's `for_policy` constructor. How new
+weights meet the requests in flight, and the steps of it the backends share, is
+frlab.rollout.weight_modes. This module imports no torch (only when a result carries MoE
+routing), so the config declarations can read it.
 """
 
 from __future__ import annotations
@@ -27,9 +30,10 @@ import asyncio
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 SEED_LIMIT = 2**63  # per-request seeds fit a signed 64-bit integer (vLLM's and torch's range)
 
@@ -126,10 +130,11 @@ class GenerationResult:
                 f"GenerationResult.finish_reason must be stop|length, got {self.finish_reason!r}"
             )
         r = self.routing
-        if r is not None and (
-            not isinstance(r, torch.Tensor) or r.dim() != 3 or r.is_floating_point()
-        ):
-            raise ValueError("GenerationResult.routing must be an integer tensor [T, L, k]")
+        if r is not None:
+            import torch  # only with routing: this module stays light (the config imports it)
+
+            if not isinstance(r, torch.Tensor) or r.dim() != 3 or r.is_floating_point():
+                raise ValueError("GenerationResult.routing must be an integer tensor [T, L, k]")
 
 
 class EngineError(RuntimeError):

@@ -38,7 +38,6 @@ each update sends the adapter only, loaded by vLLM under the version's own name
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import shutil
 import tempfile
@@ -65,7 +64,7 @@ from frlab.rollout.remote.lora import LORA_WEIGHT_UPDATES, LoraAdapters, check_l
 from frlab.rollout.remote.nccl import NcclSync
 from frlab.rollout.remote.traffic import Traffic
 from frlab.rollout.remote.weight_sync import WeightSync, rank_folder
-from frlab.rollout.weight_modes import resolve_weight_update
+from frlab.rollout.weight_modes import Fragment, continue_after_abort, resolve_weight_update
 
 log = logging.getLogger(__name__)
 
@@ -321,7 +320,7 @@ class RemoteEngine(Engine):
 
     async def _generate(self, prompt: list[int], params: SamplingParams) -> GenerationResult:
         try:
-            return await resubmit.continue_request(self._dispatch, self._fleet, prompt, params)
+            return await continue_after_abort(self._dispatch, prompt, params, self._resubmitted)
         except asyncio.CancelledError:
             if (
                 self._traffic.stopping
@@ -329,7 +328,10 @@ class RemoteEngine(Engine):
                 raise EngineError("RemoteEngine shut down before the request finished") from None
             raise
 
-    async def _dispatch(self, prompt: list[int], params: SamplingParams) -> proto.Completion:
+    def _resubmitted(self) -> None:
+        self._fleet.counts["resubmitted"] += 1
+
+    async def _dispatch(self, prompt: list[int], params: SamplingParams) -> Fragment:
         """Send to the least-loaded healthy server; retry on another after a server fault.
         The answer's versions are exact per token (`_versions`); it may be an abort."""
         attempts = 0
@@ -355,9 +357,7 @@ class RemoteEngine(Engine):
                     f"{self.max_retries}); servers: {self._fleet.describe()}"
                 ) from cause
 
-    async def _request(
-        self, server: Server, prompt: list[int], params: SamplingParams
-    ) -> proto.Completion:
+    async def _request(self, server: Server, prompt: list[int], params: SamplingParams) -> Fragment:
         self._requests += 1
         seed = request_seed(params, self.seed * 1_000_003, self._requests)
         generates = in_flight.generates(server, self.weight_update)  # vLLM labels, in_flight
@@ -380,4 +380,4 @@ class RemoteEngine(Engine):
             raise ServerFault("dead", f"garbage answer: {exc}") from exc
         resubmit.check_abort(done, aborts, self._traffic.aborts)
         versions = resubmit.token_versions(server, version, done, self.version, self.weight_update)
-        return dataclasses.replace(done, versions=versions)
+        return Fragment(done.token_ids, done.log_probs, versions, done.finish_reason)

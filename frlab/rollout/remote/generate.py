@@ -30,6 +30,7 @@ from typing import Any
 from frlab.rollout.engine import SamplingParams
 from frlab.rollout.remote.protocol import Completion, MalformedResponse, is_int
 from frlab.rollout.vllm.args import vllm_sampling_kwargs
+from frlab.rollout.weight_modes import span_versions
 
 GENERATE = "/inference/v1/generate"
 UPDATE_WEIGHT_VERSION = "/update_weight_version"
@@ -83,7 +84,7 @@ def parse_generate(body: Any) -> Completion:
         choice = choices[0]
         tokens = _ids(choice["token_ids"])
         log_probs = _log_probs(choice["logprobs"], tokens)
-        versions = span_versions(choice.get("weight_versions"), len(tokens))
+        versions = _versions(choice.get("weight_versions"), len(tokens))
         reason = choice["finish_reason"]
     except (KeyError, TypeError, AttributeError) as exc:
         raise MalformedResponse(f"generate answer lacks a field: {exc!r}") from exc
@@ -94,26 +95,16 @@ def parse_generate(body: Any) -> Completion:
     return Completion(tokens, log_probs, versions, reason)
 
 
-def span_versions(spans: Any, n: int) -> list[int]:
-    """One int version per output token from spans `{"version", "start", "end"}` that tile
-    `n` tokens (MalformedResponse: missing, not frlab's integer labels, gaps or overlaps)."""
-    if spans is None:
-        if n:
-            raise MalformedResponse("the answer labels no token with a weight version")
-        return []
-    if not isinstance(spans, list):
-        raise MalformedResponse(f"weight_versions must be a list of spans, got {spans!r:.200}")
-    out: list[int] = []
-    for span in spans:
-        start, end, label = span["start"], span["end"], span["version"]
-        if not isinstance(label, str) or not label.isdigit():
-            raise MalformedResponse(f"weight version label {label!r} is not frlab's version")
-        if start != len(out) or not is_int(end) or end < start:
-            raise MalformedResponse(f"weight_versions do not tile the output: {spans!r:.200}")
-        out += [int(label)] * (end - start)
-    if len(out) != n:
-        raise MalformedResponse(f"weight_versions cover {len(out)} of {n} tokens")
-    return out
+def _versions(spans: Any, n: int) -> list[int]:
+    """Each token's version from the choice's `weight_versions` spans
+    (frlab.rollout.weight_modes.span_versions; MalformedResponse unless they tile the output
+    with frlab's versions)."""
+    try:
+        return span_versions(spans, n, lambda span: (span["version"], span["start"], span["end"]))
+    except MalformedResponse:
+        raise
+    except ValueError as exc:
+        raise MalformedResponse(f"weight_versions: {exc}") from exc
 
 
 def label_request(version: int) -> dict[str, str]:
@@ -126,35 +117,6 @@ def label_set(body: Any, version: int) -> bool:
     if not isinstance(body, Mapping):
         raise MalformedResponse(f"/update_weight_version answered {body!r:.200}")
     return body.get("success") is True and body.get("new_version") == str(int(version))
-
-
-def generate_response(
-    prompt: Sequence[int], token_ids: Sequence[int], log_probs: Sequence[float],
-    versions: Sequence[int], finish_reason: str, request_id: str,
-) -> dict[str, Any]:  # fmt: skip
-    """Server side (test fakes): a generate answer shaped as vLLM 0.32's, labels as spans."""
-    content = [{"token_id": int(t), "logprob": float(x), "rank": 1,
-                "top_logprobs": [{"token_id": int(t), "logprob": float(x), "rank": 1}]}
-               for t, x in zip(token_ids, log_probs, strict=True)]  # fmt: skip
-    choice = {"index": 0, "finish_reason": finish_reason, "stop_reason": None,
-              "token_ids": [int(t) for t in token_ids], "routed_experts": None,
-              "sampling_mask": None, "weight_versions": version_spans(versions),
-              "logprobs": {"content": content}}  # fmt: skip
-    usage = {"prompt_tokens": len(prompt), "completion_tokens": len(token_ids),
-             "total_tokens": len(prompt) + len(token_ids)}  # fmt: skip
-    return {"request_id": request_id, "model": None, "created": 0, "usage": usage,
-            "choices": [choice], "prompt_token_ids": None}  # fmt: skip
-
-
-def version_spans(versions: Sequence[int]) -> list[dict[str, Any]]:
-    """Per-token versions as vLLM's contiguous spans (`[]` for no token)."""
-    spans: list[dict[str, Any]] = []
-    for i, version in enumerate(versions):
-        if spans and spans[-1]["version"] == str(int(version)):
-            spans[-1]["end"] = i + 1
-        else:
-            spans.append({"version": str(int(version)), "start": i, "end": i + 1})
-    return spans
 
 
 def _ids(ids: Any) -> list[int]:

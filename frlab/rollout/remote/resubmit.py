@@ -19,8 +19,9 @@ sampled on KV that old weights computed. It takes one of two forms, by server:
   loads and verifies the new weights as under drain, then `POST /resume`. Each aborted request
   is sent again as prompt + its tokens with the rest of its `max_new_tokens`: its first tokens
   carry the old version (the server's, proved before the load), the rest the new; one aborted
-  with its budget spent ends as `length`. An abort this client did not ask for is a server
-  fault (the fragment fails over).
+  with its budget spent ends as `length`, one whose last token is a stop token as `stop`
+  (frlab.rollout.weight_modes.continue_after_abort, which the in-process vLLM engine runs
+  too). An abort this client did not ask for is a server fault (the fragment fails over).
 
 A server that dies during the update is marked dead and skipped, as under drain; its requests
 fail over to another server (from the tokens they had before that fragment).
@@ -29,42 +30,14 @@ fail over to another server (from the tokens they had before that fragment).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
-from collections.abc import Awaitable, Callable
 
-from frlab.rollout.engine import GenerationResult, SamplingParams
 from frlab.rollout.remote import protocol as proto
 from frlab.rollout.remote.fleet import Fleet, Server, ServerFault
 
 log = logging.getLogger("frlab.rollout.remote.engine")
 
 ABORT_POLL_S = 0.2  # how often a resubmit update re-aborts requests queued after its pause
-
-
-Dispatch = Callable[[list[int], SamplingParams], Awaitable[proto.Completion]]
-
-
-async def continue_request(
-    dispatch: Dispatch, fleet: Fleet, prompt: list[int], params: SamplingParams
-) -> GenerationResult:
-    """`dispatch`; after an abort by a resubmit update, send prompt + tokens so far with the
-    rest of the budget until the request ends (see the module docstring)."""
-    tokens: list[int] = []
-    log_probs: list[float] = []
-    versions: list[int] = []
-    while True:
-        part = await dispatch(prompt + tokens, _rest(params, len(tokens)))
-        tokens += part.token_ids
-        log_probs += part.log_probs
-        versions += part.versions
-        if part.finish_reason != "abort":
-            return GenerationResult(tokens, log_probs, versions, part.finish_reason)
-        fleet.counts["resubmitted"] += 1
-        if tokens and tokens[-1] in params.stop_token_ids:
-            return GenerationResult(tokens, log_probs, versions, "stop")
-        if len(tokens) >= params.max_new_tokens:  # aborted with its budget spent
-            return GenerationResult(tokens, log_probs, versions, "length")
 
 
 def check_abort(done: proto.Completion, aborts_at_send: int, aborts_now: int) -> None:
@@ -113,12 +86,3 @@ async def stop_requests(fleet: Fleet) -> None:
         await asyncio.sleep(ABORT_POLL_S)
         late = [s for s in busy if s.paused and s.in_flight and s.state != "dead"]
         await asyncio.gather(*(fleet.abort_all(s) for s in late))
-
-
-def _rest(params: SamplingParams, done: int) -> SamplingParams:
-    """The sampling of a continuation after `done` tokens: the rest of the budget, and a
-    request's own seed moved on (so the continuation does not replay the first draws)."""
-    if not done:
-        return params
-    seed = None if params.seed is None else (int(params.seed) + done) % 2**63
-    return dataclasses.replace(params, max_new_tokens=params.max_new_tokens - done, seed=seed)

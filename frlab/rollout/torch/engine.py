@@ -35,7 +35,6 @@ import contextlib
 import inspect
 import logging
 import threading
-import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -53,7 +52,7 @@ from frlab.rollout.torch import prefill
 from frlab.rollout.torch.common import check_prompt, check_update, private_copy, require_moe
 from frlab.rollout.torch.request_state import Request, awaitable, fail
 from frlab.rollout.torch.sampling import draw, request_generator
-from frlab.rollout.weight_modes import WEIGHT_UPDATES, resolve_weight_update
+from frlab.rollout.weight_modes import WEIGHT_UPDATES, resolve_weight_update, wait_drained
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -62,7 +61,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 Span = tuple[int, int, int]  # (row, first, end) of a request's positions in one forward
-DRAIN_DEADLINE_S = 600.0  # longest wait of a drain update for the running requests
 
 
 class TorchEngine(Engine):
@@ -235,23 +233,24 @@ class TorchEngine(Engine):
             if not was_paused:
                 self.resume()
 
-    def _drain(self, deadline_s: float = DRAIN_DEADLINE_S) -> None:
-        """Admit nothing more and wait until no row is decoding (EngineError past the deadline,
-        which leaves the weights as they were)."""
-        deadline = time.monotonic() + deadline_s
+    def _drain(self) -> None:
+        """Admit nothing more and wait until no row is decoding, or the serving thread has
+        ended (frlab.rollout.weight_modes.wait_drained: EngineError past the deadline, which
+        leaves the weights as they were and admission open)."""
         with self._cond:
             self._draining = True
             self._cond.notify_all()
-            while self._running and self._thread is not None and self._thread.is_alive():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    self._draining = False
-                    self._cond.notify_all()
-                    raise EngineError(
-                        f"update_weights (drain): {self._running} requests still decoding after "
-                        f"{deadline_s:.0f} s"
-                    )
-                self._cond.wait(min(left, 1.0))
+            try:
+                wait_drained(self._decoding, lambda left: self._cond.wait(min(left, 1.0)))
+            except EngineError:
+                self._draining = False
+                self._cond.notify_all()
+                raise
+
+    def _decoding(self) -> int:
+        """Rows decoding at the serving thread's last admission (0 once it has ended)."""
+        thread = self._thread
+        return self._running if thread is not None and thread.is_alive() else 0
 
     # -- the serving thread ------------------------------------------------------------------
     def _serve(self) -> None:

@@ -44,7 +44,7 @@ from frlab.rollout.torch.child import child_main
 from frlab.rollout.torch.common import check_prompt, check_update, private_copy, require_moe
 from frlab.rollout.torch.request_state import settle
 from frlab.rollout.torch.shared_weights import check_open_files, check_shared_memory
-from frlab.rollout.weight_modes import WEIGHT_UPDATES, resolve_weight_update
+from frlab.rollout.weight_modes import WEIGHT_UPDATES, resolve_weight_update, wait_drained
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -350,26 +350,27 @@ class ProcessTorchEngine(Engine):
                     self._gate.value = 1
 
     def _drain(self) -> None:
-        """Close admission, then wait until the child reports no row decoding (deadline
-        UPDATE_LOCK_S; a dead child fails at once)."""
+        """Close admission, then wait until the child reports no row decoding
+        (frlab.rollout.weight_modes.wait_drained: EngineError past the deadline, or at once
+        when the child is not running)."""
         self._admit.value, self._running.value = 0, -1
-        deadline = time.monotonic() + UPDATE_LOCK_S
-        while self._running.value != 0:
-            if self._exit_reason or self._process is None or not self._process.is_alive():
-                raise EngineError("update_weights: the torch engine process is not running")
-            if time.monotonic() > deadline:
-                raise EngineError(
-                    f"update_weights (drain): requests still decoding after {UPDATE_LOCK_S:.0f} s"
-                )
-            time.sleep(0.002)
+        wait_drained(lambda: self._running.value, lambda left: time.sleep(0.002),
+                     down=self._not_running)  # fmt: skip
+
+    def _not_running(self) -> str | None:
+        """Why the child cannot decode (None while it runs)."""
+        if self._exit_reason or self._process is None or not self._process.is_alive():
+            return "the torch engine process is not running"
+        return None
 
     def _take_step_lock(self) -> None:
         """Wait for the child's current decode step (deadline UPDATE_LOCK_S; a dead child,
         which may have died holding the lock, fails at once)."""
         deadline = time.monotonic() + UPDATE_LOCK_S
         while not self._step.acquire(timeout=POLL_S):
-            if self._exit_reason or self._process is None or not self._process.is_alive():
-                raise EngineError("update_weights: the torch engine process is not running")
+            reason = self._not_running()
+            if reason is not None:
+                raise EngineError(f"update_weights: {reason}")
             if time.monotonic() > deadline:
                 raise EngineError(
                     f"update_weights: the torch engine process did not finish its decode step "

@@ -32,7 +32,8 @@ RL machinery:
 - resubmit: new requests wait; `pause_generation(mode="abort")` ends every running request
   (its tokens and log-probs so far come back) and clears the caches, the workers load; each
   aborted request is sent again as prompt + its tokens with the rest of its budget: a fresh
-  prefill on the new weights.
+  prefill on the new weights (frlab.rollout.weight_modes.continue_after_abort, as the remote
+  engine does: one that ends on a stop token, or with its budget spent, is not sent again).
 - drain: new requests wait, the update waits until every running request has finished, loads
   and resets the prefix cache: no request spans two versions.
 
@@ -76,11 +77,16 @@ from frlab.rollout.vllm.args import (
     vllm_sampling_kwargs,
 )
 from frlab.rollout.vllm.lora import adapter_config, lora_engine_options
-from frlab.rollout.vllm.outputs import generation_result, sampled_log_probs, span_versions
+from frlab.rollout.vllm.outputs import fragment, token_versions
 from frlab.rollout.vllm.platform import import_vllm as _import_vllm
 from frlab.rollout.vllm.platform import installed_platform
 from frlab.rollout.vllm.weights import WeightsSide
-from frlab.rollout.weight_modes import WEIGHT_UPDATES, resolve_weight_update
+from frlab.rollout.weight_modes import (
+    WEIGHT_UPDATES,
+    Fragment,
+    continue_after_abort,
+    resolve_weight_update,
+)
 
 DOWN_POLL_S = 1.0  # how often a control call waiting on the engine loop checks the core is alive
 
@@ -327,26 +333,23 @@ class VLLMEngine(WeightsSide, Engine):
         return await self._runner.submit(self._generate(prompt, params))
 
     async def _generate(self, prompt: list[int], params: SamplingParams) -> GenerationResult:
-        """Submit, and after a resubmit update's abort submit the rest again (see above)."""
+        """Submit with this request's seed; after a resubmit update's abort, the rest
+        (frlab.rollout.weight_modes.continue_after_abort, see above)."""
         self._requests += 1
-        seed = request_seed(params, self.seed, self._requests)
-        tokens: list[int] = []
-        log_probs: list[float] = []
-        versions: list[int] = []
-        while True:
-            await self._wait_gate()
-            aborts = self._aborts
-            part, part_versions = await self._submit(prompt + tokens, params,
-                                                     params.max_new_tokens - len(tokens),
-                                                     (seed + len(tokens)) % SEED_LIMIT)  # fmt: skip
-            tokens += [int(t) for t in part.token_ids]
-            log_probs += sampled_log_probs(part.token_ids, part.logprobs)
-            versions += part_versions
-            if part.finish_reason != "abort" or self._aborts == aborts or self._broken:
-                done = generation_result(part, part_versions)  # refuses other reasons
-                return GenerationResult(tokens, log_probs, versions, done.finish_reason)
-            if len(tokens) >= params.max_new_tokens:  # aborted with its budget spent
-                return GenerationResult(tokens, log_probs, versions, "length")
+        seed = request_seed(params, self.seed, self._requests) % SEED_LIMIT
+        seeded = dataclasses.replace(params, seed=seed)
+        return await continue_after_abort(self._fragment, prompt, seeded)
+
+    async def _fragment(self, context: list[int], params: SamplingParams) -> Fragment:
+        """One submission once the gate is open; an abort that no resubmit update asked for
+        (or after a failed load broke the engine) is an EngineError."""
+        await self._wait_gate()
+        aborts = self._aborts
+        final, versions = await self._submit(context, params)
+        if final.finish_reason == "abort" and (self._aborts == aborts or self._broken):
+            raise EngineError("vLLM request ended with finish_reason='abort', and no weight "
+                              "update asked for it")  # fmt: skip
+        return fragment(final, versions)
 
     async def _wait_gate(self) -> None:
         while not self._gate.is_set():  # re-check: the gate may close again before we run
@@ -354,12 +357,9 @@ class VLLMEngine(WeightsSide, Engine):
         if self._broken is not None:
             raise EngineError(self._broken)
 
-    async def _submit(
-        self, context: list[int], params: SamplingParams, budget: int, seed: int
-    ) -> tuple[Any, list[int]]:
+    async def _submit(self, context: list[int], params: SamplingParams) -> tuple[Any, list[int]]:
         """One vLLM request: its final CompletionOutput and one version per output token."""
-        sampling = self._vllm.SamplingParams(**vllm_sampling_kwargs(
-            dataclasses.replace(params, max_new_tokens=budget), seed=seed))  # fmt: skip
+        sampling = self._vllm.SamplingParams(**vllm_sampling_kwargs(params, seed=params.seed))
         version, final = self._version, None
         self._in_flight += 1
         self._idle.clear()
@@ -383,7 +383,7 @@ class VLLMEngine(WeightsSide, Engine):
             raise EngineError("vLLM produced no output for the request")
         n = len(final.token_ids)
         if self._labels:  # vLLM's own per-token labels: exact in every mode
-            return final, span_versions(getattr(final, "weight_versions", None), n)
+            return final, token_versions(getattr(final, "weight_versions", None), n)
         if self._version != version:  # drain (the only mode offered here): a bug, never a lag
             raise EngineError(f"weights changed from {version} to {self._version} mid-request")
         return final, [version] * n

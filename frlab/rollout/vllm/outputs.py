@@ -1,14 +1,16 @@
 """What frlab reads from a vLLM completion: the sampled tokens' log-probs (processed: of the
 distribution sampled from), the finish reason, and each token's weight version from vLLM's
 own version spans (`CompletionOutput.weight_versions`, vLLM 0.32+: spans `[start, end)` of
-output tokens labelled with the version the engine was told, `update_weight_version`)."""
+output tokens labelled with the version the engine was told, `update_weight_version`; read by
+frlab.rollout.weight_modes.span_versions, as the remote engine reads them over HTTP)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
-from frlab.rollout.engine import EngineError, GenerationResult
+from frlab.rollout.engine import EngineError
+from frlab.rollout.weight_modes import Fragment, span_versions
 
 
 def _logprob_value(entry: Any) -> float:
@@ -38,35 +40,22 @@ def sampled_log_probs(token_ids: Sequence[int], logprobs: Sequence[Any] | None) 
     return out
 
 
-def generation_result(completion: Any, versions: Sequence[int]) -> GenerationResult:
-    """A `GenerationResult` from a finished vLLM `CompletionOutput`."""
+def fragment(completion: Any, versions: Sequence[int]) -> Fragment:
+    """A finished vLLM `CompletionOutput` as one fragment of its request (an aborted one:
+    its tokens so far); EngineError for a finish reason other than stop, length or abort."""
     token_ids = [int(t) for t in completion.token_ids]
     reason = completion.finish_reason
-    if reason not in ("stop", "length"):
+    if reason not in ("stop", "length", "abort"):
         raise EngineError(f"vLLM request ended with finish_reason={reason!r}")
-    return GenerationResult(
-        token_ids=token_ids,
-        log_probs=sampled_log_probs(token_ids, completion.logprobs),
-        versions=[int(v) for v in versions],
-        finish_reason=reason,
-    )
+    log_probs = sampled_log_probs(token_ids, completion.logprobs)
+    return Fragment(token_ids, log_probs, [int(v) for v in versions], reason)
 
 
-def span_versions(spans: Sequence[Any] | None, n: int) -> list[int]:
-    """One int version per output token from vLLM's weight-version spans (EngineError when
-    they are missing, not frlab's integer labels, or do not tile the `n` tokens exactly)."""
-    if spans is None:
-        raise EngineError("vLLM returned no weight-version spans for the request's tokens")
-    out: list[int] = []
-    for span in spans:
-        start, end = int(span.start), int(span.end)
-        try:
-            version = int(span.version)
-        except (TypeError, ValueError) as exc:
-            raise EngineError(f"vLLM labelled tokens with version {span.version!r}") from exc
-        if start != len(out) or end < start:
-            raise EngineError(f"vLLM's weight-version spans do not tile the output: {spans}")
-        out += [version] * (end - start)
-    if len(out) != n:
-        raise EngineError(f"vLLM's weight-version spans cover {len(out)} of {n} tokens")
-    return out
+def token_versions(spans: Sequence[Any] | None, n: int) -> list[int]:
+    """One int version per output token from vLLM's `WeightVersionSpan`s (`version`, `start`,
+    `end`; frlab.rollout.weight_modes.span_versions), EngineError when they do not label the
+    `n` tokens with frlab's versions exactly."""
+    try:
+        return span_versions(spans, n, lambda span: (span.version, span.start, span.end))
+    except (ValueError, AttributeError) as exc:
+        raise EngineError(f"vLLM's token versions: {exc}") from exc

@@ -17,6 +17,7 @@ docstring; the `vllm_contract` tier checks these answers against vLLM's own app)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from pausing_vllm_testlib import VOCAB, Held, PausingVllmServer
@@ -89,7 +90,7 @@ class LabellingVllmServer(PausingVllmServer):
     def answer(self, prompt: list[int], held: Held, labels: list[str], reason: str) -> Any:
         """vLLM's generate answer; labels as spans (with `label_offset` added)."""
         n = len(held.tokens)
-        out = gen.generate_response(prompt, held.tokens, [-0.5] * n, [0] * n, reason, "fake")
+        out = generate_response(prompt, held.tokens, [-0.5] * n, [0] * n, reason, "fake")
         spans: list[dict[str, Any]] = []
         for i, label in enumerate(labels):
             shown = str(int(label) + self.label_offset) if label.isdigit() else label
@@ -99,3 +100,33 @@ class LabellingVllmServer(PausingVllmServer):
                 spans.append({"version": shown, "start": i, "end": i + 1})
         out["choices"][0]["weight_versions"] = spans
         return out
+
+
+def generate_response(
+    prompt: Sequence[int], token_ids: Sequence[int], log_probs: Sequence[float],
+    versions: Sequence[int], finish_reason: str, request_id: str,
+) -> dict[str, Any]:  # fmt: skip
+    """A generate answer shaped as vLLM 0.32's (frlab.rollout.remote.generate's docstring), the
+    per-token `versions` as spans."""
+    content = [{"token_id": int(t), "logprob": float(x), "rank": 1,
+                "top_logprobs": [{"token_id": int(t), "logprob": float(x), "rank": 1}]}
+               for t, x in zip(token_ids, log_probs, strict=True)]  # fmt: skip
+    choice = {"index": 0, "finish_reason": finish_reason, "stop_reason": None,
+              "token_ids": [int(t) for t in token_ids], "routed_experts": None,
+              "sampling_mask": None, "weight_versions": version_spans(versions),
+              "logprobs": {"content": content}}  # fmt: skip
+    usage = {"prompt_tokens": len(prompt), "completion_tokens": len(token_ids),
+             "total_tokens": len(prompt) + len(token_ids)}  # fmt: skip
+    return {"request_id": request_id, "model": None, "created": 0, "usage": usage,
+            "choices": [choice], "prompt_token_ids": None}  # fmt: skip
+
+
+def version_spans(versions: Sequence[int]) -> list[dict[str, Any]]:
+    """Per-token versions as vLLM's contiguous spans (`[]` for no token)."""
+    spans: list[dict[str, Any]] = []
+    for i, version in enumerate(versions):
+        if spans and spans[-1]["version"] == str(int(version)):
+            spans[-1]["end"] = i + 1
+        else:
+            spans.append({"version": str(int(version)), "start": i, "end": i + 1})
+    return spans

@@ -10,6 +10,7 @@ import asyncio
 from typing import Any
 
 import httpx
+from labelling_vllm_testlib import generate_response
 
 from frlab.rollout.remote import control
 from frlab.rollout.remote import generate as gen
@@ -37,7 +38,7 @@ class LabellingServer:
         if path == gen.OPENAPI:
             return httpx.Response(200, json={"paths": {r: {} for r in gen.LABEL_ROUTES}})
         if path == gen.GENERATE:
-            return httpx.Response(200, json=gen.generate_response([0], [5], [-0.5], [0], "length",
+            return httpx.Response(200, json=generate_response([0], [5], [-0.5], [0], "length",
                                                                   "probe"))  # fmt: skip
         if path == gen.UPDATE_WEIGHT_VERSION:
             return httpx.Response(200, json={"success": True, "new_version": str(VERSION)})

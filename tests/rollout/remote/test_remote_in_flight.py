@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from labelling_vllm_testlib import LabellingVllmServer
+from labelling_vllm_testlib import LabellingVllmServer, generate_response, version_spans
 from pausing_vllm_testlib import PausingVllmServer
 from test_remote_resubmit import WEIGHTS, Background, counting_from, update, wait_until
 
@@ -146,7 +146,7 @@ def test_a_server_whose_load_fails_mid_update_has_its_requests_retried_elsewhere
 
 
 def answer_with(spans: Any, n: int = 3) -> dict[str, Any]:
-    out = gen.generate_response([1], list(range(n)), [-0.5] * n, [0] * n, "length", "r")
+    out = generate_response([1], list(range(n)), [-0.5] * n, [0] * n, "length", "r")
     out["choices"][0]["weight_versions"] = spans
     return out
 
@@ -170,7 +170,7 @@ def test_spans_give_one_version_per_token() -> None:
     spans = [{"version": "4", "start": 0, "end": 1}, {"version": "5", "start": 1, "end": 3}]
     done = gen.parse_generate(answer_with(spans))
     assert done.versions == [4, 5, 5] and done.token_ids == [0, 1, 2]
-    assert gen.version_spans([4, 5, 5]) == spans and gen.version_spans([]) == []
+    assert version_spans([4, 5, 5]) == spans and version_spans([]) == []
 
 
 class ServeLike(LabellingVllmServer):

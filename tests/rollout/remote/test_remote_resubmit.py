@@ -18,8 +18,7 @@ from pausing_vllm_testlib import VOCAB, PausingVllmServer
 from frlab.rollout.engine import GenerationResult, SamplingParams
 from frlab.rollout.remote import protocol as proto
 from frlab.rollout.remote.engine import RemoteEngine
-from frlab.rollout.remote.fleet import Fleet
-from frlab.rollout.remote.resubmit import continue_request
+from frlab.rollout.weight_modes import Fragment
 
 WEIGHTS = {"w": torch.arange(6.0).reshape(2, 3), "b": torch.ones(2)}
 PROMPT = [1, 2, 3]
@@ -202,16 +201,20 @@ def test_a_request_that_reaches_the_server_after_the_pause_is_aborted_and_sent_a
 
 
 @pytest.mark.parametrize(("tokens", "reason"), [([5, 6, 7], "length"), ([5, 2], "stop")])
-def test_an_abort_that_ends_the_request_is_not_sent_again(tokens: list[int], reason: str) -> None:
-    """Aborted with its budget spent it ends as `length`; after a stop token, as `stop`."""
-    fleet = Fleet(["http://127.0.0.1:9"], 1.0, 1.0, 1.0)
+def test_an_abort_that_ends_the_request_is_not_sent_again(
+    tokens: list[int], reason: str, tmp_path: Path
+) -> None:
+    """Aborted with its budget spent it ends as `length`; after a stop token, as `stop`
+    (frlab.rollout.weight_modes.continue_after_abort); the fleet counts the abort."""
+    engine = RemoteEngine(["http://127.0.0.1:9"], snapshot_dir=str(tmp_path))
     sent: list[tuple[list[int], int]] = []
 
-    async def dispatch(prompt: list[int], params: SamplingParams) -> proto.Completion:
+    async def dispatch(prompt: list[int], params: SamplingParams) -> Fragment:
         sent.append((prompt, params.max_new_tokens))
-        return proto.Completion(tokens, [-0.5] * len(tokens), [0] * len(tokens), "abort")
+        return Fragment(tokens, [-0.5] * len(tokens), [0] * len(tokens), "abort")
 
+    engine._dispatch = dispatch  # type: ignore[method-assign]
     params = SamplingParams(max_new_tokens=3, stop_token_ids=(2,))
-    res = asyncio.run(continue_request(dispatch, fleet, PROMPT, params))
+    res = asyncio.run(engine._generate(PROMPT, params))
     assert (res.token_ids, res.finish_reason, sent) == (tokens, reason, [(PROMPT, 3)])
-    assert fleet.counts["resubmitted"] == 1
+    assert engine._fleet.counts["resubmitted"] == 1

@@ -17,7 +17,7 @@ import torch
 from frlab.rollout.engine import EngineError, SamplingParams
 from frlab.rollout.vllm.args import vllm_engine_kwargs, vllm_sampling_kwargs
 from frlab.rollout.vllm.engine import VLLMEngine
-from frlab.rollout.vllm.outputs import generation_result, sampled_log_probs
+from frlab.rollout.vllm.outputs import fragment, sampled_log_probs, token_versions
 from frlab.rollout.vllm.worker_extension import check_acks, weights_fingerprint
 
 
@@ -93,16 +93,28 @@ def completion(tokens, reason):
     )
 
 
-def test_generation_result_maps_finish_reasons() -> None:
-    res = generation_result(completion([4, 2], "stop"), [1, 1])
-    assert (
-        res.token_ids == [4, 2]
-        and res.log_probs == pytest.approx([-0.1, -0.2])
-        and res.finish_reason == "stop"
-    )
-    assert generation_result(completion([4], "length"), [0]).finish_reason == "length"
-    with pytest.raises(EngineError, match="abort"):
-        generation_result(completion([4], "abort"), [0])
+def test_a_fragment_keeps_stop_length_and_abort() -> None:
+    part = fragment(completion([4, 2], "stop"), [1, 1])
+    assert (part.token_ids, part.versions, part.finish_reason) == ([4, 2], [1, 1], "stop")
+    assert part.log_probs == pytest.approx([-0.1, -0.2])
+    assert fragment(completion([4], "length"), [0]).finish_reason == "length"
+    assert fragment(completion([4], "abort"), [0]).finish_reason == "abort"  # its tokens so far
+    with pytest.raises(EngineError, match="finish_reason=None"):
+        fragment(completion([4], None), [0])
+
+
+def test_token_versions_read_vllms_span_objects() -> None:
+    """vLLM's `WeightVersionSpan(version: str, start, end)` (vllm/outputs.py, 0.32)."""
+    spans = [
+        SimpleNamespace(version="3", start=0, end=2),
+        SimpleNamespace(version="4", start=2, end=3),
+    ]
+    assert token_versions(spans, 3) == [3, 3, 4]
+    assert token_versions([], 0) == [] == token_versions(None, 0)  # an abort before any token
+    for bad in (None, [SimpleNamespace(version="3", start=0, end=2)], [{"version": "3"}],
+                [SimpleNamespace(version="default", start=0, end=3)]):  # fmt: skip
+        with pytest.raises(EngineError, match="vLLM's token versions"):
+            token_versions(bad, 3)
 
 
 def test_rank_visible_devices() -> None:

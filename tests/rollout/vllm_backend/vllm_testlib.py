@@ -7,7 +7,9 @@ against vLLM's own serialiser).
 - `FakeAsyncLLM`: `from_engine_args`, `generate` (a scripted stream), `collective_rpc` by
   method name through that transport to two workers carrying frlab's worker extension (with
   `Worker.reload_weights`), `reset_prefix_cache` -> bool, `vllm_config.model_config
-  .logprobs_mode` from the engine arguments.
+  .logprobs_mode` from the engine arguments;
+- `LabellingAsyncLLM`: the same with vLLM 0.32's token version labels, pause and resume (the
+  engine then offers in_flight and resubmit).
 """
 
 from __future__ import annotations
@@ -101,3 +103,81 @@ class FakeAsyncLLM:
 
     def shutdown(self) -> None:
         self.shut = True
+
+
+@dataclasses.dataclass
+class CompletionOutput:
+    """The fields of vLLM 0.32's `CompletionOutput` frlab reads, `weight_versions` included
+    (the engine offers every weight-update mode only where that field exists)."""
+
+    token_ids: list[int]
+    logprobs: Any
+    finish_reason: str | None
+    weight_versions: Any = None
+
+
+class LabellingAsyncLLM(FakeAsyncLLM):
+    """FakeAsyncLLM answering as vLLM 0.32 does with version labels: each token carries the
+    label held when it was sampled (`update_weight_version`, spans of `SimpleNamespace(version,
+    start, end)` as vLLM's `WeightVersionSpan`); `pause_generation(mode="keep"|"abort")` and
+    `resume_generation`. A request samples `script` (the first request only; then the
+    context's last id + 1, + 2, ...) and ends on a stop token or its budget. With `hold_at=k`
+    the first request waits after its k-th token until a pause with abort, which ends it with
+    its tokens so far, whatever the last one is (`received`: each request's context, budget
+    and seed)."""
+
+    def __init__(self, args: FakeAsyncLLM.Args) -> None:
+        super().__init__(args)
+        self.label = "default"  # vLLM's label before any update_weight_version
+        self.script: list[int] | None = None
+        self.hold_at: int | None = None
+        self.held = self.aborting = False
+        self.pauses: list[str] = []
+        self.received: list[tuple[list[int], int, int | None]] = []
+
+    async def update_weight_version(self, version: str) -> None:
+        self.label = version
+
+    async def pause_generation(self, mode: str = "abort", clear_cache: bool = True) -> None:
+        self.pauses.append(mode)
+        self.aborting = mode == "abort"
+        while self.aborting and self.held:  # the held request has answered its abort
+            await asyncio.sleep(0.001)
+
+    async def resume_generation(self) -> None:
+        self.pauses.append("resume")
+        self.aborting = False
+
+    async def generate(self, prompt: Any, sampling: Any, request_id: str, **kw: Any) -> Any:
+        context = list(prompt["prompt_token_ids"])
+        script, self.script = self.script, None
+        self.received.append((context, sampling["max_tokens"], sampling.get("seed")))
+        tokens: list[int] = []
+        labels: list[str] = []
+        for step in range(sampling["max_tokens"]):
+            tokens.append(script[step] if script else context[-1] + step + 1)
+            labels.append(self.label)
+            await asyncio.sleep(0)
+            if self.hold_at == len(tokens):
+                self.hold_at, self.held = None, True
+                while not self.aborting:
+                    await asyncio.sleep(0.001)
+                self.held = False
+                yield SimpleNamespace(outputs=[labelled(tokens, labels, "abort")])
+                return
+            if tokens[-1] in sampling["stop_token_ids"]:
+                break
+        reason = "stop" if tokens[-1] in sampling["stop_token_ids"] else "length"
+        yield SimpleNamespace(outputs=[labelled(tokens, labels, reason)])
+
+
+def labelled(tokens: list[int], labels: list[str], reason: str) -> CompletionOutput:
+    """A finished output whose tokens carry `labels` as vLLM's contiguous spans."""
+    spans: list[SimpleNamespace] = []
+    for i, label in enumerate(labels):
+        if spans and spans[-1].version == label:
+            spans[-1].end = i + 1
+        else:
+            spans.append(SimpleNamespace(version=label, start=i, end=i + 1))
+    out = completion(list(tokens), reason)
+    return CompletionOutput(out.token_ids, out.logprobs, reason, spans)
