@@ -116,3 +116,65 @@ def test_tracking_knows_neither_evaluation_nor_environments() -> None:
     graph = package_graph()
     below = graph.get("frlab.tracking", set())
     assert "frlab.evaluation" not in below and not any(n.startswith("envs.") for n in below), below
+
+
+# --- frlab.rollout: the shared core, the pool, one folder per backend ------------------------
+
+ROLLOUT = ROOT / "frlab" / "rollout"
+BACKENDS = ("torch", "vllm", "remote")
+MAY_IMPORT = {"torch": set(), "vllm": set(), "remote": {"vllm"}}  # besides the core and itself
+
+
+def rollout_part(module: str) -> str:
+    """The part of frlab.rollout that holds `module`: a backend, `pool`, or `core` (the modules
+    at the top of frlab.rollout); empty outside frlab.rollout."""
+    parts = module.split(".")
+    if parts[:2] != ["frlab", "rollout"]:
+        return ""
+    if len(parts) > 3 or (ROLLOUT / parts[-1]).is_dir():
+        return parts[2]
+    return "core"
+
+
+def rollout_imports() -> dict[str, set[str]]:
+    """Each module of frlab.rollout -> the parts of frlab.rollout it imports (other than its
+    own), lazy imports included."""
+    out: dict[str, set[str]] = {}
+    for path in sorted(ROLLOUT.rglob("*.py")):
+        module = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        own = rollout_part(module)
+        out[module] = {p for name in imported(path, module) if (p := rollout_part(name))} - {own}
+    return out
+
+
+def test_rollout_backends_import_the_core_and_only_the_backends_they_may() -> None:
+    """torch/ and vllm/ import no other backend; remote/ may import vllm/, never the reverse."""
+    found = rollout_imports()
+    assert {rollout_part(m) for m in found} == {*BACKENDS, "pool", "core"}  # the walk found them
+    wrong = {}
+    for module, parts in found.items():
+        backend = rollout_part(module)
+        if backend in BACKENDS and parts & set(BACKENDS) - MAY_IMPORT[backend]:
+            wrong[module] = sorted(parts & set(BACKENDS) - MAY_IMPORT[backend])
+    assert not wrong, wrong
+
+
+def test_the_rollout_core_and_pool_import_no_backend() -> None:
+    """The core (engine, weight modes, agent loop, ...) and the pool know engines only through
+    the `Engine` interface: a run imports only the backend its `rollout.engine` names."""
+    wrong = {m: sorted(parts & set(BACKENDS)) for m, parts in rollout_imports().items()
+             if rollout_part(m) in ("core", "pool") and parts & set(BACKENDS)}  # fmt: skip
+    assert not wrong, wrong
+
+
+def test_no_rollout_file_name_carries_a_backend_prefix() -> None:
+    """A backend's files are named in its folder (`vllm/args.py`, not `vllm_args.py`)."""
+    named = [p.relative_to(ROOT) for p in ROLLOUT.rglob("*") if "__pycache__" not in p.parts
+             and any(p.name.startswith(f"{b}_") for b in BACKENDS)]  # fmt: skip
+    assert not named, named
+
+
+def test_the_backend_rule_finds_a_wrong_import() -> None:
+    assert rollout_part("frlab.rollout.vllm.args") == "vllm"
+    assert rollout_part("frlab.rollout.vllm") == "vllm" and rollout_part("frlab.rollout") == "core"
+    assert rollout_part("frlab.rollout.weight_modes") == "core" and rollout_part("frlab.x") == ""

@@ -102,3 +102,16 @@ def test_every_option_list_in_the_docs_is_the_groups_options() -> None:
     assert option_lists("pick rollout/engine=torch|vllm here") == [
         ("rollout/engine", ["torch", "vllm"])
     ]
+
+
+# --- no test folder passes for vLLM --------------------------------------------------------
+
+
+def test_no_test_folder_is_named_vllm() -> None:
+    """pytest puts the folder of each test file on sys.path (tests/rollout for its top-level
+    tests), where a subfolder named `vllm` would import as a namespace package: vLLM would look
+    installed to `find_spec` and the tier checks. Backend tests use another name
+    (tests/rollout/vllm_backend for frlab/rollout/vllm)."""
+    named = [p.relative_to(ROOT) for p in (ROOT / "tests").rglob("*")
+             if p.is_dir() and p.name == "vllm"]  # fmt: skip
+    assert not named, named

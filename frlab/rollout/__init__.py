@@ -1,4 +1,14 @@
-"""Rollout side of frlab: engines, the agent loop, the rollout pool and weight sync.
+"""Rollout side of frlab: the shared core, the rollout pool, and one folder per engine backend.
+
+The core, one module each: `engine` (the `Engine` interface, `SamplingParams`,
+`GenerationResult`, the capabilities an engine class declares), `weight_modes` (the
+`rollout.weight_update` modes and the steps of them the backends share), `engine_loop` (an
+engine's own event loop), `agent_loop`, `chat`, `env_threads`, `deadlines`, `seeding` and
+`callbacks` (the weight push, collective for an engine shared across ranks). `pool` is the
+rollout pool; the backends are `torch` (in-process and child-process torch engines), `vllm`
+(everything that knows vLLM's API) and `remote` (the HTTP fleet client, which may import
+`vllm`). The core imports no backend; a run imports only the backend its `rollout.engine`
+names.
 
 Names are exported lazily so `import frlab.rollout` stays cheap (no torch model code, no
 Lightning, never vllm) until one of them is used.

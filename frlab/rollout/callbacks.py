@@ -7,11 +7,32 @@ After every `sync_every` optimizer steps this callback pushes `policy.state_dict
 (`pool.update_weights(state_dict, version)`: the engine pauses, loads, bumps its version,
 resumes, and the pool checks the version it reports); on other steps it only tells the pool the
 learner version. It also syncs once at train start, so a resumed run's engine starts from the
-restored weights and version. With several learner ranks on one shared server fleet (the
-`remote` engine) every push is a collective step: all ranks hold, stop their requests in flight
-as `rollout.weight_update` says (drain, resubmit, in_flight), push, then resume
-(frlab.rollout.remote.fleet_sync). Keep `sync_every <= rollout.max_policy_lag`, or the pool's
-admission control can never admit new rollouts.
+restored weights and version. With several learner ranks on one shared engine (an engine
+class that declares `shared_across_ranks`: the `remote` engine's server fleet) every push is a
+collective step (`push_collectively`, below). Keep `sync_every <= rollout.max_policy_lag`, or
+the pool's admission control can never admit new rollouts.
+
+A collective push, in the phases of the engine's own update (the remote engine's:
+frlab.rollout.remote.weight_sync):
+
+1. every rank stops dispatching (`hold_for_update`; under resubmit an aborted answer is its
+   own from here, whichever rank's pause aborted it); barrier;
+2. every rank meets its requests in flight as `rollout.weight_update` says
+   (`stop_for_update`: drain waits for them, resubmit stops them, in_flight freezes them
+   between two decode steps); barrier: from here no request of any rank samples anywhere;
+3. every rank pushes the weights of `version`. DDP keeps the replicas identical, so the pushes
+   are identical: the engine loads the first and deduplicates the others by (version,
+   fingerprint); each rank still checks the acknowledgement against its own fingerprint, so
+   replicas that diverged would be an error, not a silent mix;
+4. one all-reduce of "my push succeeded" (also the barrier that no rank resumes before every
+   rank's engine knows the new version): if any rank failed, every rank raises;
+5. every rank resumes (`release_update`), its stopped and frozen requests going on with tokens
+   labelled with the new version.
+
+Without 1-2 a rank's request in flight would come back with tokens of a version its engine
+does not know yet, and a resubmit pause would abort another rank's requests as a fault.
+Engines private to a rank (torch, in-process vLLM) keep the plain per-rank
+`pool.update_weights`.
 
 After every training batch it also logs the rollout pool's counters and the engine's own
 (`rollout_metrics`), so they reach every logger and metrics.csv: `rollout/paused_for_lag`,
@@ -26,10 +47,14 @@ window of the batch (`timing/generation_s`, `timing/generation_tokens_per_s`,
 
 from __future__ import annotations
 
+import logging
 import re
+from collections.abc import Mapping
 from typing import Any
 
 import lightning as L
+
+log = logging.getLogger(__name__)
 
 
 class WeightSyncCallback(L.Callback):
@@ -81,7 +106,6 @@ class WeightSyncCallback(L.Callback):
             raise AttributeError("WeightSyncCallback needs the learner module's `policy` model")
         from frlab.learner.sharding import full_state_dict  # FSDP2: gather the shards
         from frlab.model.lora import adapter_state_dict, is_peft
-        from frlab.rollout.remote.fleet_sync import push_collectively, shares_fleet
 
         pool, state_dict = self._pool_of(trainer), full_state_dict(policy)
         if is_peft(policy):  # LoRA: the base never changes, only the adapters travel
@@ -142,3 +166,44 @@ def _version(pl_module: L.LightningModule) -> int:
     if version is None:
         raise AttributeError("WeightSyncCallback needs the learner module's int `policy_version`")
     return int(version)
+
+
+def shares_fleet(trainer: Any, pool: Any) -> bool:
+    """True when several ranks drive one engine (its class declares `shared_across_ranks`)."""
+    engine = getattr(pool, "engine", None)
+    shared = bool(getattr(engine, "shared_across_ranks", False))
+    return shared and int(getattr(trainer, "world_size", 1)) > 1
+
+
+def push_collectively(
+    strategy: Any, pool: Any, state_dict: Mapping[str, Any], version: int
+) -> None:
+    """Hold and stop every rank, push `version` from every rank, agree on success, release
+    (see above).
+
+    Every rank must call this at the same point (the callback does, at train start and every
+    `sync_every` steps). Raises on EVERY rank if the push failed on any rank."""
+    pins = getattr(pool, "pins", None)
+    if pins is not None:  # an evaluation in flight needs the engine unpaused to finish
+        pins.wait()
+    engine = pool.engine
+    engine.hold_for_update()
+    try:
+        strategy.barrier("frlab_fleet_held")
+        engine.stop_for_update()
+        strategy.barrier("frlab_fleet_drained")
+        error: BaseException | None = None
+        try:
+            pool.update_weights(state_dict, version)
+        except Exception as exc:  # reported to the other ranks before it is raised
+            error = exc
+        if not strategy.reduce_boolean_decision(error is None, all=True):
+            if error is not None:
+                raise error
+            raise RuntimeError(
+                f"weight sync of version {version} to the shared rollout fleet failed on "
+                "another learner rank (see that rank's log)"
+            )
+    finally:
+        engine.release_update()
+    log.debug("fleet weight sync v%d done on this rank", version)

@@ -154,6 +154,10 @@ class Engine(abc.ABC):
     records_routing: bool = False  # returns each token's MoE experts (routing replay)
     devices: tuple[str, ...] = ("cpu", "cuda")  # device types it samples on (rollout.device)
     reads_fleet: bool = False  # reads the `rollout.remote` block (a fleet of servers)
+    # every learner rank drives the same engine (a shared fleet): weight pushes are collective
+    # (frlab.rollout.callbacks.push_collectively, through its hold_for_update, stop_for_update
+    # and release_update)
+    shared_across_ranks: bool = False
     # on CUDA, preallocates a share of the learner's GPU; the dry run's memory plan sizes it as
     # vLLM's (rollout.vllm_engine_args gpu_memory_utilization, dtype)
     reserves_gpu_share: bool = False

@@ -294,7 +294,8 @@ class RemoteEngine(Engine):
         sync.prune()
 
     def hold_for_update(self) -> None:
-        """Phase 1 of a collective update (frlab.rollout.remote.fleet_sync): stop dispatching."""
+        """Phase 1 of a collective update (frlab.rollout.callbacks.push_collectively): stop
+        dispatching."""
         self._call(self._sync.hold())
 
     def stop_for_update(self) -> None:

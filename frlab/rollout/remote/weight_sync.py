@@ -19,7 +19,7 @@ Several learner ranks (DDP / FSDP) share one fleet: each rank has its own Remote
 same servers (`shared_across_ranks`), `WeightSyncCallback` makes every sync collective (all
 ranks hold, stop their requests as `weight_update` says, push, then resume, in the phases
 `hold_for_update`, `stop_for_update`, `update_weights`, `release_update`:
-frlab.rollout.remote.fleet_sync), the servers load each version
+frlab.rollout.callbacks.push_collectively), the servers load each version
 once and deduplicate the other ranks' identical pushes by (version, fingerprint), and each rank
 writes its snapshots under `<snapshot_dir>/rank<R>` so no two ranks write one file. While the
 engine is paused the prober admits nothing, so a rank never reloads an older snapshot over a
@@ -155,7 +155,7 @@ class WeightSync:
                     await self.release()
         log.info("remote engine: weights v%d on %s", version, self.fleet.describe())
 
-    # -- the phases of a collective update (frlab.rollout.remote.fleet_sync) -----------------
+    # -- the phases of a collective update (frlab.rollout.callbacks.push_collectively) -------
     async def hold(self) -> None:
         """Phase 1: stop dispatching; a resubmit abort is ours from now."""
         self._hold()

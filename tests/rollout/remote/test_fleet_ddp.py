@@ -3,8 +3,8 @@
 The worker (`fleet_ddp_worker.py`, a standalone script so that Lightning re-launches it and
 not pytest) runs `frlab.train.run` on the toy experiment with `trainer=ddp_cpu` and
 `rollout=remote`; each rank has its own pool and RemoteEngine on the SAME two servers and a
-shared `snapshot_dir`. Weight syncs are collective (frlab.rollout.remote.fleet_sync): every rank
-drains, then pushes; the servers load each version once and deduplicate the other rank's
+shared `snapshot_dir`. Weight syncs are collective (frlab.rollout.callbacks.push_collectively):
+every rank drains, then pushes; the servers load each version once and deduplicate the other rank's
 identical push.
 
 Checked: both ranks finish every step with bit-identical parameters; every trajectory was

@@ -1,6 +1,6 @@
 """`rollout.weight_update` resubmit and in_flight with several learner ranks on one fleet
-(frlab.rollout.remote.fleet_sync): two RemoteEngines (two ranks, threads with a thread-backed
-strategy) with requests in flight on the same two vLLM-like servers update collectively. No
+(frlab.rollout.callbacks.push_collectively): two RemoteEngines (two ranks, threads with a
+thread-backed strategy) with requests in flight on the same two vLLM-like servers update collectively. No
 rank drains: requests of both ranks span the update, each token carries the version that
 sampled it (the fakes' truth), no request is lost, retried or taken for a server fault, and
 both engines end on the new version with every server healthy."""
@@ -17,8 +17,8 @@ from pausing_vllm_testlib import PausingVllmServer
 from test_fleet_sync import ThreadRanks, ThreadStrategy
 from test_remote_resubmit import WEIGHTS, Background, wait_until
 
+from frlab.rollout.callbacks import push_collectively
 from frlab.rollout.remote.engine import RemoteEngine
-from frlab.rollout.remote.fleet_sync import push_collectively
 
 TOKENS = 40
 

@@ -1,6 +1,6 @@
 """Sharing one server fleet between learner ranks: the collective weight sync
-(frlab.rollout.remote.fleet_sync), the deduplication of identical pushes (vllm_worker.same_weights),
-a prober that admits nothing while its engine is paused, and a server that accepts a burst of
+(frlab.rollout.callbacks.push_collectively), the deduplication of identical pushes
+(frlab.rollout.vllm.worker_extension.same_weights), a prober that admits nothing while its engine is paused, and a server that accepts a burst of
 new connections (listen backlog), the last two against an in-process `frlab.serve` server.
 
 Two threads play two learner ranks through `WeightSyncCallback` (a thread-backed strategy
@@ -23,8 +23,7 @@ from typing import Any
 import pytest
 import torch
 
-from frlab.rollout.callbacks import WeightSyncCallback
-from frlab.rollout.remote.fleet_sync import shares_fleet
+from frlab.rollout.callbacks import WeightSyncCallback, shares_fleet
 from frlab.rollout.vllm.snapshot import write_snapshot
 from frlab.rollout.vllm.worker_extension import WeightUpdateExtension, same_weights
 
