@@ -121,8 +121,10 @@ def test_tracking_knows_neither_evaluation_nor_environments() -> None:
 # --- frlab.rollout: the shared core, the pool, one folder per backend ------------------------
 
 ROLLOUT = ROOT / "frlab" / "rollout"
-BACKENDS = ("torch", "vllm", "remote")
-MAY_IMPORT = {"torch": set(), "vllm": set(), "remote": {"vllm"}}  # besides the core and itself
+# every folder of frlab.rollout but the pool is an engine backend (a new engine is one folder)
+BACKENDS = tuple(sorted(p.name for p in ROLLOUT.iterdir()
+                        if (p / "__init__.py").is_file() and p.name != "pool"))  # fmt: skip
+MAY_IMPORT = {"remote": {"vllm"}}  # the backends a backend may import besides the core and itself
 
 
 def rollout_part(module: str) -> str:
@@ -148,14 +150,17 @@ def rollout_imports() -> dict[str, set[str]]:
 
 
 def test_rollout_backends_import_the_core_and_only_the_backends_they_may() -> None:
-    """torch/ and vllm/ import no other backend; remote/ may import vllm/, never the reverse."""
+    """torch/ and vllm/ import no other backend; remote/ may import vllm/, never the reverse;
+    a new backend folder imports none."""
     found = rollout_imports()
+    assert {"torch", "vllm", "remote"} <= set(BACKENDS)
     assert {rollout_part(m) for m in found} == {*BACKENDS, "pool", "core"}  # the walk found them
     wrong = {}
     for module, parts in found.items():
         backend = rollout_part(module)
-        if backend in BACKENDS and parts & set(BACKENDS) - MAY_IMPORT[backend]:
-            wrong[module] = sorted(parts & set(BACKENDS) - MAY_IMPORT[backend])
+        others = parts & set(BACKENDS) - MAY_IMPORT.get(backend, set())
+        if backend in BACKENDS and others:
+            wrong[module] = sorted(others)
     assert not wrong, wrong
 
 

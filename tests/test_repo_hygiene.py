@@ -83,9 +83,8 @@ def option_lists(text: str) -> list[tuple[str, list[str]]]:
 
 
 def test_every_option_list_in_the_docs_is_the_groups_options() -> None:
-    """`rollout/engine=torch|torch_process|vllm|remote` in a guide (or an error message) lists
-    exactly the options of the config group, so an engine added as an option file cannot be
-    missing from it."""
+    """`logger=csv|tensorboard|wandb` in a guide (or an error message) lists exactly the
+    options of the config group, so an option added as a file cannot be missing from it."""
     from frlab.config.compose import group_options
 
     docs = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
@@ -98,7 +97,7 @@ def test_every_option_list_in_the_docs_is_the_groups_options() -> None:
                 continue
             found += 1
             assert sorted(listed) == options, f"{path.name}: {group}={'|'.join(listed)}"
-    assert found >= 2  # the engine lists of configuration.md and engines.md at least
+    assert found >= 2  # the generated logger and objective lists of config-keys.md at least
     assert option_lists("pick rollout/engine=torch|vllm here") == [
         ("rollout/engine", ["torch", "vllm"])
     ]

@@ -74,8 +74,13 @@ def test_a_section_option_restates_no_declared_default(group: str, path: Path) -
     assert not found, f"{group}/{path.name} restates declared defaults: {found}"
 
 
-@pytest.mark.parametrize("path", options("rollout/engine"), ids=lambda p: p.name)
+DECLARED_ENGINES = [p for p in options("rollout/engine") if p.stem in ENGINES]
+
+
+@pytest.mark.parametrize("path", DECLARED_ENGINES, ids=lambda p: p.name)
 def test_an_engine_option_restates_no_declared_default(path: Path) -> None:
+    """frlab's declared engines; an engine added as one folder and its option file
+    (docs/extending.md) has no declaration: its option file holds its keys."""
     values = yaml.safe_load(path.read_text()) or {}
     found = list(restated(values, ENGINES[path.stem], "rollout.engine"))
     assert not found, f"rollout/engine/{path.name} restates declared defaults: {found}"

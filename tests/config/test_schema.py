@@ -141,10 +141,17 @@ def test_search_path_plugin_is_registered_idempotently() -> None:
     assert len(found) == 1
 
 
-def test_every_engine_option_has_its_declaration() -> None:
-    """The rollout/engine group's options and frlab.config.engines.ENGINES name the same
-    engines: the group is the list, the declaration holds each node's keys."""
-    from frlab.config.compose import group_options
-    from frlab.config.engines import ENGINES
+def test_every_engine_declaration_is_an_option_and_every_option_an_engine() -> None:
+    """The rollout/engine group is the list of engines: each declaration of
+    frlab.config.engines.ENGINES (the keys of frlab's built-in engine nodes) is one of its
+    options, and every option builds a subclass of Engine (one added as a folder and its option
+    file, docs/extending.md, has no declaration: its option file holds its keys)."""
+    from frlab.config.compose import compose, group_options
+    from frlab.config.engines import ENGINES, engine_class
+    from frlab.rollout.engine import Engine
 
-    assert sorted(ENGINES) == group_options("rollout/engine")
+    options = group_options("rollout/engine")
+    assert set(ENGINES) <= set(options), sorted(set(ENGINES) - set(options))
+    for name in options:
+        rollout = compose([f"rollout/engine={name}"], with_hydra=False).rollout
+        assert issubclass(engine_class(rollout), Engine), name

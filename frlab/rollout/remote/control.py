@@ -20,7 +20,7 @@ world_size, packed, ...}}`, `POST /start_weight_update`, `POST /update_weights {
 /get_world_size -> {"world_size"}` (a server's worker count, TP x PP x DP). `packed` is a wire
 parameter of the INIT info (`NCCLWeightTransferInitInfo`); the update info has exactly names,
 dtype_names and shapes (`NCCLWeightTransferUpdateInfo`, which refuses any other key). vLLM's
-trainer engine (frlab.rollout.remote.nccl) builds the bodies it sends itself; frlab only sets
+trainer engine (driven by frlab.rollout.remote.nccl) builds the bodies it sends itself; frlab only sets
 each server's `rank_offset` (`nccl_rank_offsets`). `nccl_init_request` / `nccl_update_request`
 spell the same bodies out for tests and tools. The `vllm_contract` tests parse every body
 here with vLLM's own request models and feed the parsers vLLM's own answers (CPU, the pinned
