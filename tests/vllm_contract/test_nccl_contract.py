@@ -127,11 +127,13 @@ def test_vllms_trainer_engine_sends_frlabs_source_round_after_round(monkeypatch)
 def test_every_body_the_learner_sends_parses_on_the_worker_side(rlhf) -> None:  # noqa: ANN001
     """The init body (vLLM's trainer engine builds it: asdict of NCCLWeightTransferInitInfo,
     frlab's FleetClient sets each server's rank_offset) and the update body (asdict of
-    NCCLWeightTransferUpdateInfo) parse; frlab's own spelled-out bodies parse; the update
+    NCCLWeightTransferUpdateInfo) parse; the bodies the tests spell out parse; the update
     body frlab used to spell (with `packed`) is refused."""
+    from contract_testlib import remote_testlib
     from vllm.distributed.weight_transfer.nccl_common import NCCLWeightTransferInitInfo
     from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferUpdateInfo
 
+    nccl = remote_testlib("nccl_testlib")  # the bodies spelled out, as the CPU fakes use them
     client, http = rlhf
     fleet = FleetClient(["http://s0", "http://s1"], [1, 3], timeout=5.0)
     posted: list = []
@@ -146,8 +148,8 @@ def test_every_body_the_learner_sends_parses_on_the_worker_side(rlhf) -> None:  
     fleet.update_weights(dataclasses.asdict(update))
     fleet.weight_version = "7"
     fleet.finish_weight_update()
-    posted += [(proto.INIT_WEIGHT_TRANSFER, control.nccl_init_request("10.0.0.5", 29500, 5, 1)),
-               (proto.UPDATE_WEIGHTS, control.nccl_update_request(NAMED))]  # fmt: skip
+    posted += [(proto.INIT_WEIGHT_TRANSFER, nccl.nccl_init_request("10.0.0.5", 29500, 5, 1)),
+               (proto.UPDATE_WEIGHTS, nccl.nccl_update_request(NAMED))]  # fmt: skip
     for path, body in posted:
         assert http.post(path, json=body).status_code == 200, (path, body)
     inits = [p for p in client.parsed if isinstance(p, NCCLWeightTransferInitInfo)]
@@ -155,6 +157,6 @@ def test_every_body_the_learner_sends_parses_on_the_worker_side(rlhf) -> None:  
     updates = [p for p in client.parsed if isinstance(p, NCCLWeightTransferUpdateInfo)]
     assert len(updates) == 3 and updates[-1].dtype_names == ["float32", "bfloat16"]
     assert client.parsed.count(("finish", "7")) == 2
-    old = {"update_info": {**control.nccl_update_request(NAMED)["update_info"], "packed": True}}
+    old = {"update_info": {**nccl.nccl_update_request(NAMED)["update_info"], "packed": True}}
     assert http.post(proto.UPDATE_WEIGHTS, json=old).status_code != 200  # parse_update_info refuses
     assert control.world_size_of(http.get(proto.WORLD_SIZE).json()) == 2

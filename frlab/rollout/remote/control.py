@@ -20,10 +20,10 @@ world_size, packed, ...}}`, `POST /start_weight_update`, `POST /update_weights {
 /get_world_size -> {"world_size"}` (a server's worker count, TP x PP x DP). `packed` is a wire
 parameter of the INIT info (`NCCLWeightTransferInitInfo`); the update info has exactly names,
 dtype_names and shapes (`NCCLWeightTransferUpdateInfo`, which refuses any other key). vLLM's
-trainer engine (driven by frlab.rollout.remote.nccl) builds the bodies it sends itself; frlab only sets
-each server's `rank_offset` (`nccl_rank_offsets`). `nccl_init_request` / `nccl_update_request`
-spell the same bodies out for tests and tools. The `vllm_contract` tests parse every body
-here with vLLM's own request models and feed the parsers vLLM's own answers (CPU, the pinned
+trainer engine (driven by frlab.rollout.remote.nccl) builds the bodies it sends itself; frlab
+only sets each server's `rank_offset` (`nccl_rank_offsets`). The `vllm_contract` tests parse
+every body (tests/rollout/remote/nccl_testlib.py spells the NCCL ones out) with vLLM's own
+request models and feed the parsers vLLM's own answers (CPU, the pinned
 wheel); nothing here has run against a vLLM serving on a GPU.
 """
 
@@ -31,8 +31,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
-
-import torch
 
 from frlab.rollout.remote.protocol import WEIGHT_UPDATE_FIELD, MalformedResponse, is_int
 
@@ -145,31 +143,6 @@ def served_model(body: Any) -> str:
         return str(body["data"][0]["id"])
     except (KeyError, IndexError, TypeError) as exc:
         raise MalformedResponse(f"/v1/models answer has no model id: {body!r:.200}") from exc
-
-
-def nccl_init_request(
-    master_address: str, master_port: int, world_size: int, rank_offset: int = 1,
-    packed: bool = True,
-) -> dict[str, Any]:  # fmt: skip
-    """`POST /init_weight_transfer_engine` body (the trainer is rank 0 of the NCCL group);
-    `packed` is a wire parameter of the init info, as vLLM's trainer engine sends it."""
-    if int(world_size) < 2 or not 0 < int(rank_offset) < int(world_size):
-        raise ValueError("NCCL weight transfer needs world_size >= 2 and 0 < rank_offset < it")
-    info = {"master_address": str(master_address), "master_port": int(master_port),
-            "rank_offset": int(rank_offset), "world_size": int(world_size),
-            "packed": bool(packed)}  # fmt: skip
-    return {"init_info": info}
-
-
-def nccl_update_request(named_tensors: Sequence[tuple[str, torch.Tensor]]) -> dict[str, Any]:
-    """`POST /update_weights` body: names, dtypes and shapes in the order they are broadcast
-    (exactly the fields of vLLM's `NCCLWeightTransferUpdateInfo`)."""
-    if not named_tensors:
-        raise ValueError("nothing to send: the state dict is empty")
-    names = [str(n) for n, _ in named_tensors]
-    dtypes = [str(t.dtype).removeprefix("torch.") for _, t in named_tensors]
-    shapes = [list(t.shape) for _, t in named_tensors]
-    return {"update_info": {"names": names, "dtype_names": dtypes, "shapes": shapes}}
 
 
 def world_size_of(body: Any) -> int:

@@ -31,6 +31,7 @@ import sys
 import threading
 import types
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, ClassVar
@@ -68,6 +69,31 @@ def parse_info(info: dict[str, Any], fields: set[str], required: set[str]) -> di
     if extra or missing:
         raise ValueError(f"Invalid info: unexpected {sorted(extra)}, missing {sorted(missing)}")
     return info
+
+
+def nccl_init_request(
+    master_address: str, master_port: int, world_size: int, rank_offset: int = 1,
+    packed: bool = True,
+) -> dict[str, Any]:  # fmt: skip
+    """`POST /init_weight_transfer_engine` body as vLLM's trainer engine sends it (the trainer
+    is rank 0 of the NCCL group; `packed` is a wire parameter of the init info)."""
+    if int(world_size) < 2 or not 0 < int(rank_offset) < int(world_size):
+        raise ValueError("NCCL weight transfer needs world_size >= 2 and 0 < rank_offset < it")
+    info = {"master_address": str(master_address), "master_port": int(master_port),
+            "rank_offset": int(rank_offset), "world_size": int(world_size),
+            "packed": bool(packed)}  # fmt: skip
+    return {"init_info": info}
+
+
+def nccl_update_request(named_tensors: Sequence[tuple[str, torch.Tensor]]) -> dict[str, Any]:
+    """`POST /update_weights` body as vLLM's trainer engine sends it: names, dtypes and shapes
+    in the order they are broadcast (exactly the fields of `NCCLWeightTransferUpdateInfo`)."""
+    if not named_tensors:
+        raise ValueError("nothing to send: the state dict is empty")
+    names = [str(n) for n, _ in named_tensors]
+    dtypes = [str(t.dtype).removeprefix("torch.") for _, t in named_tensors]
+    shapes = [list(t.shape) for _, t in named_tensors]
+    return {"update_info": {"names": names, "dtype_names": dtypes, "shapes": shapes}}
 
 
 class Refused(Exception):

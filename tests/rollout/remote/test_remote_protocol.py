@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from nccl_testlib import nccl_init_request, nccl_update_request
 
 from frlab.rollout.callbacks import rollout_metrics
 from frlab.rollout.engine import SamplingParams
@@ -124,12 +125,12 @@ def test_control_plane_bodies() -> None:
     with pytest.raises(proto.MalformedResponse):
         control.rpc_results({"error": "no dev mode"})
     assert control.served_model({"object": "list", "data": [{"id": "q"}]}) == "q"
-    assert control.nccl_init_request("10.0.0.1", 29500, 3) == {"init_info": {
+    assert nccl_init_request("10.0.0.1", 29500, 3) == {"init_info": {
         "master_address": "10.0.0.1", "master_port": 29500, "rank_offset": 1, "world_size": 3,
         "packed": True,
     }}  # fmt: skip
     with pytest.raises(ValueError, match="world_size"):
-        control.nccl_init_request("h", 1, 1)
+        nccl_init_request("h", 1, 1)
 
 
 def test_the_nccl_update_body_has_exactly_the_fields_vllm_parses() -> None:
@@ -140,12 +141,12 @@ def test_the_nccl_update_body_has_exactly_the_fields_vllm_parses() -> None:
     from nccl_testlib import INIT_FIELDS, INIT_REQUIRED, UPDATE_FIELDS, parse_info
 
     named = [("a.weight", torch.zeros(2, 3, dtype=torch.bfloat16)), ("b", torch.zeros(4))]
-    update = control.nccl_update_request(named)["update_info"]
+    update = nccl_update_request(named)["update_info"]
     assert parse_info(update, UPDATE_FIELDS, UPDATE_FIELDS) == {
         "names": ["a.weight", "b"], "dtype_names": ["bfloat16", "float32"],
         "shapes": [[2, 3], [4]],
     }  # fmt: skip
-    init = control.nccl_init_request("10.0.0.1", 29500, 3, packed=False)["init_info"]
+    init = nccl_init_request("10.0.0.1", 29500, 3, packed=False)["init_info"]
     assert parse_info(init, INIT_FIELDS, INIT_REQUIRED)["packed"] is False
 
 
