@@ -199,13 +199,6 @@ def checkpoint_policy(policy: Any) -> None:
     enable_checkpointing(base)
 
 
-def checkpointing_enabled(model: PreTrainedModel) -> bool:
-    """Whether activation (gradient) checkpointing is on, under either transformers name."""
-    if hasattr(type(model), "is_activation_checkpointing"):
-        return bool(model.is_activation_checkpointing)
-    return bool(model.is_gradient_checkpointing)
-
-
 def _random_init(
     config: Mapping[str, Any] | PretrainedConfig, seed: int | None, kwargs: dict[str, Any]
 ) -> PreTrainedModel:

@@ -74,14 +74,6 @@ def sequence_mean(token_values: Tensor, action_mask: Tensor) -> Tensor:
     return token_values.sum(dim=1) / count_per_row(action_mask)
 
 
-def bernoulli_sequence_kl(
-    log_probs: Tensor, behavior_log_probs: Tensor, action_mask: Tensor
-) -> Tensor:
-    """sequence_kl_i = max(0, sum_t d_t / T_i)."""
-    d = bernoulli_token_kl(log_probs, behavior_log_probs, action_mask)
-    return sequence_mean(d, action_mask).clamp_min_(0.0)
-
-
 class TokenBatch:
     """The tensors of one objective call and their shared statistics (computed once, lazily).
 

@@ -11,6 +11,7 @@ import torch
 from omegaconf import OmegaConf
 
 from frlab.model import ModelNotCachedError, build_policy, save_policy, tiny_config
+from frlab.model.policy import checkpoint_policy
 
 TYPES = ["qwen2", "llama", "qwen3_moe"]
 
@@ -156,14 +157,23 @@ def test_save_and_reload_by_local_path_gives_identical_logits(
     assert {p.dtype for p in half.parameters()} == {torch.bfloat16}
 
 
+def checkpointing_enabled(model: torch.nn.Module) -> bool:
+    """Whether activation (gradient) checkpointing is on, under either transformers name."""
+    if hasattr(type(model), "is_activation_checkpointing"):
+        return bool(model.is_activation_checkpointing)
+    return bool(model.is_gradient_checkpointing)
+
+
 def test_gradient_checkpointing_keeps_gradients(tmp_path: Path) -> None:
     from frlab.model import sequence_logprobs
-    from frlab.model.policy import checkpointing_enabled
 
     plain = build_policy(config=tiny_config("qwen2"), seed=0)
     ckpt = build_policy(config=tiny_config("qwen2"), seed=0, gradient_checkpointing=True)
     assert checkpointing_enabled(ckpt) and not checkpointing_enabled(plain)
     assert ckpt.config.use_cache is False
+    later = build_policy(config=tiny_config("qwen2"), seed=0)
+    checkpoint_policy(later)  # model.gradient_checkpointing=auto turns it on after the build
+    assert checkpointing_enabled(later) and later.config.use_cache is False
     ids = torch.randint(0, 256, (2, 10), generator=torch.Generator().manual_seed(1))
     mask = torch.ones(2, 10, dtype=torch.bool)
     grads = []
