@@ -107,3 +107,24 @@ def test_the_link_checker_flags_broken_links(tmp_path: Path) -> None:
 def test_every_relative_link_resolves(path: Path) -> None:
     broken = broken_links(path.read_text(), path.parent)
     assert not broken, f"{path.relative_to(ROOT)}: " + "; ".join(broken)
+
+
+PAPER_URL = "https://github.com/yifanzhang-pro/FlashREINFORCE"
+REFERENCE_URL = "https://github.com/NVIDIA-NeMo/labs-molt"
+# "the paper presets / settings" name frlab's presets; every other "the paper" cites it
+CITES_PAPER = re.compile(r"\b(?:the|FlashREINFORCE) paper(?! presets?\b| settings?\b)", re.I)
+CITES_REFERENCE = re.compile(r"\breference implementation\b|\bthe reference(?:'s)?\b")
+CITING_DOCS = sorted(
+    [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "experiments").rglob("*.md")]
+)
+
+
+@pytest.mark.parametrize("path", CITING_DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_a_page_that_cites_the_paper_or_the_reference_links_them(path: Path) -> None:
+    """The FlashREINFORCE paper (its repository holds the PDF) and its reference
+    implementation are linked wherever a page cites them."""
+    text = path.read_text()
+    if CITES_PAPER.search(text):
+        assert PAPER_URL in text, f"{path.name} cites the paper without linking {PAPER_URL}"
+    if CITES_REFERENCE.search(text):
+        assert REFERENCE_URL in text, f"{path.name} cites the reference without {REFERENCE_URL}"

@@ -34,6 +34,10 @@ declared once, as structured configs: `frlab/config/schema.py` (root and section
 while it composes; preflight checks ranges and the rules between keys; both report
 `frlab: config error: config key `KEY`: ...` with close matches and exit with code 2.
 
+Where a key's meaning cites "the paper" or "the reference": the FlashREINFORCE
+[paper](https://github.com/yifanzhang-pro/FlashREINFORCE) and its [reference
+implementation](https://github.com/NVIDIA-NeMo/labs-molt).
+
 Hydra root: `configs/train.yaml`; groups under `configs/`; experiment presets in
 `experiments/experiment/NAME.yaml` and sweep presets in `experiments/sweep/NAME.yaml`
 (`experiments/` is on Hydra's search path). Defaults (the choices Hydra composes with no
