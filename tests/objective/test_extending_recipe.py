@@ -15,22 +15,11 @@ from __future__ import annotations
 
 import csv
 import math
-import os
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
-GUIDE = REPO / "docs" / "extending.md"
-SECTION = ("## A new objective component", "## A new environment")
-# What the recipe's steps, commands and tests read.
-COPIED = ("frlab", "envs", "configs", "experiments/experiment", "experiments/sweep",
-          "tests/conftest.py", "tests/objective", "tests/generated", "docs/config-keys.md",
-          "README.md", "pyproject.toml")  # fmt: skip
-LOOP_FILE = "tests/objective/loop_testlib.py"
+from recipe_testlib import LOOP_FILE, append, frlab, marked, recipe_commands, run, scratch_copy
 
 FILTER = '''
 
@@ -119,58 +108,6 @@ def length_power(terms: list[list[float]], keep: list[list[bool]], alpha: float)
 NEW = ["objective.trust_region=max_log_ratio", "objective.max_log_ratio.bound=0.3",
        "objective.token_filter=first_fraction", "objective.first_fraction.q=0.5",
        "objective.aggregation=length_power", "objective.length_power.alpha=0.5"]  # fmt: skip
-
-
-def section() -> str:
-    text = GUIDE.read_text()
-    return text[text.index(SECTION[0]) : text.index(SECTION[1])]
-
-
-def marked(name: str) -> str:
-    """The python code of the guide's block marked `<!-- NAME:begin ... -->`."""
-    text = section()
-    block = text[text.index(f"<!-- {name}:begin") : text.index(f"<!-- {name}:end -->")]
-    return "\n\n" + block.split("```python\n", 1)[1].split("```", 1)[0]
-
-
-def recipe_commands() -> list[list[str]]:
-    """The commands of the recipe's bash block, run with this python."""
-    block = section().split("```bash\n", 1)[1].split("```", 1)[0]
-    commands = [line.split() for line in block.splitlines() if line.strip()]
-    assert all(c[0] == "python" for c in commands), commands
-    return [[sys.executable, *c[1:]] for c in commands]
-
-
-def scratch_copy(tmp_path: Path) -> Path:
-    root = tmp_path / "repo"
-    # Not this test (it would run itself), nor the one that registers the guide's example in a
-    # fresh process: the copy's trust_regions.py holds it, so it would be registered twice.
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "outputs", Path(__file__).name,
-                                    "test_extending.py")  # fmt: skip
-    for rel in COPIED:
-        source, target = REPO / rel, root / rel
-        if source.is_dir():
-            shutil.copytree(source, target, ignore=ignore)
-        else:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, target)
-    return root
-
-
-def run(root: Path, args: list[str], timeout: int = 300) -> subprocess.CompletedProcess:
-    path = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)
-    env = {**os.environ, "PYTHONPATH": path, "HF_HUB_OFFLINE": "1"}
-    return subprocess.run(args, cwd=root, env=env, capture_output=True, text=True,
-                          timeout=timeout)  # fmt: skip
-
-
-def append(root: Path, rel: str, code: str) -> None:
-    path = root / rel
-    path.write_text(path.read_text() + code)
-
-
-def frlab(root: Path, *overrides: str) -> subprocess.CompletedProcess:
-    return run(root, [sys.executable, "-m", "frlab", *overrides])
 
 
 @pytest.mark.slow
