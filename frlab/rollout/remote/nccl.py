@@ -41,7 +41,7 @@ import functools
 import logging
 import socket
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -53,6 +53,7 @@ from frlab.rollout.engine import EngineError
 from frlab.rollout.engines.vllm_releases import SUPPORTED
 from frlab.rollout.remote import control
 from frlab.rollout.remote import protocol as proto
+from frlab.rollout.remote.auth import FleetAuthError
 from frlab.rollout.remote.fleet import REFUSED, Fleet, Server, ServerFault
 from frlab.rollout.remote.hosts import nccl_master_address
 from frlab.rollout.remote.worker_extension import (
@@ -168,14 +169,18 @@ class FleetClient:
     goes to all members at once (their workers meet in the same NCCL calls) and raises
     EngineError if any fails; init gives each server its own `rank_offset`."""
 
-    def __init__(self, urls: Sequence[str], offsets: Sequence[int], timeout: float) -> None:
+    def __init__(
+        self, urls: Sequence[str], offsets: Sequence[int], timeout: float,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:  # fmt: skip
         self.urls, self.offsets, self.timeout = list(urls), list(offsets), float(timeout)
+        self.headers = dict(headers or {})  # the fleet's bearer token
         self.weight_version: str | None = None
 
     def _fan_out(self, path: str, bodies: Sequence[dict[str, Any]]) -> None:
         errors = []
         with (
-            httpx.Client(timeout=self.timeout, trust_env=False) as http,
+            httpx.Client(timeout=self.timeout, trust_env=False, headers=self.headers) as http,
             ThreadPoolExecutor(len(self.urls)) as pool,
         ):
             futures = [
@@ -184,7 +189,11 @@ class FleetClient:
             ]
             for url, future in zip(self.urls, futures, strict=True):
                 try:
+                    if future.result().status_code == 401:
+                        raise FleetAuthError(url)
                     future.result().raise_for_status()
+                except FleetAuthError:
+                    raise
                 except Exception as exc:  # every failure is reported together
                     errors.append(f"{url}: {exc!r}")
         if errors:
@@ -208,9 +217,10 @@ class FleetClient:
         self._fan_out(proto.FINISH_WEIGHT_UPDATE, [body] * len(self.urls))
 
 
-def free_port() -> int:
+def free_port(host: str = "") -> int:
+    """A TCP port free on `host` (the interface the rendezvous listens on) right now."""
     with socket.socket() as s:
-        s.bind(("", 0))
+        s.bind((host, 0))
         return int(s.getsockname()[1])
 
 
@@ -333,9 +343,13 @@ class NcclSync:
         if not members:
             return False
         offsets, world = control.nccl_rank_offsets([n for n in sized if n])
-        port = self.master_port + self.generation if self.master_port else free_port()
+        port = (
+            self.master_port + self.generation
+            if self.master_port
+            else free_port(self.master_address)
+        )
         self.generation += 1
-        client = FleetClient([s.url for s in members], offsets, self.timeout)
+        client = FleetClient([s.url for s in members], offsets, self.timeout, fleet.headers)
         info = self.api.init_info_cls(
             master_address=self.master_address, master_port=port,
             world_size=world, packed=self.packed, rank=0,
@@ -344,6 +358,9 @@ class NcclSync:
             self.trainer = await asyncio.wait_for(asyncio.to_thread(
                 self.api.factory.trainer_init, info, client=client, source=self.source
             ), 2 * self.timeout)  # fmt: skip
+        except FleetAuthError as exc:  # a member refused the secret: no retry mends it
+            fleet.auth_error = fleet.auth_error or exc
+            raise
         except Exception as exc:
             log.error("remote engine: forming the NCCL group on port %d failed: %r", port, exc)
             return False
