@@ -14,6 +14,11 @@ CPU/test vehicle, not vLLM. A snapshot push
 of the version and fingerprint already loaded (several learner ranks push identical weights to
 one fleet) is answered with the same acknowledgement without reloading ("deduplicated").
 
+Who may call it: with a fleet secret (`ServeState.secret_digest`, frlab.rollout.remote.auth)
+every route but `GET /health` needs it as a bearer token, checked before a body is read (401
+otherwise, the connection closed when the body is large); `route_table` lists the routes.
+Snapshots are read only below `ServeState.snapshot_root` when it is set.
+
 Test-only fault switch (`--fault`): `ignore-reload` acknowledges snapshot loads without
 loading (the weights and reported version stay old: a silently stale server), `garbage`
 answers completions with bytes that are not JSON, `hang` never answers completions (until the

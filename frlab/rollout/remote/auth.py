@@ -34,6 +34,10 @@ from frlab.config.errors import ConfigError
 from frlab.rollout.remote.hosts import is_loopback_url
 
 log = logging.getLogger("frlab.rollout.remote.auth")
+# The guard's refusals go where the ASGI server's own messages go: vLLM configures logging
+# (dictConfig) after it imports the guard, which disables loggers it does not name, such as
+# this module's; uvicorn configures its error logger after that.
+guard_log = logging.getLogger("uvicorn.error")
 
 DEFAULT_SECRET_ENV = "FRLAB_FLEET_SECRET"
 SECRET_ENV_VAR = "FRLAB_FLEET_SECRET_ENV"  # server side: the name of the variable holding it
@@ -194,7 +198,7 @@ class FleetGuard:
         if authorized(_header(scope, b"authorization"), self._digest):
             await self.app(scope, receive, send)
             return
-        log.warning("refused %s %s from %s: no valid fleet secret", scope.get("method", "WS"),
+        guard_log.warning("refused %s %s from %s: no valid fleet secret", scope.get("method", "WS"),
                     scope.get("path"), (scope.get("client") or ("?",))[0])  # fmt: skip
         await _refuse(scope, send)
 

@@ -1,7 +1,9 @@
 """The servers of a `remote` engine as its client sees them: state, load, HTTP, counters.
 
 `Fleet` holds one `Server` record per URL (`ok` | `stale` | `dead` | `unverified`), the
-HTTP client every request, probe and load goes through, the control calls that pause, abort
+HTTP client every request, probe and load goes through (each carrying the fleet's bearer
+token, each answer read only up to a bound: frlab.rollout.remote.auth, .limits; a 401 stops
+the run as a configuration error), the control calls that pause, abort
 and resume a server's requests, the fault and refusal counters logged as `rollout/<name>`,
 and the clock of `down_reason`. It decides nothing about weights: which
 server is admitted at which version is the engine's weight sync

@@ -108,8 +108,13 @@ def call(guard: auth.FleetGuard, path: str, header: str | None = None, **scope: 
     return status, body, full["reached"]
 
 
-def test_the_guard_refuses_every_path_but_health_without_the_token() -> None:
+def test_the_guard_refuses_every_path_but_health_without_the_token(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     guard = auth.FleetGuard(inner_app, secret=SECRET)
+    with caplog.at_level(logging.WARNING):
+        call(guard, "/collective_rpc", f"Bearer {OTHER}")
+    assert "refused POST /collective_rpc from 10.9.9.9" in caplog.text and OTHER not in caplog.text
     for path in ("/collective_rpc", "/pause", "/v1/completions", "/update_weight_version",
                  "/v1/load_lora_adapter", "/health/", "/healthz", "/", "/metrics"):  # fmt: skip
         for header in (None, f"Bearer {OTHER}", "Bearer", f"Basic {SECRET}"):
