@@ -236,3 +236,33 @@ def test_every_request_carries_the_token() -> None:
     assert asyncio.run(fleet.post(fleet.servers[0], proto.COLLECTIVE_RPC, {})) == {"ok": True}
     assert asyncio.run(fleet.get(fleet.servers[0], proto.MODELS)) == {"ok": True}
     assert server.seen == [f"Bearer {SECRET}"] * 2 and fleet.down_reason(False) is None
+
+
+def test_a_server_that_refuses_the_secret_mid_run_stops_the_run_and_is_not_blamed(
+    tmp_path: Path,
+) -> None:
+    """Admitted with the secret; then every answer is 401 (the server restarted with another
+    secret): the request fails at once, no retry, no server marked, and the engine reports
+    itself down (the pool stops the run at its next safe point, checkpointed)."""
+    import torch
+    from nccl_testlib import FakeVllmServer
+
+    from frlab.rollout.engine import SamplingParams
+
+    server = FakeVllmServer()
+    engine = RemoteEngine([server.url], snapshot_dir=str(tmp_path), request_timeout_s=5.0,
+                          startup_timeout_s=5.0, probe_interval_s=0.05, weight_update="drain",
+                          initial_weights={"w": torch.ones(2)})  # fmt: skip
+    engine.start()
+    try:
+        assert engine.down_reason() is None
+        refusing = Guarded(OTHER)
+        engine._fleet.client = httpx.AsyncClient(transport=httpx.MockTransport(refusing))
+        with pytest.raises(auth.FleetAuthError):
+            asyncio.run(engine.generate([1, 2], SamplingParams(max_new_tokens=2)))
+        assert len(refusing.seen) == 1 and engine.stats()["retries"] == 0
+        assert engine.servers[0].state == "ok" and engine.stats()["server_faults"] == 0
+        assert "rollout.remote.secret_env" in engine.down_reason()
+    finally:
+        engine.shutdown()
+        server.close()
