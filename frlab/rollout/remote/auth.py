@@ -30,7 +30,6 @@ from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequen
 from pathlib import Path
 from typing import Any
 
-from frlab.config.errors import ConfigError
 from frlab.rollout.remote.hosts import is_loopback_url
 
 log = logging.getLogger("frlab.rollout.remote.auth")
@@ -66,16 +65,18 @@ class SecretError(ValueError):
     """The fleet's secret could not be read or is unusable (the message names where from)."""
 
 
-class FleetAuthError(ConfigError):
+class FleetAuthError(ValueError):
     """A server refused the learner's secret (HTTP 401): the secrets differ or one is unset.
-    A configuration error (the run stops, exit 2 at start), never a server fault."""
+    A configuration error naming the key (`python -m frlab` exits 2 on it, as on a
+    ConfigError), never a server fault; not an EngineError, so no fault handler takes it."""
+
+    key = "rollout.remote.secret_env"
 
     def __init__(self, url: str) -> None:
         super().__init__(
-            "rollout.remote.secret_env",
-            f"the server {url} refused this learner's fleet secret (HTTP 401): set the same "
-            f"secret on the learner and on every server ({WHERE}); the request was not retried "
-            "and the server was not marked dead",
+            f"config key `{self.key}`: the server {url} refused this learner's fleet secret "
+            f"(HTTP 401): set the same secret on the learner and on every server ({WHERE}); "
+            "the request was not retried and the server was not marked dead"
         )
 
 
