@@ -2,7 +2,9 @@
 (scripts/launch/fleet.sh, module entry point: vLLM's CPU build has no working `vllm` command),
 one server per CPU core, serving a random-init model folder of the learner's architecture (its
 weights arrive from the learner as snapshot v0), with `--enable-scale-out` so that the fleet
-can run `rollout.weight_update=in_flight` on vLLM's own per-token version labels."""
+can run `rollout.weight_update=in_flight` on vLLM's own per-token version labels. The servers
+run behind a fleet secret made for them; while they run, this process holds it where a learner
+looks by default (FRLAB_FLEET_SECRET), so the bench's engines send it."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from typing import Any
 from fleet import unused_port, wait_healthy  # bench/fleet.py: the frlab.serve fleet's helpers
 
 ROOT = Path(__file__).resolve().parents[1]
-CPU_FLAGS = ("--skip-tokenizer-init --enforce-eager --dtype float32 --host 127.0.0.1 "
+CPU_FLAGS = ("--skip-tokenizer-init --enforce-eager --dtype float32 "
              "--enable-scale-out --kv-cache-memory-bytes {kv}")  # fmt: skip
 
 
@@ -38,14 +40,19 @@ def vllm_fleet(config: Mapping[str, Any], count: int, max_len: int, kv_bytes: in
     under a temporary folder, named when a server fails)."""
     with tempfile.TemporaryDirectory(prefix="frlab-bench-fleet-") as tmp:
         model = save_architecture(config, Path(tmp) / "model")
+        secret = Path(tmp) / "fleet.secret"
+        subprocess.run(["bash", "-c", f"source scripts/launch/fleet.sh && fleet_secret '{secret}'"],
+                       cwd=ROOT, check=True)  # fmt: skip
         procs, urls = [], []
+        held = os.environ.get("FRLAB_FLEET_SECRET")
         try:
             for core in range(count):
                 port = unused_port()
                 env = {**os.environ, "VLLM_ENTRY": "module", "PYTHON": sys.executable,
                        "VLLM_EXTRA_ARGS": CPU_FLAGS.format(kv=kv_bytes),
                        "VLLM_CPU_OMP_THREADS_BIND": str(core % (os.cpu_count() or 1)),
-                       "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}  # fmt: skip
+                       "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HOST": "127.0.0.1",
+                       "FLEET_SECRET_FILE": str(secret)}  # fmt: skip
                 script = (f'source scripts/launch/fleet.sh && start_server "" {port} "{model}" 1 '
                           f"{max_len} && wait")  # fmt: skip
                 log = (Path(tmp) / f"server{core}.log").open("w")
@@ -53,9 +60,13 @@ def vllm_fleet(config: Mapping[str, Any], count: int, max_len: int, kv_bytes: in
                                               stdout=log, stderr=subprocess.STDOUT,
                                               start_new_session=True))  # fmt: skip
                 urls.append(f"http://127.0.0.1:{port}")
+            os.environ["FRLAB_FLEET_SECRET"] = secret.read_text().strip()  # this learner's
             wait_healthy(urls, procs, timeout_s)
             yield urls
         finally:
+            os.environ.pop("FRLAB_FLEET_SECRET", None)
+            if held is not None:
+                os.environ["FRLAB_FLEET_SECRET"] = held
             for proc in procs:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)

@@ -5,8 +5,8 @@ frlab's structured configs (frlab.config.schema), and `task` runs one job: for a
 cheap checks of the machine first (devices, model and data sources, frlab.run.machine),
 then the preflight (validation, the resolved plan); it prints the plan and stops for
 `dry_run=true`, and otherwise hands over to `frlab.train.run`. Every config error, from Hydra's
-composition or from frlab's checks, is printed as `frlab: config error: ...` naming the key and
-exits with code 2; a failure exits 1 (disk full: one line naming the folder), 75 when the
+composition or from frlab's checks (and a fleet server refusing the learner's secret at
+start), is printed as `frlab: config error: ...` naming the key and exits with code 2; a failure exits 1 (disk full: one line naming the folder), 75 when the
 rollout engine went down for good (a dead engine process, a fleet down past
 `rollout.remote.fleet_down_timeout_s`: the last step is checkpointed, resume with
 `ckpt_path=last` once it is back), and 130 / 143 when SIGINT / SIGTERM stopped the run
@@ -58,11 +58,12 @@ def task(cfg: DictConfig) -> dict[str, Any]:
 def _hydra_main(cfg: DictConfig) -> dict[str, Any]:
     from frlab.fsio import DiskFullError
     from frlab.rollout.engine import EngineDown
+    from frlab.rollout.remote.auth import FleetAuthError
     from frlab.stop import RunInterrupted
 
     try:
         return task(cfg)
-    except ConfigError as exc:
+    except (ConfigError, FleetAuthError) as exc:  # a fleet server refused the secret: config
         print(f"frlab: config error: {exc}", file=sys.stderr, flush=True)
         sys.exit(2)
     except DiskFullError as exc:

@@ -148,14 +148,32 @@ def in_process(model_dir: Path, model: Any, args: argparse.Namespace) -> list[st
     return problems
 
 
-def serve_command(model_dir: Path, port: int) -> list[str]:
-    """The recipes' `vllm serve` command (scripts/launch/fleet.sh start_server, printed)."""
-    script = (f"source scripts/launch/fleet.sh && PRINT_ONLY=1 start_server 0 {port} "
+def serve_command(model_dir: Path, port: int, secret: Path = Path("fleet.secret")) -> list[str]:
+    """The recipes' `vllm serve` command (scripts/launch/fleet.sh start_server, printed) on
+    loopback behind the fleet secret in `secret`, from `env` on: vLLM's API key comes from the
+    file through the server's environment (`secret_env`), never its command line."""
+    script = (f"source scripts/launch/fleet.sh && PRINT_ONLY=1 HOST=127.0.0.1 "
+              f"FLEET_SECRET_FILE={shlex.quote(str(secret))} start_server 0 {port} "
               f"{shlex.quote(str(model_dir))} 1 512")  # fmt: skip
     line = subprocess.run(["bash", "-c", script], cwd=REPO, capture_output=True, text=True,
                           check=True).stdout.strip()  # fmt: skip
     words = shlex.split(line)
+    words = words[words.index("env") :]
     return [*words, "--gpu-memory-utilization", "0.3", "--enforce-eager", "--skip-tokenizer-init"]
+
+
+def fleet_secret(work: Path) -> Path:
+    """The fleet's secret file, made by the launch recipe's own `fleet_secret` (mode 0600)."""
+    path = work / "fleet.secret"
+    script = f"source scripts/launch/fleet.sh && fleet_secret {shlex.quote(str(path))}"
+    subprocess.run(["bash", "-c", script], cwd=REPO, check=True)
+    return path
+
+
+def secret_env(secret: Path) -> dict[str, str]:
+    """The server's environment: this one, frlab importable, vLLM's API key from the file."""
+    return {**os.environ, "PYTHONPATH": f"{REPO}:{os.environ.get('PYTHONPATH', '')}",
+            "VLLM_API_KEY": secret.read_text().strip()}  # fmt: skip
 
 
 def wait_healthy(url: str, proc: subprocess.Popen, timeout: float) -> None:
@@ -179,16 +197,16 @@ def server(model_dir: Path, model: Any, args: argparse.Namespace, work: Path) ->
     from frlab.rollout.remote.engine import RemoteEngine
 
     problems, port = [], args.port
-    url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "PYTHONPATH": f"{REPO}:{os.environ.get('PYTHONPATH', '')}"}
+    url, secret = f"http://127.0.0.1:{port}", fleet_secret(work)
     log = (work / "vllm_serve.log").open("w")
-    proc = subprocess.Popen(serve_command(model_dir, port), cwd=REPO, env=env, stdout=log,
-                            stderr=subprocess.STDOUT)  # fmt: skip
+    proc = subprocess.Popen(serve_command(model_dir, port, secret), cwd=REPO,
+                            env=secret_env(secret), stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
     try:
         wait_healthy(url, proc, args.server_timeout)
         weights = {n: p.detach().cpu() for n, p in model.state_dict().items()}
         engine = RemoteEngine([url], snapshot_dir=str(work / "snapshots"),
-                              request_timeout_s=60.0, initial_weights=weights)  # fmt: skip
+                              request_timeout_s=60.0, initial_weights=weights,
+                              secret_file=str(secret))  # fmt: skip
         engine.start()
         try:
             prompts = [[(5 * i + j) % 64 for j in range(8)] for i in range(args.prompts)]
@@ -221,7 +239,7 @@ def remote_run(url: str, work: Path) -> list[str]:
     run_dir = work / "remote_run"
     arch = [f"model.config.{k}={v}" for k, v in SMALL_QWEN2.items() if k != "model_type"]
     cmd = [sys.executable, "-m", "frlab", "rollout=remote", f"rollout.remote.servers=[{url}]",
-           "trainer.max_steps=3", "data.batch_size=16", "data.micro_batch_size=16",
+           f"rollout.remote.secret_file={work / 'fleet.secret'}", "trainer.max_steps=3", "data.batch_size=16", "data.micro_batch_size=16",
            f"hydra.run.dir={run_dir}", *arch]  # fmt: skip
     t0 = time.perf_counter()
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)

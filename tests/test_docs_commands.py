@@ -103,6 +103,7 @@ class FrlabCommand:
     python: str
     overrides: tuple[str, ...]
     multirun: bool
+    env: tuple[str, ...] = ()  # the names its environment assignments set
 
 
 def split_top_level(value: str) -> list[str]:
@@ -151,14 +152,14 @@ def is_python(word: str) -> bool:
 
 def frlab_command(where: str, words: list[str]) -> FrlabCommand | None:
     """The overrides of a `python -m frlab ...` command (None for anything else)."""
-    _, words = strip_env(words)
+    env, words = strip_env(words)
     if len(words) < 3 or not is_python(words[0]) or words[1:3] != ["-m", "frlab"]:
         return None
     rest = words[3:]
     multirun = any(w in ("-m", "--multirun") for w in rest)
     rest = [w for w in rest if w not in ("-m", "--multirun")]
     overrides = first_sweep_values(rest) if multirun else rest
-    return FrlabCommand(where, words[0], tuple(overrides), multirun)
+    return FrlabCommand(where, words[0], tuple(overrides), multirun, tuple(sorted(env)))
 
 
 def all_commands() -> tuple[list[FrlabCommand], list[tuple[str, dict[str, str], list[str]]]]:
@@ -251,7 +252,9 @@ def test_the_docs_show_the_commands_they_describe() -> None:
 def preflight_failures(frlab_commands: list[FrlabCommand], patch: pytest.MonkeyPatch) -> list[str]:
     """Compose and preflight each command in this process (fast: no subprocess, no model), up
     to (not including) the machine checks of a real run; one line per command that fails. A
-    command run with the python of vLLM's CPU environment sees vLLM's platform as the CPU."""
+    command run with the python of vLLM's CPU environment sees vLLM's platform as the CPU; one
+    that sets the fleet's secret variable (from a file: `FRLAB_FLEET_SECRET="$(< FILE)"`) sees
+    a stand-in value."""
     from hydra.utils import get_object
 
     from frlab.config.compose import compose
@@ -262,6 +265,8 @@ def preflight_failures(frlab_commands: list[FrlabCommand], patch: pytest.MonkeyP
         try:
             cfg = compose(list(command.overrides))
             with patch.context() as local:
+                if "FRLAB_FLEET_SECRET" in command.env:
+                    local.setenv("FRLAB_FLEET_SECRET", "stand-in-fleet-secret-" * 2)
                 if command.python == VLLM_CPU_PYTHON:
                     get_object(str(cfg.rollout.engine._target_))  # its module is loaded
                     for name, module in list(sys.modules.items()):

@@ -34,6 +34,17 @@ LAYOUTS = {
 }
 
 
+@pytest.fixture(autouse=True)
+def fleet_secret_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The fleet's secret file the recipes name (PRINT_ONLY creates none), so that the
+    printed learner commands pass preflight as they would after the recipe made it."""
+    path = tmp_path / "fleet.secret"
+    path.write_text("0123456789abcdef" * 4)
+    path.chmod(0o600)
+    monkeypatch.setenv("FLEET_SECRET_FILE", str(path))
+    return path
+
+
 def _run(script: str, *args: str, **env: str) -> subprocess.CompletedProcess:
     full_env = {**os.environ, "PRINT_ONLY": "1", "RUN_DIR": "/shared/run", **env}
     return subprocess.run(
@@ -52,7 +63,9 @@ def _frlab_overrides(line: str) -> list[str]:
 
 
 def _servers(lines: list[str]) -> list[list[str]]:
-    return [shlex.split(x) for x in lines if " vllm serve " in x]
+    """Each server line's words, from `env` on (before it: VLLM_API_KEY read from the file)."""
+    words = [shlex.split(x) for x in lines if " vllm serve " in x]
+    return [w[w.index("env") :] for w in words]
 
 
 def _check_learner(overrides: list[str], exp: str, world: int, urls: list[str]) -> None:

@@ -51,6 +51,15 @@ class RemoteConfig:
     nccl_master_port: int = spec(0, low=0, high=65535,
                                  doc="nccl: rendezvous port (+1 per group); 0: a free port")  # fmt: skip
     nccl_packed: bool = spec(True, doc="nccl: vLLM's packed (batched) broadcast")
+    secret_env: str = spec(
+        "FRLAB_FLEET_SECRET", doc="NAME of the environment variable holding the fleet's "
+        "shared secret (sent as a bearer token; the value is never a config key)")  # fmt: skip
+    secret_file: str | None = spec(
+        None, doc="file holding the fleet's shared secret (mode 0600), read instead of "
+        "secret_env; null: secret_env")  # fmt: skip
+    allow_unauthenticated: bool = spec(
+        False, doc="run a fleet with servers off loopback without a secret (a warning at "
+        "every start); false: preflight refuses it")  # fmt: skip
 
 
 @dataclass

@@ -29,7 +29,9 @@ cross-field rules of the method (FlashREINFORCE paper, Sec. 3):
 - `rollout/engine=remote` needs the `rollout.remote` block (`rollout=remote`) with a list of
   distinct http(s) server URLs; filesystem weight sync serves any number of learner ranks
   (they share the fleet), nccl exactly one (the single NCCL sender); a `remote` block under
-  another engine is refused (an experiment preset may have pinned the engine);
+  another engine is refused (an experiment preset may have pinned the engine); a fleet with a
+  server off loopback needs a shared secret (`rollout.remote.secret_env` / `secret_file`,
+  read here) unless `rollout.remote.allow_unauthenticated=true`;
 - every `_target_` is on the instantiation allowlist (frlab.config.instantiate), with the
   packages of `user_modules`; the `env` node's keys are arguments of its class (its signature:
   an unknown or missing one is named, nothing is built);

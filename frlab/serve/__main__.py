@@ -16,22 +16,38 @@ every token is labelled with the version that sampled it either way. It is repor
 test-only switch (ignore-reload | garbage | hang; see `frlab.serve.server`); with
 `--test-faults` it can be flipped at run time (`POST /frlab_test_fault {"fault": NAME}`).
 
+Who may call it: with a fleet secret (the file `--secret-file` or `FRLAB_FLEET_SECRET_FILE`
+names, else the variable `--secret-env` or `FRLAB_FLEET_SECRET_ENV` names, default
+`FRLAB_FLEET_SECRET`) every route but `GET /health` needs it as a bearer token (401
+otherwise); without one it refuses to listen anywhere but on loopback unless
+`--allow-unauthenticated` is given. Snapshots are read only from below `--snapshot-root`
+(default `FRLAB_SNAPSHOT_ROOT`; unset: anywhere).
+
     python -m frlab.serve --host 127.0.0.1 --port 8100 --model /tmp/policy --device cpu
     python -m frlab.serve --port 8100 --model-config configs/model/toy_qwen2.yaml
     python -m frlab.serve --port 8100 --model /tmp/policy --weight-update resubmit
+    FRLAB_FLEET_SECRET_FILE=run/fleet.secret python -m frlab.serve --host 10.0.0.7 \
+        --port 8100 --model-config configs/model/toy_qwen2.yaml --snapshot-root run/snapshots
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 
+from frlab.rollout.remote import auth
+from frlab.rollout.remote.hosts import is_loopback_url
+from frlab.rollout.vllm.worker_extension import SNAPSHOT_ROOT_VAR
 from frlab.rollout.weight_modes import WEIGHT_UPDATES
 from frlab.serve.server import FAULTS, ServeState, serve
+
+log = logging.getLogger("frlab.serve")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -61,7 +77,53 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="test only: enable POST /frlab_test_fault to flip --fault at run time",
     )
-    return p.parse_args(argv)
+    p.add_argument(
+        "--secret-file",
+        default=None,
+        help=f"file holding the fleet secret (default: ${auth.SECRET_FILE_VAR})",
+    )
+    p.add_argument(
+        "--secret-env",
+        default=None,
+        help="variable holding the fleet secret "
+        f"(default: ${auth.SECRET_ENV_VAR}, else {auth.DEFAULT_SECRET_ENV})",
+    )
+    p.add_argument(
+        "--allow-unauthenticated",
+        action="store_true",
+        help="listen off loopback without a fleet secret (anyone may call it)",
+    )
+    p.add_argument(
+        "--snapshot-root",
+        default=os.environ.get(SNAPSHOT_ROOT_VAR) or None,
+        help=f"read weight snapshots only below this folder (default: ${SNAPSHOT_ROOT_VAR})",
+    )
+    return p.parse_args(argv)  # fmt: skip
+
+
+def server_digest(args: argparse.Namespace) -> bytes | None:
+    """The digest of the fleet secret this server checks (None: none); SystemExit when it
+    would listen off loopback without one and `--allow-unauthenticated` is not given."""
+    env = dict(os.environ)
+    if args.secret_file:
+        env[auth.SECRET_FILE_VAR] = args.secret_file
+    if args.secret_env:
+        env[auth.SECRET_ENV_VAR] = args.secret_env
+    try:
+        secret = auth.server_secret(env)
+    except auth.SecretError as exc:
+        raise SystemExit(f"frlab.serve: {exc}") from None
+    host = f"[{args.host}]" if ":" in args.host else args.host
+    if secret is None and not is_loopback_url(f"http://{host}"):
+        if not args.allow_unauthenticated:
+            raise SystemExit(
+                f"frlab.serve: --host {args.host} is off loopback and no fleet secret is set "
+                f"({auth.SECRET_FILE_VAR} or {auth.DEFAULT_SECRET_ENV}): anyone could replace "
+                "its weights; set one, or pass --allow-unauthenticated"
+            )
+        log.warning("frlab.serve listens on %s without a fleet secret: anyone who reaches it "
+                    "may call every route", args.host)  # fmt: skip
+    return None if secret is None else auth.digest(secret)
 
 
 def build_server_policy(args: argparse.Namespace) -> object:
@@ -87,6 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s"
     )
+    digest = server_digest(args)  # before the model loads: a bad secret fails at once
     import torch
 
     from frlab.rollout.torch.engine import TorchEngine
@@ -100,7 +163,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )  # fmt: skip
     del policy
     name = args.served_model_name or args.model or args.model_config
-    state = ServeState(engine, name, args.fault, args.test_faults)
+    state = ServeState(engine, name, args.fault, args.test_faults, secret_digest=digest,
+                       snapshot_root=args.snapshot_root and Path(args.snapshot_root))  # fmt: skip
 
     def stop(signum: int, _frame: object) -> None:
         if state.server is not None:

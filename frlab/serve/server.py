@@ -14,6 +14,11 @@ CPU/test vehicle, not vLLM. A snapshot push
 of the version and fingerprint already loaded (several learner ranks push identical weights to
 one fleet) is answered with the same acknowledgement without reloading ("deduplicated").
 
+Who may call it: with a fleet secret (`ServeState.secret_digest`, frlab.rollout.remote.auth)
+every route but `GET /health` needs it as a bearer token, checked before a body is read (401
+otherwise, the connection closed when the body is large); `route_table` lists the routes.
+Snapshots are read only below `ServeState.snapshot_root` when it is set.
+
 Test-only fault switch (`--fault`): `ignore-reload` acknowledges snapshot loads without
 loading (the weights and reported version stay old: a silently stale server), `garbage`
 answers completions with bytes that are not JSON, `hang` never answers completions (until the
@@ -30,15 +35,17 @@ import threading
 import uuid
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
-from frlab.rollout.remote import control
+from frlab.rollout.remote import auth, control
 from frlab.rollout.remote import protocol as proto
 from frlab.rollout.torch.engine import TorchEngine
 from frlab.rollout.vllm.snapshot import read_snapshot
 from frlab.rollout.vllm.worker_extension import (
     SNAPSHOT_METHOD,
     VERSION_METHOD,
+    check_snapshot_path,
     same_weights,
     weight_ack,
     weights_fingerprint,
@@ -47,9 +54,23 @@ from frlab.rollout.vllm.worker_extension import (
 log = logging.getLogger("frlab.serve")
 
 FAULTS = ("none", "ignore-reload", "garbage", "hang")
+UNREAD_LIMIT = 2**20  # a refused request's body up to this is read and dropped, else closed
 FAULT_PATH = "/frlab_test_fault"
 NCCL_PATHS = (proto.INIT_WEIGHT_TRANSFER, proto.START_WEIGHT_UPDATE, proto.UPDATE_WEIGHTS,
               proto.FINISH_WEIGHT_UPDATE)  # fmt: skip
+# method -> path -> Handler method: the server's routes (NCCL_PATHS answer 501)
+ROUTES = {
+    "GET": {proto.HEALTH: "_health", proto.MODELS: "_models",
+            proto.SERVER_INFO.split("?", 1)[0]: "_server_info"},
+    "POST": {proto.COMPLETIONS: "_completions", proto.COLLECTIVE_RPC: "_rpc",
+             proto.RESET_PREFIX_CACHE: "_reset_prefix_cache"},
+}  # fmt: skip
+
+
+def route_table(test_faults: bool = False) -> dict[str, list[str]]:
+    """Every path a server answers, by method (`--test-faults` adds the fault switch)."""
+    post = [*ROUTES["POST"], *NCCL_PATHS, *([FAULT_PATH] if test_faults else [])]
+    return {"GET": list(ROUTES["GET"]), "POST": post}
 
 
 @dataclass
@@ -66,6 +87,8 @@ class ServeState:
     last_load: dict[str, Any] | None = None  # the ack of the last snapshot actually loaded
     fault_changed: threading.Condition = field(default_factory=threading.Condition)
     server: Any = None  # the running FrlabHTTPServer (set by `serve`)
+    secret_digest: bytes | None = None  # the fleet secret's digest: every route but /health
+    snapshot_root: Path | None = None  # snapshots are read from below it only (None: anywhere)
 
     def __post_init__(self) -> None:
         self.set_fault(self.fault)
@@ -104,33 +127,46 @@ class Handler(BaseHTTPRequestHandler):
 
     # -- dispatch ------------------------------------------------------------------------
     def do_GET(self) -> None:
-        routes = {
-            proto.HEALTH: lambda: b"",
-            proto.MODELS: self._models,
-            proto.SERVER_INFO.split("?", 1)[0]: self._server_info,
-        }
-        self._dispatch(routes, body=None)
+        if self._allowed():
+            self._dispatch(body=None)
 
     def do_POST(self) -> None:
-        routes = {
-            proto.COMPLETIONS: self._completions,
-            proto.COLLECTIVE_RPC: self._rpc,
-            proto.RESET_PREFIX_CACHE: lambda _body: {"success": True},
-        }
-        if self.state.test_faults:
-            routes[FAULT_PATH] = self._switch_fault
-        self._dispatch(routes, body=self._read_json())
+        if self._allowed():  # before the body is read
+            self._dispatch(body=self._read_json())
 
-    def _dispatch(self, routes: dict[str, Any], body: Any) -> None:
+    def _allowed(self) -> bool:
+        """Whether the request may go on: `/health`, or the fleet's bearer token when the
+        server has a secret; else 401 (its body is never parsed)."""
+        digest = self.state.secret_digest
+        if digest is None or self.path.split("?", 1)[0] == auth.OPEN_PATH:
+            return True
+        if auth.authorized(self.headers.get("Authorization"), digest):
+            return True
+        log.warning("refused %s %s from %s: no valid fleet secret", self.command,
+                    self.path.split("?", 1)[0], self.address_string())  # fmt: skip
+        length = self.headers.get("Content-Length") or "0"
+        if length.isdigit() and int(length) <= UNREAD_LIMIT:
+            self.rfile.read(int(length))  # a small body is dropped: the connection stays usable
+        else:
+            self.close_connection = True
+        self.send_response(401)
+        self.send_header("WWW-Authenticate", "Bearer")
+        self._send_body(auth.REFUSAL, "application/json")
+        return False
+
+    def _dispatch(self, body: Any) -> None:
         path = self.path.split("?", 1)[0]
         try:
             if path in NCCL_PATHS:
                 raise ApiError(501, f"{path}: NCCL weight transfer needs vLLM, not frlab.serve")
-            route = routes.get(path)
-            if route is None:
+            name = ROUTES[self.command].get(path)
+            if name is None and self.state.test_faults and path == FAULT_PATH:
+                name = "_switch_fault"
+            if name is None:
                 raise ApiError(404, f"no route {self.command} {path}")
             if body is ApiError:
                 raise ApiError(400, "request body is not a JSON object")
+            route = getattr(self, name)
             result = route() if body is None else route(body)
             if result == b"":  # vLLM's /health: status 200, no body
                 self._send(200, result, "text/plain")
@@ -158,6 +194,9 @@ class Handler(BaseHTTPRequestHandler):
 
     def _send(self, status: int, data: bytes, content_type: str) -> None:
         self.send_response(status)
+        self._send_body(data, content_type)
+
+    def _send_body(self, data: bytes, content_type: str) -> None:
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
@@ -167,6 +206,12 @@ class Handler(BaseHTTPRequestHandler):
     @property
     def state(self) -> ServeState:
         return self.server.state
+
+    def _health(self) -> bytes:
+        return b""  # vLLM's /health: status 200, no body
+
+    def _reset_prefix_cache(self, _body: dict[str, Any]) -> dict[str, Any]:
+        return {"success": True}  # no prefix cache
 
     def _server_info(self) -> dict[str, Any]:
         """vLLM's answer shape plus this server's weight-update mode (`frlab_weight_update`)."""
@@ -238,8 +283,8 @@ class Handler(BaseHTTPRequestHandler):
                 log.info("rpc %s v%d deduplicated %s", SNAPSHOT_METHOD, version, path)
                 return dict(state.last_load)
             try:
-                tensors = read_snapshot(path)
-            except FileNotFoundError as exc:
+                tensors = read_snapshot(check_snapshot_path(path, state.snapshot_root))
+            except (FileNotFoundError, PermissionError) as exc:
                 raise ApiError(400, str(exc)) from exc
             ack = weight_ack(version, weights_fingerprint(sorted(tensors.items())))
             if state.fault == "ignore-reload":

@@ -1,6 +1,7 @@
 # shellcheck shell=bash
 # Shared helpers of the frlab launch recipes (sourced, not run): the GPU layout of each paper
-# setting, a vLLM server fleet with frlab's worker extension, and a health wait.
+# setting, the fleet's shared secret, a vLLM server fleet with frlab's worker extension and
+# guard, and a health wait.
 # PRINT_ONLY=1 prints every command (one per line, shell-quoted) instead of running it; the
 # tests use it to check the commands compose.
 
@@ -37,6 +38,19 @@ run_or_print() {
   if [[ "${PRINT_ONLY:-0}" == 1 ]]; then printf '%q ' "$@"; echo; else "$@"; fi
 }
 
+# fleet_secret FILE: the fleet's shared secret in FILE, created once (32 random bytes as hex,
+# mode 0600 from the start) and reused by a resumed or requeued job. Its value never appears
+# on a command line: servers get the file's path (FRLAB_FLEET_SECRET_FILE), the learner
+# rollout.remote.secret_file, vLLM's own --api-key guard the value through its environment.
+fleet_secret() {
+  local file="$1"
+  if [[ "${PRINT_ONLY:-0}" == 1 ]]; then run_or_print fleet_secret "$file"; return 0; fi
+  [[ -s "$file" ]] && return 0
+  mkdir -p "$(dirname "$file")"
+  (umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$file.tmp.$$" \
+    && mv "$file.tmp.$$" "$file")
+}
+
 # serve_words MODEL: the words that start vLLM's OpenAI server on MODEL. VLLM_ENTRY=cli:
 # `vllm serve MODEL`; module: `python -m vllm.entrypoints.openai.api_server --model MODEL`
 # (the same server and flags; vLLM's CPU build needs it: its `vllm` command looks up the
@@ -59,7 +73,13 @@ serve_words() {
 # start_server HOST_GPUS PORT MODEL TP MAX_LEN: one vLLM OpenAI server in the background (dev
 # mode for /collective_rpc and /server_info, frlab's worker extension for versioned weight
 # loads, log-probs of the distribution actually sampled from, which the importance ratios
-# need, and vLLM's neutral sampling defaults instead of the model's generation_config.json);
+# need, and vLLM's neutral sampling defaults instead of the model's generation_config.json),
+# bound to HOST (the address the learner reaches it by; required, never 0.0.0.0). Every route
+# but /health needs the fleet's secret (FLEET_SECRET_FILE, required): frlab's guard
+# (--middleware frlab.rollout.remote.auth.FleetGuard, added last so it sees every request
+# first) and vLLM's own --api-key guard (its /v1... routes), given the value as VLLM_API_KEY
+# in the server's environment, never on its command line. Snapshots are read only below
+# FLEET_SNAPSHOT_DIR (FRLAB_SNAPSHOT_ROOT: the run's snapshot folder).
 # VLLM_EXTRA_ARGS (split on spaces) is appended, e.g. the CPU build's
 # "--kv-cache-memory-bytes 1073741824 --enforce-eager". LORA_RANK=R (a model.lora run) serves
 # the base with LoRA adapters of rank <= R loaded at run time (vLLM accepts R in 1, 8, 16, 32,
@@ -67,19 +87,35 @@ serve_words() {
 # tests/vllm_contract, and run on a real CPU server by tests/vllm_cpu.
 start_server() {
   local gpus="$1" port="$2" model="$3" tp="$4" max_len="$5" extra=() lora_env=() lora=()
+  local host="${HOST:-}" secret="${FLEET_SECRET_FILE:-}" root=()
+  if [[ -z "$host" || "$host" == 0.0.0.0 || "$host" == "::" ]]; then
+    echo "start_server: set HOST to the address the learner reaches this server at (not '$host')" >&2
+    return 2
+  fi
+  if [[ -z "$secret" ]]; then
+    echo "start_server: set FLEET_SECRET_FILE to the fleet's secret file (fleet_secret FILE)" >&2
+    return 2
+  fi
+  if [[ -n "${FLEET_SNAPSHOT_DIR:-}" ]]; then root=(FRLAB_SNAPSHOT_ROOT="$FLEET_SNAPSHOT_DIR"); fi
   serve_words "$model" || return
   if [[ -n "${LORA_RANK:-}" ]]; then
     lora_env=(VLLM_ALLOW_RUNTIME_LORA_UPDATING=True)
     lora=(--enable-lora --max-lora-rank "$LORA_RANK" --max-loras 1)
   fi
   local cmd=(env CUDA_VISIBLE_DEVICES="$gpus" VLLM_SERVER_DEV_MODE=1 "${lora_env[@]}"
-    "${SERVE_WORDS[@]}" --host 0.0.0.0 --port "$port" --tensor-parallel-size "$tp"
+    FRLAB_FLEET_SECRET_FILE="$secret" "${root[@]}"
+    "${SERVE_WORDS[@]}" --host "$host" --port "$port" --tensor-parallel-size "$tp"
     --max-model-len "$max_len" --seed "${SEED:-0}"
     --worker-extension-cls frlab.rollout.vllm.worker_extension.WeightUpdateExtension
     --logprobs-mode processed_logprobs --generation-config vllm "${lora[@]}")
   if [[ -n "${HF_OVERRIDES:-}" ]]; then cmd+=(--hf-overrides "$HF_OVERRIDES"); fi
   if [[ -n "${VLLM_EXTRA_ARGS:-}" ]]; then read -ra extra <<< "$VLLM_EXTRA_ARGS"; cmd+=("${extra[@]}"); fi
-  if [[ "${PRINT_ONLY:-0}" == 1 ]]; then run_or_print "${cmd[@]}"; else "${cmd[@]}" & fi
+  cmd+=(--middleware frlab.rollout.remote.auth.FleetGuard)
+  if [[ "${PRINT_ONLY:-0}" == 1 ]]; then
+    printf 'VLLM_API_KEY="$(< %q)" ' "$secret"; run_or_print "${cmd[@]}"
+  else
+    VLLM_API_KEY="$(< "$secret")" "${cmd[@]}" &
+  fi
 }
 
 # start_fleet FIRST_GPU COUNT TP PORT_BASE MODEL MAX_LEN: COUNT servers on consecutive GPUs.
@@ -90,6 +126,14 @@ start_fleet() {
     for ((g = first + i * tp; g < first + (i + 1) * tp; g++)); do gpus="${gpus:+$gpus,}$g"; done
     start_server "$gpus" $((port + i)) "$model" "$tp" "$max_len"
   done
+}
+
+# node_address NODE: the IPv4 address this host reaches NODE at (its first, as getent
+# resolves the name), or NODE itself where it does not resolve (PRINT_ONLY's made-up names).
+node_address() {
+  local addr
+  addr="$(getent ahostsv4 "$1" 2> /dev/null | awk 'NR == 1 {print $1}')" || true
+  echo "${addr:-$1}"
 }
 
 # fleet_urls HOST COUNT PORT_BASE -> http://HOST:PORT,... (comma separated)

@@ -79,7 +79,11 @@ def test_eval_row_names_kind_k_interval_benchmarks_and_sampling(
     assert plan_row(overrides, "eval") == expected
 
 
-REMOTE = ["rollout=remote", "rollout.engine=remote"]
+REMOTE = [
+    "rollout=remote",
+    "rollout.engine=remote",
+    "rollout.remote.allow_unauthenticated=true",
+]  # made-up hosts: none is reached
 
 
 @pytest.mark.parametrize(

@@ -297,7 +297,7 @@ def test_lora_needs_an_engine_that_serves_it_and_valid_settings() -> None:
 
     preflight(compose(["model.lora.rank=8"]))  # torch: accepted
     preflight(compose(["model.lora.rank=8", "rollout/engine=torch_process"]))
-    fleet = ["model.lora.rank=8", "rollout=remote", "rollout.remote.servers=[http://a:1]"]
+    fleet = ["model.lora.rank=8", "rollout=remote", "rollout.remote.servers=[http://127.0.0.1:1]"]
     preflight(compose(fleet))
     preflight(compose([*fleet, "rollout.weight_update=resubmit"]))
     fails([*fleet, "rollout.weight_update=in_flight"], "rollout.weight_update",

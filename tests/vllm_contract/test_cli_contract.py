@@ -17,6 +17,7 @@ pytestmark = pytest.mark.vllm_contract
 
 REPO = Path(__file__).resolve().parents[2]
 EXTENSION = "frlab.rollout.vllm.worker_extension.WeightUpdateExtension"
+GUARD = "frlab.rollout.remote.auth.FleetGuard"
 GUIDE = REPO / "docs" / "engines.md"  # the documented `vllm serve` commands
 
 
@@ -60,6 +61,8 @@ def check(argv: list[str], local_model: Path) -> None:
     assert args.worker_extension_cls == EXTENSION
     assert args.logprobs_mode == "processed_logprobs"
     assert args.generation_config == "vllm"
+    assert args.middleware[-1] == GUARD  # frlab's guard, added last: the outermost
+    assert args.host not in (None, "", "0.0.0.0") and args.api_key is None  # key: environment
     engine_args = AsyncEngineArgs.from_cli_args(args)
     assert engine_args.logprobs_mode == "processed_logprobs"
     assert engine_args.generation_config == "vllm"
@@ -114,7 +117,8 @@ def test_the_recipes_lora_flags_parse_into_vllms_lora_config(local_model: Path) 
     from vllm.engine.arg_utils import AsyncEngineArgs
 
     script = 'source scripts/launch/fleet.sh && start_server 0 8000 "$MODEL" 1 128'
-    env = {**os.environ, "PRINT_ONLY": "1", "LORA_RANK": "16", "MODEL": str(local_model)}
+    env = {**os.environ, "PRINT_ONLY": "1", "LORA_RANK": "16", "MODEL": str(local_model),
+           "HOST": "127.0.0.1", "FLEET_SECRET_FILE": "/run/fleet.secret"}  # fmt: skip
     line = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env,
                           cwd=REPO, timeout=60, check=True).stdout.strip()  # fmt: skip
     words = shlex.split(line)

@@ -109,3 +109,28 @@ def test_a_snapshot_loads_through_vllms_reload_path(worker, tmp_path: Path) -> N
     path4, fp4 = write_snapshot({k: v + 1 for k, v in weights.items()}, tmp_path, 4)
     check_acks([worker.frlab_load_snapshot(str(path4), 4, dict(fp4))], 4, fp4)
     assert torch.equal(model.proj.bias.detach(), torch.tensor([3.0, 0.0]))
+
+
+def test_a_snapshot_outside_the_servers_folder_is_refused_by_the_worker(
+    worker,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,  # noqa: ANN001
+) -> None:
+    """With FRLAB_SNAPSHOT_ROOT set (the launch recipe: the run's snapshot folder) a snapshot
+    below it loads through vLLM's reload path, one elsewhere (or reached through a link that
+    leaves it) is refused before anything is read, the weights and version unchanged."""
+    from frlab.rollout.vllm.worker_extension import SNAPSHOT_ROOT_VAR
+
+    weights = {"proj.weight": torch.full((2, 3), 0.5), "proj.bias": torch.tensor([1.0, 1.0])}
+    inside = tmp_path / "run" / "snapshots"
+    monkeypatch.setenv(SNAPSHOT_ROOT_VAR, str(inside))
+    path, fingerprint = write_snapshot(weights, inside, 7)
+    check_acks([worker.frlab_load_snapshot(str(path), 7, dict(fingerprint))], 7, fingerprint)
+    bad = {k: v * 0 for k, v in weights.items()}
+    outside, fp_out = write_snapshot(bad, tmp_path / "elsewhere", 8)
+    (inside / "v8").symlink_to(outside.parent, target_is_directory=True)
+    for attempt in (outside, inside / "v8" / outside.name):
+        with pytest.raises(PermissionError, match="outside this server's snapshot folder"):
+            worker.frlab_load_snapshot(str(attempt), 8, dict(fp_out))
+    assert worker.frlab_weight_version() == {"version": 7}
+    assert torch.equal(worker.get_model().proj.bias.detach(), weights["proj.bias"])

@@ -192,6 +192,7 @@ class VllmAppServer:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.client: Any = None
+        self.app: Any = None
         self._server: Any = None
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._ready = threading.Event()
@@ -217,6 +218,7 @@ class VllmAppServer:
         config = AsyncEngineArgs.from_cli_args(self.args).create_engine_config()
         self.client = make_client(config)
         app = build_app(self.args, ("generate",), config.model_config)
+        self.app = app  # its routes and middleware, as vLLM built them
         await init_app_state(self.client, app.state, self.args, ("generate",))
         self._server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port,
                                                      log_level="warning", lifespan="on"))  # fmt: skip

@@ -61,7 +61,8 @@ def lora_server(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 def engine_for(server: Server, policy: Any, folder: Path, mode: str | None) -> RemoteEngine:
     settings = {"servers": [server.url], "snapshot_dir": str(folder), "request_timeout_s": 120,
-                "startup_timeout_s": 120, "probe_interval_s": 0.5}  # fmt: skip
+                "startup_timeout_s": 120, "probe_interval_s": 0.5,
+                "secret_file": str(server.secret_file)}  # fmt: skip
     engine = RemoteEngine.for_policy(policy, seed=0, settings=settings, weight_update=mode)
     engine.start()
     return engine
@@ -95,7 +96,9 @@ def test_a_fleet_serves_base_plus_adapter_and_an_adapter_push_lands(lora_server,
         engine.update_weights(new, 1)
         push_s = time.monotonic() - started
         after = sample(engine)
-        listed = listed_adapters(httpx.get(server.url + proto.MODELS, timeout=10).json())
+        listed = listed_adapters(
+            httpx.get(server.url + proto.MODELS, timeout=10, headers=server.headers).json()
+        )
     finally:
         engine.shutdown()
     moved = with_adapter(policy, new)
@@ -151,6 +154,7 @@ def test_a_lora_run_on_the_fleet_samples_from_the_learners_adapter_from_the_firs
     overrides = ["experiment=toy_cpu", "rollout=remote", "rollout/engine=remote",
                  f"rollout.remote.servers=[{server.url}]", "rollout.remote.request_timeout_s=60",
                  "rollout.remote.startup_timeout_s=120", f"trainer.max_steps={steps}",
+                 f"rollout.remote.secret_file={server.secret_file}",
                  f"model.name_or_path={server.model}", "model.config=null", "model.lora.rank=8",
                  f"model.lora.adapter={tmp_path / 'adapter'}"]  # fmt: skip
     started = time.monotonic()
@@ -160,7 +164,9 @@ def test_a_lora_run_on_the_fleet_samples_from_the_learners_adapter_from_the_firs
     assert [int(r["step"]) for r in rows] == list(range(1, steps + 1))
     kls = [float(r["train/sequence_kl_mean"]) for r in rows]
     assert kls[0] < 1e-6 and max(kls) < 2e-3, kls
-    listed = listed_adapters(httpx.get(server.url + proto.MODELS, timeout=10).json())
+    listed = listed_adapters(
+        httpx.get(server.url + proto.MODELS, timeout=10, headers=server.headers).json()
+    )
     assert list(listed) == [f"frlab-v{steps}"], listed
     assert summary(run)["status"] == "finished"
     REPORT.append(f"LoRA run on a vLLM CPU server, {steps} updates in "

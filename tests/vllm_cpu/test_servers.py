@@ -87,7 +87,8 @@ def remote_run(servers: list[Server], *extra: str) -> list[str]:
     urls = ",".join(s.url for s in servers)
     return ["experiment=toy_cpu", "rollout=remote", "rollout/engine=remote",
             f"rollout.remote.servers=[{urls}]", "rollout.remote.request_timeout_s=60",
-            "rollout.remote.startup_timeout_s=120", *extra]  # fmt: skip
+            "rollout.remote.startup_timeout_s=120",
+            f"rollout.remote.secret_file={servers[0].secret_file}", *extra]  # fmt: skip
 
 
 def warnings(log: Path) -> str:
@@ -98,7 +99,8 @@ def warnings(log: Path) -> str:
 
 def served_version(server: Server) -> int | None:
     body = control.rpc_request("frlab_weight_version")
-    answer = httpx.post(server.url + proto.COLLECTIVE_RPC, json=body, timeout=30).json()
+    answer = httpx.post(server.url + proto.COLLECTIVE_RPC, json=body, timeout=30,
+                        headers=server.headers).json()  # fmt: skip
     (version,) = set(control.rpc_versions(answer))
     return version
 
@@ -242,6 +244,7 @@ def test_a_resubmit_update_mid_request_goes_on_from_a_fresh_prefill(fleet, tmp_p
     server = fleet[0]
     old = AutoModelForCausalLM.from_pretrained(server.model, dtype=torch.float32).eval()
     engine = RemoteEngine([server.url], snapshot_dir=str(tmp_path / "snaps"),
+                          secret_file=str(server.secret_file),
                           request_timeout_s=120, startup_timeout_s=120, probe_interval_s=0.5,
                           weight_update="resubmit", initial_weights=old.state_dict())  # fmt: skip
     engine.start()
@@ -295,6 +298,7 @@ def test_an_in_flight_update_mid_request_keeps_the_requests_with_vllms_labels(
     server = fleet[0]
     old = AutoModelForCausalLM.from_pretrained(server.model, dtype=torch.float32).eval()
     engine = RemoteEngine([server.url], snapshot_dir=str(tmp_path / "snaps"),
+                          secret_file=str(server.secret_file),
                           request_timeout_s=120, startup_timeout_s=120, probe_interval_s=0.5,
                           weight_update="in_flight", initial_weights=old.state_dict())  # fmt: skip
     engine.start()

@@ -145,10 +145,20 @@ def tail(log: Path, chars: int = 4000) -> str:
 
 
 # -- real vLLM OpenAI servers -------------------------------------------------------------------
+def fleet_secret(folder: Path) -> Path:
+    """The fleet secret file of the servers started in `folder` (created once, by the launch
+    recipe's own `fleet_secret`: mode 0600)."""
+    path = folder / "fleet.secret"
+    script = f"source scripts/launch/fleet.sh && fleet_secret '{path}'"
+    subprocess.run(["bash", "-c", script], cwd=REPO, check=True, timeout=60)
+    return path
+
+
 class Server:
     """One `python -m vllm.entrypoints.openai.api_server` started by the launch recipe's
     `start_server` (VLLM_ENTRY=module: vLLM's CPU build has no working `vllm` command), in
-    its own process group, bound to one CPU core."""
+    its own process group, bound to one CPU core, on loopback, behind the fleet's secret
+    (`secret_file`, shared by the servers started in one folder: `headers` carry it)."""
 
     def __init__(self, model: Path, port: int, core: int, log: Path, max_len: int = 64,
                  flags: str = "", env: dict[str, str] | None = None) -> None:  # fmt: skip
@@ -156,17 +166,23 @@ class Server:
         self.flags = flags  # more `vllm serve` flags, e.g. --enable-scale-out
         self.env = dict(env or {})  # the recipe's own switches, e.g. LORA_RANK
         self.proc: subprocess.Popen | None = None
+        self.secret_file = fleet_secret(log.parent)
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def headers(self) -> dict[str, str]:
+        """What a request to this server carries: the fleet's bearer token."""
+        return {"Authorization": f"Bearer {self.secret_file.read_text().strip()}"}
+
     def start(self) -> None:
         extra = ("--skip-tokenizer-init --enforce-eager --dtype float32 "
-                 f"--kv-cache-memory-bytes {256 * 2**20} --host 127.0.0.1 "
-                 f"{self.flags}")  # fmt: skip
+                 f"--kv-cache-memory-bytes {256 * 2**20} {self.flags}")  # fmt: skip
         env = {**frlab_env(), "VLLM_ENTRY": "module", "VLLM_EXTRA_ARGS": extra,
                "VLLM_CPU_OMP_THREADS_BIND": str(self.core), "PYTHON": sys.executable,
+               "HOST": "127.0.0.1", "FLEET_SECRET_FILE": str(self.secret_file),
                **self.env}  # fmt: skip
         script = (f'source scripts/launch/fleet.sh && start_server "" {self.port} '
                   f'"{self.model}" 1 {self.max_len} && wait')  # fmt: skip

@@ -56,8 +56,8 @@ from frlab.rollout.engine import (
     request_seed,
 )
 from frlab.rollout.engine_loop import EngineLoop
+from frlab.rollout.remote import auth, in_flight, limits, resubmit
 from frlab.rollout.remote import generate as gen
-from frlab.rollout.remote import in_flight, resubmit
 from frlab.rollout.remote import protocol as proto
 from frlab.rollout.remote.fleet import Fleet, Server, ServerFault, check_settings, check_urls
 from frlab.rollout.remote.lora import LORA_WEIGHT_UPDATES, LoraAdapters, check_lora_settings
@@ -96,6 +96,8 @@ class RemoteEngine(Engine):
             )
         if remote["weight_sync"] == "nccl":
             nccl_master_address(remote.get("nccl_master_address"), remote["servers"])
+        auth.fleet_secret(remote["servers"], remote.get("secret_env"), remote.get("secret_file"),
+                          bool(remote.get("allow_unauthenticated")))  # fmt: skip
 
     @classmethod
     def for_policy(
@@ -110,7 +112,8 @@ class RemoteEngine(Engine):
         lora = adapter_config(policy) if is_peft(policy) else None
         weights = policy.state_dict()
         return cls(**dict(settings), seed=seed, weight_update=weight_update, lora=lora,
-                   initial_weights=weights if lora is None else adapter_state_dict(weights))  # fmt: skip
+                   initial_weights=weights if lora is None else adapter_state_dict(weights),
+                   vocab_size=limits.model_vocab_size(policy))  # fmt: skip
 
     @classmethod
     def lora_weight_updates(cls) -> tuple[str, ...]:
@@ -146,6 +149,10 @@ class RemoteEngine(Engine):
         nccl_packed: bool = True,
         weight_update: str | None = None,
         lora: Mapping[str, Any] | None = None,
+        secret_env: str = auth.DEFAULT_SECRET_ENV,
+        secret_file: str | None = None,
+        allow_unauthenticated: bool = False,
+        vocab_size: int | None = None,
     ) -> None:
         urls = check_urls(servers)
         mode = resolve_weight_update(weight_update, self.weight_updates(), "remote")
@@ -154,11 +161,15 @@ class RemoteEngine(Engine):
                         keep_snapshots, fleet_down_timeout_s)  # fmt: skip
         check_lora_settings(lora, mode, weight_sync)
         self.lora = None if lora is None else dict(lora)  # the adapter's peft config
-        self._fleet = Fleet(urls, request_timeout_s, probe_interval_s, fleet_down_timeout_s)
         self._nccl = (
             NcclSync(nccl_master_address, nccl_master_port, nccl_packed, request_timeout_s, urls)
             if weight_sync == "nccl" else None
         )  # fmt: skip
+        secret = auth.fleet_secret(urls, secret_env, secret_file, allow_unauthenticated)
+        self._unauthenticated = secret is None and not auth.all_loopback(urls)
+        self._fleet = Fleet(urls, request_timeout_s, probe_interval_s, fleet_down_timeout_s,
+                            headers=auth.bearer_headers(secret))  # fmt: skip
+        self.vocab_size = None if vocab_size is None else int(vocab_size)  # ids answers may hold
         # a private temp folder for servers on this host only; nccl: snapshots only if asked
         self._own_dir = snapshot_dir is None and self._nccl is None
         self.snapshot_dir: Path | None = (
@@ -224,6 +235,8 @@ class RemoteEngine(Engine):
         version within `startup_timeout_s`, else EngineError) and start the prober."""
         if self._runner.running:
             return
+        if self._unauthenticated:
+            log.warning(auth.UNAUTHENTICATED_WARNING, self._fleet.describe())
         if self._nccl is not None:
             self._nccl.load()  # one learner rank, vLLM's trainer API installed (else EngineError)
         self._runner.start()
@@ -369,7 +382,8 @@ class RemoteEngine(Engine):
         self._traffic.sent()
         try:
             path = gen.GENERATE if generates else proto.COMPLETIONS
-            answer = await self._fleet.post(server, path, body)
+            bound = limits.answer_bytes(len(prompt), params.max_new_tokens)
+            answer = await self._fleet.post(server, path, body, max_bytes=bound)
         finally:
             server.in_flight -= 1
             self._traffic.answered()
@@ -377,6 +391,7 @@ class RemoteEngine(Engine):
             done = (
                 gen.parse_generate(answer) if generates else proto.parse_completion(answer, prompt)
             )
+            limits.check_tokens(done, params.max_new_tokens, self.vocab_size)
         except proto.MalformedResponse as exc:
             raise ServerFault("dead", f"garbage answer: {exc}") from exc
         resubmit.check_abort(done, aborts, self._traffic.aborts)

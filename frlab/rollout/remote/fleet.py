@@ -1,7 +1,9 @@
 """The servers of a `remote` engine as its client sees them: state, load, HTTP, counters.
 
 `Fleet` holds one `Server` record per URL (`ok` | `stale` | `dead` | `unverified`), the
-HTTP client every request, probe and load goes through, the control calls that pause, abort
+HTTP client every request, probe and load goes through (each carrying the fleet's bearer
+token, each answer read only up to a bound: frlab.rollout.remote.auth, .limits; a 401 stops
+the run as a configuration error), the control calls that pause, abort
 and resume a server's requests, the fault and refusal counters logged as `rollout/<name>`,
 and the clock of `down_reason`. It decides nothing about weights: which
 server is admitted at which version is the engine's weight sync
@@ -26,6 +28,8 @@ import httpx
 from frlab.rollout.engine import EngineError
 from frlab.rollout.remote import control
 from frlab.rollout.remote import protocol as proto
+from frlab.rollout.remote.auth import FleetAuthError
+from frlab.rollout.remote.limits import MAX_CONTROL_BYTES, AnswerRefused, read_bounded
 
 # answers that refuse a load or a version check (EngineError, a 4xx answer, is a RuntimeError)
 REFUSED = (RuntimeError, proto.MalformedResponse)
@@ -85,22 +89,26 @@ class Fleet:
 
     def __init__(
         self, urls: list[str], request_timeout_s: float, probe_interval_s: float,
-        fleet_down_timeout_s: float,
+        fleet_down_timeout_s: float, headers: Mapping[str, str] | None = None,
     ) -> None:  # fmt: skip
         self.servers = [Server(u) for u in urls]
+        self.headers = dict(headers or {})  # the fleet's bearer token (frlab...remote.auth)
         self.request_timeout_s = float(request_timeout_s)
         self.probe_interval_s = float(probe_interval_s)
         self.fleet_down_timeout_s = float(fleet_down_timeout_s)
         self.counts: Counter[str] = Counter()
         self.client: httpx.AsyncClient | None = None
         self.last_healthy: float | None = None  # time.monotonic() a server was last seen ok
+        self.auth_error: FleetAuthError | None = None  # a server refused the secret: run stops
 
     def open(self) -> None:
         """The HTTP client (call on the engine's event loop)."""
         timeout = httpx.Timeout(self.request_timeout_s, connect=min(5.0, self.request_timeout_s))
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=None,
                               keepalive_expiry=KEEPALIVE_S)  # fmt: skip
-        self.client = httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False)
+        headers = {**self.headers, "Accept-Encoding": "identity"}  # frlab...remote.limits
+        self.client = httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False,
+                                        headers=headers)  # fmt: skip
 
     async def close(self) -> None:
         if self.client is not None:
@@ -124,7 +132,9 @@ class Fleet:
 
     def down_reason(self, syncing: bool) -> str | None:
         """Not None once no server has been healthy for `fleet_down_timeout_s` (outside a sync,
-        whose waits have deadlines of their own)."""
+        whose waits have deadlines of their own); at once after a server refused the secret."""
+        if self.auth_error is not None:
+            return str(self.auth_error)
         if self.last_healthy is None or syncing or self.healthy_now():
             return None
         down_for = time.monotonic() - self.last_healthy
@@ -154,25 +164,41 @@ class Fleet:
         healthy = [s for s in self.servers if s.state == "ok"]
         return min(healthy, key=lambda s: s.in_flight) if healthy else None
 
-    async def send(self, method: str, url: str, **kw: Any) -> httpx.Response:
-        """One HTTP request; sent again on a fresh connection (at most REOPENS times) when the
-        client's own pool closed the connection under it: that is no fault of the server."""
+    async def send(
+        self, method: str, url: str, max_bytes: int = MAX_CONTROL_BYTES, **kw: Any
+    ) -> httpx.Response:
+        """One HTTP request, its answer read up to `max_bytes` (frlab.rollout.remote.limits);
+        sent again on a fresh connection (at most REOPENS times) when the client's own pool
+        closed the connection under it: that is no fault of the server. A 401 raises
+        FleetAuthError: the secrets differ, which no retry or other server mends."""
         reopened = 0
         while True:
             try:
-                return await self.client.request(method, url, **kw)
+                resp = await read_bounded(self.client, method, url, max_bytes, **kw)
             except httpx.TransportError as exc:
                 if reopened == REOPENS or not closed_by_client(exc):
                     raise
                 reopened += 1
                 log.debug("remote engine: %s %s: the client closed its connection, sending it "
                           "again: %r", method, url, exc)  # fmt: skip
+                continue
+            if resp.status_code == 401:
+                refused = FleetAuthError(url.split("?", 1)[0])
+                self.auth_error = self.auth_error or refused
+                raise refused
+            return resp
 
-    async def post(self, server: Server, path: str, body: Any, timeout: float | None = None) -> Any:
-        """POST JSON and decode the answer; transport, 5xx and non-JSON raise ServerFault."""
+    async def post(
+        self, server: Server, path: str, body: Any, timeout: float | None = None,
+        max_bytes: int = MAX_CONTROL_BYTES,
+    ) -> Any:  # fmt: skip
+        """POST JSON and decode the answer; transport, 5xx, non-JSON and an answer larger
+        than `max_bytes` raise ServerFault."""
         kw = {} if timeout is None else {"timeout": timeout}
         try:
-            resp = await self.send("POST", server.url + path, json=body, **kw)
+            resp = await self.send("POST", server.url + path, max_bytes, json=body, **kw)
+        except AnswerRefused as exc:
+            raise ServerFault("dead", f"{path}: {exc}") from exc
         except httpx.TimeoutException as exc:
             raise ServerFault("dead", f"{path} timed out: {exc!r}") from exc
         except httpx.HTTPError as exc:
@@ -280,6 +306,8 @@ class Fleet:
         paused = [s for s in self.servers if s.paused and s.state != "dead"]
         results = await asyncio.gather(*(self.resume(s) for s in paused), return_exceptions=True)
         for server, result in zip(paused, results, strict=True):
+            if isinstance(result, FleetAuthError):
+                raise result
             if isinstance(result, ServerFault):
                 self.fault(server, result)
             elif isinstance(result, Exception):

@@ -41,7 +41,7 @@ import asyncio
 import logging
 import socket
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -51,6 +51,7 @@ import torch
 from frlab.rollout.engine import EngineError
 from frlab.rollout.remote import control
 from frlab.rollout.remote import protocol as proto
+from frlab.rollout.remote.auth import FleetAuthError
 from frlab.rollout.remote.fleet import REFUSED, Fleet, Server, ServerFault
 from frlab.rollout.remote.hosts import nccl_master_address
 from frlab.rollout.vllm.nccl import TrainerApi, build_source, load_trainer_api
@@ -86,14 +87,18 @@ class FleetClient:
     goes to all members at once (their workers meet in the same NCCL calls) and raises
     EngineError if any fails; init gives each server its own `rank_offset`."""
 
-    def __init__(self, urls: Sequence[str], offsets: Sequence[int], timeout: float) -> None:
+    def __init__(
+        self, urls: Sequence[str], offsets: Sequence[int], timeout: float,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:  # fmt: skip
         self.urls, self.offsets, self.timeout = list(urls), list(offsets), float(timeout)
+        self.headers = dict(headers or {})  # the fleet's bearer token
         self.weight_version: str | None = None
 
     def _fan_out(self, path: str, bodies: Sequence[dict[str, Any]]) -> None:
         errors = []
         with (
-            httpx.Client(timeout=self.timeout, trust_env=False) as http,
+            httpx.Client(timeout=self.timeout, trust_env=False, headers=self.headers) as http,
             ThreadPoolExecutor(len(self.urls)) as pool,
         ):
             futures = [
@@ -102,7 +107,11 @@ class FleetClient:
             ]
             for url, future in zip(self.urls, futures, strict=True):
                 try:
+                    if future.result().status_code == 401:
+                        raise FleetAuthError(url)
                     future.result().raise_for_status()
+                except FleetAuthError:
+                    raise
                 except Exception as exc:  # every failure is reported together
                     errors.append(f"{url}: {exc!r}")
         if errors:
@@ -126,9 +135,10 @@ class FleetClient:
         self._fan_out(proto.FINISH_WEIGHT_UPDATE, [body] * len(self.urls))
 
 
-def free_port() -> int:
+def free_port(host: str = "") -> int:
+    """A TCP port free on `host` (the interface the rendezvous listens on) right now."""
     with socket.socket() as s:
-        s.bind(("", 0))
+        s.bind((host, 0))
         return int(s.getsockname()[1])
 
 
@@ -251,9 +261,13 @@ class NcclSync:
         if not members:
             return False
         offsets, world = control.nccl_rank_offsets([n for n in sized if n])
-        port = self.master_port + self.generation if self.master_port else free_port()
+        port = (
+            self.master_port + self.generation
+            if self.master_port
+            else free_port(self.master_address)
+        )
         self.generation += 1
-        client = FleetClient([s.url for s in members], offsets, self.timeout)
+        client = FleetClient([s.url for s in members], offsets, self.timeout, fleet.headers)
         info = self.api.init_info_cls(
             master_address=self.master_address, master_port=port,
             world_size=world, packed=self.packed, rank=0,
@@ -262,6 +276,9 @@ class NcclSync:
             self.trainer = await asyncio.wait_for(asyncio.to_thread(
                 self.api.factory.trainer_init, info, client=client, source=self.source
             ), 2 * self.timeout)  # fmt: skip
+        except FleetAuthError as exc:  # a member refused the secret: no retry mends it
+            fleet.auth_error = fleet.auth_error or exc
+            raise
         except Exception as exc:
             log.error("remote engine: forming the NCCL group on port %d failed: %r", port, exc)
             return False

@@ -52,12 +52,19 @@ def token_versions(
 ) -> list[int]:
     """Per-token versions from the server's own answers (see the module docstring);
     `sent_at`: the version the server had proved when the request was sent, `version` the
-    fleet's now."""
+    fleet's now. A label above the last version the server proved is refused unless an
+    update is verifying it now (`unverified`): one refused or marked since proved nothing."""
     if done.versions is not None:
-        if sent_at is None or any(not sent_at <= v <= version for v in done.versions):
+        proved = version if server.state in ("ok", "unverified") else server.version
+        if (
+            sent_at is None
+            or proved is None
+            or any(not sent_at <= v <= min(proved, version) for v in done.versions)
+        ):
             raise ServerFault(
                 "stale", f"answered token versions {sorted(set(done.versions))}, it proved "
-                f"v{sent_at} and the fleet is at v{version}",
+                f"v{sent_at} (last v{server.version}, now {server.state}) and the fleet is at "
+                f"v{version}",
             )  # fmt: skip
         return list(done.versions)
     if mode == "in_flight":

@@ -66,6 +66,7 @@ import torch
 from frlab.rollout.engine import EngineError
 from frlab.rollout.remote import control, in_flight, resubmit
 from frlab.rollout.remote import protocol as proto
+from frlab.rollout.remote.auth import FleetAuthError
 from frlab.rollout.remote.fleet import REFUSED, Fleet, Server, ServerFault, Snapshot
 from frlab.rollout.remote.lora import LoraAdapters
 from frlab.rollout.remote.traffic import Traffic
@@ -285,14 +286,19 @@ class WeightSync:
 
     async def probe_forever(self) -> None:
         """Re-check dead / stale servers; admit none while the engine is paused (a collective
-        sync of several ranks may be under way: admitting now could load an older snapshot)."""
+        sync of several ranks may be under way: admitting now could load an older snapshot).
+        A server that refuses the secret ends the probing (the fleet reports it: run stops)."""
         while True:
             await asyncio.sleep(self.fleet.probe_interval_s)
             for server in [s for s in self.fleet.servers if s.state != "ok"]:
-                if not await self.fleet.healthy(server):
-                    continue
-                async with self.lock:
-                    if server.state != "ok" and not (
-                        self.traffic.user_paused or self.traffic.syncing
-                    ):
-                        await self.admit(server)
+                try:
+                    await self._probe(server)
+                except FleetAuthError:
+                    return
+
+    async def _probe(self, server: Server) -> None:
+        if not await self.fleet.healthy(server):
+            return
+        async with self.lock:
+            if server.state != "ok" and not (self.traffic.user_paused or self.traffic.syncing):
+                await self.admit(server)

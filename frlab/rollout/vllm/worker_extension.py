@@ -46,6 +46,7 @@ it has not run inside a vLLM worker on a GPU.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,22 @@ SNAPSHOT_METHOD = "frlab_load_snapshot"  # load a safetensors snapshot file -> w
 NCCL_JOIN_METHOD = "frlab_nccl_join"  # remote backend, nccl: the group token -> {"group"}
 NCCL_BEGIN_METHOD = "frlab_nccl_begin"  # ... before a broadcast: tap load_weights -> {"ready"}
 COMMIT_METHOD = "frlab_commit_version"  # ... after it: verify what was loaded, commit -> ack
+# the folder a server reads snapshots from (set by scripts/launch/fleet.sh: the run's snapshot_dir)
+SNAPSHOT_ROOT_VAR = "FRLAB_SNAPSHOT_ROOT"
+
+
+def check_snapshot_path(path: str, root: str | os.PathLike[str] | None) -> str:
+    """`path`, unless `root` is set and `path` (symlinks followed) lies outside it: then
+    PermissionError. Without a root any path is read (a server started by hand)."""
+    if root is None or str(root) == "":
+        return str(path)
+    real, base = os.path.realpath(path), os.path.realpath(root)
+    if os.path.commonpath([real, base]) != base:
+        raise PermissionError(
+            f"weight snapshot {path} is outside this server's snapshot folder {root} "
+            f"({SNAPSHOT_ROOT_VAR}): refused"
+        )
+    return str(path)
 
 
 def as_named_tensors(named_tensors: Any) -> list[tuple[str, torch.Tensor]]:
@@ -222,7 +239,8 @@ class WeightUpdateExtension:
         """Stream the safetensors snapshot at `path` into the served model through the
         worker's reload path and acknowledge `version`; if this worker already holds
         `version` with that `fingerprint` (another learner rank pushed the same weights),
-        answer the same acknowledgement without reloading."""
+        answer the same acknowledgement without reloading. A path outside the folder
+        `FRLAB_SNAPSHOT_ROOT` names (when set) is refused, the weights unchanged."""
         held = getattr(self, "frlab_ack", None)
         if getattr(self, "frlab_version", None) == int(version) and same_weights(
             held, version, fingerprint
@@ -234,7 +252,7 @@ class WeightUpdateExtension:
                 "this vLLM worker has no reload_weights(weights_iterator=..., "
                 f"is_checkpoint_format=...): frlab needs {SUPPORTED}"
             )
-        tensors = snapshot_tensors(str(path))
+        tensors = snapshot_tensors(check_snapshot_path(path, os.environ.get(SNAPSHOT_ROOT_VAR)))
         self.frlab_version, self.frlab_ack = None, None  # the weights are about to change
         seen = Fingerprint()
         reload(weights_iterator=seen.stream(tensors), is_checkpoint_format=True)
