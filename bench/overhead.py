@@ -215,8 +215,10 @@ def alone(cfg, args: argparse.Namespace) -> tuple[list[float], list[float], list
     """Seconds per batch of the pool alone (and per weight push to its engine), then per
     update of the learner alone."""
     from frlab.build import arguments
+    from frlab.config.compose import instantiate
     from frlab.model.toy_tokenizer import build_toy_tokenizer
-    from frlab.train import build_policy_from, plain, pool_factory
+    from frlab.rollout.pool.factory import env_factory, pool_factory, task_sampler_factory
+    from frlab.train import build_policy_from, plain
 
     model, data = plain(cfg.model), plain(cfg.data)
     policy = build_policy_from(model, int(cfg.seed))
@@ -226,7 +228,10 @@ def alone(cfg, args: argparse.Namespace) -> tuple[list[float], list[float], list
                                   max_tokens_per_micro_batch=data["max_tokens_per_micro_batch"],
                                   pack_sequences=data["pack_sequences"], policy=policy)  # fmt: skip
     tokenizer = build_toy_tokenizer()
-    pool = pool_factory(cfg, policy, tokenizer)(batch_size=data["batch_size"], seed=0)
+    engine = instantiate(cfg.rollout.engine, key="rollout.engine")
+    pool = pool_factory(plain(cfg.rollout), policy, tokenizer, engine, env_factory(cfg.env),
+                        task_sampler_factory(cfg.env), off_policy_correction=True)(
+        batch_size=data["batch_size"], seed=0)  # fmt: skip
     pool.start()
     gen, sync, batches = [], [], []
     try:

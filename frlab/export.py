@@ -137,7 +137,7 @@ def load_into(model: Any, weights: Mapping[str, torch.Tensor]) -> None:
 
 def save_tokenizer(name: str, out: Path) -> None:
     """The run's tokenizer (with its chat template) into `out`."""
-    from frlab.train import build_tokenizer
+    from frlab.model.tokenizer import build_tokenizer
 
     build_tokenizer(name).save_pretrained(out)
 

@@ -136,6 +136,18 @@ def plot_runs(
     return written
 
 
+def write_plots(run_dir: Path) -> list[Path]:
+    """PNG curves of one run into `<run>/plots` (failures are logged, never fatal: plotting
+    must never lose a finished run)."""
+    import logging
+
+    try:
+        return plot_runs([run_dir], run_dir / "plots")
+    except Exception as exc:  # noqa: BLE001
+        logging.getLogger(__name__).warning("plots not written: %s", exc)
+        return []
+
+
 def default_out(paths: Sequence[str]) -> Path:
     """`<dir>/plots` for a single folder argument, else `./plots`."""
     return Path(paths[0]) / "plots" if len(paths) == 1 else Path("plots")

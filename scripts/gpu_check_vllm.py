@@ -1,6 +1,6 @@
 """GPU check of frlab's vLLM paths (run by scripts/gpu_check.sh when vllm is installed).
 
-1. In-process engine (`rollout.engine=vllm`, frlab.rollout.vllm.engine): a random-init
+1. In-process engine (`rollout/engine=vllm`, frlab.rollout.vllm.engine): a random-init
    Qwen2 in bf16 is served by `VLLMEngine` (processed log-probs, frlab's worker extension);
    the behaviour log-probs of sampled tokens are compared with the learner's own
    (`frlab.model.lm_logprobs.sequence_logprobs`, same bf16 weights, same temperature):

@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 
 from frlab.config.compose import compose
-from frlab.config.engines import engine_name
 from frlab.config.preflight import preflight
 
 REPO = Path(__file__).resolve().parents[1]
@@ -74,7 +73,7 @@ def _check_learner(overrides: list[str], exp: str, world: int, urls: list[str]) 
     assert (REPO / "experiments" / "experiment" / f"{exp}.yaml").is_file()
     assert (REPO / "configs" / "trainer" / f"{trainer}.yaml").is_file()
     cfg = compose(overrides)
-    assert engine_name(cfg.rollout.engine) == "remote" and cfg.hydra.run.dir == "/shared/run"
+    assert cfg.rollout.engine._target_.endswith("RemoteEngine.for_policy") and cfg.hydra.run.dir == "/shared/run"
     assert list(cfg.rollout.remote.servers) == urls
     assert cfg.rollout.remote.snapshot_dir == "/shared/run/snapshots"
     assert cfg.trainer.devices * cfg.trainer.num_nodes == world
@@ -96,7 +95,7 @@ def _learner_overrides(exp: str) -> list[str]:
 def test_recipe_learner_commands_pass_preflight(exp: str) -> None:
     _, gpus, nodes, _, _ = LAYOUTS[exp]
     plan = preflight(compose(_learner_overrides(exp)))
-    assert plan.devices == gpus * nodes and plan.engine == "remote"
+    assert plan["devices"] == gpus * nodes and plan["engine"] == "remote"
 
 
 @pytest.mark.parametrize("script", RECIPES)
@@ -180,7 +179,7 @@ def test_fsdp_presets_compose_and_pass_preflight(trainer: str, world: int) -> No
     cfg = compose([f"trainer={trainer}", "data.micro_batch_size=4"])
     assert cfg.trainer.strategy._target_ == "frlab.learner.sharding.FSDP2Strategy"
     assert cfg.trainer.precision == "bf16-mixed" and cfg.trainer.accelerator == "gpu"
-    assert preflight(cfg).devices == world
+    assert preflight(cfg)["devices"] == world
 
 
 @pytest.mark.parametrize(

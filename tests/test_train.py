@@ -56,7 +56,7 @@ def test_a_run_builds_the_objective_once_and_every_node_from_its_target(
 def test_the_optimizer_and_data_module_come_from_their_nodes() -> None:
     import torch
 
-    from frlab.config.instantiate import instantiate
+    from frlab.config.compose import instantiate
     from frlab.data.datamodule import RolloutDataModule
 
     cfg = compose(["optim.lr=0.01", "optim.betas=[0.5,0.75]", "optim.weight_decay=0.2",

@@ -1,69 +1,41 @@
-"""Everything frlab registers with Hydra, and `compose` for use outside `python -m frlab`.
+"""Everything frlab registers with Hydra, `compose`, Hydra's errors at the command line, and the
+one door from a `_target_` node to an object.
 
-- The declarations (frlab.config.schema) go into Hydra's ConfigStore: `frlab_root` (the root
-  `FrlabConfig`, first in `configs/train.yaml`'s defaults list), `frlab_schema/rollout/remote`,
-  `frlab_schema/rollout/engine/NAME` and `frlab_schema/eval/KIND` (the eval node's defaults as
-  a plain mapping: frlab.config.evaluation says why). Group option files pull these in with
-  `defaults: [/frlab_schema/...@_here_]`, so a YAML file holds only what differs.
-- `experiments/` (the `experiment/` and `sweep/` groups) is appended to Hydra's search path by
-  a `SearchPathPlugin` registered in-process, so `experiment=NAME` works from any working
-  directory, with `hydra.compose` in tests and in jobs that re-import `frlab.__main__`.
-- Two resolvers name run folders: a single run's is `<log_dir>/runs/<experiment>/<date>_<time>`
-  plus `_` and 6 hex digits of the overrides' SHA-1 (`frlab_suffix`; the overrides themselves
-  are in `.hydra/overrides.yaml`); a sweep job's is named by its overrides when short, else
-  `job<N>_<hash>` (`frlab_subdir`). Path separators are replaced, so no nested folders.
-
-- `legacy_overrides` keeps old command-line spellings working: `rollout.engine=NAME` (a plain
-  key before the engine became a config group) means `rollout/engine=NAME`, and
-  `+trainer.KEY=V` / `eval.benchmarks=[...]` are rewritten as Hydra needs them.
-
-`compose(overrides)` gives exactly the config `python -m frlab <overrides>` would run with
-(legacy spellings included), with the `hydra` node; a composition error is raised as the
-`ConfigError` the command line would print. `group_options(group)` lists a group's options.
+- The declarations (frlab.config.schema) go into Hydra's ConfigStore under root-level names, not
+  in a config group, so `--help` lists only frlab's groups: `frlab_root` (first in
+  `configs/train.yaml`'s defaults list), `frlab_fleet`, `frlab_engine_NAME` and `frlab_eval_KIND`
+  (the eval node's defaults as a plain mapping, so a benchmark set can be replaced). Group
+  option files pull them in with `defaults: [/frlab_engine_torch@_here_]`.
+- `experiments/` (the `experiment/` and `sweep/` groups) joins Hydra's search path through a
+  `SearchPathPlugin` registered in-process, so `experiment=NAME` works from any folder.
+- Two resolvers name run folders: a single run's ends in `_` and 6 hex digits of the overrides'
+  SHA-1 (`frlab_suffix`); a sweep job's is its overrides when short, else `job<N>_<hash>`.
+- `call_hydra_main` runs `@hydra.main` with Hydra re-raising (HYDRA_FULL_ERROR=1, its documented
+  switch) and prints a composition error as `frlab: config error: ...`, exit 2.
+- `instantiate` is `hydra.utils.instantiate` that names the node's key when it fails.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from hydra.core.config_search_path import ConfigSearchPath
 from hydra.plugins.search_path_plugin import SearchPathPlugin
 from omegaconf import DictConfig, OmegaConf
 
+from frlab.config import schema
+from frlab.config.declare import declared, not_args, section_type
+from frlab.config.errors import ConfigError, first_line, from_hydra
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIGS_DIR = REPO_ROOT / "configs"
 EXPERIMENTS_DIR = REPO_ROOT / "experiments"
 MAX_NAME = 80  # longest sweep-job folder named by its overrides
-# old key -> config group, for command-line overrides `KEY=VALUE` (also `-m` sweeps).
-LEGACY_GROUP_KEYS = {"rollout.engine": "rollout/engine"}
-BENCHMARKS = "eval.benchmarks"
-
-
-def legacy_overrides(args: Sequence[str]) -> list[str]:
-    """`rollout.engine=vllm` -> `rollout/engine=vllm`; `+trainer.KEY=V` (needed before every
-    Lightning argument was declared) -> `++trainer.KEY=V` for a declared KEY;
-    `eval.benchmarks=[...]` (a list replaces the benchmark set, frlab.evaluation.benchmarks) ->
-    `~eval.benchmarks +eval.benchmarks=[...]`, since Hydra cannot merge a list into the
-    mapping of an eval group file; every other argument unchanged."""
-    import dataclasses
-
-    from frlab.config.schema_trainer import TrainerConfig
-
-    declared = {f"+trainer.{f.name}" for f in dataclasses.fields(TrainerConfig)}
-    out = []
-    for arg in args:
-        key, sep, value = arg.partition("=")
-        if sep and key in LEGACY_GROUP_KEYS:
-            arg = f"{LEGACY_GROUP_KEYS[key]}={value}"
-        elif sep and key in declared:
-            arg = f"+{arg}"
-        elif sep and key == BENCHMARKS and value.lstrip().startswith("["):
-            out.append(f"~{BENCHMARKS}")
-            arg = f"+{arg}"
-        out.append(arg)
-    return out
 
 
 class FrlabSearchPathPlugin(SearchPathPlugin):
@@ -95,63 +67,111 @@ def sweep_subdir(job_num: object, override_dirname: str) -> str:
     return name if len(name) <= MAX_NAME else f"job{job_num}_{short_hash(override_dirname)}"
 
 
-def register_configs() -> None:
-    """Store every declaration (storing again replaces the same entries)."""
-    from hydra.core.config_store import ConfigStore
-
-    from frlab.config.engines import ENGINES, RemoteConfig
-    from frlab.config.evaluation import EVALS
-    from frlab.config.schema import FrlabConfig
-
-    cs = ConfigStore.instance()
-    cs.store(name="frlab_root", node=FrlabConfig)
-    cs.store(group="frlab_schema/rollout", name="remote", node=RemoteConfig)
-    for name, cls in ENGINES.items():
-        cs.store(group="frlab_schema/rollout/engine", name=name, node=cls)
-    for kind, cls in EVALS.items():
-        plain = OmegaConf.to_container(OmegaConf.structured(cls), resolve=False)
-        cs.store(group="frlab_schema/eval", name=kind, node=plain)
-
-
 def setup_hydra() -> None:
     """Everything `python -m frlab` registers with Hydra and OmegaConf (idempotent)."""
+    from hydra.core.config_store import ConfigStore
     from hydra.core.plugins import Plugins
 
     Plugins.instance().register(FrlabSearchPathPlugin)
     for name, fn in (("frlab_suffix", run_suffix), ("frlab_subdir", sweep_subdir)):
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, fn)
-    register_configs()
+    store = ConfigStore.instance()
+    store.store(name="frlab_root", node=schema.FrlabConfig)
+    store.store(name="frlab_fleet", node=schema.RemoteConfig)
+    for name, cls in schema.ENGINES.items():
+        store.store(name=f"frlab_engine_{name}", node=cls)
+    for kind, cls in schema.EVALS.items():
+        plain = OmegaConf.to_container(OmegaConf.structured(cls), resolve=False)
+        store.store(name=f"frlab_eval_{kind}", node=plain)
 
 
 def compose(
     overrides: Sequence[str] = (), *, config_name: str = "train", with_hydra: bool = True
 ) -> DictConfig:
-    """The composed root config for `overrides` (a fresh Hydra context each call)."""
+    """The config `python -m frlab <overrides>` runs with (a fresh Hydra context each call); a
+    composition error is raised as the ConfigError the command line prints."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from frlab.config.declare import check_bool_overrides
-    from frlab.config.engines import TYPED_NODES
-    from frlab.config.errors import explain
-    from frlab.config.schema import FrlabConfig
-
-    check_bool_overrides(FrlabConfig, legacy_overrides(overrides), TYPED_NODES)
     setup_hydra()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONFIGS_DIR), version_base="1.3"):
         try:
-            return hydra_compose(
-                config_name=config_name,
-                overrides=legacy_overrides(overrides),
-                return_hydra_config=with_hydra,
-            )
+            return hydra_compose(config_name=config_name, overrides=list(overrides),
+                                 return_hydra_config=with_hydra)  # fmt: skip
         except Exception as exc:
             err = explain(exc)
             if err is None:
                 raise
             raise err from exc
+
+
+def explain(exc: BaseException) -> ConfigError | None:
+    """`from_hydra`'s ConfigError (None: not a composition error), see `suggest_moved`."""
+    err = from_hydra(exc)
+    return None if err is None else suggest_moved(err)
+
+
+def suggest_moved(err: ConfigError) -> ConfigError:
+    """For an unknown key declared under the same name elsewhere in its section
+    (`rollout.temperature`), that key as the suggestion; else `err` as it is."""
+    if err.choices is None or "." not in err.key:
+        return err
+    section, _, rest = err.key.partition(".")
+    name = rest.rsplit(".", 1)[-1]
+    moved = [k for k in declared_keys(schema.FrlabConfig, "") if k.startswith(f"{section}.")
+             and k.rsplit(".", 1)[-1] == name and k != err.key]  # fmt: skip
+    if not moved:
+        return err
+    return ConfigError(err.key, err.reason, choices=err.choices, suggestions=moved)
+
+
+def declared_keys(cls: type, prefix: str) -> list[str]:
+    """Full keys of every declaration below `cls`, nested sections included."""
+    out = []
+    for f, annotation in declared(cls):
+        full = f"{prefix}.{f.name}" if prefix else f.name
+        sub = section_type(annotation)
+        out += [full, *(declared_keys(sub, full) if sub is not None else [])]
+    return out
+
+
+def call_hydra_main(hydra_main: Callable[[], Any]) -> None:
+    """Call a `@hydra.main` function; a config error is printed as `frlab: config error: ...`
+    and exits 2.
+
+    Hydra (1.3) prints an exception raised while it composes or runs a job and exits 1, unless
+    HYDRA_FULL_ERROR=1 asks it to re-raise: frlab sets that variable, so a composition error of a
+    single run or of any job of a `-m` sweep reaches `explain` here. Other exceptions exit 1: with
+    a traceback, or, for Hydra's own short errors (a missing `--config-dir`), Hydra's message
+    unless the user set HYDRA_FULL_ERROR=1."""
+    from hydra.errors import CompactHydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    user_setting = os.environ.get("HYDRA_FULL_ERROR")
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    try:
+        hydra_main()
+    except Exception as exc:
+        err = explain(exc)
+        if err is not None:
+            print(f"frlab: config error: {err}", file=sys.stderr, flush=True)
+            sys.exit(2)
+        if user_setting == "1" or not isinstance(exc, CompactHydraException):
+            raise
+        print(exc, file=sys.stderr, flush=True)
+        if isinstance(exc.__cause__, OmegaConfBaseException):
+            print(exc.__cause__, file=sys.stderr, flush=True)
+        print("\nSet the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.",
+              file=sys.stderr, flush=True)  # fmt: skip
+        sys.exit(1)
+    finally:  # the user's setting again, for whatever runs after (a test's next call)
+        if user_setting is None:
+            os.environ.pop("HYDRA_FULL_ERROR", None)
+        else:
+            os.environ["HYDRA_FULL_ERROR"] = user_setting
 
 
 def group_dir(group: str) -> Path | None:
@@ -167,3 +187,49 @@ def group_options(group: str) -> list[str]:
     """The option names (YAML files) of config group `group`; [] if it is not a group."""
     path = group_dir(group)
     return sorted(p.stem for p in path.glob("*.yaml")) if path else []
+
+
+def instantiate(node: Any, *, key: str, **kwargs: Any) -> Any:
+    """`hydra.utils.instantiate(node, **kwargs)` for the node at config key `key`: containers
+    reach the target as plain dicts and lists, and the keys its declaration marks `arg=False`
+    (read by frlab itself) are left out. Hydra's error is a ConfigError naming `KEY._target_`."""
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate as hydra_instantiate
+    from omegaconf.errors import OmegaConfBaseException
+
+    kwargs.setdefault("_convert_", "all")
+    try:
+        return hydra_instantiate(_arguments(node), **kwargs)
+    except InstantiationException as exc:
+        raise ConfigError(f"{key}._target_", " ".join(str(exc).split())) from exc
+    except OmegaConfBaseException as exc:  # an interpolation that cannot be resolved here
+        raise ConfigError(key, first_line(exc)) from exc
+
+
+def _arguments(node: Any) -> Any:
+    """The node without the keys its declaration marks `arg=False` (resolved, a new node)."""
+    if isinstance(node, Mapping) and not isinstance(node, DictConfig):
+        node = OmegaConf.create(dict(node))
+    target = str(node.get("_target_", "")) if isinstance(node, DictConfig) else ""
+    cls = next((c for c in (*schema.SECTIONS.values(), *schema.ENGINES.values(), *schema.EVALS.values())
+                if getattr(c, "_target_", None) == target), None)  # fmt: skip
+    drop = not_args(cls) if cls is not None else ()
+    if not drop:
+        return node
+    values = OmegaConf.to_container(node, resolve=True)
+    return OmegaConf.create({k: v for k, v in values.items() if k not in drop})  # type: ignore[union-attr]
+
+
+def locate(target: str) -> Any:
+    """The object a `_target_` names (`hydra.utils.get_object`), without Hydra's ERROR log
+    when it cannot be imported: the callers here treat that as "not on this machine"."""
+    import logging
+
+    from hydra.utils import get_object
+
+    hydra_log = logging.getLogger("hydra.utils")
+    disabled, hydra_log.disabled = hydra_log.disabled, True
+    try:
+        return get_object(target)
+    finally:
+        hydra_log.disabled = disabled

@@ -1,13 +1,12 @@
 """What a key's declaration adds to its type: `spec(default, low=, high=, choices=, doc=, arg=)`.
 
 A section of the config is a dataclass (frlab.config.schema): each field's annotation is the
-key's type and its default the key's default. OmegaConf enforces the types and refuses unknown
-keys (Hydra composes over the dataclasses, registered as structured configs; a config built
-some other way is merged onto them by `frlab.config.preflight.structured`). `spec` adds what a
-type cannot say: an inclusive or open range, a list of choices, a list of exactly two numbers,
-a one-line description, and whether the key is an argument of the section's `_target_`
-(`arg=False`: read by frlab itself, left out when the section is instantiated).
-`check_values` checks those rules on the resolved values, naming the full key.
+key's type and its default the key's default; OmegaConf enforces the types and refuses unknown
+keys. `spec` adds what a type cannot say: an inclusive or open range, a list of choices, a
+list of exactly two numbers, a one-line description, and whether the key is an argument of
+the section's `_target_` (`arg=False`: read by frlab itself, left out when it is built).
+`check_values` checks those rules on resolved values; `non_booleans` finds a value that is not
+a boolean on a key declared bool (OmegaConf would read 3 as true); errors name the full key.
 """
 
 from __future__ import annotations
@@ -16,13 +15,15 @@ import dataclasses
 import math
 import types
 import typing
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from frlab.config.errors import ConfigError
+from frlab.config.errors import ConfigError, from_omegaconf
 
 META = "frlab"
+# Keys declared `Any` that hold a typed node: their possible declarations (frlab.config.schema).
+Nodes = Mapping[str, tuple[type, ...]]
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,13 @@ def not_args(cls: type) -> tuple[str, ...]:
     return tuple(f.name for f, _ in declared(cls) if not meta_of(f).arg)
 
 
+def default_of(f: dataclasses.Field) -> Any:
+    """A field's declared default (`dataclasses.MISSING` when it has none)."""
+    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+        return f.default_factory()  # type: ignore[misc]
+    return f.default
+
+
 def join(prefix: str, name: object) -> str:
     return f"{prefix}.{name}" if prefix else str(name)
 
@@ -93,54 +101,51 @@ def check_node(key: str, values: Mapping[str, Any], cls: type) -> None:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    from frlab.config.errors import omegaconf_error
-
+    # raw values first: the merge would read 3 as true
+    check_booleans((join(key, k), v) for k, v in non_booleans(cls, values, {}))
     declared_node, given = OmegaConf.structured(cls), dict(values)
     for part in reversed(key.split(".")):  # nested under the full key, so errors name it
         declared_node, given = {part: declared_node}, {part: given}
     try:
         OmegaConf.merge(OmegaConf.create(declared_node), given)
     except OmegaConfBaseException as exc:
-        raise omegaconf_error(exc) from exc
+        raise from_omegaconf(exc) from exc
     check_values(key, values, cls)
 
 
 def check_values(key: str, values: Mapping[str, Any], cls: type) -> None:
-    """The declared ranges and choices of `cls` on resolved `values` (nested sections too),
-    and booleans that are booleans; other types and unknown keys are OmegaConf's to check."""
+    """The declared ranges and choices of `cls` on resolved `values` (nested sections too), and
+    the type of a key that takes words beside it (`kind`); other types and unknown keys are
+    OmegaConf's to check."""
     for f, annotation in declared(cls):
         if f.name not in values:
             continue
-        value, sub, meta = values[f.name], section_type(annotation), meta_of(f)
-        kind = meta.kind or unwrap(annotation)[0]
+        value, sub, meta, full = (
+            values[f.name],
+            section_type(annotation),
+            meta_of(f),
+            join(key, f.name),
+        )
         if sub is not None and isinstance(value, Mapping):
-            check_values(join(key, f.name), value, sub)
+            check_values(full, value, sub)
         elif value in meta.words:
             continue
-        elif kind is bool and not is_boolean(value):
-            # OmegaConf would read 3 as true: a key declared bool takes only booleans
-            raise ConfigError(join(key, f.name), f"must be {_either('true', 'false', meta)}, "
-                              f"got {value!r}")  # fmt: skip
-        elif kind is int and not (value is None or _is_int(value)):
-            raise ConfigError(join(key, f.name), f"must be {_either('an int', 'null', meta)}, "
-                              f"got {value!r}")  # fmt: skip
+        elif meta.kind is bool and not isinstance(value, bool):
+            raise ConfigError(full, f"must be {_either('true', 'false', meta)}, got {value!r}")
+        elif meta.kind is int and not (value is None or _is_int(value)):
+            raise ConfigError(full, f"must be {_either('an int', 'null', meta)}, got {value!r}")
         elif value is not None:
-            check_value(join(key, f.name), value, meta)
+            check_value(full, value, meta)
 
 
 def _is_int(value: Any) -> bool:
-    return (isinstance(value, int) and not isinstance(value, bool)) or str(value).startswith("${")
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _either(first: str, second: str, meta: Meta) -> str:
-    """`true or false`, or `true, false or auto` for a key that takes words too."""
+    """`true, false or auto`: what a key that takes words beside its type may hold."""
     options = [first, second, *meta.words]
     return f"{', '.join(options[:-1])} or {options[-1]}"
-
-
-def is_boolean(value: Any) -> bool:
-    """What a key declared bool may hold: a boolean, null, or an interpolation (resolved later)."""
-    return value is None or isinstance(value, bool) or str(value).startswith("${")
 
 
 def check_value(key: str, value: Any, meta: Meta) -> None:
@@ -170,13 +175,6 @@ def interval(meta: Meta) -> str:
     low = "-inf" if meta.low is None else f"{meta.low:g}"
     high = "inf" if meta.high is None else f"{meta.high:g}"
     return f"{'(' if meta.low_open else '['}{low}, {high}{')' if meta.high_open else ']'}"
-
-
-def default_of(f: dataclasses.Field) -> Any:
-    """A field's declared default (`dataclasses.MISSING` when it has none)."""
-    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-        return f.default_factory()  # type: ignore[misc]
-    return f.default
 
 
 def changed(key: str, values: Mapping[str, Any], cls: type) -> dict[str, Any]:
@@ -212,32 +210,31 @@ def declared_field(cls: type, key: str) -> tuple[dataclasses.Field, Any] | None:
     return None
 
 
-def declared_annotation(cls: type, key: str) -> Any:
-    """The declared type of dotted `key` below `cls` (None: not declared, see declared_field)."""
-    found = declared_field(cls, key)
-    return None if found is None else found[1]
-
-
-def declared_bool(
-    root: type, key: str, nodes: Mapping[str, tuple[type, ...]] | None = None
-) -> bool:
-    """Whether dotted `key` is declared bool below `root`, or, below one of `nodes` (a key
-    declared `Any` that holds a typed node: the chosen engine's, the fleet's), by any of that
-    node's declarations."""
-    if unwrap(declared_annotation(root, key) or object)[0] is bool:
-        return True
-    for node, classes in (nodes or {}).items():
+def declared_bool(root: type, key: str, nodes: Nodes) -> bool:
+    """Whether dotted `key` is declared bool below `root`, or, below one of `nodes` (keys
+    declared `Any` that hold a typed node: the engine's, the fleet's, `eval`), by any of that
+    node's declarations. (A key declared `Any` keeps its raw value: `check_values` reads it.)"""
+    for node, classes in nodes.items():
         if key.startswith(f"{node}."):
-            rest = key.removeprefix(f"{node}.")
-            return any(unwrap(declared_annotation(c, rest) or object)[0] is bool for c in classes)
-    return False
+            return any(declared_bool(c, key.removeprefix(f"{node}."), {}) for c in classes)
+    found = declared_field(root, key)
+    return found is not None and unwrap(found[1])[0] is bool
+
+
+def is_boolean(value: Any) -> bool:
+    """What a key declared bool may hold: a boolean, null, or an interpolation (resolved later)."""
+    return value is None or isinstance(value, bool) or str(value).startswith("${")
+
+
+def check_booleans(found: Iterable[tuple[str, Any]]) -> None:
+    """The one rule for a key declared bool: a boolean, null or an interpolation."""
+    for key, value in found:
+        if not is_boolean(value):
+            raise ConfigError(key, f"must be true or false, got {value}")
 
 
 def non_booleans(
-    root: type,
-    values: Mapping[str, Any],
-    nodes: Mapping[str, tuple[type, ...]] | None = None,
-    key: str = "",
+    root: type, values: Mapping[str, Any], nodes: Nodes, key: str = ""
 ) -> Iterator[tuple[str, Any]]:
     """(full key, value) of each raw value below `values` on a key declared bool
     (`declared_bool`) that is not a boolean: OmegaConf, merging, would read 3 as true."""
@@ -247,32 +244,3 @@ def non_booleans(
             yield from non_booleans(root, value, nodes, full)
         elif not is_boolean(value) and declared_bool(root, full, nodes):
             yield full, value
-
-
-def check_bool_overrides(
-    root: type, overrides: list[str], nodes: Mapping[str, tuple[type, ...]] | None = None
-) -> None:
-    """ConfigError for a command-line value that is not a boolean on a key declared bool
-    (`declared_bool`): OmegaConf would turn `data.pack_sequences=3` into True silently (each
-    value of a sweep such as `data.pack_sequences=3,false` too)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-
-    try:
-        parsed = OverridesParser.create().parse_overrides(overrides=list(overrides))
-    except Exception:  # a malformed override: Hydra reports it itself
-        return
-    for override in parsed:
-        key = override.key_or_group.lstrip("+")
-        if override.is_delete() or not declared_bool(root, key, nodes):
-            continue
-        values: list[Any] = [override.value()]
-        if override.is_discrete_sweep():
-            try:
-                values = list(override.sweep_iterator())
-            except HydraException:  # a glob() sweep: it lists group options, not values
-                continue
-        for value in values:
-            if not is_boolean(value):
-                shown = value if override.is_discrete_sweep() else override.get_value_string()
-                raise ConfigError(key, f"must be true or false, got {shown}")

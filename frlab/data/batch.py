@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -150,6 +151,27 @@ class RolloutBatch:
             for k, v in self.tensor_fields().items()
         }
         return RolloutBatch(**rows, infos=self.infos)
+
+
+def world_size(trainer: Mapping[str, Any]) -> int:
+    """Learner ranks: `trainer.devices` (an int, a list of ids, or auto: 1) x `num_nodes`;
+    ValueError, its text starting with the key, for anything else."""
+    devices = trainer.get("devices", 1)
+    if isinstance(devices, list | tuple):
+        n = len(devices)
+    elif isinstance(devices, int) and not isinstance(devices, bool):
+        n = devices
+    elif isinstance(devices, str) and devices.lstrip("-").isdigit():
+        n = int(devices)
+    elif devices == "auto":
+        n = 1
+    else:
+        raise ValueError(
+            f"trainer.devices must be an int, a list of ids or 'auto', got {devices!r}"
+        )
+    if n < 1 and n != -1:
+        raise ValueError(f"trainer.devices must be >= 1, got {devices!r}")
+    return max(n, 1) * int(trainer.get("num_nodes", 1))
 
 
 def per_rank_batch(batch_size: int, world: int) -> int:

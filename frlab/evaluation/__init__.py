@@ -6,10 +6,11 @@
   environment, e.g. ALFWorld's seen and unseen games (`eval.kind: episodes`);
 - `PeriodicEvaluation` (frlab.evaluation.periodic): their shared schedule and publishing;
 - `benchmark_specs` / `load_benchmark` (frlab.evaluation.benchmarks): `eval.benchmarks` as
-  named specs, and their problems.
+  named specs, and their problems;
+- `checks` (frlab.evaluation.checks): what each kind asks of its `eval` node, before a run.
 
-The callbacks need Lightning and are imported lazily; `benchmarks` is light (preflight and
-the dry-run plan use it).
+The callbacks need Lightning and are imported lazily; `benchmarks` and `checks` are light
+(preflight and the dry-run plan use them).
 """
 
 from __future__ import annotations

@@ -58,8 +58,8 @@ from frlab.rollout.engine import SamplingParams
 from frlab.rollout.seeding import derive_seed
 
 log = logging.getLogger(__name__)
-# (env node, *, user_modules) -> a zero-argument factory of fresh environments; the caller
-# passes the one its rollout pool uses (frlab.build.env_factory).
+# env node -> a zero-argument factory of fresh environments; the caller passes the one its
+# rollout pool uses (frlab.rollout.pool.factory.env_factory).
 EnvFactory = Callable[..., Callable[[], Any]]
 
 
@@ -68,14 +68,12 @@ def _plain(node: Any) -> Any:
     return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
 
 
-def env_questions(
-    env: Mapping[str, Any], env_factory: EnvFactory, user_modules: Sequence[str] = ()
-) -> set[str]:
+def env_questions(env: Mapping[str, Any], env_factory: EnvFactory) -> set[str]:
     """The questions of the training environment built from its `env` node by `env_factory`
     (the one the pool uses); empty when its tasks are not a dataset."""
     from frlab.rollout.pool.rollouts import close_env
 
-    made = env_factory(OmegaConf.create(dict(env)), user_modules=user_modules)()
+    made = env_factory(OmegaConf.create(dict(env)))()
     try:
         return {str(task.get("question", "")).strip() for task in getattr(made, "dataset", ())}
     finally:
@@ -177,16 +175,16 @@ class AvgAtKEvaluation(PeriodicEvaluation):
         benchmarks: Mapping[str, BenchmarkSpec],
         sampling: Mapping[str, Any],
         env: Mapping[str, Any] | None = None,
-        user_modules: Sequence[str] = (),
         env_factory: EnvFactory | None = None,
         **kw: Any,
     ) -> AvgAtKEvaluation:
-        """From an `eval` node of kind math (frlab.config.evaluation.MathEvalConfig); with the
-        training `env` node, benchmark questions that training also sees are counted."""
+        """From an `eval` node of kind math (frlab.config.schema.MathEvalConfig; its own rules:
+        frlab.evaluation.checks); with the training `env` node, benchmark questions that
+        training also sees are counted."""
         benchmarks, sampling, env = _plain(benchmarks), _plain(sampling), _plain(env)
         questions = None
         if isinstance(env, Mapping) and "source" in env and env_factory is not None:
-            questions = functools.partial(env_questions, env, env_factory, tuple(user_modules))
+            questions = functools.partial(env_questions, env, env_factory)
         return cls(benchmarks, **kw, **sampling, training_questions=questions)
 
     @property

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from frlab.evaluation.periodic import (
@@ -119,13 +119,12 @@ class EpisodeEvaluation(PeriodicEvaluation):
         benchmarks: Mapping[str, Mapping[str, Any] | None],
         sampling: Mapping[str, Any],
         env: Mapping[str, Any],
-        user_modules: Sequence[str] = (),
         env_factory: Callable[..., Callable[[], Any]] | None = None,
         **kw: Any,
     ) -> EpisodeEvaluation:
-        """From an `eval` node of kind episodes (frlab.config.evaluation.EpisodesEvalConfig):
-        one environment factory per benchmark, the `env` node with the benchmark's keys
-        changed."""
+        """From an `eval` node of kind episodes (frlab.config.schema.EpisodesEvalConfig; its own
+        rules: frlab.evaluation.checks): one environment factory per benchmark, the `env` node
+        with the benchmark's keys changed."""
         from omegaconf import OmegaConf
 
         from frlab.evaluation.benchmarks import benchmark_specs
@@ -135,7 +134,7 @@ class EpisodeEvaluation(PeriodicEvaluation):
         if OmegaConf.is_config(benchmarks):
             benchmarks = OmegaConf.to_container(benchmarks, resolve=True)  # type: ignore[assignment]
         factories = {
-            name: env_factory(OmegaConf.merge(env, changes or {}), user_modules=user_modules)
+            name: env_factory(OmegaConf.merge(env, changes or {}))
             for name, changes in benchmark_specs(benchmarks).items()
         }  # fmt: skip
         return cls(factories, **kw, **sampling)

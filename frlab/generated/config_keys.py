@@ -1,8 +1,8 @@
 """The reference of every config key, `docs/config-keys.md`, rendered from the declarations.
 
-Every table row comes from a declaration (frlab.config.schema, schema_trainer, engines, evaluation:
-type, default, allowed values, meaning), from the registered objective components, or from
-the option files of the config groups (env, logger, callbacks: their keys and comments).
+Every table row comes from a declaration (frlab.config.schema: type, default, allowed values,
+meaning), from the registered objective components, or from the option files of the config
+groups (env, logger, callbacks: their keys and comments).
 `python -m frlab.generated --write` rewrites it with the other generated files.
 """
 
@@ -14,12 +14,9 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from frlab.config import engines, schema
+from frlab.config import schema
 from frlab.config.compose import group_dir, group_options
 from frlab.config.declare import Meta, declared, default_of, interval, meta_of, section_type, unwrap
-from frlab.config.evaluation import EVALS, MathBenchmarkConfig
-from frlab.config.instantiate import ALLOWED_TARGETS, BUILTIN_PREFIXES
-from frlab.config.schema_trainer import TrainerConfig
 
 GROUPS = ("model", "env", "rollout", "rollout/engine", "data", "objective", "optim", "trainer",
           "logger", "callbacks", "eval", "paths", "hydra", "ablation", "experiment", "sweep")  # fmt: skip
@@ -28,10 +25,9 @@ HEAD = """# frlab config schema
 
 Generated from the declarations by `python -m frlab.generated --write` (do not edit by hand;
 a test checks that this file is current). Every key's type, default and allowed values are
-declared once, as structured configs: `frlab/config/schema.py` (root and sections),
-`schema_trainer.py` (`trainer`), `engines.py` (`rollout.engine`, `rollout.remote`),
-`evaluation.py` (`eval`). Hydra checks types and unknown keys
-while it composes; preflight checks ranges and the rules between keys; both report
+declared once, as structured configs in `frlab/config/schema.py` (the root, its sections and
+the `trainer`, `rollout.engine`, `rollout.remote` and `eval` nodes). Hydra checks types and
+unknown keys while it composes; preflight checks ranges and the rules between keys; both report
 `frlab: config error: config key `KEY`: ...` with close matches and exit with code 2.
 
 Where a key's meaning cites "the paper" or "the reference": the FlashREINFORCE
@@ -46,9 +42,8 @@ arguments, from `configs/train.yaml`):
 `{choices}`
 
 so `python -m frlab` runs `{experiment}`. A group option only sets the values that differ from
-the defaults below. The rollout engine is the config group `rollout/engine` (on the command line the older
-`rollout.engine=NAME` is read as `rollout/engine=NAME`; `+trainer.KEY=...` still sets a
-Lightning argument).
+the defaults below. The rollout engine is the config group `rollout/engine`
+(`rollout/engine=NAME`); every Lightning argument is a declared `trainer.KEY`.
 """
 
 TAIL = """## Run folders and metrics
@@ -178,18 +173,15 @@ def generate() -> str:
     out.append("")
     for name in ("model", "rollout", "data", "optim", "paths"):
         out += table(name, section_type(hints[name]))  # type: ignore[arg-type]
-    out += table("rollout.remote", engines.RemoteConfig)
-    for name, cls in engines.ENGINES.items():
+    out += table("rollout.remote", schema.RemoteConfig)
+    for name, cls in schema.ENGINES.items():
         out += [f"`rollout/engine={name}`:", ""] + table("rollout.engine", cls)
-    out += table("trainer", TrainerConfig)
-    refused = "; ".join(f"`{k}` ({v})" for k, v in TrainerConfig.REFUSED.items())
+    out += table("trainer", schema.TrainerConfig)
+    refused = "; ".join(f"`{k}` ({v})" for k, v in schema.TrainerConfig.REFUSED.items())
     out += [f"Refused trainer arguments: {refused}.", ""]
     out += option_tables("env", "env") + objective_section()
-    for kind, cls in EVALS.items():
+    for kind, cls in schema.EVALS.items():
         out += [f"`eval` of kind `{kind}`:", ""] + table("eval", cls)
-    out += table("eval.benchmarks.NAME", MathBenchmarkConfig)
-    out += option_tables("logger", "logger") + option_tables("callbacks", "callbacks")
-    targets = ", ".join(f"`{t}`" for t in sorted(ALLOWED_TARGETS))
-    out += ["## Allowed `_target_`s", "", f"Anything under {', '.join(f'`{p}`' for p in BUILTIN_PREFIXES)}, "
-            f"under a package listed in `user_modules`, and exactly: {targets}.", "", TAIL]  # fmt: skip
+    out += table("eval.benchmarks.NAME", schema.MathBenchmarkConfig)
+    out += option_tables("logger", "logger") + option_tables("callbacks", "callbacks") + [TAIL]
     return "\n".join(out).rstrip() + "\n"

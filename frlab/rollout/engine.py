@@ -16,8 +16,8 @@ Implementations, one folder each (this module imports none of them): `torch` and
 `torch_process` (frlab.rollout.torch: CPU/CUDA, the test default), `vllm` (frlab.rollout.vllm:
 vLLM in-process, on a GPU or with vLLM's CPU build; vllm itself is imported when the engine
 starts) and `remote` (frlab.rollout.remote: a fleet of vLLM / frlab.serve servers over HTTP).
-A run picks one with the config group `rollout/engine=NAME` (its options:
-frlab.config.engines.ENGINES), whose node names the engine's `for_policy` constructor. How new
+A run picks one with the config group `rollout/engine=NAME`, whose node names the engine's
+`for_policy` constructor; preflight asks the class to check its settings (`check_config`). How new
 weights meet the requests in flight, and the steps of it the backends share, is
 frlab.rollout.weight_modes. This module imports no torch (only when a result carries MoE
 routing), so the config declarations can read it.
@@ -163,6 +163,71 @@ class Engine(abc.ABC):
     reserves_gpu_share: bool = False
 
     @classmethod
+    def check_config(
+        cls, config: Mapping[str, Any], world: int, options: Mapping[str, str]
+    ) -> None:
+        """Raise ValueError, its text starting with the config key, for what of the resolved
+        `model`, `rollout` and `trainer` sections (`config`) this engine cannot honour with
+        `world` learner ranks, from what the class declares: the device it samples on, the
+        learner it serves beside, MoE routing records, LoRA policies, the weight-update mode, a
+        fleet block, then `check_settings`. `options`: the rollout/engine options (name ->
+        `_target_`), to name this one and, in a refusal, those that would do."""
+        rollout, model = config["rollout"], config["model"]
+        name = next((n for n, t in options.items() if t == rollout["engine"]["_target_"]),
+                    str(rollout["engine"]["_target_"]))  # fmt: skip
+        cls._check_device(name, rollout)
+        try:
+            cls.check_learner(str(config["trainer"]["accelerator"]))
+        except ValueError as exc:
+            raise ValueError(f"rollout.engine {name!r}: {exc}") from exc
+        if model.get("routing_replay") and not cls.records_routing:
+            able = " or ".join(
+                f"rollout/engine={n}" for n in _options_that(options, "records_routing")
+            )
+            raise ValueError(f"model.routing_replay needs an engine that records MoE routing "
+                             f"({able}), got {name!r}")  # fmt: skip
+        from frlab.rollout.weight_modes import resolve_weight_update
+
+        modes, label = cls.weight_updates(), name
+        if cls._check_lora(name, model) and hasattr(cls, "lora_weight_updates"):
+            modes, label = cls.lora_weight_updates(), f"{name} (with model.lora)"
+        resolve_weight_update(rollout.get("weight_update"), tuple(modes), label,
+                              record_routing=bool(model.get("routing_replay")))  # fmt: skip
+        if rollout.get("remote") is not None and not cls.reads_fleet:
+            raise ValueError(f"rollout.engine is {name!r} but a rollout.remote block is set "
+                             "(rollout=remote): add rollout/engine=remote (an experiment preset "
+                             "may pin the engine)")  # fmt: skip
+        cls.check_settings(rollout, world)
+
+    @classmethod
+    def _check_device(cls, name: str, rollout: Mapping[str, Any]) -> None:
+        """`rollout.device` (or the engine node's own `device`) is one this engine samples on."""
+        node, device, key = rollout["engine"], str(rollout.get("device", "cpu")), "rollout.device"
+        if str(node.get("device", device)) != device:  # set on the engine node itself
+            key, device = "rollout.engine.device", str(node.get("device"))
+        if device.split(":")[0] not in cls.devices:
+            raise ValueError(f"{key} is {device!r}, but rollout/engine={name} ({cls.__name__}) "
+                             f"samples on {' or '.join(d.upper() for d in cls.devices)} only: set "
+                             f"rollout.device={cls.devices[0]}, or pick an engine that samples "
+                             "there")  # fmt: skip
+
+    @classmethod
+    def _check_lora(cls, name: str, model: Mapping[str, Any]) -> bool:
+        """`model.lora`'s own rule, and an engine class that declares serves_lora for adapters;
+        whether the policy has them."""
+        from frlab.model.lora import check_lora, enabled
+
+        lora = model.get("lora") or {}
+        check_lora(lora)
+        if not enabled(lora):
+            return False
+        if not cls.serves_lora:
+            raise ValueError(f"model.lora.rank the {name} engine ({cls.__name__}) does not declare "
+                             "serves_lora: serve the adapter with an engine that does, or set "
+                             "model.lora.rank=0")  # fmt: skip
+        return True
+
+    @classmethod
     def check_settings(cls, rollout: Mapping[str, Any], world: int) -> None:
         """Raise ValueError, its text starting with the config key, for a `rollout` setting
         this engine cannot honour with `world` learner ranks (preflight asks before anything
@@ -238,3 +303,12 @@ class Engine(abc.ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+
+def _options_that(options: Mapping[str, str], capability: str) -> list[str]:
+    """The rollout/engine options (name -> `_target_`) whose engine class declares `capability`."""
+    from hydra.utils import get_object
+
+    owners = {name: get_object(target) for name, target in options.items()}
+    return [name for name, owner in owners.items()
+            if getattr(getattr(owner, "__self__", owner), capability, False)]  # fmt: skip

@@ -37,7 +37,7 @@ from omegaconf import DictConfig
 
 from frlab import stop
 from frlab.config.errors import ConfigError
-from frlab.config.plan import NOT_RESOLVED, Plan
+from frlab.config.plan import NOT_RESOLVED
 from frlab.learner.integrity import CheckpointCorrupt, verify_checkpoint
 from frlab.rollout.engine import EngineDown
 from frlab.run.folder import (
@@ -264,12 +264,12 @@ def check_resume(ckpt_path: Any, cfg: DictConfig, output_dir: Path) -> None:
         raise ConfigError("ckpt_path", f"checkpoint {ckpt_path} does not exist")
 
 
-def run_folder(cfg: DictConfig, plan: Plan) -> tuple[Path, Any]:
-    """The run folder (created) and its RunGuard, after checking that a resume has something
-    to resume and that a new run does not overwrite another's files."""
-    if plan.output_dir == NOT_RESOLVED:
+def run_folder(cfg: DictConfig, folder: str) -> tuple[Path, Any]:
+    """The run folder `folder` (created) and its RunGuard, after checking that a resume has
+    something to resume and that a new run does not overwrite another's files."""
+    if folder == NOT_RESOLVED:
         raise ConfigError("paths.output_dir", "cannot be resolved outside a Hydra run: set it")
-    output_dir = Path(plan.output_dir)
+    output_dir = Path(folder)
     check_resume(cfg.get("ckpt_path"), cfg, output_dir)
     guard = RunGuard.prepare(cfg, output_dir)  # used folder, resume checkpoint, temp files
     output_dir.mkdir(parents=True, exist_ok=True)

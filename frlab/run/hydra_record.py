@@ -87,18 +87,28 @@ def _checkpoints(config: DictConfig, run_dir: Path) -> Path:
 
 
 class CheckMachine(Callback):
-    """A single real run's machine check (frlab.run.machine.check_machine) before Hydra
-    creates its run folder: a GPU preset on a CPU machine leaves no folder behind. Sweep jobs
-    are checked by `task` (each job's own config). It exits itself: Hydra turns an exception
-    raised in a callback into a warning and goes on."""
+    """The machine check of a real job (frlab.run.machine.check_machine), once: a single run's
+    before Hydra creates its run folder (a GPU preset on a CPU machine leaves no folder
+    behind), each job of a sweep as it starts (with its own config). It exits itself: Hydra
+    turns an exception raised in a callback into a warning and goes on."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        if config.get("dry_run") is not False:
-            return
-        from frlab.run.machine import check_machine
+        _check_machine(config)
 
-        try:
-            check_machine(config)
-        except ConfigError as exc:
-            print(f"frlab: config error: {exc}", file=sys.stderr, flush=True)
-            sys.exit(2)
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from hydra.types import RunMode
+
+        if config.hydra.mode == RunMode.MULTIRUN:
+            _check_machine(config)
+
+
+def _check_machine(config: DictConfig) -> None:
+    if config.get("dry_run") is not False:
+        return
+    from frlab.run.machine import check_machine
+
+    try:
+        check_machine(config)
+    except ConfigError as exc:
+        print(f"frlab: config error: {exc}", file=sys.stderr, flush=True)
+        sys.exit(2)

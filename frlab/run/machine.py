@@ -1,7 +1,7 @@
 """Before a real run starts: is what the config needs on this machine? (fast, offline)
 
-`check_machine(cfg)` runs first in `python -m frlab` (not for `dry_run=true`) and costs well
-under a second: it imports neither torch nor transformers, and loads or downloads nothing. It
+`check_machine(cfg)` runs once per real job of `python -m frlab` (the Hydra callback
+frlab.run.hydra_record.CheckMachine; not for `dry_run=true`) and costs well under a second: it imports neither torch nor transformers, and loads or downloads nothing. It
 checks
 
 - devices: a GPU trainer (`trainer.accelerator=gpu|cuda`) or a CUDA `rollout.device` need a

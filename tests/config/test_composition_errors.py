@@ -7,8 +7,9 @@ import re
 
 import pytest
 
-from frlab.config.compose import compose, group_options, legacy_overrides
+from frlab.config.compose import compose, group_options
 from frlab.config.errors import ConfigError
+from frlab.config.preflight import preflight
 
 
 def composition_error(overrides: list[str]) -> ConfigError:
@@ -33,7 +34,6 @@ def test_group_options_list_the_yaml_files() -> None:
         (["logger=tensorbord"], "logger", "tensorboard"),
         (["sweep=r1_ablation"], "sweep", "r1_ablations"),
         (["rollout/engine=vlm"], "rollout.engine", "vllm"),
-        (["rollout.engine=torhc"], "rollout.engine", "torch"),
         (["rollout.max_inflight=3"], "rollout.max_inflight", "max_in_flight"),
         (["trainer.max_step=3"], "trainer.max_step", "max_steps"),
         (["rollout.sampling.temprature=1"], "rollout.sampling.temprature", "temperature"),
@@ -59,26 +59,28 @@ def test_a_key_of_another_section_suggests_where_it_lives() -> None:
 @pytest.mark.parametrize(
     ("args", "key", "fragment"),
     [
-        (["data.batch_size=abc"], "data.batch_size", "must be an integer, got 'abc'"),
-        (["data.batch_size=16.5"], "data.batch_size", "must be an integer"),
-        (["dry_run=maybe"], "dry_run", "true or false"),
-        (["optim.lr=fast"], "optim.lr", "must be a number"),
-        (["data.batch_size=null"], "data.batch_size", "got null"),
-        (["~data.micro_batch_size"], "data.micro_batch_size", "cannot be removed"),
+        (["data.batch_size=abc"], "data.batch_size",
+         "Value 'abc' of type 'str' could not be converted to Integer"),
+        (["data.batch_size=16.5"], "data.batch_size", "could not be converted to Integer"),
+        (["dry_run=maybe"], "dry_run", "is not a valid bool"),
+        (["optim.lr=fast"], "optim.lr", "could not be converted to Float"),
+        (["data.batch_size=null"], "data.batch_size", "is not Optional"),
+        (["~data.micro_batch_size"], "data.micro_batch_size", "does not support deletion"),
         (["rollout.sampling=3"], "rollout.sampling", "SamplingConfig"),
         (["trainer.gradient_clip_val=1.0"], "trainer.gradient_clip_val", "optim.grad_clip"),
-        (["rollout.remote.servers=[http://a:1]"], "rollout.remote.servers", "rollout=remote"),
-        (["env=math", "env.options.min_terms=2"], "env.options.min_terms", "env.options={"),
+        (["rollout.remote.servers=[http://a:1]"], "rollout.remote.servers", "not in struct"),
+        (["env=math", "env.options.min_terms=2"], "env.options.min_terms", "not in struct"),
     ],
 )  # fmt: skip
 def test_wrong_values_name_the_key(args: list[str], key: str, fragment: str) -> None:
+    """Hydra's and OmegaConf's own words, with the key named."""
     err = composition_error(args)
     assert err.key == key, str(err)
     assert fragment in str(err), str(err)
 
 
 def test_valid_overrides_compose() -> None:
-    compose(["experiment=r1_distill_1p5b", "model.name_or_path=/x", "+trainer.max_time=1"])
+    compose(["experiment=r1_distill_1p5b", "model.name_or_path=/x", "trainer.max_time=1"])
     compose(["~logger", "~callbacks.model_checkpoint", "hydra/launcher=basic"])
     compose(["objective=grpo", "objective.ppo_clip.eps_high=0.3"])
     cfg = compose(["env=math", "env.options={min_terms: 2, max_terms: 3}", "env.seed=4"])
@@ -86,41 +88,33 @@ def test_valid_overrides_compose() -> None:
     assert compose(["trainer.max_time=00:01:00:00"]).trainer.max_time == "00:01:00:00"
 
 
-def test_lightning_arguments_keep_their_plus_spelling_and_a_plus_on_a_key_is_explained() -> None:
-    """Before every Lightning argument was declared, `+trainer.X=...` added one."""
-    assert compose(["+trainer.detect_anomaly=true"]).trainer.detect_anomaly is True
+def test_a_plus_on_a_declared_key_is_hydras_error_naming_it() -> None:
+    """Every Lightning argument is declared: `trainer.X=...` sets it; `+` adds a new key only."""
     assert compose(["trainer.detect_anomaly=true"]).trainer.detect_anomaly is True
-    err = composition_error(["+rollout.max_len=3"])
-    assert err.key == "rollout.max_len" and "without the +" in str(err)
+    for key in ("trainer.detect_anomaly", "rollout.max_len"):
+        err = composition_error([f"+{key}=3"])
+        assert err.key == key and "An item is already at" in str(err), str(err)
 
 
-def test_the_engine_group_and_its_legacy_spelling() -> None:
-    assert legacy_overrides(["rollout.engine=vllm", "-m", "seed=1", "+trainer.max_time=1"]) == [
-        "rollout/engine=vllm", "-m", "seed=1", "++trainer.max_time=1"]  # fmt: skip
-    for args in (["rollout/engine=vllm"], ["rollout.engine=vllm"]):
-        node = compose(args).rollout.engine
-        assert node._target_ == "frlab.rollout.vllm.engine.VLLMEngine.for_policy", args
-    # a preset written with the old string key gets a message pointing to the group
-    from omegaconf import OmegaConf
-
-    from frlab.config.preflight import preflight
-
-    cfg = compose([])
-    OmegaConf.update(cfg, "rollout.engine", "vllm", force_add=True)
-    with pytest.raises(ConfigError, match="override /rollout/engine: vllm") as info:
-        preflight(cfg)
-    assert info.value.key == "rollout.engine"
+def test_the_engine_is_a_group_and_a_plain_key_names_it() -> None:
+    """`rollout/engine=vllm` chooses the engine; a name where its node belongs (a preset's
+    `engine: vllm`, `rollout.engine=vllm` on the command line) is refused, naming the group."""
+    node = compose(["rollout/engine=vllm"]).rollout.engine
+    assert node._target_ == "frlab.rollout.vllm.engine.VLLMEngine.for_policy"
+    for value, fragment in (("vllm", "rollout/engine=vllm on the command line"),
+                            ("torhc", "did you mean 'torch'")):  # fmt: skip
+        with pytest.raises(ConfigError, match="override /rollout/engine") as info:
+            preflight(compose([f"rollout.engine={value}"]))
+        assert info.value.key == "rollout.engine" and fragment in str(info.value), value
 
 
 def test_a_bool_key_accepts_only_booleans() -> None:
-    """OmegaConf would turn `data.pack_sequences=3` into True silently."""
-    from frlab.config.compose import compose
-    from frlab.config.errors import ConfigError
-
+    """OmegaConf would turn `data.pack_sequences=3` into True silently: preflight reads the
+    job's overrides as written."""
     for bad in ("3", "1", "yes"):
         with pytest.raises(ConfigError, match="data.pack_sequences.*true or false"):
-            compose([f"data.pack_sequences={bad}"])
-    assert compose(["data.pack_sequences=false"]).data.pack_sequences is False
+            preflight(compose([f"data.pack_sequences={bad}"]))
+    assert preflight(compose(["data.pack_sequences=false"]))["pack_sequences"] is False
     assert compose(["model.lora.rank=4"]).model.lora.rank == 4  # not a bool key: untouched
 
 
@@ -129,49 +123,35 @@ def test_a_config_built_in_python_gives_bool_keys_booleans() -> None:
     first, since the merge would turn 3 into true."""
     from omegaconf import OmegaConf
 
-    from frlab.config.compose import compose
-    from frlab.config.errors import ConfigError
-    from frlab.config.preflight import preflight
-
     plain = OmegaConf.create(OmegaConf.to_container(compose([], with_hydra=False)))
     plain.data.pack_sequences = 3
     with pytest.raises(ConfigError, match="data.pack_sequences.*got 3"):
         preflight(plain)
     plain.data.pack_sequences = "${oc.select:nothing,true}"  # an interpolation resolves later
-    assert preflight(plain).pack_sequences is True
+    assert preflight(plain)["pack_sequences"] is True
     plain.rollout.engine.packed_prefill = 0  # the chosen engine's declaration: typed as well
     with pytest.raises(ConfigError, match="rollout.engine.packed_prefill.*got 0"):
         preflight(plain)
 
 
+def job(overrides: list[str]):  # noqa: ANN201
+    """A composed config whose job overrides (what a sweep hands each job) are `overrides`."""
+    cfg = compose([])
+    cfg.hydra.overrides.task = overrides
+    return cfg
+
+
 @pytest.mark.parametrize(
     "override",
-    ["rollout.engine.packed_prefill=3", "rollout.remote.nccl_packed=1",
-     "rollout.engine.record_routing=false,2"],
+    ["data.pack_sequences=3", "rollout.engine.packed_prefill=3", "rollout.remote.nccl_packed=1",
+     "eval.at_start=1"],
 )  # fmt: skip
-def test_bool_keys_of_the_engine_and_fleet_nodes_take_only_booleans(override: str) -> None:
-    """`rollout.engine` and `rollout.remote` are typed by the option chosen (declared `Any` in
-    the root): their bool keys are held to booleans as the root's are."""
-    from frlab.config.declare import check_bool_overrides
-    from frlab.config.engines import TYPED_NODES
-    from frlab.config.errors import ConfigError
-    from frlab.config.schema import FrlabConfig
-
-    with pytest.raises(ConfigError, match="must be true or false"):
-        check_bool_overrides(FrlabConfig, [override], TYPED_NODES)
-    check_bool_overrides(FrlabConfig, [override], None)  # what the root alone would miss
-
-
-def test_preflight_checks_the_jobs_own_overrides_on_bool_keys() -> None:
-    """The values a sweep preset hands a job are its overrides (`hydra.overrides.task`)."""
-    from frlab.config.compose import compose
-    from frlab.config.errors import ConfigError
-    from frlab.config.preflight import preflight
-
-    cfg = compose([])
-    cfg.hydra.overrides.task = ["data.pack_sequences=3"]
-    with pytest.raises(ConfigError, match="data.pack_sequences.*got 3"):
-        preflight(cfg)
+def test_preflight_checks_the_jobs_own_overrides_on_bool_keys(override: str) -> None:
+    """The values a sweep preset hands a job are its overrides (`hydra.overrides.task`); the
+    keys of the nodes typed by the option chosen (engine, fleet, eval) are held to booleans as
+    the root's are."""
+    with pytest.raises(ConfigError, match=f"{override.split('=')[0]}.*got {override[-1]}"):
+        preflight(job([override]))
 
 
 @pytest.mark.parametrize(
@@ -181,14 +161,10 @@ def test_preflight_checks_the_jobs_own_overrides_on_bool_keys() -> None:
 )  # fmt: skip
 def test_every_value_of_a_sweep_on_a_bool_key_is_a_boolean(sweep: str, shown: str) -> None:
     """`-m data.pack_sequences=false,3` would run a job with 3 read as true."""
-    from frlab.config.declare import check_bool_overrides
-    from frlab.config.errors import ConfigError
-    from frlab.config.schema import FrlabConfig
-
     with pytest.raises(ConfigError, match=f"data.pack_sequences.*got {re.escape(shown)}$"):
-        check_bool_overrides(FrlabConfig, [f"data.pack_sequences={sweep}"])
-    check_bool_overrides(FrlabConfig, ["data.pack_sequences=true,false", "seed=0,1"])
-    check_bool_overrides(FrlabConfig, ["data.pack_sequences=${oc.env:PACK,true}"])  # resolves later
+        preflight(job([f"data.pack_sequences={sweep}"]))
+    preflight(job(["data.pack_sequences=true,false", "seed=0,1"]))
+    preflight(job(["data.pack_sequences=${oc.env:PACK,true}"]))  # resolves later
 
 
 def test_call_hydra_main_reports_config_errors_and_keeps_other_errors(
@@ -200,7 +176,7 @@ def test_call_hydra_main_reports_config_errors_and_keeps_other_errors(
 
     from hydra.errors import SearchPathException
 
-    from frlab.config.errors import call_hydra_main
+    from frlab.config.compose import call_hydra_main
 
     def fails(exc: Exception):  # noqa: ANN202
         def hydra_main() -> None:
@@ -240,15 +216,15 @@ def test_frlab_imports_no_hydra_internals() -> None:
     assert used == []
 
 
-def test_a_mapping_given_to_a_null_mapping_key_is_explained() -> None:
+def test_a_mapping_given_to_a_null_mapping_key_names_the_key() -> None:
     """OmegaConf cannot merge `KEY={...}` into a typed mapping that is null (it raises a bare
-    AttributeError): the error names the key. `rollout.vllm_engine_args` is an empty mapping
-    by default, so `+rollout.vllm_engine_args.NAME=VALUE` sets it."""
+    AttributeError carrying the key): a config error at that key. `rollout.vllm_engine_args`
+    is an empty mapping by default: a new key of it takes a `+`."""
     with pytest.raises(ConfigError) as info:
         compose(["model=hf", "model.name_or_path=null", "model.config={model_type: llama}"])
-    assert info.value.key == "model.config" and "config file" in str(info.value)
+    assert info.value.key == "model.config"
     cfg = compose(["+rollout.vllm_engine_args.gpu_memory_utilization=0.4"])
     assert cfg.rollout.vllm_engine_args == {"gpu_memory_utilization": 0.4}
-    with pytest.raises(ConfigError) as info:  # a new key of the empty mapping takes a +
+    with pytest.raises(ConfigError) as info:
         compose(["rollout.vllm_engine_args={gpu_memory_utilization: 0.4}"])
-    assert "+rollout.vllm_engine_args.gpu_memory_utilization=" in str(info.value), str(info.value)
+    assert info.value.key == "rollout.vllm_engine_args.gpu_memory_utilization", str(info.value)

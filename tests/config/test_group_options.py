@@ -17,7 +17,7 @@ from hydra.utils import get_object
 from frlab.config import schema
 from frlab.config.compose import CONFIGS_DIR, EXPERIMENTS_DIR
 from frlab.config.declare import declared, default_of, section_type
-from frlab.config.engines import ENGINES
+from frlab.config.schema import ENGINES
 
 # Files that pin declared defaults on purpose, with the reason.
 PINNED = {

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from frlab.config.compose import compose
+from frlab.config.compose import compose, instantiate
 from frlab.config.errors import ConfigError
-from frlab.config.instantiate import instantiate
+from frlab.config.plan import format_plan
 from frlab.config.preflight import preflight
 
 
@@ -25,8 +25,8 @@ def test_csv_is_the_default_and_adds_no_second_metrics_writer() -> None:
     (Lightning's CSVLogger would write a second metrics.csv under csv/version_0)."""
     for overrides in ([], ["logger=csv"]):
         cfg = compose(overrides)
-        assert cfg.logger is None and preflight(cfg).logger is None
-    assert "metrics.csv" in preflight(compose([])).format()
+        assert cfg.logger is None and preflight(cfg)["logger"] is None
+    assert "metrics.csv" in format_plan(preflight(compose([])))
 
 
 def test_tensorboard(tmp_path: Path) -> None:
@@ -36,7 +36,7 @@ def test_tensorboard(tmp_path: Path) -> None:
 
 def test_wandb_composes_without_importing_wandb() -> None:
     plan = preflight(compose(["logger=wandb", "logger.offline=true"]))
-    assert plan.logger == "lightning.pytorch.loggers.WandbLogger"
+    assert plan["logger"] == "lightning.pytorch.loggers.WandbLogger"
     assert "wandb" not in sys.modules
 
 
@@ -55,4 +55,4 @@ def test_an_unresolvable_node_names_its_key(tmp_path: Path) -> None:
 
 
 def test_no_logger() -> None:
-    assert preflight(compose(["~logger"])).logger is None
+    assert preflight(compose(["~logger"]))["logger"] is None

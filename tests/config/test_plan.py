@@ -5,14 +5,15 @@ from __future__ import annotations
 import pytest
 
 from frlab.config.compose import compose
+from frlab.config.plan import format_plan
 from frlab.config.preflight import preflight
 
 
 def trust_row(overrides: list[str]) -> str:
     """The `trust` line of the printed plan, after the colon."""
     plan = preflight(compose(overrides))
-    rows = [line for line in plan.format().splitlines() if line.strip().startswith("trust ")]
-    assert len(rows) == 1, plan.format()
+    rows = [line for line in format_plan(plan).splitlines() if line.strip().startswith("trust ")]
+    assert len(rows) == 1, format_plan(plan)
     return rows[0].split(":", 1)[1].strip()
 
 
@@ -41,13 +42,13 @@ def test_trust_row_shows_the_chosen_trust_regions_parameters(
 
 def test_plan_records_the_trust_description() -> None:
     plan = preflight(compose(["objective.trust_region=token_tis"]))
-    assert plan.to_dict()["trust"] == "token_tis cap=2.0"
-    assert plan.delta is None
+    assert plan["trust"] == "token_tis cap=2.0"
+    assert plan["delta"] is None
 
 
 def plan_row(overrides: list[str], label: str) -> str:
     """The value of one labelled line of the printed plan."""
-    text = preflight(compose(overrides)).format()
+    text = format_plan(preflight(compose(overrides)))
     rows = [line for line in text.splitlines() if line.strip().split(" :")[0].strip() == label]
     assert len(rows) == 1, text
     return rows[0].split(":", 1)[1].strip()
@@ -81,7 +82,7 @@ def test_eval_row_names_kind_k_interval_benchmarks_and_sampling(
 
 REMOTE = [
     "rollout=remote",
-    "rollout.engine=remote",
+    "rollout/engine=remote",
     "rollout.remote.allow_unauthenticated=true",
 ]  # made-up hosts: none is reached
 
@@ -104,10 +105,10 @@ def test_rollout_row_counts_the_servers_of_a_remote_fleet(
 
 def test_plan_records_servers_and_evaluation() -> None:
     servers = "rollout.remote.servers=[http://a:1,http://b:2]"
-    record = preflight(compose([*REMOTE, servers, "eval=math"])).to_dict()
+    record = preflight(compose([*REMOTE, servers, "eval=math"]))
     assert record["servers"] == 2 and record["engine"] == "remote"
     assert record["evaluation"] == "math avg@4 every 50 steps on GSM8K, AIME25 (T=0.7, top_p=0.7)"
-    assert preflight(compose([])).to_dict()["servers"] is None
+    assert preflight(compose([]))["servers"] is None
 
 
 @pytest.mark.parametrize(
@@ -142,11 +143,11 @@ def test_bad_micro_batching_values_name_the_key() -> None:
 
 def test_the_plan_lists_the_values_that_differ_from_the_declared_defaults() -> None:
     plan = preflight(compose(["rollout.max_in_flight=7", "optim.lr=0.5"]))
-    assert plan.changed["rollout.max_in_flight"] == 7 and plan.changed["optim.lr"] == 0.5
-    assert "rollout.sampling.temperature" not in plan.changed  # the declared default
-    assert plan.changed["trainer.max_steps"] == 300  # set by the toy_cpu preset
-    assert "rollout.engine.device" not in plan.changed  # follows rollout.device
-    text = plan.format()
+    assert plan["changed"]["rollout.max_in_flight"] == 7 and plan["changed"]["optim.lr"] == 0.5
+    assert "rollout.sampling.temperature" not in plan["changed"]  # the declared default
+    assert plan["changed"]["trainer.max_steps"] == 300  # set by the toy_cpu preset
+    assert "rollout.engine.device" not in plan["changed"]  # follows rollout.device
+    text = format_plan(plan)
     assert "rollout.max_in_flight=7" in text and "optim.lr=0.5" in text
     assert "model.name_or_path=null" in text
 
@@ -156,15 +157,15 @@ def test_the_changed_row_shows_the_engine_and_env_keys_set() -> None:
     defaults: `rollout.engine.num_threads=2`, `env.num_digits=5`, key by key."""
     plan = preflight(compose(["rollout/engine=torch_process", "rollout.engine.num_threads=2",
                               "rollout.engine.packed_prefill=false", "env.num_digits=5"]))  # fmt: skip
-    assert plan.changed["rollout.engine.num_threads"] == 2
-    assert plan.changed["rollout.engine.packed_prefill"] is False
-    assert plan.changed["env.num_digits"] == 5
-    assert "rollout.engine" not in plan.changed  # not the whole node
-    assert "rollout.engine.start_timeout_s" not in plan.changed  # the declared default
-    text = " ".join(plan.format().split())
+    assert plan["changed"]["rollout.engine.num_threads"] == 2
+    assert plan["changed"]["rollout.engine.packed_prefill"] is False
+    assert plan["changed"]["env.num_digits"] == 5
+    assert "rollout.engine" not in plan["changed"]  # not the whole node
+    assert "rollout.engine.start_timeout_s" not in plan["changed"]  # the declared default
+    text = " ".join(format_plan(plan).split())
     assert "rollout.engine.num_threads=2" in text and "env.num_digits=5" in text
     default = preflight(compose([]))
-    assert not [k for k in default.changed if k.startswith("rollout.engine")]
+    assert not [k for k in default["changed"] if k.startswith("rollout.engine")]
     from frlab.config.plan import _env_values
 
     tool_env = _env_values(compose(["env=python_tool"]))  # max_turns follows rollout.max_turns

@@ -75,11 +75,11 @@ def test_unknown_choice_values() -> None:
 @pytest.mark.parametrize(
     ("override", "key", "fragment"),
     [
-        ("data.batch_size=abc", "data.batch_size", "integer"),
-        ("data.batch_size=16.5", "data.batch_size", "integer"),
-        ("rollout.sampling.top_k=true", "rollout.sampling.top_k", "integer"),
-        ("dry_run=maybe", "dry_run", "true or false"),
-        ("optim.lr=fast", "optim.lr", "number"),
+        ("data.batch_size=abc", "data.batch_size", "could not be converted to Integer"),
+        ("data.batch_size=16.5", "data.batch_size", "Integer"),
+        ("rollout.sampling.top_k=true", "rollout.sampling.top_k", "Integer"),
+        ("dry_run=maybe", "dry_run", "not a valid bool"),
+        ("optim.lr=fast", "optim.lr", "Float"),
         ("objective.sequence_bernoulli_kl.delta=-1e-3", "objective.sequence_bernoulli_kl.delta", "[0"),
         ("objective.sequence_bernoulli_kl.delta=nan", "objective.sequence_bernoulli_kl.delta", "NaN"),
         ("objective.entropy_failures.q=1.5", "objective.entropy_failures.q", "[0, 1]"),
@@ -90,7 +90,7 @@ def test_unknown_choice_values() -> None:
         ("optim.warmup_ratio=1.0", "optim.warmup_ratio", "1)"),
         ("optim.betas=[0.9]", "optim.betas", "two numbers"),
         ("seed=-1", "seed", "[0"),
-        ("data.batch_size=null", "data.batch_size", "null"),
+        ("data.batch_size=null", "data.batch_size", "not Optional"),
         ("model.gradient_checkpointing=3", "model.gradient_checkpointing", "true, false or auto"),
         ("model.gradient_checkpointing=sometimes", "model.gradient_checkpointing", "or auto"),
         ("data.max_tokens_per_micro_batch=big", "data.max_tokens_per_micro_batch", "an int, null or auto"),
@@ -106,7 +106,7 @@ def test_wrong_types_and_ranges(override: str, key: str, fragment: str) -> None:
 def test_auto_is_taken_by_the_budget_and_checkpointing() -> None:
     plan = preflight(compose(["data.max_tokens_per_micro_batch=auto",
                               "model.gradient_checkpointing=auto"]))  # fmt: skip
-    assert (plan.max_tokens_per_micro_batch, plan.gradient_checkpointing) == ("auto", "auto")
+    assert (plan["max_tokens_per_micro_batch"], plan["gradient_checkpointing"]) == ("auto", "auto")
 
 
 def test_q_needs_the_filter_to_matter_but_is_validated_anyway() -> None:
@@ -115,7 +115,7 @@ def test_q_needs_the_filter_to_matter_but_is_validated_anyway() -> None:
 
 def test_delta_inf_is_no_trust_region_and_passes() -> None:
     plan = preflight(compose(["objective.sequence_bernoulli_kl.delta=inf"]))
-    assert plan.delta == float("inf")
+    assert plan["delta"] == float("inf")
 
 
 # -- cross-field rules -------------------------------------------------------------------------
@@ -125,7 +125,8 @@ def test_batch_must_split_over_ranks_and_micro_batches() -> None:
     fails(["trainer.devices=2", "data.batch_size=32", "data.micro_batch_size=32"],
           "data.micro_batch_size", "= 16")  # fmt: skip
     plan = preflight(compose(["trainer=ddp_cpu", "data.batch_size=32", "data.micro_batch_size=8"]))
-    assert (plan.devices, plan.per_rank_batch_size, plan.micro_batches_per_step) == (2, 16, 2)
+    assert (plan["devices"], plan["per_rank_batch_size"], plan["micro_batches_per_step"]) == (
+        2, 16, 2)  # fmt: skip
 
 
 def test_off_policy_correction_needs_full_support() -> None:
@@ -134,19 +135,19 @@ def test_off_policy_correction_needs_full_support() -> None:
     fails(["objective=pg_is", "rollout.sampling.top_k=20"], "rollout.sampling.top_k")
     # Without correction (no_is) truncated sampling is allowed.
     plan = preflight(compose(["objective.trust_region=no_is", "rollout.sampling.top_p=0.9"]))
-    assert plan.delta is None
+    assert plan["delta"] is None
 
 
 def test_group_baselines_need_several_samples_in_either_mode() -> None:
     for preset in ("grpo", "dr_grpo", "rloo"):
         fails([f"objective={preset}"], "rollout.samples_per_prompt", "batch_mean")
     plan = preflight(compose(["objective=grpo", "rollout.samples_per_prompt=4"]))
-    assert (plan.mode, plan.samples_per_prompt) == ("async", 4)  # groups in the async pool
+    assert (plan["mode"], plan["samples_per_prompt"]) == ("async", 4)  # groups in the async pool
     fails(
         ["rollout=sync", "objective=rloo", "rollout.samples_per_prompt=5"], "data.batch_size", "5"
     )
     plan = preflight(compose(["rollout=sync", "objective=grpo", "rollout.samples_per_prompt=4"]))
-    assert plan.components["baseline"] == "group_mean_std" and plan.samples_per_prompt == 4
+    assert plan["components"]["baseline"] == "group_mean_std" and plan["samples_per_prompt"] == 4
 
 
 def test_each_ranks_share_of_the_batch_holds_whole_groups() -> None:
@@ -158,7 +159,7 @@ def test_each_ranks_share_of_the_batch_holds_whole_groups() -> None:
     assert "data.batch_size a multiple of 128" in str(err)
     plan = preflight(compose([*grpo, "rollout.samples_per_prompt=8", "data.batch_size=32",
                               "data.micro_batch_size=8"]))  # fmt: skip
-    assert (plan.devices, plan.per_rank_batch_size, plan.samples_per_prompt) == (2, 16, 8)
+    assert (plan["devices"], plan["per_rank_batch_size"], plan["samples_per_prompt"]) == (2, 16, 8)
 
 
 def test_a_group_must_fit_in_flight() -> None:
@@ -168,14 +169,14 @@ def test_a_group_must_fit_in_flight() -> None:
 
 def test_batch_mean_with_one_sample_per_prompt_is_the_papers_case() -> None:
     plan = preflight(compose(["objective=flashreinforce", "rollout.samples_per_prompt=1"]))
-    assert plan.components["baseline"] == "batch_mean" and plan.samples_per_prompt == 1
+    assert plan["components"]["baseline"] == "batch_mean" and plan["samples_per_prompt"] == 1
 
 
 def test_async_weight_sync_must_respect_the_lag_bound() -> None:
     fails(["rollout.sync_every=3"], "rollout.sync_every", "max_policy_lag")
     fails(["rollout.max_policy_lag=0"], "rollout.sync_every")
     plan = preflight(compose(["rollout.sync_every=2", "rollout.max_policy_lag=2"]))
-    assert (plan.sync_every, plan.lag_bound) == (2, 2)
+    assert (plan["sync_every"], plan["lag_bound"]) == (2, 2)
 
 
 def test_lengths_and_engine_rules() -> None:
@@ -200,7 +201,7 @@ def test_the_process_engine_is_cpu_only_and_records_routing() -> None:
     fails(["rollout/engine=torch_process", "rollout.engine.num_threads=0"],
           "rollout.engine.num_threads")  # fmt: skip
     plan = preflight(compose(["rollout/engine=torch_process"]))
-    assert plan.engine == "torch_process"
+    assert plan["engine"] == "torch_process"
 
 
 def test_preflight_asks_the_engine_class_for_its_devices_and_routing(monkeypatch) -> None:
@@ -236,15 +237,14 @@ def test_missing_values() -> None:
     fails(["model=hf"], "model.name_or_path", "???")
     fails(["model.config=null"], "model.name_or_path", "model.config")
     fails(["~model.config.model_type"], "model.config.model_type")
-    fails(["~data.micro_batch_size"], "data.micro_batch_size", "cannot be removed")
+    fails(["~data.micro_batch_size"], "data.micro_batch_size", "does not support deletion")
 
 
-def test_targets_outside_the_allowlist_are_refused() -> None:
-    fails(["env._target_=os.system"], "env._target_", "not allowed")
-    fails(
-        ["logger=tensorboard", "logger._target_=subprocess.run"], "logger._target_", "not allowed"
-    )
-    fails(["+callbacks.evil._target_=builtins.eval"], "callbacks.evil._target_", "not allowed")
+def test_a_node_without_a_target_is_refused() -> None:
+    """Any importable `_target_` is built (a config is code the user runs); a node that must
+    name one and does not is refused at its key."""
+    fails(["~env._target_"], "env._target_", "missing")
+    fails(["+callbacks.mine={every: 1}"], "callbacks.mine._target_", "missing")
 
 
 def test_preflight_does_not_import_an_environments_libraries() -> None:
@@ -277,23 +277,21 @@ def test_a_dry_run_checks_the_env_nodes_keys_against_its_class() -> None:
     fails([holdout, "~env.num_digits"], "env.holdout", "missing: a required argument")
 
 
-def test_user_modules_admit_the_users_own_package_and_nothing_general(
+def test_a_target_from_the_users_own_package_needs_no_flag(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    fails(["env._target_=mypkg.envs.MyEnv"], "env._target_", "user_modules=[PACKAGE]")
-    with caplog.at_level("WARNING"):  # not installed here: left to the run, quietly
-        plan = preflight(compose(["user_modules=[mypkg]", "env._target_=mypkg.envs.MyEnv"]))
-    assert plan.env == "mypkg.envs.MyEnv"
+    """A class not importable here (a package installed only where the run goes) is left to
+    the run, quietly: the plan names it."""
+    with caplog.at_level("WARNING"):
+        plan = preflight(compose(["env._target_=mypkg.envs.MyEnv"]))
+    assert plan["env"] == "mypkg.envs.MyEnv"
     assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text
-    fails(["user_modules=[os]", "env._target_=os.system"], "user_modules[0]", "standard library")
-    fails(["user_modules=[torch]", "optim._target_=torch.hub.load"], "user_modules[0]")
-    fails(["optim._target_=torch.hub.load"], "optim._target_", "not allowed")
 
 
 def test_lora_needs_an_engine_that_serves_it_and_valid_settings() -> None:
     """Engine classes that declare serves_lora take LoRA policies; a fleet only with the modes
     it implements for adapters; a class that does not declare it is refused by name."""
-    from frlab.config.engines import check_lora_engine
+    from frlab.rollout.engine import Engine
 
     preflight(compose(["model.lora.rank=8"]))  # torch: accepted
     preflight(compose(["model.lora.rank=8", "rollout/engine=torch_process"]))
@@ -302,7 +300,8 @@ def test_lora_needs_an_engine_that_serves_it_and_valid_settings() -> None:
     preflight(compose([*fleet, "rollout.weight_update=resubmit"]))
     fails([*fleet, "rollout.weight_update=in_flight"], "rollout.weight_update",
           "'in_flight' is not exact on the remote (with model.lora) engine", "drain, resubmit")  # fmt: skip
-    rollout = {"engine": {"_target_": "frlab.rollout.engine.Engine"}}
-    with pytest.raises(ConfigError, match="model.lora.rank.*does not declare serves_lora"):
-        check_lora_engine("mine", rollout, {"lora": {"rank": 8}})
+    config = {"rollout": {"engine": {"_target_": "mine.Engine"}}, "model": {"lora": {"rank": 8}},
+              "trainer": {"accelerator": "cpu"}}  # fmt: skip
+    with pytest.raises(ValueError, match="model.lora.rank the mine.Engine engine .*does not declare"):
+        Engine.check_config(config, 1, {})
     fails(["model.lora.rank=8", "model.lora.dropout=1.0"], "model.lora.dropout")

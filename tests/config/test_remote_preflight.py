@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from frlab.config.compose import compose
+from frlab.config.compose import compose, instantiate
 from frlab.config.errors import ConfigError
-from frlab.config.instantiate import instantiate
 from frlab.config.preflight import preflight
 
 
@@ -18,7 +17,7 @@ def build_engine(cfg, policy, seed):
     return instantiate(cfg.rollout.engine, key="rollout.engine")(policy=policy, seed=seed)
 
 
-REMOTE = ["rollout=remote", "rollout.engine=remote"]
+REMOTE = ["rollout=remote", "rollout/engine=remote"]
 ONE = "rollout.remote.servers=[http://127.0.0.1:8100]"
 
 
@@ -26,10 +25,10 @@ ONE = "rollout.remote.servers=[http://127.0.0.1:8100]"
     ("overrides", "key", "fragment"),
     [
         (["rollout=remote"], "rollout.remote.servers", "mandatory"),
-        # the paper presets pin rollout.engine=vllm: rollout=remote alone is not enough there
+        # the paper presets pin rollout/engine=vllm: rollout=remote alone is not enough there
         (["experiment=qwen_math_1p5b", "rollout=remote", ONE], "rollout.engine",
-         "rollout.engine=remote"),
-        (["rollout.engine=remote"], "rollout.remote", "rollout=remote"),
+         "rollout/engine=remote"),
+        (["rollout/engine=remote"], "rollout.remote", "rollout=remote"),
         ([*REMOTE, "rollout.remote.servers=[]"], "rollout.remote.servers", "non-empty"),
         ([*REMOTE, "rollout.remote.servers=[127.0.0.1:1]"], "rollout.remote.servers", "http"),
         ([*REMOTE, "rollout.remote.servers=[http://a,http://a/]"], "rollout.remote.servers",
@@ -60,7 +59,7 @@ def test_remote_config_errors_name_the_key(overrides: list[str], key: str, fragm
 def test_rollout_remote_alone_selects_the_fleet_for_the_toy_presets() -> None:
     for experiment in ("toy_cpu", "toy_multi_cpu"):
         plan = preflight(compose([f"experiment={experiment}", "rollout=remote", ONE]))
-        assert plan.engine == "remote", experiment
+        assert plan["engine"] == "remote", experiment
 
 
 def test_a_valid_remote_config_builds_the_configured_engine(tmp_path: Path) -> None:
@@ -85,7 +84,7 @@ def test_a_one_rank_nccl_config_passes_and_builds_the_nccl_engine() -> None:
     cfg = compose([*REMOTE, ONE, "rollout.remote.weight_sync=nccl",
                    "rollout.remote.nccl_master_address=10.0.0.7",
                    "rollout.remote.nccl_master_port=29500"])  # fmt: skip
-    assert preflight(cfg).engine == "remote"
+    assert preflight(cfg)["engine"] == "remote"
     engine = build_engine(cfg, build_policy_from(plain(cfg.model), 0), seed=0)
     nccl = engine._nccl
     assert (nccl.master_address, nccl.master_port, nccl.packed) == ("10.0.0.7", 29500, True)
@@ -117,7 +116,7 @@ def test_every_weight_update_mode_passes_preflight_on_a_fleet(mode: str) -> None
     from frlab.train import build_policy_from, plain
 
     cfg = compose([*REMOTE, ONE, f"rollout.weight_update={mode}"])
-    assert preflight(cfg).engine == "remote"
+    assert preflight(cfg)["engine"] == "remote"
     engine = build_engine(cfg, build_policy_from(plain(cfg.model), 0), seed=0)
     assert engine.weight_update == mode
     engine.shutdown()

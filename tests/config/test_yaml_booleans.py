@@ -1,6 +1,6 @@
 """Every YAML file frlab ships gives a key declared bool a boolean: OmegaConf, composing, would
 read `pack_sequences: 3` as true and `0` as false without a word, so the command line's check
-(frlab.config.declare.check_bool_overrides) has this counterpart for the files themselves."""
+(frlab.config.preflight, on the job's overrides) has this counterpart for the files themselves."""
 
 from __future__ import annotations
 
@@ -13,13 +13,9 @@ import yaml
 
 from frlab.config.compose import CONFIGS_DIR, EXPERIMENTS_DIR
 from frlab.config.declare import non_booleans as declared_non_booleans
-from frlab.config.engines import TYPED_NODES
-from frlab.config.evaluation import EVALS
-from frlab.config.schema import FrlabConfig
+from frlab.config.schema import TYPED_NODES, FrlabConfig
 
 FILES = sorted([*CONFIGS_DIR.rglob("*.yaml"), *EXPERIMENTS_DIR.rglob("*.yaml")])
-# the open nodes whose keys are declared by the option chosen (any declaration counts)
-OPEN = {**TYPED_NODES, "eval": tuple(EVALS.values())}
 
 
 def package(path: Path, text: str) -> str:
@@ -35,7 +31,7 @@ def package(path: Path, text: str) -> str:
 def non_booleans(values: Mapping[str, Any], prefix: str) -> Iterator[tuple[str, Any]]:
     """(full key, value) of each value that is not a boolean (nor null, nor an interpolation)
     on a key declared bool (the root's, or an open node's declarations)."""
-    yield from declared_non_booleans(FrlabConfig, values, OPEN, prefix)
+    yield from declared_non_booleans(FrlabConfig, values, TYPED_NODES, prefix)
 
 
 def file_non_booleans(path: Path) -> list[tuple[str, Any]]:

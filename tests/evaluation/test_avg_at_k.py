@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from frlab.config.evaluation import EvalSamplingConfig
+from frlab.config.schema import EvalSamplingConfig
 from frlab.evaluation.avg_at_k import AvgAtKEvaluation, EngineGenerate
 from frlab.evaluation.benchmarks import load_benchmark
 from frlab.model.toy_tokenizer import build_toy_tokenizer
@@ -267,7 +267,7 @@ def test_from_config_counts_questions_shared_with_the_training_env(tmp_path) -> 
     evaluation builds the env's dataset to count benchmark questions training also sees."""
     from omegaconf import OmegaConf
 
-    from frlab.build import env_factory
+    from frlab.rollout.pool.factory import env_factory
 
     data = tmp_path / "train.jsonl"
     data.write_text('{"question": "1+1", "answer": "2"}\n{"question": "2+2", "answer": "4"}\n')

@@ -113,7 +113,7 @@ def test_build_policy_and_tokenizer_accept_a_gguf_source(
     tiny_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
     from frlab.model import build_policy
-    from frlab.train import build_tokenizer
+    from frlab.model.tokenizer import build_tokenizer
 
     monkeypatch.setenv("FRLAB_CACHE", str(tmp_path))
     source = f"gguf:{tiny_gguf}"

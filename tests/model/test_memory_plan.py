@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from frlab.config.engines import engine_class
+from frlab.config.preflight import locate_engine
 from frlab.model.memory_plan import (
     MemoryPlan,
     activation_bytes,
@@ -90,11 +90,11 @@ def test_states_shard_under_fsdp2_and_vllm_takes_its_share() -> None:
     vllm = {"_target_": "frlab.rollout.vllm.engine.VLLMEngine.for_policy"}
     colocated = memory_plan(run_cfg(rollout__engine=vllm, rollout__device="cuda",
                                     rollout__vllm_engine_args={"gpu_memory_utilization": 0.5}),
-                            engine_reserves_share=engine_class({"engine": vllm}).reserves_gpu_share)  # fmt: skip
+                            engine_reserves_share=locate_engine({"engine": vllm}).reserves_gpu_share)  # fmt: skip
     assert colocated.engine == 2 * 20768 + kv_cache_bytes(tiny_config(), 3, 50, 2)
     assert colocated.gpu_needed() == int(max(colocated.learner / 0.5, colocated.engine / 0.5))
     torch_engine = {"engine": {"_target_": "frlab.rollout.torch.engine.TorchEngine.for_policy"}}
-    assert not engine_class(torch_engine).reserves_gpu_share
+    assert not locate_engine(torch_engine).reserves_gpu_share
     lora = memory_plan(run_cfg(model__lora=LORA))
     assert lora.weights == plain.weights and lora.grads < plain.grads / 4
 

@@ -222,7 +222,7 @@ def test_preflight_refuses_routing_replay_with_vllm() -> None:
 
     try:
         with pytest.raises(ConfigError) as info:
-            preflight(compose(["rollout.engine=vllm", "model.routing_replay=true"]))
+            preflight(compose(["rollout/engine=vllm", "model.routing_replay=true"]))
         assert info.value.key == "model.routing_replay"
         assert "rollout/engine=torch" in str(info.value)
     finally:

@@ -54,9 +54,9 @@ def test_every_component_is_selectable_documented_and_logged(kind: str, name: st
     cls = KINDS[kind].get(name)
     # selectable: `objective.<kind>=<name>` composes and passes preflight, defaults included
     plan = preflight(compose(_overrides(kind, name)))
-    assert plan.components[kind] == name
+    assert plan["components"][kind] == name
     if cls.hyperparameters():
-        assert plan.component_params[name] == cls.defaults()
+        assert plan["component_params"][name] == cls.defaults()
     # documented: its README row, the key reference's slot comment, its defaults in the config
     readme = (ROOT / README_FILE).read_text()
     assert f"| {kind_title(kind)} | `{name}` | {cls.summary().rstrip('.')} |" in readme

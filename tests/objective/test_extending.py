@@ -35,7 +35,7 @@ exec(EXAMPLE)
 
 plan = preflight(compose(["objective.trust_region=max_log_ratio",
                           "+objective.max_log_ratio.bound=0.3"]))
-assert plan.trust == "max_log_ratio bound=0.3", plan.trust
+assert plan["trust"] == "max_log_ratio bound=0.3", plan["trust"]
 try:
     preflight(compose(["objective.trust_region=max_log_ratio", "+objective.max_log_ratio.bound=-1"]))
     raise AssertionError("a negative bound passed")

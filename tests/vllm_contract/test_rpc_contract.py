@@ -1,6 +1,6 @@
 """`collective_rpc` through vLLM's own serialisers and dev routers (vllm 0.28/0.29).
 
-In-process (rollout.engine=vllm): `AsyncLLM.collective_rpc` ships its arguments to the
+In-process (rollout/engine=vllm): `AsyncLLM.collective_rpc` ships its arguments to the
 engine-core process as a UTILITY request encoded by `MsgpackEncoder`
 (vllm/v1/engine/core_client.py `_call_utility_async`) and decoded by the core's untyped
 `MsgpackDecoder` (vllm/v1/engine/core.py `process_input_sockets`); results come back typed as

@@ -11,28 +11,26 @@ a malformed answer marks the server dead and the request is retried on another s
 (`retries` counter, logged); an HTTP 4xx is our own bad request and fails at once. After
 `max_retries` retries (waiting `probe_interval_s` while no server is healthy) `generate`
 raises `EngineError`, which the pool counts as a failed rollout. A fleet with no healthy
-server for `fleet_down_timeout_s` is down for good (`down_reason`, naming every server and
-its last error): the pool stops the run with `EngineDown` instead of failing rollouts forever. A background prober checks
-dead and stale servers every `probe_interval_s`; one that answers `/health` again must load
-the current snapshot and report the current weight version before it is re-admitted.
+server for `fleet_down_timeout_s` is down for good (`down_reason`, naming every server and its
+last error): the pool stops the run with `EngineDown`. A prober checks dead and stale servers
+every `probe_interval_s`; one that answers `/health` again must load the current snapshot and
+report the current weight version before it is re-admitted.
 
 The engine holds three parts: the servers' states, load spreading, HTTP and control calls
 (`Fleet`, frlab.rollout.remote.fleet); its own requests' gate and in-flight count (`Traffic`,
 frlab.rollout.remote.traffic); and the weight sync (`WeightSync`, frlab.rollout.remote.
-weight_sync: filesystem snapshots or vLLM's NCCL broadcast, the version check, several
-learner ranks sharing one fleet, the admission and re-probing of a server). What
-`weight_update` (drain | in_flight | resubmit) does to requests in flight is in
-frlab.rollout.remote.resubmit and frlab.rollout.remote.in_flight.
-Token versions come from the server: `frlab_versions` in the answer (frlab.serve);
-under in_flight on vLLM, the per-token `weight_versions` spans of its token-in/token-out
-endpoint (`/inference/v1/generate`, vLLM 0.32+ with `--enable-scale-out`: probed once per
-server, frlab.rollout.remote.in_flight and frlab.rollout.remote.generate); under drain and
-resubmit on vLLM (`/v1/completions`, no labels), the version that server reported at its
-last verification. So in_flight is exact on frlab.serve and on vLLM servers that label
-tokens; a vLLM server that does not is refused under in_flight, naming
-rollout.weight_update. With a LoRA policy (`model.lora`) the servers serve the base model and
-each update sends the adapter only, loaded by vLLM under the version's own name
-(frlab.rollout.remote.lora).
+weight_sync: filesystem snapshots or vLLM's NCCL broadcast, the version check, several learner
+ranks sharing one fleet, the admission and re-probing of a server). What `weight_update` (drain
+| in_flight | resubmit) does to requests in flight is in frlab.rollout.remote.resubmit and
+frlab.rollout.remote.in_flight. Token versions come from the server: `frlab_versions` in the
+answer (frlab.serve); under in_flight on vLLM, the per-token `weight_versions` spans of its
+token-in/token-out endpoint (`/inference/v1/generate`, vLLM 0.32+ with `--enable-scale-out`:
+probed once per server, frlab.rollout.remote.in_flight and frlab.rollout.remote.generate); under
+drain and resubmit on vLLM (`/v1/completions`, no labels), the version that server reported at
+its last verification. So in_flight is exact on frlab.serve and on vLLM servers that label
+tokens; a vLLM server that does not is refused under in_flight, naming rollout.weight_update.
+With a LoRA policy (`model.lora`) the servers serve the base model and each update sends the
+adapter only, loaded by vLLM under the version's own name (frlab.rollout.remote.lora).
 """
 
 from __future__ import annotations
@@ -64,6 +62,7 @@ from frlab.rollout.remote.lora import LORA_WEIGHT_UPDATES, LoraAdapters, check_l
 from frlab.rollout.remote.nccl import NcclSync
 from frlab.rollout.remote.traffic import Traffic
 from frlab.rollout.remote.weight_sync import WeightSync, rank_folder
+from frlab.rollout.vllm.args import check_user_engine_args
 from frlab.rollout.weight_modes import Fragment, continue_after_abort, resolve_weight_update
 
 log = logging.getLogger(__name__)
@@ -98,6 +97,7 @@ class RemoteEngine(Engine):
             nccl_master_address(remote.get("nccl_master_address"), remote["servers"])
         auth.fleet_secret(remote["servers"], remote.get("secret_env"), remote.get("secret_file"),
                           bool(remote.get("allow_unauthenticated")))  # fmt: skip
+        check_user_engine_args(rollout.get("vllm_engine_args") or {})  # the fleet recipes' presets
 
     @classmethod
     def for_policy(

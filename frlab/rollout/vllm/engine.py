@@ -98,9 +98,9 @@ class VLLMEngine(WeightsSide, Engine):
     reserves_gpu_share = True  # weights + KV cache in gpu_memory_utilization of the GPU
 
     @classmethod
-    def check_engine_args(cls, args: Mapping[str, Any]) -> None:
+    def check_settings(cls, rollout: Mapping[str, Any], world: int) -> None:
         """The `rollout.vllm_engine_args` a config may set (ValueError naming the key)."""
-        check_user_engine_args(args)
+        check_user_engine_args(rollout.get("vllm_engine_args") or {})
 
     @classmethod
     def check_learner(cls, accelerator: str) -> None:

@@ -99,8 +99,7 @@ def test_source_tasks_load_lazily_once_and_are_shared(tmp_path: Path) -> None:
 
 
 def test_config_file_builds_the_env_through_frlab(tmp_path: Path) -> None:
-    from frlab.build import task_sampler_factory
-    from frlab.train import env_factory
+    from frlab.rollout.pool.factory import env_factory, task_sampler_factory
 
     path = tmp_path / "tiny.jsonl"
     path.write_text(json.dumps({"question": "1 + 1?", "answer": "2"}) + "\n")

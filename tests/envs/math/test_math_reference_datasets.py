@@ -175,9 +175,8 @@ def test_qwen_math_preset_reads_the_hub_dataset_as_the_reference(
     """The preset's env node loads DAPO-Math-17k (config default, split train) through
     `datasets.load_dataset`, here answering with a real `datasets.Dataset` of that layout."""
     datasets = pytest.importorskip("datasets")
-    from frlab.build import task_sampler_factory
-    from frlab.config.compose import compose
-    from frlab.config.instantiate import instantiate
+    from frlab.config.compose import compose, instantiate
+    from frlab.rollout.pool.factory import task_sampler_factory
 
     path = write_dapo_parquet(tmp_path / "dapo.parquet")
     calls = []

@@ -12,8 +12,8 @@ from omegaconf import OmegaConf
 
 from envs.base import Env
 from envs.python_tool import PythonResult, PythonToolEnv, format_observation
-from frlab.build import task_sampler_factory
-from frlab.config.instantiate import instantiate
+from frlab.config.compose import instantiate
+from frlab.rollout.pool.factory import task_sampler_factory
 
 TASK = {"question": "What is 6 times 7?", "answer": "42"}
 CONFIG = Path(__file__).resolve().parents[3] / "configs" / "env" / "python_tool.yaml"

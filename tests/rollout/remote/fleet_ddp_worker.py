@@ -73,7 +73,7 @@ def overrides(servers: list[str], steps: int, run_dir: str, snapshot_dir: str) -
     """The toy experiment on 2 CPU ranks and the remote fleet, small and quick."""
     return [
         "trainer=ddp_cpu", f"trainer.max_steps={steps}",
-        "rollout=remote", "rollout.engine=remote", f"rollout.remote.servers=[{','.join(servers)}]",
+        "rollout=remote", "rollout/engine=remote", f"rollout.remote.servers=[{','.join(servers)}]",
         f"rollout.remote.snapshot_dir={snapshot_dir}",
         "rollout.remote.request_timeout_s=60", "rollout.remote.probe_interval_s=0.2",
         "rollout.weight_update=drain",  # checked: no weight change under a request

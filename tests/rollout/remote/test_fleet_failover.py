@@ -114,7 +114,7 @@ def test_sigkill_and_restart_of_one_server_mid_run(
 
     ports = [free_port() for _ in range(3)]
     cfg = compose([
-        "rollout=remote", "rollout.engine=remote",
+        "rollout=remote", "rollout/engine=remote",
         f"rollout.remote.servers=[{','.join(url(p) for p in ports)}]",
         "rollout.remote.request_timeout_s=10", "rollout.remote.probe_interval_s=0.2",
         "rollout.weight_update=drain",  # checked: one version per request

@@ -198,8 +198,7 @@ def test_bad_requests_raise_clear_errors() -> None:
 
 def test_the_engine_group_builds_a_copy_of_the_policy() -> None:
     """`rollout/engine=torch`: the config node is a partial called with (policy, seed)."""
-    from frlab.config.compose import compose
-    from frlab.config.instantiate import instantiate
+    from frlab.config.compose import compose, instantiate
 
     policy = tiny_model(0)
     cfg = compose(["rollout.max_in_flight=5", "rollout.device=cpu"])
