@@ -135,7 +135,8 @@ def one_update(module: FlashReinforceModule, batch: RolloutBatch, device: str) -
     return {k: float(v) for k, v in trainer.logged_metrics.items()}
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line: which arms, the batch's length distribution, repeats and device."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--compare", choices=("layout", "attention"), default="layout")
     parser.add_argument("--model", default="qwen2-small")
@@ -152,7 +153,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prompt-frac", type=float, default=0.2, help="prompt share per row")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--dtype", default="float32", help="model dtype (bfloat16 on GPU)")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     import logging

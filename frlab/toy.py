@@ -83,14 +83,34 @@ def make_batch(
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line: batch size, sampled tokens, learning rate, the KL budget and the seed."""
     p = argparse.ArgumentParser(prog="python -m frlab.toy", description=__doc__.splitlines()[0])
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--new-tokens", type=int, default=16)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--delta", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def _report(values: dict[str, float], t0: float) -> int:
+    """Print the values and the time since `t0`; 1 if one is not finite or nothing moved."""
+    for k, v in values.items():
+        print(f"{k:>16s}: {v:.6g}")
+    print(f"{'seconds':>16s}: {time.perf_counter() - t0:.2f}")
+    bad = [k for k, v in values.items() if not math.isfinite(v)]
+    if bad:
+        print(f"non-finite values: {', '.join(bad)}", file=sys.stderr)
+        return 1
+    if values["param_delta_l2"] == 0.0:
+        print("the update did not move the parameters", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse_args(argv)
 
     from frlab.model import build_policy, tiny_config
     from frlab.model.lm_logprobs import sequence_logprobs
@@ -135,17 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         "grad_norm": float(grad_norm),
         "param_delta_l2": moved,
     }
-    for k, v in values.items():
-        print(f"{k:>16s}: {v:.6g}")
-    print(f"{'seconds':>16s}: {time.perf_counter() - t0:.2f}")
-    bad = [k for k, v in values.items() if not math.isfinite(v)]
-    if bad:
-        print(f"non-finite values: {', '.join(bad)}", file=sys.stderr)
-        return 1
-    if moved == 0.0:
-        print("the update did not move the parameters", file=sys.stderr)
-        return 1
-    return 0
+    return _report(values, t0)
 
 
 if __name__ == "__main__":

@@ -16,14 +16,15 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from frlab.build import arguments, build_callbacks, build_evaluation, build_trainer, plain
-from frlab.config.compose import instantiate
+from frlab.config.compose import instantiate, locate
 from frlab.config.errors import ConfigError, keyed
-from frlab.config.plan import format_plan, learner_plan
+from frlab.config.plan import format_plan
 from frlab.config.preflight import preflight, structured
 
+LEARNER_SECTIONS = ("model", "data", "rollout", "trainer")  # what the learner's facts read
 __all__ = ["build_callbacks", "build_evaluation", "build_policy_from", "build_trainer", "plain",
            "run"]  # fmt: skip
 
@@ -113,6 +114,20 @@ def learner_policy(
     if auto and plan["gradient_checkpointing"]:
         checkpoint_policy(policy)
     return policy
+
+
+def learner_plan(cfg: DictConfig, plan: dict[str, Any], config: Any = None) -> None:
+    """The plan's learner facts (frlab.model.learner_kernels): its kernels, its memory line,
+    and the `auto` budget and checkpointing chosen for the learner's device here (`config`: the
+    model's transformers config, once loaded)."""
+    from frlab.model.auto_memory import device_memory
+    from frlab.model.learner_kernels import learner_facts
+
+    sections = {k: OmegaConf.to_container(cfg[k], resolve=True) for k in LEARNER_SECTIONS}
+    engine = locate(str(sections["rollout"]["engine"]["_target_"]))  # type: ignore[index]
+    engine = getattr(engine, "__self__", engine)  # a `for_policy` classmethod: its class
+    plan.update(learner_facts(sections, getattr(engine, "reserves_gpu_share", False),
+                              device_memory(sections["trainer"]["accelerator"]), config))  # type: ignore[index]  # fmt: skip
 
 
 def build_policy_from(model: dict[str, Any], seed: int) -> Any:

@@ -73,7 +73,10 @@ def _check_learner(overrides: list[str], exp: str, world: int, urls: list[str]) 
     assert (REPO / "experiments" / "experiment" / f"{exp}.yaml").is_file()
     assert (REPO / "configs" / "trainer" / f"{trainer}.yaml").is_file()
     cfg = compose(overrides)
-    assert cfg.rollout.engine._target_.endswith("RemoteEngine.for_policy") and cfg.hydra.run.dir == "/shared/run"
+    assert (
+        cfg.rollout.engine._target_.endswith("RemoteEngine.for_policy")
+        and cfg.hydra.run.dir == "/shared/run"
+    )
     assert list(cfg.rollout.remote.servers) == urls
     assert cfg.rollout.remote.snapshot_dir == "/shared/run/snapshots"
     assert cfg.trainer.devices * cfg.trainer.num_nodes == world

@@ -4,7 +4,8 @@ Each subpackage of frlab (frlab.config, frlab.rollout, ...), each top-level modu
 (frlab.train, frlab.build, ...) and each environment package (envs.math, envs.base, ...)
 is one node; `A -> B` when a module of A imports one of B anywhere (function-level imports
 count: they are dependencies all the same). The graph must have no cycle, so that every
-package can be read, tested and replaced on top of the ones below it.
+package can be read, tested and replaced on top of the ones below it. The same holds module by
+module (`module_graph`), and frlab.config keeps its size.
 """
 
 from __future__ import annotations
@@ -100,6 +101,48 @@ def test_no_import_cycle_between_packages() -> None:
 def test_the_cycle_finder_finds_a_cycle() -> None:
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def module_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    """Each module of frlab and envs -> the modules of theirs it imports, lazy imports included
+    (`from P import name` counts as P when `name` is not a module)."""
+    paths = {".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__"):
+             path for top in PACKAGES for path in sorted((root / top).rglob("*.py"))}  # fmt: skip
+    graph: dict[str, set[str]] = {}
+    for module, path in paths.items():
+        for name in imported(path, module):
+            while name and name not in paths:  # `frlab.x.y.CONST` -> frlab.x.y
+                name = name.rpartition(".")[0]
+            if name and name != module:
+                graph.setdefault(module, set()).add(name)
+    return graph
+
+
+def test_no_import_cycle_between_modules() -> None:
+    """No module imports, through any chain, a module that imports it (the finer graph)."""
+    graph = module_graph()
+    assert "frlab.config.preflight" in graph and "frlab.rollout.engine" in graph
+    assert cycles(graph) == [], {v: sorted(graph[v]) for c in cycles(graph) for v in c}
+
+
+def test_the_module_graph_sees_a_lazy_import_cycle(tmp_path: Path) -> None:
+    (tmp_path / "frlab" / "config").mkdir(parents=True)
+    (tmp_path / "frlab" / "config" / "a.py").write_text("from frlab.config.b import X\n")
+    (tmp_path / "frlab" / "config" / "b.py").write_text("def f():\n    import frlab.config.a\n")
+    assert cycles(module_graph(tmp_path)) == [["frlab.config.a", "frlab.config.b"]]
+
+
+CONFIG = ROOT / "frlab" / "config"
+
+
+def test_the_config_layer_stays_small_and_errors_sit_at_its_bottom() -> None:
+    """frlab.config is at most 1,600 lines in at most 7 modules (it configures, it is not the
+    product), and `errors`, which every other module there stands on, imports none of them."""
+    files = sorted(CONFIG.glob("*.py"))
+    lines = sum(len(p.read_text().splitlines()) for p in files)
+    assert len(files) <= 7 and lines <= 1600, (len(files), lines)
+    below = module_graph().get("frlab.config.errors", set())
+    assert not [m for m in below if m.startswith("frlab.config")], below
 
 
 def test_evaluation_and_tracking_sit_below_config() -> None:

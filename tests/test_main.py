@@ -90,7 +90,7 @@ def test_sweep_preset_runs_without_dash_m(tmp_path: Path) -> None:
         (["rollout.max_inflight=3"], "did you mean 'max_in_flight'"),
         (["rollout.sampling.top_p=0.9"], "config key `rollout.sampling.top_p`"),
         (["rollout.temperature=0"], "did you mean 'rollout.sampling.temperature'"),
-        (["data.batch_size=abc"], "config key `data.batch_size`: must be an integer"),
+        (["data.batch_size=abc"], "config key `data.batch_size`: Value 'abc'"),
         (["-m", "objective=grpo,rlo"], "did you mean 'rloo'"),
         (["rollout.engine=torhc"], "did you mean 'torch'"),
         (["-m", "data.pack_sequences=false,3"], "`data.pack_sequences`: must be true or false"),

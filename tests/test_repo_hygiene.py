@@ -1,5 +1,5 @@
-"""Repository hygiene: no internal issue numbers anywhere in the repository, and every repository
-path that a config file's comments name exists.
+"""Repository hygiene: no internal issue numbers anywhere in the repository, every repository
+path that a config file's comments name exists, and no source file or function is too long.
 
 No internal issue numbers (the word issue before a number, or a number after a hash) in the
 docs, the write-ups, bench/, scripts/, tests/ or frlab/: a document cites the paper by title
@@ -8,6 +8,7 @@ and section, code and measurements by path.
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -114,3 +115,49 @@ def test_no_test_folder_is_named_vllm() -> None:
     named = [p.relative_to(ROOT) for p in (ROOT / "tests").rglob("*")
              if p.is_dir() and p.name == "vllm"]  # fmt: skip
     assert not named, named
+
+
+# --- no file over 400 lines, no function over 60 -------------------------------------------
+
+SIZED = ("frlab", "envs", "bench", "scripts")
+MAX_FILE_LINES = 400
+MAX_FUNCTION_LINES = 60  # from `def` to its last line; decorators not counted
+
+
+def oversized(source: str, name: str) -> list[str]:
+    """`name` when `source` is over MAX_FILE_LINES lines, and `name:line: function` for each
+    function (nested and async ones too) over MAX_FUNCTION_LINES lines."""
+    found = []
+    lines = len(source.splitlines())
+    if lines > MAX_FILE_LINES:
+        found.append(f"{name}: {lines} lines (at most {MAX_FILE_LINES})")
+    for node in ast.walk(ast.parse(source, name)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            length = node.end_lineno - node.lineno + 1
+            if length > MAX_FUNCTION_LINES:
+                found.append(f"{name}:{node.lineno}: {node.name} is {length} lines "
+                             f"(at most {MAX_FUNCTION_LINES})")  # fmt: skip
+    return found
+
+
+def test_the_size_check_finds_long_files_and_functions() -> None:
+    body = "    pass\n"
+    source = ("@decorated\n@twice\ndef at_limit():\n" + body * 59  # 60 lines from the def
+              + "async def over():\n" + body * 60
+              + "class C:\n    def method(self):\n" + "        pass\n" * 61)  # fmt: skip
+    hits = oversized(source, "x.py")
+    assert hits == ["x.py:63: over is 61 lines (at most 60)",
+                    "x.py:125: method is 62 lines (at most 60)"], hits  # fmt: skip
+    assert oversized("x = 1\n" * 400, "x.py") == []
+    assert oversized("x = 1\n" * 401, "x.py") == ["x.py: 401 lines (at most 400)"]
+
+
+def test_no_file_over_400_lines_and_no_function_over_60() -> None:
+    """Code in frlab/, envs/, bench/ and scripts/ stays in pieces one can read whole: a file
+    over 400 lines, or a function over 60, is split by idea (a helper, a module)."""
+    files = [p for folder in SIZED for p in sorted((ROOT / folder).rglob("*.py"))
+             if "__pycache__" not in p.parts]  # fmt: skip
+    assert len(files) > 50  # the walk found the code
+    found = [hit for path in files
+             for hit in oversized(path.read_text(), str(path.relative_to(ROOT)))]  # fmt: skip
+    assert not found, "\n".join(found)

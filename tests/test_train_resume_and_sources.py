@@ -12,7 +12,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from frlab.config.errors import ConfigError
-from frlab.train import build_policy_from, check_resume
+from frlab.run.guard import check_resume
+from frlab.train import build_policy_from
 
 ENV_CFG = OmegaConf.create({"callbacks": {"model_checkpoint": {"dirpath": None}}})
 

@@ -74,8 +74,7 @@ def setup_hydra() -> None:
 
     Plugins.instance().register(FrlabSearchPathPlugin)
     for name, fn in (("frlab_suffix", run_suffix), ("frlab_subdir", sweep_subdir)):
-        if not OmegaConf.has_resolver(name):
-            OmegaConf.register_new_resolver(name, fn)
+        OmegaConf.register_new_resolver(name, fn, replace=True)
     store = ConfigStore.instance()
     store.store(name="frlab_root", node=schema.FrlabConfig)
     store.store(name="frlab_fleet", node=schema.RemoteConfig)

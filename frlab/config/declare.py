@@ -5,8 +5,8 @@ key's type and its default the key's default; OmegaConf enforces the types and r
 keys. `spec` adds what a type cannot say: an inclusive or open range, a list of choices, a
 list of exactly two numbers, a one-line description, and whether the key is an argument of
 the section's `_target_` (`arg=False`: read by frlab itself, left out when it is built).
-`check_values` checks those rules on resolved values; `non_booleans` finds a value that is not
-a boolean on a key declared bool (OmegaConf would read 3 as true); errors name the full key.
+`check_values` checks those rules on resolved values; `check_booleans` refuses a value that is
+not a boolean on a key declared bool (OmegaConf would read 3 as true); errors name the full key.
 """
 
 from __future__ import annotations
@@ -101,8 +101,6 @@ def check_node(key: str, values: Mapping[str, Any], cls: type) -> None:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    # raw values first: the merge would read 3 as true
-    check_booleans((join(key, k), v) for k, v in non_booleans(cls, values, {}))
     declared_node, given = OmegaConf.structured(cls), dict(values)
     for part in reversed(key.split(".")):  # nested under the full key, so errors name it
         declared_node, given = {part: declared_node}, {part: given}
@@ -231,16 +229,3 @@ def check_booleans(found: Iterable[tuple[str, Any]]) -> None:
     for key, value in found:
         if not is_boolean(value):
             raise ConfigError(key, f"must be true or false, got {value}")
-
-
-def non_booleans(
-    root: type, values: Mapping[str, Any], nodes: Nodes, key: str = ""
-) -> Iterator[tuple[str, Any]]:
-    """(full key, value) of each raw value below `values` on a key declared bool
-    (`declared_bool`) that is not a boolean: OmegaConf, merging, would read 3 as true."""
-    for name, value in values.items():
-        full = join(key, name)
-        if isinstance(value, Mapping):
-            yield from non_booleans(root, value, nodes, full)
-        elif not is_boolean(value) and declared_bool(root, full, nodes):
-            yield full, value

@@ -49,11 +49,6 @@ def keyed(exc: Exception) -> ConfigError:
     return ConfigError(key.rstrip(":"), text)
 
 
-def unknown(key: str, what: str, value: object, choices: Iterable[str]) -> ConfigError:
-    """The error for an unknown name or key `value` at `key`."""
-    return ConfigError(key, f"unknown {what} {value!r}", value=value, choices=choices)
-
-
 def first_line(exc: object) -> str:
     """The first line of an error's text (Hydra and OmegaConf append their context below)."""
     return (str(exc).strip().splitlines() or [""])[0].strip()

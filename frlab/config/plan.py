@@ -6,8 +6,8 @@ packing), the rollout engine (with the number of servers of a fleet), the four o
 components each with its own hyperparameters, the trust region in words, the staleness bound,
 the optimizer updates beside the lr schedule's own length (`optim.schedule_steps`: a paper
 preset may stop before the reference run's schedule ends), the evaluation, the values that
-differ from the declared defaults, and the output folder. `learner_plan` adds the learner's
-kernels, its memory line and the `auto` values chosen for its device.
+differ from the declared defaults, and the output folder. (frlab.train adds the learner's
+kernels, its memory line and the `auto` values chosen for its device.)
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from frlab.config.compose import locate
 from frlab.config.declare import changed
 
 NOT_RESOLVED = "(set by Hydra at run time)"
-LEARNER_SECTIONS = ("model", "data", "rollout", "trainer")  # what the learner's facts read
 
 
 def plan_facts(cfg: DictConfig, sec: Mapping[str, Any], objective: Any, world: int,
@@ -57,10 +56,10 @@ def plan_facts(cfg: DictConfig, sec: Mapping[str, Any], objective: Any, world: i
         "component_params": params,
         "delta": float(delta) if delta is not None and objective.uses_off_policy_correction
         else None,
-        "trust": describe_trust_region(names["trust_region"], objective.trust_region),
+        "trust": objective.trust_region.describe(names["trust_region"]),
         "q": float(params.get(names["token_filter"], {}).get("q", 1.0)),
         "servers": len(rollout["remote"]["servers"]) if rollout.get("remote") else None,
-        "weight_update": rollout.get("weight_update"), "evaluation": describe_eval(cfg.get("eval")),
+        "weight_update": rollout.get("weight_update"), "evaluation": _describe_eval(cfg.get("eval")),
         "memory": None, "learner": None, "gradient_checkpointing": model.get("gradient_checkpointing"),
         "logger": None if cfg.get("logger") is None else str(cfg.logger.get("_target_")),
         "output_dir": output_dir(cfg), "ckpt_path": cfg.get("ckpt_path"), "seed": int(cfg.seed),
@@ -214,31 +213,11 @@ def _env_values(cfg: DictConfig) -> dict[str, Any]:
     return {k: v for k, v in values.items() if not str(raw.get(k)).startswith("${")}
 
 
-def describe_trust_region(name: str, trust_region: Any) -> str:
-    """`name p=v ...` with the built component's hyperparameters; for one without any, `name: `
-    and its maths in one line (the class docstring's, as the README's component table)."""
-    values = [f"{p}={_number(v)}" for p, v in trust_region.params().items()]
-    if not values:
-        return f"{name}: {trust_region.summary().rstrip('.')}"
-    return " ".join([name, *values])
+def _describe_eval(node: DictConfig | None) -> str:
+    """The evaluation in one line (frlab.evaluation.checks.describe), or `none`."""
+    from frlab.evaluation.checks import describe
 
-
-def describe_eval(node: DictConfig | None) -> str:
-    """`KIND avg@K every N steps[ and at step 0] on A, B (T=t, top_p=p[, first L each])`, or
-    `none` (eval=none); for a node preflight passed (it resolves cleanly)."""
-    if node is None:
-        return "none"
-    from frlab.evaluation.benchmarks import benchmark_specs
-
-    ev: dict[str, Any] = OmegaConf.to_container(node, resolve=True)  # type: ignore[assignment]
-    sampling = ev["sampling"]
-    details = [f"T={float(sampling['temperature']):g}", f"top_p={float(sampling['top_p']):g}"]
-    if ev.get("limit") is not None:
-        details.append(f"first {ev['limit']} each")
-    names = ", ".join(str(name) for name in benchmark_specs(ev["benchmarks"]))
-    start = " and at step 0" if ev.get("at_start") else ""
-    return (f"{ev['kind']} avg@{ev['k']} every {ev['every_n_steps']} steps{start} on {names} "
-            f"({', '.join(details)})")  # fmt: skip
+    return "none" if node is None else describe(OmegaConf.to_container(node, resolve=True))  # type: ignore[arg-type]
 
 
 def _number(value: Any) -> str:
@@ -250,22 +229,18 @@ def choice(cfg: DictConfig, group: str) -> str | None:
     from hydra.core.hydra_config import HydraConfig
 
     try:
-        if "hydra" in cfg:
-            return cfg.hydra.runtime.choices.get(group)
-        if HydraConfig.initialized():
-            return HydraConfig.get().runtime.choices.get(group)
-    except Exception:  # compose without hydra node or a partial hydra config
+        choices = cfg.hydra.runtime.choices if "hydra" in cfg else HydraConfig.get().runtime.choices
+    except Exception:  # no hydra node and no live run, or a partial hydra config
         return None
-    return None
+    return choices.get(group)
 
 
 def output_dir(cfg: DictConfig) -> str:
     """`paths.output_dir` if it can be resolved now, else a placeholder."""
     try:
-        value = cfg.paths.output_dir
+        return str(cfg.paths.output_dir or NOT_RESOLVED)
     except Exception:
         return NOT_RESOLVED
-    return str(value) if value else NOT_RESOLVED
 
 
 def _describe_model(model: Mapping[str, Any]) -> str:
@@ -281,17 +256,3 @@ def _describe_strategy(strategy: Any) -> str:
     if isinstance(strategy, dict):
         return str(strategy.get("_target_", strategy)).rsplit(".", 1)[-1]
     return str(strategy)
-
-
-def learner_plan(cfg: DictConfig, plan: dict[str, Any], config: Any = None) -> None:
-    """The plan's learner facts (frlab.model.learner_kernels): its kernels, its memory line,
-    and the `auto` budget and checkpointing chosen for the learner's device here (`config`: the
-    model's transformers config, once loaded)."""
-    from frlab.model.auto_memory import device_memory
-    from frlab.model.learner_kernels import learner_facts
-
-    sections = {k: OmegaConf.to_container(cfg[k], resolve=True) for k in LEARNER_SECTIONS}
-    engine = locate(str(sections["rollout"]["engine"]["_target_"]))  # type: ignore[index]
-    engine = getattr(engine, "__self__", engine)  # a `for_policy` classmethod: its class
-    plan.update(learner_facts(sections, getattr(engine, "reserves_gpu_share", False),
-                              device_memory(sections["trainer"]["accelerator"]), config))  # type: ignore[index]  # fmt: skip

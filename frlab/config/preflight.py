@@ -3,14 +3,16 @@
 Loads no model and imports no `transformers`. Every key meets its one declaration
 (frlab.config.schema): types and unknown keys by OmegaConf (`structured`, `+`-added keys too),
 ranges and choices by `check_values`, booleans on bool keys in the job's overrides. Then the
-rules between keys (FlashREINFORCE paper, Sec. 3): the batch splits over ranks, micro-batches
-and whole groups; off-policy correction needs the sampler's full support (top_p 1, top_k 0);
-group baselines need several samples per prompt; async weights arrive within the lag bound;
-the context leaves room for the prompt; the lr schedule spans the run; a model is loaded or
-random-initialised. The engine class checks its own settings (`Engine.check_config`: devices,
-learner, routing, LoRA, weight-update modes, the fleet and its secret), the evaluation kind its
-node (frlab.evaluation.checks), the objective itself; the env node's keys bind to its class.
-Every error is a `ConfigError` naming the full key.
+rules between keys (FlashREINFORCE paper, Sec. 3), each asked of its owner where it has one
+(ValueErrors whose text starts with the key): the model loads or is random-initialised and the
+context leaves room for the prompt (frlab.model.hub), the batch splits over ranks,
+micro-batches and whole groups (frlab.data.batch), the lr schedule spans the run
+(frlab.learner.optim), the engine class checks its own settings (`Engine.check_config`:
+devices, learner, routing, LoRA, weight-update modes, the fleet and its secret), the
+evaluation kind its node (frlab.evaluation.checks). Here: off-policy correction needs the
+sampler's full support (top_p 1, top_k 0), group baselines several samples per prompt, async
+weights arrive within the lag bound; the env node's keys bind to its class. Every error is a
+`ConfigError` naming the full key.
 """
 
 from __future__ import annotations
@@ -32,10 +34,9 @@ from frlab.config.declare import (
     declared,
     declared_bool,
     is_boolean,
-    non_booleans,
     section_type,
 )
-from frlab.config.errors import ConfigError, from_omegaconf, keyed, unknown
+from frlab.config.errors import ConfigError, from_omegaconf, keyed
 from frlab.config.plan import plan_facts
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,9 @@ log = logging.getLogger(__name__)
 
 def preflight(cfg: DictConfig) -> dict[str, Any]:
     """Check `cfg` (a frlab config, see `structured`); return the plan's facts."""
-    from frlab.data.batch import world_size
+    from frlab.data.batch import check_batch, world_size
+    from frlab.learner.optim import check_schedule
+    from frlab.model.hub import check_model
 
     cfg = structured(cfg)
     check_booleans(_job_overrides(cfg))
@@ -55,17 +58,20 @@ def preflight(cfg: DictConfig) -> dict[str, Any]:
         check_values(name, sec[name], cls)
     engine = _engine_option(sec["rollout"])
     _check_nodes(cfg)
-    try:
+    try:  # the owners' rules: ValueErrors whose text starts with the key
         world = world_size(sec["trainer"])
+        check_model(sec["model"], sec["rollout"])
+        check_batch(sec["data"], sec["rollout"], world)
+        check_schedule(sec["optim"], sec["trainer"]["max_steps"])
+        # the engine class's own rules, asked of the class (never its name)
+        locate_engine(sec["rollout"]).check_config(
+            sec, world, {n: d._target_ for n, d in schema.ENGINES.items()}
+        )
+    except ConfigError:
+        raise
     except ValueError as exc:
         raise keyed(exc) from exc
-    _check_model(sec["model"], sec["rollout"])
-    _check_batch(sec["data"], sec["rollout"], world)
-    _check_sync(sec["rollout"], sec["optim"], sec["trainer"])
-    try:  # the engine class's own rules, asked of the class (never its name)
-        locate_engine(sec["rollout"]).check_config(sec, world, _engine_targets())
-    except ValueError as exc:
-        raise keyed(exc) from exc
+    _check_lag(sec["rollout"])
     _check_eval(cfg, sec["rollout"], sec["trainer"])
     objective = check_objective(sec["objective"])
     _check_support(objective, sec["rollout"]["sampling"])
@@ -86,14 +92,11 @@ def structured(cfg: DictConfig) -> DictConfig:
         rollout.remote = schema.RemoteConfig()
     values = OmegaConf.to_container(cfg, resolve=False)  # a typed node keeps its own keys
     values.pop("hydra", None)  # type: ignore[union-attr]
-    composed = OmegaConf.get_type(cfg) is schema.FrlabConfig
-    if not composed:  # raw values, before OmegaConf would read 3 as true on a bool key
-        check_booleans(non_booleans(schema.FrlabConfig, values, schema.TYPED_NODES))  # type: ignore[arg-type]
     try:
         out = OmegaConf.merge(OmegaConf.structured(schema.FrlabConfig(rollout=rollout)), values)
     except OmegaConfBaseException as exc:
         raise suggest_moved(from_omegaconf(exc)) from exc
-    if composed:
+    if OmegaConf.get_type(cfg) is schema.FrlabConfig:  # composed: typed already
         return cfg
     if "hydra" in cfg:
         with open_dict(out):
@@ -163,10 +166,6 @@ def _engine_option(rollout: Mapping[str, Any]) -> str:
     return str(node["_target_"])
 
 
-def _engine_targets() -> dict[str, str]:
-    return {name: declaration._target_ for name, declaration in schema.ENGINES.items()}
-
-
 def locate_engine(rollout: Mapping[str, Any]) -> Any:
     """The engine class a `rollout.engine` node builds (a `for_policy` classmethod: its class)."""
     owner = locate(str(rollout["engine"]["_target_"]))
@@ -224,73 +223,13 @@ def _check_env_args(env: DictConfig) -> None:
         ) from None
 
 
-def _check_model(model: Mapping[str, Any], rollout: Mapping[str, Any]) -> None:
-    from frlab.model.hub import local_source_problem
-
-    source, config = model["name_or_path"], model["config"]
-    if source is None and config is None:
-        raise ConfigError("model.name_or_path", "set a hub id / local folder, or model.config")
-    problem = local_source_problem(str(source)) if source is not None else None
-    if problem:
-        raise ConfigError("model.name_or_path", problem)
-    if source is not None and config is not None:
-        raise ConfigError("model.config", f"is set (a random-init architecture) while "
-                          f"model.name_or_path loads {source!r}: choose one (model=hf "
-                          "model.name_or_path=... loads a checkpoint; model.name_or_path=null "
-                          "keeps the random-init model)")  # fmt: skip
-    if config is not None and "model_type" not in config:
-        raise ConfigError("model.config.model_type", "missing (e.g. qwen2, llama, qwen3_moe)")
-    max_len, new = rollout["max_len"], rollout["sampling"]["max_new_tokens"]
-    if max_len <= new:
-        raise ConfigError("rollout.max_len", f"({max_len}) must exceed rollout.sampling."
-                          f"max_new_tokens ({new}) to leave room for the prompt")  # fmt: skip
-    positions = (config or {}).get("max_position_embeddings")
-    if isinstance(positions, int) and max_len > positions:
-        raise ConfigError("rollout.max_len", f"({max_len}) exceeds "
-                          f"model.config.max_position_embeddings ({positions})")  # fmt: skip
-
-
-def _check_batch(data: Mapping[str, Any], rollout: Mapping[str, Any], world: int) -> None:
-    from frlab.data.batch import per_rank_batch
-
-    b, micro, g = data["batch_size"], data["micro_batch_size"], rollout["samples_per_prompt"]
-    try:
-        per_rank = per_rank_batch(b, world)
-    except ValueError as exc:
-        raise keyed(exc) from exc
-    if per_rank % micro:
-        raise ConfigError("data.micro_batch_size", f"({micro}) must divide the per-rank batch "
-                          f"data.batch_size / ranks = {per_rank}")  # fmt: skip
-    if b % g:
-        raise ConfigError("data.batch_size", f"({b}) must be a multiple of "
-                          f"rollout.samples_per_prompt ({g}): whole groups per batch")  # fmt: skip
-    if per_rank % g:
-        raise ConfigError("rollout.samples_per_prompt", f"({g}) must divide the per-rank batch "
-                          f"data.batch_size / ranks = {b} / {world} = {per_rank}: each rank's pool "
-                          f"collects whole groups of {g} rollouts into its {per_rank} trajectories;"
-                          f" use data.batch_size a multiple of {g * world} or fewer samples per "
-                          "prompt")  # fmt: skip
-    if rollout["max_in_flight"] < g:
-        raise ConfigError("rollout.max_in_flight", f"({rollout['max_in_flight']}) must be >= "
-                          f"rollout.samples_per_prompt ({g}): a group's rollouts are started "
-                          "together")  # fmt: skip
-
-
-def _check_sync(rollout: Mapping[str, Any], optim: Mapping[str, Any],
-                trainer: Mapping[str, Any]) -> None:  # fmt: skip
-    """Async admission control needs weights within the lag bound; the run ends within its lr
-    schedule (a run may stop before the end of it, never run past it)."""
+def _check_lag(rollout: Mapping[str, Any]) -> None:
+    """Async admission control needs weights within the lag bound."""
     every, lag = rollout["sync_every"], rollout["max_policy_lag"]
     if rollout["mode"] == "async" and every > lag:
         raise ConfigError("rollout.sync_every", f"({every}) must be <= rollout.max_policy_lag "
                           f"({lag}) in async mode: otherwise no rollout could finish within the "
                           "lag bound and the pool would stall")  # fmt: skip
-    length, steps = optim.get("schedule_steps"), trainer["max_steps"]
-    if length is not None and length < steps:
-        raise ConfigError("optim.schedule_steps", f"({length}) is shorter than trainer.max_steps "
-                          f"({steps}): the run would continue past the end of its lr schedule; "
-                          "set optim.schedule_steps >= trainer.max_steps (null: the schedule "
-                          "spans trainer.max_steps)")  # fmt: skip
 
 
 def _check_eval(cfg: DictConfig, rollout: Mapping[str, Any], trainer: Mapping[str, Any]) -> None:
@@ -307,7 +246,8 @@ def _check_eval(cfg: DictConfig, rollout: Mapping[str, Any], trainer: Mapping[st
     values: dict[str, Any] = _resolve(cfg, "eval")
     kind = values.get("kind")
     if kind not in schema.EVALS:
-        raise unknown("eval.kind", "evaluation kind", kind, schema.EVALS)
+        raise ConfigError("eval.kind", f"unknown evaluation kind {kind!r}", value=kind,
+                          choices=schema.EVALS)  # fmt: skip
     other = [
         k for k, c in schema.EVALS.items() if c._target_ == values.get("_target_") and k != kind
     ]
@@ -359,7 +299,8 @@ def check_objective(node: Mapping[str, Any]) -> Any:
     except RegistryError as exc:
         if exc.key is None:
             raise ConfigError("objective", f"cannot compose the objective: {exc}") from exc
-        raise unknown(exc.key, exc.kind, exc.name, exc.choices) from exc
+        raise ConfigError(exc.key, f"unknown {exc.kind} {exc.name!r}", value=exc.name,
+                          choices=exc.choices) from exc  # fmt: skip
     except HyperparameterError as exc:
         key = exc.key if exc.key.startswith("objective.") else f"objective.{exc.key}"
         raise ConfigError(key, exc.reason, value=exc.name, choices=exc.choices or None) from exc

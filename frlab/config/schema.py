@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 from omegaconf import II, MISSING
 
 from frlab.config.declare import spec
-from frlab.rollout.weight_modes import WEIGHT_UPDATES
+from frlab.rollout.engine import WEIGHT_UPDATES
 
 PRECISIONS = ("32-true", "32", "64-true", "64", "bf16-mixed", "bf16-true", "16-mixed", "16-true",
               "transformer-engine")  # fmt: skip

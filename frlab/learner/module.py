@@ -112,10 +112,8 @@ class FlashReinforceModule(L.LightningModule):
     ) -> None:
         super().__init__()
         self.automatic_optimization = False
-        model_cfg, objective_cfg = (
-            mapping_copy(model, "model"),
-            mapping_copy(objective, "objective"),
-        )
+        model_cfg = mapping_copy(model, "model")
+        objective_cfg = mapping_copy(objective, "objective")
         optim_cfg = with_defaults(mapping_copy(optim, "optim"))  # the schema's defaults
         self.batch_size = positive_int("data.batch_size", batch_size)
         self.micro = MicroBatching.checked(
@@ -135,19 +133,7 @@ class FlashReinforceModule(L.LightningModule):
         )
         self.optim_cfg = optim_cfg
         build_kwargs = policy_kwargs(model_cfg)
-        self.save_hyperparameters(
-            {
-                "model": model_cfg,
-                "objective": objective_cfg,
-                "optim": optim_cfg,
-                "batch_size": self.batch_size,
-                "micro_batch_size": self.micro.max_rows,
-                "max_tokens_per_micro_batch": self.micro.max_tokens,
-                "pack_sequences": self.micro.pack,
-                "temperature": self.temperature,
-                "max_steps": max_steps,
-            }
-        )
+        self.save_hyperparameters(self._hyperparameters(model_cfg, objective_cfg))
         self.policy = policy if policy is not None else build_policy(**build_kwargs)
         check_policy(self.policy, self.settings, self.micro.pack)
         # `built_objective`: the one preflight composed from the same node (built once a run)
@@ -159,6 +145,20 @@ class FlashReinforceModule(L.LightningModule):
         self._scorer: LogprobScorer | None = None  # FSDP2 root; set by configure_model
         self.compiled: CompileCounter | None = None  # model.compile: set by configure_model
         self.compile_backend = "inductor"
+
+    def _hyperparameters(self, model: dict[str, Any], objective: dict[str, Any]) -> dict[str, Any]:
+        """The checked settings, as the checkpoint records them to rebuild this module from."""
+        return {
+            "model": model,
+            "objective": objective,
+            "optim": self.optim_cfg,
+            "batch_size": self.batch_size,
+            "micro_batch_size": self.micro.max_rows,
+            "max_tokens_per_micro_batch": self.micro.max_tokens,
+            "pack_sequences": self.micro.pack,
+            "temperature": self.temperature,
+            "max_steps": self.max_steps,
+        }
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name == "_scorer":  # not a registered child: the policy's parameters appear once

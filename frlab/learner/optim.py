@@ -60,6 +60,17 @@ def with_defaults(optim: Mapping[str, Any]) -> dict[str, Any]:
     return {**OPTIM_DEFAULTS, **optim}
 
 
+def check_schedule(optim: Mapping[str, Any], max_steps: int) -> None:
+    """The run ends within its lr schedule: it may stop before the end, never run past it
+    (ValueError, its text starting with the key)."""
+    length = optim.get("schedule_steps")
+    if length is not None and length < max_steps:
+        raise ValueError(f"optim.schedule_steps ({length}) is shorter than trainer.max_steps "
+                         f"({max_steps}): the run would continue past the end of its lr "
+                         "schedule; set optim.schedule_steps >= trainer.max_steps (null: the "
+                         "schedule spans trainer.max_steps)")  # fmt: skip
+
+
 def _check_unknown(extra: dict[str, Any]) -> None:
     """Raise for keys of `optim` nobody reads, suggesting the closest known key."""
     if not extra:

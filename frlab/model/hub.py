@@ -9,7 +9,9 @@ torch or transformers, so the checks before a run stay fast.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from frlab.model.gguf import GGUF_PACKAGES, GGUF_PREFIX
 
@@ -71,3 +73,30 @@ def source_problem(source: str) -> str | None:
             "(huggingface-cli download ID) or give a local folder"
         )
     return None
+
+
+def check_model(model: Mapping[str, Any], rollout: Mapping[str, Any]) -> None:
+    """The `model` node loads a checkpoint or builds a random-init architecture (one of the
+    two), and the context leaves room for the prompt (ValueError, its text starting with the
+    key)."""
+    source, config = model["name_or_path"], model["config"]
+    if source is None and config is None:
+        raise ValueError("model.name_or_path: set a hub id / local folder, or model.config")
+    problem = local_source_problem(str(source)) if source is not None else None
+    if problem:
+        raise ValueError(f"model.name_or_path {problem}")
+    if source is not None and config is not None:
+        raise ValueError(f"model.config is set (a random-init architecture) while "
+                         f"model.name_or_path loads {source!r}: choose one (model=hf "
+                         "model.name_or_path=... loads a checkpoint; model.name_or_path=null "
+                         "keeps the random-init model)")  # fmt: skip
+    if config is not None and "model_type" not in config:
+        raise ValueError("model.config.model_type missing (e.g. qwen2, llama, qwen3_moe)")
+    max_len, new = rollout["max_len"], rollout["sampling"]["max_new_tokens"]
+    if max_len <= new:
+        raise ValueError(f"rollout.max_len ({max_len}) must exceed rollout.sampling."
+                         f"max_new_tokens ({new}) to leave room for the prompt")  # fmt: skip
+    positions = (config or {}).get("max_position_embeddings")
+    if isinstance(positions, int) and max_len > positions:
+        raise ValueError(f"rollout.max_len ({max_len}) exceeds "
+                         f"model.config.max_position_embeddings ({positions})")  # fmt: skip

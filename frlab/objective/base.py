@@ -146,6 +146,13 @@ class Component:
         """{field: value} of this instance's hyperparameters."""
         return {h.name: getattr(self, h.name) for h in self.hyperparameters()}
 
+    def describe(self, name: str) -> str:
+        """`name p=v ...` with this instance's hyperparameters; for one without any, `name: `
+        and its maths in one line (as the README's component table)."""
+        values = [f"{p}={float(v)!r}" if isinstance(v, float) else f"{p}={v}"
+                  for p, v in self.params().items()]  # fmt: skip
+        return " ".join([name, *values]) if values else f"{name}: {self.summary().rstrip('.')}"
+
 
 class Baseline(Component):
     """rewards [B] (+ group ids) -> detached advantages [B]; `is_group`: needs > 1 per prompt."""

@@ -326,19 +326,8 @@ class Objective:
             advantages.detach().to(dtype),
             mask,
         )
-        if self.validate:  # one fused device reduction, one host sync
-            checks = ValueChecks(mask, dtype)
-            checks.empty_rows(batch.policy_tokens)
-            if rewards is not None:
-                checks.finite_rows(rewards, "rewards")
-            checks.finite_rows(batch.advantages, "advantages")
-            checks.log_probs(batch.log_probs, "log_probs")
-            checks.log_probs(batch.behavior_log_probs, "behavior_log_probs")
-            if ent is not None:
-                checks.entropies(ent)
-            if num_tokens is not None:
-                checks.token_count(batch.policy_tokens, num_tokens)
-            checks.raise_first()
+        if self.validate:
+            _check_values(batch, rewards, ent, num_tokens)
 
         batch.keep = self.token_filter(mask, ent, failures)
         tr = self.trust_region(batch)
@@ -358,6 +347,27 @@ class Objective:
             num_tokens=num_tokens,
         )
         return loss, _diagnostics(tr, batch)
+
+
+def _check_values(
+    batch: TokenBatch,
+    rewards: Tensor | None,
+    entropies: Tensor | None,
+    num_tokens: int | Tensor | None,
+) -> None:
+    """One call's values checked in one fused device reduction: validation costs one host sync."""
+    checks = ValueChecks(batch.action_mask, batch.dtype)
+    checks.empty_rows(batch.policy_tokens)
+    if rewards is not None:
+        checks.finite_rows(rewards, "rewards")
+    checks.finite_rows(batch.advantages, "advantages")
+    checks.log_probs(batch.log_probs, "log_probs")
+    checks.log_probs(batch.behavior_log_probs, "behavior_log_probs")
+    if entropies is not None:
+        checks.entropies(entropies)
+    if num_tokens is not None:
+        checks.token_count(batch.policy_tokens, num_tokens)
+    checks.raise_first()
 
 
 def _diagnostics(tr: TrustRegionOutput, batch: TokenBatch) -> dict[str, Tensor]:

@@ -259,13 +259,7 @@ async def run_episode(
     """Play one episode of `env` on `task` with `engine`; return its finished trajectory.
     Environment calls run on `executor` (default: a shared EnvThreads). `seed`: the rollout's
     sampling seed (None: the engine's own random stream)."""
-    messages = await env_call(executor, cfg.deadlines.env, "env_reset", env.reset, task)
-    system_prompt = getattr(env, "system_prompt", "default")
-    try:
-        prompt = template_ids(tokenizer, list(messages), system_prompt)
-        messages = with_system_prompt(list(messages), system_prompt)
-    except Exception as exc:
-        raise RolloutError("chat_template", repr(exc)) from exc
+    prompt, messages = await _reset(env, task, tokenizer, executor, cfg.deadlines.env)
     stop_ids = _stop_ids(tokenizer, cfg.sampling)
     stream, boundaries, finish, tool_calls = _Stream(), [], [], 0
     stream.add_context(prompt)
@@ -304,6 +298,37 @@ async def run_episode(
         "response_tokens": sum(stream.action_mask),
         "env": info,
     }
+    return _trajectory(stream, env, boundaries, reward, done, prompt_id, episode_info)
+
+
+async def _reset(
+    env: Env,
+    task: Mapping[str, Any],
+    tokenizer: Any,
+    executor: concurrent.futures.Executor | None,
+    deadline: AdaptiveDeadline,
+) -> tuple[list[int], list[dict[str, str]]]:
+    """Reset `env` and apply the chat template once, so later turns append ids, never re-encode."""
+    messages = await env_call(executor, deadline, "env_reset", env.reset, task)
+    system_prompt = getattr(env, "system_prompt", "default")
+    try:
+        prompt = template_ids(tokenizer, list(messages), system_prompt)
+        messages = with_system_prompt(list(messages), system_prompt)
+    except Exception as exc:
+        raise RolloutError("chat_template", repr(exc)) from exc
+    return prompt, messages
+
+
+def _trajectory(
+    stream: _Stream,
+    env: Env,
+    boundaries: list[int],
+    reward: float,
+    done: bool,
+    prompt_id: int,
+    episode_info: dict[str, Any],
+) -> Trajectory:
+    """The finished episode as a Trajectory; a malformed one fails this rollout, not the run."""
     try:
         return Trajectory(
             token_ids=stream.token_ids,

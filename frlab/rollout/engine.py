@@ -37,6 +37,46 @@ if TYPE_CHECKING:
 
 SEED_LIMIT = 2**63  # per-request seeds fit a signed 64-bit integer (vLLM's and torch's range)
 
+# How new weights meet requests in flight (`rollout.weight_update`). In every mode each token's
+# behaviour log-prob is the probability it was actually sampled with, and its version names
+# the weights that sampled it; the modes differ in what those weights saw:
+# - in_flight: the weights change between two decode steps; running requests keep their KV
+#   cache (computed by the old weights) and go on sampling with the new ones.
+# - resubmit: running requests stop at the update, keep their tokens and log-probs, and go on
+#   from a fresh prefill of prompt + tokens on the new weights: no token is sampled on KV that
+#   old weights computed (the partial-rollout approach).
+# - drain: the update waits until every running request has finished (none starts meanwhile):
+#   a request never spans two versions; the update waits for the longest one (an ablation).
+WEIGHT_UPDATES = ("in_flight", "resubmit", "drain")
+
+
+def resolve_weight_update(
+    mode: str | None, supported: Sequence[str], engine: str, *, record_routing: bool = False
+) -> str | None:
+    """The mode an engine runs: `mode`, else the engine's default (the first it supports;
+    None for an engine that declares none). ValueError, its text starting with the key
+    `rollout.weight_update`, for a mode the engine does not implement exactly, and for
+    resubmit with MoE routing recorded (`record_routing`): a re-prefilled position would have
+    two routings."""
+    key = "rollout.weight_update"
+    if mode is None:
+        return supported[0] if supported else None
+    if mode not in WEIGHT_UPDATES:
+        raise ValueError(
+            f"{key} must be one of {', '.join(WEIGHT_UPDATES)} (or null), got {mode!r}"
+        )
+    if mode == "resubmit" and record_routing:
+        raise ValueError(
+            f"{key} resubmit re-prefills sampled tokens on the new weights, so a position would "
+            "have two routings: not with model.routing_replay (use in_flight or drain)"
+        )
+    if mode not in supported:
+        raise ValueError(
+            f"{key} {mode!r} is not exact on the {engine} engine, which implements "
+            f"{', '.join(supported) or 'no named mode (leave it null)'}"
+        )
+    return mode
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -168,26 +208,24 @@ class Engine(abc.ABC):
     ) -> None:
         """Raise ValueError, its text starting with the config key, for what of the resolved
         `model`, `rollout` and `trainer` sections (`config`) this engine cannot honour with
-        `world` learner ranks, from what the class declares: the device it samples on, the
-        learner it serves beside, MoE routing records, LoRA policies, the weight-update mode, a
+        `world` learner ranks, from what the class declares: MoE routing records, the device it
+        samples on, the learner it serves beside (what this machine has), LoRA policies, the weight-update mode, a
         fleet block, then `check_settings`. `options`: the rollout/engine options (name ->
         `_target_`), to name this one and, in a refusal, those that would do."""
         rollout, model = config["rollout"], config["model"]
         name = next((n for n, t in options.items() if t == rollout["engine"]["_target_"]),
                     str(rollout["engine"]["_target_"]))  # fmt: skip
-        cls._check_device(name, rollout)
-        try:
-            cls.check_learner(str(config["trainer"]["accelerator"]))
-        except ValueError as exc:
-            raise ValueError(f"rollout.engine {name!r}: {exc}") from exc
         if model.get("routing_replay") and not cls.records_routing:
             able = " or ".join(
                 f"rollout/engine={n}" for n in _options_that(options, "records_routing")
             )
             raise ValueError(f"model.routing_replay needs an engine that records MoE routing "
                              f"({able}), got {name!r}")  # fmt: skip
-        from frlab.rollout.weight_modes import resolve_weight_update
-
+        cls._check_device(name, rollout)
+        try:
+            cls.check_learner(str(config["trainer"]["accelerator"]))
+        except ValueError as exc:
+            raise ValueError(f"rollout.engine {name!r}: {exc}") from exc
         modes, label = cls.weight_updates(), name
         if cls._check_lora(name, model) and hasattr(cls, "lora_weight_updates"):
             modes, label = cls.lora_weight_updates(), f"{name} (with model.lora)"
@@ -243,7 +281,7 @@ class Engine(abc.ABC):
     @classmethod
     def weight_updates(cls) -> tuple[str, ...]:
         """The `rollout.weight_update` modes this engine implements exactly, its default first
-        (frlab.rollout.weight_modes.WEIGHT_UPDATES); an engine that does not say accepts only
+        (`WEIGHT_UPDATES`); an engine that does not say accepts only
         the default (null)."""
         return ()
 

@@ -1,6 +1,6 @@
-"""How new weights meet the requests in flight (`rollout.weight_update`): the three modes, how
-an engine resolves the one it runs, and the steps of a mode that more than one backend takes,
-written once here:
+"""How new weights meet the requests in flight (`rollout.weight_update`; the three modes and
+how an engine resolves the one it runs are in frlab.rollout.engine): the steps of a mode that
+more than one backend takes, written once here:
 
 - resubmit: `continue_after_abort` sends a request that an update stopped again, as prompt +
   its tokens with the rest of its budget, until it ends (the in-process vLLM engine, and the
@@ -9,59 +9,18 @@ written once here:
   spans (vLLM's `weight_versions`, in-process and over HTTP);
 - drain: `wait_drained` waits, with a deadline, until no request is decoding (the torch
   engine's serving thread, and its child process).
-
-Light (no torch at import), so the config declarations take their choices from here.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from frlab.rollout.engine import SEED_LIMIT, EngineError, GenerationResult, SamplingParams
 
-# How new weights meet requests in flight (`rollout.weight_update`). In every mode each token's
-# behaviour log-prob is the probability it was actually sampled with, and its version names
-# the weights that sampled it; the modes differ in what those weights saw:
-# - in_flight: the weights change between two decode steps; running requests keep their KV
-#   cache (computed by the old weights) and go on sampling with the new ones.
-# - resubmit: running requests stop at the update, keep their tokens and log-probs, and go on
-#   from a fresh prefill of prompt + tokens on the new weights: no token is sampled on KV that
-#   old weights computed (the partial-rollout approach).
-# - drain: the update waits until every running request has finished (none starts meanwhile):
-#   a request never spans two versions; the update waits for the longest one (an ablation).
-WEIGHT_UPDATES = ("in_flight", "resubmit", "drain")
 DRAIN_DEADLINE_S = 600.0  # longest wait of a drain update for the running requests
-
-
-def resolve_weight_update(
-    mode: str | None, supported: Sequence[str], engine: str, *, record_routing: bool = False
-) -> str | None:
-    """The mode an engine runs: `mode`, else the engine's default (the first it supports;
-    None for an engine that declares none). ValueError, its text starting with the key
-    `rollout.weight_update`, for a mode the engine does not implement exactly, and for
-    resubmit with MoE routing recorded (`record_routing`): a re-prefilled position would have
-    two routings."""
-    key = "rollout.weight_update"
-    if mode is None:
-        return supported[0] if supported else None
-    if mode not in WEIGHT_UPDATES:
-        raise ValueError(
-            f"{key} must be one of {', '.join(WEIGHT_UPDATES)} (or null), got {mode!r}"
-        )
-    if mode == "resubmit" and record_routing:
-        raise ValueError(
-            f"{key} resubmit re-prefills sampled tokens on the new weights, so a position would "
-            "have two routings: not with model.routing_replay (use in_flight or drain)"
-        )
-    if mode not in supported:
-        raise ValueError(
-            f"{key} {mode!r} is not exact on the {engine} engine, which implements "
-            f"{', '.join(supported) or 'no named mode (leave it null)'}"
-        )
-    return mode
 
 
 # -- resubmit ---------------------------------------------------------------------------------

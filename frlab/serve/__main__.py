@@ -41,10 +41,10 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+from frlab.rollout.engine import WEIGHT_UPDATES
 from frlab.rollout.remote import auth
 from frlab.rollout.remote.hosts import is_loopback_url
 from frlab.rollout.vllm.worker_extension import SNAPSHOT_ROOT_VAR
-from frlab.rollout.weight_modes import WEIGHT_UPDATES
 from frlab.serve.server import FAULTS, ServeState, serve
 
 log = logging.getLogger("frlab.serve")

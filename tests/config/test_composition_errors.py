@@ -118,22 +118,6 @@ def test_a_bool_key_accepts_only_booleans() -> None:
     assert compose(["model.lora.rank=4"]).model.lora.rank == 4  # not a bool key: untouched
 
 
-def test_a_config_built_in_python_gives_bool_keys_booleans() -> None:
-    """`structured` merges a plain config onto the declarations: its raw values are checked
-    first, since the merge would turn 3 into true."""
-    from omegaconf import OmegaConf
-
-    plain = OmegaConf.create(OmegaConf.to_container(compose([], with_hydra=False)))
-    plain.data.pack_sequences = 3
-    with pytest.raises(ConfigError, match="data.pack_sequences.*got 3"):
-        preflight(plain)
-    plain.data.pack_sequences = "${oc.select:nothing,true}"  # an interpolation resolves later
-    assert preflight(plain)["pack_sequences"] is True
-    plain.rollout.engine.packed_prefill = 0  # the chosen engine's declaration: typed as well
-    with pytest.raises(ConfigError, match="rollout.engine.packed_prefill.*got 0"):
-        preflight(plain)
-
-
 def job(overrides: list[str]):  # noqa: ANN201
     """A composed config whose job overrides (what a sweep hands each job) are `overrides`."""
     cfg = compose([])

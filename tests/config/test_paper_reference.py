@@ -95,7 +95,11 @@ def _setup(name: str, monkeypatch: pytest.MonkeyPatch, *overrides: str) -> tuple
 def test_preset_equals_the_reference_setting(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     ref = REFERENCE[name]
     cfg, plan = _setup(name, monkeypatch)
-    assert (plan["model"], plan["env"], plan["max_turns"]) == (ref["model"], ref["env"], ref["turns"])
+    assert (plan["model"], plan["env"], plan["max_turns"]) == (
+        ref["model"],
+        ref["env"],
+        ref["turns"],
+    )
     assert (plan["batch_size"], plan["samples_per_prompt"]) == (ref["B"], ref["samples_per_prompt"])
     assert (plan["max_len"], plan["max_new_tokens"]) == (ref["max_len"], ref["max_new_tokens"])
     assert plan["max_in_flight"] == ref["in_flight"]
@@ -113,7 +117,10 @@ def test_preset_equals_the_reference_setting(name: str, monkeypatch: pytest.Monk
     assert plan["scheduler"] == ref["scheduler"]
     assert plan["schedule_steps"] == reference_updates(ref)
     if ref["scheduler"] == "cosine":
-        assert (plan["warmup_ratio"], plan["min_lr_ratio"]) == (ref["warmup_ratio"], ref["min_lr_ratio"])
+        assert (plan["warmup_ratio"], plan["min_lr_ratio"]) == (
+            ref["warmup_ratio"],
+            ref["min_lr_ratio"],
+        )
     else:
         assert plan["warmup_ratio"] == 0.0
     sampling = cfg.rollout.sampling
@@ -204,7 +211,9 @@ def _arms(sweep: str) -> dict[str, tuple[Any, Any]]:
 def test_r1_and_qwen3_variants() -> None:
     r1 = _arms("r1_ablations")
     assert set(r1) == {"base", "delta_5e-3", "no_trust"}  # gate_5e3, no_trust
-    assert r1["delta_5e-3"][1]["delta"] == pytest.approx(5e-3) and math.isinf(r1["no_trust"][1]["delta"])
+    assert r1["delta_5e-3"][1]["delta"] == pytest.approx(5e-3) and math.isinf(
+        r1["no_trust"][1]["delta"]
+    )
     qwen3 = _arms("qwen3_tool_ablations")
     assert math.isinf(qwen3["no_trust"][1]["delta"])
     no_is = qwen3["no_is"]

@@ -302,6 +302,8 @@ def test_lora_needs_an_engine_that_serves_it_and_valid_settings() -> None:
           "'in_flight' is not exact on the remote (with model.lora) engine", "drain, resubmit")  # fmt: skip
     config = {"rollout": {"engine": {"_target_": "mine.Engine"}}, "model": {"lora": {"rank": 8}},
               "trainer": {"accelerator": "cpu"}}  # fmt: skip
-    with pytest.raises(ValueError, match="model.lora.rank the mine.Engine engine .*does not declare"):
+    with pytest.raises(
+        ValueError, match="model.lora.rank the mine.Engine engine .*does not declare"
+    ):
         Engine.check_config(config, 1, {})
     fails(["model.lora.rank=8", "model.lora.dropout=1.0"], "model.lora.dropout")

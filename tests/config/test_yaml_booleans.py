@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from frlab.config.compose import CONFIGS_DIR, EXPERIMENTS_DIR
-from frlab.config.declare import non_booleans as declared_non_booleans
+from frlab.config.declare import declared_bool, is_boolean, join
 from frlab.config.schema import TYPED_NODES, FrlabConfig
 
 FILES = sorted([*CONFIGS_DIR.rglob("*.yaml"), *EXPERIMENTS_DIR.rglob("*.yaml")])
@@ -31,7 +31,12 @@ def package(path: Path, text: str) -> str:
 def non_booleans(values: Mapping[str, Any], prefix: str) -> Iterator[tuple[str, Any]]:
     """(full key, value) of each value that is not a boolean (nor null, nor an interpolation)
     on a key declared bool (the root's, or an open node's declarations)."""
-    yield from declared_non_booleans(FrlabConfig, values, TYPED_NODES, prefix)
+    for name, value in values.items():
+        full = join(prefix, name)
+        if isinstance(value, Mapping):
+            yield from non_booleans(value, full)
+        elif not is_boolean(value) and declared_bool(FrlabConfig, full, TYPED_NODES):
+            yield full, value
 
 
 def file_non_booleans(path: Path) -> list[tuple[str, Any]]:

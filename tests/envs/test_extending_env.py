@@ -1,13 +1,17 @@
-"""The extending guide's environment recipe (docs/extending.md) works as written: its example
-environment and option file, written into a package and a config folder of their own exactly as
-the guide lays them out, train the CPU default for a few updates through the guide's own
-`python -m frlab` line, with rewards in the environment's range."""
+"""The extending guide's environment recipe (docs/extending.md, "A new environment") works as
+written, counted in files: its example environment and option file, written into a package and
+a config folder of the user's exactly as the guide lays them out, are two files beside the
+package's empty `__init__.py` and nothing else (as the guide says; a file more in the guide's
+example, named or fenced, fails here), and they train the CPU default for a few updates through
+the guide's own `python -m frlab` line, the package only on PYTHONPATH, with rewards in the
+environment's range."""
 
 from __future__ import annotations
 
 import csv
 import os
 import random
+import re
 import shlex
 import subprocess
 import sys
@@ -17,33 +21,55 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 GUIDE = REPO / "docs" / "extending.md"  # holds the marked example
+SECTION = ("## A new environment", "## A new rollout engine")
 BEGIN, END = "<!-- env-example:begin", "<!-- env-example:end -->"
 MODULE, OPTION = "mypkg/largest.py", "myconf/env/largest_digit.yaml"  # where the guide puts them
+INIT = "mypkg/__init__.py"  # empty
+FILES = {INIT, MODULE, OPTION}  # all the recipe writes
+NUMBERS = ("no", "one", "two", "three", "four", "five")  # how the guide counts its files
+RUNS = ("outputs", "run")  # the folders the runs below write (a dry run's, hydra.run.dir)
 REWARDS = (0.0, 0.25, 1.0)  # what one episode of the example can earn
 
 
-def example() -> dict[str, str]:
-    """The marked block's fenced code, by language: python, yaml, bash."""
+def section() -> str:
     text = GUIDE.read_text()
+    return text[text.index(SECTION[0]) : text.index(SECTION[1])]
+
+
+def fences(block: str) -> list[str]:
+    """The languages of the fenced blocks of `block`, in order."""
+    return re.findall(r"^```(\S+)$", block, re.M)
+
+
+def example() -> dict[str, str]:
+    """The marked block's fenced code, by language: python (the module), yaml (the option
+    file), bash (the command); a fence of any other language fails."""
+    text = section()
     block = text[text.index(BEGIN) : text.index(END)]
-    out = {}
-    for lang in ("python", "yaml", "bash"):
-        assert block.count(f"```{lang}\n") == 1, f"one {lang} block in the marked example"
-        out[lang] = block.split(f"```{lang}\n", 1)[1].split("```", 1)[0]
-    return out
+    langs = fences(block)
+    assert sorted(langs) == ["bash", "python", "yaml"], f"the marked example's fences: {langs}"
+    return {lang: block.split(f"```{lang}\n", 1)[1].split("```", 1)[0] for lang in langs}
+
+
+def user_files(folder: Path) -> set[str]:
+    """The files under `folder` (relative), caches and the runs' folders left out."""
+    paths = (p.relative_to(folder) for p in folder.rglob("*") if p.is_file())
+    return {str(p) for p in paths if p.parts[0] not in RUNS and "__pycache__" not in p.parts}
 
 
 def write_example(folder: Path) -> list[str]:
-    """The guide's files under `folder`; returns its command's `python -m frlab` overrides."""
-    code = example()
-    text = GUIDE.read_text()
-    for path in (MODULE, OPTION, "mypkg/__init__.py"):
-        assert f"`{path}`" in text, f"the guide no longer names {path}"
-    (folder / "mypkg").mkdir()
-    (folder / "mypkg" / "__init__.py").write_text("")
-    (folder / MODULE).write_text(code["python"])
-    (folder / OPTION).parent.mkdir(parents=True)
-    (folder / OPTION).write_text(code["yaml"])
+    """The guide's files under `folder`, counted as the guide counts them; returns its
+    command's `python -m frlab` overrides."""
+    code, text = example(), section()
+    named = set(re.findall(r"`((?:mypkg|myconf)/[^`\s]+)`", text))  # files, not `mypkg/`
+    assert named == FILES, f"the guide's environment recipe names {sorted(named)}"
+    stated = f"{NUMBERS[len(code) - 1]} files beside an empty `{INIT}`"  # the fences but bash
+    assert stated in " ".join(text.split()), f"the guide does not say {stated!r}"
+    written = {INIT: "", MODULE: code["python"], OPTION: code["yaml"]}
+    for rel, content in written.items():
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        (folder / rel).write_text(content)
+    assert user_files(folder) == FILES, user_files(folder)
     [line] = [ln for ln in code["bash"].splitlines() if "python -m frlab" in ln]
     words = shlex.split(line.replace("$PWD", str(folder)))
     assert words[0] == f"PYTHONPATH={folder}" and words[1:4] == ["python", "-m", "frlab"], words
@@ -55,6 +81,13 @@ def frlab(folder: Path, *overrides: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": path, "HF_HUB_OFFLINE": "1"}
     return subprocess.run([sys.executable, "-m", "frlab", *overrides], cwd=folder, env=env,
                           capture_output=True, text=True, timeout=600)  # fmt: skip
+
+
+def test_the_env_recipe_is_two_files_beside_an_empty_init(tmp_path: Path) -> None:
+    overrides = write_example(tmp_path)
+    assert len(FILES) == 3 and (tmp_path / INIT).read_text() == ""
+    # the package is found on PYTHONPATH: the command names only the config folder and option
+    assert overrides == [f"hydra.searchpath=[file://{tmp_path}/myconf]", "env=largest_digit"]
 
 
 def test_the_example_env_opens_episodes_and_grades_replies() -> None:
@@ -93,3 +126,4 @@ def test_the_guides_env_trains_through_python_m_frlab(tmp_path: Path) -> None:
         assert 0.0 <= mean <= 1.0, row
         assert abs(mean * batch * 4 - round(mean * batch * 4)) < 1e-6, mean  # a sum of quarters
     assert "mypkg.largest.LargestDigitEnv" in (run / ".hydra" / "config.yaml").read_text()
+    assert user_files(tmp_path) == FILES  # the runs wrote only their own folders

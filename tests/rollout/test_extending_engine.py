@@ -6,10 +6,10 @@ written, both ways, each counted in files touched:
   guide's command regenerates the key reference. Three files are added and one regenerated,
   nothing else changes; the layering, engine-option and docs checks pass in the copy,
   preflight asks the class for its modes, and `python -m frlab rollout/engine=naive` trains;
-- out of tree: the class in a package of the user's named in `user_modules`, and an option
-  file in a config folder of the user's (two files, beside the package's empty `__init__.py`);
-  the guide's own command trains the CPU default with behaviour log-probs equal to the
-  learner's.
+- out of tree: the class in a package of the user's (on PYTHONPATH, nothing names it to frlab),
+  and an option file in a config folder of the user's (two files, beside the package's empty
+  `__init__.py`); the guide's own command trains the CPU default with behaviour log-probs equal
+  to the learner's.
 
 Subprocesses run the copy's code (its root first on PYTHONPATH, run from its root), so nothing
 here touches this checkout.

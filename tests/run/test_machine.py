@@ -122,14 +122,14 @@ def test_the_checks_import_neither_torch_nor_transformers() -> None:
 
 
 def test_a_benchmark_list_is_checked_entry_by_entry(tmp_path) -> None:
-    """`eval.benchmarks` given as a list (one override replaces the set): each entry's local
-    file is checked under the name the evaluation gives it."""
+    """`eval.benchmarks` given as a list (Hydra's delete then add replaces the group's mapping):
+    each entry's local file is checked under the name the evaluation gives it."""
     from frlab.run.machine import check_data_files
 
     present = tmp_path / "present.jsonl"
     present.write_text('{"question": "1+1", "answer": "2"}\n')
-    listed = f"eval.benchmarks=[{present},{{name: gone, source: {tmp_path}/gone.jsonl}}]"
-    cfg = compose(["eval=math", listed], with_hydra=False)
+    listed = f"+eval.benchmarks=[{present},{{name: gone, source: {tmp_path}/gone.jsonl}}]"
+    cfg = compose(["eval=math", "~eval.benchmarks", listed], with_hydra=False)
     with pytest.raises(ConfigError) as info:
         check_data_files(cfg)
     assert info.value.key == "eval.benchmarks.gone.source"

@@ -1,13 +1,14 @@
 """The rollout pool and its parts, one module each:
 
-- `pool`: `RolloutPool`, the lifecycle, the admission loop, batches out, weights in, and its
-  checkpoint (what a run sees);
+- `pool`: `RolloutPool`, the lifecycle, the admission loop, batches out and weights in (what a
+  run sees);
+- `checkpoint`: the pool's `state_dict` and its restoring (in-flight prompts rerun on resume);
 - `admission`: the earliest-deadline admission invariant that bounds policy lag, the queue of
   started rollouts, and which finished ones form a batch;
 - `rollouts`: one rollout's record (group, versions, trajectory), running it through the agent
   loop, and the checkpoint form of finished-but-unconsumed ones;
 - `state`: the prompt cursor (the task sampler with the pool's RNG) and the counters;
-- `loop_thread`: the background asyncio loop and its bounded stop;
+- `loop_thread`: the background asyncio loop and its bounded stop (`STOP_WAIT_S`);
 - `lockstep`: sync mode's gate that makes engine batches independent of timing;
 - `metering`: generation time, tokens/s and the learner's wait per batch;
 - `pinning`: background work (evaluation) that the next weight push waits for.
@@ -21,7 +22,7 @@ from frlab.lazy import lazy_exports
 
 _EXPORTS = {
     "RolloutPool": "frlab.rollout.pool.pool",
-    "STOP_WAIT_S": "frlab.rollout.pool.pool",
+    "STOP_WAIT_S": "frlab.rollout.pool.loop_thread",
     "MODES": "frlab.rollout.pool.admission",
     "admission_feasible": "frlab.rollout.pool.admission",
     "required_early": "frlab.rollout.pool.admission",

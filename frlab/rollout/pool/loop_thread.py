@@ -18,6 +18,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 
+STOP_WAIT_S = 10.0  # longest wait for the loop thread, the engine, and env closes
 RECANCEL_S = 0.1  # cancel_all cancels a task that is still running again after this long
 
 

@@ -38,7 +38,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -52,6 +51,7 @@ from frlab.rollout.engine import (
     GenerationResult,
     SamplingParams,
     request_seed,
+    resolve_weight_update,
 )
 from frlab.rollout.engine_loop import EngineLoop
 from frlab.rollout.remote import auth, in_flight, limits, resubmit
@@ -61,9 +61,9 @@ from frlab.rollout.remote.fleet import Fleet, Server, ServerFault, check_setting
 from frlab.rollout.remote.lora import LORA_WEIGHT_UPDATES, LoraAdapters, check_lora_settings
 from frlab.rollout.remote.nccl import NcclSync
 from frlab.rollout.remote.traffic import Traffic
-from frlab.rollout.remote.weight_sync import WeightSync, rank_folder
+from frlab.rollout.remote.weight_sync import WeightSync, snapshot_folder
 from frlab.rollout.vllm.args import check_user_engine_args
-from frlab.rollout.weight_modes import Fragment, continue_after_abort, resolve_weight_update
+from frlab.rollout.weight_modes import Fragment, continue_after_abort
 
 log = logging.getLogger(__name__)
 
@@ -172,10 +172,7 @@ class RemoteEngine(Engine):
         self.vocab_size = None if vocab_size is None else int(vocab_size)  # ids answers may hold
         # a private temp folder for servers on this host only; nccl: snapshots only if asked
         self._own_dir = snapshot_dir is None and self._nccl is None
-        self.snapshot_dir: Path | None = (
-            Path(tempfile.mkdtemp(prefix="frlab-snapshots-")) if self._own_dir
-            else None if snapshot_dir is None else rank_folder(snapshot_dir)
-        )  # fmt: skip
+        self.snapshot_dir: Path | None = snapshot_folder(snapshot_dir, own=self._own_dir)
         self.weight_sync = weight_sync
         self.max_retries = int(max_retries)
         self.startup_timeout_s = float(startup_timeout_s)
@@ -184,15 +181,19 @@ class RemoteEngine(Engine):
         self._requests = 0
         self._runner = EngineLoop("RemoteEngine", "frlab-remote-engine")
         self._traffic = Traffic(request_timeout_s)
+        self._sync = self._weight_sync(mode, initial_version)
+        self._tasks: list[asyncio.Task] = []  # the prober and the fleet's watch
+
+    def _weight_sync(self, mode: str | None, version: int) -> WeightSync:
+        """The fleet's weight sync (snapshots or NCCL), loading a LoRA policy's adapters by name."""
         adapters = None if self.lora is None else LoraAdapters(
             self.lora, self.snapshot_dir, self.keep_snapshots, self._fleet
         )  # fmt: skip
-        self._sync = WeightSync(
-            self._fleet, self._traffic, mode=mode, version=initial_version, model=model,
+        return WeightSync(
+            self._fleet, self._traffic, mode=mode, version=version, model=self.model,
             snapshot_dir=self.snapshot_dir, keep_snapshots=self.keep_snapshots,
             nccl=self._nccl, adapters=adapters,
         )  # fmt: skip
-        self._tasks: list[asyncio.Task] = []  # the prober and the fleet's watch
 
     @property
     def weight_update(self) -> str | None:

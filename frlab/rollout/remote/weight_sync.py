@@ -57,6 +57,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,13 @@ def rank_folder(snapshot_dir: str | Path) -> Path:
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         return Path(snapshot_dir) / f"rank{dist.get_rank()}"
     return Path(snapshot_dir)
+
+
+def snapshot_folder(snapshot_dir: str | None, *, own: bool) -> Path | None:
+    """Where this rank writes snapshots: a private temp folder (`own`), else its rank folder."""
+    if own:
+        return Path(tempfile.mkdtemp(prefix="frlab-snapshots-"))
+    return None if snapshot_dir is None else rank_folder(snapshot_dir)
 
 
 class WeightSync:

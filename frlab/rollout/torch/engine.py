@@ -17,7 +17,7 @@ frlab.rollout.torch.sampling) and the weight version that sampled it. A request 
 `SamplingParams.seed` draws from its own generator, so its tokens do not depend on the other
 rows. `update_weights` takes the step lock, so new weights land between two decode steps;
 tokens sampled afterwards carry the new version. What happens to running requests is the
-engine's `weight_update` mode (frlab.rollout.weight_modes.WEIGHT_UPDATES): `in_flight` keeps their
+engine's `weight_update` mode (frlab.rollout.engine.WEIGHT_UPDATES): `in_flight` keeps their
 KV cache (as in-flight updates do in asynchronous RL systems), `resubmit` drops it and
 prefills prompt + tokens so far again on the new weights at the next step, `drain` admits no
 request until the running ones have finished and only then loads.
@@ -43,16 +43,18 @@ import torch
 from frlab.model.lora import base_of
 from frlab.model.routing_replay import RoutingRecord, record_routing
 from frlab.rollout.engine import (
+    WEIGHT_UPDATES,
     Engine,
     EngineError,
     GenerationResult,
     SamplingParams,
+    resolve_weight_update,
 )
 from frlab.rollout.torch import prefill
 from frlab.rollout.torch.common import check_prompt, check_update, private_copy, require_moe
 from frlab.rollout.torch.request_state import Request, awaitable, fail
 from frlab.rollout.torch.sampling import draw, request_generator
-from frlab.rollout.weight_modes import WEIGHT_UPDATES, resolve_weight_update, wait_drained
+from frlab.rollout.weight_modes import wait_drained
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel

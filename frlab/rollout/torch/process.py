@@ -35,16 +35,18 @@ import torch
 import torch.multiprocessing as tmp
 
 from frlab.rollout.engine import (
+    WEIGHT_UPDATES,
     Engine,
     EngineError,
     GenerationResult,
     SamplingParams,
+    resolve_weight_update,
 )
 from frlab.rollout.torch.child import child_main
 from frlab.rollout.torch.common import check_prompt, check_update, private_copy, require_moe
 from frlab.rollout.torch.request_state import settle
 from frlab.rollout.torch.shared_weights import check_open_files, check_shared_memory
-from frlab.rollout.weight_modes import WEIGHT_UPDATES, resolve_weight_update, wait_drained
+from frlab.rollout.weight_modes import wait_drained
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel

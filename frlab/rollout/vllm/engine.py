@@ -23,7 +23,7 @@ Weight updates (frlab.rollout.vllm.weights): `update_weights` writes the update 
 disk and every worker loads it by path (a snapshot through frlab's worker extension, which
 acknowledges a fingerprint; with LoRA the adapter only, through vLLM's own LoRA support,
 frlab.rollout.vllm.lora), or the engine is broken (it refuses further requests). What
-running requests see is `weight_update` (frlab.rollout.weight_modes.WEIGHT_UPDATES), with vLLM's own
+running requests see is `weight_update` (frlab.rollout.engine.WEIGHT_UPDATES), with vLLM's own
 RL machinery:
 
 - in_flight: `pause_generation(mode="keep")` freezes every request between two steps, the
@@ -58,11 +58,13 @@ import torch
 
 from frlab.rollout.engine import (
     SEED_LIMIT,
+    WEIGHT_UPDATES,
     Engine,
     EngineError,
     GenerationResult,
     SamplingParams,
     request_seed,
+    resolve_weight_update,
 )
 from frlab.rollout.engine_loop import EngineLoop
 from frlab.rollout.vllm import platform
@@ -81,12 +83,7 @@ from frlab.rollout.vllm.outputs import fragment, token_versions
 from frlab.rollout.vllm.platform import import_vllm as _import_vllm
 from frlab.rollout.vllm.platform import installed_platform
 from frlab.rollout.vllm.weights import WeightsSide
-from frlab.rollout.weight_modes import (
-    WEIGHT_UPDATES,
-    Fragment,
-    continue_after_abort,
-    resolve_weight_update,
-)
+from frlab.rollout.weight_modes import Fragment, continue_after_abort
 
 DOWN_POLL_S = 1.0  # how often a control call waiting on the engine loop checks the core is alive
 

@@ -12,13 +12,13 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from frlab.rollout.engine import WEIGHT_UPDATES
 from frlab.rollout.vllm.args import (
     check_cpu_memory,
     check_head_size,
     cpu_engine_options,
     cpu_kv_cache_bytes,
 )
-from frlab.rollout.weight_modes import WEIGHT_UPDATES
 
 
 def import_vllm() -> SimpleNamespace:

@@ -1,5 +1,5 @@
-"""Stragglers that never finish: a user's environment (from the user's own package, named by
-`user_modules` and `env._target_`) whose step hangs forever on some tasks. With the default
+"""Stragglers that never finish: a user's environment (from the user's own package on
+PYTHONPATH, named by `env._target_`) whose step hangs forever on some tasks. With the default
 deadlines a hung call must cost one rollout, not a pipeline stall: the adaptive env deadline
 (10x the p99 of recent call times, at least `rollout.env_timeout_floor_s`) gives it up, the
 run finishes its updates in a few minutes without the user setting a deadline, metrics.csv
@@ -53,9 +53,8 @@ def run(tmp_path: Path, hang_percent: int, *extra: str) -> tuple[subprocess.Pope
     env = {**os.environ, "PYTHONPATH": f"{tmp_path / 'pkgs'}:{os.environ.get('PYTHONPATH', '')}",
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}  # fmt: skip
     folder, log = tmp_path / "run", tmp_path / "run.log"
-    cmd = [sys.executable, "-m", "frlab", "user_modules=[hangpkg]",
-           "env._target_=hangpkg.HangingParity", f"+env.hang_percent={hang_percent}",
-           f"hydra.run.dir={folder}", *extra]  # fmt: skip
+    cmd = [sys.executable, "-m", "frlab", "env._target_=hangpkg.HangingParity",
+           f"+env.hang_percent={hang_percent}", f"hydra.run.dir={folder}", *extra]  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
     return proc, folder, log
 
