@@ -6,7 +6,8 @@ CPU at a tiny shape, which tests/test_gpu_mfu.py does).
 1. mfu: one FlashREINFORCE learner update (`FlashReinforceModule.training_step` under a
    Lightning Trainer: packed token-budget micro-batches, chunked log-probs, the objective,
    backward, AdamW) on a random-init model of Qwen2.5-1.5B's shape in bf16, on B trajectories
-   with log-normal lengths (median 1,024, clipped to [64, 8,192]); median of `--repeats` timed
+   with log-normal lengths (median 1,024, clipped to [64, 8,192]), the micro-batch token budget
+   `auto` picks on this device (`--budget N` sets one); median of `--repeats` timed
    updates after one warm-up. Then one profiled update (bench/learner_profile.py: seconds per
    phase), and a plain transformers training step of the same shape on the same number of
    tokens in dense 1,024-token rows. FLOPs per update: bench/learner_profile.model_flops (the
@@ -125,8 +126,31 @@ def timed_steps(module: FlashReinforceModule, batch: Any, args: argparse.Namespa
             for _ in range(args.repeats + 1)][1:]  # fmt: skip
 
 
+def budget_of(args: argparse.Namespace, cfg: dict, lengths: list[int]) -> int:
+    """`--budget` as a number: `auto` is what the learner would choose here (bf16 weights,
+    checkpointing off, this device's free memory)."""
+    if args.budget != "auto":
+        return int(args.budget)
+    from frlab.model.auto_memory import device_memory, resolve_learner_memory
+
+    sections = {
+        "model": {"config": {"model_type": "qwen2", **cfg}, "dtype": args.dtype, "lora": None,
+                  "gradient_checkpointing": False, "logprob_chunk_size": 1024},
+        "data": {"batch_size": args.batch, "micro_batch_size": args.batch,
+                 "max_tokens_per_micro_batch": "auto"},
+        "rollout": {"max_len": max(lengths), "max_in_flight": 1, "device": "cpu"},
+        "trainer": {"precision": "bf16-true" if args.dtype == "bfloat16" else "32-true",
+                    "devices": 1, "accelerator": args.device},
+    }  # fmt: skip
+    chosen = resolve_learner_memory(sections, device_memory(args.device))
+    assert chosen is not None and chosen.max_tokens_per_micro_batch is not None
+    print(f"budget: {chosen.why}", flush=True)
+    return int(chosen.max_tokens_per_micro_batch)
+
+
 def mfu(args: argparse.Namespace, peak_measured: float) -> None:
     cfg, base, lengths, batch = mfu_inputs(args)
+    args.budget = budget_of(args, cfg, lengths)
     module = learner_module(base, args.batch, args.budget)
     del base
     step = statistics.median(timed_steps(module, batch, args))
@@ -157,8 +181,8 @@ def mfu(args: argparse.Namespace, peak_measured: float) -> None:
 
 def compiled(args: argparse.Namespace) -> None:
     """The MFU update with model.compile=true: the first update (compiling), then the step."""
-    _, base, _, batch = mfu_inputs(args)
-    module = learner_module(base, args.batch, args.budget)
+    cfg, base, lengths, batch = mfu_inputs(args)
+    module = learner_module(base, args.batch, budget_of(args, cfg, lengths))
     module.settings = dataclasses.replace(module.settings, compile=True)
     module.compile_backend = args.compile_backend
     del base
@@ -264,7 +288,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--median", type=float, default=1024)
-    parser.add_argument("--budget", type=int, default=16384)
+    parser.add_argument("--budget", default="auto",
+                        help="tokens per micro-batch, or auto (frlab.model.auto_memory)")  # fmt: skip
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--long-rows", type=int, default=4)
     parser.add_argument("--decode-batch", type=int, default=64)

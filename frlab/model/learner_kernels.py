@@ -51,16 +51,16 @@ def attention_kernel(sections: Mapping[str, Any], config: Any) -> str:
 
 def head_chunk_rows(sections: Mapping[str, Any], config: Any) -> str:
     """The LM head's rows per chunk on the learner's device."""
-    from frlab.ops.logprobs import CHUNK_BYTES, CUDA_CHUNK_CAP
+    from frlab.model.memory_plan import text_config
+    from frlab.ops.logprobs import CHUNK_BYTES, CUDA_CHUNK_CAP, capped_rows
 
     model, trainer = sections["model"], sections["trainer"]
     rows = int(model.get("logprob_chunk_size") or 1024)
     if config is None:
         return f"<= {rows} rows"
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
     gpu = str(trainer.get("accelerator")) in GPU_ACCELERATORS
-    cap = (CUDA_CHUNK_CAP if gpu else CHUNK_BYTES) // (4 * int(text.vocab_size))
-    return f"{min(rows, max(1, cap))} rows{' (at most: sized to the GPU)' if gpu else ''}"
+    rows = capped_rows(rows, text_config(config).vocab_size, CUDA_CHUNK_CAP if gpu else CHUNK_BYTES)
+    return f"{rows} rows{' (at most: sized to the GPU)' if gpu else ''}"
 
 
 def describe_learner(sections: Mapping[str, Any], checkpointing: Any, config: Any) -> str:

@@ -149,7 +149,7 @@ def activation_bytes(config: Any, tokens: int, checkpointing: bool, act_bytes: i
 
 def activation_per_token(config: Any, checkpointing: bool, act_bytes: int) -> int:
     """Activation bytes kept per token of a micro-batch (module docstring), the head aside."""
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    text = text_config(config)
     hidden, layers = int(text.hidden_size), int(text.num_hidden_layers)
     inner = int(getattr(text, "intermediate_size", None) or 4 * hidden)
     block = (8 * hidden + 3 * inner) * act_bytes
@@ -158,16 +158,20 @@ def activation_per_token(config: Any, checkpointing: bool, act_bytes: int) -> in
 
 def head_chunk_bytes(config: Any, rows: int) -> int:
     """Two float32 chunks of `rows` logits rows, as capped on a GPU."""
-    from frlab.ops.logprobs import CUDA_CHUNK_CAP
+    from frlab.ops.logprobs import CUDA_CHUNK_CAP, capped_rows
 
-    vocab = int((config.get_text_config() if hasattr(config, "get_text_config") else config)
-                .vocab_size)  # fmt: skip
-    return 2 * min(rows, CUDA_CHUNK_CAP // (4 * vocab)) * vocab * 4
+    vocab = int(text_config(config).vocab_size)
+    return 2 * capped_rows(rows, vocab, CUDA_CHUNK_CAP) * vocab * 4
+
+
+def text_config(config: Any) -> Any:
+    """The language model's config (a multimodal config's text part, else itself)."""
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
 def kv_bytes_per_token(config: Any, dtype_bytes: int) -> int:
     """Bytes of K and V cache per token of a transformers `config` (every layer, KV heads)."""
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    text = text_config(config)
     heads = int(text.num_attention_heads)
     kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
     head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // heads)

@@ -62,7 +62,9 @@ def takes_gqa(kernel: Callable[..., Any]) -> bool:
 
 def head_dim_of(config: Any) -> int:
     """The attention head dimension of a transformers config."""
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    from frlab.model.memory_plan import text_config
+
+    text = text_config(config)
     return int(getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads)
 
 

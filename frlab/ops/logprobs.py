@@ -63,7 +63,12 @@ def chunk_bytes(device: torch.device | str | None = None) -> int:
 
 def rows_per_chunk(chunk_size: int, vocab: int, device: torch.device | str | None = None) -> int:
     """`chunk_size`, capped so that one float32 chunk of logits stays within chunk_bytes."""
-    return max(1, min(int(chunk_size), chunk_bytes(device) // (4 * max(1, int(vocab)))))
+    return capped_rows(chunk_size, vocab, chunk_bytes(device))
+
+
+def capped_rows(chunk_size: int, vocab: int, cap_bytes: int) -> int:
+    """`chunk_size` rows at most, and no more than fit a float32 chunk of `cap_bytes`."""
+    return max(1, min(int(chunk_size), int(cap_bytes) // (4 * max(1, int(vocab)))))
 
 
 def check_targets(targets: Tensor, n: int, vocab: int, device: torch.device) -> None:
