@@ -101,6 +101,9 @@ def check_node(key: str, values: Mapping[str, Any], cls: type) -> None:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
+    # raw values first: the merge below would read 3 as true on a key declared bool
+    check_booleans((join(key, f.name), values[f.name]) for f, a in declared(cls)
+                   if f.name in values and unwrap(a)[0] is bool)  # fmt: skip
     declared_node, given = OmegaConf.structured(cls), dict(values)
     for part in reversed(key.split(".")):  # nested under the full key, so errors name it
         declared_node, given = {part: declared_node}, {part: given}
