@@ -364,7 +364,7 @@ def check_settings(
     keep_snapshots: int, fleet_down_timeout_s: float,
 ) -> None:  # fmt: skip
     """ValueError naming the `rollout.remote` key of the first invalid setting (the ranges
-    `frlab.config.engines.RemoteConfig` declares, for an engine built without a config)."""
+    `frlab.config.schema.RemoteConfig` declares, for an engine built without a config)."""
     if weight_sync not in WEIGHT_SYNCS:
         raise ValueError(f"rollout.remote.weight_sync must be filesystem|nccl, got {weight_sync!r}")
     for key, value in (("request_timeout_s", request_timeout_s),
