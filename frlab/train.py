@@ -19,10 +19,10 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from frlab.build import arguments, build_callbacks, build_evaluation, build_trainer, plain
-from frlab.config.compose import instantiate, locate
+from frlab.config.compose import instantiate
 from frlab.config.errors import ConfigError, keyed
 from frlab.config.plan import format_plan
-from frlab.config.preflight import preflight, structured
+from frlab.config.preflight import locate_engine, preflight, structured
 
 LEARNER_SECTIONS = ("model", "data", "rollout", "trainer")  # what the learner's facts read
 __all__ = ["build_callbacks", "build_evaluation", "build_policy_from", "build_trainer", "plain",
@@ -124,8 +124,7 @@ def learner_plan(cfg: DictConfig, plan: dict[str, Any], config: Any = None) -> N
     from frlab.model.learner_kernels import learner_facts
 
     sections = {k: OmegaConf.to_container(cfg[k], resolve=True) for k in LEARNER_SECTIONS}
-    engine = locate(str(sections["rollout"]["engine"]["_target_"]))  # type: ignore[index]
-    engine = getattr(engine, "__self__", engine)  # a `for_policy` classmethod: its class
+    engine = locate_engine(sections["rollout"])  # type: ignore[arg-type]
     plan.update(learner_facts(sections, getattr(engine, "reserves_gpu_share", False),
                               device_memory(sections["trainer"]["accelerator"]), config))  # type: ignore[index]  # fmt: skip
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+from scratch_testlib import scratch_copy as copy_repo
 
 REPO = Path(__file__).resolve().parents[2]
 GUIDE = REPO / "docs" / "extending.md"
@@ -41,18 +42,9 @@ def recipe_commands() -> list[list[str]]:
 
 
 def scratch_copy(tmp_path: Path) -> Path:
-    root = tmp_path / "repo"
     # Not the recipe tests (they would run themselves), nor the one that registers the guide's
     # example in a fresh process: the copy's trust_regions.py holds it (registered twice).
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "outputs", "test_extending*.py")
-    for rel in COPIED:
-        source, target = REPO / rel, root / rel
-        if source.is_dir():
-            shutil.copytree(source, target, ignore=ignore)
-        else:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, target)
-    return root
+    return copy_repo(tmp_path, COPIED, skip=("test_extending*.py",))
 
 
 def run(root: Path, args: list[str], timeout: int = 300) -> subprocess.CompletedProcess:

@@ -21,12 +21,12 @@ import csv
 import hashlib
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from scratch_testlib import scratch_copy
 
 REPO = Path(__file__).resolve().parents[2]
 GUIDE = REPO / "docs" / "extending.md"  # holds the marked example
@@ -78,19 +78,6 @@ def trained(run_dir: Path) -> list[dict[str, str]]:
 # --- in tree ------------------------------------------------------------------------------------
 
 
-def scratch_copy(tmp_path: Path) -> Path:
-    root = tmp_path / "repo"
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "outputs")
-    for rel in COPIED:
-        source, target = REPO / rel, root / rel
-        if source.is_dir():
-            shutil.copytree(source, target, ignore=ignore)
-        else:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, target)
-    return root
-
-
 def tree(root: Path) -> dict[str, str]:
     """Every file under `root` (no caches) -> its content's hash."""
     return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
@@ -119,7 +106,7 @@ def add_in_tree(root: Path) -> tuple[set[str], set[str]]:
 
 @pytest.mark.slow
 def test_an_engine_in_tree_is_one_folder_and_its_option_file(tmp_path: Path) -> None:
-    root = scratch_copy(tmp_path)
+    root = scratch_copy(tmp_path, COPIED)
     added, changed = add_in_tree(root)
     assert added == {f"{FOLDER}/__init__.py", f"{FOLDER}/engine.py", IN_TREE_OPTION}, added
     assert changed == {"docs/config-keys.md"}, changed  # regenerated, not written by hand
