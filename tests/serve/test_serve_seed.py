@@ -8,6 +8,7 @@ from typing import Any
 
 import httpx
 import pytest
+from ports_testlib import free_port
 
 from frlab.model import build_policy
 from frlab.rollout.remote.protocol import request_seed, sampling_from_request
@@ -23,11 +24,7 @@ CONFIG = {
 
 @pytest.fixture
 def server_url() -> Any:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
+    port = free_port()
     state = ServeState(TorchEngine(build_policy(config=CONFIG, seed=0), seed=0), "tiny")
     ready = threading.Event()
     thread = threading.Thread(target=serve, args=(state, "127.0.0.1", port, ready), daemon=True)

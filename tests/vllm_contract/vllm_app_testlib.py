@@ -12,24 +12,18 @@ Everything between HTTP and the engine client is vLLM's code."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 import time
 from collections.abc import AsyncGenerator
 from typing import Any
 
+from ports_testlib import free_port as free_port  # re-exported
 from vllm_worker_testlib import FakeWorker
 
 EXTENSION = "frlab.rollout.vllm.worker_extension.WeightUpdateExtension"
 SERVE_FLAGS = ["--worker-extension-cls", EXTENSION, "--logprobs-mode", "processed_logprobs",
                "--generation-config", "vllm", "--max-model-len", "128", "--skip-tokenizer-init",
                "--enforce-eager"]  # fmt: skip
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def make_client(vllm_config: Any) -> Any:

@@ -179,7 +179,10 @@ def worst(diff: torch.Tensor) -> float:
 
 PROMPTS = [[1, 2, 3 + i] for i in range(4)]
 DELAYS_S = (0.02, 0.05, 0.1, 0.01, 0.03, 0.07, 0.0, 0.15)  # after the requests start, per attempt
-NEW_TOKENS = 240  # per request: long enough that an update lands inside one on a busy machine
+# An update lands inside the requests on most tries; on some it lands before their first
+# token or only once they have ended (longer requests do not change that: measured with 900
+# tokens), so each test tries the delays in turn until one lands inside.
+NEW_TOKENS = 240  # per request
 
 
 def across_an_update(engine: RemoteEngine, new: dict, version: int, delay: float) -> list:
@@ -193,8 +196,16 @@ def across_an_update(engine: RemoteEngine, new: dict, version: int, delay: float
 
     with ThreadPoolExecutor(1) as pool:
         job = pool.submit(asyncio.run, go())
-        wait_for(lambda: engine._in_flight > 0, 60, "requests in flight", interval=0.001)
-        time.sleep(delay)
+        try:
+            wait_for(lambda: engine._in_flight > 0 or job.done(), 60, "requests in flight",
+                     interval=0.001)  # fmt: skip
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}; fleet: {engine._fleet.describe()}, "
+                               f"stats: {engine.stats()}") from None  # fmt: skip
+        if job.done():  # they failed (raise why), or all ended before this thread looked
+            job.result()
+        else:
+            time.sleep(delay)
         engine.update_weights(new, version)
         return job.result(timeout=300)
 

@@ -12,7 +12,6 @@ import csv
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from typing import Any
 
 import torch
 import yaml
+from ports_testlib import free_port as free_port  # re-exported
 
 REPO = Path(__file__).resolve().parents[2]
 REPORT: list[str] = []
@@ -69,12 +69,6 @@ def perturbed(model: Any, seed: int, scale: float = 0.05) -> dict[str, torch.Ten
             moved[key] = value + scale * torch.randn(value.shape, generator=gen, dtype=value.dtype)
         out[name] = moved[key]
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_for(predicate: Any, timeout: float, what: str, interval: float = 0.2) -> None:

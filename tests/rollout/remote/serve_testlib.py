@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,19 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from ports_testlib import free_port as free_port  # re-exported
 
 TINY_QWEN2 = {
     "model_type": "qwen2", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
     "max_position_embeddings": 128, "tie_word_embeddings": True,
 }  # fmt: skip
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def save_tiny_model(path: Path, seed: int = 0, config: dict[str, Any] | None = None) -> Any:

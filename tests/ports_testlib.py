@@ -1,0 +1,44 @@
+"""Loopback ports for test servers that no other test process can be handed.
+
+`socket.bind(0)` hands out a port from the kernel's ephemeral range and forgets it once the
+probe socket closes: another xdist worker's probe, or any client's outgoing connection, can
+get the same port before the test's server binds it, and a health check then reaches the
+wrong server. Ports here come from below the ephemeral range (which starts at 32768 on
+Linux by default), from a block of their own per xdist worker and per process, walked in
+order, so two live test processes never pick one port; each is checked free before use.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+
+LOW, HIGH = 20_000, 32_000  # below the kernel's ephemeral ports (32768-60999 by default)
+BLOCKS = 12  # per-process blocks of (HIGH - LOW) // BLOCKS ports
+
+
+def _block() -> range:
+    """This process's ports: one block per xdist worker ("gw3": 3), shifted by the pid so a
+    pytest run that a test starts from a worker (it inherits the worker's name) differs."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    index = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else 0
+    size = (HIGH - LOW) // BLOCKS
+    first = LOW + ((index * 3 + os.getpid() % 3) % BLOCKS) * size
+    return range(first, first + size)
+
+
+_NEXT = itertools.cycle(_block())
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free now and that no other test process will pick."""
+    for _ in range((HIGH - LOW) // BLOCKS):
+        port = next(_NEXT)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free loopback port in this process's block {_block()}")
