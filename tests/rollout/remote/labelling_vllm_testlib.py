@@ -12,7 +12,9 @@ docstring; the `vllm_contract` tier checks these answers against vLLM's own app)
   `/resume`, nothing aborted; another keep-pause, which would clear the KV, fails);
   mode=abort, `/resume` and `/abort_requests` as `PausingVllmServer`.
 
-`label_offset` adds to every label it answers (a server that mislabels tokens).
+`label_offset` adds to every label it answers (a server that mislabels tokens). `hold_at`:
+a request stops after that many tokens until the first keep-pause arrives (an update lands
+inside it however slow the machine is).
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ class LabellingVllmServer(PausingVllmServer):
         self.label_offset = 0
         self.generated: list[Held] = []  # every generate request it received
         self.probes = 0  # the client's one-token label probes (answered at once)
+        self.hold_at: int | None = None  # tokens after which a request waits for a keep-pause
+        self.kept = False  # a keep-pause arrived
 
     def get(self, path: str) -> Any:
         if path == gen.OPENAPI:
@@ -56,7 +60,7 @@ class LabellingVllmServer(PausingVllmServer):
         if path == gen.PAUSE_KEEP:
             self.pauses.append(path)
             with self.cond:
-                self.paused = True
+                self.paused = self.kept = True
             return {"status": "paused"}
         return super().post(path, body)
 
@@ -72,7 +76,7 @@ class LabellingVllmServer(PausingVllmServer):
             while len(held.tokens) < max_tokens and not held.aborted:
                 with self.cond:
                     self.cond.wait(self.step_s)
-                    if held.aborted or self.paused:
+                    if held.aborted or self.paused or self.holds(held):
                         continue
                     last = held.tokens[-1] if held.tokens else prompt[-1]
                     held.tokens.append((last + 1) % VOCAB)
@@ -86,6 +90,10 @@ class LabellingVllmServer(PausingVllmServer):
             raise RuntimeError("the server went down during the request")
         reason = "length" if len(held.tokens) >= max_tokens else "abort"
         return self.answer(prompt, held, labels, reason)
+
+    def holds(self, held: Held) -> bool:
+        """Whether `held` waits at `hold_at` tokens for the first keep-pause."""
+        return self.hold_at is not None and not self.kept and len(held.tokens) >= self.hold_at
 
     def answer(self, prompt: list[int], held: Held, labels: list[str], reason: str) -> Any:
         """vLLM's generate answer; labels as spans (with `label_offset` added)."""

@@ -41,8 +41,10 @@ def test_a_request_spanning_an_update_keeps_running_with_vllms_labels(
     server: LabellingVllmServer, tmp_path: Path
 ) -> None:
     """Sent once, never aborted: its first tokens carry the old version, the rest the new,
-    each exactly the version the workers held when it was sampled."""
+    each exactly the version the workers held when it was sampled (the server holds the
+    request at its fifth token until the update's pause arrives)."""
     engine = engine_on([server], tmp_path)
+    server.hold_at = 5
     try:
         assert server.label == "0" and engine.servers[0].labels is True and server.probes == 1
         job = Background(engine, 1, max_new_tokens=30)
@@ -52,8 +54,7 @@ def test_a_request_spanning_an_update_keeps_running_with_vllms_labels(
         stats = engine.stats()
     finally:
         engine.shutdown()
-    k = res.versions.count(0)
-    assert 5 <= k < 30 and res.versions == [0] * k + [1] * (30 - k)
+    assert res.versions == [0] * 5 + [1] * 25
     assert res.token_ids == counting_from(0, 30) and res.finish_reason == "length"
     assert [v for held in server.generated for v in held.versions] == res.versions
     assert server.received == [([1, 2, 3, 0], 30)] and not server.generated[0].aborted
