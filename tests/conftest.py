@@ -4,8 +4,7 @@ where their environment is missing: a skip naming the script that builds it, or 
 the tier is required (CI sets the variable); and restores torch's thread count after each test.
 
 Two workers: `python -m pytest -q` (no `-n`, no `-m`) runs on WORKERS pytest-xdist processes,
-each test module on one worker (`--dist loadscope`: a module's fixtures are built once; the
-modules that take minutes are handed out first, LONG_MODULES), when
+each test module on one worker (`--dist loadscope`: a module's fixtures are built once), when
 pytest-xdist is installed (the `test` extra has it); `-n 0` runs serially. A tier command
 (`-m vllm_cpu`, `-m vllm_contract`) stays serial: its real engines and servers need the cores.
 
@@ -65,17 +64,6 @@ def vllm_cpu_missing() -> str | None:
     if platform != "cpu":
         return f"the installed vLLM serves on {platform!r}, not the CPU: `{CPU_ENV}` builds its CPU build"
     return None
-
-
-# Modules that run for minutes, started first: each module runs on one xdist worker
-# (`--dist loadscope` hands modules out in collection order), so one collected last would leave
-# the other worker idle while it runs (the SmolLM2 learning run takes about 7 minutes).
-LONG_MODULES = ("tests/test_smollm2_arith_cpu.py",)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """LONG_MODULES' tests first, every other test in collection order."""
-    items.sort(key=lambda item: item.nodeid.split("::")[0] not in LONG_MODULES)
 
 
 TIERS = {
