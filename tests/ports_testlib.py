@@ -1,11 +1,13 @@
-"""Loopback ports for test servers that no other test process can be handed.
+"""Loopback ports for test servers that no other xdist worker is handed.
 
 `socket.bind(0)` hands out a port from the kernel's ephemeral range and forgets it once the
 probe socket closes: another xdist worker's probe, or any client's outgoing connection, can
 get the same port before the test's server binds it, and a health check then reaches the
 wrong server. Ports here come from below the ephemeral range (which starts at 32768 on
-Linux by default), from a block of their own per xdist worker and per process, walked in
-order, so two live test processes never pick one port; each is checked free before use.
+Linux by default), from a block per xdist worker, walked in order and each checked free before
+use, so the workers never pick one port. A pytest run that a test starts from a worker takes
+one of the worker's three blocks by its pid: it may share its parent's block, where the
+free check is the only guard.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ BLOCKS = 12  # per-process blocks of (HIGH - LOW) // BLOCKS ports
 
 
 def _block() -> range:
-    """This process's ports: one block per xdist worker ("gw3": 3), shifted by the pid so a
-    pytest run that a test starts from a worker (it inherits the worker's name) differs."""
+    """This process's ports: one of three blocks per xdist worker ("gw3": 3), by the pid (a
+    pytest run that a test starts from a worker inherits the worker's name)."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     index = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else 0
     size = (HIGH - LOW) // BLOCKS
@@ -28,12 +30,13 @@ def _block() -> range:
     return range(first, first + size)
 
 
-_NEXT = itertools.cycle(_block())
+BLOCK = _block()
+_NEXT = itertools.cycle(BLOCK)
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free now and that no other test process will pick."""
-    for _ in range((HIGH - LOW) // BLOCKS):
+    """A TCP port on 127.0.0.1 that is free now and that no other xdist worker will pick."""
+    for _ in BLOCK:
         port = next(_NEXT)
         with socket.socket() as s:
             try:
@@ -41,4 +44,4 @@ def free_port() -> int:
             except OSError:
                 continue
         return port
-    raise RuntimeError(f"no free loopback port in this process's block {_block()}")
+    raise RuntimeError(f"no free loopback port in this process's block {BLOCK}")

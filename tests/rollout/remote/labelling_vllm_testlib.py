@@ -37,7 +37,6 @@ class LabellingVllmServer(PausingVllmServer):
         self.generated: list[Held] = []  # every generate request it received
         self.probes = 0  # the client's one-token label probes (answered at once)
         self.hold_at: int | None = None  # tokens after which a request waits for a keep-pause
-        self.kept = False  # a keep-pause arrived
 
     def get(self, path: str) -> Any:
         if path == gen.OPENAPI:
@@ -60,7 +59,7 @@ class LabellingVllmServer(PausingVllmServer):
         if path == gen.PAUSE_KEEP:
             self.pauses.append(path)
             with self.cond:
-                self.paused = self.kept = True
+                self.paused = True
             return {"status": "paused"}
         return super().post(path, body)
 
@@ -93,7 +92,8 @@ class LabellingVllmServer(PausingVllmServer):
 
     def holds(self, held: Held) -> bool:
         """Whether `held` waits at `hold_at` tokens for the first keep-pause."""
-        return self.hold_at is not None and not self.kept and len(held.tokens) >= self.hold_at
+        kept = gen.PAUSE_KEEP in self.pauses
+        return self.hold_at is not None and not kept and len(held.tokens) >= self.hold_at
 
     def answer(self, prompt: list[int], held: Held, labels: list[str], reason: str) -> Any:
         """vLLM's generate answer; labels as spans (with `label_offset` added)."""
