@@ -39,6 +39,7 @@ from typing import Any
 
 from lightning.pytorch.callbacks import Callback
 
+from frlab.provenance import frlab_provenance
 from frlab.stop import exception_status
 from frlab.tracking.metrics_file import (
     FIXED_COLUMNS,
@@ -71,7 +72,7 @@ class RunFilesCallback(Callback):
     ) -> None:
         self.output_dir = Path(output_dir)
         self.components = dict(components or {})
-        self.extra = dict(extra or {})
+        self.extra = {"frlab": frlab_provenance(), **(extra or {})}
         self.prefixes = tuple(prefixes)
         self.rows: list[dict[str, float]] = []
         self.columns: list[str] = list(FIXED_COLUMNS)
