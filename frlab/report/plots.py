@@ -1,0 +1,227 @@
+"""The report's PNGs (matplotlib, Agg), one folder per experiment under the output folder.
+
+- `<metric>_updates.png` / `<metric>_wall.png`, for every training metric of the table: each
+  arm's mean over its seeds with a 95% t band (scipy), and a thin line per seed, against the
+  update and against training wall time. The band is drawn only where every seed of the arm
+  has a value; past the point where a seed stops, the mean is dashed and labelled with the
+  number of seeds left.
+- `intervals.png`: each arm's mean and 95% interval for the evaluation metrics and the final
+  train reward (a hollow marker and the seeds' range for low n).
+- `threshold_<metric>.png`: the Kaplan-Meier fraction of runs that reached the threshold,
+  against updates and wall seconds, censored runs marked.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from frlab.report import stats, values
+from frlab.report.arms import Arm
+from frlab.report.build import Experiment, Report
+from frlab.report.runs import Run
+
+WALL_POINTS = 200
+
+
+def pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def file_stem(metric: str) -> str:
+    return metric.replace("/", "_").replace("@", "at")
+
+
+def aligned_by_update(runs: Sequence[Run], metric: str) -> tuple[np.ndarray, np.ndarray]:
+    """(updates, values [runs, updates]) with NaN where a run has no value at an update."""
+    last = max((r.last_update for r in runs), default=0)
+    x = np.arange(1, last + 1, dtype=float)
+    grid = np.full((len(runs), x.size), np.nan)
+    for i, run in enumerate(runs):
+        rows = run.update_rows()
+        col = run.columns.get(metric)
+        if col is not None and rows.size:
+            grid[i, run.steps[rows].astype(int) - 1] = col[rows]
+    return x, grid
+
+
+def aligned_by_wall(runs: Sequence[Run], metric: str) -> tuple[np.ndarray, np.ndarray]:
+    """(seconds, values [runs, points]) on a common grid; NaN outside a run's own time span."""
+    series = []
+    for run in runs:
+        rows = run.update_rows()
+        elapsed, col = run.columns.get("elapsed_s"), run.columns.get(metric)
+        if col is None or elapsed is None or not rows.size:
+            series.append((np.zeros(0), np.zeros(0)))
+            continue
+        t, y = elapsed[rows], col[rows]
+        keep = np.isfinite(t) & np.isfinite(y)
+        series.append((t[keep], y[keep]))
+    end = max((float(t.max()) for t, _ in series if t.size), default=0.0)
+    x = np.linspace(0.0, end, WALL_POINTS)
+    grid = np.full((len(runs), x.size), np.nan)
+    for i, (t, y) in enumerate(series):
+        if t.size:
+            inside = (x >= t.min()) & (x <= t.max())
+            grid[i, inside] = np.interp(x[inside], t, y)
+    return x, grid
+
+
+def band(grid: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Mean, 95% t-band half-width (scipy's t quantile) and the number of seeds, per point."""
+    _, scipy_stats = stats.libraries()
+    n = np.isfinite(grid).sum(axis=0)
+    with warnings.catch_warnings(), np.errstate(invalid="ignore", divide="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)  # a point no seed reached: NaN
+        mean = np.nanmean(grid, axis=0)
+        sd = np.nanstd(grid, axis=0, ddof=1)
+        quantile = scipy_stats.t.ppf(0.5 + stats.CONFIDENCE / 2, np.maximum(n - 1, 1))
+        half = np.where(n > 1, quantile * sd / np.sqrt(np.maximum(n, 1)), np.nan)
+    return mean, half, n
+
+
+def draw_arm(ax: Any, x: np.ndarray, grid: np.ndarray, color: str, label: str) -> None:
+    """Seeds thin; the mean solid with its band where every seed has a value, dashed (and
+    labelled with the seeds left) where some have stopped."""
+    for row in grid:
+        ax.plot(x, row, color=color, alpha=0.25, linewidth=0.7)
+    mean, half, n = band(grid)
+    full = n == grid.shape[0]
+    ax.plot(x, np.where(n > 0, mean, np.nan), "--", color=color, linewidth=1.0)
+    ax.plot(
+        x,
+        np.where(full, mean, np.nan),
+        color=color,
+        linewidth=2.0,
+        label=f"{label} (n={grid.shape[0]})",
+    )
+    if grid.shape[0] > 1:
+        ax.fill_between(x, mean - half, mean + half, where=full, color=color, alpha=0.2)
+    partial = np.flatnonzero((n > 0) & ~full)
+    if partial.size:
+        first = int(partial[0])
+        ax.annotate(
+            f"n={int(n[first])} from here", (x[first], mean[first]), fontsize=7, color=color
+        )
+
+
+def curves(exp: Experiment, metric: str, folder: Path, by: str) -> Path:
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    align = aligned_by_update if by == "updates" else aligned_by_wall
+    for i, arm in enumerate(exp.arms):
+        if arm.used:
+            x, grid = align(arm.used, metric)
+            draw_arm(ax, x, grid, colors[i % len(colors)], arm.label)
+    ax.set_title(
+        f"{exp.name}: {values.TITLES.get(metric, metric)} (mean, 95% t band, seeds)", fontsize=9
+    )
+    ax.set_xlabel("update" if by == "updates" else "training wall seconds")
+    ax.set_ylabel(metric)
+    ax.grid(alpha=0.3)
+    if ax.lines:
+        ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    path = folder / f"{file_stem(metric)}_{by}.png"
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def interval_plot(exp: Experiment, folder: Path) -> Path | None:
+    metrics = [m for m in exp.metrics if values.is_eval(m)] + ["train/reward_mean"]
+    metrics = [m for m in metrics if any(exp.table[a.label][m].n for a in exp.arms)]
+    if not metrics:
+        return None
+    plt = pyplot()
+    fig, axes = plt.subplots(
+        1,
+        len(metrics),
+        figsize=(3.2 * len(metrics), 0.6 * len(exp.arms) + 1.5),
+        dpi=110,
+        squeeze=False,
+    )
+    for ax, metric in zip(axes[0], metrics, strict=True):
+        interval_panel(ax, exp.arms, exp, metric)
+    axes[0][0].set_yticks(range(len(exp.arms)), [a.label for a in exp.arms], fontsize=7)
+    fig.suptitle(f"{exp.name}: mean and 95% interval (hollow: low n, seeds' range)", fontsize=9)
+    fig.tight_layout()
+    path = folder / "intervals.png"
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def interval_panel(ax: Any, arms: Sequence[Arm], exp: Experiment, metric: str) -> None:
+    for y, arm in enumerate(arms):
+        e = exp.table[arm.label][metric]
+        if e.n == 0:
+            continue
+        hollow = e.method != "bootstrap"
+        if math.isfinite(e.low):
+            ax.plot([e.low, e.high], [y, y], color="C0", linewidth=3 if not hollow else 1.5)
+        ax.plot([e.mean], [y], "o", color="C0", markerfacecolor="white" if hollow else "C0")
+    ax.set_title(values.TITLES.get(metric, metric), fontsize=8)
+    ax.set_yticks([])
+    ax.set_ylim(-0.5, len(arms) - 0.5)
+    ax.invert_yaxis()
+    ax.grid(alpha=0.3, axis="x")
+
+
+def threshold_plot(exp: Experiment, index: int, folder: Path) -> Path:
+    th = exp.thresholds[index]
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), dpi=110)
+    for ax, unit, by_arm in ((axes[0], "updates", th.updates), (axes[1], "wall s", th.wall_s)):
+        for i, arm in enumerate(exp.arms):
+            km = by_arm[arm.label]
+            xs = [0.0, *km.times]
+            ys = [0.0, *km.fraction]
+            ax.step(
+                xs, ys, where="post", color=f"C{i}", label=f"{arm.label}: {km.reached} of {km.n}"
+            )
+            if km.censored:
+                level = km.fraction[-1] if km.fraction else 0.0
+                finite = [c for c in km.censored if math.isfinite(c)]
+                ax.plot(finite, [level] * len(finite), "+", color=f"C{i}", markersize=9)
+        ax.set_xlabel(unit)
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("fraction of runs that reached it (KM)")
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"{exp.name}: {th.metric} >= {th.value} (+: censored runs)", fontsize=9)
+    fig.tight_layout()
+    path = folder / f"threshold_{file_stem(th.metric)}.png"
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def write_plots(report: Report, out: Path) -> list[Path]:
+    written: list[Path] = []
+    for exp in report.experiments:
+        folder = out / exp.name
+        folder.mkdir(parents=True, exist_ok=True)
+        for metric in exp.metrics:
+            if values.is_eval(metric) or metric == values.UPDATES_PER_MINUTE:
+                continue
+            if any(metric in r.columns for a in exp.arms for r in a.used):
+                written += [
+                    curves(exp, metric, folder, "updates"),
+                    curves(exp, metric, folder, "wall"),
+                ]
+        found = interval_plot(exp, folder)
+        written += [found] if found else []
+        written += [threshold_plot(exp, i, folder) for i in range(len(exp.thresholds))]
+    return written
