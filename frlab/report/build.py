@@ -156,9 +156,15 @@ def fill_arm(exp: Experiment, arm: Arm, options: Options) -> None:
                 dict(zip(base_seeds, (v.value for v in base[m]), strict=True)),
                 options.reps,
                 options.seed,
+                improvement_interval=m in main_metrics(exp.metrics),
             )
             for m in exp.metrics
         }
+
+
+def main_metrics(metrics: Sequence[str]) -> list[str]:
+    """The metrics a paper's table is about: evaluations and the final train reward."""
+    return [m for m in metrics if values.is_eval(m) or m == values.REWARD]
 
 
 def benchmark_iqm(per_seed: dict[str, list[values.Value]], options: Options) -> dict[str, Any]:

@@ -1,8 +1,8 @@
 """The report's PNGs (matplotlib, Agg), one folder per experiment under the output folder.
 
-- `<metric>_updates.png` / `<metric>_wall.png`, for every training metric of the table: each
-  arm's mean over its seeds with a 95% t band (scipy), and a thin line per seed, against the
-  update and against training wall time. The band is drawn only where every seed of the arm
+- `<metric>.png`, for every training metric of the table: each arm's mean over its seeds with
+  a 95% t band (scipy), and a thin line per seed, against the update (left) and against
+  training wall time (right). The band is drawn only where every seed of the arm
   has a value; past the point where a seed stops, the mean is dashed and labelled with the
   number of seeds left.
 - `intervals.png`: each arm's mean and 95% interval for the evaluation metrics and the final
@@ -23,10 +23,13 @@ import numpy as np
 
 from frlab.report import stats, values
 from frlab.report.arms import Arm
-from frlab.report.build import Experiment, Report
+from frlab.report.build import Experiment, Report, main_metrics
 from frlab.report.runs import Run
 
 WALL_POINTS = 200
+DPI = 100
+MEAN_POINTS = 250  # points drawn of an arm's mean (every k-th update beyond that)
+SEED_POINTS = 120  # points drawn of each seed's thin line: drawing them is most of a figure's cost
 
 
 def pyplot() -> Any:
@@ -90,58 +93,74 @@ def band(grid: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return mean, half, n
 
 
+def thinned(x: np.ndarray, grid: np.ndarray, points: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every k-th column (the raw values there, nothing averaged), at most about `points`."""
+    step = max(1, -(-x.size // points))
+    return x[::step], grid[:, ::step]
+
+
+def draw_seeds(ax: Any, x: np.ndarray, grid: np.ndarray, color: str) -> None:
+    """Every seed's thin line as one NaN-separated line in a pale shade of the arm's colour
+    (one artist without transparency: the cheapest to draw)."""
+    from matplotlib.colors import to_rgb
+
+    x, grid = thinned(x, grid, SEED_POINTS)
+    gap = np.full((grid.shape[0], 1), np.nan)
+    xs = np.hstack([np.broadcast_to(x, grid.shape), gap]).ravel()
+    pale = tuple(0.7 + 0.3 * c for c in to_rgb(color))
+    ax.plot(xs, np.hstack([grid, gap]).ravel(), color=pale, linewidth=0.6, antialiased=False)
+
+
 def draw_arm(ax: Any, x: np.ndarray, grid: np.ndarray, color: str, label: str) -> None:
-    """Seeds thin; the mean solid with its band where every seed has a value, dashed (and
-    labelled with the seeds left) where some have stopped."""
-    for row in grid:
-        ax.plot(x, row, color=color, alpha=0.25, linewidth=0.7)
+    """The mean solid with its band where every seed has a value, dashed (and labelled with
+    the seeds left) where some have stopped."""
+    x, grid = thinned(x, grid, MEAN_POINTS)
     mean, half, n = band(grid)
     full = n == grid.shape[0]
     ax.plot(x, np.where(n > 0, mean, np.nan), "--", color=color, linewidth=1.0)
-    ax.plot(
-        x,
-        np.where(full, mean, np.nan),
-        color=color,
-        linewidth=2.0,
-        label=f"{label} (n={grid.shape[0]})",
-    )
+    label = f"{label} (n={grid.shape[0]})"
+    ax.plot(x, np.where(full, mean, np.nan), color=color, linewidth=2.0, label=label)
     if grid.shape[0] > 1:
         ax.fill_between(x, mean - half, mean + half, where=full, color=color, alpha=0.2)
     partial = np.flatnonzero((n > 0) & ~full)
     if partial.size:
         first = int(partial[0])
-        ax.annotate(
-            f"n={int(n[first])} from here", (x[first], mean[first]), fontsize=7, color=color
-        )
+        text = f"n={int(n[first])} from here"
+        ax.annotate(text, (x[first], mean[first]), fontsize=7, color=color)
 
 
-def curves(exp: Experiment, metric: str, folder: Path, by: str) -> Path:
+def curves(exp: Experiment, metric: str, folder: Path) -> Path:
+    """`<metric>.png`: against updates (left) and training wall seconds (right)."""
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4), dpi=DPI)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    align = aligned_by_update if by == "updates" else aligned_by_wall
-    for i, arm in enumerate(exp.arms):
-        if arm.used:
-            x, grid = align(arm.used, metric)
-            draw_arm(ax, x, grid, colors[i % len(colors)], arm.label)
-    ax.set_title(
-        f"{exp.name}: {values.TITLES.get(metric, metric)} (mean, 95% t band, seeds)", fontsize=9
-    )
-    ax.set_xlabel("update" if by == "updates" else "training wall seconds")
-    ax.set_ylabel(metric)
-    ax.grid(alpha=0.3)
-    if ax.lines:
-        ax.legend(fontsize=7, loc="best")
-    fig.tight_layout()
-    path = folder / f"{file_stem(metric)}_{by}.png"
+    for ax, align, xlabel in (
+        (axes[0], aligned_by_update, "update"),
+        (axes[1], aligned_by_wall, "training wall seconds"),
+    ):
+        arms = [(a, colors[i % len(colors)]) for i, a in enumerate(exp.arms) if a.used]
+        aligned = [(a.label, *align(a.used, metric), color) for a, color in arms]
+        for _, x, grid, color in aligned:  # every arm's seeds below every arm's mean
+            draw_seeds(ax, x, grid, color)
+        for label, x, grid, color in aligned:
+            draw_arm(ax, x, grid, color, label)
+        ax.set_xlabel(xlabel)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel(metric)
+    if axes[0].lines:
+        axes[0].legend(fontsize=7, loc="upper left")  # "best" searches every line: slow
+    fig.suptitle(f"{exp.name}: {metric} (mean, 95% t band, every seed)", fontsize=9)
+    fig.subplots_adjust(left=0.07, right=0.99, bottom=0.12, top=0.91, wspace=0.12)
+    path = folder / f"{file_stem(metric)}.png"
     fig.savefig(path)
     plt.close(fig)
     return path
 
 
 def interval_plot(exp: Experiment, folder: Path) -> Path | None:
-    metrics = [m for m in exp.metrics if values.is_eval(m)] + ["train/reward_mean"]
-    metrics = [m for m in metrics if any(exp.table[a.label][m].n for a in exp.arms)]
+    metrics = [
+        m for m in main_metrics(exp.metrics) if any(exp.table[a.label][m].n for a in exp.arms)
+    ]
     if not metrics:
         return None
     plt = pyplot()
@@ -149,7 +168,7 @@ def interval_plot(exp: Experiment, folder: Path) -> Path | None:
         1,
         len(metrics),
         figsize=(3.2 * len(metrics), 0.6 * len(exp.arms) + 1.5),
-        dpi=110,
+        dpi=DPI,
         squeeze=False,
     )
     for ax, metric in zip(axes[0], metrics, strict=True):
@@ -182,7 +201,7 @@ def interval_panel(ax: Any, arms: Sequence[Arm], exp: Experiment, metric: str) -
 def threshold_plot(exp: Experiment, index: int, folder: Path) -> Path:
     th = exp.thresholds[index]
     plt = pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), dpi=110)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), dpi=DPI)
     for ax, unit, by_arm in ((axes[0], "updates", th.updates), (axes[1], "wall s", th.wall_s)):
         for i, arm in enumerate(exp.arms):
             km = by_arm[arm.label]
@@ -199,7 +218,7 @@ def threshold_plot(exp: Experiment, index: int, folder: Path) -> Path:
         ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("fraction of runs that reached it (KM)")
-    axes[0].legend(fontsize=7)
+    axes[0].legend(fontsize=7, loc="upper left")
     fig.suptitle(f"{exp.name}: {th.metric} >= {th.value} (+: censored runs)", fontsize=9)
     fig.tight_layout()
     path = folder / f"threshold_{file_stem(th.metric)}.png"
@@ -217,10 +236,7 @@ def write_plots(report: Report, out: Path) -> list[Path]:
             if values.is_eval(metric) or metric == values.UPDATES_PER_MINUTE:
                 continue
             if any(metric in r.columns for a in exp.arms for r in a.used):
-                written += [
-                    curves(exp, metric, folder, "updates"),
-                    curves(exp, metric, folder, "wall"),
-                ]
+                written.append(curves(exp, metric, folder))
         found = interval_plot(exp, folder)
         written += [found] if found else []
         written += [threshold_plot(exp, i, folder) for i in range(len(exp.thresholds))]

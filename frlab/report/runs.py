@@ -11,9 +11,12 @@ imported, so a report starts in a second and works on a machine without torch.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
+import re
 import time
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -158,19 +161,11 @@ def read_columns(path: Path) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     if not path.is_file():
         return np.zeros(0), {}
     with path.open(newline="") as fh:
-        reader = csv.reader(fh)
-        header = next(reader, [])
-        rows = [row for row in reader if row]
+        header = next(csv.reader(fh), [])
+        body = fh.read().replace("\r\n", "\n")  # csv's own line ends
     if "step" not in header:
         return np.zeros(0), {}
-    table = np.full((len(rows), len(header)), np.nan)
-    for i, row in enumerate(rows):
-        for j, cell in enumerate(row[: len(header)]):
-            if cell:
-                try:
-                    table[i, j] = float(cell)
-                except ValueError:
-                    pass
+    table = _table(body, len(header))
     steps = table[:, header.index("step")]
     keep = np.isfinite(steps)
     _, last = np.unique(steps[keep][::-1], return_index=True)  # the last row of each step
@@ -178,6 +173,38 @@ def read_columns(path: Path) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     order = order[np.argsort(steps[order], kind="stable")]
     columns = {name: table[order, j] for j, name in enumerate(header) if name and name != "step"}
     return steps[order], columns
+
+
+EMPTY_CELL = re.compile(r"(?<![^,\n])(?=,|\n|$)")  # a cell with nothing in it
+
+
+def _table(body: str, width: int) -> np.ndarray:
+    """The rows of a CSV body as floats, empty cells NaN: numpy's C parser for a well-formed
+    file, a cell-by-cell pass for one with text or ragged rows (a row cut by a crash)."""
+    if not body.strip():
+        return np.zeros((0, width))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            text = EMPTY_CELL.sub("nan", body.rstrip("\n"))
+            table = np.loadtxt(io.StringIO(text), delimiter=",", ndmin=2)
+        if table.shape[1] == width:
+            return table
+    except ValueError:
+        pass
+    rows = [row for row in csv.reader(io.StringIO(body)) if row]
+    table = np.full((len(rows), width), np.nan)
+    for i, row in enumerate(rows):
+        for j, cell in enumerate(row[:width]):
+            table[i, j] = _float(cell) if cell else np.nan
+    return table
+
+
+def _float(cell: str) -> float:
+    try:
+        return float(cell)
+    except ValueError:
+        return math.nan
 
 
 def load_run(path: Path, now: float | None = None) -> Run:

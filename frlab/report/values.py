@@ -24,7 +24,8 @@ from frlab.report.runs import Run
 
 SE_SUFFIX = "_se"
 UPDATES_PER_MINUTE = "updates_per_minute"
-DEFAULT_TRAIN_METRICS = ("train/reward_mean", "train/acceptance_rate", "train/policy_lag_mean")
+REWARD = "train/reward_mean"
+DEFAULT_TRAIN_METRICS = (REWARD, "train/acceptance_rate", "train/policy_lag_mean")
 TITLES = {
     "train/reward_mean": "final train reward",
     "train/acceptance_rate": "acceptance rate",

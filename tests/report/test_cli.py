@@ -87,10 +87,8 @@ def test_the_report_of_a_sweep(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert pngs == [
         "intervals.png",
         "threshold_train_reward_mean.png",
-        "train_acceptance_rate_updates.png",
-        "train_acceptance_rate_wall.png",
-        "train_reward_mean_updates.png",
-        "train_reward_mean_wall.png",
+        "train_acceptance_rate.png",
+        "train_reward_mean.png",
     ]
 
 

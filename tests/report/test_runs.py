@@ -74,3 +74,14 @@ def test_an_older_run_without_hydra_record_or_metrics_reads(tmp_path: Path) -> N
     (folder / "summary.json").write_text('{"status": "finished", "wall_time_s": 12.0}')
     run = load_run(folder)
     assert run.config == {} and run.seed is None and run.last_update == 0 and run.wall_s == 12.0
+
+
+def test_metrics_csv_with_crlf_empty_cells_text_and_a_row_cut_by_a_crash(tmp_path: Path) -> None:
+    folder = make_run(tmp_path / "r", seed=0, rewards=[0.1])
+    text = "step,elapsed_s,train/reward_mean,eval/x/avg@4\r\n1,2.0,,0.5\r\n2,4.0,oops,\r\n3,6.0"
+    (folder / "metrics.csv").write_text(text)
+    run = load_run(folder)
+    assert run.steps.tolist() == [1, 2, 3]
+    assert run.columns["elapsed_s"].tolist() == [2.0, 4.0, 6.0]
+    assert np.isnan(run.columns["train/reward_mean"]).all()  # empty, text, missing
+    assert run.columns["eval/x/avg@4"][0] == 0.5 and np.isnan(run.columns["eval/x/avg@4"][1:]).all()
