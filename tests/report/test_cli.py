@@ -4,8 +4,8 @@ sweep, the outputs, their reproducibility and the exit codes."""
 from __future__ import annotations
 
 import csv
-import re
 import json
+import re
 from pathlib import Path
 
 import pytest
