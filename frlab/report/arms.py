@@ -5,8 +5,11 @@ folders, logger, plots, the sweep and experiment names) are set aside; runs of d
 experiments never share a table. An arm is named by config keys, never by folders or hashes:
 by the config-group choices that tell the arms apart (`ablation=pg_is`) where they do, else by
 the keys in which it differs from the preset arm (`objective.trust_region=none`). The preset arm
-is the one run as the experiment ships it: no override but the seed and bookkeeping (and the
-ablation group's declared no-op arm, `ablation=base`).
+is the one whose values of the differing keys are those of the experiment's preset, as this
+checkout composes it (a sweep that lists the preset's own value, `objective.trust_region=
+sequence_bernoulli_kl,none`, has one); where the preset cannot be composed, the arm whose runs
+changed nothing on the command line but the seed and bookkeeping (and the ablation group's
+declared no-op arm, `ablation=base`).
 
 Of an arm's runs, the finished ones are used; every other run is listed with its reason (and
 used, over its last window, with `include_unfinished`). Two runs of one arm with the same seed
@@ -20,7 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from frlab.report.runs import ReportError, Run
+from frlab.report.runs import ReportError, Run, flatten
 
 BOOKKEEPING = frozenset(
     {"seed", "paths", "logger", "plots", "dry_run", "overwrite", "ckpt_path", "task_name", "hydra"}
@@ -123,9 +126,15 @@ def _choices(arm: Arm) -> dict[str, Any] | None:
 def _named(arms: list[Arm]) -> list[Arm]:
     """Label every arm, preset arm first, then in label order."""
     keys = differing_keys(arms)
+    preset = preset_config(arms[0].experiment) if keys else None
     for arm in arms:
         arm.differences = {k: arm.config.get(k, ABSENT) for k in keys}
-        arm.is_preset = all(runs_as_preset(r) for r in arm.runs)
+        if preset is not None:
+            arm.is_preset = all(
+                _same(arm.config.get(k, ABSENT), preset.get(k, ABSENT)) for k in keys
+            )
+        else:
+            arm.is_preset = all(runs_as_preset(r) for r in arm.runs)
     reference = next((a for a in arms if a.is_preset), arms[0])
     by_choice = _choice_labels(arms)
     for arm in arms:
@@ -156,6 +165,26 @@ def _key_label(arm: Arm, reference: Arm, keys: Sequence[str]) -> str:
 
 def _value(arm: Arm, key: str) -> str:
     return _fingerprint({0: arm.config.get(key, ABSENT)})
+
+
+def _same(a: Any, b: Any) -> bool:
+    return _fingerprint({0: a}) == _fingerprint({0: b})
+
+
+def preset_config(experiment: str) -> dict[str, Any] | None:
+    """The experiment preset's own config as this checkout composes it (flattened, as Hydra
+    records it: interpolations unresolved), or None where it cannot be composed (a preset
+    renamed or removed since the runs; Hydra missing): then an arm is the preset arm when its
+    runs changed nothing on the command line but the seed and bookkeeping."""
+    try:
+        from omegaconf import OmegaConf
+
+        from frlab.config.compose import compose
+
+        config = compose([f"experiment={experiment}"], with_hydra=False)
+        return flatten(OmegaConf.to_container(config, resolve=False))
+    except Exception:
+        return None
 
 
 def _pairs(arm: Arm, keys: Sequence[str]) -> str:

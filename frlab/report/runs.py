@@ -49,7 +49,8 @@ class Run:
     summary: dict[str, Any] | None
     columns: dict[str, np.ndarray] = field(default_factory=dict)  # metric -> values by step
     steps: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    age_s: float = math.inf  # seconds since the run last wrote a file
+    age_s: float = math.inf  # seconds since the run last wrote a file (decides running/killed)
+    written_at: float = math.nan  # when it last wrote one (a timestamp: stable across reports)
 
     @property
     def seed(self) -> int | None:
@@ -72,7 +73,10 @@ class Run:
     def status_detail(self) -> str:
         """Why the status is what it is, in a few words."""
         if self.summary is None:
-            return f"no {SUMMARY_FILE}; last write {_age(self.age_s)} ago"
+            if math.isnan(self.written_at):
+                return f"no {SUMMARY_FILE}"
+            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(self.written_at))
+            return f"no {SUMMARY_FILE}; last write {when}"
         detail = [str(self.summary.get("signal") or ""), str(self.summary.get("error") or "")]
         return "; ".join(d for d in detail if d)[:120]
 
@@ -93,16 +97,6 @@ class Run:
             return float(np.nanmax(elapsed))
         wall = (self.summary or {}).get("wall_time_s")
         return float(wall) if isinstance(wall, int | float) else math.nan
-
-
-def _age(seconds: float) -> str:
-    if not math.isfinite(seconds):
-        return "unknown"
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
 
 
 def is_run(folder: Path) -> bool:
@@ -221,6 +215,7 @@ def load_run(path: Path, now: float | None = None) -> Run:
     steps, columns = read_columns(path / METRICS_FILE)
     written = [p.stat().st_mtime for p in (path / METRICS_FILE, path / SUMMARY_FILE) if p.exists()]
     age = (now or time.time()) - max(written) if written else math.inf
+    written_at = max(written) if written else math.nan
     return Run(
         path=path,
         config=flatten(config) if isinstance(config, Mapping) else {},
@@ -230,6 +225,7 @@ def load_run(path: Path, now: float | None = None) -> Run:
         columns=columns,
         steps=steps,
         age_s=age,
+        written_at=written_at,
     )
 
 
