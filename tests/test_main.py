@@ -78,7 +78,9 @@ def test_sweep_preset_runs_without_dash_m(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     names = sorted(p.name for p in sweep_dir.iterdir() if p.is_dir())
     assert names == [
-        f"objective.trust_region={t},seed=0" for t in ("none", "sequence_bernoulli_kl", "token_tis")
+        f"objective.trust_region={t},seed={s}"
+        for t in ("none", "sequence_bernoulli_kl", "token_tis")
+        for s in range(5)
     ]
 
 

@@ -95,6 +95,14 @@ def test_toy_sweep_runs_on_cpu() -> None:
     assert all(p["engine"] == "torch" and p["accelerator"] == "cpu" for p in plans)
 
 
+def test_every_sweep_documents_seeds_and_the_report() -> None:
+    from frlab.config.compose import EXPERIMENTS_DIR
+
+    for path in sorted((EXPERIMENTS_DIR / "sweep").glob("*.yaml")):
+        text = path.read_text()
+        assert "seed=" in text and "python -m frlab.report" in text, path.name
+
+
 def test_submitit_launcher_is_documented_in_every_sweep() -> None:
     from frlab.config.compose import EXPERIMENTS_DIR
 
