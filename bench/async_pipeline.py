@@ -45,9 +45,11 @@ import lightning as L
 import torch
 
 from envs.base import Env, StepResult
+from frlab.build import build_learner
+from frlab.config.declare import declared_arguments
+from frlab.config.schema import ModelConfig
 from frlab.data.datamodule import RolloutDataModule
 from frlab.learner.metrics import ACCEPTANCE
-from frlab.learner.module import FlashReinforceModule
 from frlab.model.policy import build_policy
 from frlab.model.toy_tokenizer import build_toy_tokenizer
 from frlab.objective.presets import PRESETS
@@ -132,12 +134,18 @@ class Clock(L.Callback):
         self.t1 = time.perf_counter()
 
 
+def policy_of(model: Mapping[str, Any]) -> Any:
+    """The random-init policy of a `model_cfg` mapping (its other `model` keys as declared)."""
+    keys = declared_arguments(ModelConfig, name_or_path=None, config=model["config"])
+    return build_policy(**keys, seed=model.get("seed", 0))
+
+
 def time_update_s(
     model: Mapping[str, Any], batch_size: int, seq_len: int, repeats: int = 3
 ) -> float:
     """Median seconds per fwd + bwd + AdamW step of `model` (a `model_cfg`-style mapping) on a
     synthetic [batch_size, seq_len] batch, after one warm-up step."""
-    policy = build_policy(**model)
+    policy = policy_of(model)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-3)
     ids = torch.randint(0, 60, (batch_size, seq_len), generator=torch.Generator().manual_seed(0))
     times = []
@@ -172,8 +180,12 @@ def timed_pool(pool: RolloutPool, clock: Clock) -> RolloutPool:
 
 def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     model = model_cfg(args.hidden_size, args.num_layers)
-    module = FlashReinforceModule(
-        model, OBJECTIVE, OPTIM, batch_size=args.batch_size, micro_batch_size=args.batch_size
+    module = build_learner(
+        policy_of(model),
+        OBJECTIVE,
+        OPTIM,
+        batch_size=args.batch_size,
+        micro_batch_size=args.batch_size,
     )
     tokenizer, clock, pools = build_toy_tokenizer(), Clock(args.seconds), []
 
@@ -191,6 +203,8 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
             max_in_flight=args.max_in_flight if mode == "async" else args.batch_size,
             max_policy_lag=args.max_policy_lag,
             mode=mode,
+            samples_per_prompt=1,
+            off_policy_correction=True,
             num_env_workers=args.max_in_flight,
             **shard,
         )

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import signal
@@ -43,6 +44,8 @@ from typing import Any
 import httpx
 import torch
 
+from frlab.config.declare import declared_arguments
+from frlab.config.schema import ModelConfig, RemoteConfig
 from frlab.model.policy import build_policy, save_policy
 from frlab.rollout.engine import SamplingParams
 from frlab.rollout.remote.engine import RemoteEngine
@@ -130,7 +133,8 @@ def measure(
 ) -> dict[str, float]:
     """Throughput (and the CPU time it took) and weight-sync time of one engine on `servers`."""
     urls = [u for u, _ in servers]
-    engine = RemoteEngine(urls, initial_weights=policy.state_dict(), request_timeout_s=300.0)
+    fleet = dataclasses.asdict(RemoteConfig(servers=urls, request_timeout_s=300.0))
+    engine = RemoteEngine(**fleet, seed=0, weight_update=None, initial_weights=policy.state_dict())
     engine.start()
     try:
         asyncio.run(generate_all(engine, 2 * len(urls), args))  # warm every server up
@@ -198,7 +202,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> list[dict[str, float]]:
     args = parse(argv)
     torch.set_num_threads(1)
-    policy = build_policy(config=model_config(args), seed=args.seed)
+    policy = build_policy(
+        **declared_arguments(ModelConfig, name_or_path=None, config=model_config(args)),
+        seed=args.seed,
+    )
     params = sum(p.numel() for p in policy.parameters())
     print(f"model: {params / 1e6:.2f}M params; {os.cpu_count()} CPU cores; "
           f"{args.requests} requests x {args.max_new_tokens} tokens, {args.concurrency} in flight; "

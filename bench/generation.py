@@ -41,6 +41,8 @@ from typing import Any
 
 import torch
 
+from frlab.config.declare import declared_arguments
+from frlab.config.schema import ModelConfig
 from frlab.model.policy import build_policy
 from frlab.rollout.engine import SamplingParams
 from frlab.rollout.torch.engine import TorchEngine
@@ -72,8 +74,13 @@ def load_model(args: argparse.Namespace) -> Any:
 
         with open(args.model_config) as f:
             node = yaml.safe_load(f)
-        return build_policy(config=node["config"], seed=args.seed).eval()
-    return build_policy(args.model).eval()
+        return build_policy(
+            **declared_arguments(ModelConfig, name_or_path=None, config=node["config"]),
+            seed=args.seed,
+        ).eval()
+    return build_policy(
+        **declared_arguments(ModelConfig, name_or_path=args.model, config=None), seed=None
+    ).eval()
 
 
 def build_vocab_size(args: argparse.Namespace) -> int:

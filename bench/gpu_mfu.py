@@ -54,6 +54,7 @@ from learner_profile import (  # noqa: E402
     profile_update,
 )
 
+from frlab.build import build_learner
 from frlab.learner.module import FlashReinforceModule  # noqa: E402
 from frlab.model.memory_plan import gib, memory_plan  # noqa: E402
 from frlab.model.policy import build_policy, tiny_config  # noqa: E402
@@ -105,10 +106,15 @@ def build(args: argparse.Namespace, cfg: dict, **kwargs: Any) -> torch.nn.Module
 
 
 def learner_module(base: torch.nn.Module, batch: int, budget: int) -> FlashReinforceModule:
-    return FlashReinforceModule(
-        {}, OBJECTIVE, OPTIM, batch_size=batch, policy=copy.deepcopy(base),
-        micro_batch_size=batch, pack_sequences=True, max_tokens_per_micro_batch=budget,
-    )  # fmt: skip
+    return build_learner(
+        copy.deepcopy(base),
+        OBJECTIVE,
+        OPTIM,
+        batch_size=batch,
+        micro_batch_size=batch,
+        pack_sequences=True,
+        max_tokens_per_micro_batch=budget,
+    )
 
 
 def mfu_inputs(args: argparse.Namespace) -> tuple[dict, torch.nn.Module, list[int], Any]:

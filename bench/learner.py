@@ -34,6 +34,9 @@ from typing import Any
 
 import torch
 
+from frlab.build import build_learner
+from frlab.config.declare import declared_arguments
+from frlab.config.schema import ModelConfig
 from frlab.data.batch import RolloutBatch, Trajectory, collate
 from frlab.learner.module import FlashReinforceModule
 from frlab.model.lm_logprobs import sequence_logprobs
@@ -62,13 +65,39 @@ def build_model(name: str, dtype: str) -> torch.nn.Module:
     """qwen2-small (random init), qwen2.5-0.5b (Qwen2.5-0.5B's shape, random init), toy (the
     toy_cpu model) or smollm2."""
     if name == "toy":
-        return build_policy(config=tiny_config("qwen2", **TOY), seed=0, dtype=dtype)
+        return build_policy(
+            **declared_arguments(
+                ModelConfig, name_or_path=None, config=tiny_config("qwen2", **TOY), dtype=dtype
+            ),
+            seed=0,
+        )
     if name == "qwen2-small":
-        return build_policy(config=tiny_config("qwen2", **SMALL_QWEN2), seed=0, dtype=dtype)
+        return build_policy(
+            **declared_arguments(
+                ModelConfig,
+                name_or_path=None,
+                config=tiny_config("qwen2", **SMALL_QWEN2),
+                dtype=dtype,
+            ),
+            seed=0,
+        )
     if name == "qwen2.5-0.5b":
-        return build_policy(config=tiny_config("qwen2", **QWEN25_05B), seed=0, dtype=dtype)
+        return build_policy(
+            **declared_arguments(
+                ModelConfig,
+                name_or_path=None,
+                config=tiny_config("qwen2", **QWEN25_05B),
+                dtype=dtype,
+            ),
+            seed=0,
+        )
     if name == "smollm2":
-        return build_policy("gguf:smollm2-135m-instruct", dtype=dtype)
+        return build_policy(
+            **declared_arguments(
+                ModelConfig, name_or_path="gguf:smollm2-135m-instruct", dtype=dtype, config=None
+            ),
+            seed=None,
+        )
     raise SystemExit(f"--model must be qwen2-small, qwen2.5-0.5b, toy or smollm2, got {name!r}")
 
 
@@ -176,9 +205,7 @@ def main(argv: list[str] | None = None) -> None:
         policy = copy.deepcopy(base)
         if "attn" in spec:
             policy.set_attn_implementation(spec.pop("attn"))
-        modules[name] = FlashReinforceModule(
-            {}, OBJECTIVE, OPTIM, batch_size=args.batch, policy=policy, **spec
-        )
+        modules[name] = build_learner(policy, OBJECTIVE, OPTIM, batch_size=args.batch, **spec)
     times: dict[str, list[float]] = {name: [] for name in modules}
     counts: dict[str, float] = {}
     for round_ in range(args.repeats + 1):

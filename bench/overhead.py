@@ -43,6 +43,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
+from frlab.build import build_learner
+from frlab.config.declare import declared_arguments
+from frlab.config.schema import ModelConfig
 from frlab.data.batch import RolloutBatch, Trajectory, collate
 from frlab.learner.module import FlashReinforceModule
 from frlab.model.lm_logprobs import logprobs_from_hidden
@@ -133,9 +136,14 @@ class BatchClock(L.Callback):
 
 
 def frlab_steps(model, batches, args, log_dir: Path) -> list[float]:
-    module = FlashReinforceModule({}, OBJECTIVE, OPTIM, batch_size=args.batch,
-                                  micro_batch_size=args.micro, pack_sequences=False,
-                                  policy=model)  # fmt: skip
+    module = build_learner(
+        model,
+        OBJECTIVE,
+        OPTIM,
+        batch_size=args.batch,
+        micro_batch_size=args.micro,
+        pack_sequences=False,
+    )
     clock = BatchClock()
     trainer = L.Trainer(
         accelerator="cpu", devices=1, max_steps=len(batches), callbacks=[clock],
@@ -157,7 +165,12 @@ def hand_steps(model, batches, args) -> list[float]:
 
 
 def part_update(args: argparse.Namespace) -> None:
-    base = build_policy(config=tiny_config("qwen2", **SMALL_QWEN2), seed=0).train()
+    base = build_policy(
+        **declared_arguments(
+            ModelConfig, name_or_path=None, config=tiny_config("qwen2", **SMALL_QWEN2)
+        ),
+        seed=0,
+    ).train()
     batches = make_batches(base, args)
     tokens = sum(int(b.attention_mask.sum()) for b in batches[1:]) / (len(batches) - 1)
     print(
@@ -214,19 +227,22 @@ def run_pipeline(args: argparse.Namespace, out: Path, profile: cProfile.Profile 
 def alone(cfg, args: argparse.Namespace) -> tuple[list[float], list[float], list[float]]:
     """Seconds per batch of the pool alone (and per weight push to its engine), then per
     update of the learner alone."""
-    from frlab.build import arguments
     from frlab.config.compose import instantiate
+    from frlab.config.preflight import check_config
+    from frlab.learner import LearnerSettings
     from frlab.model.toy_tokenizer import build_toy_tokenizer
     from frlab.rollout.pool.factory import env_factory, pool_factory, task_sampler_factory
     from frlab.train import build_policy_from, plain
 
-    model, data = plain(cfg.model), plain(cfg.data)
-    policy = build_policy_from(model, int(cfg.seed))
-    module = FlashReinforceModule(arguments(model), plain(cfg.objective), arguments(plain(cfg.optim)),
-                                  batch_size=data["batch_size"],
-                                  micro_batch_size=data["micro_batch_size"],
-                                  max_tokens_per_micro_batch=data["max_tokens_per_micro_batch"],
-                                  pack_sequences=data["pack_sequences"], policy=policy)  # fmt: skip
+    checked = check_config(cfg)
+    data = checked.sections["data"]
+    policy = build_policy_from(checked.sections["model"], int(cfg.seed))
+    module = FlashReinforceModule(
+        policy,
+        checked.objective,
+        instantiate(cfg.optim, key="optim"),
+        LearnerSettings.from_sections(checked.sections),
+    )
     tokenizer = build_toy_tokenizer()
     engine = instantiate(cfg.rollout.engine, key="rollout.engine")
     pool = pool_factory(plain(cfg.rollout), policy, tokenizer, engine, env_factory(cfg.env),

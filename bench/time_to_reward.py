@@ -200,7 +200,7 @@ def run_arm(name: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
             engine, lambda: SlowParityEnv(latencies, int(args.num_digits)), tokenizer, loop_cfg,
             task_sampler=ParityEnv.task_sampler(num_digits=int(args.num_digits)),
             max_in_flight=in_flight, max_policy_lag=args.max_policy_lag, mode=arm.mode,
-            samples_per_prompt=g, num_env_workers=in_flight, **shard,
+            samples_per_prompt=g, off_policy_correction=True, num_env_workers=in_flight, **shard,
         )  # fmt: skip
         pools.append(pool)
         return timed_pool(pool, recorder)

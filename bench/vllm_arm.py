@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from frlab.config.declare import declared_arguments
+from frlab.config.schema import ModelConfig
 from frlab.model.gguf import resolve_model_source
 from frlab.model.policy import build_policy
 from frlab.rollout.engine import SamplingParams
@@ -58,7 +60,12 @@ class Pair:
 
         self.dtype, self.prompts, self.args = dtype, prompts, args
         source = resolve_model_source(args.model) if not args.model_config else None
-        self.model = build_policy(source, config=_config(args), dtype=dtype, seed=args.seed).eval()
+        self.model = build_policy(
+            **declared_arguments(
+                ModelConfig, name_or_path=source, config=_config(args), dtype=dtype
+            ),
+            seed=args.seed,
+        ).eval()
         self.folder = source or tempfile.mkdtemp(prefix="frlab-bench-vllm-")
         if source is None:
             self.model.save_pretrained(self.folder)

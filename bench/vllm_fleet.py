@@ -20,6 +20,9 @@ from typing import Any
 
 from fleet import unused_port, wait_healthy  # bench/fleet.py: the frlab.serve fleet's helpers
 
+from frlab.config.declare import declared_arguments
+from frlab.config.schema import ModelConfig
+
 ROOT = Path(__file__).resolve().parents[1]
 CPU_FLAGS = ("--skip-tokenizer-init --enforce-eager --dtype float32 "
              "--enable-scale-out --kv-cache-memory-bytes {kv}")  # fmt: skip
@@ -29,7 +32,9 @@ def save_architecture(config: Mapping[str, Any], folder: Path) -> Path:
     """A random-init model of `config` (a `model.config` node) saved as a folder vLLM loads."""
     from frlab.model.policy import build_policy
 
-    build_policy(config=dict(config), seed=0).save_pretrained(folder)
+    build_policy(
+        **declared_arguments(ModelConfig, name_or_path=None, config=dict(config)), seed=0
+    ).save_pretrained(folder)
     return folder
 
 

@@ -47,8 +47,8 @@ from time_to_reward import TOY_ENV, objective  # noqa: E402
 from ttr_stats import RewardWindow  # noqa: E402
 
 from envs.toy import ParityEnv  # noqa: E402
+from frlab.build import build_learner
 from frlab.data.datamodule import RolloutDataModule  # noqa: E402
-from frlab.learner.module import FlashReinforceModule  # noqa: E402
 from frlab.model.toy_tokenizer import build_toy_tokenizer  # noqa: E402
 from frlab.rollout.agent_loop import AgentLoopConfig  # noqa: E402
 from frlab.rollout.callbacks import WeightSyncCallback  # noqa: E402
@@ -110,10 +110,16 @@ FLEET: list[str] = []  # the local vLLM servers of the `remote` arm (main starts
 
 def make_engine(kind: str, mode: str, policy: Any, in_flight: int, max_len: int, seed: int) -> Any:
     if kind == "remote":
+        from frlab.config.schema import RemoteConfig
         from frlab.rollout.remote.engine import RemoteEngine
 
-        return RemoteEngine(FLEET, seed=seed, weight_update=mode, request_timeout_s=600,
-                            startup_timeout_s=300, initial_weights=policy.state_dict())  # fmt: skip
+        fleet = RemoteConfig(servers=FLEET, request_timeout_s=600, startup_timeout_s=300)
+        return RemoteEngine(
+            **dataclasses.asdict(fleet),
+            seed=seed,
+            weight_update=mode,
+            initial_weights=policy.state_dict(),
+        )
     if kind == "torch":
         from frlab.rollout.torch.engine import TorchEngine
 
@@ -143,15 +149,30 @@ class Recorder(Clock):
             trainer.should_stop = True
 
 
+def policy_of_model(model: dict[str, Any]) -> Any:
+    """The toy policy of `model` (a random-init `config` and its `seed`), other keys declared."""
+    from frlab.config.declare import declared_arguments
+    from frlab.config.schema import ModelConfig
+    from frlab.model.policy import build_policy
+
+    keys = declared_arguments(ModelConfig, name_or_path=None, config=model["config"])
+    return build_policy(**keys, seed=model["seed"])
+
+
 def run(kind: str, mode: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     """One training run of `mode` on engine `kind`; its measurements."""
     batch, in_flight = args.batch_size, 2 * args.batch_size
     max_len = args.cap + 16
     model = {"config": {**TOY_MODEL["config"], "max_position_embeddings": max_len + 8},
              "seed": seed}  # fmt: skip
-    module = FlashReinforceModule(model, objective("flashreinforce"),
-                                  OmegaConf.to_container(PRESET.optim), batch_size=batch,
-                                  micro_batch_size=batch)  # fmt: skip
+    module = build_learner(
+        policy_of_model(model),
+        objective("flashreinforce"),
+        OmegaConf.to_container(PRESET.optim),
+        model=model,
+        batch_size=batch,
+        micro_batch_size=batch,
+    )
     recorder = Recorder(args.time_cap, args.updates, args.window, args.target)
     loop_cfg = AgentLoopConfig(max_turns=1, max_len=max_len,
                                sampling=SamplingParams(max_new_tokens=args.cap))  # fmt: skip
@@ -166,7 +187,7 @@ def run(kind: str, mode: str, seed: int, args: argparse.Namespace) -> dict[str, 
             engine, lambda: ParityEnv(int(args.num_digits)), build_toy_tokenizer(), loop_cfg,
             task_sampler=ParityEnv.task_sampler(num_digits=int(args.num_digits)),
             max_in_flight=in_flight, max_policy_lag=args.max_policy_lag, mode="async",
-            num_env_workers=4, **shard,
+            samples_per_prompt=1, off_policy_correction=True, num_env_workers=4, **shard,
         )  # fmt: skip
         pools.append(pool)
         engine.start()

@@ -31,6 +31,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from frlab.errors import ConfigError
+
 
 @dataclass
 class StepResult:
@@ -48,9 +50,10 @@ SYSTEM_PROMPT_MODES = ("default", "none")
 def check_system_prompt(value: object, key: str = "env.system_prompt") -> str:
     """`value` if it is `default`, `none` or a non-empty text; ValueError naming `key`."""
     if not isinstance(value, str) or not value.strip():
-        raise ValueError(
-            f"{key} must be 'default' (the chat template's), 'none' (no system turn) or the "
-            f"system prompt text, got {value!r}"
+        raise ConfigError(
+            key,
+            "must be 'default' (the chat template's), 'none' (no system turn) or the system "
+            f"prompt text, got {value!r}",
         )
     return value
 

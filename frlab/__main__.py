@@ -21,7 +21,7 @@ import hydra
 from omegaconf import DictConfig
 
 from frlab.config.compose import call_hydra_main, setup_hydra
-from frlab.config.errors import ConfigError
+from frlab.errors import ConfigError
 
 setup_hydra()
 ENGINE_DOWN_EXIT = 75  # EX_TEMPFAIL (sysexits.h): the rollout engine went down for good
@@ -32,13 +32,12 @@ def _hydra_main(cfg: DictConfig) -> dict[str, Any]:
     """One job: `frlab.train.run`, its errors as exit codes."""
     from frlab.fsio import DiskFullError
     from frlab.rollout.engine import EngineDown
-    from frlab.rollout.remote.auth import FleetAuthError
     from frlab.stop import RunInterrupted
     from frlab.train import run
 
     try:
         return run(cfg)
-    except (ConfigError, FleetAuthError) as exc:  # a fleet server refused the secret: config
+    except ConfigError as exc:  # a fleet server refusing the secret is one too
         print(f"frlab: config error: {exc}", file=sys.stderr, flush=True)
         sys.exit(2)
     except DiskFullError as exc:

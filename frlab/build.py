@@ -77,6 +77,62 @@ def build_trainer(cfg: DictConfig, callbacks: list[Any], output_dir: Path) -> An
     )  # fmt: skip
 
 
+def declared_learner_sections() -> dict[str, dict[str, Any]]:
+    """The sections `LearnerSettings.from_sections` reads, at their declared defaults."""
+    import dataclasses
+
+    from frlab.config import schema
+
+    model = schema.ModelConfig
+    return {
+        "data": dataclasses.asdict(schema.DataConfig()),
+        "optim": dataclasses.asdict(schema.OptimConfig()),
+        "model": {
+            k: getattr(model, k) for k in ("logprob_chunk_size", "routing_replay", "compile")
+        },
+        "trainer": {"max_steps": schema.TrainerConfig.max_steps},
+        "rollout": {"sampling": dataclasses.asdict(schema.SamplingConfig())},
+    }
+
+
+def build_learner(
+    policy: Any,
+    objective: Any,
+    optim: Mapping[str, Any] | None = None,
+    *,
+    model: Mapping[str, Any] | None = None,
+    record: Mapping[str, Any] | None = None,
+    **settings: Any,
+) -> Any:
+    """A `FlashReinforceModule` as a Python caller (a bench, a notebook) builds one without a
+    run's config: every setting at its declared default (frlab.config.schema) but the `optim`
+    and `model` keys given (AdamW's and the learner's) and `settings` (LearnerSettings fields:
+    batch_size, micro_batch_size, ...); `objective` is an Objective or its config mapping."""
+    import dataclasses
+    import functools
+
+    import torch
+
+    from frlab.learner import FlashReinforceModule, LearnerSettings
+    from frlab.objective import Objective
+
+    sections = declared_learner_sections()
+    sections["optim"].update(optim or {})
+    sections["model"].update({k: v for k, v in (model or {}).items() if k in sections["model"]})
+    values = sections["optim"]
+    adamw = functools.partial(
+        torch.optim.AdamW,
+        lr=values["lr"],
+        eps=values["eps"],
+        weight_decay=values["weight_decay"],
+        betas=tuple(values["betas"]),
+    )
+    if not isinstance(objective, Objective):
+        objective = Objective.from_config(dict(objective))
+    learner = dataclasses.replace(LearnerSettings.from_sections(sections), **settings)
+    return FlashReinforceModule(policy, objective, adamw, learner, record=record)
+
+
 # Warnings that frlab's setup triggers by design and that tell the user nothing.
 EXPECTED_WARNINGS = (
     r".*LeafSpec",  # lightning 2.6 with torch 2.13

@@ -112,6 +112,8 @@ def _report(values: dict[str, float], t0: float) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
 
+    from frlab.config.declare import declared_arguments
+    from frlab.config.schema import ModelConfig
     from frlab.model import build_policy, tiny_config
     from frlab.model.lm_logprobs import sequence_logprobs
     from frlab.objective import Objective
@@ -119,7 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     torch.set_num_threads(min(2, torch.get_num_threads()))
     vocab = 64
-    policy = build_policy(config=tiny_config("qwen2", vocab_size=vocab), seed=args.seed)
+    model = declared_arguments(
+        ModelConfig, name_or_path=None, config=tiny_config("qwen2", vocab_size=vocab)
+    )
+    policy = build_policy(**model, seed=args.seed)
     batch = make_batch(policy, args.batch_size, 8, args.new_tokens, vocab, 1.0, args.seed)
     objective = Objective.from_preset(
         "flashreinforce", params={"sequence_bernoulli_kl": {"delta": args.delta}}

@@ -12,19 +12,16 @@ summary, with plots in the run folder.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from frlab.build import arguments, build_callbacks, build_evaluation, build_trainer, plain
+from frlab.build import build_callbacks, build_evaluation, build_trainer, plain
 from frlab.config.compose import instantiate
-from frlab.config.errors import ConfigError, keyed
 from frlab.config.plan import format_plan
-from frlab.config.preflight import locate_engine, preflight, structured
+from frlab.config.preflight import Checked, check_config, locate_engine, structured
+from frlab.errors import ConfigError
 
-LEARNER_SECTIONS = ("model", "data", "rollout", "trainer")  # what the learner's facts read
 __all__ = ["build_callbacks", "build_evaluation", "build_policy_from", "build_trainer", "plain",
            "run"]  # fmt: skip
 
@@ -36,20 +33,20 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         from frlab.run.folder import resume_if_requeued
 
         resume_if_requeued(cfg)  # a job SLURM requeued resumes from its last.ckpt
-    plan = preflight(cfg)
+    checked = check_config(cfg)
     if cfg.dry_run:
-        learner_plan(cfg, plan)  # kernels, auto budget and checkpointing, the memory plan
-        print(format_plan(plan), flush=True)
-        return plan
-    return fit(cfg, plan)
+        resolve_learner(cfg, checked)  # kernels, auto budget and checkpointing, the memory plan
+        print(format_plan(checked.plan), flush=True)
+        return checked.plan
+    return fit(cfg, checked)
 
 
-def fit(cfg: DictConfig, plan: dict[str, Any]) -> dict[str, Any]:
-    """Build the run's parts from `cfg`, train, and return the summary (`plan`: recorded)."""
+def fit(cfg: DictConfig, checked: Checked) -> dict[str, Any]:
+    """Build the run's parts from the checked sections, train, and return the summary."""
     import lightning as L
 
     from frlab.build import quiet_expected_noise
-    from frlab.learner import FlashReinforceModule
+    from frlab.learner import FlashReinforceModule, LearnerSettings
     from frlab.model.tokenizer import load_tokenizer
     from frlab.plot import write_plots
     from frlab.rollout.pool.factory import env_factory, pool_factory, task_sampler_factory
@@ -57,29 +54,28 @@ def fit(cfg: DictConfig, plan: dict[str, Any]) -> dict[str, Any]:
     from frlab.tracking import RunFilesCallback
 
     quiet_expected_noise()
+    plan, sections = checked.plan, checked.sections
     output_dir, guard = run_folder(cfg, plan["output_dir"])
     if guard.finished:
         return guard.previous_summary  # a resume of a finished run changes nothing
     run_files = RunFilesCallback(output_dir, components=plan["components"])
     trainer = build_trainer(cfg, [*build_callbacks(cfg, run_files), guard.callback], output_dir)
     L.seed_everything(int(cfg.seed), workers=True)  # after the Trainer: it draws no numbers
-    model, data, rollout = plain(cfg.model), plain(cfg.data), plain(cfg.rollout)
-    with config_errors():
-        tokenizer = load_tokenizer(model)
-        make_env, make_tasks = env_factory(cfg.env), task_sampler_factory(cfg.env)
-    policy = learner_policy(cfg, plan, model, data)
+    tokenizer = load_tokenizer(sections["model"])  # a gguf: source is converted here, once
+    make_env, make_tasks = env_factory(cfg.env), task_sampler_factory(cfg.env)
+    resolve_learner(cfg, checked, at_start=True)
+    policy = build_policy_from(sections["model"], int(cfg.seed))
     run_files.extra["plan"] = plan  # the auto values as chosen
     module = FlashReinforceModule(
-        arguments(model), plain(cfg.objective), arguments(plain(cfg.optim)), policy=policy,
-        batch_size=data["batch_size"], micro_batch_size=data["micro_batch_size"],
-        max_tokens_per_micro_batch=data["max_tokens_per_micro_batch"],
-        pack_sequences=data["pack_sequences"], temperature=rollout["sampling"]["temperature"],
-        max_steps=cfg.trainer.max_steps, optimizer=instantiate(cfg.optim, key="optim"),
-    )  # fmt: skip
+        policy,
+        checked.objective,
+        instantiate(cfg.optim, key="optim"),
+        LearnerSettings.from_sections(sections),
+        record={"model": sections["model"]},
+    )
     pools = pool_factory(
-        rollout, policy, tokenizer, instantiate(cfg.rollout.engine, key="rollout.engine"),
-        make_env, checked(make_tasks),
-        off_policy_correction=module.objective.uses_off_policy_correction,
+        sections["rollout"], policy, tokenizer, instantiate(cfg.rollout.engine, key="rollout.engine"),
+        make_env, make_tasks, off_policy_correction=checked.objective.uses_off_policy_correction,
     )  # fmt: skip
     datamodule = instantiate(cfg.data, key="data", pool_factory=pools, seed=int(cfg.seed),
                              pad_token_id=int(tokenizer.pad_token_id))  # fmt: skip
@@ -91,71 +87,38 @@ def fit(cfg: DictConfig, plan: dict[str, Any]) -> dict[str, Any]:
     return summary
 
 
-def learner_policy(
-    cfg: DictConfig, plan: dict[str, Any], model: dict[str, Any], data: dict[str, Any]
-) -> Any:
-    """The policy, with `auto` budget and checkpointing chosen once its config is known
-    (recorded in `plan`, written into `model` and `data`)."""
-    from frlab.model.auto_memory import AUTO
-    from frlab.model.lora import base_of
-    from frlab.model.policy import checkpoint_policy
+def resolve_learner(cfg: DictConfig, checked: Checked, at_start: bool = False) -> None:
+    """The plan's learner facts (frlab.model.learner_kernels): its kernels, its memory line and
+    the `auto` budget and checkpointing, chosen once for the learner's device here; at the
+    start of a run they are written into the sections the build uses and into `cfg`."""
+    from frlab.model.auto_memory import AUTO, device_memory
+    from frlab.model.learner_kernels import learner_facts
 
-    auto = model.get("gradient_checkpointing") == AUTO
-    policy = build_policy_from({**model, "gradient_checkpointing": False} if auto else model,
-                               int(cfg.seed))  # fmt: skip
-    learner_plan(cfg, plan, base_of(policy).config)
-    for key, node in (("max_tokens_per_micro_batch", data), ("gradient_checkpointing", model)):
-        if plan[key] == AUTO:
-            section = "data" if node is data else "model"
+    sections = checked.sections
+    engine = locate_engine(sections["rollout"])
+    device = device_memory(sections["trainer"]["accelerator"])
+    reserves = getattr(engine, "reserves_gpu_share", False)
+    checked.plan.update(learner_facts(sections, reserves, device))
+    if not at_start:
+        return
+    for section, key in (
+        ("data", "max_tokens_per_micro_batch"),
+        ("model", "gradient_checkpointing"),
+    ):
+        value = checked.plan[key]
+        if value == AUTO:
             raise ConfigError(
                 f"{section}.{key}", "auto needs the learner's device visible at start"
             )
-        node[key] = plan[key]
-    if auto and plan["gradient_checkpointing"]:
-        checkpoint_policy(policy)
-    return policy
-
-
-def learner_plan(cfg: DictConfig, plan: dict[str, Any], config: Any = None) -> None:
-    """The plan's learner facts (frlab.model.learner_kernels): its kernels, its memory line,
-    and the `auto` budget and checkpointing chosen for the learner's device here (`config`: the
-    model's transformers config, once loaded)."""
-    from frlab.model.auto_memory import device_memory
-    from frlab.model.learner_kernels import learner_facts
-
-    sections = {k: OmegaConf.to_container(cfg[k], resolve=True) for k in LEARNER_SECTIONS}
-    engine = locate_engine(sections["rollout"])  # type: ignore[arg-type]
-    plan.update(learner_facts(sections, getattr(engine, "reserves_gpu_share", False),
-                              device_memory(sections["trainer"]["accelerator"]), config))  # type: ignore[index]  # fmt: skip
+        sections[section][key] = value
+        OmegaConf.update(cfg, f"{section}.{key}", value, merge=False)
 
 
 def build_policy_from(model: dict[str, Any], seed: int) -> Any:
-    """The policy from the `model` node (its `_target_`, frlab.model.policy.build_policy by
+    """The policy from the `model` section (its `_target_`, frlab.model.policy.build_policy by
     default); a source that cannot be loaded is a ConfigError naming `model.name_or_path`."""
     from frlab.config.schema import ModelConfig
     from frlab.model.tokenizer import source_errors
 
-    with config_errors(), source_errors(model.get("name_or_path"), "model.name_or_path"):
+    with source_errors(model.get("name_or_path"), "model.name_or_path"):
         return instantiate({"_target_": ModelConfig._target_, **model}, key="model", seed=seed)
-
-
-@contextlib.contextmanager
-def config_errors() -> Iterator[None]:
-    """ValueErrors whose text starts with the config key (as frlab's packages raise them) as
-    ConfigErrors."""
-    try:
-        yield
-    except ConfigError:
-        raise
-    except ValueError as exc:
-        raise keyed(exc) from exc
-
-
-def checked(make: Callable[[], Any]) -> Callable[[], Any]:
-    """`make` with `config_errors` around each call (a factory the data module calls later)."""
-
-    def call() -> Any:
-        with config_errors():
-            return make()
-
-    return call

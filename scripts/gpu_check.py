@@ -40,6 +40,9 @@ import lightning as L  # noqa: E402
 import torch  # noqa: E402
 
 from envs.base import Env, StepResult  # noqa: E402
+from frlab.build import build_learner  # noqa: E402
+from frlab.config.declare import declared_arguments  # noqa: E402
+from frlab.config.schema import ModelConfig  # noqa: E402
 from frlab.objective.presets import PRESETS  # noqa: E402
 
 # Qwen2.5-0.5B's shape (494M parameters with tied embeddings).
@@ -196,7 +199,6 @@ def model_config(tiny: bool) -> Any:
 def build_run(args: argparse.Namespace) -> tuple[Any, Any, Meter, list[Any], L.Trainer]:
     """The learner module, the DataModule (pool + engine), the meter, engines and trainer."""
     from frlab.data.datamodule import RolloutDataModule
-    from frlab.learner.module import FlashReinforceModule
     from frlab.model.policy import build_policy
     from frlab.model.toy_tokenizer import build_toy_tokenizer
     from frlab.rollout.agent_loop import AgentLoopConfig
@@ -206,11 +208,20 @@ def build_run(args: argparse.Namespace) -> tuple[Any, Any, Meter, list[Any], L.T
     from frlab.rollout.torch.engine import TorchEngine
 
     cuda = args.device.type == "cuda"
-    policy = build_policy(config=model_config(args.tiny), dtype="float32", seed=args.seed)
-    module = FlashReinforceModule(
-        {}, OBJECTIVE, OPTIM, batch_size=args.batch_size, micro_batch_size=args.batch_size,
-        max_steps=args.steps, policy=policy,
-    )  # fmt: skip
+    policy = build_policy(
+        **declared_arguments(
+            ModelConfig, name_or_path=None, config=model_config(args.tiny), dtype="float32"
+        ),
+        seed=args.seed,
+    )
+    module = build_learner(
+        policy,
+        OBJECTIVE,
+        OPTIM,
+        batch_size=args.batch_size,
+        micro_batch_size=args.batch_size,
+        max_steps=args.steps,
+    )
     tokenizer, engines = build_toy_tokenizer(), []
     sampling = SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens)
     loop = AgentLoopConfig(max_turns=1, max_len=args.prompt_chars + 8 + args.new_tokens,
@@ -225,7 +236,8 @@ def build_run(args: argparse.Namespace) -> tuple[Any, Any, Meter, list[Any], L.T
             engine, lambda: CoinFlipEnv(args.prompt_chars), tokenizer, loop,
             task_sampler=CoinFlipEnv.task_sampler(prompt_chars=args.prompt_chars),
             batch_size=batch_size, max_in_flight=in_flight,
-            max_policy_lag=args.max_policy_lag, seed=seed, **shard,
+            max_policy_lag=args.max_policy_lag, mode="async", samples_per_prompt=1,
+            off_policy_correction=True, seed=seed, **shard,
         )  # fmt: skip
 
     datamodule = RolloutDataModule(

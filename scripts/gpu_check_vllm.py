@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import importlib.util
 import os
 import shlex
@@ -32,6 +33,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from frlab.config.declare import declared_arguments
+from frlab.config.schema import ModelConfig
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -82,7 +86,12 @@ def save_model(path: Path, seed: int = 0) -> Any:
     from frlab.model import build_policy
     from frlab.model.policy import save_policy
 
-    model = build_policy(config=dict(SMALL_QWEN2), seed=seed, dtype="bfloat16")
+    model = build_policy(
+        **declared_arguments(
+            ModelConfig, name_or_path=None, config=dict(SMALL_QWEN2), dtype="bfloat16"
+        ),
+        seed=seed,
+    )
     save_policy(model, path)
     return model.to("cuda").eval()
 
@@ -194,6 +203,7 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float) -> None:
 
 def server(model_dir: Path, model: Any, args: argparse.Namespace, work: Path) -> list[str]:
     """Part 2; returns the problems found."""
+    from frlab.config.schema import RemoteConfig
     from frlab.rollout.remote.engine import RemoteEngine
 
     problems, port = [], args.port
@@ -204,9 +214,15 @@ def server(model_dir: Path, model: Any, args: argparse.Namespace, work: Path) ->
     try:
         wait_healthy(url, proc, args.server_timeout)
         weights = {n: p.detach().cpu() for n, p in model.state_dict().items()}
-        engine = RemoteEngine([url], snapshot_dir=str(work / "snapshots"),
-                              request_timeout_s=60.0, initial_weights=weights,
-                              secret_file=str(secret))  # fmt: skip
+        fleet = RemoteConfig(
+            servers=[url],
+            snapshot_dir=str(work / "snapshots"),
+            request_timeout_s=60.0,
+            secret_file=str(secret),
+        )
+        engine = RemoteEngine(
+            **dataclasses.asdict(fleet), seed=0, weight_update=None, initial_weights=weights
+        )
         engine.start()
         try:
             prompts = [[(5 * i + j) % 64 for j in range(8)] for i in range(args.prompts)]

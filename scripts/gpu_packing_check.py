@@ -26,6 +26,8 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from frlab.config.declare import declared_arguments
+from frlab.config.schema import ModelConfig
 from frlab.model.lm_logprobs import sequence_logprobs  # noqa: E402
 from frlab.model.packed_attention import packed_attention  # noqa: E402
 from frlab.model.policy import build_policy, tiny_config  # noqa: E402
@@ -55,7 +57,12 @@ def exactness(device: str) -> dict[str, float]:
     worst: dict[str, float] = {}
     for impl, dtype in arms:
         config = tiny_config("qwen2", vocab_size=256, max_position_embeddings=2048)
-        model = build_policy(config=config, seed=0, attn_implementation=impl, dtype=dtype)
+        model = build_policy(
+            **declared_arguments(
+                ModelConfig, name_or_path=None, config=config, attn_implementation=impl, dtype=dtype
+            ),
+            seed=0,
+        )
         model = model.to(device)
         kernel = packed_kernel(model)[0] if impl in ("sdpa", "eager") else "native"
         results = []

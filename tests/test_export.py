@@ -39,12 +39,21 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def trained_policy(run_dir: Path) -> torch.nn.Module:
-    from frlab.learner import FlashReinforceModule
+    """The learner's policy as the checkpoint holds it (its `policy.` weights, read by hand)."""
+    from frlab.config.declare import declared_arguments
+    from frlab.config.schema import ModelConfig
+    from frlab.model.policy import build_policy
 
-    module = FlashReinforceModule.load_from_checkpoint(
-        run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True
-    )
-    return module.policy.eval()
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    model = checkpoint["hyper_parameters"]["model"]
+    keys = declared_arguments(ModelConfig, name_or_path=None, config=None)
+    policy = build_policy(**{k: model[k] for k in keys}, seed=0)
+    prefix = "policy."
+    weights = {
+        k[len(prefix) :]: v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)
+    }
+    policy.load_state_dict(weights)
+    return policy.eval()
 
 
 def test_the_export_loads_in_transformers_with_the_trained_logits(run_dir, tmp_path) -> None:

@@ -204,7 +204,7 @@ def test_env_factory_reports_a_missing_environment_at_its_key() -> None:
 
     from frlab.rollout.pool.factory import env_factory
 
-    with pytest.raises(ValueError, match="^env._target_ Error locating target"):
+    with pytest.raises(ValueError, match="env._target_`: Error locating target"):
         env_factory(OmegaConf.create({"_target_": "envs.not_written_yet.SomeEnv"}))
 
 
@@ -216,5 +216,5 @@ def test_vocab_must_cover_the_tokenizer() -> None:
             return 61
 
     check_vocab({"name_or_path": None, "config": {"vocab_size": 64}}, Tok())
-    with pytest.raises(ValueError, match="^model.config.vocab_size"):
+    with pytest.raises(ValueError, match="model.config.vocab_size"):
         check_vocab({"name_or_path": None, "config": {"vocab_size": 32}}, Tok())

@@ -117,11 +117,14 @@ def test_no_test_folder_is_named_vllm() -> None:
     assert not named, named
 
 
-# --- no file over 400 lines, no function over 60 -------------------------------------------
+# --- size alarms: no file over 600 lines, no function over 80 --------------------------------
+# Alarms, not targets: most files are far below them. A file or function that reaches one has
+# grown past what reads in one sitting; split it where an idea ends, never to pass the count
+# (a file of 450 lines that reads well beats two that do not).
 
 SIZED = ("frlab", "envs", "bench", "scripts")
-MAX_FILE_LINES = 400
-MAX_FUNCTION_LINES = 60  # from `def` to its last line; decorators not counted
+MAX_FILE_LINES = 600
+MAX_FUNCTION_LINES = 80  # from `def` to its last line; decorators not counted
 
 
 def oversized(source: str, name: str) -> list[str]:
@@ -141,20 +144,24 @@ def oversized(source: str, name: str) -> list[str]:
 
 
 def test_the_size_check_finds_long_files_and_functions() -> None:
-    body = "    pass\n"
-    source = ("@decorated\n@twice\ndef at_limit():\n" + body * 59  # 60 lines from the def
-              + "async def over():\n" + body * 60
-              + "class C:\n    def method(self):\n" + "        pass\n" * 61)  # fmt: skip
+    body, n = "    pass\n", MAX_FUNCTION_LINES
+    source = ("@decorated\n@twice\ndef at_limit():\n" + body * (n - 1)  # n lines from the def
+              + "async def over():\n" + body * n
+              + "class C:\n    def method(self):\n" + "        pass\n" * (n + 1))  # fmt: skip
     hits = oversized(source, "x.py")
-    assert hits == ["x.py:63: over is 61 lines (at most 60)",
-                    "x.py:125: method is 62 lines (at most 60)"], hits  # fmt: skip
-    assert oversized("x = 1\n" * 400, "x.py") == []
-    assert oversized("x = 1\n" * 401, "x.py") == ["x.py: 401 lines (at most 400)"]
+    over_at, method_at = n + 3, 2 * n + 5
+    assert hits == [f"x.py:{over_at}: over is {n + 1} lines (at most {n})",
+                    f"x.py:{method_at}: method is {n + 2} lines (at most {n})"], hits  # fmt: skip
+    limit = MAX_FILE_LINES
+    assert oversized("x = 1\n" * limit, "x.py") == []
+    assert oversized("x = 1\n" * (limit + 1), "x.py") == [
+        f"x.py: {limit + 1} lines (at most {limit})"
+    ]
 
 
-def test_no_file_over_400_lines_and_no_function_over_60() -> None:
-    """Code in frlab/, envs/, bench/ and scripts/ stays in pieces one can read whole: a file
-    over 400 lines, or a function over 60, is split by idea (a helper, a module)."""
+def test_no_file_or_function_sets_off_the_size_alarm() -> None:
+    """Code in frlab/, envs/, bench/ and scripts/ stays in pieces one can read whole (the
+    alarms above)."""
     files = [p for folder in SIZED for p in sorted((ROOT / folder).rglob("*.py"))
              if "__pycache__" not in p.parts]  # fmt: skip
     assert len(files) > 50  # the walk found the code

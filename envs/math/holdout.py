@@ -16,6 +16,8 @@ import hashlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from frlab.errors import ConfigError
+
 PARTS = ("train", "heldout")
 KEYS = ("fraction", "part")
 _SCALE = float(2**60)
@@ -26,15 +28,15 @@ def check_holdout(holdout: Any, key: str = "holdout") -> dict[str, Any] | None:
     if holdout is None:
         return None
     if not isinstance(holdout, Mapping):
-        raise ValueError(f"{key} must be a mapping {{fraction, part}} or null, got {holdout!r}")
+        raise ConfigError(key, f"must be a mapping {{fraction, part}} or null, got {holdout!r}")
     unknown = sorted(set(holdout) - set(KEYS))
     if unknown:
-        raise ValueError(f"{key}.{unknown[0]} is not a holdout key (known: fraction, part)")
+        raise ConfigError(f"{key}.{unknown[0]}", "is not a holdout key (known: fraction, part)")
     fraction, part = holdout.get("fraction"), holdout.get("part")
     if isinstance(fraction, bool) or not isinstance(fraction, int | float) or not 0 < fraction < 1:
-        raise ValueError(f"{key}.fraction must be a number in (0, 1), got {fraction!r}")
+        raise ConfigError(f"{key}.fraction", f"must be a number in (0, 1), got {fraction!r}")
     if part not in PARTS:
-        raise ValueError(f"{key}.part must be one of {', '.join(PARTS)}, got {part!r}")
+        raise ConfigError(f"{key}.part", f"must be one of {', '.join(PARTS)}, got {part!r}")
     return {"fraction": float(fraction), "part": str(part)}
 
 

@@ -35,6 +35,7 @@ from envs.base import (
 from envs.python_tool.grading import grade_answer
 from envs.python_tool.parsing import ToolCall, committed_answer, parse_tool_call
 from envs.python_tool.sandbox import PythonResult, run_python
+from frlab.errors import ConfigError
 
 SYSTEM_PROMPT = (
     "You are a helpful assistant that solves maths problems and can run Python code.\n"
@@ -130,11 +131,11 @@ class PythonToolEnv(Env):
     ) -> None:
         for name, value in (("max_turns", max_turns), ("memory_mb", memory_mb)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"env.{name} must be a positive integer, got {value!r}")
+                raise ConfigError(f"env.{name}", f"must be a positive integer, got {value!r}")
         if isinstance(max_output_chars, bool) or int(max_output_chars) < 1:
-            raise ValueError(f"env.max_output_chars must be >= 1, got {max_output_chars!r}")
+            raise ConfigError("env.max_output_chars", f"must be >= 1, got {max_output_chars!r}")
         if not float(timeout_s) > 0:
-            raise ValueError(f"env.timeout_s must be > 0, got {timeout_s!r}")
+            raise ConfigError("env.timeout_s", f"must be > 0, got {timeout_s!r}")
         self.tasks = gather_tasks(tasks, data_path)  # the evaluation lists them
         self.max_turns, self.timeout_s = int(max_turns), float(timeout_s)
         self.memory_mb, self.max_output_chars = int(memory_mb), int(max_output_chars)

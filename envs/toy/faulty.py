@@ -18,6 +18,7 @@ from typing import Any
 
 from envs.base import StepResult
 from envs.toy.single import ParityEnv
+from frlab.errors import ConfigError
 
 
 class FaultyParityEnv(ParityEnv):
@@ -35,7 +36,7 @@ class FaultyParityEnv(ParityEnv):
         for name, value in (("hang_every", hang_every), ("raise_every", raise_every),
                             ("bad_reward_every", bad_reward_every)):  # fmt: skip
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"env.{name} must be an integer >= 0, got {value!r}")
+                raise ConfigError(f"env.{name}", f"must be an integer >= 0, got {value!r}")
         self.hang_every, self.raise_every = hang_every, raise_every
         self.bad_reward_every, self.hang_s = bad_reward_every, float(hang_s)
         self._n = 0

@@ -16,12 +16,13 @@ from typing import Any
 
 from envs.base import Env, StepResult, TaskSampler, init_arguments
 from envs.toy.grading import digit_field, digits_field, first_digit, same_parity
+from frlab.errors import ConfigError
 
 
 def check_num_decoys(num_decoys: int) -> int:
     """`num_decoys` as an int >= 0, or a ValueError naming `env.num_decoys`."""
     if int(num_decoys) < 0:
-        raise ValueError(f"env.num_decoys must be >= 0, got {num_decoys}")
+        raise ConfigError("env.num_decoys", f"must be >= 0, got {num_decoys}")
     return int(num_decoys)
 
 

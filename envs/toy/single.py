@@ -15,12 +15,13 @@ from typing import Any
 
 from envs.base import Env, StepResult, TaskSampler, init_arguments
 from envs.toy.grading import digits_field, first_digit, same_parity
+from frlab.errors import ConfigError
 
 
 def check_num_digits(num_digits: int) -> int:
     """`num_digits` as an int >= 1, or a ValueError naming `env.num_digits`."""
     if int(num_digits) < 1:
-        raise ValueError(f"env.num_digits must be >= 1, got {num_digits}")
+        raise ConfigError("env.num_digits", f"must be >= 1, got {num_digits}")
     return int(num_digits)
 
 

@@ -1,4 +1,4 @@
-"""`ConfigError`, the one error type for a bad frlab configuration, and Hydra's errors as one.
+"""Hydra's and OmegaConf's errors as frlab's one `ConfigError` (frlab.errors).
 
 A `ConfigError` names the full config key (e.g. `objective.trust_region`) and, where a name or
 key was misspelt, suggests the closest valid ones (`frlab.registry.close_matches`) and lists
@@ -11,42 +11,9 @@ section's `REFUSED`). Imports nothing of frlab.config: every module there stands
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from typing import Any
 
-from frlab.registry import close_matches
-
-
-class ConfigError(ValueError):
-    """A configuration value, key or combination that frlab refuses, naming the key."""
-
-    def __init__(
-        self,
-        key: str,
-        message: str,
-        *,
-        value: object = None,
-        choices: Iterable[str] | None = None,
-        suggestions: Iterable[str] | None = None,
-    ) -> None:
-        self.key, self.reason = key, message
-        self.suggestions: list[str] = list(suggestions or [])
-        self.choices = sorted(str(c) for c in choices) if choices is not None else None
-        if not self.suggestions and self.choices is not None and value is not None:
-            self.suggestions = close_matches(str(value), self.choices)
-        text = f"config key `{key}`: {message}"
-        if self.suggestions:
-            text += f"; did you mean {' or '.join(repr(n) for n in self.suggestions)}?"
-        if self.choices is not None:
-            text += f" (valid: {', '.join(self.choices)})"
-        super().__init__(text)
-
-
-def keyed(exc: Exception) -> ConfigError:
-    """The ConfigError for a ValueError whose text starts with the config key it is about
-    (`rollout.remote.servers lists a server twice: ...`), as the owners of a setting raise."""
-    key, _, text = str(exc).partition(" ")
-    return ConfigError(key.rstrip(":"), text)
+from frlab.errors import ConfigError
 
 
 def first_line(exc: object) -> str:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -36,14 +37,32 @@ from frlab.config.declare import (
     is_boolean,
     section_type,
 )
-from frlab.config.errors import ConfigError, from_omegaconf, keyed
+from frlab.config.errors import from_omegaconf
 from frlab.config.plan import plan_facts
+from frlab.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class Checked:
+    """What preflight hands the build: the resolved sections (plain containers), the run's one
+    `Objective`, the number of learner ranks and the plan (a report of them)."""
+
+    sections: dict[str, Any]
+    objective: Any
+    world: int
+    plan: dict[str, Any]
+
+
 def preflight(cfg: DictConfig) -> dict[str, Any]:
     """Check `cfg` (a frlab config, see `structured`); return the plan's facts."""
+    return check_config(cfg).plan
+
+
+def check_config(cfg: DictConfig) -> Checked:
+    """Check `cfg` (a frlab config, see `structured`): every ConfigError before anything is
+    built; returns what the build uses."""
     from frlab.data.batch import check_batch, world_size
     from frlab.learner.optim import check_schedule
     from frlab.model.hub import check_model
@@ -58,25 +77,21 @@ def preflight(cfg: DictConfig) -> dict[str, Any]:
         check_values(name, sec[name], cls)
     engine = _engine_option(sec["rollout"])
     _check_nodes(cfg)
-    try:  # the owners' rules: ValueErrors whose text starts with the key
-        world = world_size(sec["trainer"])
-        check_model(sec["model"], sec["rollout"])
-        check_batch(sec["data"], sec["rollout"], world)
-        check_schedule(sec["optim"], sec["trainer"]["max_steps"])
-        # the engine class's own rules, asked of the class (never its name)
-        locate_engine(sec["rollout"]).check_config(
-            sec, world, {n: d._target_ for n, d in schema.ENGINES.items()}
-        )
-    except ConfigError:
-        raise
-    except ValueError as exc:
-        raise keyed(exc) from exc
+    # the owners' rules, each a ConfigError naming its key
+    world = world_size(sec["trainer"])
+    check_model(sec["model"], sec["rollout"])
+    check_batch(sec["data"], sec["rollout"], world)
+    check_schedule(sec["optim"], sec["trainer"]["max_steps"])
+    # the engine class's own rules, asked of the class (never its name)
+    locate_engine(sec["rollout"]).check_config(
+        sec, world, {n: d._target_ for n, d in schema.ENGINES.items()}
+    )
     _check_lag(sec["rollout"])
     _check_eval(cfg, sec["rollout"], sec["trainer"])
     objective = check_objective(sec["objective"])
     _check_support(objective, sec["rollout"]["sampling"])
     _check_groups(objective, sec["rollout"])
-    return plan_facts(cfg, sec, objective, world, engine)
+    return Checked(sec, objective, world, plan_facts(cfg, sec, objective, world, engine))
 
 
 def structured(cfg: DictConfig) -> DictConfig:
@@ -255,26 +270,16 @@ def _check_eval(cfg: DictConfig, rollout: Mapping[str, Any], trainer: Mapping[st
         raise ConfigError("eval.kind", f"is {kind!r} but the node is a {other[0]} evaluation: "
                           f"choose an eval option of kind {kind} (e.g. eval=math or "
                           "eval=alfworld) instead of changing eval.kind")  # fmt: skip
-    try:
-        values["benchmarks"] = benchmark_specs(values.get("benchmarks"))
-    except ValueError as exc:
-        raise ConfigError("eval.benchmarks", str(exc).removeprefix("eval.benchmarks ")) from exc
-    try:
-        check_node("eval", values, schema.EVALS[kind])
-        if not values["benchmarks"]:
-            raise ConfigError(
-                "eval.benchmarks", "is empty: name at least one benchmark or eval=none"
-            )
-        for name, bench in values["benchmarks"].items():
-            if kind == "math" and isinstance(bench, Mapping):
-                check_node(f"eval.benchmarks.{name}", bench, schema.MathBenchmarkConfig)
-        env = OmegaConf.to_container(cfg.env, resolve=True)
-        for warning in CHECKS[kind](values, env):  # type: ignore[arg-type]
-            log.warning(warning)
-    except ConfigError:
-        raise
-    except ValueError as exc:
-        raise keyed(exc) from exc
+    values["benchmarks"] = benchmark_specs(values.get("benchmarks"))
+    check_node("eval", values, schema.EVALS[kind])
+    if not values["benchmarks"]:
+        raise ConfigError("eval.benchmarks", "is empty: name at least one benchmark or eval=none")
+    for name, bench in values["benchmarks"].items():
+        if kind == "math" and isinstance(bench, Mapping):
+            check_node(f"eval.benchmarks.{name}", bench, schema.MathBenchmarkConfig)
+    env = OmegaConf.to_container(cfg.env, resolve=True)
+    for warning in CHECKS[kind](values, env):  # type: ignore[arg-type]
+        log.warning(warning)
     every, steps = values["every_n_steps"], trainer["max_steps"]
     if every > steps:
         raise ConfigError("eval.every_n_steps", f"({every}) exceeds trainer.max_steps ({steps}): "

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from frlab.errors import ConfigError
 from frlab.model.routing_replay import pad_routing
 
 
@@ -166,11 +167,11 @@ def world_size(trainer: Mapping[str, Any]) -> int:
     elif devices == "auto":
         n = 1
     else:
-        raise ValueError(
-            f"trainer.devices must be an int, a list of ids or 'auto', got {devices!r}"
+        raise ConfigError(
+            "trainer.devices", f"must be an int, a list of ids or 'auto', got {devices!r}"
         )
     if n < 1 and n != -1:
-        raise ValueError(f"trainer.devices must be >= 1, got {devices!r}")
+        raise ConfigError("trainer.devices", f"must be >= 1, got {devices!r}")
     return max(n, 1) * int(trainer.get("num_nodes", 1))
 
 
@@ -178,9 +179,10 @@ def per_rank_batch(batch_size: int, world: int) -> int:
     """Each of `world` ranks' share of a global batch of `batch_size` trajectories
     (`data.batch_size`, the B of the objective's normalisation); ValueError unless it is whole."""
     if world < 1 or batch_size % world:
-        raise ValueError(
-            f"data.batch_size ({batch_size}) must be divisible by the number of ranks, "
-            f"trainer.devices x trainer.num_nodes = {world}"
+        raise ConfigError(
+            "data.batch_size",
+            f"({batch_size}) must be divisible by the number of ranks, "
+            f"trainer.devices x trainer.num_nodes = {world}",
         )
     return batch_size // world
 
@@ -191,19 +193,19 @@ def check_batch(data: Mapping[str, Any], rollout: Mapping[str, Any], world: int)
     b, micro, g = data["batch_size"], data["micro_batch_size"], rollout["samples_per_prompt"]
     per_rank = per_rank_batch(b, world)
     if per_rank % micro:
-        raise ValueError(f"data.micro_batch_size ({micro}) must divide the per-rank batch "
+        raise ConfigError("data.micro_batch_size", f"({micro}) must divide the per-rank batch "
                          f"data.batch_size / ranks = {per_rank}")  # fmt: skip
     if b % g:
-        raise ValueError(f"data.batch_size ({b}) must be a multiple of "
+        raise ConfigError("data.batch_size", f"({b}) must be a multiple of "
                          f"rollout.samples_per_prompt ({g}): whole groups per batch")  # fmt: skip
     if per_rank % g:
-        raise ValueError(f"rollout.samples_per_prompt ({g}) must divide the per-rank batch "
+        raise ConfigError("rollout.samples_per_prompt", f"({g}) must divide the per-rank batch "
                          f"data.batch_size / ranks = {b} / {world} = {per_rank}: each rank's "
                          f"pool collects whole groups of {g} rollouts into its {per_rank} "
                          f"trajectories; use data.batch_size a multiple of {g * world} or fewer "
                          "samples per prompt")  # fmt: skip
     if rollout["max_in_flight"] < g:
-        raise ValueError(f"rollout.max_in_flight ({rollout['max_in_flight']}) must be >= "
+        raise ConfigError("rollout.max_in_flight", f"({rollout['max_in_flight']}) must be >= "
                          f"rollout.samples_per_prompt ({g}): a group's rollouts are started "
                          "together")  # fmt: skip
 

@@ -40,6 +40,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from frlab.data.batch import RolloutBatch, collate, per_rank_batch
+from frlab.errors import ConfigError
 from frlab.stop import raise_if_stop_requested
 
 log = logging.getLogger(__name__)
@@ -118,7 +119,7 @@ class RolloutDataModule(L.LightningDataModule):
     ) -> None:
         super().__init__()
         if int(batch_size) < 1:
-            raise ValueError(f"data.batch_size must be >= 1, got {batch_size}")
+            raise ConfigError("data.batch_size", f"must be >= 1, got {batch_size}")
         self.pool_factory = pool_factory
         self.batch_size, self.seed = int(batch_size), int(seed)
         self.pad_token_id, self.batch_timeout_s = pad_token_id, batch_timeout_s

@@ -174,7 +174,7 @@ class AvgAtKEvaluation(PeriodicEvaluation):
         *,
         benchmarks: Mapping[str, BenchmarkSpec],
         sampling: Mapping[str, Any],
-        env: Mapping[str, Any] | None = None,
+        env: Mapping[str, Any] | None,
         env_factory: EnvFactory | None = None,
         **kw: Any,
     ) -> AvgAtKEvaluation:

@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import PurePosixPath
 from typing import Any
 
+from frlab.errors import ConfigError
+
 Problems = Sequence[Mapping[str, Any]]
 BenchmarkSpec = str | Mapping[str, Any] | Problems
 
@@ -33,7 +35,7 @@ def benchmark_specs(benchmarks: Any, key: str = "eval.benchmarks") -> dict[str, 
     if isinstance(benchmarks, Mapping):
         return dict(benchmarks)
     if isinstance(benchmarks, str) or not isinstance(benchmarks, Sequence):
-        raise ValueError(f"{key} must be a mapping or a list, got {benchmarks!r}")
+        raise ConfigError(key, f"must be a mapping or a list, got {benchmarks!r}")
     out: dict[str, Any] = {}
     for i, entry in enumerate(benchmarks):
         if isinstance(entry, str):
@@ -44,11 +46,11 @@ def benchmark_specs(benchmarks: Any, key: str = "eval.benchmarks") -> dict[str, 
             if name is None and isinstance(spec.get("source"), str):
                 name = benchmark_name(spec["source"])
             if not isinstance(name, str) or not name:
-                raise ValueError(f"{key}[{i}] needs a `name` (or a `source` to name it after)")
+                raise ConfigError(f"{key}[{i}]", "needs a `name` (or a `source` to name it after)")
         else:
-            raise ValueError(f"{key}[{i}] must be a source or a mapping, got {entry!r}")
+            raise ConfigError(f"{key}[{i}]", f"must be a source or a mapping, got {entry!r}")
         if name in out:
-            raise ValueError(f"{key}[{i}]: the name {name!r} is used twice; set `name`")
+            raise ConfigError(f"{key}[{i}]", f"the name {name!r} is used twice; set `name`")
         out[name] = spec
     return out
 

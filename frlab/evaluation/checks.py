@@ -20,6 +20,7 @@ from typing import Any
 from envs.math.extract import ANSWER_FORMATS
 from envs.math.holdout import check_holdout
 from envs.math.templates import MESSAGES, TEMPLATES
+from frlab.errors import ConfigError
 from frlab.registry import close_matches
 
 
@@ -28,21 +29,23 @@ def check_math(values: Mapping[str, Any], env: Mapping[str, Any]) -> list[str]:
     for name, bench in values["benchmarks"].items():
         key = f"eval.benchmarks.{name}"
         if isinstance(bench, str) and not bench.strip():
-            raise ValueError(f"{key} must name a dataset source, got an empty string")
+            raise ConfigError(key, "must name a dataset source, got an empty string")
         if not isinstance(bench, str | Mapping):
-            raise ValueError(f"{key} must be a dataset source or a mapping with `source`, "
+            raise ConfigError(key, f"must be a dataset source or a mapping with `source`, "
                              f"got {bench!r}")  # fmt: skip
         if isinstance(bench, Mapping):
             source = bench.get("source")
             if not isinstance(source, str) or not source.strip():
-                raise ValueError(f"{key}.source must be a non-empty dataset source, got {source!r}")
+                raise ConfigError(
+                    f"{key}.source", f"must be a non-empty dataset source, got {source!r}"
+                )
             check_holdout(bench.get("holdout"), f"{key}.holdout")
     template, names = values["template"], (*TEMPLATES, MESSAGES)
     if template not in names and "{question}" not in template:
-        raise ValueError(f"eval.template must be one of {', '.join(names)} or a string "
+        raise ConfigError("eval.template", f"must be one of {', '.join(names)} or a string "
                          f"containing '{{question}}', got {template!r}")  # fmt: skip
     if values["answer_format"] not in ANSWER_FORMATS:
-        raise ValueError(f"eval.answer_format must be one of {', '.join(ANSWER_FORMATS)}, got "
+        raise ConfigError("eval.answer_format", f"must be one of {', '.join(ANSWER_FORMATS)}, got "
                          f"{values['answer_format']!r}")  # fmt: skip
     return overlap_warnings(env, values["benchmarks"])
 
@@ -55,12 +58,12 @@ def check_episodes(values: Mapping[str, Any], env: Mapping[str, Any]) -> list[st
         if bench is None:
             continue
         if not isinstance(bench, Mapping):
-            raise ValueError(f"{key} must be a mapping of `env` keys to change, got {bench!r}")
+            raise ConfigError(key, f"must be a mapping of `env` keys to change, got {bench!r}")
         for field in bench:
             if field not in env_keys:
                 hint = close_matches(str(field), env_keys)
                 did = f"; did you mean {' or '.join(map(repr, hint))}?" if hint else ""
-                raise ValueError(f"{key}.{field} is not a key of the training `env` node{did} "
+                raise ConfigError(f"{key}.{field}", f"is not a key of the training `env` node{did} "
                                  f"(valid: {', '.join(sorted(env_keys))})")  # fmt: skip
     return []
 

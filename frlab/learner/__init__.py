@@ -9,7 +9,7 @@ from frlab.lazy import lazy_exports
 
 _EXPORTS = {
     "FlashReinforceModule": "frlab.learner.module",
-    "build_optimizer": "frlab.learner.optim",
+    "LearnerSettings": "frlab.learner.settings",
     "build_scheduler": "frlab.learner.optim",
     "AtomicCheckpointIO": "frlab.learner.checkpoint",
     "capture_rng_states": "frlab.learner.checkpoint",

@@ -47,8 +47,8 @@ import torch
 from torch import Tensor, nn
 
 from frlab.data.batch import RolloutBatch
+from frlab.errors import ConfigError
 from frlab.learner.distributed import reduce_across_ranks, world_of
-from frlab.learner.settings import flag, positive_int
 from frlab.model.packed_attention import packed_attention
 from frlab.model.routing_replay import replay_routing
 
@@ -62,18 +62,8 @@ class MicroBatching:
     """
 
     max_rows: int
-    max_tokens: int | None = None
-    pack: bool = True
-
-    @classmethod
-    def checked(cls, max_rows: Any, max_tokens: Any, pack: Any) -> MicroBatching:
-        return cls(
-            positive_int("data.micro_batch_size", max_rows),
-            None
-            if max_tokens is None
-            else positive_int("data.max_tokens_per_micro_batch", max_tokens),
-            flag("data.pack_sequences", pack),
-        )
+    max_tokens: int | None
+    pack: bool
 
 
 # -- planning: which rows share one forward/backward ------------------------------------------
@@ -88,7 +78,7 @@ def _check_positive(name: str, value: int | None, *, optional: bool = False) -> 
     if value is None and optional:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
+        raise ConfigError(name, f"must be a positive int, got {value!r}")
 
 
 def plan_micro_batches(
@@ -206,7 +196,10 @@ def forward_context(
     with contextlib.ExitStack() as stack:
         if routing_replay:
             if mb.routing is None:
-                raise ValueError("model.routing_replay=true but a micro-batch has no routing")
+                raise ConfigError(
+                    "model.routing_replay",
+                    "model.routing_replay=true but a micro-batch has no routing",
+                )
             routing = mb.routing[mb.attention_mask].unsqueeze(0) if pack else mb.routing
             stack.enter_context(replay_routing(policy, routing))
         if pack:

@@ -37,6 +37,7 @@ for `model.compile=true` (frlab.model.compile: packed rows bucketed, `train/comp
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -46,6 +47,7 @@ import torch
 from torch import Tensor
 
 from frlab.data.batch import RolloutBatch, per_rank_batch
+from frlab.errors import ConfigError
 from frlab.learner.checkpoint import capture_rng_states, restore_rng_states
 from frlab.learner.distributed import (
     clip_gradients,
@@ -62,26 +64,11 @@ from frlab.learner.micro_batches import (
     forward_context,
     split_batch,
 )
-from frlab.learner.optim import (
-    build_optimizer,
-    build_scheduler,
-    grad_clip_norm,
-    make_optimizer,
-    with_defaults,
-)
-from frlab.learner.settings import (
-    ModelSettings,
-    check_policy,
-    flag,
-    mapping_copy,
-    policy_kwargs,
-    positive_int,
-    positive_number,
-)
+from frlab.learner.optim import build_scheduler, make_optimizer
+from frlab.learner.settings import LearnerSettings, check_policy
 from frlab.learner.sharding import LogprobScorer, scorer_for, sequence_logprobs_of
 from frlab.learner.step_log import StepLog
 from frlab.model.compile import BUCKET, CompileCounter, compile_layers
-from frlab.model.policy import build_policy
 from frlab.objective import Objective
 from frlab.ops.phases import phase
 
@@ -92,73 +79,43 @@ def _sync_device(device: torch.device) -> None:
 
 
 class FlashReinforceModule(L.LightningModule):
-    """Holds the policy and the composed Objective; manual optimisation, one step per batch."""
+    """Holds the policy and the composed Objective; manual optimisation, one step per batch.
+
+    Built from objects: the `policy` (an `nn.Module` whose forward gives logits), the run's
+    `objective` (frlab.objective.Objective), an `optimizer` factory (`params -> Optimizer`,
+    e.g. the `optim` node's partial of torch's AdamW) and `settings` (LearnerSettings: the
+    config keys the learner reads, checked by preflight). `record`: what the checkpoint keeps
+    of the run's config (`model`: `python -m frlab.export` rebuilds the architecture from it).
+    """
 
     def __init__(
         self,
-        model: Mapping[str, Any],
-        objective: Mapping[str, Any],
-        optim: Mapping[str, Any],
+        policy: torch.nn.Module,
+        objective: Objective,
+        optimizer: Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer],
+        settings: LearnerSettings,
         *,
-        batch_size: int,
-        micro_batch_size: int,
-        max_tokens_per_micro_batch: int | None = None,
-        pack_sequences: bool = True,
-        temperature: float = 1.0,
-        max_steps: int | None = None,
-        policy: Any | None = None,
-        built_objective: Objective | None = None,
-        optimizer: Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer] | None = None,
+        record: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.automatic_optimization = False
-        model_cfg = mapping_copy(model, "model")
-        objective_cfg = mapping_copy(objective, "objective")
-        optim_cfg = with_defaults(mapping_copy(optim, "optim"))  # the schema's defaults
-        self.batch_size = positive_int("data.batch_size", batch_size)
-        self.micro = MicroBatching.checked(
-            micro_batch_size, max_tokens_per_micro_batch, pack_sequences
+        self.settings = settings
+        self.micro = MicroBatching(
+            settings.micro_batch_size, settings.max_tokens_per_micro_batch, settings.pack_sequences
         )
-        self.micro_batch_size = self.micro.max_rows
-        if max_steps is not None:
-            max_steps = positive_int("max_steps", max_steps)
-        self.max_steps = max_steps
-        self.temperature = positive_number("temperature", temperature)
-        self.settings = ModelSettings.checked(model_cfg)
-        self.logprob_chunk_size = self.settings.logprob_chunk_size
-        self.routing_replay = self.settings.routing_replay
-        self.grad_clip = grad_clip_norm(optim_cfg["grad_clip"])
-        self.skip_zero_signal = flag(
-            "optim.skip_zero_signal_steps", optim_cfg["skip_zero_signal_steps"]
+        self.save_hyperparameters(
+            {**dict(record or {}), "learner": dataclasses.asdict(settings)}, logger=False
         )
-        self.optim_cfg = optim_cfg
-        build_kwargs = policy_kwargs(model_cfg)
-        self.save_hyperparameters(self._hyperparameters(model_cfg, objective_cfg))
-        self.policy = policy if policy is not None else build_policy(**build_kwargs)
-        check_policy(self.policy, self.settings, self.micro.pack)
-        # `built_objective`: the one preflight composed from the same node (built once a run)
-        self.objective = built_objective or Objective.from_config(objective_cfg)
-        self.optimizer_factory = optimizer  # the `optim` node's partial; else build_optimizer
+        self.policy = policy
+        check_policy(self.policy, settings)
+        self.objective = objective
+        self.optimizer_factory = optimizer
         self.policy_version = 0
         self.step_metrics = StepMetrics(self.objective)
         self.step_log = StepLog()  # `self.log`'s destinations without its per-call cost
         self._scorer: LogprobScorer | None = None  # FSDP2 root; set by configure_model
         self.compiled: CompileCounter | None = None  # model.compile: set by configure_model
         self.compile_backend = "inductor"
-
-    def _hyperparameters(self, model: dict[str, Any], objective: dict[str, Any]) -> dict[str, Any]:
-        """The checked settings, as the checkpoint records them to rebuild this module from."""
-        return {
-            "model": model,
-            "objective": objective,
-            "optim": self.optim_cfg,
-            "batch_size": self.batch_size,
-            "micro_batch_size": self.micro.max_rows,
-            "max_tokens_per_micro_batch": self.micro.max_tokens,
-            "pack_sequences": self.micro.pack,
-            "temperature": self.temperature,
-            "max_steps": self.max_steps,
-        }
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name == "_scorer":  # not a registered child: the policy's parameters appear once
@@ -176,16 +133,13 @@ class FlashReinforceModule(L.LightningModule):
 
     def configure_optimizers(self) -> dict[str, Any]:
         params = [p for p in self._trained_module().parameters() if p.requires_grad]
-        if self.optimizer_factory is not None:
-            optimizer = make_optimizer(self.optimizer_factory, params)
-        else:
-            optimizer = build_optimizer(params, **self.optim_cfg)
+        optimizer = make_optimizer(self.optimizer_factory, params)
         scheduler = build_scheduler(
             optimizer,
-            scheduler=self.optim_cfg["scheduler"],
-            max_steps=self._horizon(),
-            warmup_ratio=self.optim_cfg["warmup_ratio"],
-            min_lr_ratio=self.optim_cfg["min_lr_ratio"],
+            scheduler=self.settings.scheduler,
+            max_steps=self.settings.schedule_length,
+            warmup_ratio=self.settings.warmup_ratio,
+            min_lr_ratio=self.settings.min_lr_ratio,
         )
         return {
             "optimizer": optimizer,
@@ -197,24 +151,13 @@ class FlashReinforceModule(L.LightningModule):
         trainer = self._trainer
         return trainer.model if trainer is not None and trainer.model is not None else self
 
-    def _horizon(self) -> int | None:
-        """The lr schedule's length: `optim.schedule_steps`, else `max_steps`, else the
-        trainer's `max_steps` (frlab.learner.optim)."""
-        schedule_steps = self.optim_cfg.get("schedule_steps")
-        if schedule_steps is not None:
-            return positive_int("optim.schedule_steps", schedule_steps)
-        if self.max_steps is not None:
-            return self.max_steps
-        trainer = self._trainer
-        steps = getattr(trainer, "max_steps", -1) if trainer is not None else -1
-        return steps if isinstance(steps, int) and steps > 0 else None
-
     def on_fit_start(self) -> None:
         scaler = getattr(self.trainer.precision_plugin, "scaler", None)
         if scaler is not None:
-            raise ValueError(
+            raise ConfigError(
+                "trainer.precision",
                 "trainer.precision=16-mixed (loss scaling) is not supported by the learner; "
-                "use bf16-mixed or 32-true"
+                "use bf16-mixed or 32-true",
             )
 
     def transfer_batch_to_device(
@@ -239,16 +182,17 @@ class FlashReinforceModule(L.LightningModule):
     def _check_batch(self, batch: Any, world: int) -> None:
         if not isinstance(batch, RolloutBatch):
             raise TypeError(f"training batch must be a RolloutBatch, got {type(batch).__name__}")
-        local = per_rank_batch(self.batch_size, world)
+        local = per_rank_batch(self.settings.batch_size, world)
         if batch.batch_size != local:
             raise ValueError(
                 f"RolloutBatch has {batch.batch_size} rows on this rank; data.batch_size="
-                f"{self.batch_size} over {world} rank(s) expects {local}"
+                f"{self.settings.batch_size} over {world} rank(s) expects {local}"
             )
-        if self.routing_replay and batch.routing is None:
-            raise ValueError(
+        if self.settings.routing_replay and batch.routing is None:
+            raise ConfigError(
+                "model.routing_replay",
                 "model.routing_replay=true but the RolloutBatch has no routing: the rollout "
-                "engine must record it (TorchEngine(record_routing=True))"
+                "engine must record it (TorchEngine(record_routing=True))",
             )
 
     def _forward(
@@ -266,8 +210,8 @@ class FlashReinforceModule(L.LightningModule):
             mb.input_ids,
             mb.attention_mask,
             mb.position_ids,
-            temperature=self.temperature,
-            chunk_size=self.logprob_chunk_size,
+            temperature=self.settings.temperature,
+            chunk_size=self.settings.logprob_chunk_size,
             compute_entropy=bool(self.objective.needs_entropies),
             action_mask=mb.action_mask,
             pack=self.micro.pack,
@@ -286,7 +230,7 @@ class FlashReinforceModule(L.LightningModule):
                 mb.action_mask,
                 entropies=entropies,
                 failures=mb.failures,
-                num_sequences=self.batch_size,
+                num_sequences=self.settings.batch_size,
                 num_tokens=num_tokens,
             )
         self.step_metrics.update_diagnostics(diagnostics)
@@ -317,14 +261,17 @@ class FlashReinforceModule(L.LightningModule):
             with (
                 grad_sync(self, self._scorer, enabled=last),
                 forward_context(
-                    self.policy, mb, pack=self.micro.pack, routing_replay=self.routing_replay
+                    self.policy,
+                    mb,
+                    pack=self.micro.pack,
+                    routing_replay=self.settings.routing_replay,
                 ),
             ):
                 mb_loss, live = self._forward(
                     mb, advantages[rows], num_tokens=num_tokens, timings=timings
                 )
                 loss = loss + mb_loss.detach().to(loss.dtype)
-                if self.skip_zero_signal:
+                if self.settings.skip_zero_signal_steps:
                     live = bool(reduce_across_ranks(self, live.long(), "max").item())
                     if not live and not (last and ran_backward and world > 1):
                         continue
@@ -349,15 +296,17 @@ class FlashReinforceModule(L.LightningModule):
         lr = float(optimizer.optimizer.param_groups[0]["lr"])
         optimizer.zero_grad(set_to_none=True)
         timings = {"logprob": 0.0, "backward": 0.0}
-        if self.skip_zero_signal and all_zero:  # the gradient is 0: skip the work
+        if self.settings.skip_zero_signal_steps and all_zero:  # the gradient is 0: skip the work
             loss = torch.zeros((), dtype=torch.float64, device=batch.rewards.device)
             micro_batches = 0
         else:
             loss, micro_batches = self._accumulate(batch, advantages, num_tokens, timings)
         with phase("optimizer"):
-            grad_norm = clip_gradients(self.parameters(), self.grad_clip, self.policy_version)
+            grad_norm = clip_gradients(
+                self.parameters(), self.settings.clip_norm, self.policy_version
+            )
             zero_signal = bool(grad_norm == 0)  # global: every gradient entry is exactly 0
-            if zero_signal and self.skip_zero_signal:
+            if zero_signal and self.settings.skip_zero_signal_steps:
                 # Without grads AdamW leaves parameters and moments as they are; the step counts.
                 optimizer.zero_grad(set_to_none=True)
             optimizer.step()

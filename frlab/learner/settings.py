@@ -1,50 +1,77 @@
-"""The learner's own settings, read from the `model`, `data` and `optim` config nodes.
+"""`LearnerSettings`: what the learner reads of a run's config, as one small frozen object.
 
-Each bad value raises a ValueError naming its config key; `model` keys the learner does not
-read itself go to `frlab.model.policy.build_policy`, whose signature decides what is known.
+Every field is a config key declared (type, default, range) in frlab.config.schema and checked
+by preflight, so the learner takes the values as they are and never defaults or re-checks one.
+`from_sections` reads them from a run's resolved sections (what preflight returns); a Python
+caller builds them from the declarations' defaults the same way:
+
+    settings = LearnerSettings.from_sections(preflight(compose(["experiment=toy_cpu"])).sections)
 """
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from frlab.model.policy import build_policy
-
-# `model` keys the learner reads itself; everything else goes to build_policy.
-LEARNER_MODEL_KEYS = ("tokenizer", "logprob_chunk_size", "routing_replay", "compile")
-
 
 @dataclass(frozen=True)
-class ModelSettings:
-    """The `model` keys the learner reads itself (their defaults: the schema's)."""
+class LearnerSettings:
+    """The learner's settings; each field names the config key it comes from."""
 
-    logprob_chunk_size: int = 1024
-    routing_replay: bool = False
-    compile: bool = False
+    batch_size: int  # data.batch_size: B, global
+    micro_batch_size: int  # data.micro_batch_size: rows per forward/backward on one rank
+    max_tokens_per_micro_batch: int | None  # data.max_tokens_per_micro_batch (auto resolved)
+    pack_sequences: bool  # data.pack_sequences
+    temperature: float  # rollout.sampling.temperature: the learner applies it as the sampler did
+    max_steps: int  # trainer.max_steps
+    grad_clip: float  # optim.grad_clip (0: off)
+    skip_zero_signal_steps: bool  # optim.skip_zero_signal_steps
+    scheduler: str  # optim.scheduler
+    warmup_ratio: float  # optim.warmup_ratio
+    min_lr_ratio: float  # optim.min_lr_ratio
+    schedule_steps: int | None  # optim.schedule_steps (null: trainer.max_steps)
+    logprob_chunk_size: int  # model.logprob_chunk_size
+    routing_replay: bool  # model.routing_replay
+    compile: bool  # model.compile
 
     @classmethod
-    def checked(cls, model: Mapping[str, Any]) -> ModelSettings:
-        """From the `model` node; a bad value or combination is a ValueError naming the key."""
-        settings = cls(
-            positive_int("model.logprob_chunk_size", model.get("logprob_chunk_size", 1024)),
-            flag("model.routing_replay", model.get("routing_replay", False)),
-            flag("model.compile", model.get("compile", False)),
+    def from_sections(cls, sections: Mapping[str, Mapping[str, Any]]) -> LearnerSettings:
+        """From a run's resolved `data`, `rollout`, `trainer`, `optim` and `model` sections."""
+        data, optim, model = sections["data"], sections["optim"], sections["model"]
+        return cls(
+            batch_size=data["batch_size"],
+            micro_batch_size=data["micro_batch_size"],
+            max_tokens_per_micro_batch=data["max_tokens_per_micro_batch"],
+            pack_sequences=data["pack_sequences"],
+            temperature=float(sections["rollout"]["sampling"]["temperature"]),
+            max_steps=sections["trainer"]["max_steps"],
+            grad_clip=float(optim["grad_clip"]),
+            skip_zero_signal_steps=optim["skip_zero_signal_steps"],
+            scheduler=optim["scheduler"],
+            warmup_ratio=float(optim["warmup_ratio"]),
+            min_lr_ratio=float(optim["min_lr_ratio"]),
+            schedule_steps=optim["schedule_steps"],
+            logprob_chunk_size=model["logprob_chunk_size"],
+            routing_replay=model["routing_replay"],
+            compile=model["compile"],
         )
-        if settings.compile and settings.routing_replay:
-            raise ValueError(
-                "model.compile=true does not take model.routing_replay=true (the recorded "
-                "experts are not padded like the compiled packed rows): set one to false"
-            )
-        return settings
+
+    @property
+    def clip_norm(self) -> float:
+        """`grad_clip` as a max norm (0 disables clipping: inf)."""
+        return math.inf if self.grad_clip == 0 else self.grad_clip
+
+    @property
+    def schedule_length(self) -> int:
+        """The lr schedule's length: `optim.schedule_steps`, else `trainer.max_steps`."""
+        return self.schedule_steps if self.schedule_steps is not None else self.max_steps
 
 
-def check_policy(policy: Any, settings: ModelSettings, pack: bool) -> None:
-    """What the settings need of the policy: an MoE policy for routing replay, an attention
-    implementation whose packed forward is exact for packing."""
+def check_policy(policy: Any, settings: LearnerSettings) -> None:
+    """What the settings need of the built policy (preflight cannot see it): an MoE policy for
+    routing replay, an attention implementation whose packed forward is exact for packing."""
     from frlab.model.packed_attention import check_packable
     from frlab.model.routing_replay import moe_routers
 
@@ -52,58 +79,8 @@ def check_policy(policy: Any, settings: ModelSettings, pack: bool) -> None:
         try:
             moe_routers(policy)
         except (TypeError, ValueError) as exc:
-            raise ValueError(f"model.routing_replay=true needs an MoE policy: {exc}") from exc
-    if pack:
+            from frlab.errors import ConfigError
+
+            raise ConfigError("model.routing_replay", f"needs an MoE policy: {exc}") from exc
+    if settings.pack_sequences:
         check_packable(policy)
-
-
-def mapping_copy(node: Mapping[str, Any] | None, name: str) -> dict[str, Any]:
-    """A plain-dict copy of a config node (OmegaConf resolved); ValueError naming `name`."""
-    if node is None:
-        return {}
-    if type(node).__module__.startswith("omegaconf"):
-        from omegaconf import OmegaConf
-
-        node = OmegaConf.to_container(node, resolve=True)  # type: ignore[assignment]
-    if not isinstance(node, Mapping):
-        raise ValueError(f"{name} must be a mapping, got {type(node).__name__}")
-    return {
-        k: (mapping_copy(v, f"{name}.{k}") if isinstance(v, Mapping) else v)
-        for k, v in node.items()
-    }
-
-
-def policy_kwargs(model: Mapping[str, Any]) -> dict[str, Any]:
-    """The `model` node minus learner-only keys; unknown keys raise ValueError naming them."""
-    accepted = set(inspect.signature(build_policy).parameters)
-    kwargs = {k: v for k, v in model.items() if k not in LEARNER_MODEL_KEYS}
-    unknown = sorted(set(kwargs) - accepted)
-    if unknown:
-        known = sorted(accepted | set(LEARNER_MODEL_KEYS))
-        raise ValueError(
-            f"unknown key(s) model.{', model.'.join(unknown)}; known: {', '.join(known)}"
-        )
-    return kwargs
-
-
-def positive_int(name: str, value: Any) -> int:
-    """`value` if it is an int >= 1 (not a bool), else ValueError naming `name`."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
-
-
-def positive_number(name: str, value: Any) -> float:
-    """`value` as a float if it is a finite number > 0 (not a bool), else ValueError naming it."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name} must be a number, got {value!r}")
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be finite and > 0, got {value!r}")
-    return float(value)
-
-
-def flag(name: str, value: Any) -> bool:
-    """`value` if it is a bool, else ValueError naming `name`."""
-    if not isinstance(value, bool):
-        raise ValueError(f"{name} must be true or false, got {value!r}")
-    return value

@@ -37,6 +37,7 @@ from typing import Any
 from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import Tensor, nn
 
+from frlab.errors import ConfigError
 from frlab.fsio import fsync_path
 from frlab.model.lm_logprobs import sequence_logprobs
 
@@ -108,9 +109,10 @@ class FSDP2Strategy(ModelParallelStrategy):
     def __init__(self, save_distributed_checkpoint: bool = True, **kwargs: Any) -> None:
         for key in ("data_parallel_size", "tensor_parallel_size"):
             if key in kwargs:
-                raise ValueError(
-                    f"trainer.strategy.{key} is fixed by FSDP2Strategy (all ranks data-parallel, "
-                    "no tensor parallelism); remove it"
+                raise ConfigError(
+                    f"trainer.strategy.{key}",
+                    "is fixed by FSDP2Strategy (all ranks data-parallel, "
+                    "no tensor parallelism); remove it",
                 )
         super().__init__(
             data_parallel_size="auto",
@@ -186,9 +188,10 @@ def data_parallel_mesh(strategy: ModelParallelStrategy) -> Any:
     mesh = strategy.device_mesh
     tp = mesh["tensor_parallel"].size()
     if tp != 1:
-        raise ValueError(
+        raise ConfigError(
+            "trainer.strategy.tensor_parallel_size",
             f"trainer.strategy.tensor_parallel_size={tp}: the learner is data-parallel only "
-            "(FSDP2); use frlab.learner.sharding.FSDP2Strategy"
+            "(FSDP2); use frlab.learner.sharding.FSDP2Strategy",
         )
     return mesh["data_parallel"]
 
@@ -198,11 +201,12 @@ def scorer_for(strategy: Any, policy: nn.Module) -> LogprobScorer | None:
     from lightning.pytorch.strategies import FSDPStrategy
 
     if isinstance(strategy, FSDPStrategy):
-        raise ValueError(
-            "trainer.strategy: Lightning's FSDPStrategy (FSDP1) cannot run this learner "
+        raise ConfigError(
+            "trainer.strategy",
+            "Lightning's FSDPStrategy (FSDP1) cannot run this learner "
             "(training_step runs inside the FSDP root forward, where its per-micro-batch "
             "backwards fail); use trainer=fsdp_7b or trainer=fsdp_30b_a3b "
-            "(frlab.learner.sharding.FSDP2Strategy)"
+            "(frlab.learner.sharding.FSDP2Strategy)",
         )
     if isinstance(strategy, ModelParallelStrategy):
         return shard_policy(policy, data_parallel_mesh(strategy))

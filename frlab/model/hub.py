@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from frlab.errors import ConfigError
 from frlab.model.gguf import GGUF_PACKAGES, GGUF_PREFIX
 
 # The values huggingface_hub reads as true in its environment variables.
@@ -81,22 +82,28 @@ def check_model(model: Mapping[str, Any], rollout: Mapping[str, Any]) -> None:
     key)."""
     source, config = model["name_or_path"], model["config"]
     if source is None and config is None:
-        raise ValueError("model.name_or_path: set a hub id / local folder, or model.config")
+        raise ConfigError("model.name_or_path", "set a hub id / local folder, or model.config")
     problem = local_source_problem(str(source)) if source is not None else None
     if problem:
-        raise ValueError(f"model.name_or_path {problem}")
+        raise ConfigError("model.name_or_path", f"{problem}")
     if source is not None and config is not None:
-        raise ValueError(f"model.config is set (a random-init architecture) while "
+        raise ConfigError("model.config", f"is set (a random-init architecture) while "
                          f"model.name_or_path loads {source!r}: choose one (model=hf "
                          "model.name_or_path=... loads a checkpoint; model.name_or_path=null "
                          "keeps the random-init model)")  # fmt: skip
     if config is not None and "model_type" not in config:
-        raise ValueError("model.config.model_type missing (e.g. qwen2, llama, qwen3_moe)")
+        raise ConfigError("model.config.model_type", "missing (e.g. qwen2, llama, qwen3_moe)")
+    if model["compile"] and model["routing_replay"]:
+        raise ConfigError(
+            "model.compile",
+            "true does not take model.routing_replay=true (the recorded experts are not padded "
+            "like the compiled packed rows): set one to false",
+        )
     max_len, new = rollout["max_len"], rollout["sampling"]["max_new_tokens"]
     if max_len <= new:
-        raise ValueError(f"rollout.max_len ({max_len}) must exceed rollout.sampling."
+        raise ConfigError("rollout.max_len", f"({max_len}) must exceed rollout.sampling."
                          f"max_new_tokens ({new}) to leave room for the prompt")  # fmt: skip
     positions = (config or {}).get("max_position_embeddings")
     if isinstance(positions, int) and max_len > positions:
-        raise ValueError(f"rollout.max_len ({max_len}) exceeds "
+        raise ConfigError("rollout.max_len", f"({max_len}) exceeds "
                          f"model.config.max_position_embeddings ({positions})")  # fmt: skip

@@ -25,39 +25,25 @@ from typing import Any
 
 import torch
 
+from frlab.errors import ConfigError
+
 ADAPTER_MARKERS = ("lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B", "lora_magnitude")
 ROUTER_SUFFIXES = ("mlp.gate", "router")  # MoE routers: never adapted
-# A `model.lora` mapping's keys left out take these (the declared defaults, compared by a test).
-LORA_DEFAULTS: dict[str, Any] = {
-    "rank": 0, "alpha": 16.0, "dropout": 0.0, "target_modules": ["all-linear"], "adapter": None,
-}  # fmt: skip
-
-
-def with_defaults(lora: Mapping[str, Any] | None) -> dict[str, Any]:
-    """A `model.lora` mapping with every key (those left out at their declared defaults)."""
-    return {**LORA_DEFAULTS, **(lora or {})}
 
 
 def enabled(lora: Mapping[str, Any] | None) -> bool:
-    """Whether a `model.lora` node asks for adapters (rank > 0)."""
-    return bool(lora) and int(with_defaults(lora)["rank"] or 0) > 0
+    """Whether a `model.lora` node (every key of frlab.config.schema.LoraConfig) asks for
+    adapters (rank > 0)."""
+    return bool(lora) and int(lora["rank"]) > 0
 
 
 def check_lora(lora: Mapping[str, Any]) -> None:
-    """ValueError naming the `model.lora` key of the first invalid setting."""
-    lora = with_defaults(lora)
-    rank, alpha, dropout = lora["rank"], lora["alpha"], lora["dropout"]
-    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
-        raise ValueError(f"model.lora.rank must be an int >= 0 (0: no adapters), got {rank!r}")
-    if not isinstance(alpha, int | float) or isinstance(alpha, bool) or not alpha > 0:
-        raise ValueError(f"model.lora.alpha must be a number > 0, got {alpha!r}")
-    if not isinstance(dropout, int | float) or isinstance(dropout, bool) or not 0 <= dropout < 1:
-        raise ValueError(f"model.lora.dropout must be in [0, 1), got {dropout!r}")
+    """What the declaration's ranges cannot say: `model.lora.target_modules` names modules."""
     targets = lora["target_modules"]
     if isinstance(targets, str) or not targets or not all(isinstance(t, str) for t in targets):
-        raise ValueError(
-            f"model.lora.target_modules must be a non-empty list of module names (or "
-            f"[all-linear]), got {targets!r}"
+        raise ConfigError(
+            "model.lora.target_modules",
+            f"must be a non-empty list of module names (or [all-linear]), got {targets!r}",
         )
 
 
@@ -66,7 +52,6 @@ def apply_lora(model: Any, lora: Mapping[str, Any]) -> Any:
     from peft import LoraConfig, PeftModel, get_peft_model
 
     check_lora(lora)
-    lora = with_defaults(lora)
     adapter = lora["adapter"]
     if adapter:
         return PeftModel.from_pretrained(model, str(adapter), is_trainable=True)

@@ -44,6 +44,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from frlab.errors import ConfigError
 from frlab.model import varlen
 from frlab.ops.phases import phase, time_backward
 
@@ -196,9 +197,10 @@ def check_packable(model: nn.Module) -> str:
     impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
     if impl in KERNELS.values() or impl in SUPPORTED:
         return str(impl)
-    raise ValueError(
+    raise ConfigError(
+        "data.pack_sequences",
         f"data.pack_sequences=true needs attention (model.attn_implementation) in "
-        f"{', '.join(SUPPORTED)}; the policy uses {impl!r}: set data.pack_sequences=false"
+        f"{', '.join(SUPPORTED)}; the policy uses {impl!r}: set data.pack_sequences=false",
     )
 
 

@@ -21,21 +21,12 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
+from frlab.errors import ConfigError
 from frlab.model.gguf import resolve_model_source
 from frlab.model.hub import hub_offline
 from frlab.model.lora import apply_lora
 from frlab.model.lora import enabled as lora_enabled
 from frlab.registry import close_matches
-
-DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-    "float64": torch.float64,
-}
 
 _TINY_COMMON: dict[str, Any] = {
     "vocab_size": 256,
@@ -62,14 +53,13 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    """`dtype` given as a name (float32, bfloat16, ...) -> torch.dtype, else ValueError."""
-    if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
+    """`model.dtype` (a torch dtype's name, one of the declared choices) as a torch.dtype."""
+    if isinstance(dtype, torch.dtype) and dtype.is_floating_point:
         return dtype
-    if isinstance(dtype, str) and dtype in DTYPES:
-        return DTYPES[dtype]
-    hint = close_matches(str(dtype), list(DTYPES))
-    more = f"; did you mean {' or '.join(map(repr, hint))}?" if hint else ""
-    raise ValueError(f"model.dtype {dtype!r} is not one of {', '.join(DTYPES)}{more}")
+    found = getattr(torch, str(dtype), None)
+    if not isinstance(found, torch.dtype) or not found.is_floating_point:
+        raise ConfigError("model.dtype", f"{dtype!r} is not a floating-point torch dtype's name")
+    return found
 
 
 def tiny_config(model_type: str = "qwen2", **overrides: Any) -> PretrainedConfig:
@@ -86,17 +76,17 @@ def make_config(config: Mapping[str, Any]) -> PretrainedConfig:
     values = _plain_mapping(config)
     model_type = values.pop("model_type", None)
     if not isinstance(model_type, str) or not model_type:
-        raise ValueError("model.config.model_type is required to build a random-init model")
+        raise ConfigError("model.config.model_type", "is required to build a random-init model")
     try:
         cfg = AutoConfig.for_model(model_type, **values)
     except ValueError as exc:
         if "Unrecognized model identifier" not in str(exc):
-            raise ValueError(f"model.config is invalid for {model_type!r}: {exc}") from exc
+            raise ConfigError("model.config", f"is invalid for {model_type!r}: {exc}") from exc
         from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
         hint = close_matches(model_type, list(CONFIG_MAPPING.keys()))
         more = f"; did you mean {' or '.join(map(repr, hint))}?" if hint else ""
-        raise ValueError(f"model.config.model_type {model_type!r} is unknown{more}") from exc
+        raise ConfigError("model.config.model_type", f"{model_type!r} is unknown{more}") from exc
     _warn_unknown_keys(cfg, values)
     return cfg
 
@@ -141,17 +131,21 @@ def default_attn_implementation() -> str | None:
 
 
 def build_policy(
-    name_or_path: str | None = None,
-    config: Mapping[str, Any] | PretrainedConfig | None = None,
     *,
-    dtype: str = "float32",
-    gradient_checkpointing: bool = False,
-    seed: int | None = None,
-    trust_remote_code: bool = False,
-    attn_implementation: str | None = None,
-    lora: Mapping[str, Any] | None = None,
+    name_or_path: str | None,
+    config: Mapping[str, Any] | PretrainedConfig | None,
+    dtype: str,
+    gradient_checkpointing: bool,
+    trust_remote_code: bool,
+    attn_implementation: str | None,
+    lora: Mapping[str, Any],
+    seed: int | None,
 ) -> PreTrainedModel:
     """Load a causal LM from `name_or_path` or random-init one from `config`.
+
+    The arguments are the `model` keys (frlab.config.schema.ModelConfig: their one declaration
+    and default; a Python caller takes them from `declared_arguments(ModelConfig, ...)`) and
+    the run's seed.
 
     name_or_path: a local folder, a hub id, or a `gguf:` source (frlab.model.gguf: converted
     once into a cached folder), loaded by `AutoModelForCausalLM.from_pretrained` (a
@@ -207,7 +201,9 @@ def _random_init(
     elif isinstance(config, Mapping):
         cfg = make_config(config)
     else:
-        raise ValueError(f"model.config must be a mapping or PretrainedConfig, got {type(config)}")
+        raise ConfigError(
+            "model.config", f"must be a mapping or PretrainedConfig, got {type(config)}"
+        )
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise ValueError(f"seed must be an int or None, got {seed!r}")
     with torch.random.fork_rng(devices=[]):
@@ -222,7 +218,7 @@ class ModelNotCachedError(OSError):
 
 def _load_pretrained(name_or_path: str, config: Any, kwargs: dict[str, Any]) -> PreTrainedModel:
     if not isinstance(name_or_path, (str, os.PathLike)) or not str(name_or_path):
-        raise ValueError(f"model.name_or_path must be a non-empty string, got {name_or_path!r}")
+        raise ConfigError("model.name_or_path", f"must be a non-empty string, got {name_or_path!r}")
     if isinstance(config, PretrainedConfig):
         kwargs = {**kwargs, "config": config}
     elif config is not None:
@@ -234,7 +230,7 @@ def _load_pretrained(name_or_path: str, config: Any, kwargs: dict[str, Any]) -> 
     path = Path(os.path.expanduser(str(name_or_path)))
     looks_local = path.is_absolute() or str(name_or_path).startswith((".", "~"))
     if looks_local and not path.is_dir():
-        raise ValueError(f"model.name_or_path {str(name_or_path)!r} is not an existing folder")
+        raise ConfigError("model.name_or_path", f"{str(name_or_path)!r} is not an existing folder")
     try:
         return AutoModelForCausalLM.from_pretrained(
             str(path if path.is_dir() else name_or_path), **kwargs

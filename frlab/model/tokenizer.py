@@ -12,6 +12,8 @@ import contextlib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from frlab.errors import ConfigError
+
 SOURCE_HINT = ("a local folder, a Hugging Face id already in the local cache (offline: "
                "HF_HUB_OFFLINE=1), or a gguf: source")  # fmt: skip
 WRAPPERS = ("ConfigError", "InstantiationException")  # errors that carry the real one as cause
@@ -47,7 +49,7 @@ def check_vocab(model: Mapping[str, Any], tokenizer: Any) -> None:
     """A random-init model must embed every token id the tokenizer can produce."""
     vocab = (model.get("config") or {}).get("vocab_size")
     if model.get("name_or_path") is None and isinstance(vocab, int) and len(tokenizer) > vocab:
-        raise ValueError(f"model.config.vocab_size ({vocab}) is smaller than the tokenizer's "
+        raise ConfigError("model.config.vocab_size", f"({vocab}) is smaller than the tokenizer's "
                          f"vocabulary ({len(tokenizer)})")  # fmt: skip
 
 
@@ -67,4 +69,4 @@ def source_errors(source: Any, key: str) -> Iterator[None]:
         if not isinstance(cause, OSError | ValueError):
             raise
         first = (str(cause).splitlines() or [""])[0]
-        raise ValueError(f"{key} cannot load {source!r}: {first} (expected {SOURCE_HINT})") from exc
+        raise ConfigError(key, f"cannot load {source!r}: {first} (expected {SOURCE_HINT})") from exc

@@ -42,6 +42,7 @@ import torch
 
 from envs.base import Env, StepResult
 from frlab.data.batch import Trajectory, TrajectoryError
+from frlab.errors import ConfigError
 from frlab.rollout.chat import template_ids, with_system_prompt
 from frlab.rollout.deadlines import AdaptiveDeadline, Deadlines
 from frlab.rollout.engine import Engine, GenerationResult, SamplingParams
@@ -88,9 +89,9 @@ class AgentLoopConfig:
 
     def __post_init__(self) -> None:
         if int(self.max_turns) < 1:
-            raise ValueError(f"rollout.max_turns must be >= 1, got {self.max_turns}")
+            raise ConfigError("rollout.max_turns", f"must be >= 1, got {self.max_turns}")
         if int(self.max_len) < 2:
-            raise ValueError(f"rollout.max_len must be >= 2, got {self.max_len}")
+            raise ConfigError("rollout.max_len", f"must be >= 2, got {self.max_len}")
         if not isinstance(self.sampling, SamplingParams):
             raise TypeError(f"rollout.sampling must be SamplingParams, got {type(self.sampling)}")
         self.env_timeout_s = check_deadline("rollout.env_timeout_s", self.env_timeout_s)

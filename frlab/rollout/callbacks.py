@@ -54,6 +54,8 @@ from typing import Any
 
 import lightning as L
 
+from frlab.errors import ConfigError
+
 log = logging.getLogger(__name__)
 
 
@@ -62,7 +64,7 @@ class WeightSyncCallback(L.Callback):
 
     def __init__(self, sync_every: int = 1, pool: Any = None) -> None:
         if int(sync_every) < 1:
-            raise ValueError(f"rollout.sync_every must be >= 1, got {sync_every}")
+            raise ConfigError("rollout.sync_every", f"must be >= 1, got {sync_every}")
         self.sync_every = int(sync_every)
         self._pool = pool
         self._last_seen: int | None = None

@@ -32,6 +32,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from frlab.errors import ConfigError
+
 if TYPE_CHECKING:
     import torch
 
@@ -54,26 +56,27 @@ def resolve_weight_update(
     mode: str | None, supported: Sequence[str], engine: str, *, record_routing: bool = False
 ) -> str | None:
     """The mode an engine runs: `mode`, else the engine's default (the first it supports;
-    None for an engine that declares none). ValueError, its text starting with the key
-    `rollout.weight_update`, for a mode the engine does not implement exactly, and for
+    None for an engine that declares none). ConfigError naming `rollout.weight_update` for a mode the engine does not implement exactly, and for
     resubmit with MoE routing recorded (`record_routing`): a re-prefilled position would have
     two routings."""
     key = "rollout.weight_update"
     if mode is None:
         return supported[0] if supported else None
     if mode not in WEIGHT_UPDATES:
-        raise ValueError(
-            f"{key} must be one of {', '.join(WEIGHT_UPDATES)} (or null), got {mode!r}"
+        raise ConfigError(
+            key, f"must be one of {', '.join(WEIGHT_UPDATES)} (or null), got {mode!r}"
         )
     if mode == "resubmit" and record_routing:
-        raise ValueError(
-            f"{key} resubmit re-prefills sampled tokens on the new weights, so a position would "
-            "have two routings: not with model.routing_replay (use in_flight or drain)"
+        raise ConfigError(
+            key,
+            "resubmit re-prefills sampled tokens on the new weights, so a position would have "
+            "two routings: not with model.routing_replay (use in_flight or drain)",
         )
     if mode not in supported:
-        raise ValueError(
-            f"{key} {mode!r} is not exact on the {engine} engine, which implements "
-            f"{', '.join(supported) or 'no named mode (leave it null)'}"
+        raise ConfigError(
+            key,
+            f"{mode!r} is not exact on the {engine} engine, which implements "
+            f"{', '.join(supported) or 'no named mode (leave it null)'}",
         )
     return mode
 
@@ -96,14 +99,16 @@ class SamplingParams:
         """Raise ValueError naming the config key of the first invalid field."""
         t = float(self.temperature)
         if not (math.isfinite(t) and t > 0.0):
-            raise ValueError(f"rollout.sampling.temperature must be > 0, got {self.temperature}")
+            raise ConfigError(
+                "rollout.sampling.temperature", f"must be > 0, got {self.temperature}"
+            )
         if not (0.0 < float(self.top_p) <= 1.0):
-            raise ValueError(f"rollout.sampling.top_p must be in (0, 1], got {self.top_p}")
+            raise ConfigError("rollout.sampling.top_p", f"must be in (0, 1], got {self.top_p}")
         if int(self.top_k) < 0:
-            raise ValueError(f"rollout.sampling.top_k must be >= 0 (0 = off), got {self.top_k}")
+            raise ConfigError("rollout.sampling.top_k", f"must be >= 0 (0 = off), got {self.top_k}")
         if int(self.max_new_tokens) < 1:
-            raise ValueError(
-                f"rollout.sampling.max_new_tokens must be >= 1, got {self.max_new_tokens}"
+            raise ConfigError(
+                "rollout.sampling.max_new_tokens", f"must be >= 1, got {self.max_new_tokens}"
             )
         seed = self.seed
         if seed is not None and (
@@ -113,14 +118,16 @@ class SamplingParams:
                 f"SamplingParams.seed must be None or an int in [0, 2**63), got {seed!r}"
             )
         if off_policy_correction and float(self.top_p) < 1.0:
-            raise ValueError(
+            raise ConfigError(
+                "rollout.sampling.top_p",
                 f"rollout.sampling.top_p={self.top_p} < 1 is refused with off-policy correction: "
-                "importance sampling needs the full support (set top_p=1.0)"
+                "importance sampling needs the full support (set top_p=1.0)",
             )
         if off_policy_correction and int(self.top_k) > 0:
-            raise ValueError(
+            raise ConfigError(
+                "rollout.sampling.top_k",
                 f"rollout.sampling.top_k={self.top_k} is refused with off-policy correction: "
-                "importance sampling needs the full support (set top_k=0)"
+                "importance sampling needs the full support (set top_k=0)",
             )
 
     @classmethod
@@ -219,20 +226,20 @@ class Engine(abc.ABC):
             able = " or ".join(
                 f"rollout/engine={n}" for n in _options_that(options, "records_routing")
             )
-            raise ValueError(f"model.routing_replay needs an engine that records MoE routing "
+            raise ConfigError("model.routing_replay", f"needs an engine that records MoE routing "
                              f"({able}), got {name!r}")  # fmt: skip
         cls._check_device(name, rollout)
         try:
             cls.check_learner(str(config["trainer"]["accelerator"]))
         except ValueError as exc:
-            raise ValueError(f"rollout.engine {name!r}: {exc}") from exc
+            raise ConfigError("rollout.engine", f"{name!r}: {exc}") from exc
         modes, label = cls.weight_updates(), name
         if cls._check_lora(name, model) and hasattr(cls, "lora_weight_updates"):
             modes, label = cls.lora_weight_updates(), f"{name} (with model.lora)"
         resolve_weight_update(rollout.get("weight_update"), tuple(modes), label,
                               record_routing=bool(model.get("routing_replay")))  # fmt: skip
         if rollout.get("remote") is not None and not cls.reads_fleet:
-            raise ValueError(f"rollout.engine is {name!r} but a rollout.remote block is set "
+            raise ConfigError("rollout.engine", f"is {name!r} but a rollout.remote block is set "
                              "(rollout=remote): add rollout/engine=remote (an experiment preset "
                              "may pin the engine)")  # fmt: skip
         cls.check_settings(rollout, world)
@@ -244,7 +251,7 @@ class Engine(abc.ABC):
         if str(node.get("device", device)) != device:  # set on the engine node itself
             key, device = "rollout.engine.device", str(node.get("device"))
         if device.split(":")[0] not in cls.devices:
-            raise ValueError(f"{key} is {device!r}, but rollout/engine={name} ({cls.__name__}) "
+            raise ConfigError(key, f"is {device!r}, but rollout/engine={name} ({cls.__name__}) "
                              f"samples on {' or '.join(d.upper() for d in cls.devices)} only: set "
                              f"rollout.device={cls.devices[0]}, or pick an engine that samples "
                              "there")  # fmt: skip
@@ -260,7 +267,7 @@ class Engine(abc.ABC):
         if not enabled(lora):
             return False
         if not cls.serves_lora:
-            raise ValueError(f"model.lora.rank the {name} engine ({cls.__name__}) does not declare "
+            raise ConfigError("model.lora.rank", f"the {name} engine ({cls.__name__}) does not declare "
                              "serves_lora: serve the adapter with an engine that does, or set "
                              "model.lora.rank=0")  # fmt: skip
         return True

@@ -24,6 +24,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from frlab.errors import ConfigError
+
 
 class DeadlineExceeded(TimeoutError):
     """An environment or engine call ran past its deadline (`what` names the call)."""
@@ -154,9 +156,9 @@ class EnvThreads(concurrent.futures.Executor):
 def check_deadline(name: str, value: Any) -> float:
     """`value` as a float if it is a finite number > 0, else ValueError naming `name`."""
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"{name} must be a number of seconds, got {value!r}")
+        raise ConfigError(name, f"must be a number of seconds, got {value!r}")
     if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be finite and > 0, got {value!r}")
+        raise ConfigError(name, f"must be finite and > 0, got {value!r}")
     return float(value)
 
 

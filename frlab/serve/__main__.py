@@ -128,10 +128,13 @@ def server_digest(args: argparse.Namespace) -> bytes | None:
 
 def build_server_policy(args: argparse.Namespace) -> object:
     """The served model: a folder (`--model`) or a random-init architecture (`--model-config`)."""
+    from frlab.config.declare import declared_arguments
+    from frlab.config.schema import ModelConfig
     from frlab.model import build_policy
 
+    model = declared_arguments(ModelConfig, name_or_path=args.model, config=None, dtype=args.dtype)
     if args.model is not None:
-        return build_policy(args.model, dtype=args.dtype, seed=args.seed)
+        return build_policy(**model, seed=args.seed)
     from omegaconf import OmegaConf
 
     spec = OmegaConf.to_container(OmegaConf.load(args.model_config), resolve=True)
@@ -141,7 +144,7 @@ def build_server_policy(args: argparse.Namespace) -> object:
             f"--model-config {args.model_config}: needs a `config` mapping with a model_type "
             "(like configs/model/toy_qwen2.yaml)"
         )
-    return build_policy(None, config=config, dtype=args.dtype, seed=args.seed)
+    return build_policy(**{**model, "config": config}, seed=args.seed)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -19,6 +19,8 @@ from typing import Any
 
 from lightning.pytorch.callbacks import Callback
 
+from frlab.errors import ConfigError
+
 SAMPLES_FILE = "samples.jsonl"
 
 
@@ -27,9 +29,11 @@ class TrajectorySamples(Callback):
 
     def __init__(self, path: str, rows: int = 1, every_n_steps: int = 1) -> None:
         if int(rows) < 1:
-            raise ValueError(f"callbacks.samples.rows must be >= 1, got {rows}")
+            raise ConfigError("callbacks.samples.rows", f"must be >= 1, got {rows}")
         if int(every_n_steps) < 1:
-            raise ValueError(f"callbacks.samples.every_n_steps must be >= 1, got {every_n_steps}")
+            raise ConfigError(
+                "callbacks.samples.every_n_steps", f"must be >= 1, got {every_n_steps}"
+            )
         self.path = Path(path)
         self.rows = int(rows)
         self.every_n_steps = int(every_n_steps)

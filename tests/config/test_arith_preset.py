@@ -92,7 +92,7 @@ def test_a_preset_split_that_the_new_source_lacks_names_env_split() -> None:
 
     cfg = compose(["experiment=smollm2_gsm8k_cpu", "env.source=reasoning-gym:basic_arithmetic"],
                   with_hydra=False)  # fmt: skip
-    with pytest.raises(ValueError, match=r"env._target_ .*env.split='test'.*env.split=null"):
+    with pytest.raises(ValueError, match=r"env._target_`: .*env.split='test'.*env.split=null"):
         env_factory(cfg.env)
 
 
@@ -102,7 +102,7 @@ def test_a_preset_split_that_the_new_source_lacks_names_env_split() -> None:
         (["callbacks.model_checkpoint.enabled=maybe"], "callbacks.model_checkpoint.enabled"),
         (["eval=math", "eval.at_start=3"], "eval.at_start"),
         (["eval=math", "eval.answer_format=strict"], "eval.answer_format"),
-        ([PRESET, "eval.benchmarks=[{split: test}]"], "eval.benchmarks"),
+        ([PRESET, "eval.benchmarks=[{split: test}]"], "eval.benchmarks[0]"),
     ],
 )
 def test_bad_new_keys_name_themselves(overrides: list[str], key: str) -> None:

@@ -291,6 +291,9 @@ def test_a_target_from_the_users_own_package_needs_no_flag(
 def test_lora_needs_an_engine_that_serves_it_and_valid_settings() -> None:
     """Engine classes that declare serves_lora take LoRA policies; a fleet only with the modes
     it implements for adapters; a class that does not declare it is refused by name."""
+    import dataclasses
+
+    from frlab.config.schema import LoraConfig
     from frlab.rollout.engine import Engine
 
     preflight(compose(["model.lora.rank=8"]))  # torch: accepted
@@ -300,10 +303,16 @@ def test_lora_needs_an_engine_that_serves_it_and_valid_settings() -> None:
     preflight(compose([*fleet, "rollout.weight_update=resubmit"]))
     fails([*fleet, "rollout.weight_update=in_flight"], "rollout.weight_update",
           "'in_flight' is not exact on the remote (with model.lora) engine", "drain, resubmit")  # fmt: skip
-    config = {"rollout": {"engine": {"_target_": "mine.Engine"}}, "model": {"lora": {"rank": 8}},
+    lora = dataclasses.asdict(LoraConfig(rank=8))
+    config = {"rollout": {"engine": {"_target_": "mine.Engine"}}, "model": {"lora": lora},
               "trainer": {"accelerator": "cpu"}}  # fmt: skip
     with pytest.raises(
-        ValueError, match="model.lora.rank the mine.Engine engine .*does not declare"
+        ValueError, match="model.lora.rank`: the mine.Engine engine .*does not declare"
     ):
         Engine.check_config(config, 1, {})
     fails(["model.lora.rank=8", "model.lora.dropout=1.0"], "model.lora.dropout")
+
+
+def test_compile_with_routing_replay_is_refused_naming_both_keys() -> None:
+    fails(["model.compile=true", "model.routing_replay=true"], "model.compile",
+          "model.routing_replay=true")  # fmt: skip

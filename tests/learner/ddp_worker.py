@@ -21,8 +21,10 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: helpers
 
 import lightning as L  # noqa: E402
+from helpers.learner import learner_module  # noqa: E402
 from learner_testlib import (  # noqa: E402
     MODEL_CFG,
     OBJECTIVE_CFG,
@@ -75,7 +77,7 @@ class RankRows(L.LightningDataModule):
         return loader([b.select(rows) for b in self.batches])
 
 
-LORA = {"rank": 4, "alpha": 8.0, "dropout": 0.0, "target_modules": ["all-linear"]}
+LORA = {"rank": 4, "alpha": 8.0, "dropout": 0.0, "target_modules": ["all-linear"], "adapter": None}
 
 
 def train(
@@ -96,7 +98,7 @@ def train(
 
         torch.manual_seed(1)  # peft draws A at random: the same adapters in every process
         policy = apply_lora(policy, LORA)
-    module = FlashReinforceModule(
+    module = learner_module(
         MODEL_CFG,
         OBJECTIVE_CFG,
         OPTIM,

@@ -25,8 +25,11 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: helpers
 
 from ddp_worker import GLOBAL_B, OPTIM, STEPS, RankRows, global_batches  # noqa: E402
+from helpers.learner import learner_module  # noqa: E402
+from helpers.models import policy_of  # noqa: E402
 from learner_testlib import (  # noqa: E402
     MODEL_CFG,
     OBJECTIVE_CFG,
@@ -38,7 +41,7 @@ from learner_testlib import (  # noqa: E402
 
 from frlab.learner import FlashReinforceModule  # noqa: E402
 from frlab.learner.sharding import FSDP2Strategy, full_state_dict  # noqa: E402
-from frlab.model.policy import build_policy, tiny_config  # noqa: E402
+from frlab.model.policy import tiny_config  # noqa: E402
 
 
 def moe_policy() -> torch.nn.Module:
@@ -46,7 +49,7 @@ def moe_policy() -> torch.nn.Module:
     `grouped_mm` kernel has no float64)."""
     config = tiny_config("qwen3_moe", vocab_size=VOCAB)
     config._experts_implementation = "eager"
-    policy = build_policy(config=config, seed=0, gradient_checkpointing=True)
+    policy = policy_of(config=config, seed=0, gradient_checkpointing=True)
     return policy.to(torch.float64).train()
 
 
@@ -73,7 +76,7 @@ def module(
         if fsdp
         else {"micro_batch_size": 2, "pack_sequences": False}
     )
-    learner = FlashReinforceModule(
+    learner = learner_module(
         MODEL_CFG,
         OBJECTIVE_CFG,
         OPTIM,

@@ -16,11 +16,12 @@ from typing import Any
 import lightning as L
 import torch
 import torch.nn.functional as F
+from helpers.models import policy_of
 from lightning.pytorch.loggers import Logger
 from torch.utils.data import DataLoader, IterableDataset
 
 from frlab.data.batch import RolloutBatch, Trajectory, collate
-from frlab.model.policy import build_policy, tiny_config
+from frlab.model.policy import tiny_config
 
 VOCAB = 96
 DELTA = 2e-3
@@ -70,7 +71,7 @@ def tiny_policy(seed: int = 0, dtype: torch.dtype = torch.float64) -> torch.nn.M
     cfg = tiny_config(
         "qwen2", **{k: v for k, v in MODEL_CFG["config"].items() if k != "model_type"}
     )
-    return build_policy(config=cfg, seed=seed).to(dtype)
+    return policy_of(config=cfg, seed=seed).to(dtype)
 
 
 def naive_logprobs_and_entropies(

@@ -93,7 +93,7 @@ def test_two_process_fsdp2_equals_one_process_and_resumes(tmp_path) -> None:
 def test_lightning_fsdp1_strategy_is_refused_naming_the_field() -> None:
     from lightning.pytorch.strategies import FSDPStrategy
 
-    with pytest.raises(ValueError, match=r"^trainer\.strategy: Lightning's FSDPStrategy"):
+    with pytest.raises(ValueError, match=r"trainer\.strategy`: Lightning's FSDPStrategy"):
         scorer_for(FSDPStrategy(), tiny_policy())
 
 

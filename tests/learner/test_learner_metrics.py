@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from helpers.learner import learner_module
 from learner_testlib import (
     MODEL_CFG,
     OPTIM_CFG,
@@ -19,7 +20,7 @@ from learner_testlib import (
 )
 
 from frlab.data.batch import Trajectory, collate
-from frlab.learner import FlashReinforceModule, metrics
+from frlab.learner import metrics
 from frlab.learner.metrics import StepMetrics
 from frlab.objective import Objective
 
@@ -121,7 +122,7 @@ def test_the_learner_logs_the_component_diagnostics_and_token_lag() -> None:
     )
     expected = float(diag["clip_fraction"])
     assert 0 < expected < 1
-    module = FlashReinforceModule(
+    module = learner_module(
         MODEL_CFG, objective_cfg, OPTIM_CFG, batch_size=8, micro_batch_size=4, policy=policy
     )
     module.policy_version = 3

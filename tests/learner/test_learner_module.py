@@ -13,6 +13,7 @@ import math
 
 import pytest
 import torch
+from helpers.learner import learner_module
 from learner_testlib import (
     DELTA,
     MODEL_CFG,
@@ -39,7 +40,7 @@ B = 8
 def _module(
     policy=None, *, micro: int = B, objective=None, optim=None, **kw
 ) -> FlashReinforceModule:
-    return FlashReinforceModule(
+    return learner_module(
         MODEL_CFG,
         objective or OBJECTIVE_CFG,
         optim or OPTIM_CFG,
@@ -208,26 +209,9 @@ def test_a_batch_that_does_not_split_over_the_ranks_is_refused() -> None:
         module._check_batch(make_batch(policy, rows=2, seed=11), world=2)
 
 
-@pytest.mark.parametrize(
-    ("changes", "kwargs", "match"),
-    [
-        ({"modle_type": 1}, {}, "model.modle_type"),
-        ({"logprob_chunk_size": 0}, {}, "model.logprob_chunk_size"),
-        ({}, {"micro_batch_size": 0}, "data.micro_batch_size"),
-        ({}, {"batch_size": -1}, "data.batch_size"),
-        ({}, {"temperature": 0.0}, "temperature"),
-        ({}, {"max_steps": 0}, "max_steps"),
-    ],
-)
-def test_bad_learner_config_names_the_field(changes, kwargs, match) -> None:
-    args = {"batch_size": B, "micro_batch_size": B, **kwargs}
-    with pytest.raises(ValueError, match=match):
-        FlashReinforceModule({**MODEL_CFG, **changes}, OBJECTIVE_CFG, OPTIM_CFG, **args)
-
-
 def test_routing_replay_is_refused_for_a_dense_policy() -> None:
     with pytest.raises(ValueError, match="routing_replay.*MoE"):
-        FlashReinforceModule(
+        learner_module(
             {**MODEL_CFG, "routing_replay": True},
             OBJECTIVE_CFG,
             OPTIM_CFG,
@@ -237,22 +221,20 @@ def test_routing_replay_is_refused_for_a_dense_policy() -> None:
 
 
 def test_builds_policy_from_model_config() -> None:
-    module = FlashReinforceModule(
+    module = learner_module(
         {**MODEL_CFG, "seed": 0}, OBJECTIVE_CFG, OPTIM_CFG, batch_size=B, micro_batch_size=B
     )
     assert module.policy.config.vocab_size == MODEL_CFG["config"]["vocab_size"]
     assert module.objective.names["trust_region"] == "sequence_bernoulli_kl"
     assert module.policy_version == 0
-    assert module.hparams["micro_batch_size"] == B
+    assert module.hparams["learner"]["micro_batch_size"] == B
 
 
 def test_gradient_checkpointing_gives_the_same_update() -> None:
     results = []
     for checkpointing in (False, True):
         cfg = {**MODEL_CFG, "seed": 0, "gradient_checkpointing": checkpointing}
-        module = FlashReinforceModule(
-            cfg, OBJECTIVE_CFG, OPTIM_CFG, batch_size=B, micro_batch_size=4
-        )
+        module = learner_module(cfg, OBJECTIVE_CFG, OPTIM_CFG, batch_size=B, micro_batch_size=4)
         assert module.policy.is_activation_checkpointing is checkpointing
         batch = make_batch(module.policy, rows=B, seed=12)
         _fit(module, [batch])
@@ -263,7 +245,7 @@ def test_gradient_checkpointing_gives_the_same_update() -> None:
 @pytest.mark.parametrize("route", ["trainer_bf16_mixed", "model_dtype_bfloat16"])
 def test_bf16_options_run_and_update(route: str) -> None:
     if route == "model_dtype_bfloat16":
-        module = FlashReinforceModule(
+        module = learner_module(
             {**MODEL_CFG, "seed": 0, "dtype": "bfloat16"},
             OBJECTIVE_CFG,
             OPTIM_CFG,
@@ -300,7 +282,7 @@ def test_model_keys_the_learner_reads_default_to_the_declared_values() -> None:
     model = {
         k: v for k, v in MODEL_CFG.items() if k not in ("logprob_chunk_size", "routing_replay")
     }
-    module = FlashReinforceModule(model, OBJECTIVE_CFG, OPTIM_CFG, batch_size=B, micro_batch_size=B)
+    module = learner_module(model, OBJECTIVE_CFG, OPTIM_CFG, batch_size=B, micro_batch_size=B)
     declared = ModelConfig()
-    assert module.logprob_chunk_size == declared.logprob_chunk_size
-    assert module.routing_replay == declared.routing_replay
+    assert module.settings.logprob_chunk_size == declared.logprob_chunk_size
+    assert module.settings.routing_replay == declared.routing_replay

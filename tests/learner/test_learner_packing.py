@@ -14,6 +14,7 @@ import dataclasses
 
 import pytest
 import torch
+from helpers.learner import learner_module
 from learner_testlib import (
     DELTA,
     MODEL_CFG,
@@ -29,7 +30,6 @@ from learner_testlib import (
     trainer,
 )
 
-from frlab.learner import FlashReinforceModule
 from frlab.learner import metrics as M
 from frlab.learner.micro_batches import MicroBatching, micro_batch_plan
 from frlab.objective import AGGREGATIONS
@@ -39,7 +39,7 @@ WIDTH = 24  # rows of 3 to 17 tokens
 
 
 def _fit(policy, *, micro: int, budget: int | None, pack: bool, objective=None):
-    module = FlashReinforceModule(
+    module = learner_module(
         MODEL_CFG, objective or OBJECTIVE_CFG, OPTIM_CFG, batch_size=B, micro_batch_size=micro,
         max_tokens_per_micro_batch=budget, pack_sequences=pack, policy=policy,
     )  # fmt: skip
@@ -113,30 +113,14 @@ def test_logged_micro_batch_count_is_the_plans() -> None:
     assert row[M.MICRO_BATCHES] == expected > 1
 
 
-@pytest.mark.parametrize(
-    ("kwargs", "match"),
-    [
-        ({"max_tokens_per_micro_batch": 0}, r"data\.max_tokens_per_micro_batch"),
-        ({"max_tokens_per_micro_batch": 1.5}, r"data\.max_tokens_per_micro_batch"),
-        ({"pack_sequences": "yes"}, r"data\.pack_sequences"),
-    ],
-)
-def test_bad_micro_batching_names_the_key(kwargs, match) -> None:
-    with pytest.raises(ValueError, match=match):
-        FlashReinforceModule(
-            MODEL_CFG, OBJECTIVE_CFG, OPTIM_CFG, batch_size=B, micro_batch_size=B,
-            policy=tiny_policy(), **kwargs,
-        )  # fmt: skip
-
-
 def test_packing_with_an_unsupported_attention_is_refused() -> None:
     policy = tiny_policy()
     policy.config._attn_implementation = "flex_attention"
     with pytest.raises(ValueError, match=r"data\.pack_sequences=false"):
-        FlashReinforceModule(
+        learner_module(
             MODEL_CFG, OBJECTIVE_CFG, OPTIM_CFG, batch_size=B, micro_batch_size=B, policy=policy
         )
-    module = FlashReinforceModule(
+    module = learner_module(
         MODEL_CFG, OBJECTIVE_CFG, OPTIM_CFG, batch_size=B, micro_batch_size=B,
         pack_sequences=False, policy=policy,
     )  # fmt: skip
@@ -160,8 +144,3 @@ def test_compiled_learner_matches_the_uncompiled_update_and_logs_its_compiles() 
     assert row[M.LOSS] == pytest.approx(want_row[M.LOSS], rel=1e-6)
     assert row[M.COMPILES] >= 1
     assert M.COMPILES not in want_row
-    with pytest.raises(ValueError, match=r"model\.compile=true .*model\.routing_replay=true"):
-        FlashReinforceModule(
-            {**MODEL_CFG, "compile": True, "routing_replay": True}, OBJECTIVE_CFG, OPTIM_CFG,
-            batch_size=B, micro_batch_size=B, policy=copy.deepcopy(base),
-        )  # fmt: skip

@@ -11,6 +11,7 @@ import copy
 
 import pytest
 import torch
+from helpers.learner import learner_module
 from learner_testlib import (
     MODEL_CFG,
     OPTIM_CFG,
@@ -23,7 +24,6 @@ from learner_testlib import (
     trainer,
 )
 
-from frlab.learner import FlashReinforceModule
 from frlab.learner import metrics as M
 from frlab.objective import PRESETS
 
@@ -46,7 +46,7 @@ def test_preset_update_is_micro_batch_invariant(preset: str) -> None:
     objective = {**PRESETS[preset], "constant_length": {"length": 12}}
     outcomes = []
     for micro in (B, 2):
-        module = FlashReinforceModule(
+        module = learner_module(
             MODEL_CFG, objective, OPTIM_CFG, batch_size=B, micro_batch_size=micro,
             policy=copy.deepcopy(base),
         )  # fmt: skip

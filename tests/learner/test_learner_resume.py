@@ -6,6 +6,7 @@ import copy
 
 import pytest
 import torch
+from helpers.learner import learner_module
 from learner_testlib import (
     MODEL_CFG,
     OBJECTIVE_CFG,
@@ -30,7 +31,7 @@ OPTIM = {**OPTIM_CFG, "scheduler": "cosine", "warmup_ratio": 0.2, "min_lr_ratio"
 def _module(policy: torch.nn.Module) -> FlashReinforceModule:
     # max_steps fixes the schedule horizon: the interrupted run stops early but keeps the same
     # cosine curve.
-    return FlashReinforceModule(
+    return learner_module(
         MODEL_CFG, OBJECTIVE_CFG, OPTIM, batch_size=B, micro_batch_size=2, max_steps=TOTAL,
         policy=policy,
     )  # fmt: skip
@@ -82,7 +83,16 @@ def test_resume_from_last_continues_steps_version_and_parameters(tmp_path) -> No
 def _lora_policy(seed: int) -> torch.nn.Module:
     from frlab.model.lora import apply_lora
 
-    return apply_lora(tiny_policy(seed=seed), {"rank": 4, "alpha": 8.0})
+    return apply_lora(
+        tiny_policy(seed=seed),
+        {
+            "rank": 4,
+            "alpha": 8.0,
+            "dropout": 0.0,
+            "target_modules": ["all-linear"],
+            "adapter": None,
+        },
+    )
 
 
 @pytest.mark.slow

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from helpers.learner import learner_module
 from learner_testlib import (
     MODEL_CFG,
     OBJECTIVE_CFG,
@@ -17,7 +18,6 @@ from learner_testlib import (
     trainer,
 )
 
-from frlab.learner import FlashReinforceModule
 from frlab.learner import metrics as M
 
 
@@ -36,8 +36,15 @@ def test_lr_follows_the_schedule_length_not_the_stop_step(schedule_steps: int | 
     batches = [make_batch(policy, rows=4, seed=s) for s in (1, 2, 3)]
     optim = {**OPTIM_CFG, "scheduler": "cosine", "warmup_ratio": 0.05, "min_lr_ratio": 0.1,
              "schedule_steps": schedule_steps}  # fmt: skip
-    module = FlashReinforceModule(MODEL_CFG, OBJECTIVE_CFG, optim, batch_size=4,
-                                  micro_batch_size=4, policy=policy)  # fmt: skip
+    module = learner_module(
+        MODEL_CFG,
+        OBJECTIVE_CFG,
+        optim,
+        batch_size=4,
+        micro_batch_size=4,
+        max_steps=len(batches),
+        policy=policy,
+    )
     logger = MemoryLogger()
     trainer(len(batches), logger=logger).fit(module, loader(batches))
     horizon = schedule_steps or len(batches)  # null: the schedule spans trainer.max_steps
@@ -48,11 +55,3 @@ def test_lr_follows_the_schedule_length_not_the_stop_step(schedule_steps: int | 
         assert lrs == pytest.approx(
             [OPTIM_CFG["lr"] * f for f in (0.5, 1.0, 1.0)], rel=1e-6
         )  # logged as float32
-
-
-def test_a_bad_schedule_length_names_the_key() -> None:
-    optim = {**OPTIM_CFG, "schedule_steps": 0}
-    module = FlashReinforceModule(MODEL_CFG, OBJECTIVE_CFG, optim, batch_size=4,
-                                  micro_batch_size=4, policy=tiny_policy())  # fmt: skip
-    with pytest.raises(ValueError, match="optim.schedule_steps"):
-        module.configure_optimizers()

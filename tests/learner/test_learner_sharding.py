@@ -61,7 +61,7 @@ def test_publish_refuses_a_missing_folder(tmp_path) -> None:
 
 @pytest.mark.parametrize("key", ["data_parallel_size", "tensor_parallel_size"])
 def test_strategy_refuses_parallel_sizes_naming_the_field(key: str) -> None:
-    with pytest.raises(ValueError, match=rf"^trainer\.strategy\.{key} is fixed"):
+    with pytest.raises(ValueError, match=rf"trainer\.strategy\.{key}`: is fixed"):
         FSDP2Strategy(**{key: 2})
 
 

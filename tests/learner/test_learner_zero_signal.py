@@ -15,6 +15,7 @@ import math
 
 import pytest
 import torch
+from helpers.learner import learner_module
 from learner_testlib import (
     DELTA,
     MODEL_CFG,
@@ -70,10 +71,15 @@ class _Counting(FlashReinforceModule):
 
 def _fit(policy, batches, *, skip: bool, micro: int = 4, objective=None):
     optim = {**OPTIM_CFG, "skip_zero_signal_steps": skip}
-    module = _Counting(
-        MODEL_CFG, objective or OBJECTIVE_CFG, optim, batch_size=B, micro_batch_size=micro,
+    built = learner_module(
+        MODEL_CFG,
+        objective or OBJECTIVE_CFG,
+        optim,
+        batch_size=B,
+        micro_batch_size=micro,
         policy=policy,
-    )  # fmt: skip
+    )
+    module = _Counting(built.policy, built.objective, built.optimizer_factory, built.settings)
     record, logger = _Record(), MemoryLogger()
     fitted = trainer(len(batches), callbacks=[record], logger=logger)
     fitted.fit(module, loader(batches))
@@ -183,11 +189,3 @@ def test_on_skips_only_dead_micro_batches_and_gives_the_same_update() -> None:
     assert max_abs_diff(record_on.params[0], snapshot(base)) > 1e-3
     assert rows_on[0][M.ZERO_SIGNAL] == rows_off[0][M.ZERO_SIGNAL] == 0.0
     assert rows_on[0][M.GRAD_NORM] == rows_off[0][M.GRAD_NORM]
-
-
-def test_bad_value_names_the_key() -> None:
-    with pytest.raises(ValueError, match=r"optim\.skip_zero_signal_steps"):
-        FlashReinforceModule(
-            MODEL_CFG, OBJECTIVE_CFG, {**OPTIM_CFG, "skip_zero_signal_steps": "yes"},
-            batch_size=B, micro_batch_size=B, policy=tiny_policy(),
-        )  # fmt: skip

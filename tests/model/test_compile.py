@@ -5,17 +5,18 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers.models import policy_of
 
 from frlab.model.compile import BUCKET, CompileCounter, compile_layers, decoder_layers
 from frlab.model.lm_logprobs import sequence_logprobs
 from frlab.model.packed_attention import packed_attention
-from frlab.model.policy import build_policy, tiny_config
+from frlab.model.policy import tiny_config
 
 VOCAB = 96
 
 
 def _model() -> torch.nn.Module:
-    return build_policy(config=tiny_config("qwen2", vocab_size=VOCAB), seed=0).double()
+    return policy_of(config=tiny_config("qwen2", vocab_size=VOCAB), seed=0).double()
 
 
 def _batch(lengths: list[int], seed: int = 0):

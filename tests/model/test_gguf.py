@@ -17,6 +17,7 @@ pytest.importorskip("accelerate", reason="needs the gguf extra (pip install 'frl
 
 import torch  # noqa: E402
 from gguf_testlib import CHAT_TEMPLATE, byte_vocab, write_tiny_gguf  # noqa: E402
+from helpers.models import policy_of
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from frlab.model import gguf as g  # noqa: E402
@@ -112,12 +113,11 @@ def test_local_gguf_file_is_cached_by_name_and_digest(tiny_gguf: Path, tmp_path:
 def test_build_policy_and_tokenizer_accept_a_gguf_source(
     tiny_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
-    from frlab.model import build_policy
     from frlab.model.tokenizer import build_tokenizer
 
     monkeypatch.setenv("FRLAB_CACHE", str(tmp_path))
     source = f"gguf:{tiny_gguf}"
-    policy = build_policy(source, dtype="float32")
+    policy = policy_of(source, dtype="float32")
     tokenizer = build_tokenizer(source)
     direct = AutoModelForCausalLM.from_pretrained(
         tiny_gguf.parent, gguf_file=tiny_gguf.name, attn_implementation="sdpa"

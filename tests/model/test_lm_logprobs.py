@@ -10,10 +10,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers.models import policy_of
 from lm_testlib import record_saved
 from memory_testlib import AllocationRecorder
 
-from frlab.model import build_policy, sequence_logprobs, tiny_config
+from frlab.model import sequence_logprobs, tiny_config
 from frlab.model.lm_logprobs import lm_parts
 
 VOCAB = 1024
@@ -52,7 +53,7 @@ _MODELS: dict[str, torch.nn.Module] = {}
 def tiny_model(name: str, dtype: str = "float32") -> torch.nn.Module:
     key = f"{name}/{dtype}"
     if key not in _MODELS:
-        _MODELS[key] = build_policy(config=MODEL_CONFIGS[name](), dtype=dtype, seed=0).eval()
+        _MODELS[key] = policy_of(config=MODEL_CONFIGS[name](), dtype=dtype, seed=0).eval()
     return _MODELS[key]
 
 
@@ -181,7 +182,7 @@ def test_refuses_models_that_transform_logits(model_type: str, extra: dict) -> N
         "num_key_value_heads": 1,
         **extra,
     }
-    model = build_policy(config=config, seed=0)
+    model = policy_of(config=config, seed=0)
     ids = torch.zeros(1, 4, dtype=torch.long)
     with pytest.raises(ValueError, match=model_type):
         sequence_logprobs(model, ids, torch.ones(1, 4, dtype=torch.bool))

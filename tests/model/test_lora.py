@@ -6,16 +6,19 @@ modules adapted on dense and MoE models; bad settings name their key."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 import torch
+from helpers.models import policy_of
 
+from frlab.config.schema import LoraConfig
 from frlab.model.lm_logprobs import sequence_logprobs
 from frlab.model.lora import adapted_modules, adapter_state_dict, check_lora, is_adapter
-from frlab.model.policy import build_policy, tiny_config
+from frlab.model.policy import tiny_config
 from frlab.rollout.engine import SamplingParams
 
-LORA = {"rank": 4, "alpha": 8.0, "dropout": 0.0, "target_modules": ["all-linear"]}
+LORA = {**dataclasses.asdict(LoraConfig()), "rank": 4, "alpha": 8.0}  # the rest as declared
 PROMPT = [1, 2, 3, 4]
 
 
@@ -27,7 +30,7 @@ def policy(lora=LORA, model_type: str = "qwen2"):  # noqa: ANN001, ANN201
                                    "max_position_embeddings") if k in config}  # fmt: skip
     if model_type == "qwen3_moe":
         keep.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
-    return build_policy(config=keep, seed=0, lora=lora)
+    return policy_of(config=keep, seed=0, lora=lora)
 
 
 def log_probs(model, tokens: list[int]) -> torch.Tensor:  # noqa: ANN001
@@ -112,26 +115,26 @@ def test_a_push_of_base_weights_to_a_lora_engine_is_refused() -> None:
 
 @pytest.mark.parametrize(
     ("lora", "match"),
-    [({"rank": -1}, "model.lora.rank"), ({"rank": 4, "alpha": 0}, "model.lora.alpha"),
-     ({"rank": 4, "dropout": 1.0}, "model.lora.dropout"),
-     ({"rank": 4, "target_modules": "all-linear"}, "model.lora.target_modules")],
-)  # fmt: skip
+    [
+        ({"rank": -1}, "model.lora.rank"),
+        ({"rank": 4, "alpha": 0}, "model.lora.alpha"),
+        ({"rank": 4, "dropout": 1.0}, "model.lora.dropout"),
+        ({"rank": 4, "target_modules": "all-linear"}, "model.lora.target_modules"),
+    ],
+)
 def test_bad_settings_name_their_key(lora: dict, match: str) -> None:
+    """The declaration's ranges at preflight; the module names (not a range) by check_lora."""
+    from frlab.config.compose import compose
+    from frlab.config.preflight import preflight
+
+    overrides = [f"model.lora.{k}={v}" for k, v in lora.items()]
     with pytest.raises(ValueError, match=match):
-        check_lora(lora)
+        preflight(compose(overrides))
 
 
-def test_keys_left_out_take_the_declared_defaults() -> None:
-    """`build_policy(lora={"rank": 8})` from Python adapts as the command line does: the keys
-    left out take the `model.lora` declaration's defaults, not a second copy of them."""
-    import dataclasses
-
-    from frlab.config.schema import LoraConfig
-    from frlab.model.lora import LORA_DEFAULTS, with_defaults
-
-    declared = dataclasses.asdict(LoraConfig())
-    assert LORA_DEFAULTS == declared
-    assert with_defaults({"rank": 8}) == {**declared, "rank": 8}
+def test_check_lora_refuses_what_no_range_says() -> None:
+    with pytest.raises(ValueError, match="model.lora.target_modules"):
+        check_lora({"target_modules": []})
 
 
 def test_routing_replay_with_moe_adapters_gives_back_the_samplers_log_probs() -> None:

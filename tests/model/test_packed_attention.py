@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers.models import policy_of
 
 from frlab.model.lm_logprobs import packed_index, sequence_logprobs
 from frlab.model.packed_attention import (
@@ -21,7 +22,7 @@ from frlab.model.packed_attention import (
     packed_attention,
     packed_sdpa_attention,
 )
-from frlab.model.policy import build_policy, enable_checkpointing, tiny_config
+from frlab.model.policy import enable_checkpointing, tiny_config
 from frlab.model.routing_replay import record_routing, replay_routing
 
 VOCAB = 96
@@ -32,7 +33,7 @@ def _model(arch: str, attn: str) -> torch.nn.Module:
     config = tiny_config(arch, vocab_size=VOCAB)
     if arch == "qwen3_moe":
         config._experts_implementation = "eager"  # grouped_mm has no float64 kernel
-    return build_policy(config=config, seed=0, attn_implementation=attn).to(torch.float64)
+    return policy_of(config=config, seed=0, attn_implementation=attn).to(torch.float64)
 
 
 def _batch(lengths=LENGTHS, seed: int = 3):

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.models import policy_of
 from omegaconf import OmegaConf
 
-from frlab.model import ModelNotCachedError, build_policy, save_policy, tiny_config
+from frlab.model import ModelNotCachedError, save_policy, tiny_config
 from frlab.model.policy import checkpoint_policy
 
 TYPES = ["qwen2", "llama", "qwen3_moe"]
@@ -33,7 +34,7 @@ def test_tiny_config_unknown_type() -> None:
 
 
 def test_tiny_moe_model_routes_to_experts() -> None:
-    model = build_policy(config=tiny_config("qwen3_moe"), seed=0)
+    model = policy_of(config=tiny_config("qwen3_moe"), seed=0)
     mlp = model.model.layers[0].mlp
     assert "Moe" in type(mlp).__name__
     assert sum(p.numel() for p in model.parameters()) < 2_000_000
@@ -46,10 +47,10 @@ def params(model: torch.nn.Module) -> list[torch.Tensor]:
 def test_seed_makes_init_reproducible_without_touching_global_rng() -> None:
     torch.manual_seed(123)
     before = torch.get_rng_state()
-    a = params(build_policy(config={"model_type": "llama", **small()}, seed=7))
+    a = params(policy_of(config={"model_type": "llama", **small()}, seed=7))
     assert torch.equal(torch.get_rng_state(), before)
-    b = params(build_policy(config={"model_type": "llama", **small()}, seed=7))
-    c = params(build_policy(config={"model_type": "llama", **small()}, seed=8))
+    b = params(policy_of(config={"model_type": "llama", **small()}, seed=7))
+    c = params(policy_of(config={"model_type": "llama", **small()}, seed=8))
     assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
     assert not all(torch.equal(x, y) for x, y in zip(a, c, strict=True))
 
@@ -67,15 +68,15 @@ def small() -> dict:
 
 def test_omegaconf_mapping_and_dtype() -> None:
     cfg = OmegaConf.create({"model_type": "qwen2", **small()})
-    model = build_policy(config=cfg, dtype="bfloat16", seed=0)
+    model = policy_of(config=cfg, dtype="bfloat16", seed=0)
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
     assert model.config.vocab_size == 96
 
 
 def test_default_attention_is_sdpa_on_cpu_too_and_a_choice_is_kept() -> None:
-    model = build_policy(config=tiny_config("qwen2"), seed=0)
+    model = policy_of(config=tiny_config("qwen2"), seed=0)
     assert model.config._attn_implementation == "sdpa"
-    eager = build_policy(config=tiny_config("qwen2"), seed=0, attn_implementation="eager")
+    eager = policy_of(config=tiny_config("qwen2"), seed=0, attn_implementation="eager")
     assert eager.config._attn_implementation == "eager"
 
 
@@ -93,7 +94,7 @@ def test_sdpa_and_eager_agree_on_padded_batches(dtype: torch.dtype) -> None:
     )
     out = {}
     for attn in ("sdpa", "eager"):
-        model = build_policy(config=tiny_config("qwen2"), seed=0, attn_implementation=attn)
+        model = policy_of(config=tiny_config("qwen2"), seed=0, attn_implementation=attn)
         model = model.to(dtype)
         lp, ent = sequence_logprobs(model, ids, mask, compute_entropy=True)
         lp.sum().backward()
@@ -109,24 +110,24 @@ def test_sdpa_and_eager_agree_on_padded_batches(dtype: torch.dtype) -> None:
     ("kwargs", "pattern"),
     [
         ({}, "model.name_or_path .* or model.config"),
-        ({"config": tiny_config(), "dtype": "bfloat61"}, r"model.dtype 'bfloat61'.*'bfloat16'"),
+        ({"config": tiny_config(), "dtype": "bfloat61"}, r"model.dtype`: 'bfloat61' is not"),
         ({"config": tiny_config(), "dtype": "int8"}, "model.dtype"),
-        ({"config": {"vocab_size": 10}}, "model.config.model_type is required"),
-        ({"config": {"model_type": "qwen"}}, r"model.config.model_type 'qwen'.*did you mean"),
-        ({"config": ["qwen2"]}, "model.config must be a mapping"),
+        ({"config": {"vocab_size": 10}}, "model.config.model_type`: is required"),
+        ({"config": {"model_type": "qwen"}}, r"model.config.model_type`: 'qwen'.*did you mean"),
+        ({"config": ["qwen2"]}, "model.config`: must be a mapping"),
         ({"config": tiny_config(), "seed": "0"}, "seed"),
-        ({"name_or_path": "/nonexistent/frlab/model"}, "model.name_or_path .* not an existing"),
+        ({"name_or_path": "/nonexistent/frlab/model"}, "model.name_or_path`: .* not an existing"),
         ({"name_or_path": "x/y", "config": {"model_type": "qwen2"}}, "not both"),
     ],
 )
 def test_bad_input_names_the_field(kwargs: dict, pattern: str) -> None:
     with pytest.raises(ValueError, match=pattern):
-        build_policy(**kwargs)
+        policy_of(**kwargs)
 
 
 def test_undeclared_config_key_warns_with_close_match() -> None:
     with pytest.warns(UserWarning, match=r"model.config.hidden_sise .*'hidden_size'"):
-        build_policy(config={"model_type": "qwen2", **small(), "hidden_sise": 8}, seed=0)
+        policy_of(config={"model_type": "qwen2", **small(), "hidden_sise": 8}, seed=0)
 
 
 def test_uncached_hub_id_while_offline_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -135,25 +136,25 @@ def test_uncached_hub_id_while_offline_says_so(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(ModelNotCachedError, match="not in the local .*cache.*HF_HUB_OFFLINE"):
-        build_policy("frlab-tests/no-such-model-anywhere")
+        policy_of("frlab-tests/no-such-model-anywhere")
 
 
 @pytest.mark.parametrize("model_type", TYPES)
 def test_save_and_reload_by_local_path_gives_identical_logits(
     model_type: str, tmp_path: Path
 ) -> None:
-    model = build_policy(config=tiny_config(model_type), seed=0).eval()
+    model = policy_of(config=tiny_config(model_type), seed=0).eval()
     out = save_policy(model, tmp_path / "policy")
     assert (out / "config.json").is_file()
     assert list(out.glob("*.safetensors"))
-    again = build_policy(str(out)).eval()
+    again = policy_of(str(out)).eval()
     assert again.config.model_type == model_type
     ids = torch.randint(
         0, model.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0)
     )
     with torch.no_grad():
         assert torch.equal(model(input_ids=ids).logits, again(input_ids=ids).logits)
-    half = build_policy(str(out), dtype="bfloat16")
+    half = policy_of(str(out), dtype="bfloat16")
     assert {p.dtype for p in half.parameters()} == {torch.bfloat16}
 
 
@@ -167,11 +168,11 @@ def checkpointing_enabled(model: torch.nn.Module) -> bool:
 def test_gradient_checkpointing_keeps_gradients(tmp_path: Path) -> None:
     from frlab.model import sequence_logprobs
 
-    plain = build_policy(config=tiny_config("qwen2"), seed=0)
-    ckpt = build_policy(config=tiny_config("qwen2"), seed=0, gradient_checkpointing=True)
+    plain = policy_of(config=tiny_config("qwen2"), seed=0)
+    ckpt = policy_of(config=tiny_config("qwen2"), seed=0, gradient_checkpointing=True)
     assert checkpointing_enabled(ckpt) and not checkpointing_enabled(plain)
     assert ckpt.config.use_cache is False
-    later = build_policy(config=tiny_config("qwen2"), seed=0)
+    later = policy_of(config=tiny_config("qwen2"), seed=0)
     checkpoint_policy(later)  # model.gradient_checkpointing=auto turns it on after the build
     assert checkpointing_enabled(later) and later.config.use_cache is False
     ids = torch.randint(0, 256, (2, 10), generator=torch.Generator().manual_seed(1))

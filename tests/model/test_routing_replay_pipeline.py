@@ -9,12 +9,14 @@ import random
 
 import pytest
 import torch
+from helpers.learner import learner_module
+from helpers.models import policy_of
 
 from envs.toy import TOY_ENVS
 from frlab.data.batch import RolloutBatch, Trajectory, TrajectoryError, collate
 from frlab.learner.module import FlashReinforceModule
 from frlab.model.lm_logprobs import sequence_logprobs
-from frlab.model.policy import build_policy, tiny_config
+from frlab.model.policy import tiny_config
 from frlab.model.routing_replay import moe_routers, record_routing, replay_routing
 from frlab.model.toy_tokenizer import build_toy_tokenizer
 from frlab.rollout.agent_loop import AgentLoopConfig, run_episode
@@ -38,7 +40,7 @@ def tiny_moe(seed: int = 0) -> torch.nn.Module:
     cfg = tiny_config(
         "qwen3_moe", vocab_size=VOCAB, num_experts=NUM_EXPERTS, num_experts_per_tok=TOP_K
     )
-    model = build_policy(config=cfg, seed=seed, attn_implementation="eager").eval()
+    model = policy_of(config=cfg, seed=seed, attn_implementation="eager").eval()
     gen = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for router in moe_routers(model):
@@ -117,7 +119,7 @@ def test_engine_without_recording_returns_no_routing(model) -> None:
 
 
 def test_engine_refuses_recording_on_a_dense_model() -> None:
-    dense = build_policy(config=tiny_config("qwen2", vocab_size=VOCAB), seed=0)
+    dense = policy_of(config=tiny_config("qwen2", vocab_size=VOCAB), seed=0)
     with pytest.raises(ValueError, match="record_routing"):
         TorchEngine(dense, record_routing=True)
 
@@ -152,7 +154,7 @@ def test_bad_routing_is_refused_naming_the_field(trajectories) -> None:
 
 def _module(policy: torch.nn.Module, replay: bool, pack: bool = True) -> FlashReinforceModule:
     model_cfg = {"config": None, "routing_replay": replay}
-    return FlashReinforceModule(
+    return learner_module(
         model_cfg, OBJECTIVE_CFG, OPTIM_CFG, batch_size=EPISODES, micro_batch_size=2,
         pack_sequences=pack, policy=policy,
     )  # fmt: skip
@@ -207,7 +209,7 @@ def test_learner_refuses_batches_without_routing_and_dense_policies(trajectories
     plain = collate([_without_routing(tr) for tr in trajectories])
     with pytest.raises(ValueError, match="routing_replay"):
         module._check_batch(plain, world=1)
-    dense = build_policy(config=tiny_config("qwen2", vocab_size=VOCAB), seed=0)
+    dense = policy_of(config=tiny_config("qwen2", vocab_size=VOCAB), seed=0)
     with pytest.raises(ValueError, match="routing_replay"):
         _module(dense, replay=True)
     _module(dense, replay=False)._check_batch(plain, world=1)  # off: nothing needed

@@ -12,12 +12,13 @@ import functools
 
 import pytest
 import torch
+from helpers.models import policy_of
 from varlen_testlib import cpu_flash_forward, cpu_flash_kernels
 
 from frlab.model import varlen
 from frlab.model.lm_logprobs import sequence_logprobs
 from frlab.model.packed_attention import PACKED_VARLEN, packed_attention, packed_kernel
-from frlab.model.policy import build_policy, enable_checkpointing, tiny_config
+from frlab.model.policy import enable_checkpointing, tiny_config
 
 VOCAB = 96
 LENGTHS = [5, 17, 9, 2, 30, 1, 17, 5, 5]
@@ -27,7 +28,7 @@ def _model(arch: str, dtype: torch.dtype = torch.float64) -> torch.nn.Module:
     config = tiny_config(arch, vocab_size=VOCAB)
     if arch == "qwen3_moe":
         config._experts_implementation = "eager"  # grouped_mm has no float64 kernel
-    return build_policy(config=config, seed=0, attn_implementation="sdpa").to(dtype)
+    return policy_of(config=config, seed=0, attn_implementation="sdpa").to(dtype)
 
 
 def _batch(lengths=LENGTHS, seed: int = 3, device: str = "cpu"):

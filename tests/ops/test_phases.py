@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers.models import policy_of
 
 from frlab.model.lm_logprobs import sequence_logprobs
 from frlab.model.packed_attention import packed_attention
-from frlab.model.policy import build_policy, tiny_config
+from frlab.model.policy import tiny_config
 from frlab.ops import phases
 from frlab.ops.phases import phase, profiling, time_backward
 
@@ -23,7 +24,7 @@ def _update(model: torch.nn.Module) -> None:
 
 
 def test_a_profiled_packed_update_records_every_model_phase() -> None:
-    model = build_policy(config=tiny_config("qwen2", vocab_size=64), seed=0)
+    model = policy_of(config=tiny_config("qwen2", vocab_size=64), seed=0)
     with profiling("cpu") as tally:
         _update(model)
     layers = model.config.num_hidden_layers
@@ -38,7 +39,7 @@ def test_a_profiled_packed_update_records_every_model_phase() -> None:
 
 
 def test_nothing_is_recorded_outside_profiling_and_it_does_not_nest() -> None:
-    model = build_policy(config=tiny_config("qwen2", vocab_size=64), seed=0)
+    model = policy_of(config=tiny_config("qwen2", vocab_size=64), seed=0)
     _update(model)  # no tally: must not fail or record
     with profiling("cpu") as tally:
         with pytest.raises(RuntimeError, match="already on"), profiling("cpu"):

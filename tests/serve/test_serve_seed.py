@@ -8,9 +8,9 @@ from typing import Any
 
 import httpx
 import pytest
+from helpers.models import policy_of
 from ports_testlib import free_port
 
-from frlab.model import build_policy
 from frlab.rollout.remote.protocol import request_seed, sampling_from_request
 from frlab.rollout.torch.engine import TorchEngine
 from frlab.serve.server import ServeState, serve
@@ -25,7 +25,7 @@ CONFIG = {
 @pytest.fixture
 def server_url() -> Any:
     port = free_port()
-    state = ServeState(TorchEngine(build_policy(config=CONFIG, seed=0), seed=0), "tiny")
+    state = ServeState(TorchEngine(policy_of(config=CONFIG, seed=0), seed=0), "tiny")
     ready = threading.Event()
     thread = threading.Thread(target=serve, args=(state, "127.0.0.1", port, ready), daemon=True)
     thread.start()

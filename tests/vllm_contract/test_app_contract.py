@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 import torch
 from contract_testlib import tiny_model
+from helpers.fleet import remote_engine
 
 from frlab.rollout.engine import SamplingParams
-from frlab.rollout.remote.engine import RemoteEngine
 
 pytestmark = pytest.mark.vllm_contract
 REPO = Path(__file__).resolve().parents[2]
@@ -43,7 +43,7 @@ def test_the_remote_engine_runs_against_vllms_app(vllm_app: Any, tmp_path: Path)
     by vLLM's application; the sampling parameters vLLM derives from frlab's request carry
     no penalty and processed log-probs are what comes back."""
     weights = {"w": torch.arange(6.0).reshape(2, 3), "b": torch.ones(2)}
-    engine = RemoteEngine([vllm_app.url], snapshot_dir=str(tmp_path), request_timeout_s=60.0,
+    engine = remote_engine([vllm_app.url], snapshot_dir=str(tmp_path), request_timeout_s=60.0,
                           probe_interval_s=0.2, startup_timeout_s=60.0, initial_weights=weights)  # fmt: skip
     engine.start()
     try:

@@ -20,9 +20,9 @@ import httpx
 import pytest
 import torch
 from contract_testlib import tiny_model
+from helpers.fleet import remote_engine
 
 from frlab.rollout.remote import auth
-from frlab.rollout.remote.engine import RemoteEngine
 
 pytestmark = pytest.mark.vllm_contract
 GUARD = "frlab.rollout.remote.auth.FleetGuard"
@@ -111,11 +111,11 @@ def test_the_remote_engine_gets_in_with_the_secret_only(guarded, tmp_path: Path)
     server, secret_file = guarded
     wrong = tmp_path / "wrong.secret"
     wrong.write_text(WRONG)
-    engine = RemoteEngine([server.url], snapshot_dir=str(tmp_path / "a"), request_timeout_s=30,
+    engine = remote_engine([server.url], snapshot_dir=str(tmp_path / "a"), request_timeout_s=30,
                           startup_timeout_s=30, initial_weights=WEIGHTS, secret_file=str(wrong))  # fmt: skip
     with pytest.raises(auth.FleetAuthError, match="HTTP 401"):
         engine.start()
-    engine = RemoteEngine([server.url], snapshot_dir=str(tmp_path / "b"), request_timeout_s=30,
+    engine = remote_engine([server.url], snapshot_dir=str(tmp_path / "b"), request_timeout_s=30,
                           startup_timeout_s=30, initial_weights=WEIGHTS,
                           secret_file=str(secret_file))  # fmt: skip
     engine.start()

@@ -21,7 +21,7 @@ from frlab.rollout.engine import EngineError, SamplingParams
 
 pytestmark = pytest.mark.vllm_cpu
 
-LORA = {"rank": 8, "alpha": 16.0, "dropout": 0.0, "target_modules": ["all-linear"]}
+LORA = {"rank": 8, "alpha": 16.0, "dropout": 0.0, "target_modules": ["all-linear"], "adapter": None}
 
 
 def moved_adapter(policy: Any, seed: int, scale: float = 0.3) -> dict[str, torch.Tensor]:

@@ -72,7 +72,14 @@ def test_a_lora_run_through_vllm_serves_the_learners_adapter_from_the_first_batc
 
     base = save_model(tmp_path / "base", seed=0)
     policy = apply_lora(
-        copy.deepcopy(base), {"rank": 8, "alpha": 16.0, "target_modules": ["all-linear"]}
+        copy.deepcopy(base),
+        {
+            "rank": 8,
+            "alpha": 16.0,
+            "dropout": 0.0,
+            "target_modules": ["all-linear"],
+            "adapter": None,
+        },
     )
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():

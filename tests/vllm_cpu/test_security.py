@@ -47,7 +47,7 @@ from frlab.rollout.vllm.snapshot import write_snapshot
 pytestmark = pytest.mark.vllm_cpu
 HERE = Path(__file__).resolve().parent
 WRONG = secrets.token_hex(32)
-LORA = {"rank": 8, "alpha": 16.0, "target_modules": ["all-linear"]}
+LORA = {"rank": 8, "alpha": 16.0, "dropout": 0.0, "target_modules": ["all-linear"], "adapter": None}
 
 
 @pytest.fixture(scope="module")

@@ -31,6 +31,7 @@ from typing import Any
 import httpx
 import pytest
 import torch
+from helpers.fleet import remote_engine
 from vllm_cpu_testlib import (
     REPORT,
     Server,
@@ -255,7 +256,7 @@ def test_a_resubmit_update_mid_request_goes_on_from_a_fresh_prefill(fleet, tmp_p
     ensure_up(fleet)
     server = fleet[0]
     old = AutoModelForCausalLM.from_pretrained(server.model, dtype=torch.float32).eval()
-    engine = RemoteEngine([server.url], snapshot_dir=str(tmp_path / "snaps"),
+    engine = remote_engine([server.url], snapshot_dir=str(tmp_path / "snaps"),
                           secret_file=str(server.secret_file),
                           request_timeout_s=120, startup_timeout_s=120, probe_interval_s=0.5,
                           weight_update="resubmit", initial_weights=old.state_dict())  # fmt: skip
@@ -309,7 +310,7 @@ def test_an_in_flight_update_mid_request_keeps_the_requests_with_vllms_labels(
     ensure_up(fleet)
     server = fleet[0]
     old = AutoModelForCausalLM.from_pretrained(server.model, dtype=torch.float32).eval()
-    engine = RemoteEngine([server.url], snapshot_dir=str(tmp_path / "snaps"),
+    engine = remote_engine([server.url], snapshot_dir=str(tmp_path / "snaps"),
                           secret_file=str(server.secret_file),
                           request_timeout_s=120, startup_timeout_s=120, probe_interval_s=0.5,
                           weight_update="in_flight", initial_weights=old.state_dict())  # fmt: skip

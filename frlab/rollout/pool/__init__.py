@@ -1,8 +1,7 @@
 """The rollout pool and its parts, one module each:
 
 - `pool`: `RolloutPool`, the lifecycle, the admission loop, batches out and weights in (what a
-  run sees);
-- `checkpoint`: the pool's `state_dict` and its restoring (in-flight prompts rerun on resume);
+  run sees), and its checkpoint (in-flight prompts rerun on resume);
 - `admission`: the earliest-deadline admission invariant that bounds policy lag, the queue of
   started rollouts, and which finished ones form a batch;
 - `rollouts`: one rollout's record (group, versions, trajectory), running it through the agent
@@ -23,7 +22,6 @@ from frlab.lazy import lazy_exports
 _EXPORTS = {
     "RolloutPool": "frlab.rollout.pool.pool",
     "STOP_WAIT_S": "frlab.rollout.pool.loop_thread",
-    "MODES": "frlab.rollout.pool.admission",
     "admission_feasible": "frlab.rollout.pool.admission",
     "required_early": "frlab.rollout.pool.admission",
     "select_batch": "frlab.rollout.pool.admission",

@@ -33,8 +33,6 @@ from collections.abc import Iterable
 from frlab.data.batch import Trajectory
 from frlab.rollout.pool.rollouts import Group, Rollout
 
-MODES = ("async", "sync")
-
 
 def admission_feasible(
     dues: list[int], new_due: int, new_count: int, learner_version: int, batch_size: int
@@ -109,30 +107,6 @@ def lag_info(learner_version: int, start_version: int, traj: Trajectory) -> dict
         "policy_lag_min": learner_version - traj.max_version,
         "policy_lag_max": learner_version - traj.min_version,
     }
-
-
-def validate_pool_args(
-    batch_size: int, max_in_flight: int, max_policy_lag: int, mode: str, g: int,
-    env_workers: int = 1, prompt_id_offset: int = 0, prompt_id_stride: int = 1,
-) -> None:  # fmt: skip
-    """Raise ValueError naming the config key of a bad pool size, mode or lag bound (or the
-    argument: env threads, this rank's share of the prompt ids)."""
-    if int(env_workers) < 1 or not 0 <= int(prompt_id_offset) < int(prompt_id_stride):
-        raise ValueError("need num_env_workers >= 1 and 0 <= prompt_id_offset < stride")
-    if int(batch_size) < 1:
-        raise ValueError(f"data.batch_size must be >= 1, got {batch_size}")
-    if mode not in MODES:
-        raise ValueError(f"rollout.mode must be one of {MODES}, got {mode!r}")
-    if int(g) < 1:
-        raise ValueError(f"rollout.samples_per_prompt={g}: must be >= 1")
-    if int(batch_size) % int(g):
-        raise ValueError(
-            f"data.batch_size={batch_size} must be a multiple of rollout.samples_per_prompt={g}"
-        )
-    if int(max_in_flight) < int(g):
-        raise ValueError(f"rollout.max_in_flight={max_in_flight} must be >= samples_per_prompt={g}")
-    if int(max_policy_lag) < 0:
-        raise ValueError(f"rollout.max_policy_lag must be >= 0, got {max_policy_lag}")
 
 
 class DeadlineQueue:

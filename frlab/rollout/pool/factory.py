@@ -19,6 +19,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from frlab.errors import ConfigError
+
 
 def _values(node: Any) -> dict[str, Any]:
     if isinstance(node, DictConfig):
@@ -34,7 +36,7 @@ def _build(node: Any, **kwargs: Any) -> Any:
     try:
         return instantiate(OmegaConf.create(_values(node)), _convert_="all", **kwargs)
     except InstantiationException as exc:
-        raise ValueError(f"env._target_ {' '.join(str(exc).split())}") from exc
+        raise ConfigError("env._target_", f"{' '.join(str(exc).split())}") from exc
 
 
 def env_factory(node: Any) -> Callable[[], Any]:

@@ -15,6 +15,13 @@ handed out in prompt order; a failed group is counted (`incomplete_group`) and r
 per-rollout seeds (frlab.rollout.seeding) and the lockstep gate, two sync runs on the CPU torch
 engine are bit-identical. Every wait has a deadline (the agent loop's per call, STOP_WAIT_S
 when stopping), and the counters and task sampler's state travel with `state_dict()`.
+
+The checkpoint (`state_dict`, `load_state_dict`): the data cursor (prompt counter, RNG and
+task-sampler state), the prompts not yet finished (rerun on resume), the finished-but-unconsumed
+trajectories (frlab.rollout.pool.rollouts), the learner's versions and the counters; plain
+Python values only, so a checkpoint loads with `torch.load(weights_only=True)`. Loading into a
+running pool first cancels its in-flight work on the loop thread, with admission held until the
+state is in place.
 """
 
 from __future__ import annotations
@@ -33,27 +40,36 @@ from frlab.data.batch import Trajectory
 from frlab.rollout.agent_loop import AgentLoopConfig
 from frlab.rollout.engine import Engine, EngineDown
 from frlab.rollout.env_threads import EnvThreads
-from frlab.rollout.pool.admission import DeadlineQueue, validate_pool_args
-from frlab.rollout.pool.checkpoint import CheckpointSide
+from frlab.rollout.pool.admission import DeadlineQueue
 from frlab.rollout.pool.lockstep import LockstepClient, LockstepGate
 from frlab.rollout.pool.loop_thread import STOP_WAIT_S, LoopThread, run_bounded
 from frlab.rollout.pool.metering import GenerationMeter, MeteredEngine
 from frlab.rollout.pool.pinning import WeightPins
-from frlab.rollout.pool.rollouts import Failure, Group, Rollout, close_env, run_rollout
+from frlab.rollout.pool.rollouts import (
+    Failure,
+    Group,
+    Rollout,
+    check_state,
+    close_env,
+    ready_record,
+    restore_ready,
+    run_rollout,
+)
 from frlab.rollout.pool.state import PoolCounters, PromptCursor, engine_stats
 from frlab.rollout.seeding import rollout_seed
 
 log = logging.getLogger(__name__)
 
 
-class RolloutPool(CheckpointSide):
+class RolloutPool:
     """Runs rollouts in the background and hands out batches of B finished trajectories.
 
     `env_factory` builds one environment per rollout; `task_sampler` draws each new prompt's
     task (the env class's `task_sampler(**env_kwargs)`, envs.base); the pool closes it when it
     stops. `off_policy_correction` is the objective's (`Objective.uses_off_policy_correction`):
     when True, `loop_cfg.sampling` must keep the full support (top_p=1, top_k=0) or
-    ValueError. Its checkpoint (`state_dict`, `load_state_dict`): frlab.rollout.pool.checkpoint."""
+    ValueError. The pool sizes, mode and lag bound are the `rollout` keys (declared and checked
+    in frlab.config.schema, never defaulted here); `seed` the run's."""
 
     def __init__(
         self,
@@ -66,16 +82,16 @@ class RolloutPool(CheckpointSide):
         batch_size: int,
         max_in_flight: int,
         max_policy_lag: int,
-        mode: str = "async",
-        samples_per_prompt: int = 1,
-        seed: int = 0,
+        mode: str,
+        samples_per_prompt: int,
+        seed: int,
+        off_policy_correction: bool,
         num_env_workers: int = 4,
         prompt_id_offset: int = 0,
         prompt_id_stride: int = 1,
-        off_policy_correction: bool = True,
     ) -> None:
-        validate_pool_args(batch_size, max_in_flight, max_policy_lag, mode, samples_per_prompt,
-                           num_env_workers, prompt_id_offset, prompt_id_stride)  # fmt: skip
+        if int(num_env_workers) < 1 or not 0 <= int(prompt_id_offset) < int(prompt_id_stride):
+            raise ValueError("need num_env_workers >= 1 and 0 <= prompt_id_offset < stride")
         # Importance ratios need the full sampling support (truncation biases them): refuse
         # top-p / top-k here too, so pools built outside train.py (benches, scripts) cannot.
         loop_cfg.sampling.validate(off_policy_correction)
@@ -362,3 +378,45 @@ class RolloutPool(CheckpointSide):
             )
         self._stats.counts["weight_syncs"] += 1
         self.set_learner_version(version)
+
+    # -- checkpoint ----------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The data cursor: prompt counter, RNG and task-sampler state, prompts not yet
+        finished (rerun on resume) and finished-but-unconsumed trajectories; plain Python
+        values only, so a checkpoint loads with `torch.load(weights_only=True)`."""
+        with self._cond:
+            queue = self._queue
+            return {
+                **self._cursor.state_dict(queue.outstanding.values(), queue.ready),
+                "ready": [ready_record(ro) for ro in queue.ready],
+                "learner_version": self._learner_version,
+                "next_consume_version": self._next_consume_version,
+                "counters": self._stats.records(),
+            }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore the cursor; in-flight work (if running) is cancelled and its prompts rerun."""
+        check_state(state)
+        if self._runner.is_alive():
+            self._runner.run(self._load_in_loop(state), timeout=STOP_WAIT_S)
+        else:
+            self._apply_state(state)
+
+    async def _load_in_loop(self, state: Mapping[str, Any]) -> None:
+        self._loading = True  # no admission while the old work is cancelled
+        try:
+            await self._runner.cancel_all()
+            self._apply_state(state)
+        finally:
+            self._loading = False
+        self._runner.wake()
+
+    def _apply_state(self, state: Mapping[str, Any]) -> None:
+        with self._cond:
+            self._reset_queues()
+            self._cursor.load_state_dict(state)
+            self._learner_version = int(state.get("learner_version", 0))
+            self._next_consume_version = int(state.get("next_consume_version", 0))
+            self._queue.restore(restore_ready(state["ready"], self.max_policy_lag))
+            self._stats.restore(state.get("counters"))
+            self._cond.notify_all()

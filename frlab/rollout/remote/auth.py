@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequen
 from pathlib import Path
 from typing import Any
 
+from frlab.errors import ConfigError
 from frlab.rollout.remote.hosts import is_loopback_url
 
 log = logging.getLogger("frlab.rollout.remote.auth")
@@ -65,18 +66,17 @@ class SecretError(ValueError):
     """The fleet's secret could not be read or is unusable (the message names where from)."""
 
 
-class FleetAuthError(ValueError):
+class FleetAuthError(ConfigError):
     """A server refused the learner's secret (HTTP 401): the secrets differ or one is unset.
-    A configuration error naming the key (`python -m frlab` exits 2 on it, as on a
-    ConfigError), never a server fault; not an EngineError, so no fault handler takes it."""
-
-    key = "rollout.remote.secret_env"
+    A configuration error naming the key (`python -m frlab` exits 2 on it), never a server
+    fault; not an EngineError, so no fault handler takes it."""
 
     def __init__(self, url: str) -> None:
         super().__init__(
-            f"config key `{self.key}`: the server {url} refused this learner's fleet secret "
-            f"(HTTP 401): set the same secret on the learner and on every server ({WHERE}); "
-            "the request was not retried and the server was not marked dead"
+            "rollout.remote.secret_env",
+            f"the server {url} refused this learner's fleet secret (HTTP 401): set the same "
+            f"secret on the learner and on every server ({WHERE}); the request was not "
+            "retried and the server was not marked dead",
         )
 
 
@@ -98,21 +98,23 @@ def fleet_secret(
     servers: Sequence[str], secret_env: str | None, secret_file: str | None,
     allow_unauthenticated: bool,
 ) -> str | None:  # fmt: skip
-    """The learner's secret for this fleet (`read_secret`). ValueError naming the key when a
+    """The learner's secret for this fleet (`read_secret`). ConfigError naming the key when a
     server is off loopback and there is none, unless `allow_unauthenticated` (the engine then
     warns at every start); a loopback fleet without one runs as before."""
     try:
         secret = read_secret(secret_env, secret_file)
     except SecretError as exc:
-        raise ValueError(str(exc)) from None
+        key = "rollout.remote.secret_file" if secret_file else "rollout.remote.secret_env"
+        raise ConfigError(key, str(exc)) from None
     if secret is None and not allow_unauthenticated and not all_loopback(servers):
-        raise ValueError(
-            f"rollout.remote.secret_env: the fleet has servers off loopback "
+        raise ConfigError(
+            "rollout.remote.secret_env",
+            f"the fleet has servers off loopback "
             f"({[u for u in servers if not is_loopback_url(u)]}) and no shared secret (the "
             f"variable {secret_env or DEFAULT_SECRET_ENV} is unset and "
             "rollout.remote.secret_file is null): anyone who reaches a server could replace "
             f"its weights; {WHERE}, or set rollout.remote.allow_unauthenticated=true to run "
-            "without one on a network you trust"
+            "without one on a network you trust",
         )
     return secret
 

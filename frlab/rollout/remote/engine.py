@@ -45,6 +45,7 @@ from typing import Any
 
 import torch
 
+from frlab.errors import ConfigError
 from frlab.rollout.engine import (
     Engine,
     EngineError,
@@ -57,7 +58,7 @@ from frlab.rollout.engine_loop import EngineLoop
 from frlab.rollout.remote import auth, in_flight, limits, resubmit
 from frlab.rollout.remote import generate as gen
 from frlab.rollout.remote import protocol as proto
-from frlab.rollout.remote.fleet import Fleet, Server, ServerFault, check_settings, check_urls
+from frlab.rollout.remote.fleet import Fleet, Server, ServerFault, check_urls
 from frlab.rollout.remote.lora import LORA_WEIGHT_UPDATES, LoraAdapters, check_lora_settings
 from frlab.rollout.remote.nccl import NcclSync
 from frlab.rollout.remote.traffic import Traffic
@@ -84,14 +85,15 @@ class RemoteEngine(Engine):
 
         remote = rollout.get("remote")
         if remote is None:
-            raise ValueError("rollout.remote missing: select the backend with rollout=remote")
+            raise ConfigError("rollout.remote", "missing: select the backend with rollout=remote")
         if not isinstance(remote, Mapping):
-            raise ValueError(f"rollout.remote must be a mapping, got {remote!r}")
+            raise ConfigError("rollout.remote", f"must be a mapping, got {remote!r}")
         check_urls(remote["servers"])
         if remote["weight_sync"] == "nccl" and world > 1:
-            raise ValueError(
-                f"rollout.remote.weight_sync nccl supports one learner rank (the single NCCL "
-                f"sender), this run has {world}; use filesystem with several ranks"
+            raise ConfigError(
+                "rollout.remote.weight_sync",
+                f"nccl supports one learner rank (the single NCCL "
+                f"sender), this run has {world}; use filesystem with several ranks",
             )
         if remote["weight_sync"] == "nccl":
             nccl_master_address(remote.get("nccl_master_address"), remote["servers"])
@@ -111,7 +113,7 @@ class RemoteEngine(Engine):
 
         lora = adapter_config(policy) if is_peft(policy) else None
         weights = policy.state_dict()
-        return cls(**dict(settings), seed=seed, weight_update=weight_update, lora=lora,
+        return cls(**settings, seed=seed, weight_update=weight_update, lora=lora,
                    initial_weights=weights if lora is None else adapter_state_dict(weights),
                    vocab_size=limits.model_vocab_size(policy))  # fmt: skip
 
@@ -130,35 +132,36 @@ class RemoteEngine(Engine):
 
     def __init__(
         self,
-        servers: Sequence[str],
         *,
-        snapshot_dir: str | None = None,
-        weight_sync: str = "filesystem",
-        request_timeout_s: float = 120.0,
-        max_retries: int = 3,
-        probe_interval_s: float = 1.0,
-        startup_timeout_s: float = 60.0,
-        fleet_down_timeout_s: float = 300.0,
-        keep_snapshots: int = 2,
-        model: str | None = None,
-        seed: int = 0,
+        servers: Sequence[str],
+        snapshot_dir: str | None,
+        weight_sync: str,
+        request_timeout_s: float,
+        max_retries: int,
+        probe_interval_s: float,
+        startup_timeout_s: float,
+        fleet_down_timeout_s: float,
+        keep_snapshots: int,
+        model: str | None,
+        nccl_master_address: str | None,
+        nccl_master_port: int,
+        nccl_packed: bool,
+        secret_env: str,
+        secret_file: str | None,
+        allow_unauthenticated: bool,
+        seed: int,
+        weight_update: str | None,
         initial_version: int = 0,
         initial_weights: Mapping[str, torch.Tensor] | None = None,
-        nccl_master_address: str | None = None,
-        nccl_master_port: int = 0,
-        nccl_packed: bool = True,
-        weight_update: str | None = None,
         lora: Mapping[str, Any] | None = None,
-        secret_env: str = auth.DEFAULT_SECRET_ENV,
-        secret_file: str | None = None,
-        allow_unauthenticated: bool = False,
         vocab_size: int | None = None,
     ) -> None:
+        """The fleet's settings are the `rollout.remote` keys (frlab.config.schema.RemoteConfig,
+        their one declaration, checked there) and `seed` / `weight_update` the run's; the rest
+        is the learner's state at start (its weights, its LoRA adapter, the vocabulary)."""
         urls = check_urls(servers)
         mode = resolve_weight_update(weight_update, self.weight_updates(), "remote")
         self._auto_mode = weight_update is None  # chosen at start (in_flight where exact)
-        check_settings(weight_sync, request_timeout_s, probe_interval_s, max_retries,
-                        keep_snapshots, fleet_down_timeout_s)  # fmt: skip
         check_lora_settings(lora, mode, weight_sync)
         self.lora = None if lora is None else dict(lora)  # the adapter's peft config
         self._nccl = (

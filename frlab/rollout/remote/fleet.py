@@ -25,6 +25,7 @@ from typing import Any
 import anyio
 import httpx
 
+from frlab.errors import ConfigError
 from frlab.rollout.engine import EngineError
 from frlab.rollout.remote import control
 from frlab.rollout.remote import protocol as proto
@@ -344,35 +345,13 @@ def decode(resp: httpx.Response, path: str) -> Any:
 def check_urls(servers: Sequence[str]) -> list[str]:
     """Distinct http(s) base URLs without a trailing slash (ValueError naming the config key)."""
     if isinstance(servers, str) or not servers:
-        raise ValueError(
-            f"rollout.remote.servers must be a non-empty list of URLs, got {servers!r}"
+        raise ConfigError(
+            "rollout.remote.servers", f"must be a non-empty list of URLs, got {servers!r}"
         )
     urls = [str(u).rstrip("/") for u in servers]
     for url in urls:
         if not url.startswith(("http://", "https://")):
-            raise ValueError(f"rollout.remote.servers: {url!r} is not an http(s):// base URL")
+            raise ConfigError("rollout.remote.servers", f"{url!r} is not an http(s):// base URL")
     if len(set(urls)) != len(urls):
-        raise ValueError(f"rollout.remote.servers lists a server twice: {list(servers)}")
+        raise ConfigError("rollout.remote.servers", f"lists a server twice: {list(servers)}")
     return urls
-
-
-WEIGHT_SYNCS = ("filesystem", "nccl")
-
-
-def check_settings(
-    weight_sync: str, request_timeout_s: float, probe_interval_s: float, max_retries: int,
-    keep_snapshots: int, fleet_down_timeout_s: float,
-) -> None:  # fmt: skip
-    """ValueError naming the `rollout.remote` key of the first invalid setting (the ranges
-    `frlab.config.schema.RemoteConfig` declares, for an engine built without a config)."""
-    if weight_sync not in WEIGHT_SYNCS:
-        raise ValueError(f"rollout.remote.weight_sync must be filesystem|nccl, got {weight_sync!r}")
-    for key, value in (("request_timeout_s", request_timeout_s),
-                       ("probe_interval_s", probe_interval_s),
-                       ("fleet_down_timeout_s", fleet_down_timeout_s)):  # fmt: skip
-        if not float(value) > 0:
-            raise ValueError(f"rollout.remote.{key} must be > 0, got {value}")
-    if int(max_retries) < 0:
-        raise ValueError(f"rollout.remote.max_retries must be >= 0, got {max_retries}")
-    if int(keep_snapshots) < 1:
-        raise ValueError(f"rollout.remote.keep_snapshots must be >= 1, got {keep_snapshots}")

@@ -14,6 +14,8 @@ import ipaddress
 from collections.abc import Sequence
 from urllib.parse import urlsplit
 
+from frlab.errors import ConfigError
+
 LOOPBACK = "127.0.0.1"
 
 
@@ -36,9 +38,10 @@ def nccl_master_address(address: str | None, servers: Sequence[str]) -> str:
         return str(address)
     remote = [u for u in servers if not is_loopback_url(u)]
     if remote:
-        raise ValueError(
-            "rollout.remote.nccl_master_address must be set (an address of this learner host "
+        raise ConfigError(
+            "rollout.remote.nccl_master_address",
+            "must be set (an address of this learner host "
             f"that the servers can reach) when servers run on other hosts: {remote}; this "
-            "host's name may resolve to a loopback alias they cannot reach"
+            "host's name may resolve to a loopback alias they cannot reach",
         )
     return LOOPBACK

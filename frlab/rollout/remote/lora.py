@@ -33,6 +33,7 @@ import httpx
 import torch
 from safetensors import safe_open
 
+from frlab.errors import ConfigError
 from frlab.rollout.engine import EngineError
 from frlab.rollout.remote import protocol as proto
 from frlab.rollout.remote.fleet import Fleet, Server, ServerFault, Snapshot
@@ -60,14 +61,16 @@ def check_lora_settings(lora: Mapping[str, Any] | None, weight_update: str | Non
     if lora is None:
         return
     if weight_update not in LORA_WEIGHT_UPDATES:
-        raise ValueError(
+        raise ConfigError(
+            "rollout.weight_update",
             f"rollout.weight_update={weight_update} with model.lora on a server fleet: a running "
-            "request keeps the adapter it named, so use drain or resubmit"
+            "request keeps the adapter it named, so use drain or resubmit",
         )
     if weight_sync != "filesystem":
-        raise ValueError(
-            "rollout.remote.weight_sync must be filesystem with model.lora: an adapter travels "
-            "to the servers as a peft folder"
+        raise ConfigError(
+            "rollout.remote.weight_sync",
+            "must be filesystem with model.lora: an adapter travels "
+            "to the servers as a peft folder",
         )
 
 

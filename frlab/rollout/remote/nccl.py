@@ -48,6 +48,7 @@ from typing import Any
 import httpx
 import torch
 
+from frlab.errors import ConfigError
 from frlab.rollout.engine import EngineError
 from frlab.rollout.remote import control
 from frlab.rollout.remote import protocol as proto
@@ -69,17 +70,18 @@ log = logging.getLogger("frlab.rollout.remote.engine")
 def check_nccl_settings(master_address: str | None, master_port: int, packed: bool) -> None:
     """ValueError naming the `rollout.remote.nccl_*` key of the first invalid setting."""
     if master_address is not None and (not isinstance(master_address, str) or not master_address):
-        raise ValueError(
-            f"rollout.remote.nccl_master_address must be a host name or null, got {master_address!r}"
+        raise ConfigError(
+            "rollout.remote.nccl_master_address",
+            f"must be a host name or null, got {master_address!r}",
         )
     if isinstance(master_port, bool) or not isinstance(master_port, int):
-        raise ValueError(f"rollout.remote.nccl_master_port must be an int, got {master_port!r}")
+        raise ConfigError("rollout.remote.nccl_master_port", f"must be an int, got {master_port!r}")
     if not 0 <= master_port <= 65535:
-        raise ValueError(
-            f"rollout.remote.nccl_master_port must be in [0, 65535], got {master_port}"
+        raise ConfigError(
+            "rollout.remote.nccl_master_port", f"must be in [0, 65535], got {master_port}"
         )
     if not isinstance(packed, bool):
-        raise ValueError(f"rollout.remote.nccl_packed must be true|false, got {packed!r}")
+        raise ConfigError("rollout.remote.nccl_packed", f"must be true|false, got {packed!r}")
 
 
 class FleetClient:

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.multiprocessing as tmp
 
+from frlab.errors import ConfigError
 from frlab.rollout.engine import (
     WEIGHT_UPDATES,
     Engine,
@@ -85,16 +86,21 @@ class ProcessTorchEngine(Engine):
             weight_update, self.weight_updates(), "torch_process", record_routing=record_routing
         )
         if torch.device(device).type != "cpu":
-            raise ValueError(
+            raise ConfigError(
+                "rollout.engine.device",
                 f"rollout.engine.device={device!r}: rollout/engine=torch_process serves on CPU "
-                "only (use rollout/engine=torch or vllm on a GPU)"
+                "only (use rollout/engine=torch or vllm on a GPU)",
             )
         if max_batch_size < 1:
-            raise ValueError(f"rollout.engine.max_batch_size must be >= 1, got {max_batch_size}")
+            raise ConfigError(
+                "rollout.engine.max_batch_size", f"must be >= 1, got {max_batch_size}"
+            )
         if num_threads < 1:
-            raise ValueError(f"rollout.engine.num_threads must be >= 1, got {num_threads}")
+            raise ConfigError("rollout.engine.num_threads", f"must be >= 1, got {num_threads}")
         if not start_timeout_s > 0:
-            raise ValueError(f"rollout.engine.start_timeout_s must be > 0, got {start_timeout_s}")
+            raise ConfigError(
+                "rollout.engine.start_timeout_s", f"must be > 0, got {start_timeout_s}"
+            )
         if record_routing:
             require_moe(model, "rollout.engine.record_routing=true")
         check_shared_memory(model)

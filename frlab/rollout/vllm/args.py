@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from frlab.errors import ConfigError
 from frlab.model.memory_plan import kv_bytes_per_token
 from frlab.rollout.engine import EngineError, SamplingParams
 from frlab.rollout.vllm.releases import SUPPORTED
@@ -63,8 +64,9 @@ def vllm_engine_kwargs(model: str, supported: Iterable[str], **options: Any) -> 
     kwargs: dict[str, Any] = {"model": model, **options}
     unknown = sorted(k for k in kwargs if k not in names)
     if unknown:
-        raise ValueError(
-            f"rollout.vllm_engine_args: vLLM AsyncEngineArgs has no field(s): {', '.join(unknown)}"
+        raise ConfigError(
+            "rollout.vllm_engine_args",
+            f"vLLM AsyncEngineArgs has no field(s): {', '.join(unknown)}",
         )
     for field in ("worker_extension_cls", "logprobs_mode", "generation_config"):
         if field not in names:
@@ -98,7 +100,7 @@ def check_user_engine_args(args: Mapping[str, Any]) -> None:
     owned = sorted(set(args) & set(SET_FROM_CONFIG))
     if owned:
         where = ", ".join(f"{k} (from {SET_FROM_CONFIG[k]})" for k in owned)
-        raise ValueError(f"rollout.vllm_engine_args: frlab sets {where} itself: remove it")
+        raise ConfigError("rollout.vllm_engine_args", f"frlab sets {where} itself: remove it")
     required_engine_options(args)
 
 
@@ -107,9 +109,9 @@ def required_engine_options(options: Mapping[str, Any]) -> dict[str, Any]:
     when `options` sets one of them to another value."""
     for field, (value, why) in _REQUIRED.items():
         if field in options and options[field] != value:
-            raise ValueError(
-                f"rollout.vllm_engine_args.{field} must be {value!r} ({why}), "
-                f"got {options[field]!r}"
+            raise ConfigError(
+                f"rollout.vllm_engine_args.{field}",
+                f"must be {value!r} ({why}), got {options[field]!r}",
             )
     return {field: value for field, (value, _) in _REQUIRED.items()}
 
@@ -192,7 +194,7 @@ def cpu_kv_cache_bytes(
     what `sequences` sequences of `max_len` tokens need, at least MIN_CPU_KV_CACHE."""
     if gib is not None:
         if not float(gib) > 0:
-            raise ValueError(f"rollout.engine.cpu_kv_cache_gib must be > 0, got {gib}")
+            raise ConfigError("rollout.engine.cpu_kv_cache_gib", f"must be > 0, got {gib}")
         return int(float(gib) * GIB)
     need = kv_bytes_per_token(config, dtype_bytes) * int(sequences) * int(max_len)
     return max(MIN_CPU_KV_CACHE, int(CPU_KV_MARGIN * need))

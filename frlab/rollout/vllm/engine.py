@@ -56,6 +56,7 @@ from typing import Any
 
 import torch
 
+from frlab.errors import ConfigError
 from frlab.rollout.engine import (
     SEED_LIMIT,
     WEIGHT_UPDATES,
@@ -107,10 +108,11 @@ class VLLMEngine(WeightsSide, Engine):
             return
         served_on = installed_platform()
         if served_on is None:
-            raise ValueError(
+            raise ConfigError(
+                "trainer.accelerator",
                 f"trainer.accelerator={accelerator!r} needs vLLM's CPU build, and no vLLM is "
                 "installed: `bash scripts/vllm_cpu_env.sh` builds an environment with it, or use "
-                "rollout/engine=torch"
+                "rollout/engine=torch",
             )
         if served_on != "cpu":
             raise ValueError(

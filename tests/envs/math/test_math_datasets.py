@@ -168,10 +168,10 @@ def test_holdout_parts_are_disjoint_deduplicated_and_cover_every_question(tmp_pa
 @pytest.mark.parametrize(
     ("holdout", "fragment"),
     [
-        ({"fraction": 0, "part": "train"}, "holdout.fraction must be a number in (0, 1)"),
-        ({"fraction": 0.2, "part": "test"}, "holdout.part must be one of train, heldout"),
-        ({"fraction": 0.2, "part": "train", "seed": 1}, "holdout.seed is not a holdout key"),
-        ([0.2], "holdout must be a mapping"),
+        ({"fraction": 0, "part": "train"}, "holdout.fraction`: must be a number in (0, 1)"),
+        ({"fraction": 0.2, "part": "test"}, "holdout.part`: must be one of train, heldout"),
+        ({"fraction": 0.2, "part": "train", "seed": 1}, "holdout.seed`: is not a holdout key"),
+        ([0.2], "holdout`: must be a mapping"),
     ],
 )
 def test_bad_holdouts_name_the_field(holdout: object, fragment: str) -> None:

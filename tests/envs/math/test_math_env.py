@@ -144,7 +144,7 @@ def test_answer_format_is_used_for_the_reward() -> None:
     strict.reset(TASKS[0])
     step = strict.step(truncated)
     assert step.reward == 0.0 and step.info["extracted"] is None
-    with pytest.raises(ValueError, match="env.answer_format must be one of any, boxed"):
+    with pytest.raises(ValueError, match="env.answer_format`: must be one of any, boxed"):
         MathEnv(dataset=TASKS, answer_format="strict")
 
 

@@ -11,6 +11,7 @@ import time
 from collections import Counter
 
 import pytest
+from helpers.pool import pool_settings
 
 from envs.base import Env, StepResult
 from frlab.model.toy_tokenizer import build_toy_tokenizer
@@ -137,7 +138,9 @@ def make_pool(board: Board, env_timeout_s: float = 300.0, **kw) -> tuple[Rollout
     opts = dict(batch_size=2, max_in_flight=4, max_policy_lag=8, num_env_workers=8)
     opts.update(kw)
     tasks = GatedEnv.task_sampler(board=board)  # the default: one instance's sample_task
-    pool = RolloutPool(engine, lambda: GatedEnv(board), TOKENIZER, cfg, task_sampler=tasks, **opts)
+    pool = RolloutPool(
+        engine, lambda: GatedEnv(board), TOKENIZER, cfg, task_sampler=tasks, **pool_settings(**opts)
+    )
     return pool, engine
 
 

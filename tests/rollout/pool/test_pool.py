@@ -147,18 +147,3 @@ def test_admission_and_deadline_arithmetic() -> None:
     assert admission_feasible([1, 1, 1, 1, 3, 3, 3], 3, 1, 0, 2)
     assert required_early([0, 0, 1, 1, 1, 1], 0, 2) == {0: 2, 1: 4}
     assert required_early([3, 3], 0, 2) == {}
-
-
-@pytest.mark.parametrize(
-    ("kw", "key"),
-    [
-        (dict(samples_per_prompt=0), "samples_per_prompt"),
-        (dict(mode="sync", samples_per_prompt=3, batch_size=4), "samples_per_prompt"),
-        (dict(mode="later"), "rollout.mode"),
-        (dict(batch_size=0), "data.batch_size"),
-        (dict(max_policy_lag=-1), "max_policy_lag"),
-    ],
-)
-def test_bad_settings_name_the_field(kw: dict, key: str) -> None:
-    with pytest.raises(ValueError, match=key):
-        make_pool(Board(), **kw)

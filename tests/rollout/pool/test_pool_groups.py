@@ -15,6 +15,7 @@ import time
 from collections import Counter
 
 import pytest
+from helpers.pool import pool_settings
 
 from envs.base import Env, StepResult
 from frlab.data.batch import Trajectory
@@ -120,7 +121,12 @@ def make_pool(gates: Gates, **kw) -> RolloutPool:
     opts.update(kw)
     tasks = MemberEnv.task_sampler(gates=gates)  # the default: one instance's sample_task
     return RolloutPool(
-        InstantEngine(), lambda: MemberEnv(gates), TOKENIZER, cfg, task_sampler=tasks, **opts
+        InstantEngine(),
+        lambda: MemberEnv(gates),
+        TOKENIZER,
+        cfg,
+        task_sampler=tasks,
+        **pool_settings(**opts),
     )
 
 

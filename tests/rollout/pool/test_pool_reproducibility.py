@@ -9,9 +9,9 @@ import time
 
 import pytest
 import torch
+from helpers.models import policy_of
 
 from envs.toy.multi import KeyParityEnv
-from frlab.model.policy import build_policy
 from frlab.model.toy_tokenizer import build_toy_tokenizer
 from frlab.rollout.agent_loop import AgentLoopConfig
 from frlab.rollout.engine import SamplingParams
@@ -40,7 +40,7 @@ def policy():
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
         "max_position_embeddings": 256, "tie_word_embeddings": True,
     }  # fmt: skip
-    return build_policy(config=config, seed=0)
+    return policy_of(config=config, seed=0)
 
 
 def collect(seed: int, max_in_flight: int) -> list[tuple]:
@@ -51,7 +51,7 @@ def collect(seed: int, max_in_flight: int) -> list[tuple]:
     pool = RolloutPool(
         engine, JitteryKeyParityEnv, TOKENIZER, cfg, task_sampler=KeyParityEnv.task_sampler(),
         batch_size=6, max_in_flight=max_in_flight,
-        max_policy_lag=1, mode="sync", samples_per_prompt=2, seed=seed, num_env_workers=4,
+        max_policy_lag=1, mode="sync", samples_per_prompt=2, seed=seed, num_env_workers=4, off_policy_correction=True,
     )  # fmt: skip
     out = []
     pool.start()

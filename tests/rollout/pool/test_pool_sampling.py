@@ -7,6 +7,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+from helpers.pool import pool_settings
 
 from envs.toy import ParityTasks
 from frlab.model.toy_tokenizer import build_toy_tokenizer
@@ -29,8 +30,7 @@ def build_pool(sampling: SamplingParams, **kw) -> RolloutPool:
         task_sampler=ParityTasks(),
         batch_size=2,
         max_in_flight=4,
-        max_policy_lag=2,
-        **kw,
+        **pool_settings(max_policy_lag=2, **kw),
     )
 
 

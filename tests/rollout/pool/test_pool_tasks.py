@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+from helpers.pool import pool_settings
 from test_pool_groups import TOKENIZER, InstantEngine  # the groups tests' instant engine
 
 from envs.base import Env, StepResult, TaskSampler
@@ -61,7 +62,12 @@ def make_pool(task_sampler: TaskSampler, **kw: Any) -> RolloutPool:
     cfg = AgentLoopConfig(max_turns=1, max_len=32, sampling=SamplingParams(max_new_tokens=2))
     opts = dict(batch_size=2, max_in_flight=2, max_policy_lag=8, mode="sync", seed=11)
     return RolloutPool(
-        InstantEngine(), Question, TOKENIZER, cfg, task_sampler=task_sampler, **(opts | kw)
+        InstantEngine(),
+        Question,
+        TOKENIZER,
+        cfg,
+        task_sampler=task_sampler,
+        **pool_settings(**(opts | kw)),
     )
 
 

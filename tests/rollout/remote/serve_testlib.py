@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from helpers.models import policy_of
 from ports_testlib import free_port as free_port  # re-exported
 
 TINY_QWEN2 = {
@@ -28,10 +29,9 @@ TINY_QWEN2 = {
 
 def save_tiny_model(path: Path, seed: int = 0, config: dict[str, Any] | None = None) -> Any:
     """Random-init a tiny Qwen2, save it to `path` (save_policy); returns the model."""
-    from frlab.model import build_policy
     from frlab.model.policy import save_policy
 
-    model = build_policy(config=dict(config or TINY_QWEN2), seed=seed)
+    model = policy_of(config=dict(config or TINY_QWEN2), seed=seed)
     save_policy(model, path)
     return model
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
+from helpers.fleet import remote_engine
 
 from frlab.config.compose import compose
 from frlab.config.errors import ConfigError
@@ -18,7 +19,6 @@ from frlab.config.preflight import preflight
 from frlab.rollout.engine import EngineError
 from frlab.rollout.remote import auth
 from frlab.rollout.remote import protocol as proto
-from frlab.rollout.remote.engine import RemoteEngine
 from frlab.rollout.remote.fleet import Fleet
 
 SECRET = "s3cret-" + "x" * 40
@@ -192,7 +192,7 @@ def test_preflight_names_an_unreadable_secret_file(tmp_path: Path) -> None:
 def test_an_unauthenticated_fleet_off_loopback_is_warned_about_at_start(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    engine = RemoteEngine(["http://192.0.2.1:9"], allow_unauthenticated=True,
+    engine = remote_engine(["http://192.0.2.1:9"], allow_unauthenticated=True,
                           request_timeout_s=0.5, startup_timeout_s=0.2, probe_interval_s=0.05)  # fmt: skip
     with caplog.at_level(logging.WARNING), pytest.raises(EngineError):  # no server answers
         engine.start()
@@ -250,7 +250,7 @@ def test_a_server_that_refuses_the_secret_mid_run_stops_the_run_and_is_not_blame
     from frlab.rollout.engine import SamplingParams
 
     server = FakeVllmServer()
-    engine = RemoteEngine([server.url], snapshot_dir=str(tmp_path), request_timeout_s=5.0,
+    engine = remote_engine([server.url], snapshot_dir=str(tmp_path), request_timeout_s=5.0,
                           startup_timeout_s=5.0, probe_interval_s=0.05, weight_update="drain",
                           initial_weights={"w": torch.ones(2)})  # fmt: skip
     engine.start()

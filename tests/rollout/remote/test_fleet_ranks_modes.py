@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.fleet import remote_engine
 from labelling_vllm_testlib import LabellingVllmServer
 from pausing_vllm_testlib import PausingVllmServer
 from test_fleet_sync import ThreadRanks, ThreadStrategy
@@ -60,7 +61,7 @@ def test_two_ranks_update_a_shared_fleet_without_draining(
     mode: str, fake: type, tmp_path: Path
 ) -> None:
     servers = [fake(step_s=0.02) for _ in range(2)]
-    engines = [RemoteEngine([s.url for s in servers], snapshot_dir=str(tmp_path / f"rank{r}"),
+    engines = [remote_engine([s.url for s in servers], snapshot_dir=str(tmp_path / f"rank{r}"),
                             request_timeout_s=10.0, max_retries=2, probe_interval_s=0.05,
                             startup_timeout_s=5.0, initial_weights=WEIGHTS,
                             weight_update=mode) for r in range(2)]  # fmt: skip

@@ -22,6 +22,8 @@ from typing import Any
 
 import pytest
 import torch
+from helpers.fleet import remote_engine
+from helpers.models import policy_of
 
 from frlab.rollout.callbacks import WeightSyncCallback, shares_fleet
 from frlab.rollout.vllm.snapshot import write_snapshot
@@ -222,11 +224,10 @@ def in_process_server() -> Any:
     """One frlab.serve HTTP server on a thread of this process (no subprocess start-up)."""
     from serve_testlib import TINY_QWEN2, free_port, url
 
-    from frlab.model import build_policy
     from frlab.rollout.torch.engine import TorchEngine
     from frlab.serve.server import ServeState, serve
 
-    policy = build_policy(config=dict(TINY_QWEN2), seed=0)
+    policy = policy_of(config=dict(TINY_QWEN2), seed=0)
     state = ServeState(TorchEngine(policy, device="cpu", seed=0), "tiny")
     port, ready = free_port(), threading.Event()
     thread = threading.Thread(target=serve, args=(state, "127.0.0.1", port, ready), daemon=True)
@@ -243,10 +244,9 @@ def test_the_prober_admits_no_server_while_the_engine_is_paused(in_process_serve
     """During a collective sync a rank's prober must not load its older snapshot over the
     version another rank has just pushed: while paused (or held by a collective update) it
     re-admits nothing."""
-    from frlab.rollout.remote.engine import RemoteEngine
 
     server_url, policy = in_process_server
-    engine = RemoteEngine([server_url], probe_interval_s=0.02, initial_weights=policy.state_dict())
+    engine = remote_engine([server_url], probe_interval_s=0.02, initial_weights=policy.state_dict())
     engine.start()
     try:
         server = engine.servers[0]

@@ -18,6 +18,9 @@ from typing import Any
 import httpx
 import pytest
 import torch
+from helpers.fleet import remote_engine
+from helpers.models import policy_of
+from helpers.pool import pool_settings
 from nccl_testlib import FakeVllmServer
 
 from envs.base import Env, StepResult, TaskSampler
@@ -27,7 +30,6 @@ from frlab.rollout.engine import SamplingParams
 from frlab.rollout.pool import RolloutPool
 from frlab.rollout.remote import limits
 from frlab.rollout.remote import protocol as proto
-from frlab.rollout.remote.engine import RemoteEngine
 from frlab.rollout.remote.fleet import Server, ServerFault
 from frlab.rollout.remote.resubmit import token_versions
 
@@ -106,12 +108,12 @@ def test_a_bad_answer_fails_its_rollout_is_counted_and_never_trained_on(
 ) -> None:
     bad, says = BAD[case]
     server = OnceHostile(bad)
-    engine = RemoteEngine([server.url], snapshot_dir=str(tmp_path), request_timeout_s=5.0,
+    engine = remote_engine([server.url], snapshot_dir=str(tmp_path), request_timeout_s=5.0,
                           max_retries=0, probe_interval_s=0.02, startup_timeout_s=5.0,
                           initial_weights=WEIGHTS, weight_update="drain", vocab_size=VOCAB)  # fmt: skip
     loop = AgentLoopConfig(max_turns=1, max_len=32, sampling=SamplingParams(max_new_tokens=MAX_NEW))
     pool = RolloutPool(engine, OneTurn, build_toy_tokenizer(), loop, task_sampler=Tasks(),
-                       batch_size=2, max_in_flight=1, max_policy_lag=8, mode="sync", seed=3)  # fmt: skip
+                       **pool_settings(batch_size=2, max_in_flight=1, max_policy_lag=8, mode="sync", seed=3))  # fmt: skip
     try:
         with caplog.at_level(logging.WARNING):
             pool.start()
@@ -207,8 +209,6 @@ def dataclass_replace(done: proto.Completion, versions: list[int]) -> proto.Comp
 def test_the_vocabulary_bound_is_the_policys_embedding_rows() -> None:
     from serve_testlib import TINY_QWEN2
 
-    from frlab.model import build_policy
-
-    policy = build_policy(config=dict(TINY_QWEN2), seed=0)
+    policy = policy_of(config=dict(TINY_QWEN2), seed=0)
     assert limits.model_vocab_size(policy) == TINY_QWEN2["vocab_size"]
     assert limits.model_vocab_size(object()) is None

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import torch
+from helpers.fleet import remote_engine
 from nccl_testlib import EVENTS, WIRE, FakeTrainerEngine, FakeVllmServer, install_fake_vllm
 
 from frlab.rollout.engine import EngineError, SamplingParams
@@ -48,7 +49,7 @@ def servers(
 
 def make_engine(fleet: list[FakeVllmServer], **kw: Any) -> RemoteEngine:
     kw = {"nccl_master_address": "10.1.2.3", "nccl_master_port": 29500, **kw}
-    return RemoteEngine([s.url for s in fleet], weight_sync="nccl", request_timeout_s=5.0,
+    return remote_engine([s.url for s in fleet], weight_sync="nccl", request_timeout_s=5.0,
                         probe_interval_s=0.05, startup_timeout_s=5.0,
                         initial_weights=weights(0), **kw)  # fmt: skip
 
@@ -269,7 +270,7 @@ def test_several_learner_ranks_are_refused_at_start(
 )
 def test_bad_nccl_settings_name_their_key(kw: dict[str, Any], key: str) -> None:
     with pytest.raises(ValueError, match=key):
-        RemoteEngine(["http://127.0.0.1:1"], weight_sync="nccl", **kw)
+        remote_engine(["http://127.0.0.1:1"], weight_sync="nccl", **kw)
 
 
 def test_rank_offsets_follow_each_servers_worker_count() -> None:

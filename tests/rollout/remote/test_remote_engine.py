@@ -17,6 +17,8 @@ from typing import Any
 import httpx
 import pytest
 import torch
+from helpers.fleet import remote_engine
+from helpers.models import policy_of
 from serve_testlib import (
     TINY_QWEN2,
     Fleet,
@@ -48,7 +50,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Fleet, Any
 @pytest.fixture
 def engine(fleet: tuple[Fleet, Any], tmp_path: Path) -> Iterator[RemoteEngine]:
     servers, base = fleet
-    eng = RemoteEngine(
+    eng = remote_engine(
         [url(p) for p in servers.procs], snapshot_dir=str(tmp_path / "snaps"),
         request_timeout_s=3.0, max_retries=4, probe_interval_s=0.2,
         initial_weights=base.state_dict(),
@@ -99,9 +101,8 @@ def run_collecting(engine: RemoteEngine, n: int, errors: list[BaseException]) ->
 
 
 def other_model(seed: int) -> Any:
-    from frlab.model import build_policy
 
-    return build_policy(config=dict(TINY_QWEN2), seed=seed)
+    return policy_of(config=dict(TINY_QWEN2), seed=seed)
 
 
 def wait_until(cond: Any, timeout: float = 30.0) -> None:
@@ -220,7 +221,7 @@ def test_a_bad_request_fails_at_once_without_retries(engine: RemoteEngine) -> No
 
 
 def test_start_fails_clearly_when_no_server_answers(tmp_path: Path) -> None:
-    eng = RemoteEngine([url(free_port())], snapshot_dir=str(tmp_path), startup_timeout_s=0.3)
+    eng = remote_engine([url(free_port())], snapshot_dir=str(tmp_path), startup_timeout_s=0.3)
     with pytest.raises(EngineError, match="no server in rollout.remote.servers"):
         eng.start()
     eng.shutdown()

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.fleet import remote_engine
 from labelling_vllm_testlib import LabellingVllmServer, generate_response, version_spans
 from pausing_vllm_testlib import PausingVllmServer
 from test_remote_resubmit import WEIGHTS, Background, counting_from, update, wait_until
@@ -18,7 +19,6 @@ from test_remote_resubmit import WEIGHTS, Background, counting_from, update, wai
 from frlab.rollout.engine import EngineError, SamplingParams
 from frlab.rollout.remote import generate as gen
 from frlab.rollout.remote import protocol as proto
-from frlab.rollout.remote.engine import RemoteEngine
 
 
 @pytest.fixture
@@ -29,7 +29,7 @@ def server() -> Iterator[LabellingVllmServer]:
 
 
 def engine_on(servers: list[Any], tmp_path: Path, mode: str = "in_flight", **kw: Any):
-    engine = RemoteEngine([s.url for s in servers], snapshot_dir=str(tmp_path),
+    engine = remote_engine([s.url for s in servers], snapshot_dir=str(tmp_path),
                           request_timeout_s=10.0, max_retries=2, probe_interval_s=0.05,
                           startup_timeout_s=kw.pop("startup_timeout_s", 5.0),
                           initial_weights=WEIGHTS, weight_update=mode, **kw)  # fmt: skip
@@ -215,7 +215,7 @@ def test_the_default_is_in_flight_only_where_every_server_labels_tokens(
 
 
 def test_a_lora_fleet_defaults_to_drain(server: LabellingVllmServer, tmp_path: Path) -> None:
-    engine = RemoteEngine([server.url], snapshot_dir=str(tmp_path),
+    engine = remote_engine([server.url], snapshot_dir=str(tmp_path),
                           lora={"r": 8, "frlab_adapter_name": "default"},
                           initial_weights={"x.lora_A.default.weight": WEIGHTS["w"]})  # fmt: skip
     assert engine._auto_mode and engine.weight_update == "drain"

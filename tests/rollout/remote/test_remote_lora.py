@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import torch
+from helpers.fleet import remote_engine
 from lora_vllm_testlib import LOAD, UNLOAD, LoraVllmServer
 from test_remote_resubmit import Background, wait_until
 
@@ -37,7 +38,7 @@ def servers() -> Iterator[list[LoraVllmServer]]:
 
 def lora_engine(servers: list[LoraVllmServer], folder: Path, mode: str = "drain",
                 start: bool = True, **kw: Any) -> RemoteEngine:  # fmt: skip
-    engine = RemoteEngine([s.url for s in servers], snapshot_dir=str(folder),
+    engine = remote_engine([s.url for s in servers], snapshot_dir=str(folder),
                           request_timeout_s=10.0, max_retries=2, probe_interval_s=0.05,
                           startup_timeout_s=3.0, initial_weights=adapter(0), lora=CONFIG,
                           weight_update=mode, **kw)  # fmt: skip
@@ -173,10 +174,10 @@ def test_a_server_without_runtime_lora_loading_is_refused_with_the_flags_to_star
 
 def test_settings_a_lora_fleet_cannot_honour_are_refused_by_key(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="rollout.weight_update=in_flight"):
-        RemoteEngine(["http://a:1"], lora=CONFIG, weight_update="in_flight",
+        remote_engine(["http://a:1"], lora=CONFIG, weight_update="in_flight",
                      initial_weights=adapter(0))  # fmt: skip
     with pytest.raises(ValueError, match="rollout.remote.weight_sync"):
-        RemoteEngine(["http://a:1"], lora=CONFIG, weight_sync="nccl", initial_weights=adapter(0))
+        remote_engine(["http://a:1"], lora=CONFIG, weight_sync="nccl", initial_weights=adapter(0))
     assert RemoteEngine.serves_lora and RemoteEngine.lora_weight_updates() == ("drain", "resubmit")
 
 

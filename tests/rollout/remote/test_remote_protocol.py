@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.fleet import FLEET_KEYS, fleet_settings, remote_engine
 from nccl_testlib import nccl_init_request, nccl_update_request
 
+from frlab.errors import ConfigError
 from frlab.rollout.callbacks import rollout_metrics
 from frlab.rollout.engine import SamplingParams
 from frlab.rollout.remote import control
@@ -195,29 +197,31 @@ def test_engine_counters_become_rollout_metrics() -> None:
     assert rollout_metrics({"engine": {}}) == {} == rollout_metrics({"started": 1})
 
 
-def test_remote_engine_is_built_from_its_settings_and_checks_its_arguments(tmp_path: Path) -> None:
-    settings = {"servers": ["http://127.0.0.1:1/"], "snapshot_dir": str(tmp_path)}
+def test_remote_engine_is_built_from_its_settings_and_checks_its_servers(tmp_path: Path) -> None:
+    settings = fleet_settings(["http://127.0.0.1:1/"], snapshot_dir=str(tmp_path))
     engine = RemoteEngine.for_policy(
         torch.nn.Linear(1, 1), seed=0, settings=settings, weight_update=None
     )
     assert isinstance(engine, RemoteEngine) and engine.servers[0].url == "http://127.0.0.1:1"
     assert engine.version == 0 and engine.stats()["servers_healthy"] == 0
     engine.shutdown()  # never started: nothing to stop
-    bad = [
-        ({"servers": []}, "servers"),
-        ({"servers": ["127.0.0.1:1"]}, "http"),
-        ({"servers": ["http://a", "http://a"]}, "twice"),
-        ({"servers": ["http://a"], "weight_sync": "rsync"}, "weight_sync"),
-        ({"servers": ["http://a"], "request_timeout_s": 0}, "request_timeout_s"),
-        ({"servers": ["http://a"], "max_retries": -1}, "max_retries"),
-    ]
-    for kwargs, match in bad:
-        with pytest.raises(ValueError, match=match):
-            RemoteEngine(**kwargs)
+    bad = [([], "servers"), (["127.0.0.1:1"], "http"), (["http://a", "http://a"], "twice")]
+    for servers, match in bad:
+        with pytest.raises(ConfigError, match=match):
+            remote_engine(servers)
+
+
+def test_remote_engine_takes_every_fleet_setting_without_a_default_of_its_own() -> None:
+    import inspect
+
+    params = inspect.signature(RemoteEngine.__init__).parameters
+    for key in FLEET_KEYS:
+        assert params[key].kind is inspect.Parameter.KEYWORD_ONLY, key
+        assert params[key].default is inspect.Parameter.empty, key
 
 
 def test_requests_go_to_the_healthy_server_with_fewest_in_flight(tmp_path: Path) -> None:
-    engine = RemoteEngine(
+    engine = remote_engine(
         ["http://a", "http://b", "http://c"], snapshot_dir=str(tmp_path), allow_unauthenticated=True
     )  # fake hosts: no server is reached
     a, b, c = engine.servers

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from helpers.fleet import remote_engine
 from pausing_vllm_testlib import VOCAB, PausingVllmServer
 
 from frlab.rollout.engine import GenerationResult, SamplingParams
@@ -32,7 +33,7 @@ def server() -> Iterator[PausingVllmServer]:
 
 
 def engine_on(servers: list[PausingVllmServer], tmp_path: Path, **kw: Any) -> RemoteEngine:
-    engine = RemoteEngine([s.url for s in servers], snapshot_dir=str(tmp_path),
+    engine = remote_engine([s.url for s in servers], snapshot_dir=str(tmp_path),
                           request_timeout_s=10.0, max_retries=2, probe_interval_s=0.05,
                           startup_timeout_s=5.0, initial_weights=WEIGHTS,
                           weight_update="resubmit", **kw)  # fmt: skip
@@ -206,7 +207,7 @@ def test_an_abort_that_ends_the_request_is_not_sent_again(
 ) -> None:
     """Aborted with its budget spent it ends as `length`; after a stop token, as `stop`
     (frlab.rollout.weight_modes.continue_after_abort); the fleet counts the abort."""
-    engine = RemoteEngine(["http://127.0.0.1:9"], snapshot_dir=str(tmp_path))
+    engine = remote_engine(["http://127.0.0.1:9"], snapshot_dir=str(tmp_path))
     sent: list[tuple[list[int], int]] = []
 
     async def dispatch(prompt: list[int], params: SamplingParams) -> Fragment:

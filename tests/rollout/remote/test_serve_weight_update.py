@@ -14,6 +14,8 @@ from typing import Any
 import httpx
 import pytest
 import torch
+from helpers.fleet import remote_engine
+from helpers.models import policy_of
 from serve_testlib import TINY_QWEN2, Fleet, free_port, save_tiny_model, url
 
 from frlab.rollout.engine import EngineError, GenerationResult, SamplingParams
@@ -75,7 +77,7 @@ def info(port: int) -> Any:
 
 
 def engine_on(port: int, tmp_path: Path, mode: str, weights: Any) -> RemoteEngine:
-    return RemoteEngine([url(port)], snapshot_dir=str(tmp_path / "snaps"), request_timeout_s=30.0,
+    return remote_engine([url(port)], snapshot_dir=str(tmp_path / "snaps"), request_timeout_s=30.0,
                         probe_interval_s=0.2, startup_timeout_s=3.0, weight_update=mode,
                         initial_weights=weights)  # fmt: skip
 
@@ -112,10 +114,9 @@ def test_resubmit_on_frlab_serve_prefills_the_tokens_so_far_on_the_new_weights(
     """Requests that span the update: tokens of v0 are the old weights' probabilities; those
     of v1 equal the new weights' forward over the WHOLE context (prompt + every earlier token:
     a fresh prefill, no KV of the old weights), and not the old weights'."""
-    from frlab.model import build_policy
 
     fleet, resubmit, _, base = servers
-    new = build_policy(config=dict(TINY_QWEN2), seed=7)
+    new = policy_of(config=dict(TINY_QWEN2), seed=7)
     engine = engine_on(resubmit, tmp_path, "resubmit", base.state_dict())
     engine.start()
     results: list[GenerationResult] = []

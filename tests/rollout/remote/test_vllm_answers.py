@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import torch
+from helpers.fleet import remote_engine
 from nccl_testlib import FakeVllmServer
 
 from frlab.config.compose import compose
@@ -37,7 +38,7 @@ def server() -> Iterator[FakeVllmServer]:
 
 def engine_on(server: FakeVllmServer, tmp_path: Path, **kw: Any) -> RemoteEngine:
     kw = {"startup_timeout_s": 1.0, **kw}
-    return RemoteEngine([server.url], snapshot_dir=str(tmp_path), request_timeout_s=5.0,
+    return remote_engine([server.url], snapshot_dir=str(tmp_path), request_timeout_s=5.0,
                         max_retries=1, probe_interval_s=0.05, initial_weights=WEIGHTS,
                         **kw)  # fmt: skip
 
@@ -129,7 +130,7 @@ def test_nccl_with_servers_on_other_hosts_needs_an_explicit_master_address() -> 
     with pytest.raises(ValueError, match="rollout.remote.nccl_master_address"):
         nccl_master_address(None, ["http://127.0.0.1:8100", "http://node3:8100"])
     with pytest.raises(ValueError, match="rollout.remote.nccl_master_address"):
-        RemoteEngine(["http://10.0.0.5:8100"], weight_sync="nccl")
+        remote_engine(["http://10.0.0.5:8100"], weight_sync="nccl")
     cfg = compose(
         ["rollout=remote", "rollout.remote.servers=[http://node3:8100]",
          "rollout.remote.weight_sync=nccl"]

@@ -9,10 +9,11 @@ import logging
 
 import pytest
 import torch
+from helpers.models import policy_of
 from torch_testlib import VOCAB, recomputed_log_probs, tiny_model
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from frlab.model.policy import build_policy, tiny_config
+from frlab.model.policy import tiny_config
 from frlab.model.routing_replay import moe_routers, record_routing
 from frlab.rollout.engine import SamplingParams
 from frlab.rollout.torch import prefill
@@ -74,7 +75,7 @@ def test_packed_rows_are_cut_at_max_pack_tokens_and_the_rest_padded_together() -
 
 def test_moe_cost_counts_the_routed_share_of_the_experts() -> None:
     cfg = tiny_config("qwen3_moe", vocab_size=VOCAB)  # 4 experts, 2 per token, 2 layers
-    model = build_policy(config=cfg, seed=0)
+    model = policy_of(config=cfg, seed=0)
     assert prefill.active_expert_share(cfg) == 0.5
     embeddings = {id(p) for p in model.get_input_embeddings().parameters()}
     embeddings |= {id(p) for p in model.get_output_embeddings().parameters()}
@@ -206,7 +207,7 @@ def test_a_model_without_logits_to_keep_is_packed_through_its_full_logits() -> N
 
 def test_packed_prefill_records_each_prompts_own_moe_routing() -> None:
     cfg = tiny_config("qwen3_moe", vocab_size=VOCAB, num_experts=8, num_experts_per_tok=2)
-    model = build_policy(config=cfg, seed=0).eval()
+    model = policy_of(config=cfg, seed=0).eval()
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for router in moe_routers(model):

@@ -212,9 +212,9 @@ def test_too_little_shared_memory_is_refused_before_copying_the_weights(
     ("kwargs", "match"),
     [
         ({"device": "cuda"}, "rollout.engine.device='cuda'.*CPU only"),
-        ({"num_threads": 0}, "rollout.engine.num_threads must be >= 1"),
-        ({"max_batch_size": 0}, "rollout.engine.max_batch_size must be >= 1"),
-        ({"start_timeout_s": 0}, "rollout.engine.start_timeout_s must be > 0"),
+        ({"num_threads": 0}, "rollout.engine.num_threads`: must be >= 1"),
+        ({"max_batch_size": 0}, "rollout.engine.max_batch_size`: must be >= 1"),
+        ({"start_timeout_s": 0}, "rollout.engine.start_timeout_s`: must be > 0"),
         ({"record_routing": True}, "rollout.engine.record_routing=true needs an MoE model"),
     ],
 )

@@ -35,7 +35,16 @@ def policy() -> Any:
     config = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=2, num_key_value_heads=1)  # fmt: skip
     base = AutoModelForCausalLM.from_config(config).eval()
-    model = apply_lora(base, {"rank": 4, "alpha": 8.0, "target_modules": ["all-linear"]})
+    model = apply_lora(
+        base,
+        {
+            "rank": 4,
+            "alpha": 8.0,
+            "dropout": 0.0,
+            "target_modules": ["all-linear"],
+            "adapter": None,
+        },
+    )
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for name, p in model.named_parameters():
