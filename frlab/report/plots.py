@@ -28,8 +28,8 @@ from frlab.report.runs import Run
 
 WALL_POINTS = 200
 DPI = 100
-MEAN_POINTS = 250  # points drawn of an arm's mean (every k-th update beyond that)
-SEED_POINTS = 120  # points drawn of each seed's thin line: drawing them is most of a figure's cost
+MEAN_POINTS = 200  # points drawn of an arm's mean (every k-th update beyond that)
+SEED_POINTS = 80  # points drawn of each seed's thin line: drawing them is most of a figure's cost
 
 
 def pyplot() -> Any:
@@ -117,12 +117,15 @@ def draw_arm(ax: Any, x: np.ndarray, grid: np.ndarray, color: str, label: str) -
     x, grid = thinned(x, grid, MEAN_POINTS)
     mean, half, n = band(grid)
     full = n == grid.shape[0]
-    ax.plot(x, np.where(n > 0, mean, np.nan), "--", color=color, linewidth=1.0)
+    if ((n > 0) & ~full).any():  # some seed has stopped (or not begun): the mean dashed there
+        ax.plot(x, np.where(n > 0, mean, np.nan), "--", color=color, linewidth=1.0)
     label = f"{label} (n={grid.shape[0]})"
     ax.plot(x, np.where(full, mean, np.nan), color=color, linewidth=2.0, label=label)
     if grid.shape[0] > 1:
         ax.fill_between(x, mean - half, mean + half, where=full, color=color, alpha=0.2)
+    started = np.flatnonzero(full)
     partial = np.flatnonzero((n > 0) & ~full)
+    partial = partial[partial > started[0]] if started.size else partial  # where seeds stop
     if partial.size:
         first = int(partial[0])
         text = f"n={int(n[first])} from here"
@@ -227,17 +230,55 @@ def threshold_plot(exp: Experiment, index: int, folder: Path) -> Path:
     return path
 
 
-def write_plots(report: Report, out: Path) -> list[Path]:
-    written: list[Path] = []
-    for exp in report.experiments:
-        folder = out / exp.name
-        folder.mkdir(parents=True, exist_ok=True)
+Job = tuple[str, int, Any]  # (figure kind, experiment index, metric or threshold index)
+_SHARED: dict[str, Any] = {}  # the report and output folder, inherited by forked workers
+
+
+def figure_jobs(report: Report) -> list[Job]:
+    jobs: list[Job] = []
+    for i, exp in enumerate(report.experiments):
         for metric in exp.metrics:
             if values.is_eval(metric) or metric == values.UPDATES_PER_MINUTE:
                 continue
             if any(metric in r.columns for a in exp.arms for r in a.used):
-                written.append(curves(exp, metric, folder))
-        found = interval_plot(exp, folder)
-        written += [found] if found else []
-        written += [threshold_plot(exp, i, folder) for i in range(len(exp.thresholds))]
-    return written
+                jobs.append(("curves", i, metric))
+        jobs.append(("intervals", i, None))
+        jobs += [("threshold", i, k) for k in range(len(exp.thresholds))]
+    return jobs
+
+
+def draw(job: Job) -> Path | None:
+    """One figure of the shared report (in this process or a forked worker)."""
+    kind, i, arg = job
+    exp = _SHARED["report"].experiments[i]
+    folder = _SHARED["out"] / exp.name
+    if kind == "curves":
+        return curves(exp, arg, folder)
+    if kind == "intervals":
+        return interval_plot(exp, folder)
+    return threshold_plot(exp, arg, folder)
+
+
+def write_plots(report: Report, out: Path, workers: int = 2) -> list[Path]:
+    """Every figure of the report; on a POSIX machine with several cores, drawn by `workers`
+    forked processes at once (a figure is independent of the others; matplotlib draws on one
+    core)."""
+    import multiprocessing
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+
+    for exp in report.experiments:
+        (out / exp.name).mkdir(parents=True, exist_ok=True)
+    jobs = figure_jobs(report)
+    _SHARED.update(report=report, out=out)
+    try:
+        parallel = workers > 1 and len(jobs) > 1 and (os.cpu_count() or 1) > 1
+        if parallel and "fork" in multiprocessing.get_all_start_methods():
+            context = multiprocessing.get_context("fork")
+            with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=context) as pool:
+                found = list(pool.map(draw, jobs))
+        else:
+            found = [draw(job) for job in jobs]
+    finally:
+        _SHARED.clear()
+    return [p for p in found if p is not None]

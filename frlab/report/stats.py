@@ -93,10 +93,13 @@ def difference_statistic(x: np.ndarray, y: np.ndarray, axis: int) -> np.ndarray:
 
 
 def improvement_statistic(x: np.ndarray, y: np.ndarray, axis: int) -> np.ndarray:
-    """rliable's probability of improvement on one task: Mann-Whitney U of x / (n_x n_y)."""
-    _, st = libraries()
-    u = st.mannwhitneyu(x, y, axis=axis, alternative="greater", method="asymptotic").statistic
-    return u / (x.shape[axis] * y.shape[axis])
+    """rliable's probability of improvement on one task, P(X > Y) + P(X = Y) / 2: the
+    Mann-Whitney U of x over n_x n_y, counted pair by pair (equal to rliable's value, which a
+    test checks, and cheap for the few runs of an arm)."""
+    x, y = np.moveaxis(x, axis, -1), np.moveaxis(y, axis, -1)
+    greater = (x[..., :, None] > y[..., None, :]).mean(axis=(-1, -2))
+    ties = (x[..., :, None] == y[..., None, :]).mean(axis=(-1, -2))
+    return greater + 0.5 * ties
 
 
 def iqm_statistic(*columns: np.ndarray, axis: int) -> np.ndarray:
