@@ -55,6 +55,8 @@ from learner_profile import (  # noqa: E402
 )
 
 from frlab.build import build_learner
+from frlab.config.declare import declared_arguments  # noqa: E402
+from frlab.config.schema import LoraConfig, ModelConfig  # noqa: E402
 from frlab.learner.module import FlashReinforceModule  # noqa: E402
 from frlab.model.memory_plan import gib, memory_plan  # noqa: E402
 from frlab.model.policy import build_policy, tiny_config  # noqa: E402
@@ -100,8 +102,14 @@ def shape(args: argparse.Namespace, full: dict) -> dict:
 def build(args: argparse.Namespace, cfg: dict, **kwargs: Any) -> torch.nn.Module:
     """A random-init bf16 model of `cfg`'s shape, built on the device."""
     with torch.device(args.device):
-        model = build_policy(config=tiny_config("qwen2", **cfg), seed=0, dtype=args.dtype,
-                             **kwargs)  # fmt: skip
+        changes = {"config": tiny_config("qwen2", **cfg), "dtype": args.dtype, **kwargs}
+        if changes.get("lora") is None:  # no adapters: the declared default
+            changes.pop("lora", None)
+        else:
+            changes["lora"] = declared_arguments(LoraConfig, **changes["lora"])
+        model = build_policy(
+            **declared_arguments(ModelConfig, name_or_path=None, **changes), seed=0
+        )
     return model.train()
 
 
@@ -207,6 +215,7 @@ def compiled(args: argparse.Namespace) -> None:
 def planned(cfg: dict, *, lora: dict | None, checkpointing: bool, tokens: int,
             precision: str) -> int:  # fmt: skip
     """The learner bytes the dry run's memory plan gives for these settings (one GPU)."""
+    lora = None if lora is None else declared_arguments(LoraConfig, **lora)
     plan = memory_plan({
         "model": {"config": {"model_type": "qwen2", **cfg}, "dtype": "bfloat16", "lora": lora,
                   "gradient_checkpointing": checkpointing, "logprob_chunk_size": 1024},

@@ -18,10 +18,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from frlab.build import build_callbacks, build_evaluation, build_trainer, plain
 from frlab.config.compose import instantiate
-from frlab.config.plan import format_plan
+from frlab.config.plan import components, format_plan
 from frlab.config.preflight import Checked, check_config, locate_engine, structured
 from frlab.errors import ConfigError
 
+AUTO_KEYS = (("data", "max_tokens_per_micro_batch"), ("model", "gradient_checkpointing"))
 __all__ = ["build_callbacks", "build_evaluation", "build_policy_from", "build_trainer", "plain",
            "run"]  # fmt: skip
 
@@ -55,10 +56,10 @@ def fit(cfg: DictConfig, checked: Checked) -> dict[str, Any]:
 
     quiet_expected_noise()
     plan, sections = checked.plan, checked.sections
-    output_dir, guard = run_folder(cfg, plan["output_dir"])
+    output_dir, guard = run_folder(cfg, plan["paths.output_dir"])
     if guard.finished:
         return guard.previous_summary  # a resume of a finished run changes nothing
-    run_files = RunFilesCallback(output_dir, components=plan["components"])
+    run_files = RunFilesCallback(output_dir, components=components(plan))
     trainer = build_trainer(cfg, [*build_callbacks(cfg, run_files), guard.callback], output_dir)
     L.seed_everything(int(cfg.seed), workers=True)  # after the Trainer: it draws no numbers
     tokenizer = load_tokenizer(sections["model"])  # a gguf: source is converted here, once
@@ -98,14 +99,12 @@ def resolve_learner(cfg: DictConfig, checked: Checked, at_start: bool = False) -
     engine = locate_engine(sections["rollout"])
     device = device_memory(sections["trainer"]["accelerator"])
     reserves = getattr(engine, "reserves_gpu_share", False)
-    checked.plan.update(learner_facts(sections, reserves, device))
-    if not at_start:
-        return
-    for section, key in (
-        ("data", "max_tokens_per_micro_batch"),
-        ("model", "gradient_checkpointing"),
-    ):
-        value = checked.plan[key]
+    facts = learner_facts(sections, reserves, device)
+    checked.plan.update(learner=facts["learner"], memory=facts["memory"])
+    for section, key in AUTO_KEYS:
+        value = checked.plan[f"{section}.{key}"] = facts[key]
+        if not at_start:
+            continue
         if value == AUTO:
             raise ConfigError(
                 f"{section}.{key}", "auto needs the learner's device visible at start"

@@ -98,7 +98,7 @@ def _learner_overrides(exp: str) -> list[str]:
 def test_recipe_learner_commands_pass_preflight(exp: str) -> None:
     _, gpus, nodes, _, _ = LAYOUTS[exp]
     plan = preflight(compose(_learner_overrides(exp)))
-    assert plan["devices"] == gpus * nodes and plan["engine"] == "remote"
+    assert plan["ranks"] == gpus * nodes and plan["rollout.engine"] == "remote"
 
 
 @pytest.mark.parametrize("script", RECIPES)
@@ -182,7 +182,7 @@ def test_fsdp_presets_compose_and_pass_preflight(trainer: str, world: int) -> No
     cfg = compose([f"trainer={trainer}", "data.micro_batch_size=4"])
     assert cfg.trainer.strategy._target_ == "frlab.learner.sharding.FSDP2Strategy"
     assert cfg.trainer.precision == "bf16-mixed" and cfg.trainer.accelerator == "gpu"
-    assert preflight(cfg)["devices"] == world
+    assert preflight(cfg)["ranks"] == world
 
 
 @pytest.mark.parametrize(

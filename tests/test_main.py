@@ -161,8 +161,10 @@ def test_a_short_run_writes_run_files_and_resumes_from_last(tmp_path: Path) -> N
     assert [r["step"] for r in _read_rows(run_dir)] == [1.0, 2.0, 3.0, 4.0]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "finished" and summary["steps"] == 4
-    assert summary["components"]["trust_region"] == "sequence_bernoulli_kl"
-    assert summary["plan"]["batch_size"] == 8 and summary["plan"]["micro_batches_per_step"] == 2
+    assert summary["objective"]["trust_region"] == "sequence_bernoulli_kl"
+    assert (
+        summary["plan"]["data.batch_size"] == 8 and summary["plan"]["micro_batches_per_step"] == 2
+    )
     for name in ("reward", "acceptance", "lag", "response_length"):
         assert (run_dir / "plots" / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
     assert (run_dir / "checkpoints" / "last.ckpt").is_file()

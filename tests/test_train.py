@@ -45,11 +45,10 @@ def test_a_run_builds_the_objective_once_and_every_node_from_its_target(
     ])  # fmt: skip
     summary = train.run(cfg)
     assert summary["steps"] == 2
-    # preflight composes one to check the node; the learner builds its own from `cfg.objective`
-    assert len(built) == 2 and seen["module"].objective is built[1]
-    learner = built[1]
+    # preflight builds the run's one Objective; the learner trains with that object
+    assert len(built) == 1 and seen["module"].objective is built[0]
+    learner = built[0]
     assert learner.names == {kind: cfg.objective[kind] for kind in learner.names}
-    assert learner.component_params() == built[0].component_params()
     optimizer = seen["optimizer"]
     assert type(optimizer) is torch.optim.AdamW
     assert (optimizer.defaults["lr"], tuple(optimizer.defaults["betas"])) == (0.01, (0.5, 0.75))

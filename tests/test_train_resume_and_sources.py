@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from frlab.config.declare import declared_arguments
 from frlab.config.errors import ConfigError
+from frlab.config.schema import ModelConfig
 from frlab.run.guard import check_resume
 from frlab.train import build_policy_from
 
@@ -50,7 +52,7 @@ def test_an_unloadable_model_source_names_model_name_or_path(tmp_path: Path) -> 
     missing = tmp_path / "no_model_here"
     missing.mkdir()
     with pytest.raises(ConfigError) as info:
-        build_policy_from({"name_or_path": str(missing), "dtype": "float32"}, seed=0)
+        build_policy_from(declared_arguments(ModelConfig, name_or_path=str(missing)), seed=0)
     assert info.value.key == "model.name_or_path" and str(missing) in str(info.value)
 
 

@@ -56,6 +56,8 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from envs.math import grade, load_math_dataset
+    from frlab.config.declare import declared_arguments
+    from frlab.config.schema import ModelConfig
     from frlab.model import build_policy
     from frlab.model.gguf import resolve_model_source
     from frlab.rollout.chat import template_ids
@@ -64,7 +66,8 @@ def main() -> None:
 
     path = resolve_model_source("gguf:smollm2-135m-instruct")
     tokenizer = AutoTokenizer.from_pretrained(path)
-    engine = TorchEngine(build_policy(name_or_path=path, seed=0), max_batch_size=64, seed=0)
+    model = build_policy(**declared_arguments(ModelConfig, name_or_path=path), seed=0)
+    engine = TorchEngine(model, max_batch_size=64, seed=0)
     engine.start()
     stop = (tokenizer.eos_token_id,)
     params = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=16, stop_token_ids=stop)

@@ -191,7 +191,8 @@ def group_options(group: str) -> list[str]:
 def instantiate(node: Any, *, key: str, **kwargs: Any) -> Any:
     """`hydra.utils.instantiate(node, **kwargs)` for the node at config key `key`: containers
     reach the target as plain dicts and lists, and the keys its declaration marks `arg=False`
-    (read by frlab itself) are left out. Hydra's error is a ConfigError naming `KEY._target_`."""
+    (read by frlab itself) are left out. Hydra's error is a ConfigError naming `KEY._target_`
+    (the target's own ConfigError passes through)."""
     from hydra.errors import InstantiationException
     from hydra.utils import instantiate as hydra_instantiate
     from omegaconf.errors import OmegaConfBaseException
@@ -200,6 +201,8 @@ def instantiate(node: Any, *, key: str, **kwargs: Any) -> Any:
     try:
         return hydra_instantiate(_arguments(node), **kwargs)
     except InstantiationException as exc:
+        if isinstance(exc.__cause__, ConfigError):  # the target named its own key
+            raise exc.__cause__ from None
         raise ConfigError(f"{key}._target_", " ".join(str(exc).split())) from exc
     except OmegaConfBaseException as exc:  # an interpolation that cannot be resolved here
         raise ConfigError(key, first_line(exc)) from exc
@@ -210,8 +213,8 @@ def _arguments(node: Any) -> Any:
     if isinstance(node, Mapping) and not isinstance(node, DictConfig):
         node = OmegaConf.create(dict(node))
     target = str(node.get("_target_", "")) if isinstance(node, DictConfig) else ""
-    cls = next((c for c in (*schema.SECTIONS.values(), *schema.ENGINES.values(), *schema.EVALS.values())
-                if getattr(c, "_target_", None) == target), None)  # fmt: skip
+    found = schema.declaration_of(target)
+    cls = found[1] if found is not None else None
     drop = not_args(cls) if cls is not None else ()
     if not drop:
         return node

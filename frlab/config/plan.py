@@ -26,76 +26,104 @@ NOT_RESOLVED = "(set by Hydra at run time)"
 
 def plan_facts(cfg: DictConfig, sec: Mapping[str, Any], objective: Any, world: int,
                engine: str) -> dict[str, Any]:  # fmt: skip
-    """The facts of a validated run (`sec`: its resolved sections; `engine`: the option name)."""
+    """The facts of a validated run (`sec`: its resolved sections; `engine`: the option name).
+    A config value is under its own key (`rollout.max_policy_lag`, `trainer.max_steps`,
+    `objective.sequence_bernoulli_kl.delta`); a fact computed from several keys under a name
+    of its own (`ranks`, `per_rank_batch_size`, `rollouts`, `trust`, ...)."""
     model, rollout, data, optim, trainer = (sec[k] for k in ("model", "rollout", "data", "optim",
                                                              "trainer"))  # fmt: skip
-    names, params = dict(objective.names), objective.component_params()
-    delta = params.get(names["trust_region"], {}).get("delta")
     per_rank = data["batch_size"] // world
-    return {
-        "experiment": choice(cfg, "experiment"), "model": _describe_model(model),
-        "tokenizer": str(model["tokenizer"]), "dtype": model["dtype"],
-        "env": str(cfg.env.get("_target_")), "engine": engine, "mode": rollout["mode"],
-        "accelerator": trainer["accelerator"], "devices": world,
-        "strategy": _describe_strategy(trainer.get("strategy", "auto")),
-        "precision": str(trainer["precision"]), "batch_size": data["batch_size"],
-        "per_rank_batch_size": per_rank, "micro_batch_size": data["micro_batch_size"],
+    facts = {
+        "experiment": choice(cfg, "experiment"), "model.name_or_path": model["name_or_path"],
+        "model": _describe_model(model), "model.tokenizer": str(model["tokenizer"]),
+        "model.dtype": model["dtype"], "env._target_": str(cfg.env.get("_target_")),
+        "rollout.engine": engine, "rollout.mode": rollout["mode"],
+        "trainer.accelerator": trainer["accelerator"], "ranks": world,
+        "trainer.strategy": _describe_strategy(trainer.get("strategy", "auto")),
+        "trainer.precision": str(trainer["precision"]), "data.batch_size": data["batch_size"],
+        "per_rank_batch_size": per_rank, "data.micro_batch_size": data["micro_batch_size"],
         "micro_batches_per_step": per_rank // data["micro_batch_size"],
-        "max_tokens_per_micro_batch": data.get("max_tokens_per_micro_batch"),
-        "pack_sequences": bool(data.get("pack_sequences", True)),
-        "skip_zero_signal_steps": bool(optim.get("skip_zero_signal_steps", False)),
-        "samples_per_prompt": rollout["samples_per_prompt"],
-        "max_in_flight": rollout["max_in_flight"], "lag_bound": rollout["max_policy_lag"],
-        "sync_every": rollout["sync_every"], "max_turns": rollout["max_turns"],
-        "max_len": rollout["max_len"], "max_new_tokens": rollout["sampling"]["max_new_tokens"],
-        "temperature": float(rollout["sampling"]["temperature"]),
-        "updates": trainer["max_steps"], "rollouts": trainer["max_steps"] * data["batch_size"],
-        "lr": float(optim["lr"]), "scheduler": optim["scheduler"], "components": names,
-        "schedule_steps": int(optim.get("schedule_steps") or trainer["max_steps"]),
-        "warmup_ratio": float(optim["warmup_ratio"]), "min_lr_ratio": float(optim["min_lr_ratio"]),
-        "component_params": params,
-        "delta": float(delta) if delta is not None and objective.uses_off_policy_correction
-        else None,
-        "trust": objective.trust_region.describe(names["trust_region"]),
-        "q": float(params.get(names["token_filter"], {}).get("q", 1.0)),
+        "data.max_tokens_per_micro_batch": data["max_tokens_per_micro_batch"],
+        "data.pack_sequences": bool(data["pack_sequences"]),
+        "optim.skip_zero_signal_steps": bool(optim["skip_zero_signal_steps"]),
+        "rollout.samples_per_prompt": rollout["samples_per_prompt"],
+        "rollout.max_in_flight": rollout["max_in_flight"],
+        "rollout.max_policy_lag": rollout["max_policy_lag"],
+        "rollout.sync_every": rollout["sync_every"], "rollout.max_turns": rollout["max_turns"],
+        "rollout.max_len": rollout["max_len"],
+        "rollout.sampling.max_new_tokens": rollout["sampling"]["max_new_tokens"],
+        "rollout.sampling.temperature": float(rollout["sampling"]["temperature"]),
+        "trainer.max_steps": trainer["max_steps"],
+        "rollouts": trainer["max_steps"] * data["batch_size"],
+        "optim.lr": float(optim["lr"]), "optim.scheduler": optim["scheduler"],
+        "optim.schedule_steps": optim["schedule_steps"],
+        "schedule_length": int(optim["schedule_steps"] or trainer["max_steps"]),
+        "optim.warmup_ratio": float(optim["warmup_ratio"]),
+        "optim.min_lr_ratio": float(optim["min_lr_ratio"]),
+        "trust": objective.trust_region.describe(objective.names["trust_region"]),
         "servers": len(rollout["remote"]["servers"]) if rollout.get("remote") else None,
-        "weight_update": rollout.get("weight_update"), "evaluation": _describe_eval(cfg.get("eval")),
-        "memory": None, "learner": None, "gradient_checkpointing": model.get("gradient_checkpointing"),
-        "logger": None if cfg.get("logger") is None else str(cfg.logger.get("_target_")),
-        "output_dir": output_dir(cfg), "ckpt_path": cfg.get("ckpt_path"), "seed": int(cfg.seed),
-        "changed": changed_settings(sec, _env_values(cfg)),
+        "rollout.weight_update": rollout.get("weight_update"),
+        "evaluation": _describe_eval(cfg.get("eval")), "memory": None, "learner": None,
+        "model.gradient_checkpointing": model["gradient_checkpointing"],
+        "logger._target_": None if cfg.get("logger") is None else str(cfg.logger.get("_target_")),
+        "paths.output_dir": output_dir(cfg), "ckpt_path": cfg.get("ckpt_path"),
+        "seed": int(cfg.seed), "changed": changed_settings(sec, _env_values(cfg)),
     }  # fmt: skip
+    facts.update(objective_keys(objective))
+    return facts
+
+
+def objective_keys(objective: Any) -> dict[str, Any]:
+    """`objective.<kind>`: each component's name; `objective.<name>.<field>`: its values."""
+    out: dict[str, Any] = {f"objective.{kind}": name for kind, name in objective.names.items()}
+    for name, values in objective.component_params().items():
+        out.update({f"objective.{name}.{field}": value for field, value in values.items()})
+    return out
+
+
+def components(plan: Mapping[str, Any]) -> dict[str, str]:
+    """{kind: name} of the plan's objective components."""
+    from frlab.objective import KINDS
+
+    return {kind: plan[f"objective.{kind}"] for kind in KINDS}
+
+
+def component_params(plan: Mapping[str, Any], name: str) -> dict[str, Any]:
+    prefix = f"objective.{name}."
+    return {k.removeprefix(prefix): v for k, v in plan.items() if k.startswith(prefix)}
 
 
 def plan_rows(plan: Mapping[str, Any]) -> list[tuple[str, str]]:
     """(label, text) of each printed row."""
-    lag = f"<= {plan['lag_bound']}" if plan["mode"] == "async" else "0 (sync: collect, then train)"
-    zero = "skipped" if plan["skip_zero_signal_steps"] else "step AdamW"
+    lag = plan["rollout.max_policy_lag"]
+    lag = f"<= {lag}" if plan["rollout.mode"] == "async" else "0 (sync: collect, then train)"
+    zero = "skipped" if plan["optim.skip_zero_signal_steps"] else "step AdamW"
     return [
         ("experiment", plan["experiment"] or "-"),
-        ("model", f"{plan['model']}  [{plan['dtype']}, tokenizer {plan['tokenizer']}]"),
-        ("env", plan["env"]),
-        ("devices", f"{plan['devices']} x {plan['accelerator']}, strategy {plan['strategy']}, "
-                    f"precision {plan['precision']}"),
-        ("batch", f"B={plan['batch_size']} (global), {plan['per_rank_batch_size']}/rank, micro "
-                  f"{plan['micro_batch_size']} x {plan['micro_batches_per_step']}/step, "
-                  f"G={plan['samples_per_prompt']}"),
+        ("model", f"{plan['model']}  [{plan['model.dtype']}, tokenizer {plan['model.tokenizer']}]"),
+        ("env", plan["env._target_"]),
+        ("devices", f"{plan['ranks']} x {plan['trainer.accelerator']}, strategy "
+                    f"{plan['trainer.strategy']}, precision {plan['trainer.precision']}"),
+        ("batch", f"B={plan['data.batch_size']} (global), {plan['per_rank_batch_size']}/rank, "
+                  f"micro {plan['data.micro_batch_size']} x {plan['micro_batches_per_step']}/step, "
+                  f"G={plan['rollout.samples_per_prompt']}"),
         ("micro", _micro_batching(plan)),
-        ("rollout", f"{plan['mode']} on {_engine(plan)}, in flight {plan['max_in_flight']}, "
-                    f"sync every {plan['sync_every']}, turns {plan['max_turns']}, max_len "
-                    f"{plan['max_len']}, new tokens {plan['max_new_tokens']}, "
-                    f"T={plan['temperature']:g}"),
-        ("weights", plan["weight_update"] or "the engine's default (in_flight where exact)"),
+        ("rollout", f"{plan['rollout.mode']} on {_engine(plan)}, in flight "
+                    f"{plan['rollout.max_in_flight']}, sync every {plan['rollout.sync_every']}, "
+                    f"turns {plan['rollout.max_turns']}, max_len {plan['rollout.max_len']}, new "
+                    f"tokens {plan['rollout.sampling.max_new_tokens']}, "
+                    f"T={plan['rollout.sampling.temperature']:g}"),
+        ("weights", plan["rollout.weight_update"] or "the engine's default (in_flight where exact)"),
         ("lag bound", lag),
         ("objective", _objective(plan)),
         ("trust", f"{plan['trust']}; token filter {_token_filter(plan)}"),
-        ("updates", f"{plan['updates']} optimizer steps ({plan['rollouts']} rollouts); "
+        ("updates", f"{plan['trainer.max_steps']} optimizer steps ({plan['rollouts']} rollouts); "
                     f"zero-gradient batches {zero}"),
         ("lr", _schedule(plan)),
         ("eval", plan["evaluation"]),
         *[(k, plan[k]) for k in ("learner", "memory") if plan.get(k)],
-        ("logger", plan["logger"] or "none (metrics.csv in the run folder)"),
-        ("output dir", plan["output_dir"]),
+        ("logger", plan["logger._target_"] or "none (metrics.csv in the run folder)"),
+        ("output dir", plan["paths.output_dir"]),
         ("resume", plan["ckpt_path"] or "no"),
         ("seed", str(plan["seed"])),
     ]  # fmt: skip
@@ -114,45 +142,45 @@ def format_plan(plan: Mapping[str, Any]) -> str:
 def _objective(plan: Mapping[str, Any]) -> str:
     """`kind=name(p=v, ...)` per component, with the built components' values."""
     items = []
-    for kind, name in plan["components"].items():
-        inner = ", ".join(
-            f"{k}={_number(v)}" for k, v in plan["component_params"].get(name, {}).items()
-        )
+    for kind, name in components(plan).items():
+        inner = ", ".join(f"{k}={_number(v)}" for k, v in component_params(plan, name).items())
         items.append(f"{kind}={name}" + (f"({inner})" if inner else ""))
     return " ".join(items)
 
 
 def _token_filter(plan: Mapping[str, Any]) -> str:
     """`name p=v ...` with the built filter's hyperparameters (`none` has none)."""
-    name = plan["components"]["token_filter"]
-    values = plan["component_params"].get(name, {})
+    name = plan["objective.token_filter"]
+    values = component_params(plan, name)
     return " ".join([name, *(f"{k}={_number(v)}" for k, v in sorted(values.items()))])
 
 
 def _micro_batching(plan: Mapping[str, Any]) -> str:
-    tokens = plan["max_tokens_per_micro_batch"]
-    caps = f"<= {plan['micro_batch_size']} rows" + (f", <= {tokens} tokens" if tokens else "")
-    layout = "packed (one padding-free row each)" if plan["pack_sequences"] else "padded rows"
+    tokens = plan["data.max_tokens_per_micro_batch"]
+    caps = f"<= {plan['data.micro_batch_size']} rows" + (f", <= {tokens} tokens" if tokens else "")
+    layout = "packed (one padding-free row each)" if plan["data.pack_sequences"] else "padded rows"
     return f"{caps}; {layout}"
 
 
 def _schedule(plan: Mapping[str, Any]) -> str:
     """`1e-06 cosine over N updates (warm-up 3%, floor 10%)[; the run stops at step M]`."""
-    shape = [f"warm-up {plan['warmup_ratio']:.0%}"] if plan["warmup_ratio"] else []
-    if plan["scheduler"] == "cosine":
-        shape.append(f"floor {plan['min_lr_ratio']:.0%}")
-    text = f"{plan['lr']:g} {plan['scheduler']} over {plan['schedule_steps']} updates"
+    warmup, floor = plan["optim.warmup_ratio"], plan["optim.min_lr_ratio"]
+    shape = [f"warm-up {warmup:.0%}"] if warmup else []
+    if plan["optim.scheduler"] == "cosine":
+        shape.append(f"floor {floor:.0%}")
+    length, steps = plan["schedule_length"], plan["trainer.max_steps"]
+    text = f"{plan['optim.lr']:g} {plan['optim.scheduler']} over {length} updates"
     text += f" ({', '.join(shape)})" if shape else ""
-    if plan["schedule_steps"] != plan["updates"]:
-        text += f"; the run stops at step {plan['updates']}"
+    if length != steps:
+        text += f"; the run stops at step {steps}"
     return text
 
 
 def _engine(plan: Mapping[str, Any]) -> str:
-    servers = plan["servers"]
+    servers, engine = plan["servers"], plan["rollout.engine"]
     if servers is None:
-        return plan["engine"]
-    return f"{plan['engine']} ({servers} server{'s' if servers != 1 else ''})"
+        return engine
+    return f"{engine} ({servers} server{'s' if servers != 1 else ''})"
 
 
 def _yaml(value: Any) -> str:
@@ -182,9 +210,9 @@ def changed_settings(sec: Mapping[str, Any], env: Mapping[str, Any]) -> dict[str
     for name, cls in schema.SECTIONS.items():
         out.update(changed(name, sec[name], cls))
     node = sec["rollout"].get("engine")
-    target = node.get("_target_") if isinstance(node, Mapping) else None
-    declaration = next((c for c in schema.ENGINES.values() if c._target_ == target), None)
-    if declaration is not None:
+    found = schema.declaration_of(node.get("_target_")) if isinstance(node, Mapping) else None
+    if found is not None:
+        declaration = found[1]
         out.pop("rollout.engine", None)
         out.update(changed("rollout.engine", node, declaration))  # type: ignore[arg-type]
     return {**out, **_changed_env(env)}

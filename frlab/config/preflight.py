@@ -101,8 +101,9 @@ def structured(cfg: DictConfig) -> DictConfig:
     leaves out takes its declared default; a composed config is returned as it is once it
     passed. Errors are ConfigErrors naming the key."""
     target = OmegaConf.select(cfg, "rollout.engine._target_", default=None)
-    declaration = next((c for c in schema.ENGINES.values() if c._target_ == target), None)
-    rollout = schema.RolloutConfig(engine=None if declaration is None else declaration())
+    found = schema.declaration_of(target)
+    engine = found[1] if found is not None and found[1] in schema.ENGINES.values() else None
+    rollout = schema.RolloutConfig(engine=None if engine is None else engine())
     if OmegaConf.select(cfg, "rollout.remote", default=None) is not None:
         rollout.remote = schema.RemoteConfig()
     values = OmegaConf.to_container(cfg, resolve=False)  # a typed node keeps its own keys
@@ -174,11 +175,11 @@ def _engine_option(rollout: Mapping[str, Any]) -> str:
                           f"config group rollout/engine (rollout/engine={name} on the command "
                           f"line, `- override /rollout/engine: {name}` in a preset)",
                           value=None if named else node, choices=options)  # fmt: skip
-    for name, declaration in schema.ENGINES.items():
-        if declaration._target_ == node["_target_"]:
-            check_values("rollout.engine", node, declaration)
-            return name
-    return str(node["_target_"])
+    found = schema.declaration_of(node["_target_"])
+    if found is None:
+        return str(node["_target_"])
+    check_values("rollout.engine", node, found[1])
+    return found[0]
 
 
 def locate_engine(rollout: Mapping[str, Any]) -> Any:
@@ -263,9 +264,9 @@ def _check_eval(cfg: DictConfig, rollout: Mapping[str, Any], trainer: Mapping[st
     if kind not in schema.EVALS:
         raise ConfigError("eval.kind", f"unknown evaluation kind {kind!r}", value=kind,
                           choices=schema.EVALS)  # fmt: skip
-    other = [
-        k for k, c in schema.EVALS.items() if c._target_ == values.get("_target_") and k != kind
-    ]
+    found = schema.declaration_of(values.get("_target_"))
+    other = [found[0]] if found is not None and found[1] in schema.EVALS.values() else []
+    other = [k for k in other if k != kind]
     if other:
         raise ConfigError("eval.kind", f"is {kind!r} but the node is a {other[0]} evaluation: "
                           f"choose an eval option of kind {kind} (e.g. eval=math or "

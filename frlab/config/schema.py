@@ -396,3 +396,17 @@ EVALS: dict[str, type] = {"math": MathEvalConfig, "episodes": EpisodesEvalConfig
 # Keys declared `Any` in the root that hold typed nodes: their possible declarations.
 TYPED_NODES: dict[str, tuple[type, ...]] = {"rollout.engine": tuple(ENGINES.values()),
     "rollout.remote": (RemoteConfig,), "eval": tuple(EVALS.values())}  # fmt: skip
+
+
+# The one lookup from a node's `_target_` to its declaration (None: not declared here, e.g. a
+# user's own engine).
+DECLARED: dict[str, tuple[str, type]] = {
+    cls._target_: (name, cls)
+    for group in ({n: c for n, c in SECTIONS.items() if hasattr(c, "_target_")}, ENGINES, EVALS)
+    for name, cls in group.items()
+}
+
+
+def declaration_of(target: object) -> tuple[str, type] | None:
+    """(option or section name, declaration) of a `_target_`."""
+    return DECLARED.get(str(target)) if target is not None else None

@@ -216,7 +216,7 @@ class RunFilesCallback(Callback):
         summary = summarize(self.rows)
         summary.update(
             status=status,
-            components=self.components,
+            objective=self.components,  # {kind: name}, as under the config key `objective`
             output_dir=str(self.output_dir),
             metrics_csv=str(self.metrics_path),
             **self.extra,

@@ -33,9 +33,9 @@ def test_the_preset_is_the_measured_setting() -> None:
                                  "allow_parentheses": False, "allow_negation": False}  # fmt: skip
     assert dict(env.holdout) == {"fraction": 0.25, "part": "train"}
     assert cfg.rollout.sampling.max_new_tokens == 16 and cfg.rollout.samples_per_prompt == 1
-    assert (plan["batch_size"], plan["lr"], plan["updates"]) == (32, 1e-5, 30)
-    assert plan["components"]["baseline"] == "batch_mean"
-    assert plan["components"]["trust_region"] == "sequence_bernoulli_kl"
+    assert (plan["data.batch_size"], plan["optim.lr"], plan["trainer.max_steps"]) == (32, 1e-5, 30)
+    assert plan["objective.baseline"] == "batch_mean"
+    assert plan["objective.trust_region"] == "sequence_bernoulli_kl"
     assert cfg.eval.at_start and cfg.eval.every_n_steps == cfg.trainer.max_steps
     assert [b.name for b in cfg.eval.benchmarks] == ["heldout", "transfer"]
     for bench in cfg.eval.benchmarks:

@@ -114,7 +114,7 @@ def test_a_bool_key_accepts_only_booleans() -> None:
     for bad in ("3", "1", "yes"):
         with pytest.raises(ConfigError, match="data.pack_sequences.*true or false"):
             preflight(compose([f"data.pack_sequences={bad}"]))
-    assert preflight(compose(["data.pack_sequences=false"]))["pack_sequences"] is False
+    assert preflight(compose(["data.pack_sequences=false"]))["data.pack_sequences"] is False
     assert compose(["model.lora.rank=4"]).model.lora.rank == 4  # not a bool key: untouched
 
 

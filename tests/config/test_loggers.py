@@ -25,7 +25,7 @@ def test_csv_is_the_default_and_adds_no_second_metrics_writer() -> None:
     (Lightning's CSVLogger would write a second metrics.csv under csv/version_0)."""
     for overrides in ([], ["logger=csv"]):
         cfg = compose(overrides)
-        assert cfg.logger is None and preflight(cfg)["logger"] is None
+        assert cfg.logger is None and preflight(cfg)["logger._target_"] is None
     assert "metrics.csv" in format_plan(preflight(compose([])))
 
 
@@ -36,7 +36,7 @@ def test_tensorboard(tmp_path: Path) -> None:
 
 def test_wandb_composes_without_importing_wandb() -> None:
     plan = preflight(compose(["logger=wandb", "logger.offline=true"]))
-    assert plan["logger"] == "lightning.pytorch.loggers.WandbLogger"
+    assert plan["logger._target_"] == "lightning.pytorch.loggers.WandbLogger"
     assert "wandb" not in sys.modules
 
 
@@ -55,4 +55,4 @@ def test_an_unresolvable_node_names_its_key(tmp_path: Path) -> None:
 
 
 def test_no_logger() -> None:
-    assert preflight(compose(["~logger"]))["logger"] is None
+    assert preflight(compose(["~logger"]))["logger._target_"] is None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from frlab.config.compose import compose
+from frlab.config.plan import component_params, components
 from frlab.config.preflight import check_objective, preflight
 from frlab.objective import PRESETS
 
@@ -20,7 +21,7 @@ def test_objective_presets_compose_to_the_registered_preset(preset: str) -> None
 def test_slots_are_plain_strings_switched_one_at_a_time() -> None:
     cfg = compose(["objective.baseline=batch_mean_std", "objective.aggregation=token_mean"])
     plan = preflight(cfg)
-    assert plan["components"] == {
+    assert components(plan) == {
         "baseline": "batch_mean_std", "trust_region": "sequence_bernoulli_kl",
         "aggregation": "token_mean", "token_filter": "none",
     }  # fmt: skip
@@ -30,11 +31,14 @@ def test_switching_trust_region_does_not_leak_the_previous_components_kwargs() -
     # alfworld tightens the Bernoulli-KL gate to delta 1e-3; a token-level gate chosen on top
     # must get ITS OWN delta (3e-3 default), not the sequence gate's.
     base = ["experiment=alfworld_qwen7b"]
-    assert preflight(compose(base))["delta"] == pytest.approx(1e-3)
+    assert preflight(compose(base))["objective.sequence_bernoulli_kl.delta"] == pytest.approx(1e-3)
     cfg = compose([*base, "objective.trust_region=token_bernoulli_kl"])
     plan = preflight(cfg)
-    assert plan["delta"] == pytest.approx(3e-3)
-    assert set(plan["component_params"]) == {"token_bernoulli_kl", "entropy_failures"}
+    assert plan["objective.token_bernoulli_kl.delta"] == pytest.approx(3e-3)
+    assert {k.split(".")[1] for k in plan if k.count(".") == 2 and k.startswith("objective.")} == {
+        "token_bernoulli_kl",
+        "entropy_failures",
+    }
     objective = check_objective(dict(cfg.objective))
     assert objective.trust_region.delta == pytest.approx(3e-3)
 
@@ -42,7 +46,7 @@ def test_switching_trust_region_does_not_leak_the_previous_components_kwargs() -
 def test_switching_to_a_component_without_kwargs_carries_none() -> None:
     cfg = compose(["objective.sequence_bernoulli_kl.delta=0.5", "objective.trust_region=token_tis"])
     plan = preflight(cfg)
-    assert plan["component_params"] == {"token_tis": {"cap": 2.0}}
+    assert component_params(plan, "token_tis") == {"cap": 2.0}
     assert not hasattr(check_objective(dict(cfg.objective)).trust_region, "delta")
 
 
@@ -50,5 +54,5 @@ def test_preset_switch_keeps_each_components_own_settings() -> None:
     cfg = compose(["objective.ppo_clip.eps_high=0.28", "objective=grpo", "rollout=sync",
                    "rollout.samples_per_prompt=4"])  # fmt: skip
     plan = preflight(cfg)
-    assert plan["component_params"]["ppo_clip"] == {"eps_low": 0.2, "eps_high": 0.28}
-    assert "sequence_bernoulli_kl" not in plan["component_params"]
+    assert component_params(plan, "ppo_clip") == {"eps_low": 0.2, "eps_high": 0.28}
+    assert component_params(plan, "sequence_bernoulli_kl") == {}

@@ -25,8 +25,21 @@ from omegaconf import OmegaConf
 from sweep_testlib import sweep_jobs
 
 from frlab.config.compose import compose
-from frlab.config.plan import format_plan
+from frlab.config.plan import component_params, components, format_plan
 from frlab.config.preflight import preflight
+
+
+def delta(plan: dict) -> float | None:
+    """The trust region's delta (None for a region without one)."""
+    return plan.get(f"objective.{plan['objective.trust_region']}.delta")
+
+
+def q(plan: dict) -> float:
+    """The entropy filter's kept fraction of failed trajectories' tokens (1: no filter)."""
+    if plan["objective.token_filter"] != "entropy_failures":
+        return 1.0
+    return plan["objective.entropy_failures.q"]
+
 
 COMMON: dict[str, Any] = {
     "lr": 1e-6, "weight_decay": 0.1, "grad_clip": 1.0, "warmup_ratio": 0.03,
@@ -95,18 +108,28 @@ def _setup(name: str, monkeypatch: pytest.MonkeyPatch, *overrides: str) -> tuple
 def test_preset_equals_the_reference_setting(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     ref = REFERENCE[name]
     cfg, plan = _setup(name, monkeypatch)
-    assert (plan["model"], plan["env"], plan["max_turns"]) == (
+    assert (plan["model"], plan["env._target_"], plan["rollout.max_turns"]) == (
         ref["model"],
         ref["env"],
         ref["turns"],
     )
-    assert (plan["batch_size"], plan["samples_per_prompt"]) == (ref["B"], ref["samples_per_prompt"])
-    assert (plan["max_len"], plan["max_new_tokens"]) == (ref["max_len"], ref["max_new_tokens"])
-    assert plan["max_in_flight"] == ref["in_flight"]
-    assert plan["delta"] == pytest.approx(ref["delta"]) and plan["q"] == pytest.approx(ref["q"])
-    assert plan["micro_batch_size"] == ref["micro_batch"]
-    assert (plan["mode"], plan["precision"], plan["engine"]) == ("async", "bf16-mixed", "vllm")
-    assert dict(plan["components"]) == {
+    assert (plan["data.batch_size"], plan["rollout.samples_per_prompt"]) == (
+        ref["B"],
+        ref["samples_per_prompt"],
+    )
+    assert (plan["rollout.max_len"], plan["rollout.sampling.max_new_tokens"]) == (
+        ref["max_len"],
+        ref["max_new_tokens"],
+    )
+    assert plan["rollout.max_in_flight"] == ref["in_flight"]
+    assert delta(plan) == pytest.approx(ref["delta"]) and q(plan) == pytest.approx(ref["q"])
+    assert plan["data.micro_batch_size"] == ref["micro_batch"]
+    assert (plan["rollout.mode"], plan["trainer.precision"], plan["rollout.engine"]) == (
+        "async",
+        "bf16-mixed",
+        "vllm",
+    )
+    assert components(plan) == {
         "baseline": "batch_mean", "trust_region": "sequence_bernoulli_kl",
         "aggregation": "sample_mean",
         "token_filter": "entropy_failures" if ref["q"] < 1 else "none",
@@ -114,15 +137,15 @@ def test_preset_equals_the_reference_setting(name: str, monkeypatch: pytest.Monk
     optim = cfg.optim
     assert (optim.lr, optim.weight_decay, optim.grad_clip) == (
         ref["lr"], ref["weight_decay"], ref["grad_clip"])  # fmt: skip
-    assert plan["scheduler"] == ref["scheduler"]
-    assert plan["schedule_steps"] == reference_updates(ref)
+    assert plan["optim.scheduler"] == ref["scheduler"]
+    assert plan["schedule_length"] == reference_updates(ref)
     if ref["scheduler"] == "cosine":
-        assert (plan["warmup_ratio"], plan["min_lr_ratio"]) == (
+        assert (plan["optim.warmup_ratio"], plan["optim.min_lr_ratio"]) == (
             ref["warmup_ratio"],
             ref["min_lr_ratio"],
         )
     else:
-        assert plan["warmup_ratio"] == 0.0
+        assert plan["optim.warmup_ratio"] == 0.0
     sampling = cfg.rollout.sampling
     assert (sampling.temperature, sampling.top_p, sampling.top_k) == (
         ref["temperature"], ref["top_p"], 0)  # fmt: skip
@@ -140,14 +163,16 @@ def test_stop_step_and_lag_bound_follow_the_stated_rules(
 ) -> None:
     ref = REFERENCE[name]
     _, plan = _setup(name, monkeypatch)
-    assert plan["updates"] == STOPS[name] <= plan["schedule_steps"]
+    assert plan["trainer.max_steps"] == STOPS[name] <= plan["schedule_length"]
     # Hard lag bound = twice the lag the paper measured; where it measured none, twice the
     # reference pipeline's own lag, ceil(in flight / B) + queue depth.
     expected = ref["measured_lag"] or math.ceil(ref["in_flight"] / ref["B"]) + ref["queue"]
-    assert plan["lag_bound"] == 2 * expected
+    assert plan["rollout.max_policy_lag"] == 2 * expected
     if ref["measured_lag"] is not None:
-        assert plan["lag_bound"] >= ref["measured_lag"]  # the paper's lags are admitted
-    assert plan["sync_every"] <= plan["lag_bound"]
+        assert (
+            plan["rollout.max_policy_lag"] >= ref["measured_lag"]
+        )  # the paper's lags are admitted
+    assert plan["rollout.sync_every"] <= plan["rollout.max_policy_lag"]
 
 
 # Training data as the reference: (env keys, values).
@@ -211,20 +236,20 @@ def _arms(sweep: str) -> dict[str, tuple[Any, Any]]:
 def test_r1_and_qwen3_variants() -> None:
     r1 = _arms("r1_ablations")
     assert set(r1) == {"base", "delta_5e-3", "no_trust"}  # gate_5e3, no_trust
-    assert r1["delta_5e-3"][1]["delta"] == pytest.approx(5e-3) and math.isinf(
-        r1["no_trust"][1]["delta"]
-    )
+    assert r1["delta_5e-3"][1]["objective.sequence_bernoulli_kl.delta"] == pytest.approx(
+        5e-3
+    ) and math.isinf(r1["no_trust"][1]["objective.sequence_bernoulli_kl.delta"])
     qwen3 = _arms("qwen3_tool_ablations")
-    assert math.isinf(qwen3["no_trust"][1]["delta"])
+    assert math.isinf(qwen3["no_trust"][1]["objective.sequence_bernoulli_kl.delta"])
     no_is = qwen3["no_is"]
-    assert no_is[1]["components"]["trust_region"] == "no_is"
+    assert no_is[1]["objective.trust_region"] == "no_is"
     assert no_is[0].objective.sequence_bernoulli_kl.delta == pytest.approx(1e-3)
 
 
 def test_qwen_math_variants() -> None:
     arms = _arms("qwen_math_ablations")
     # gate_1e3, negative_q09, negative_q02, five_benchmark_eval16
-    assert {a: (p["delta"], p["q"]) for a, (_, p) in arms.items()} == {
+    assert {a: (delta(p), q(p)) for a, (_, p) in arms.items()} == {
         "delta_1e-3": (pytest.approx(1e-3), 1.0), "q0p9_delta_1e-3": (pytest.approx(1e-3), 0.9),
         "q0p2_delta_1e-3": (pytest.approx(1e-3), 0.2),
         "five_benchmark_eval16": (pytest.approx(3e-3), 1.0),
@@ -236,13 +261,13 @@ def test_qwen_math_variants() -> None:
 
 def test_tool_and_alfworld_variants() -> None:
     tool = _arms("qwen7b_tool_ablations")
-    assert [tool[a][1]["q"] for a in ("q0p9", "q0p2", "q0p0")] == [0.9, 0.2, 0.0]
-    assert tool["token_mean"][1]["components"]["aggregation"] == "token_mean"
+    assert [q(tool[a][1]) for a in ("q0p9", "q0p2", "q0p0")] == [0.9, 0.2, 0.0]
+    assert tool["token_mean"][1]["objective.aggregation"] == "token_mean"
     const = tool["constant_length"][1]
-    assert const["components"]["aggregation"] == "constant_length"
-    assert const["component_params"]["constant_length"] == {"length": 6144}
+    assert const["objective.aggregation"] == "constant_length"
+    assert component_params(const, "constant_length") == {"length": 6144}
     alf = _arms("alfworld_ablations")
-    assert alf["q0p2"][1]["q"] == 0.2 and alf["no_is"][1]["components"]["trust_region"] == "no_is"
+    assert q(alf["q0p2"][1]) == 0.2 and alf["no_is"][1]["objective.trust_region"] == "no_is"
 
 
 @pytest.mark.parametrize(
@@ -263,18 +288,20 @@ def test_grpo_arms_are_the_papers_grpo(
     GRPO arm's own update count."""
     _, grpo = _arms(sweep)[arm]
     ref = REFERENCE[setting]
-    assert dict(grpo["components"]) == {
+    assert components(grpo) == {
         "baseline": "group_mean",
         "trust_region": "ppo_clip",
         "aggregation": "token_mean",
         "token_filter": "none",
     }
-    assert grpo["component_params"]["ppo_clip"] == {"eps_low": 0.2, "eps_high": 0.2}
-    assert (grpo["batch_size"], grpo["samples_per_prompt"]) == (ref["B"], samples)
-    assert grpo["batch_size"] // grpo["samples_per_prompt"] == prompts
-    assert grpo["mode"] == "async" and grpo["lag_bound"] == REFERENCE_LAG[setting]
-    assert grpo["schedule_steps"] == reference_updates({**ref, "episodes": episodes}, prompts)
-    assert grpo["updates"] == STOPS[setting]
+    assert component_params(grpo, "ppo_clip") == {"eps_low": 0.2, "eps_high": 0.2}
+    assert (grpo["data.batch_size"], grpo["rollout.samples_per_prompt"]) == (ref["B"], samples)
+    assert grpo["data.batch_size"] // grpo["rollout.samples_per_prompt"] == prompts
+    assert (
+        grpo["rollout.mode"] == "async" and grpo["rollout.max_policy_lag"] == REFERENCE_LAG[setting]
+    )
+    assert grpo["schedule_length"] == reference_updates({**ref, "episodes": episodes}, prompts)
+    assert grpo["trainer.max_steps"] == STOPS[setting]
 
 
 REFERENCE_LAG = {"python_tool_qwen7b": 4, "alfworld_qwen7b": 4}
@@ -286,7 +313,9 @@ def test_a_schedule_shorter_than_the_run_is_refused(monkeypatch: pytest.MonkeyPa
     with pytest.raises(ConfigError, match="optim.schedule_steps"):
         _setup("python_tool_qwen7b", monkeypatch, "optim.schedule_steps=500")
     _, plan = _setup("python_tool_qwen7b", monkeypatch, "optim.schedule_steps=null")
-    assert plan["schedule_steps"] == plan["updates"] == 600  # null: the schedule spans the run
+    assert (
+        plan["schedule_length"] == plan["trainer.max_steps"] == 600
+    )  # null: the schedule spans the run
     assert "lr         : 1e-06 cosine over 600 updates (warm-up 3%, floor 10%)" in format_plan(plan)
     _, plan = _setup("python_tool_qwen7b", monkeypatch)
     assert "cosine over 3944 updates (warm-up 3%, floor 10%); the run stops at step 600" in (

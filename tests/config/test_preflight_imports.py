@@ -25,7 +25,7 @@ def test_preflight_of_a_torch_engine_imports_no_heavy_library(overrides: list[st
         "from frlab.config.compose import compose\n"
         "from frlab.config.preflight import preflight\n"
         f"plan = preflight(compose({overrides!r}))\n"
-        "assert plan['engine'] in ('torch', 'torch_process'), plan['engine']\n"
+        "assert plan['rollout.engine'] in ('torch', 'torch_process'), plan['rollout.engine']\n"
         f"print('HEAVY', [m for m in {HEAVY!r} if m in sys.modules])\n"
     )
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}

@@ -28,10 +28,14 @@ def test_no_arguments_selects_the_cpu_default() -> None:
     cfg = compose([])
     plan = preflight(cfg)
     assert plan["experiment"] == "toy_cpu"
-    assert plan["engine"] == "torch" and plan["accelerator"] == "cpu" and plan["mode"] == "async"
-    assert plan["env"] == "envs.toy.ParityEnv"
-    assert 16 <= plan["batch_size"] <= 64 and 60 <= plan["updates"] <= 300
-    assert 1e-3 <= plan["lr"] <= 3e-3
+    assert (
+        plan["rollout.engine"] == "torch"
+        and plan["trainer.accelerator"] == "cpu"
+        and plan["rollout.mode"] == "async"
+    )
+    assert plan["env._target_"] == "envs.toy.ParityEnv"
+    assert 16 <= plan["data.batch_size"] <= 64 and 60 <= plan["trainer.max_steps"] <= 300
+    assert 1e-3 <= plan["optim.lr"] <= 3e-3
 
 
 @pytest.mark.parametrize("option", ["toy_single", "toy_multi"])
@@ -65,7 +69,7 @@ def test_experiment_composes_and_passes_preflight(name: str) -> None:
         return
     plan = preflight(cfg)
     assert plan["experiment"] == name
-    assert plan["components"]["trust_region"]
+    assert plan["objective.trust_region"]
 
 
 # Paper presets; their values against the reference settings: tests/config/test_paper_reference.py.
@@ -81,18 +85,18 @@ def test_every_sweep_job_composes_and_passes_preflight(name: str) -> None:
     assert len(jobs) >= 2
     plans = [job.plan for job in jobs]
     for plan in plans:
-        del plan["output_dir"]  # each job's own folder
+        del plan["paths.output_dir"]  # each job's own folder
     assert len({repr(p) for p in plans}) == len(plans), "two sweep arms are identical"
 
 
 def test_toy_sweep_runs_on_cpu() -> None:
     plans = [job.plan for job in sweep_jobs("toy_trust_regions")]
-    assert {p["components"]["trust_region"] for p in plans} == {
+    assert {p["objective.trust_region"] for p in plans} == {
         "sequence_bernoulli_kl",
         "none",
         "token_tis",
     }
-    assert all(p["engine"] == "torch" and p["accelerator"] == "cpu" for p in plans)
+    assert all(p["rollout.engine"] == "torch" and p["trainer.accelerator"] == "cpu" for p in plans)
 
 
 def test_every_sweep_documents_seeds_and_the_report() -> None:
@@ -143,5 +147,5 @@ def test_paper_presets_dry_run_offline_without_loading_data_or_models(tmp_path) 
 def test_zero_signal_rule_is_off_in_paper_presets_and_on_in_the_cpu_toys(name: str) -> None:
     """The reference steps AdamW on every batch; the toys opt into frlab's deviation."""
     plan = preflight(compose([f"experiment={name}"]))
-    assert plan["skip_zero_signal_steps"] is name.startswith("toy_")
-    assert plan["pack_sequences"] is True
+    assert plan["optim.skip_zero_signal_steps"] is name.startswith("toy_")
+    assert plan["data.pack_sequences"] is True

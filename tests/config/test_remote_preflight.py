@@ -59,7 +59,7 @@ def test_remote_config_errors_name_the_key(overrides: list[str], key: str, fragm
 def test_rollout_remote_alone_selects_the_fleet_for_the_toy_presets() -> None:
     for experiment in ("toy_cpu", "toy_multi_cpu"):
         plan = preflight(compose([f"experiment={experiment}", "rollout=remote", ONE]))
-        assert plan["engine"] == "remote", experiment
+        assert plan["rollout.engine"] == "remote", experiment
 
 
 def test_a_valid_remote_config_builds_the_configured_engine(tmp_path: Path) -> None:
@@ -84,7 +84,7 @@ def test_a_one_rank_nccl_config_passes_and_builds_the_nccl_engine() -> None:
     cfg = compose([*REMOTE, ONE, "rollout.remote.weight_sync=nccl",
                    "rollout.remote.nccl_master_address=10.0.0.7",
                    "rollout.remote.nccl_master_port=29500"])  # fmt: skip
-    assert preflight(cfg)["engine"] == "remote"
+    assert preflight(cfg)["rollout.engine"] == "remote"
     engine = build_engine(cfg, build_policy_from(plain(cfg.model), 0), seed=0)
     nccl = engine._nccl
     assert (nccl.master_address, nccl.master_port, nccl.packed) == ("10.0.0.7", 29500, True)
@@ -116,7 +116,7 @@ def test_every_weight_update_mode_passes_preflight_on_a_fleet(mode: str) -> None
     from frlab.train import build_policy_from, plain
 
     cfg = compose([*REMOTE, ONE, f"rollout.weight_update={mode}"])
-    assert preflight(cfg)["engine"] == "remote"
+    assert preflight(cfg)["rollout.engine"] == "remote"
     engine = build_engine(cfg, build_policy_from(plain(cfg.model), 0), seed=0)
     assert engine.weight_update == mode
     engine.shutdown()

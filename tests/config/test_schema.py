@@ -91,7 +91,7 @@ def test_a_config_not_composed_by_hydra_is_checked_by_omegaconf_against_the_decl
     assert cfg.data.pack_sequences is True and OmegaConf.get_type(cfg.rollout.engine).__name__ == (
         "TorchEngineConfig"
     )
-    assert preflight(OmegaConf.create(plain))["engine"] == "torch"
+    assert preflight(OmegaConf.create(plain))["rollout.engine"] == "torch"
     for change, key, fragment in [
         ({"data": {"batch_sise": 2}}, "data.batch_sise", "'batch_size'"),
         ({"rollout": {"engine": {"max_batch_sise": 2}}}, "rollout.engine.max_batch_sise",

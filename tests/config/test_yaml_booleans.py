@@ -15,7 +15,12 @@ from frlab.config.compose import CONFIGS_DIR, EXPERIMENTS_DIR
 from frlab.config.declare import declared_bool, is_boolean, join
 from frlab.config.schema import TYPED_NODES, FrlabConfig
 
-FILES = sorted([*CONFIGS_DIR.rglob("*.yaml"), *EXPERIMENTS_DIR.rglob("*.yaml")])
+# run folders a write-up ships (`.hydra/`) record a run; they are not composed again
+FILES = sorted(
+    path
+    for path in [*CONFIGS_DIR.rglob("*.yaml"), *EXPERIMENTS_DIR.rglob("*.yaml")]
+    if ".hydra" not in path.parts
+)
 
 
 def package(path: Path, text: str) -> str:

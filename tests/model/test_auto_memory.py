@@ -107,6 +107,6 @@ def test_a_run_records_the_auto_values_it_chose(tmp_path: Path) -> None:
     ])  # fmt: skip
     summary = train.run(cfg)
     plan = json.loads((Path(summary["output_dir"]) / "summary.json").read_text())["plan"]
-    assert isinstance(plan["max_tokens_per_micro_batch"], int)
-    assert plan["gradient_checkpointing"] is False
+    assert isinstance(plan["data.max_tokens_per_micro_batch"], int)
+    assert plan["model.gradient_checkpointing"] is False
     assert "auto from" in plan["learner"] and "cpu RAM" in plan["learner"]

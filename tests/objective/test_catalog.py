@@ -12,6 +12,7 @@ from objective_testlib import make_batch
 from omegaconf import OmegaConf
 
 from frlab.config.compose import compose
+from frlab.config.plan import component_params
 from frlab.config.preflight import preflight
 from frlab.generated import stale_files
 from frlab.learner.metrics import ACCEPTANCE, StepMetrics
@@ -54,9 +55,9 @@ def test_every_component_is_selectable_documented_and_logged(kind: str, name: st
     cls = KINDS[kind].get(name)
     # selectable: `objective.<kind>=<name>` composes and passes preflight, defaults included
     plan = preflight(compose(_overrides(kind, name)))
-    assert plan["components"][kind] == name
+    assert plan[f"objective.{kind}"] == name
     if cls.hyperparameters():
-        assert plan["component_params"][name] == cls.defaults()
+        assert component_params(plan, name) == cls.defaults()
     # documented: its README row, the key reference's slot comment, its defaults in the config
     readme = (ROOT / README_FILE).read_text()
     assert f"| {kind_title(kind)} | `{name}` | {cls.summary().rstrip('.')} |" in readme

@@ -71,7 +71,7 @@ def test_summary_first_and_last_windows(tmp_path: Path) -> None:
     assert summary["reward_mean_last_10"] == 1.0
     assert summary["reward_mean_last_20"] == 0.75
     assert summary["acceptance_rate_mean"] == 0.5 and summary["policy_lag_max"] == 2.0
-    assert summary["components"] == {"baseline": "batch_mean"}
+    assert summary["objective"] == {"baseline": "batch_mean"}
     assert summary["output_dir"] == str(tmp_path) and summary["plan"] == {"B": 4}
     assert summary["status"] == "finished" and summary["wall_time_s"] >= 0.0
 
