@@ -117,7 +117,6 @@ def test_no_test_folder_is_named_vllm() -> None:
     assert not named, named
 
 
-
 def test_no_two_test_files_share_a_name() -> None:
     """Test folders have no `__init__.py`: pytest imports each test file by its bare name, so a
     second `test_runs.py` in another folder is an import error at collection."""
@@ -125,6 +124,7 @@ def test_no_two_test_files_share_a_name() -> None:
     for path in (ROOT / "tests").rglob("test_*.py"):
         seen.setdefault(path.name, []).append(path.relative_to(ROOT))
     assert not {name: paths for name, paths in seen.items() if len(paths) > 1}
+
 
 # --- size alarms: no file over 600 lines, no function over 80 --------------------------------
 # Alarms, not targets: most files are far below them. A file or function that reaches one has
