@@ -2,9 +2,10 @@
 
 As lightning-hydra-template's `train()`: preflight checks `cfg` and gives the plan's facts
 (printed and returned for `dry_run=true`, recorded in summary.json otherwise); then every part
-is built from `cfg` (each `_target_` through `frlab.config.compose.instantiate`): the Trainer,
+is built from `cfg` (each `_target_` through `frlab.config.compose.instantiate`), once the
+`auto` budget and checkpointing are chosen for the device and written into it: the Trainer,
 its logger and callbacks first, being cheap, so a bad key of theirs fails before the model
-loads; the tokenizer and the policy (`auto` budget and checkpointing chosen for the device);
+loads; the tokenizer and the policy;
 the learner module; the data module, whose rollout pools drive their own engines and
 environments (frlab.rollout.pool.factory). Then `fit` (resuming from `ckpt_path`) and the
 summary, with plots in the run folder.
@@ -59,12 +60,12 @@ def fit(cfg: DictConfig, checked: Checked) -> dict[str, Any]:
     output_dir, guard = run_folder(cfg, plan["paths.output_dir"])
     if guard.finished:
         return guard.previous_summary  # a resume of a finished run changes nothing
+    resolve_learner(cfg, checked, at_start=True)  # the `auto` values, before anything is built
     run_files = RunFilesCallback(output_dir, components=components(plan))
     trainer = build_trainer(cfg, [*build_callbacks(cfg, run_files), guard.callback], output_dir)
     L.seed_everything(int(cfg.seed), workers=True)  # after the Trainer: it draws no numbers
     tokenizer = load_tokenizer(sections["model"])  # a gguf: source is converted here, once
     make_env, make_tasks = env_factory(cfg.env), task_sampler_factory(cfg.env)
-    resolve_learner(cfg, checked, at_start=True)
     policy = build_policy_from(sections["model"], int(cfg.seed))
     run_files.extra["plan"] = plan  # the auto values as chosen
     module = FlashReinforceModule(
