@@ -154,15 +154,23 @@ def thresholds(exp: Experiment) -> list[str]:
         rows = []
         for arm in exp.arms:
             km_u, km_w = th.updates[arm.label], th.wall_s[arm.label]
-            rows.append([arm.label, f"{km_u.reached} of {km_u.n}", median(km_u), median(km_w)])
+            rows.append(
+                [arm.label, f"{km_u.reached} of {km_u.n}", median(km_u, whole=True), median(km_w)]
+            )
         lines += md_table(["arm", "reached by", "KM median updates", "KM median wall s"], rows)
     return lines
 
 
-def median(km: stats.TimeTo) -> str:
+def median(km: stats.TimeTo, whole: bool = False) -> str:
+    """The Kaplan-Meier median; `whole`: a count of updates, printed as a whole number when
+    it is one (8, not 8.000)."""
     if km.n == 0:
         return "not logged"
-    return num(km.median) if math.isfinite(km.median) else "not reached by half the runs"
+    if not math.isfinite(km.median):
+        return "not reached by half the runs"
+    if whole and float(km.median).is_integer():
+        return str(int(km.median))
+    return num(km.median)
 
 
 def markdown(report: Report) -> str:
