@@ -101,7 +101,6 @@ class PoolBatches(IterableDataset):
                 if left is not None and left <= POLL_S:
                     raise
 
-
     def _outage_s(self) -> float | None:
         """The pool's engine outage under way (`RolloutPool.outage_s`; None: none, or a pool
         that does not tell)."""
