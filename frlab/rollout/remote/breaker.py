@@ -6,7 +6,7 @@ preempted node, a network blip). The remote engine sends a request only to a hea
 (`Fleet.outage`, frlab.rollout.engine.Outage). Each server has one watcher task (`watch`):
 
 - while it serves, a liveness probe every LIVENESS_S: `GET /health` must answer 200 within
-  `min(5 s, request_timeout_s)`; after LIVENESS_MISSES misses in a row (a stopped or hung
+  `min(LIVENESS_TIMEOUT_S, request_timeout_s)`; after LIVENESS_MISSES misses in a row (a stopped or hung
   process) it is marked dead and its requests in flight fail over at once, instead of each
   waiting out `request_timeout_s`;
 - while it does not, a probe on `GET /health` and, once that answers, its admission (the
@@ -30,6 +30,7 @@ from frlab.rollout.remote.auth import FleetAuthError
 
 LIVENESS_S = 2.0  # how often a serving server's /health is asked
 LIVENESS_MISSES = 2  # liveness probes in a row without a 200 that mark it dead
+LIVENESS_TIMEOUT_S = 5.0  # a liveness probe waits at most this (and request_timeout_s)
 JITTER = 0.2  # each backoff wait is drawn within +-20% of its nominal value
 TICK_S = 0.5  # the longest a watcher sleeps before it looks at its server's state again
 
@@ -82,11 +83,11 @@ async def watch(fleet: Any, server: Any, probe: Probe) -> None:
 async def check_alive(fleet: Any, server: Any) -> None:
     """One liveness probe of a serving server; the LIVENESS_MISSES-th miss in a row marks it
     dead (its requests in flight fail over)."""
-    if await fleet.healthy(server):
+    timeout = min(LIVENESS_TIMEOUT_S, fleet.request_timeout_s)
+    if await fleet.healthy(server, timeout):
         server.misses = 0
         return
     server.misses += 1
     if server.misses >= LIVENESS_MISSES and server.state == "ok":
-        timeout = min(5.0, fleet.request_timeout_s)
         why = f"GET /health gave no 200 within {timeout:g} s, {server.misses} times in a row"
         fleet.unresponsive(server, why)

@@ -248,11 +248,14 @@ class Fleet:
             raise ServerFault("dead", f"GET {path}: {exc!r}") from exc
         return decode(resp, path)
 
-    async def healthy(self, server: Server) -> bool:
-        """`GET /health` answered 200 (vLLM answers with an empty body: only the status counts)."""
+    async def healthy(self, server: Server, timeout: float | None = None) -> bool:
+        """`GET /health` answered 200 within `timeout` (default: 5 s or `request_timeout_s`);
+        vLLM answers with an empty body: only the status counts."""
         try:
             resp = await self.send(
-                "GET", server.url + proto.HEALTH, timeout=min(5.0, self.request_timeout_s)
+                "GET",
+                server.url + proto.HEALTH,
+                timeout=timeout or min(5.0, self.request_timeout_s),
             )
         except httpx.HTTPError:
             return False
