@@ -25,6 +25,7 @@ from typing import Any
 
 import lightning as L
 import pytest
+import torch
 import yaml
 from serve_testlib import Fleet, free_port, save_tiny_model, set_fault, url
 
@@ -94,41 +95,54 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Fleet, l
         fleet.close()
 
 
-def run_with(
-    tmp_path: Path, ports: list[int], act: Callable[[Any], None], monkeypatch: pytest.MonkeyPatch
-) -> tuple[dict[str, Any], list[dict[str, str]], Chaos, Lines]:
-    """A toy run on `ports` with `act` as its chaos; its summary, metrics rows, chaos, log."""
+def toy_overrides(
+    output_dir: Path, ports: list[int], *extra: str, max_steps: int = 10000
+) -> list[str]:
+    """A toy run on `ports` writing to `output_dir` (by default until a callback stops it)."""
+    return [
+        "rollout=remote",
+        f"rollout.remote.servers=[{','.join(url(p) for p in ports)}]",
+        "rollout.remote.request_timeout_s=10",
+        "rollout.remote.probe_interval_s=0.5",
+        "rollout.remote.probe_backoff_max_s=2",
+        f"rollout.max_in_flight={BATCH}",
+        f"data.batch_size={BATCH}",
+        f"data.micro_batch_size={BATCH}",
+        f"trainer.max_steps={max_steps}",
+        "callbacks.model_checkpoint.every_n_train_steps=100000",
+        f"paths.output_dir={output_dir}",
+        "plots=false",
+        *extra,
+    ]
+
+
+def train_with(
+    overrides: list[str], callbacks: list[L.Callback], monkeypatch: pytest.MonkeyPatch
+) -> tuple[dict[str, Any], Lines]:
+    """`frlab.train.run` with `callbacks` added; its summary and log."""
     import frlab.train as train
     from frlab.config.compose import compose
 
-    cfg = compose(
-        [
-            "rollout=remote",
-            f"rollout.remote.servers=[{','.join(url(p) for p in ports)}]",
-            "rollout.remote.request_timeout_s=10",
-            "rollout.remote.probe_interval_s=0.5",
-            "rollout.remote.probe_backoff_max_s=2",
-            f"rollout.max_in_flight={BATCH}",
-            f"data.batch_size={BATCH}",
-            f"data.micro_batch_size={BATCH}",
-            "trainer.max_steps=10000",
-            "callbacks.model_checkpoint.every_n_train_steps=100000",
-            f"paths.output_dir={tmp_path / 'run'}",
-            "plots=false",
-        ]
-    )
-    chaos, lines = Chaos(act), Lines()
+    cfg = compose(overrides)
     build_callbacks = train.build_callbacks
-    monkeypatch.setattr(train, "build_callbacks", lambda *a: [*build_callbacks(*a), chaos])
-    root = logging.getLogger()
+    monkeypatch.setattr(train, "build_callbacks", lambda *a: [*build_callbacks(*a), *callbacks])
+    lines, root = Lines(), logging.getLogger()
     level = root.level
     root.addHandler(lines)
     root.setLevel(logging.INFO)
     try:
-        summary = train.run(cfg)
+        return train.run(cfg), lines
     finally:
         root.removeHandler(lines)
         root.setLevel(level)
+
+
+def run_with(
+    tmp_path: Path, ports: list[int], act: Callable[[Any], None], monkeypatch: pytest.MonkeyPatch
+) -> tuple[dict[str, Any], list[dict[str, str]], Chaos, Lines]:
+    """A toy run on `ports` with `act` as its chaos; its summary, metrics rows, chaos, log."""
+    chaos = Chaos(act)
+    summary, lines = train_with(toy_overrides(tmp_path / "run", ports), [chaos], monkeypatch)
     assert chaos.error is None, chaos.error
     with (tmp_path / "run" / "metrics.csv").open() as fh:
         rows = list(csv.DictReader(fh))
@@ -136,7 +150,8 @@ def run_with(
 
 
 def when_busy(fleet: Fleet, port: int, engine: Any) -> None:
-    """Freeze the server (SIGSTOP) as soon as it holds requests, so the fault meets them."""
+    """Freeze the server (SIGSTOP) as soon as it holds requests, so the fault meets them (every
+    wait below has a deadline)."""
     server = next(s for s in engine.servers if s.url == url(port))
     deadline = time.monotonic() + 60
     while not server.in_flight:
@@ -265,3 +280,63 @@ def test_one_of_three_servers_flapping_every_5_s_for_a_minute(
     told = outage_lines(chaos, lines)
     downs = [line for line in told if "down (dead)" in line]
     assert 3 <= len(downs) <= 6 and len(told) <= 3 * 6, told  # about one down + one back a flap
+
+
+class Prompts(L.Callback):
+    """The prompt ids of every batch trained, by update."""
+
+    def __init__(self) -> None:
+        self.trained: dict[int, list[int]] = {}
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, *_: Any) -> None:
+        self.trained[int(trainer.global_step)] = batch.prompt_ids.tolist()
+
+
+def checkpointed_pool(run: Path) -> dict[str, Any]:
+    """The rollout pool's state in the run's last.ckpt."""
+    ckpt = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True, map_location="cpu")
+    return ckpt["RolloutDataModule"]["pool"]
+
+
+@pytest.mark.slow
+def test_a_run_resumed_after_the_deadline_trains_the_prompts_the_outage_requeued(
+    servers: tuple[Fleet, list[int]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The only server killed under requests and not back within fleet_down_timeout_s: the
+    run stops (EngineDown, exit 75 from the command line) with the requeued prompts in its
+    checkpoint; once the server is back, the resumed run trains them first, drops none."""
+    from frlab.rollout.engine import EngineDown
+
+    fleet, ports = servers
+    port, run = ports[0], tmp_path / "run"
+
+    def act(engine: Any) -> None:
+        when_busy(fleet, port, engine)
+        fleet.kill(port)
+
+    chaos = Chaos(act)
+    first = toy_overrides(run, [port], "rollout.remote.fleet_down_timeout_s=5")
+    try:
+        with pytest.raises(EngineDown, match="fleet_down_timeout_s=5"):
+            train_with(first, [chaos], monkeypatch)
+    finally:
+        fleet.start([port], timeout=300)
+    assert chaos.error is None, chaos.error
+    pool = checkpointed_pool(run)
+    requeued = [prompt for prompt, _ in pool["requeues"]]
+    times = sum(count for _, count in pool["requeues"])
+    assert 1 <= len(requeued) <= BATCH, pool["requeues"]
+    assert set(requeued) <= {p["prompt_id"] for p in pool["pending"]}
+    stopped_at = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
+
+    prompts = Prompts()
+    resume = toy_overrides(run, [port], "ckpt_path=last", max_steps=stopped_at + 2)
+    summary, _ = train_with(resume, [prompts], monkeypatch)
+    assert summary["status"] == "finished", summary.get("error")
+    stats = summary["rollout_stats"]
+    assert stats["failed"] == 0 and stats["rejected"] == 0, stats  # both runs' totals
+    assert stats["requeued_by_reason"] == {"engine": times}, stats  # restored, none since
+    assert stats["outages"]["count"] == 1, stats  # the one the run stopped in, restored
+    assert sorted(prompts.trained) == [stopped_at, stopped_at + 1], prompts.trained
+    trained = prompts.trained[stopped_at] + prompts.trained[stopped_at + 1]
+    assert all(trained.count(p) == 1 for p in requeued), (requeued, prompts.trained)
