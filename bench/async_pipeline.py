@@ -47,7 +47,7 @@ import torch
 from envs.base import Env, StepResult
 from frlab.build import build_learner
 from frlab.config.declare import declared_arguments
-from frlab.config.schema import ModelConfig
+from frlab.config.schema import ModelConfig, RolloutConfig
 from frlab.data.datamodule import RolloutDataModule
 from frlab.learner.metrics import ACCEPTANCE
 from frlab.model.policy import build_policy
@@ -204,6 +204,7 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
             max_policy_lag=args.max_policy_lag,
             mode=mode,
             samples_per_prompt=1,
+            max_prompt_retries=RolloutConfig.max_prompt_retries,
             off_policy_correction=True,
             num_env_workers=args.max_in_flight,
             **shard,

@@ -63,6 +63,7 @@ from ttr_stats import RewardWindow, ratio, summarize  # noqa: E402
 
 from envs.base import StepResult  # noqa: E402
 from envs.toy import ParityEnv  # noqa: E402
+from frlab.config.schema import RolloutConfig  # noqa: E402
 from frlab.data.datamodule import RolloutDataModule  # noqa: E402
 from frlab.learner.metrics import STEP_S  # noqa: E402
 from frlab.learner.module import FlashReinforceModule  # noqa: E402
@@ -201,6 +202,7 @@ def run_arm(name: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
             task_sampler=ParityEnv.task_sampler(num_digits=int(args.num_digits)),
             max_in_flight=in_flight, max_policy_lag=args.max_policy_lag, mode=arm.mode,
             samples_per_prompt=g, off_policy_correction=True, num_env_workers=in_flight, **shard,
+            max_prompt_retries=RolloutConfig.max_prompt_retries,
         )  # fmt: skip
         pools.append(pool)
         return timed_pool(pool, recorder)

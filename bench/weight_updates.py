@@ -48,6 +48,7 @@ from ttr_stats import RewardWindow  # noqa: E402
 
 from envs.toy import ParityEnv  # noqa: E402
 from frlab.build import build_learner
+from frlab.config.schema import RolloutConfig  # noqa: E402
 from frlab.data.datamodule import RolloutDataModule  # noqa: E402
 from frlab.model.toy_tokenizer import build_toy_tokenizer  # noqa: E402
 from frlab.rollout.agent_loop import AgentLoopConfig  # noqa: E402
@@ -188,6 +189,7 @@ def run(kind: str, mode: str, seed: int, args: argparse.Namespace) -> dict[str, 
             task_sampler=ParityEnv.task_sampler(num_digits=int(args.num_digits)),
             max_in_flight=in_flight, max_policy_lag=args.max_policy_lag, mode="async",
             samples_per_prompt=1, off_policy_correction=True, num_env_workers=4, **shard,
+            max_prompt_retries=RolloutConfig.max_prompt_retries,
         )  # fmt: skip
         pools.append(pool)
         engine.start()

@@ -42,7 +42,7 @@ import torch  # noqa: E402
 from envs.base import Env, StepResult  # noqa: E402
 from frlab.build import build_learner  # noqa: E402
 from frlab.config.declare import declared_arguments  # noqa: E402
-from frlab.config.schema import ModelConfig  # noqa: E402
+from frlab.config.schema import ModelConfig, RolloutConfig  # noqa: E402
 from frlab.objective.presets import PRESETS  # noqa: E402
 
 # Qwen2.5-0.5B's shape (494M parameters with tied embeddings).
@@ -237,6 +237,7 @@ def build_run(args: argparse.Namespace) -> tuple[Any, Any, Meter, list[Any], L.T
             task_sampler=CoinFlipEnv.task_sampler(prompt_chars=args.prompt_chars),
             batch_size=batch_size, max_in_flight=in_flight,
             max_policy_lag=args.max_policy_lag, mode="async", samples_per_prompt=1,
+            max_prompt_retries=RolloutConfig.max_prompt_retries,
             off_policy_correction=True, seed=seed, **shard,
         )  # fmt: skip
 

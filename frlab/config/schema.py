@@ -80,6 +80,12 @@ class RolloutConfig:
         "weights), drain (the update waits); null: the engine's default")  # fmt: skip
     samples_per_prompt: int = spec(1, low=1, doc="G; > 1 only for group baselines (mode sync)")
     sync_every: int = spec(1, low=1, doc="push weights every N steps; <= max_policy_lag (async)")
+    max_prompt_retries: int = spec(
+        3,
+        low=0,
+        doc="a prompt whose rollout an engine fault failed is run again from its start "
+        "this many times, then dropped (engine_retries_exhausted)",
+    )
     max_turns: int = spec(1, low=1, doc="turns per episode")
     max_len: int = spec(64, low=2, doc="tokens per trajectory (prompt + all turns)")
     env_timeout_s: float = spec(300.0, low=0.0, low_open=True, arg=False, doc="deadline of "
@@ -238,8 +244,19 @@ class RemoteConfig:
     request_timeout_s: float = spec(120.0, low=0.0, low_open=True,
                                     doc="a slower request counts as a hung server (retried)")  # fmt: skip
     max_retries: int = spec(3, low=0, doc="retries of one request on other servers")
-    probe_interval_s: float = spec(1.0, low=0.0, low_open=True,
-                                   doc="how often dead / stale servers are probed")  # fmt: skip
+    probe_interval_s: float = spec(
+        1.0,
+        low=0.0,
+        low_open=True,
+        doc="first wait before a dead / stale server is probed again (doubled per failure)",
+    )
+    probe_backoff_max_s: float = spec(
+        30.0,
+        low=0.0,
+        low_open=True,
+        doc="longest wait between two probes of a server that "
+        "stays down (the backoff from probe_interval_s doubles up to it, with jitter)",
+    )
     startup_timeout_s: float = spec(60.0, low=0.0, low_open=True,
                                     doc="wait for a server at the current version at start")  # fmt: skip
     fleet_down_timeout_s: float = spec(300.0, low=0.0, low_open=True, doc="no server healthy for"

@@ -15,7 +15,8 @@ Teardown stops the pool (a bounded wait: hung environment threads are abandoned)
 training raises (Lightning calls `on_exception`, not `teardown`, on that path). While it waits
 for a batch the stream checks, twice a second, whether SIGINT/SIGTERM asked the run to stop
 (`frlab.stop`): the learner is then between two steps, the one safe point for a final
-checkpoint. A wait longer than a minute is logged with the pool's counters. The pool's state is
+checkpoint. A wait longer than a minute is logged with the pool's counters, unless the pool's
+engine is in an outage (`outage_s`), which the pool tells in its own lines. The pool's state is
 part of the checkpoint (`state_dict`), so Lightning's warning that a mid-epoch resume has a
 non-resumable dataloader does not apply and is filtered.
 
@@ -91,13 +92,20 @@ class PoolBatches(IterableDataset):
             now = time.monotonic()
             left = None if self.timeout_s is None else start + self.timeout_s - now
             if now >= next_report:
-                log.warning("waiting %.0f s for a batch: %s", now - start, self.pool.stats())
+                if self._outage_s() is None:  # an outage: the pool tells it (in fewer words)
+                    log.warning("waiting %.0f s for a batch: %s", now - start, self.pool.stats())
                 next_report += REPORT_S
             try:
                 return self.pool.next_batch(POLL_S if left is None else max(0.0, min(POLL_S, left)))
             except TimeoutError:
                 if left is not None and left <= POLL_S:
                     raise
+
+    def _outage_s(self) -> float | None:
+        """The pool's engine outage under way (`RolloutPool.outage_s`; None: none, or a pool
+        that does not tell)."""
+        outage_s = getattr(self.pool, "outage_s", None)
+        return outage_s() if callable(outage_s) else None
 
 
 def _as_is(batch: RolloutBatch) -> RolloutBatch:

@@ -22,6 +22,8 @@ _EXPORTS = {
     "Engine": "frlab.rollout.engine",
     "EngineDown": "frlab.rollout.engine",
     "EngineError": "frlab.rollout.engine",
+    "EngineFault": "frlab.rollout.engine",
+    "Outage": "frlab.rollout.engine",
     "GenerationResult": "frlab.rollout.engine",
     "SamplingParams": "frlab.rollout.engine",
     "AgentLoopConfig": "frlab.rollout.agent_loop",

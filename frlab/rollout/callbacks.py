@@ -36,9 +36,12 @@ Engines private to a rank (torch, in-process vLLM) keep the plain per-rank
 
 After every training batch it also logs the rollout pool's counters and the engine's own
 (`rollout_metrics`), so they reach every logger and metrics.csv: `rollout/paused_for_lag`,
-`rollout/lag_violations`, `rollout/failed`, `rollout/rejected` and per reason
-`rollout/failed/<reason>`, `rollout/rejected/<reason>` (counts since this pool started; with
-several ranks, the logged row is rank 0's pool), then the engine counters from
+`rollout/lag_violations`, `rollout/failed`, `rollout/rejected`, `rollout/requeued` (prompts an
+engine fault sent back to run again) and per reason `rollout/failed/<reason>`,
+`rollout/rejected/<reason>`, `rollout/requeued/<reason>`, and `rollout/fleet_down_s` (seconds
+the engine's fleet had no healthy server, the outage under way included) (totals of the run,
+restored on resume; with several ranks, the logged row is rank 0's pool), then the engine
+counters from
 `pool.stats()["engine"]` as `rollout/<name>` (the remote backend: `rollout/retries`,
 `rollout/servers_healthy`, ...; engines without counters log none). The pool's generation
 window of the batch (`timing/generation_s`, `timing/generation_tokens_per_s`,
@@ -132,17 +135,18 @@ class WeightSyncCallback(L.Callback):
 
 
 POOL_COUNTERS = ("paused_for_lag", "lag_violations", "failed", "rejected", "straggler_stalls",
-                 "env_deadline_s", "engine_deadline_s")  # fmt: skip
+                 "env_deadline_s", "engine_deadline_s", "requeued", "fleet_down_s")  # fmt: skip
 
 
 def rollout_metrics(stats: Any) -> dict[str, float]:
     """`rollout/<name>` floats of a pool's `stats()`: its counters (POOL_COUNTERS, and failed
-    and rejected rollouts per reason) and the engine's numeric counters; plus the last batch's
-    generation window (`timing/generation_s`, ..., frlab.rollout.pool.metering)."""
+    and rejected rollouts and requeued prompts per reason) and the engine's numeric counters;
+    plus the last batch's generation window (`timing/generation_s`, ...,
+    frlab.rollout.pool.metering)."""
     if not isinstance(stats, dict):
         return {}
     out = {f"rollout/{k}": float(stats[k]) for k in POOL_COUNTERS if _number(stats.get(k))}
-    for kind in ("failed", "rejected"):
+    for kind in ("failed", "rejected", "requeued"):
         for reason, count in (stats.get(f"{kind}_by_reason") or {}).items():
             out[f"rollout/{kind}/{_metric_part(reason)}"] = float(count)
     engine = stats.get("engine")

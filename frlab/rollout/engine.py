@@ -188,6 +188,27 @@ class EngineError(RuntimeError):
     """An engine request that could not be served (engine stopped, bad input, backend error)."""
 
 
+class EngineFault(EngineError):
+    """A request the engine could not serve through no fault of the request itself: a transport
+    error, a dead, restarting or unresponsive server, a server-side 5xx, a weight push that did
+    not reach its server, an answer refused as malformed. Trying the same request later may
+    succeed, so the rollout pool requeues its prompt (`rollout.max_prompt_retries`) instead of
+    dropping it; any other EngineError (a request the engine refuses) costs the rollout."""
+
+
+@dataclass(frozen=True)
+class Outage:
+    """The engine can serve nothing right now, but may again: every server of a fleet is down.
+
+    `since`: when it began (`time.monotonic()`); `reason`: what the engine knows (each server and
+    its last error); `deadline_s`: how long it may last before `Engine.down_reason()` calls the
+    engine down for good and the run stops (None: never)."""
+
+    since: float
+    reason: str
+    deadline_s: float | None = None
+
+
 class EngineDown(EngineError):
     """The engine can serve no request for the rest of the run (its process died, every server
     of its fleet stayed down past its deadline): the run stops, with its checkpoint, instead of
@@ -340,6 +361,12 @@ class Engine(abc.ABC):
     def down_reason(self) -> str | None:
         """Why this engine can serve nothing more (None: it can). Cheap and thread-safe: the
         pool asks it while it waits for a batch, and stops the run with `EngineDown`."""
+        return None
+
+    def outage(self) -> Outage | None:
+        """Why this engine can serve nothing NOW but may again (None: it serves). Cheap and
+        thread-safe: while it is set the pool admits no rollout (a circuit breaker) and
+        requeues the prompts whose requests failed; `down_reason` ends it for good."""
         return None
 
     def __enter__(self) -> Engine:

@@ -13,7 +13,7 @@ from a fresh prefill of prompt + tokens on the new weights; drain: the load wait
 every token is labelled with the version that sampled it either way. It is reported in
 `/server_info` (`frlab_weight_update`): a fleet run with `rollout.weight_update=in_flight` or
 `resubmit` refuses a server in another mode. `--fault` is a
-test-only switch (ignore-reload | garbage | hang; see `frlab.serve.server`); with
+test-only switch (ignore-reload | garbage | hang | unavailable; see `frlab.serve.server`); with
 `--test-faults` it can be flipped at run time (`POST /frlab_test_fault {"fault": NAME}`).
 
 Who may call it: with a fleet secret (the file `--secret-file` or `FRLAB_FLEET_SECRET_FILE`

@@ -22,8 +22,10 @@ Snapshots are read only below `ServeState.snapshot_root` when it is set.
 Test-only fault switch (`--fault`): `ignore-reload` acknowledges snapshot loads without
 loading (the weights and reported version stay old: a silently stale server), `garbage`
 answers completions with bytes that are not JSON, `hang` never answers completions (until the
-fault is switched off). With `--test-faults` the switch can also be flipped at run time with
-`POST /frlab_test_fault {"fault": NAME}` (so one server process serves several test cases).
+fault is switched off), `unavailable` answers every route, `/health` included, with HTTP 503
+(what a load balancer in front of a restarting server answers). With `--test-faults` the
+switch can also be flipped at run time with `POST /frlab_test_fault {"fault": NAME}` (so one
+server process serves several test cases; that route answers under every fault).
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ from frlab.rollout.vllm.worker_extension import (
 
 log = logging.getLogger("frlab.serve")
 
-FAULTS = ("none", "ignore-reload", "garbage", "hang")
+FAULTS = ("none", "ignore-reload", "garbage", "hang", "unavailable")
 UNREAD_LIMIT = 2**20  # a refused request's body up to this is read and dropped, else closed
 FAULT_PATH = "/frlab_test_fault"
 NCCL_PATHS = (proto.INIT_WEIGHT_TRANSFER, proto.START_WEIGHT_UPDATE, proto.UPDATE_WEIGHTS,
@@ -164,6 +166,8 @@ class Handler(BaseHTTPRequestHandler):
                 name = "_switch_fault"
             if name is None:
                 raise ApiError(404, f"no route {self.command} {path}")
+            if self.state.fault == "unavailable" and name != "_switch_fault":
+                raise ApiError(503, "unavailable (the `unavailable` fault switch)")
             if body is ApiError:
                 raise ApiError(400, "request body is not a JSON object")
             route = getattr(self, name)

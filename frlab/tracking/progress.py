@@ -10,6 +10,10 @@ One bar: it is created already labelled `updates` with its total and the restore
 resumed run shows `N/max_steps`, not `N/?`; Lightning skips `on_train_epoch_start` when it
 restarts mid-epoch), so Lightning's own `Training` bar never appears. Building the bar also
 hides Lightning's advertising tips ("💡 Tip: ... litlogger / litmodels") from the console.
+
+While the rollout engine's fleet is down no update ends, so no hook redraws the bar: a
+watcher thread asks the trainer's rollout pool (`pool.outage_s()`) every OUTAGE_POLL_S and
+labels the bar `updates (fleet down 35 s)` for as long as the outage lasts.
 """
 
 from __future__ import annotations
@@ -17,7 +21,9 @@ from __future__ import annotations
 import logging
 import math
 import sys
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from lightning.pytorch.callbacks import TQDMProgressBar
@@ -50,6 +56,48 @@ class _NoTips(logging.Filter):
 
 
 TIP_LOGGER = "lightning.pytorch.utilities.rank_zero"
+LABEL = "updates"
+OUTAGE_POLL_S = 1.0
+
+
+def bar_label(outage_s: float | None) -> str:
+    """The bar's description: `updates`, or `updates (fleet down 35 s)` during an outage."""
+    return LABEL if outage_s is None else f"{LABEL} (fleet down {outage_s:.0f} s)"
+
+
+class OutageLabel:
+    """A daemon thread that relabels `bar()` (None: no bar) from `outage_s()` every `poll_s`
+    until `stop()`; it writes only when the label changes."""
+
+    def __init__(
+        self, bar: Callable[[], Any], outage_s: Callable[[], float | None], poll_s: float
+    ) -> None:
+        self.bar, self.outage_s, self.poll_s = bar, outage_s, poll_s
+        self.shown = LABEL
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="frlab-outage-label", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5.0)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            self.relabel()
+
+    def relabel(self) -> None:
+        """Show the label for the outage now (a pool or bar that fails is left alone)."""
+        try:
+            label, bar = bar_label(self.outage_s()), self.bar()
+            if bar is not None and label != self.shown:
+                bar.set_description(label, refresh=True)
+                self.shown = label
+        except Exception:  # a display must never stop the run
+            logging.getLogger(__name__).debug("outage label not updated", exc_info=True)
 
 
 def hide_lightning_tips() -> None:
@@ -65,13 +113,40 @@ class ProgressBar(TQDMProgressBar):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         hide_lightning_tips()
+        self._outage_label: OutageLabel | None = None
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        super().on_train_start(trainer, pl_module)
+        pool = getattr(getattr(trainer, "datamodule", None), "pool", None)
+        outage_s = getattr(pool, "outage_s", None)
+        if callable(outage_s) and not self.is_disabled:
+            bar = lambda: self._train_progress_bar  # noqa: E731  (read when it relabels)
+            self._outage_label = OutageLabel(bar, outage_s, OUTAGE_POLL_S)
+            self._outage_label.start()
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        self._stop_outage_label()
+        super().on_train_end(trainer, pl_module)
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self._stop_outage_label()
+        super().on_exception(trainer, pl_module, exception)
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        self._stop_outage_label()
+        super().teardown(trainer, pl_module, stage)
+
+    def _stop_outage_label(self) -> None:
+        if self._outage_label is not None:
+            self._outage_label.stop()
+            self._outage_label = None
 
     def init_train_tqdm(self) -> Tqdm:
         """The bar, labelled and sized from the first draw (total max_steps, at global_step)."""
         trainer = self._trainer
         steps = getattr(trainer, "max_steps", -1) if trainer is not None else -1
         return Tqdm(
-            desc="updates",
+            desc=LABEL,
             total=steps if isinstance(steps, int) and steps > 0 else None,
             initial=int(getattr(trainer, "global_step", 0) or 0),
             position=2 * self.process_position,
@@ -95,7 +170,7 @@ class ProgressBar(TQDMProgressBar):
         bar.total = total
         bar.n = bar.initial = bar.last_print_n = trainer.global_step
         bar.start_t = bar.last_print_t = time.time()
-        bar.set_description("updates", refresh=False)
+        bar.set_description(LABEL, refresh=False)
         bar.refresh()
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, *_: Any) -> None:

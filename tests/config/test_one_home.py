@@ -48,7 +48,13 @@ def built_from_declarations() -> list[tuple[str, Callable[..., Any], set[str]]]:
     from frlab.rollout.pool.pool import RolloutPool
     from frlab.rollout.remote.engine import RemoteEngine
 
-    rollout = {"mode", "samples_per_prompt", "max_in_flight", "max_policy_lag"}
+    rollout = {
+        "mode",
+        "samples_per_prompt",
+        "max_in_flight",
+        "max_policy_lag",
+        "max_prompt_retries",
+    }
     return [
         ("RemoteEngine", RemoteEngine.__init__, keys_of(schema.RemoteConfig) | {"seed"}),
         ("RolloutPool", RolloutPool.__init__, rollout | {"seed"}),

@@ -19,6 +19,7 @@ import torch
 from helpers.learner import learner_module
 
 from envs.base import Env, StepResult
+from frlab.config.schema import RolloutConfig
 from frlab.data.batch import RolloutBatch
 from frlab.data.datamodule import RolloutDataModule
 from frlab.model.toy_tokenizer import build_toy_tokenizer
@@ -90,6 +91,7 @@ class Rig:
             max_policy_lag=LAG,
             mode=self.mode,
             samples_per_prompt=self.g,
+            max_prompt_retries=RolloutConfig.max_prompt_retries,
             off_policy_correction=True,
             num_env_workers=2,
             **shard,

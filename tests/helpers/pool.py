@@ -1,6 +1,7 @@
 """`RolloutPool` keyword arguments as a Python caller gives them: from the declarations' defaults.
 
-`pool_settings(**changes)`: `rollout.mode`, `rollout.samples_per_prompt` and the root `seed` at
+`pool_settings(**changes)`: `rollout.mode`, `rollout.samples_per_prompt`,
+`rollout.max_prompt_retries` and the root `seed` at
 their declared defaults (frlab.config.schema), off-policy correction on (the FlashREINFORCE
 objective's), then `changes` (the pool's sizes, which every test chooses, among them).
 """
@@ -16,6 +17,7 @@ def pool_settings(**changes: Any) -> dict[str, Any]:
     declared = {
         "mode": RolloutConfig.mode,
         "samples_per_prompt": RolloutConfig.samples_per_prompt,
+        "max_prompt_retries": RolloutConfig.max_prompt_retries,
         "seed": FrlabConfig.seed,
         "off_policy_correction": True,
     }

@@ -72,3 +72,44 @@ def test_a_disabled_bar_on_other_ranks_is_left_alone() -> None:
     bar.train_progress_bar = bar.init_train_tqdm()
     bar.on_train_epoch_start(bar._trainer)  # used to raise AttributeError on rank 1
     assert bar.train_progress_bar.disable
+
+
+class FakeBar:
+    def __init__(self) -> None:
+        self.descriptions: list[str] = []
+
+    def set_description(self, desc: str, refresh: bool = True) -> None:
+        self.descriptions.append(desc)
+
+
+def test_the_bar_says_fleet_down_while_the_pools_engine_is_down() -> None:
+    from frlab.tracking.progress import OutageLabel, bar_label
+
+    assert bar_label(None) == "updates" and bar_label(34.6) == "updates (fleet down 35 s)"
+    down: list[float | None] = [None, 3.0, 4.2, None]
+    bar = FakeBar()
+    label = OutageLabel(lambda: bar, lambda: down[0], poll_s=60.0)
+    for _ in range(4):
+        label.relabel()
+        down.pop(0)
+    assert bar.descriptions == ["updates (fleet down 3 s)", "updates (fleet down 4 s)", "updates"]
+
+
+def test_the_outage_label_thread_polls_until_stopped() -> None:
+    import threading
+
+    from frlab.tracking.progress import OutageLabel
+
+    bar, asked = FakeBar(), threading.Event()
+
+    def outage_s() -> float:
+        asked.set()
+        return 7.0
+
+    label = OutageLabel(lambda: bar, outage_s, poll_s=0.01)
+    label.start()
+    try:
+        assert asked.wait(10)
+    finally:
+        label.stop()
+    assert "updates (fleet down 7 s)" in bar.descriptions

@@ -7,6 +7,10 @@
 - `rollouts`: one rollout's record (group, versions, trajectory), running it through the agent
   loop, and the checkpoint form of finished-but-unconsumed ones;
 - `state`: the prompt cursor (the task sampler with the pool's RNG) and the counters;
+- `requeue`: which failures are the engine's, and the prompts they send back into the data
+  order (`rollout.max_prompt_retries`);
+- `outages`: the engine's outages (no rollout admitted meanwhile), timed, counted and logged
+  once;
 - `loop_thread`: the background asyncio loop and its bounded stop (`STOP_WAIT_S`);
 - `lockstep`: sync mode's gate that makes engine batches independent of timing;
 - `metering`: generation time, tokens/s and the learner's wait per batch;

@@ -175,8 +175,9 @@ class DeadlineQueue:
         """Take a chosen batch out of the queue; its trajectories, each annotated with its lag
         at `version` (`lag_info`), in finish order or, `prompt_order`, in admission order."""
         self.take(chosen)
-        if prompt_order:  # sync mode: independent of the timing-dependent finish order
-            chosen = sorted(chosen, key=lambda ro: ro.seq)
+        if prompt_order:  # sync mode: independent of the timing-dependent finish order, and
+            # of requeues (a prompt run again is admitted later under its own id)
+            chosen = sorted(chosen, key=lambda ro: (ro.group.prompt_id, ro.seq))
         batch = []
         for ro in chosen:
             assert ro.trajectory is not None

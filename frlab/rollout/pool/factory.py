@@ -106,6 +106,7 @@ def pool_factory(
             task_sampler=make_tasks(), batch_size=batch_size,
             max_in_flight=rollout["max_in_flight"], max_policy_lag=rollout["max_policy_lag"],
             mode=rollout["mode"], samples_per_prompt=rollout["samples_per_prompt"], seed=seed,
+            max_prompt_retries=rollout["max_prompt_retries"],
             off_policy_correction=off_policy_correction, **shard,
         )  # fmt: skip
 

@@ -37,6 +37,7 @@ class LoopThread:
         self._thread: threading.Thread | None = None
         self._wake: asyncio.Event | None = None
         self._stopping = False
+        self._later: asyncio.TimerHandle | None = None  # a `wake_later` not yet fired
 
     def start(self) -> None:
         """Start the thread and wait until its loop runs."""
@@ -78,6 +79,16 @@ class LoopThread:
         """`wake()` from inside the loop thread."""
         if self._wake is not None:
             self._wake.set()
+
+    def wake_later(self, delay: float) -> None:
+        """`wake_in_loop()` in `delay` s (from inside the loop thread; one pending at a time:
+        the earlier one stands)."""
+        if self._later is None and self.loop is not None:
+            self._later = self.loop.call_later(delay, self._wake_now)
+
+    def _wake_now(self) -> None:
+        self._later = None
+        self.wake_in_loop()
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task:
         """Start `coro` as a tracked task (call from the loop thread)."""

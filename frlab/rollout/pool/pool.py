@@ -16,12 +16,20 @@ per-rollout seeds (frlab.rollout.seeding) and the lockstep gate, two sync runs o
 engine are bit-identical. Every wait has a deadline (the agent loop's per call, STOP_WAIT_S
 when stopping), and the counters and task sampler's state travel with `state_dict()`.
 
+An engine fault never costs a prompt (frlab.rollout.pool.requeue): a rollout the engine
+failed sends its prompt (its whole group) back into the data order, to run again from its
+start, at most `max_prompt_retries` times; so in sync mode a batch holds the same prompts
+with or without an outage. While the engine reports an outage (`Engine.outage()`: no server
+of a fleet healthy) the pool admits nothing and looks again every OUTAGE_POLL_S; the outage
+is timed and told once (frlab.rollout.pool.outages).
+
 The checkpoint (`state_dict`, `load_state_dict`): the data cursor (prompt counter, RNG and
-task-sampler state), the prompts not yet finished (rerun on resume), the finished-but-unconsumed
-trajectories (frlab.rollout.pool.rollouts), the learner's versions and the counters; plain
-Python values only, so a checkpoint loads with `torch.load(weights_only=True)`. Loading into a
-running pool first cancels its in-flight work on the loop thread, with admission held until the
-state is in place.
+task-sampler state), the prompts not yet finished or requeued (rerun on resume, in prompt
+order) with their requeue counts, the finished-but-unconsumed trajectories
+(frlab.rollout.pool.rollouts), the learner's versions, the counters and the outage totals;
+plain Python values only, so a checkpoint loads with `torch.load(weights_only=True)`. Loading
+into a running pool first cancels its in-flight work on the loop thread, with admission held
+until the state is in place.
 """
 
 from __future__ import annotations
@@ -44,7 +52,9 @@ from frlab.rollout.pool.admission import DeadlineQueue
 from frlab.rollout.pool.lockstep import LockstepClient, LockstepGate
 from frlab.rollout.pool.loop_thread import STOP_WAIT_S, LoopThread, run_bounded
 from frlab.rollout.pool.metering import GenerationMeter, MeteredEngine
+from frlab.rollout.pool.outages import OutageWatch
 from frlab.rollout.pool.pinning import WeightPins
+from frlab.rollout.pool.requeue import EXHAUSTED, RequeueCounts, is_engine_fault
 from frlab.rollout.pool.rollouts import (
     Failure,
     Group,
@@ -60,6 +70,8 @@ from frlab.rollout.seeding import rollout_seed
 
 log = logging.getLogger(__name__)
 
+OUTAGE_POLL_S = 0.5  # during an engine outage the pool looks again this often
+
 
 class RolloutPool:
     """Runs rollouts in the background and hands out batches of B finished trajectories.
@@ -69,7 +81,8 @@ class RolloutPool:
     stops. `off_policy_correction` is the objective's (`Objective.uses_off_policy_correction`):
     when True, `loop_cfg.sampling` must keep the full support (top_p=1, top_k=0) or
     ValueError. The pool sizes, mode and lag bound are the `rollout` keys (declared and checked
-    in frlab.config.schema, never defaulted here); `seed` the run's."""
+    in frlab.config.schema, never defaulted here: `max_prompt_retries` too); `seed` the
+    run's."""
 
     def __init__(
         self,
@@ -84,6 +97,7 @@ class RolloutPool:
         max_policy_lag: int,
         mode: str,
         samples_per_prompt: int,
+        max_prompt_retries: int,
         seed: int,
         off_policy_correction: bool,
         num_env_workers: int = 4,
@@ -111,6 +125,8 @@ class RolloutPool:
         self._learner_version = self._next_consume_version = 0
         self._reset_queues()
         self._stats = PoolCounters()
+        self._requeues = RequeueCounts(max_prompt_retries)
+        self._outages = OutageWatch()
         self._started = self._stopping = self._stopped = self._loading = False
         self._error: BaseException | None = None
         self._runner = LoopThread(self._tick, self._crashed)
@@ -192,6 +208,8 @@ class RolloutPool:
             while not (self._stopping or self._loading or self._admission_closed):
                 if self.engine.down_reason() is not None:
                     return  # nothing could run: next_batch stops the run (EngineDown)
+                if self._in_outage():
+                    return  # the circuit breaker: nothing is admitted until it is back
                 if self._queue.in_flight() + g > self.max_in_flight or (
                     self.mode == "sync" and self._sync_need <= 0
                 ):
@@ -227,20 +245,21 @@ class RolloutPool:
             if client is not None:
                 client.close()
 
+    def _in_outage(self) -> bool:
+        """Follow the engine's outage (frlab.rollout.pool.outages); while it lasts, look again
+        every OUTAGE_POLL_S (nothing else wakes the loop then: no rollout runs)."""
+        outage = self.engine.outage()
+        self._outages.observe(outage, len(self._cursor.pending))
+        if outage is not None:
+            self._runner.wake_later(OUTAGE_POLL_S)
+        return outage is not None
+
     def _resolve(self, ro: Rollout, traj: Trajectory | None, failure: Failure | None) -> None:
         with self._cond:
             group = ro.group
             group.unresolved -= 1
             if failure is not None:
-                kind, reason, exc = failure
-                self._stats.count_failure(kind, reason)
-                # a call given up at its deadline while the learner waited for a batch
-                self._stats.counts["straggler_stalls"] += reason.endswith("_timeout") and bool(
-                    self._waiting
-                )
-                log.warning("rollout of prompt %d %s (%s): %s", group.prompt_id, kind, reason, exc)
-                self._queue.drop(ro)
-                group.failed = True
+                self._fail(ro, failure)
             else:
                 assert traj is not None
                 self._queue.finish(ro, traj)
@@ -250,12 +269,63 @@ class RolloutPool:
             self._cond.notify_all()
         self._runner.wake_in_loop()
 
+    def _fail(self, ro: Rollout, failure: Failure) -> None:
+        """A failed sample fails its group: requeued when the engine failed it
+        (frlab.rollout.pool.requeue: logged at debug level, the outage is told once), else
+        counted and logged as the prompt's own."""
+        kind, reason, exc = failure
+        group = ro.group
+        self._queue.drop(ro)
+        group.failed = True
+        if is_engine_fault(failure, self.engine):
+            self._in_outage()  # an outage is told before the prompts it requeues
+            group.requeue, group.faults = group.requeue or reason, group.faults + 1
+            log.debug("rollout of prompt %d: engine fault (%s): %s", group.prompt_id, reason, exc)
+            return
+        group.own_fault = True
+        self._stats.count_failure(kind, reason)
+        # a call given up at its deadline while the learner waited for a batch
+        self._stats.counts["straggler_stalls"] += reason.endswith("_timeout") and bool(
+            self._waiting
+        )
+        log.warning("rollout of prompt %d %s (%s): %s", group.prompt_id, kind, reason, exc)
+
     def _close_group(self, group: Group) -> None:
         dropped = self._queue.close_group(group)  # the finished siblings of a failed sample
-        if dropped:
-            self._stats.rejected["incomplete_group"] += dropped
+        if group.reruns() and group.failed:
+            self._requeue(group)
+        else:
+            self._requeues.forget(group.prompt_id)
+            if dropped:
+                self._stats.rejected["incomplete_group"] += dropped
         if group.failed:
-            self._sync_need += self.mode == "sync"  # start a replacement group
+            self._sync_need += self.mode == "sync"  # start a replacement (or the same) group
+
+    def _requeue(self, group: Group) -> None:
+        """Run the prompt of a group the engine failed again, unless it ran out of retries."""
+        assert group.requeue is not None
+        if self._requeues.take(group.prompt_id):
+            self._cursor.put_back(group.prompt_id, group.task)
+            self._stats.requeued[group.requeue] += 1
+            self._outages.requeued_one()
+            return
+        self._stats.count_failure("failed", EXHAUSTED)
+        self._stats.failed[EXHAUSTED] += group.faults - 1  # one per failed sample
+        retries = self._requeues.max_retries
+        log.warning(
+            "prompt %d dropped: the engine failed it %d times (rollout.max_prompt_retries=%d), "
+            "last for %s",
+            group.prompt_id,
+            retries + 1,
+            retries,
+            group.requeue,
+        )
+
+    def outage_s(self) -> float | None:
+        """How long the engine's outage under way has lasted (None: it serves); cheap, for a
+        progress display (safe from any thread)."""
+        with self._cond:
+            return self._outages.down_s()
 
     def stats(self) -> dict[str, Any]:
         """Counters and gauges (a consistent snapshot; safe from any thread)."""
@@ -273,6 +343,9 @@ class RolloutPool:
                 engine_version=int(self.engine.version),
                 engine=engine_stats(self.engine),
                 generation=dict(self._generation),
+                outages=self._outages.totals(),
+                fleet_down_s=self._outages.totals()["total_s"],
+                fleet_down=self._outages.current is not None,
                 **self.loop_cfg.deadlines.stats(),
             )
             return out
@@ -297,6 +370,8 @@ class RolloutPool:
                         f"no batch of {self.batch_size} in {timeout}s: {self.stats()}"
                     )
                 held, since = len(self._queue.ready) >= self.batch_size, time.monotonic()
+                if self._outages.current is not None:  # nothing may notify: look again soon
+                    left = OUTAGE_POLL_S if left is None else min(left, OUTAGE_POLL_S)
                 self._waiting += 1
                 try:
                     self._cond.wait(left)
@@ -392,6 +467,8 @@ class RolloutPool:
                 "learner_version": self._learner_version,
                 "next_consume_version": self._next_consume_version,
                 "counters": self._stats.records(),
+                "requeues": self._requeues.records(),
+                "outages": self._outages.totals(),
             }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -419,4 +496,6 @@ class RolloutPool:
             self._next_consume_version = int(state.get("next_consume_version", 0))
             self._queue.restore(restore_ready(state["ready"], self.max_policy_lag))
             self._stats.restore(state.get("counters"))
+            self._requeues.restore(state.get("requeues"))
+            self._outages.restore(state.get("outages"))
             self._cond.notify_all()

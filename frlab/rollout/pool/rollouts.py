@@ -37,13 +37,22 @@ STATE_KEYS = frozenset({"prompt_counter", "rng_state", "pending", "ready"})
 
 @dataclass(eq=False)
 class Group:
-    """The G samples of one prompt (G = 1: one rollout per prompt)."""
+    """The G samples of one prompt (G = 1: one rollout per prompt). A failed sample fails the
+    group; when every failure was the engine's (`requeue`: the first one's reason, `faults`
+    of them) and none the prompt's own (`own_fault`), the prompt runs again whole."""
 
     prompt_id: int
     task: dict[str, Any]
     members: list[Rollout] = field(default_factory=list)
     unresolved: int = 0
     failed: bool = False
+    requeue: str | None = None
+    faults: int = 0
+    own_fault: bool = False
+
+    def reruns(self) -> bool:
+        """Whether the prompt is to run (again): not failed, or failed by the engine only."""
+        return not self.failed or (self.requeue is not None and not self.own_fault)
 
 
 @dataclass(eq=False)
@@ -181,7 +190,7 @@ def pending_records(
     unfinished = {
         id(ro.group): ro.group
         for ro in outstanding
-        if not ro.group.failed and id(ro) not in ready_ids
+        if ro.group.reruns() and id(ro) not in ready_ids
     }
     prompts = [*pending, *((g.prompt_id, g.task) for g in unfinished.values())]
     return [{"prompt_id": p, "task": copy.deepcopy(t)} for p, t in prompts]
@@ -215,8 +224,11 @@ def counter_records(*counters: Counter[str]) -> list[dict[str, int]]:
 
 
 def restore_counters(records: Any, *counters: Counter[str]) -> None:
-    """Inverse of `counter_records`; a checkpoint without counters leaves them at zero."""
-    for counter, record in zip(counters, records or [{}] * len(counters), strict=True):
+    """Inverse of `counter_records`; a checkpoint without counters (or written before a
+    counter existed) leaves them at zero."""
+    records = list(records or [])
+    records += [{}] * (len(counters) - len(records))
+    for counter, record in zip(counters, records, strict=True):
         counter.clear()
         counter.update({str(k): int(v) for k, v in dict(record).items()})
 

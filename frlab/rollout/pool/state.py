@@ -12,6 +12,7 @@ checkpoint, so after a resume they cover the whole run. The record formats are i
 
 from __future__ import annotations
 
+import bisect
 import random
 from collections import Counter, deque
 from collections.abc import Iterable, Mapping
@@ -54,6 +55,12 @@ class PromptCursor:
         self.counter += 1
         return prompt_id, dict(self.sampler.sample(self.rng))
 
+    def put_back(self, prompt_id: int, task: dict[str, Any]) -> None:
+        """Run a prompt again, in its place in the data order: before every prompt to run with
+        a larger id (ids grow in the order prompts are drawn)."""
+        ids = [p for p, _ in self.pending]
+        self.pending.insert(bisect.bisect(ids, int(prompt_id)), (int(prompt_id), task))
+
     def state_dict(self, outstanding: Iterable[Rollout], ready: Iterable[Rollout]) -> dict:
         """Checkpoint form; the unfinished groups among `outstanding` rerun on resume."""
         return {
@@ -68,7 +75,8 @@ class PromptCursor:
         afresh (`load_state_dict({})`)."""
         self.counter = int(state["prompt_counter"])
         self.rng.setstate(as_rng_state(state["rng_state"]))
-        self.pending = deque((int(p["prompt_id"]), dict(p["task"])) for p in state["pending"])
+        pending = [(int(p["prompt_id"]), dict(p["task"])) for p in state["pending"]]
+        self.pending = deque(sorted(pending, key=lambda item: item[0]))  # the data order
         self.sampler.load_state_dict(dict(state.get("task_sampler") or {}))
 
 
@@ -79,6 +87,7 @@ class PoolCounters:
     counts: Counter[str] = field(default_factory=Counter)
     failed: Counter[str] = field(default_factory=Counter)
     rejected: Counter[str] = field(default_factory=Counter)
+    requeued: Counter[str] = field(default_factory=Counter)  # prompts run again, by reason
     lag_paused: bool = False
     lag_max_seen: int = 0
 
@@ -103,6 +112,8 @@ class PoolCounters:
             failed_by_reason=dict(self.failed),
             rejected=sum(self.rejected.values()),
             rejected_by_reason=dict(self.rejected),
+            requeued=sum(self.requeued.values()),
+            requeued_by_reason=dict(self.requeued),
             lag_paused=self.lag_paused,
             lag_max_seen=self.lag_max_seen,
         )
@@ -110,11 +121,11 @@ class PoolCounters:
 
     def records(self) -> list[dict[str, int]]:
         """Checkpoint form of the totals."""
-        return counter_records(self.counts, self.failed, self.rejected)
+        return counter_records(self.counts, self.failed, self.rejected, self.requeued)
 
     def restore(self, records: Any) -> None:
         """Inverse of `records` (a checkpoint without counters leaves them at zero)."""
-        restore_counters(records, self.counts, self.failed, self.rejected)
+        restore_counters(records, self.counts, self.failed, self.rejected, self.requeued)
 
 
 def engine_stats(engine: Any) -> dict[str, Any]:

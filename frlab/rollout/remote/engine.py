@@ -7,14 +7,17 @@ token out: `frlab.rollout.remote.protocol` shapes every request and checks every
 
 Load spreading: each request goes to the healthy server with the fewest requests in flight.
 Failover: a connection error, a timeout (`request_timeout_s`: a hung server), an HTTP 5xx or
-a malformed answer marks the server dead and the request is retried on another server
-(`retries` counter, logged); an HTTP 4xx is our own bad request and fails at once. After
-`max_retries` retries (waiting `probe_interval_s` while no server is healthy) `generate`
-raises `EngineError`, which the pool counts as a failed rollout. A fleet with no healthy
-server for `fleet_down_timeout_s` is down for good (`down_reason`, naming every server and its
-last error): the pool stops the run with `EngineDown`. A prober checks dead and stale servers
-every `probe_interval_s`; one that answers `/health` again must load the current snapshot and
-report the current weight version before it is re-admitted.
+a malformed answer marks the server dead (logged once per outage of that server) and the
+request is retried on another server (`retries` counter); a server whose liveness probe fails
+is marked dead too, and its requests in flight fail over at once. An HTTP 4xx is our own bad
+request and fails at once (`EngineError`: it costs the rollout). After `max_retries` retries
+(waiting `probe_interval_s` while no server is healthy) `generate` raises `EngineFault`: the
+fleet's fault, so the pool requeues the prompt. While no server is healthy (`outage`) the
+engine sends no request and the pool admits no rollout (frlab.rollout.remote.breaker); a
+fleet with no healthy server for `fleet_down_timeout_s` is down for good (`down_reason`,
+naming every server and its last error): the pool stops the run with `EngineDown`. Each
+server's watcher probes it on a backoff while it is down; one that answers `/health` again must
+load the current snapshot and report the current weight version before it is re-admitted.
 
 The engine holds three parts: the servers' states, load spreading, HTTP and control calls
 (`Fleet`, frlab.rollout.remote.fleet); its own requests' gate and in-flight count (`Traffic`,
@@ -49,13 +52,15 @@ from frlab.errors import ConfigError
 from frlab.rollout.engine import (
     Engine,
     EngineError,
+    EngineFault,
     GenerationResult,
+    Outage,
     SamplingParams,
     request_seed,
     resolve_weight_update,
 )
 from frlab.rollout.engine_loop import EngineLoop
-from frlab.rollout.remote import auth, in_flight, limits, resubmit
+from frlab.rollout.remote import auth, breaker, in_flight, limits, resubmit
 from frlab.rollout.remote import generate as gen
 from frlab.rollout.remote import protocol as proto
 from frlab.rollout.remote.fleet import Fleet, Server, ServerFault, check_urls
@@ -139,6 +144,7 @@ class RemoteEngine(Engine):
         request_timeout_s: float,
         max_retries: int,
         probe_interval_s: float,
+        probe_backoff_max_s: float,
         startup_timeout_s: float,
         fleet_down_timeout_s: float,
         keep_snapshots: int,
@@ -171,7 +177,8 @@ class RemoteEngine(Engine):
         secret = auth.fleet_secret(urls, secret_env, secret_file, allow_unauthenticated)
         self._unauthenticated = secret is None and not auth.all_loopback(urls)
         self._fleet = Fleet(urls, request_timeout_s, probe_interval_s, fleet_down_timeout_s,
-                            headers=auth.bearer_headers(secret))  # fmt: skip
+                            headers=auth.bearer_headers(secret),
+                            probe_backoff_max_s=probe_backoff_max_s)  # fmt: skip
         self.vocab_size = None if vocab_size is None else int(vocab_size)  # ids answers may hold
         # a private temp folder for servers on this host only; nccl: snapshots only if asked
         self._own_dir = snapshot_dir is None and self._nccl is None
@@ -232,6 +239,10 @@ class RemoteEngine(Engine):
     def down_reason(self) -> str | None:
         return self._fleet.down_reason(self._traffic.syncing)
 
+    def outage(self) -> Outage | None:
+        """Set while no server is healthy (frlab.rollout.remote.breaker)."""
+        return self._fleet.outage(self._traffic.syncing)
+
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
         """Start the client loop, load `initial_weights` (if given) as the snapshot of
@@ -264,8 +275,8 @@ class RemoteEngine(Engine):
         await sync.admit_at_start(push, self.startup_timeout_s)
         self._fleet.last_healthy = time.monotonic()
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(sync.probe_forever()),
-                       loop.create_task(self._fleet.watch_forever())]  # fmt: skip
+        watchers = [breaker.watch(self._fleet, s, sync.probe) for s in self._fleet.servers]
+        self._tasks = [loop.create_task(w) for w in [*watchers, self._fleet.watch_forever()]]
 
     def shutdown(self) -> None:
         if self._nccl is not None:
@@ -360,17 +371,17 @@ class RemoteEngine(Engine):
                 try:
                     return await self._request(server, prompt, params)
                 except ServerFault as fault:
-                    self._fleet.fault(server, fault)
+                    self._fleet.fault(server, fault)  # logged once, when the server goes down
                     self._fleet.counts["retries"] += 1
-                    log.warning("remote engine: retrying a request after %s failed: %s",
-                                server.url, fault)  # fmt: skip
+                    log.debug("remote engine: retrying a request after %s failed: %s",
+                              server.url, fault)  # fmt: skip
                     cause: Exception | None = fault
             else:
                 cause = None
                 await asyncio.sleep(self.probe_interval_s)
             attempts += 1
-            if attempts > self.max_retries:
-                raise EngineError(
+            if attempts > self.max_retries:  # the fleet's fault: the pool requeues the prompt
+                raise EngineFault(
                     f"request failed after {attempts} attempts (rollout.remote.max_retries="
                     f"{self.max_retries}); servers: {self._fleet.describe()}"
                 ) from cause
@@ -387,7 +398,7 @@ class RemoteEngine(Engine):
         try:
             path = gen.GENERATE if generates else proto.COMPLETIONS
             bound = limits.answer_bytes(len(prompt), params.max_new_tokens)
-            answer = await self._fleet.post(server, path, body, max_bytes=bound)
+            answer = await self._fleet.post_while_up(server, path, body, bound)
         finally:
             server.in_flight -= 1
             self._traffic.answered()
@@ -400,4 +411,5 @@ class RemoteEngine(Engine):
             raise ServerFault("dead", f"garbage answer: {exc}") from exc
         resubmit.check_abort(done, aborts, self._traffic.aborts)
         versions = resubmit.token_versions(server, version, done, self.version, self.weight_update)
+        self._fleet.served(server)
         return Fragment(done.token_ids, done.log_probs, versions, done.finish_reason)

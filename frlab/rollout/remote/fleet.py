@@ -18,7 +18,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +26,8 @@ import anyio
 import httpx
 
 from frlab.errors import ConfigError
-from frlab.rollout.engine import EngineError
-from frlab.rollout.remote import control
+from frlab.rollout.engine import EngineError, Outage
+from frlab.rollout.remote import breaker, control
 from frlab.rollout.remote import protocol as proto
 from frlab.rollout.remote.auth import FleetAuthError
 from frlab.rollout.remote.limits import MAX_CONTROL_BYTES, AnswerRefused, read_bounded
@@ -74,6 +74,11 @@ class Server:
     labels: bool | None = None  # vLLM-like: labels each token's version (None: not probed yet)
     adapter: str | None = None  # LoRA: the adapter name its requests carry (frlab...remote.lora)
     marks: int = 0  # how often it was marked dead or stale (an admission under way checks it)
+    failures: int = 0  # faults and failed probes in a row (its probe backoff); an answer resets it
+    next_probe: float = 0.0  # time.monotonic() of its next probe while it is not ok
+    down_since: float | None = None  # time.monotonic() it stopped being ok (None: it serves)
+    misses: int = 0  # liveness probes in a row it did not answer (frlab.rollout.remote.breaker)
+    gone: set[asyncio.Future] = field(default_factory=set)  # its requests in flight: told it died
 
 
 @dataclass(frozen=True)
@@ -91,11 +96,13 @@ class Fleet:
     def __init__(
         self, urls: list[str], request_timeout_s: float, probe_interval_s: float,
         fleet_down_timeout_s: float, headers: Mapping[str, str] | None = None,
+        probe_backoff_max_s: float | None = None,
     ) -> None:  # fmt: skip
         self.servers = [Server(u) for u in urls]
         self.headers = dict(headers or {})  # the fleet's bearer token (frlab...remote.auth)
         self.request_timeout_s = float(request_timeout_s)
         self.probe_interval_s = float(probe_interval_s)
+        self.backoff = breaker.Backoff(probe_interval_s, probe_backoff_max_s or probe_interval_s)
         self.fleet_down_timeout_s = float(fleet_down_timeout_s)
         self.counts: Counter[str] = Counter()
         self.client: httpx.AsyncClient | None = None
@@ -147,6 +154,13 @@ class Fleet:
             f"{self.describe()}"
         )
 
+    def outage(self, syncing: bool) -> Outage | None:
+        """Set while no server is healthy (outside a sync, which holds every request anyway):
+        since when, each server's state, and `fleet_down_timeout_s`."""
+        if self.last_healthy is None or syncing or self.healthy_now():
+            return None
+        return Outage(self.last_healthy, self.describe(), self.fleet_down_timeout_s)
+
     async def watch_forever(self) -> None:
         """Note the time while any server is healthy (the clock of `down_reason`)."""
         while True:
@@ -189,6 +203,25 @@ class Fleet:
                 raise refused
             return resp
 
+    async def post_while_up(self, server: Server, path: str, body: Any, max_bytes: int) -> Any:
+        """`post`, given up with ServerFault as soon as `server` is marked dead (a stopped
+        process answers nothing: its requests fail over now, not at `request_timeout_s`)."""
+        post = asyncio.ensure_future(self.post(server, path, body, max_bytes=max_bytes))
+        gone = asyncio.get_running_loop().create_future()
+        server.gone.add(gone)
+        try:
+            await asyncio.wait({post, gone}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            post.cancel()
+            raise
+        finally:
+            server.gone.discard(gone)
+        if post.done():
+            return post.result()
+        post.cancel()
+        post.add_done_callback(_retrieve)
+        raise ServerFault("dead", f"given up on a request in flight: {gone.result()}")
+
     async def post(
         self, server: Server, path: str, body: Any, timeout: float | None = None,
         max_bytes: int = MAX_CONTROL_BYTES,
@@ -215,11 +248,14 @@ class Fleet:
             raise ServerFault("dead", f"GET {path}: {exc!r}") from exc
         return decode(resp, path)
 
-    async def healthy(self, server: Server) -> bool:
-        """`GET /health` answered 200 (vLLM answers with an empty body: only the status counts)."""
+    async def healthy(self, server: Server, timeout: float | None = None) -> bool:
+        """`GET /health` answered 200 within `timeout` (default: 5 s or `request_timeout_s`);
+        vLLM answers with an empty body: only the status counts."""
         try:
             resp = await self.send(
-                "GET", server.url + proto.HEALTH, timeout=min(5.0, self.request_timeout_s)
+                "GET",
+                server.url + proto.HEALTH,
+                timeout=timeout or min(5.0, self.request_timeout_s),
             )
         except httpx.HTTPError:
             return False
@@ -232,26 +268,64 @@ class Fleet:
         self.mark(server, fault, warn=server.state == "ok")
 
     def mark(self, server: Server, fault: ServerFault, *, warn: bool) -> None:
-        """Mark `server` dead or stale for `fault` (a dead one is re-probed for labels)."""
+        """Mark `server` dead or stale for `fault` (a dead one is re-probed for labels, and its
+        requests in flight fail over at once). Logged once per outage of the server (`warn`:
+        it was serving); the faults that follow while it is down add no line."""
         if warn:
-            log.warning("remote engine: server %s marked %s: %s", server.url, fault.kind, fault)
+            log.warning("remote engine: server %s down (%s): %s", server.url, fault.kind, fault)
+        self._down(server)
         server.state, server.why = fault.kind, str(fault)
         server.labels = None if fault.kind == "dead" else server.labels
         server.marks += 1
+        if fault.kind == "dead":
+            for gone in [g for g in server.gone if not g.done()]:
+                gone.set_result(str(fault))
+
+    def unresponsive(self, server: Server, why: str) -> None:
+        """A serving server missed its liveness probes (frlab.rollout.remote.breaker): dead."""
+        self.counts["faults"] += 1
+        self.mark(server, ServerFault("dead", why), warn=server.state == "ok")
 
     def refuse(self, server: Server, why: str) -> None:
         self.counts["stale_refusals"] += 1
+        if server.state in ("ok", "unverified"):
+            log.warning("remote engine: server %s refused as stale: %s", server.url, why)
+        else:  # refused again at a probe: said once already
+            log.debug("remote engine: server %s refused as stale again: %s", server.url, why)
+        self._down(server)
         server.state, server.why = "stale", why
         server.marks += 1
-        log.warning("remote engine: server %s refused as stale: %s", server.url, why)
+
+    def _down(self, server: Server) -> None:
+        """A server that was serving (or being verified) stops: its outage and backoff start."""
+        if server.state in ("ok", "unverified"):
+            server.down_since = server.down_since or time.monotonic()
+            self.probe_failed(server)
+
+    def probe_failed(self, server: Server) -> None:
+        """One more failure in a row: the next probe waits longer (`breaker.Backoff`)."""
+        server.failures += 1
+        server.next_probe = time.monotonic() + self.backoff.delay(server.failures)
+
+    def served(self, server: Server) -> None:
+        """`server` answered a request: its backoff starts from the beginning again."""
+        server.failures = 0
 
     def admitted(self, server: Server, version: int, was: str) -> None:
-        """`server` proved `version`: ok again (a re-admission is counted and logged)."""
+        """`server` proved `version`: ok again (a re-admission is counted and logged once, with
+        how long the server was down)."""
         server.version, server.state, server.why = version, "ok", ""
+        server.misses = 0
+        down_for = None if server.down_since is None else time.monotonic() - server.down_since
+        server.down_since = None
         if was in ("dead", "stale"):
             self.counts["readmissions"] += 1
-            log.warning("remote engine: server %s re-admitted: it reported version %d",
-                        server.url, version)  # fmt: skip
+            log.info(
+                "remote engine: server %s back after %.0f s: re-admitted at version %d",
+                server.url,
+                down_for or 0.0,
+                version,
+            )
 
     # -- server control: vLLM's dev-mode routes (frlab.serve answers them too) ---------------
     async def server_info(self, server: Server, model: str | None) -> Any:
@@ -313,6 +387,12 @@ class Fleet:
                 self.fault(server, result)
             elif isinstance(result, Exception):
                 self.fault(server, ServerFault("dead", f"/resume failed: {result}"))
+
+
+def _retrieve(future: asyncio.Future) -> None:
+    """Read the outcome of a request given up on, so asyncio does not report it as lost."""
+    if not future.cancelled():
+        future.exception()
 
 
 def closed_by_client(exc: BaseException) -> bool:

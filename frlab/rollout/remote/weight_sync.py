@@ -41,8 +41,8 @@ acknowledged the current snapshot, if there is one, and reset its prefix cache w
 `dead` after a transport error, a timeout, an HTTP 5xx or a malformed answer; `unverified`
 before its first check or during a sync. A server that a request marks dead or stale while it
 is being admitted stays so (the admission's checks came before that fault, and a dead mark
-forgets whether it labels tokens). The prober re-checks every server that is not `ok`, each
-`probe_interval_s` once `/health` answers 200. A frlab.serve server reports its own
+forgets whether it labels tokens). Each server's watcher (frlab.rollout.remote.breaker)
+re-checks a server that is not `ok` on a backoff (`probe`), once `/health` answers 200. A frlab.serve server reports its own
 weight-update mode in `/server_info`, which must be the fleet's `in_flight` / `resubmit` when
 it asks one; a server without it (vLLM) is one a resubmit update pauses (`stops`), and one
 left paused is resumed before it is re-admitted (frlab.rollout.remote.resubmit). Under
@@ -67,7 +67,6 @@ import torch
 from frlab.rollout.engine import EngineError
 from frlab.rollout.remote import control, in_flight, resubmit
 from frlab.rollout.remote import protocol as proto
-from frlab.rollout.remote.auth import FleetAuthError
 from frlab.rollout.remote.fleet import REFUSED, Fleet, Server, ServerFault, Snapshot
 from frlab.rollout.remote.lora import LoraAdapters
 from frlab.rollout.remote.traffic import Traffic
@@ -292,21 +291,19 @@ class WeightSync:
                           f"{wanted} needs frlab.serve --weight-update {wanted}")  # fmt: skip
         return False
 
-    async def probe_forever(self) -> None:
-        """Re-check dead / stale servers; admit none while the engine is paused (a collective
-        sync of several ranks may be under way: admitting now could load an older snapshot).
-        A server that refuses the secret ends the probing (the fleet reports it: run stops)."""
-        while True:
-            await asyncio.sleep(self.fleet.probe_interval_s)
-            for server in [s for s in self.fleet.servers if s.state != "ok"]:
-                try:
-                    await self._probe(server)
-                except FleetAuthError:
-                    return
-
-    async def _probe(self, server: Server) -> None:
+    async def probe(self, server: Server) -> bool | None:
+        """Probe a server that is not ok (frlab.rollout.remote.breaker): `/health`, then its
+        admission. True: admitted; False: it failed; None: not tried, as while the engine is
+        paused or an update holds the fleet (a collective sync of several ranks may be under
+        way: admitting now could load an older snapshot)."""
+        if self.traffic.user_paused or self.traffic.syncing:
+            return None
         if not await self.fleet.healthy(server):
-            return
+            return False
         async with self.lock:
-            if server.state != "ok" and not (self.traffic.user_paused or self.traffic.syncing):
-                await self.admit(server)
+            if server.state == "ok":
+                return True
+            if self.traffic.user_paused or self.traffic.syncing:
+                return None
+            await self.admit(server)
+        return server.state == "ok"

@@ -12,6 +12,7 @@ import torch
 from helpers.models import policy_of
 
 from envs.toy.multi import KeyParityEnv
+from frlab.config.schema import RolloutConfig
 from frlab.model.toy_tokenizer import build_toy_tokenizer
 from frlab.rollout.agent_loop import AgentLoopConfig
 from frlab.rollout.engine import SamplingParams
@@ -52,6 +53,7 @@ def collect(seed: int, max_in_flight: int) -> list[tuple]:
         engine, JitteryKeyParityEnv, TOKENIZER, cfg, task_sampler=KeyParityEnv.task_sampler(),
         batch_size=6, max_in_flight=max_in_flight,
         max_policy_lag=1, mode="sync", samples_per_prompt=2, seed=seed, num_env_workers=4, off_policy_correction=True,
+        max_prompt_retries=RolloutConfig.max_prompt_retries,
     )  # fmt: skip
     out = []
     pool.start()

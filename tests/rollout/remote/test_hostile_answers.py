@@ -1,9 +1,11 @@
 """A server's answer is input, never trusted: each kind of bad answer is refused for its
-request, counted by the rollout pool (`failed_by_reason`), and never reaches a batch.
+request, counted by the rollout pool (`requeued_by_reason`: a malformed answer is the engine's
+fault, so the prompt runs again), and never reaches a batch.
 
 A vLLM-like fake server (nccl_testlib) answers the first generation request with a bad body,
-then honestly; the pool (RolloutPool over RemoteEngine, no retries) must fail that rollout as
-`engine`, name the cause in its log, and hand out a batch of honest trajectories only."""
+then honestly; the pool (RolloutPool over RemoteEngine, no retries) must requeue that prompt
+(`engine`), drop none, name the cause in its log, and hand out a batch of honest
+trajectories only."""
 
 from __future__ import annotations
 
@@ -103,7 +105,7 @@ class OneTurn(Env):
 
 
 @pytest.mark.parametrize("case", list(BAD))
-def test_a_bad_answer_fails_its_rollout_is_counted_and_never_trained_on(
+def test_a_bad_answer_is_refused_its_prompt_requeued_and_never_trained_on(
     case: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     bad, says = BAD[case]
@@ -122,7 +124,8 @@ def test_a_bad_answer_fails_its_rollout_is_counted_and_never_trained_on(
     finally:
         pool.stop()
         server.close()
-    assert stats["failed_by_reason"].get("engine", 0) >= 1, stats["failed_by_reason"]
+    assert stats["requeued_by_reason"].get("engine", 0) >= 1, stats["requeued_by_reason"]
+    assert stats["failed"] == 0, stats["failed_by_reason"]
     assert stats["engine"]["server_faults"] >= 1 and says in caplog.text, caplog.text[-3000:]
     for traj in batch:  # only honest answers were trained on
         actions = [t for t, m in zip(traj.token_ids, traj.action_mask, strict=True) if m]
