@@ -41,9 +41,17 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 def run(arm: str, seed: int, args: argparse.Namespace, root: Path) -> tuple[float | None, float]:
     """(time to reward or None, the run's last elapsed_s) of one run."""
     folder = root / f"{arm}_seed{seed}"
-    cmd = [sys.executable, "-m", "frlab", f"experiment={ARMS[arm]}", f"seed={seed}",
-           f"trainer.max_steps={args.steps}", "eval.at_start=false", "plots=false",
-           f"hydra.run.dir={folder}"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "frlab",
+        f"experiment={ARMS[arm]}",
+        f"seed={seed}",
+        f"trainer.max_steps={args.steps}",
+        "eval.at_start=false",
+        "plots=false",
+        f"hydra.run.dir={folder}",
+    ]
     started = time.monotonic()
     with (root / f"{arm}_seed{seed}.log").open("w") as log:
         code = subprocess.run(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT).returncode
@@ -56,9 +64,12 @@ def run(arm: str, seed: int, args: argparse.Namespace, root: Path) -> tuple[floa
     crossed = first_crossing(times, rewards, args.window, args.target)
     first = sum(rewards[:10]) / len(rewards[:10])
     last = sum(rewards[-10:]) / len(rewards[-10:])
-    print(f"{arm:5s} seed {seed}: time to reward {crossed if crossed is None else round(crossed, 1)}"
-          f" s, {len(rows)} updates in {times[-1]:.0f} s (process {time.monotonic() - started:.0f}"
-          f" s), reward {first:.2f} (first 10) -> {last:.2f} (last 10)", flush=True)  # fmt: skip
+    print(
+        f"{arm:5s} seed {seed}: time to reward {crossed if crossed is None else round(crossed, 1)}"
+        f" s, {len(rows)} updates in {times[-1]:.0f} s (process {time.monotonic() - started:.0f}"
+        f" s), reward {first:.2f} (first 10) -> {last:.2f} (last 10)",
+        flush=True,
+    )
     return crossed, times[-1]
 
 
@@ -74,8 +85,10 @@ def main(argv: list[str] | None = None) -> None:
     cap = max(end for rows in results.values() for _, end in rows)
     summaries = {arm: summarize([t for t, _ in rows], cap) for arm, rows in results.items()}
     for arm, s in summaries.items():
-        print(f"{arm:5s}: median time to reward {s.median_s:.1f} s over {s.runs} seed(s), "
-              f"{s.censored} censored (target {args.target} over {args.window} updates)")  # fmt: skip
+        print(
+            f"{arm:5s}: median time to reward {s.median_s:.1f} s over {s.runs} seed(s), "
+            f"{s.censored} censored (target {args.target} over {args.window} updates)"
+        )
     value, how = ratio(summaries["vllm"], summaries["torch"])
     print(f"vllm/torch wall time to reward: {'' if how == '=' else how + ' '}{value:.2f}")
 

@@ -1,16 +1,19 @@
 """Async vs sync rollout pipeline under heavy-tailed environment latency (a benchmark).
 
-FlashREINFORCE's case for one-rollout-per-prompt asynchronous collection (FlashREINFORCE paper, Sec. 3): with
+FlashREINFORCE's case for one-rollout-per-prompt asynchronous collection (FlashREINFORCE paper, Sec.
+3): with
 long-tailed episode times, a synchronous "collect B, then train" loop waits for the slowest
 rollout of every batch while the learner idles, whereas the async pool keeps `max_in_flight`
 rollouts running, hands out the first B that finish and bounds staleness by admission
 control. Both modes here run the SAME stack: a random-init tiny Qwen2 policy, the real
 FlashREINFORCE Lightning learner (`FlashReinforceModule`), the `torch` engine, the agent loop,
 `RolloutDataModule` and `WeightSyncCallback` (sync_every=1), the same B and the same task
-stream. The environment is a one-turn "say this digit" task whose step sleeps a log-normal time drawn with the
+stream. The environment is a one-turn "say this digit" task whose step sleeps a log-normal time
+drawn with the
 task (log-std `--latency-sigma` 1.0: about two >3x-median and one >5x-median outliers per
 batch of 16). The median is `--latency-median` seconds, or by default 0.3x the learner's own
-update time on this machine (measured first on synthetic batches), so the comparison means the same thing on
+update time on this machine (measured first on synthetic batches), so the comparison means the same
+thing on
 a fast or a loaded machine: episodes comparable to an update, with a heavy tail.
 
 Printed per mode: optimizer updates per minute, the learner's idle fraction (time blocked

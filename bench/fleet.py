@@ -57,11 +57,16 @@ PROMPT = [5, 9, 2, 7, 3, 11, 4, 8]
 def model_config(args: argparse.Namespace) -> dict[str, Any]:
     """A random-init Qwen2 (10.5M parameters by default): decoding, not HTTP, dominates."""
     return {
-        "model_type": "qwen2", "vocab_size": args.vocab, "hidden_size": args.hidden_size,
-        "intermediate_size": 2 * args.hidden_size, "num_hidden_layers": args.num_layers,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
+        "model_type": "qwen2",
+        "vocab_size": args.vocab,
+        "hidden_size": args.hidden_size,
+        "intermediate_size": 2 * args.hidden_size,
+        "num_hidden_layers": args.num_layers,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 256,
         "tie_word_embeddings": True,
-    }  # fmt: skip
+    }
 
 
 def unused_port() -> int:
@@ -104,8 +109,17 @@ def fleet(model_dir: Path, count: int, log_dir: Path) -> Iterator[list[tuple[str
     try:
         for port in ports:
             log = (log_dir / f"server-{port}.log").open("w")
-            cmd = [sys.executable, "-m", "frlab.serve", "--port", str(port), "--model",
-                   str(model_dir), "--threads", "1"]  # fmt: skip
+            cmd = [
+                sys.executable,
+                "-m",
+                "frlab.serve",
+                "--port",
+                str(port),
+                "--model",
+                str(model_dir),
+                "--threads",
+                "1",
+            ]
             procs.append(subprocess.Popen(cmd, stdout=log, stderr=log, env=env))
         urls = [f"http://127.0.0.1:{p}" for p in ports]
         wait_healthy(urls, procs, timeout_s=180.0)
@@ -153,10 +167,16 @@ def measure(
     finally:
         engine.shutdown()
     sync = statistics.median(sync_s)
-    return {"servers": len(urls), "tokens": tokens, "seconds": gen_s,
-            "tokens_per_s": tokens / gen_s, "sync_s": sync, "sync_s_per_server": sync / len(urls),
-            "server_cpu_ms_per_token": 1e3 * server_cpu / tokens,
-            "client_cpu_ms_per_token": 1e3 * client_cpu / tokens}  # fmt: skip
+    return {
+        "servers": len(urls),
+        "tokens": tokens,
+        "seconds": gen_s,
+        "tokens_per_s": tokens / gen_s,
+        "sync_s": sync,
+        "sync_s_per_server": sync / len(urls),
+        "server_cpu_ms_per_token": 1e3 * server_cpu / tokens,
+        "client_cpu_ms_per_token": 1e3 * client_cpu / tokens,
+    }
 
 
 def median_row(runs: list[dict[str, float]]) -> dict[str, float]:
@@ -207,9 +227,11 @@ def main(argv: list[str] | None = None) -> list[dict[str, float]]:
         seed=args.seed,
     )
     params = sum(p.numel() for p in policy.parameters())
-    print(f"model: {params / 1e6:.2f}M params; {os.cpu_count()} CPU cores; "
-          f"{args.requests} requests x {args.max_new_tokens} tokens, {args.concurrency} in flight; "
-          f"load average {os.getloadavg()[0]:.2f}")  # fmt: skip
+    print(
+        f"model: {params / 1e6:.2f}M params; {os.cpu_count()} CPU cores; "
+        f"{args.requests} requests x {args.max_new_tokens} tokens, {args.concurrency} in flight; "
+        f"load average {os.getloadavg()[0]:.2f}"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         save_policy(policy, Path(tmp) / "model")
         with fleet(Path(tmp) / "model", args.servers, Path(tmp)) as servers:
@@ -232,7 +254,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, float]]:
     print(f"tokens/s per round: {[row['rounds_tokens_per_s'] for row in rows]}")
     for row in rows:
         print(
-            f"{row['servers']:.0f} server(s): CPU per token {row['server_cpu_ms_per_token']:.3f} ms "
+            f"{row['servers']:.0f} server(s): CPU per token {row['server_cpu_ms_per_token']:.3f} "
+            "ms "
             f"in servers + {row['client_cpu_ms_per_token']:.3f} ms in the client; CPU bound on "
             f"{os.cpu_count()} idle cores: {cpu_bound(row, os.cpu_count() or 1):.0f} tokens/s"
         )

@@ -63,8 +63,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--vllm-dtypes", default="float32,bfloat16", help="dtypes of the vllm arm")
-    p.add_argument("--no-packed-prefill", action="store_true",
-                   help="the engine prefills left-padded only (its packed_prefill=False)")  # fmt: skip
+    p.add_argument(
+        "--no-packed-prefill",
+        action="store_true",
+        help="the engine prefills left-padded only (its packed_prefill=False)",
+    )
     return p.parse_args()
 
 
@@ -121,9 +124,14 @@ def hf_run(model: Any, prompts: list[list[int]], new_tokens: int, sample: bool, 
         kwargs.update(temperature=1.0, top_k=0, top_p=1.0)
     with torch.no_grad():
         out = model.generate(
-            input_ids=ids, attention_mask=attention, max_new_tokens=new_tokens,
-            min_new_tokens=new_tokens, pad_token_id=pad, use_cache=True, **kwargs,
-        )  # fmt: skip
+            input_ids=ids,
+            attention_mask=attention,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            pad_token_id=pad,
+            use_cache=True,
+            **kwargs,
+        )
     produced = out.shape[1] - ids.shape[1]
     if produced != new_tokens:
         raise RuntimeError(f"generate produced {produced} tokens, asked for {new_tokens}")
@@ -257,8 +265,10 @@ def main() -> None:
         e, h = statistics.median(v[0] for v in vals), statistics.median(v[1] for v in vals)
         wall = statistics.median(v[0] / v[1] for v in vals)
         cpu = statistics.median(v[2] for v in vals)
-        print(f"  {name:8s} engine {e:7.1f}  generate {h:7.1f}  ratio {wall:.2f}x "
-              f"(CPU time {cpu:.2f}x)")  # fmt: skip
+        print(
+            f"  {name:8s} engine {e:7.1f}  generate {h:7.1f}  ratio {wall:.2f}x "
+            f"(CPU time {cpu:.2f}x)"
+        )
     if arms.gaps:
         print(f"sampled log-prob vs fresh forward: max |diff| {max(arms.gaps):.2e}")
 

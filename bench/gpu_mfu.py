@@ -61,14 +61,28 @@ from frlab.learner.module import FlashReinforceModule  # noqa: E402
 from frlab.model.memory_plan import gib, memory_plan  # noqa: E402
 from frlab.model.policy import build_policy, tiny_config  # noqa: E402
 
-QWEN25_1P5B = {"vocab_size": 151936, "hidden_size": 1536, "intermediate_size": 8960,
-               "num_hidden_layers": 28, "num_attention_heads": 12, "num_key_value_heads": 2,
-               "max_position_embeddings": 32768, "tie_word_embeddings": True,
-               "rope_theta": 1000000.0}  # fmt: skip
-QWEN25_7B = {"vocab_size": 152064, "hidden_size": 3584, "intermediate_size": 18944,
-             "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
-             "max_position_embeddings": 32768, "tie_word_embeddings": False,
-             "rope_theta": 1000000.0}  # fmt: skip
+QWEN25_1P5B = {
+    "vocab_size": 151936,
+    "hidden_size": 1536,
+    "intermediate_size": 8960,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 32768,
+    "tie_word_embeddings": True,
+    "rope_theta": 1000000.0,
+}
+QWEN25_7B = {
+    "vocab_size": 152064,
+    "hidden_size": 3584,
+    "intermediate_size": 18944,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 28,
+    "num_key_value_heads": 4,
+    "max_position_embeddings": 32768,
+    "tie_word_embeddings": False,
+    "rope_theta": 1000000.0,
+}
 LORA_7B = {"rank": 32, "alpha": 64.0}  # experiment=python_tool_qwen7b_lora
 DATASHEET_BF16_TFLOPS = 989.0
 UNCOMPILED: dict[str, float] = {}  # the mfu part's step, for the compile part's ratio
@@ -136,8 +150,9 @@ def mfu_inputs(args: argparse.Namespace) -> tuple[dict, torch.nn.Module, list[in
 
 def timed_steps(module: FlashReinforceModule, batch: Any, args: argparse.Namespace) -> list:
     """Step seconds of `--repeats` updates after one warm-up."""
-    return [one_update(module, batch, args.device)["timing/step_s"]
-            for _ in range(args.repeats + 1)][1:]  # fmt: skip
+    return [
+        one_update(module, batch, args.device)["timing/step_s"] for _ in range(args.repeats + 1)
+    ][1:]
 
 
 def budget_of(args: argparse.Namespace, cfg: dict, lengths: list[int]) -> int:
@@ -148,14 +163,25 @@ def budget_of(args: argparse.Namespace, cfg: dict, lengths: list[int]) -> int:
     from frlab.model.auto_memory import device_memory, resolve_learner_memory
 
     sections = {
-        "model": {"config": {"model_type": "qwen2", **cfg}, "dtype": args.dtype, "lora": None,
-                  "gradient_checkpointing": False, "logprob_chunk_size": 1024},
-        "data": {"batch_size": args.batch, "micro_batch_size": args.batch,
-                 "max_tokens_per_micro_batch": "auto"},
+        "model": {
+            "config": {"model_type": "qwen2", **cfg},
+            "dtype": args.dtype,
+            "lora": None,
+            "gradient_checkpointing": False,
+            "logprob_chunk_size": 1024,
+        },
+        "data": {
+            "batch_size": args.batch,
+            "micro_batch_size": args.batch,
+            "max_tokens_per_micro_batch": "auto",
+        },
         "rollout": {"max_len": max(lengths), "max_in_flight": 1, "device": "cpu"},
-        "trainer": {"precision": "bf16-true" if args.dtype == "bfloat16" else "32-true",
-                    "devices": 1, "accelerator": args.device},
-    }  # fmt: skip
+        "trainer": {
+            "precision": "bf16-true" if args.dtype == "bfloat16" else "32-true",
+            "devices": 1,
+            "accelerator": args.device,
+        },
+    }
     chosen = resolve_learner_memory(sections, device_memory(args.device))
     assert chosen is not None and chosen.max_tokens_per_micro_batch is not None
     print(f"budget: {chosen.why}", flush=True)
@@ -171,12 +197,14 @@ def mfu(args: argparse.Namespace, peak_measured: float) -> None:
     UNCOMPILED["step"] = step
     tokens = sum(lengths)
     achieved = model_flops(cfg, lengths) / step / 1e12
-    print(f"mfu: Qwen2.5-1.5B shape {args.dtype}, B={args.batch}, {tokens} tokens (median "
-          f"{statistics.median(lengths):g}, max {max(lengths)}), budget {args.budget}: step "
-          f"{step:.3f} s, {tokens / step:,.0f} tokens/s, {achieved:.1f} TFLOP/s = "
-          f"{achieved / DATASHEET_BF16_TFLOPS:.1%} of {DATASHEET_BF16_TFLOPS:g} (datasheet), "
-          f"{achieved / peak_measured:.1%} of {peak_measured:.0f} (measured matmul)",
-          flush=True)  # fmt: skip
+    print(
+        f"mfu: Qwen2.5-1.5B shape {args.dtype}, B={args.batch}, {tokens} tokens (median "
+        f"{statistics.median(lengths):g}, max {max(lengths)}), budget {args.budget}: step "
+        f"{step:.3f} s, {tokens / step:,.0f} tokens/s, {achieved:.1f} TFLOP/s = "
+        f"{achieved / DATASHEET_BF16_TFLOPS:.1%} of {DATASHEET_BF16_TFLOPS:g} (datasheet), "
+        f"{achieved / peak_measured:.1%} of {peak_measured:.0f} (measured matmul)",
+        flush=True,
+    )
     seconds = profile_update(functools.partial(one_update, module, batch, args.device), args.device)
     print(f"profile: {describe_profile(seconds)}", flush=True)
     del module
@@ -186,10 +214,13 @@ def mfu(args: argparse.Namespace, peak_measured: float) -> None:
     config = tiny_config("qwen2", **cfg)
     plain = plain_step_seconds(config, rows, width, args.device, _dtype(args), args.repeats)
     plain_flops = model_flops(cfg, [width] * rows) / plain / 1e12
-    print(f"plain transformers step: {rows} rows x {width} tokens (sdpa, full logits + "
-          f"cross-entropy, AdamW): {plain:.3f} s, {rows * width / plain:,.0f} tokens/s, "
-          f"{plain_flops:.1f} TFLOP/s = {plain_flops / DATASHEET_BF16_TFLOPS:.1%} of "
-          f"{DATASHEET_BF16_TFLOPS:g}", flush=True)  # fmt: skip
+    print(
+        f"plain transformers step: {rows} rows x {width} tokens (sdpa, full logits + "
+        f"cross-entropy, AdamW): {plain:.3f} s, {rows * width / plain:,.0f} tokens/s, "
+        f"{plain_flops:.1f} TFLOP/s = {plain_flops / DATASHEET_BF16_TFLOPS:.1%} of "
+        f"{DATASHEET_BF16_TFLOPS:g}",
+        flush=True,
+    )
     print(f"frlab/plain per FLOP: {achieved / plain_flops:.2f}", flush=True)
 
 
@@ -205,24 +236,35 @@ def compiled(args: argparse.Namespace) -> None:
     first = time.perf_counter() - start
     step = statistics.median(timed_steps(module, batch, args))
     ratio = f"{UNCOMPILED['step'] / step:.2f}x" if "step" in UNCOMPILED else "n/a"
-    print(f"compile ({args.compile_backend}): first update {first:.1f} s, then step {step:.3f} "
-          f"s, {ratio} the uncompiled step's speed; {module.compiled.compiles} graphs compiled "
-          f"in all", flush=True)  # fmt: skip
+    print(
+        f"compile ({args.compile_backend}): first update {first:.1f} s, then step {step:.3f} "
+        f"s, {ratio} the uncompiled step's speed; {module.compiled.compiles} graphs compiled "
+        f"in all",
+        flush=True,
+    )
     del module
     _free(args.device)
 
 
-def planned(cfg: dict, *, lora: dict | None, checkpointing: bool, tokens: int,
-            precision: str) -> int:  # fmt: skip
+def planned(
+    cfg: dict, *, lora: dict | None, checkpointing: bool, tokens: int, precision: str
+) -> int:
     """The learner bytes the dry run's memory plan gives for these settings (one GPU)."""
     lora = None if lora is None else declared_arguments(LoraConfig, **lora)
-    plan = memory_plan({
-        "model": {"config": {"model_type": "qwen2", **cfg}, "dtype": "bfloat16", "lora": lora,
-                  "gradient_checkpointing": checkpointing, "logprob_chunk_size": 1024},
-        "data": {"micro_batch_size": 1, "max_tokens_per_micro_batch": tokens},
-        "rollout": {"max_len": tokens, "device": "cpu", "max_in_flight": 1},
-        "trainer": {"precision": precision, "devices": 1},
-    })  # fmt: skip
+    plan = memory_plan(
+        {
+            "model": {
+                "config": {"model_type": "qwen2", **cfg},
+                "dtype": "bfloat16",
+                "lora": lora,
+                "gradient_checkpointing": checkpointing,
+                "logprob_chunk_size": 1024,
+            },
+            "data": {"micro_batch_size": 1, "max_tokens_per_micro_batch": tokens},
+            "rollout": {"max_len": tokens, "device": "cpu", "max_in_flight": 1},
+            "trainer": {"precision": precision, "devices": 1},
+        }
+    )
     assert plan is not None
     return plan.learner
 
@@ -252,10 +294,13 @@ def peak_memory(args: argparse.Namespace) -> None:
         peak, step = measure_peak(args, cfg, rows, tokens, gradient_checkpointing=ck, lora=lora)
         plan = planned(cfg, lora=lora, checkpointing=ck, tokens=tokens, precision="bf16-true")
         ratio = f"{plan / peak:.2f}" if peak else "n/a (no CUDA)"
-        print(f"peak memory: {name}, {rows} trajectories x {tokens} tokens, one per "
-              f"micro-batch, checkpointing {'on' if ck else 'off'}"
-              f"{', LoRA rank 32' if lora else ''}: measured {gib(peak)}, plan {gib(plan)}, "
-              f"plan/measured {ratio} (step {step:.2f} s)", flush=True)  # fmt: skip
+        print(
+            f"peak memory: {name}, {rows} trajectories x {tokens} tokens, one per "
+            f"micro-batch, checkpointing {'on' if ck else 'off'}"
+            f"{', LoRA rank 32' if lora else ''}: measured {gib(peak)}, plan {gib(plan)}, "
+            f"plan/measured {ratio} (step {step:.2f} s)",
+            flush=True,
+        )
 
 
 def decode(args: argparse.Namespace) -> None:
@@ -267,8 +312,10 @@ def decode(args: argparse.Namespace) -> None:
     engine = TorchEngine(model, device=args.device, max_batch_size=args.decode_batch, seed=0)
     params = SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens)
     gen = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(0, cfg["vocab_size"], (16 if args.tiny else 128,),
-                             generator=gen).tolist() for _ in range(args.decode_batch)]  # fmt: skip
+    prompts = [
+        torch.randint(0, cfg["vocab_size"], (16 if args.tiny else 128,), generator=gen).tolist()
+        for _ in range(args.decode_batch)
+    ]
 
     async def run() -> int:
         results = await asyncio.gather(*(engine.generate(p, params) for p in prompts))
@@ -281,9 +328,12 @@ def decode(args: argparse.Namespace) -> None:
         tokens = asyncio.run(run())
         _free(args.device)
         wall = time.perf_counter() - start
-    print(f"decode: torch engine, Qwen2.5-0.5B shape {args.dtype}, {args.decode_batch} "
-          f"requests x {args.new_tokens} new tokens: {tokens / wall:,.0f} tokens/s "
-          f"({wall:.2f} s)", flush=True)  # fmt: skip
+    print(
+        f"decode: torch engine, Qwen2.5-0.5B shape {args.dtype}, {args.decode_batch} "
+        f"requests x {args.new_tokens} new tokens: {tokens / wall:,.0f} tokens/s "
+        f"({wall:.2f} s)",
+        flush=True,
+    )
 
 
 def _dtype(args: argparse.Namespace) -> torch.dtype:
@@ -303,8 +353,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--median", type=float, default=1024)
-    parser.add_argument("--budget", default="auto",
-                        help="tokens per micro-batch, or auto (frlab.model.auto_memory)")  # fmt: skip
+    parser.add_argument(
+        "--budget", default="auto", help="tokens per micro-batch, or auto (frlab.model.auto_memory)"
+    )
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--long-rows", type=int, default=4)
     parser.add_argument("--decode-batch", type=int, default=64)
@@ -317,16 +368,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
-        print("gpu_mfu: no CUDA device (--device cpu --tiny runs the parts on a CPU)",
-              file=sys.stderr)  # fmt: skip
+        print(
+            "gpu_mfu: no CUDA device (--device cpu --tiny runs the parts on a CPU)", file=sys.stderr
+        )
         return 1
     logging.getLogger("lightning").setLevel(logging.ERROR)
     peak = measured_matmul_tflops(args.device)
     name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     print(f"{name}: bf16 matmul 8192^3 measured {peak:.0f} TFLOP/s", flush=True)
     failed = 0
-    for part, fn in (("mfu", lambda: mfu(args, peak)), ("memory", lambda: peak_memory(args)),
-                     ("decode", lambda: decode(args)), ("compile", lambda: compiled(args))):  # fmt: skip
+    for part, fn in (
+        ("mfu", lambda: mfu(args, peak)),
+        ("memory", lambda: peak_memory(args)),
+        ("decode", lambda: decode(args)),
+        ("compile", lambda: compiled(args)),
+    ):
         if part in args.parts.split(","):
             try:
                 fn()

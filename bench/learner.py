@@ -43,22 +43,46 @@ from frlab.model.lm_logprobs import sequence_logprobs
 from frlab.model.packed_attention import packed_attention
 from frlab.model.policy import build_policy, tiny_config
 
-OBJECTIVE = {"baseline": "batch_mean", "trust_region": "sequence_bernoulli_kl",
-             "aggregation": "sample_mean", "token_filter": "none",
-             "sequence_bernoulli_kl": {"delta": 1.0}}  # fmt: skip
+OBJECTIVE = {
+    "baseline": "batch_mean",
+    "trust_region": "sequence_bernoulli_kl",
+    "aggregation": "sample_mean",
+    "token_filter": "none",
+    "sequence_bernoulli_kl": {"delta": 1.0},
+}
 OPTIM = {"lr": 1e-6, "weight_decay": 0.1, "grad_clip": 1.0, "scheduler": "constant"}
-SMALL_QWEN2 = {"vocab_size": 4096, "hidden_size": 256, "intermediate_size": 1024,
-               "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
-               "max_position_embeddings": 8192}  # fmt: skip
-QWEN25_05B = {"vocab_size": 151936, "hidden_size": 896, "intermediate_size": 4864,
-              "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
-              "max_position_embeddings": 32768, "tie_word_embeddings": True,
-              "rope_theta": 1000000.0}  # fmt: skip
+SMALL_QWEN2 = {
+    "vocab_size": 4096,
+    "hidden_size": 256,
+    "intermediate_size": 1024,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 8192,
+}
+QWEN25_05B = {
+    "vocab_size": 151936,
+    "hidden_size": 896,
+    "intermediate_size": 4864,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 14,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 32768,
+    "tie_word_embeddings": True,
+    "rope_theta": 1000000.0,
+}
 
 
-TOY = {"vocab_size": 64, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-       "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
-       "tie_word_embeddings": True}  # fmt: skip
+TOY = {
+    "vocab_size": 64,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 256,
+    "tie_word_embeddings": True,
+}
 
 
 def build_model(name: str, dtype: str) -> torch.nn.Module:
@@ -131,9 +155,13 @@ def make_batch(
     on_device = batch.to(device)
     with torch.no_grad(), packed_attention(model):
         current, _ = sequence_logprobs(
-            model, on_device.input_ids, on_device.attention_mask, on_device.position_ids,
-            action_mask=on_device.action_mask, pack=True,
-        )  # fmt: skip
+            model,
+            on_device.input_ids,
+            on_device.attention_mask,
+            on_device.position_ids,
+            action_mask=on_device.action_mask,
+            pack=True,
+        )
     current = current.cpu().clamp(max=-1e-4)
     batch.behavior_log_probs = torch.where(batch.action_mask, current, 0.0).float()
     return batch
@@ -145,11 +173,17 @@ def arms(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
         return {"eager": {**padded, "attn": "eager"}, "sdpa": {**padded, "attn": "sdpa"}}
     return {
         "padded": {"micro_batch_size": args.micro, "pack_sequences": False},
-        "padded_budget": {"micro_batch_size": args.batch, "pack_sequences": False,
-                          "max_tokens_per_micro_batch": args.budget},
-        "packed": {"micro_batch_size": args.batch, "pack_sequences": True,
-                   "max_tokens_per_micro_batch": args.budget},
-    }  # fmt: skip
+        "padded_budget": {
+            "micro_batch_size": args.batch,
+            "pack_sequences": False,
+            "max_tokens_per_micro_batch": args.budget,
+        },
+        "packed": {
+            "micro_batch_size": args.batch,
+            "pack_sequences": True,
+            "max_tokens_per_micro_batch": args.budget,
+        },
+    }
 
 
 def one_update(module: FlashReinforceModule, batch: RolloutBatch, device: str) -> dict[str, float]:
@@ -157,9 +191,15 @@ def one_update(module: FlashReinforceModule, batch: RolloutBatch, device: str) -
     from torch.utils.data import DataLoader
 
     trainer = L.Trainer(
-        accelerator="gpu" if device == "cuda" else "cpu", devices=1, max_steps=1, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-    )  # fmt: skip
+        accelerator="gpu" if device == "cuda" else "cpu",
+        devices=1,
+        max_steps=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
     trainer.fit(module, DataLoader([batch], batch_size=None))
     return {k: float(v) for k, v in trainer.logged_metrics.items()}
 
@@ -196,9 +236,11 @@ def main(argv: list[str] | None = None) -> None:
     lengths = lengths_of(args)
     batch = make_batch(base, lengths, args.seed, args.prompt_frac)
     real = sum(lengths)
-    print(f"model {args.model} ({sum(p.numel() for p in base.parameters()) / 1e6:.1f}M params), "
-          f"B={args.batch}, lengths median {statistics.median(lengths):g} max {max(lengths)} "
-          f"total {real} tokens, torch threads {torch.get_num_threads()}")  # fmt: skip
+    print(
+        f"model {args.model} ({sum(p.numel() for p in base.parameters()) / 1e6:.1f}M params), "
+        f"B={args.batch}, lengths median {statistics.median(lengths):g} max {max(lengths)} "
+        f"total {real} tokens, torch threads {torch.get_num_threads()}"
+    )
     modules = {}
     for name, spec in arms(args).items():
         spec = dict(spec)
@@ -221,8 +263,10 @@ def main(argv: list[str] | None = None) -> None:
     for name, values in times.items():
         med = statistics.median(values)
         ratio = statistics.median(a / b for a, b in zip(times[first], values, strict=True))
-        print(f"{name:14s} step {med:7.2f} s  learner {real / med:8.0f} tokens/s  "
-              f"micro-batches {counts[name]:.0f}  speed-up vs {first} {ratio:.2f}x")  # fmt: skip
+        print(
+            f"{name:14s} step {med:7.2f} s  learner {real / med:8.0f} tokens/s  "
+            f"micro-batches {counts[name]:.0f}  speed-up vs {first} {ratio:.2f}x"
+        )
     if args.compare == "layout":
         ratio = statistics.median(
             a / b for a, b in zip(times["padded"], times["packed"], strict=True)

@@ -51,8 +51,10 @@ def profile_update(update: Any, device: str) -> dict[str, float]:
 
     with profiling(device) as tally:
         logged = update()
-    seconds = {name: float(tally.seconds.get(name, 0.0)) for name in (
-        *TOP_PHASES, "attention_forward", "attention_backward", "lm_head_backward")}  # fmt: skip
+    seconds = {
+        name: float(tally.seconds.get(name, 0.0))
+        for name in (*TOP_PHASES, "attention_forward", "attention_backward", "lm_head_backward")
+    }
     seconds["step"] = float(logged["timing/step_s"])
     seconds["other"] = seconds["step"] - sum(seconds[name] for name in TOP_PHASES)
     return seconds
@@ -66,18 +68,20 @@ def describe_profile(seconds: dict[str, float]) -> str:
     def part(label: str, value: float) -> str:
         return f"{label} {value:.3f} s ({value / step:.0%})"
 
-    return "; ".join([
-        part("decoder forward", seconds["decoder_forward"]),
-        part("attention forward (inside it)", seconds["attention_forward"]),
-        part("LM head forward", seconds["lm_head_forward"]),
-        part("objective", seconds["objective"]),
-        part("decoder backward", decoder_backward),
-        part("attention backward (inside it)", seconds["attention_backward"]),
-        part("LM head backward", seconds["lm_head_backward"]),
-        part("optimizer", seconds["optimizer"]),
-        part("other (Lightning, data, host syncs)", seconds["other"]),
-        f"step {step:.3f} s (synchronised at each phase)",
-    ])  # fmt: skip
+    return "; ".join(
+        [
+            part("decoder forward", seconds["decoder_forward"]),
+            part("attention forward (inside it)", seconds["attention_forward"]),
+            part("LM head forward", seconds["lm_head_forward"]),
+            part("objective", seconds["objective"]),
+            part("decoder backward", decoder_backward),
+            part("attention backward (inside it)", seconds["attention_backward"]),
+            part("LM head backward", seconds["lm_head_backward"]),
+            part("optimizer", seconds["optimizer"]),
+            part("other (Lightning, data, host syncs)", seconds["other"]),
+            f"step {step:.3f} s (synchronised at each phase)",
+        ]
+    )
 
 
 def plain_step_seconds(

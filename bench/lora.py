@@ -10,7 +10,8 @@ trajectories of 47 prompt + 16 reply tokens, random tokens, behaviour log-probs 
   under a Lightning Trainer, its own `timing/step_s`; arms interleaved in this process
   (`--repeats` rounds after a warm-up), medians and the median of per-round ratios;
 - peak memory: each arm's build + `--repeats` updates again in a fresh child process, its
-  peak resident memory (Linux `VmHWM`, reset when the child starts) and the bytes of trainable parameters, their gradients
+  peak resident memory (Linux `VmHWM`, reset when the child starts) and the bytes of trainable
+  parameters, their gradients
   and AdamW's two moments (what LoRA saves by construction);
 - weight push: what `WeightSyncCallback` sends (the full state dict, or the adapter only) and
   the time of the torch engine's `update_weights` with it, median over `--pushes`.
@@ -50,8 +51,15 @@ def policy_of(arm: str, base: torch.nn.Module) -> torch.nn.Module:
 
 def module_of(arm: str, policy: torch.nn.Module) -> FlashReinforceModule:
     optim = {"weight_decay": 0.0, "grad_clip": 1.0, "scheduler": "constant", **OPTIM[arm]}
-    return FlashReinforceModule({}, OBJECTIVE, optim, batch_size=BATCH, policy=policy,
-                                micro_batch_size=BATCH, pack_sequences=True)  # fmt: skip
+    return FlashReinforceModule(
+        {},
+        OBJECTIVE,
+        optim,
+        batch_size=BATCH,
+        policy=policy,
+        micro_batch_size=BATCH,
+        pack_sequences=True,
+    )
 
 
 def the_batch(base: torch.nn.Module) -> Any:
@@ -148,10 +156,12 @@ def main(argv: list[str] | None = None) -> None:
     }
     for arm in modules:
         mib = memory[arm]["peak_rss"] / 2**20
-        print(f"{arm:4s}: trainable {trainable[arm] / 1e6:7.2f}M params, step "
-              f"{statistics.median(steps[arm]):.2f} s, peak RSS {mib:.0f} MiB, trainable state "
-              f"{memory[arm]['state'] / 2**20:.1f} MiB, push {pushed[arm][0] / 2**20:.2f} MiB in "
-              f"{pushed[arm][1] * 1e3:.1f} ms")  # fmt: skip
+        print(
+            f"{arm:4s}: trainable {trainable[arm] / 1e6:7.2f}M params, step "
+            f"{statistics.median(steps[arm]):.2f} s, peak RSS {mib:.0f} MiB, trainable state "
+            f"{memory[arm]['state'] / 2**20:.1f} MiB, push {pushed[arm][0] / 2**20:.2f} MiB in "
+            f"{pushed[arm][1] * 1e3:.1f} ms"
+        )
     step = statistics.median(f / lo for f, lo in zip(steps["full"], steps["lora"], strict=True))
     print(f"full/lora learner step time: {step:.2f}")
     print(f"full/lora peak memory: {memory['full']['peak_rss'] / memory['lora']['peak_rss']:.2f}")

@@ -319,8 +319,10 @@ def memory(v: int, target_mb: float, chunk: int) -> None:
         mb, size_mb = 2.0**20, naive["logits"] / 2.0**20
         ok = "PASS" if helper["extra"] <= 0.25 * naive["logits"] else "FAIL"
         print(
-            f"{dtype:<10}{n:>6}{size_mb:>11.1f}{naive['extra'] / mb:>10.1f}{helper['extra'] / mb:>11.1f}"
-            f"{100 * naive['extra'] / naive['logits']:>8.1f}%{100 * helper['extra'] / helper['logits']:>9.1f}%"
+            f"{dtype:<10}{n:>6}{size_mb:>11.1f}{naive['extra'] / mb:>10.1f}"
+            f"{helper['extra'] / mb:>11.1f}"
+            f"{100 * naive['extra'] / naive['logits']:>8.1f}%"
+            f"{100 * helper['extra'] / helper['logits']:>9.1f}%"
             f"{helper['extra'] / max(naive['extra'], 1):>14.3f}  target helper <= 25%: {ok}"
         )
 

@@ -52,14 +52,30 @@ from frlab.model.lm_logprobs import logprobs_from_hidden
 from frlab.model.policy import build_policy, tiny_config
 
 DELTA = 3e-3
-OBJECTIVE = {"baseline": "batch_mean", "trust_region": "sequence_bernoulli_kl",
-             "aggregation": "sample_mean", "token_filter": "none",
-             "sequence_bernoulli_kl": {"delta": DELTA}}  # fmt: skip
-OPTIM = {"lr": 1e-5, "weight_decay": 0.1, "betas": [0.9, 0.999], "eps": 1e-8, "grad_clip": 1.0,
-         "scheduler": "constant"}  # fmt: skip
-SMALL_QWEN2 = {"vocab_size": 4096, "hidden_size": 256, "intermediate_size": 1024,
-               "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
-               "max_position_embeddings": 2048}  # fmt: skip
+OBJECTIVE = {
+    "baseline": "batch_mean",
+    "trust_region": "sequence_bernoulli_kl",
+    "aggregation": "sample_mean",
+    "token_filter": "none",
+    "sequence_bernoulli_kl": {"delta": DELTA},
+}
+OPTIM = {
+    "lr": 1e-5,
+    "weight_decay": 0.1,
+    "betas": [0.9, 0.999],
+    "eps": 1e-8,
+    "grad_clip": 1.0,
+    "scheduler": "constant",
+}
+SMALL_QWEN2 = {
+    "vocab_size": 4096,
+    "hidden_size": 256,
+    "intermediate_size": 1024,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 2048,
+}
 
 
 # --------------------------------------------------------------------------- the update
@@ -74,13 +90,16 @@ def make_batches(model: torch.nn.Module, args: argparse.Namespace) -> list[Rollo
         trajectories = []
         for i, n in enumerate(raw.round().clamp(16, 4 * args.median).long().tolist()):
             prompt = n // 5
-            trajectories.append(Trajectory(
-                token_ids=torch.randint(0, vocab, (n,), generator=gen).tolist(),
-                action_mask=[False] * prompt + [True] * (n - prompt),
-                behavior_log_probs=[0.0] * prompt + [-1.0] * (n - prompt),
-                token_versions=[-1] * prompt + [0] * (n - prompt),
-                reward=float(torch.rand((), generator=gen) < 0.5), prompt_id=i,
-            ))  # fmt: skip
+            trajectories.append(
+                Trajectory(
+                    token_ids=torch.randint(0, vocab, (n,), generator=gen).tolist(),
+                    action_mask=[False] * prompt + [True] * (n - prompt),
+                    behavior_log_probs=[0.0] * prompt + [-1.0] * (n - prompt),
+                    token_versions=[-1] * prompt + [0] * (n - prompt),
+                    reward=float(torch.rand((), generator=gen) < 0.5),
+                    prompt_id=i,
+                )
+            )
         batch = collate(trajectories)
         with torch.no_grad():
             lp, _ = hand_logprobs(model, batch)
@@ -93,12 +112,20 @@ def make_batches(model: torch.nn.Module, args: argparse.Namespace) -> list[Rollo
 
 def hand_logprobs(model: torch.nn.Module, mb: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs [b, T] of the policy tokens (0 elsewhere) and the scored mask [b, T - 1]."""
-    out = model.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask.long(),
-                      position_ids=mb.position_ids, use_cache=False)  # fmt: skip
+    out = model.model(
+        input_ids=mb.input_ids,
+        attention_mask=mb.attention_mask.long(),
+        position_ids=mb.position_ids,
+        use_cache=False,
+    )
     score = mb.action_mask[:, 1:]
     head = model.lm_head
-    logp, _ = logprobs_from_hidden(out.last_hidden_state[:, :-1][score], head.weight,
-                                   mb.input_ids[:, 1:][score], chunk_size=1024)  # fmt: skip
+    logp, _ = logprobs_from_hidden(
+        out.last_hidden_state[:, :-1][score],
+        head.weight,
+        mb.input_ids[:, 1:][score],
+        chunk_size=1024,
+    )
     return F.pad(logp.new_zeros(score.shape).masked_scatter(score, logp), (1, 0)), score
 
 
@@ -146,17 +173,28 @@ def frlab_steps(model, batches, args, log_dir: Path) -> list[float]:
     )
     clock = BatchClock()
     trainer = L.Trainer(
-        accelerator="cpu", devices=1, max_steps=len(batches), callbacks=[clock],
-        logger=L.pytorch.loggers.CSVLogger(log_dir), enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=1,
-    )  # fmt: skip
+        accelerator="cpu",
+        devices=1,
+        max_steps=len(batches),
+        callbacks=[clock],
+        logger=L.pytorch.loggers.CSVLogger(log_dir),
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        log_every_n_steps=1,
+    )
     trainer.fit(module, DataLoader(batches, batch_size=None))
     return [b - a for a, b in zip(clock.starts, clock.starts[1:], strict=False)]
 
 
 def hand_steps(model, batches, args) -> list[float]:
-    optimizer = torch.optim.AdamW(model.parameters(), lr=OPTIM["lr"], betas=tuple(OPTIM["betas"]),
-                                  eps=OPTIM["eps"], weight_decay=OPTIM["weight_decay"])  # fmt: skip
+    optimizer = torch.optim.AdamW(
+        model.parameters(),
+        lr=OPTIM["lr"],
+        betas=tuple(OPTIM["betas"]),
+        eps=OPTIM["eps"],
+        weight_decay=OPTIM["weight_decay"],
+    )
     starts = []
     for batch in batches:
         starts.append(time.perf_counter())
@@ -188,8 +226,11 @@ def part_update(args: argparse.Namespace) -> None:
             frlab_t += f
             hand_t += h
             ratios.append(statistics.median(f) / statistics.median(h))
-            print(f"round {round_}: frlab {statistics.median(f):.3f} s/step, "
-                  f"hand {statistics.median(h):.3f} s/step", flush=True)  # fmt: skip
+            print(
+                f"round {round_}: frlab {statistics.median(f):.3f} s/step, "
+                f"hand {statistics.median(h):.3f} s/step",
+                flush=True,
+            )
     fm, hm = statistics.median(frlab_t), statistics.median(hand_t)
     print(
         f"frlab {fm:.3f} s/update, hand-written {hm:.3f} s/update: "
@@ -201,8 +242,13 @@ def part_update(args: argparse.Namespace) -> None:
 
 
 def pipeline_overrides(args: argparse.Namespace, out: Path) -> list[str]:
-    return ["experiment=toy_cpu", "rollout=sync", f"trainer.max_steps={args.pipeline_steps}",
-            "plots=false", f"paths.output_dir={out}"]  # fmt: skip
+    return [
+        "experiment=toy_cpu",
+        "rollout=sync",
+        f"trainer.max_steps={args.pipeline_steps}",
+        "plots=false",
+        f"paths.output_dir={out}",
+    ]
 
 
 def run_pipeline(args: argparse.Namespace, out: Path, profile: cProfile.Profile | None):
@@ -245,9 +291,15 @@ def alone(cfg, args: argparse.Namespace) -> tuple[list[float], list[float], list
     )
     tokenizer = build_toy_tokenizer()
     engine = instantiate(cfg.rollout.engine, key="rollout.engine")
-    pool = pool_factory(plain(cfg.rollout), policy, tokenizer, engine, env_factory(cfg.env),
-                        task_sampler_factory(cfg.env), off_policy_correction=True)(
-        batch_size=data["batch_size"], seed=0)  # fmt: skip
+    pool = pool_factory(
+        plain(cfg.rollout),
+        policy,
+        tokenizer,
+        engine,
+        env_factory(cfg.env),
+        task_sampler_factory(cfg.env),
+        off_policy_correction=True,
+    )(batch_size=data["batch_size"], seed=0)
     pool.start()
     gen, sync, batches = [], [], []
     try:
@@ -263,9 +315,16 @@ def alone(cfg, args: argparse.Namespace) -> tuple[list[float], list[float], list
     finally:
         pool.stop()
     clock = BatchClock()
-    trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=len(batches), callbacks=[clock],
-                        logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False)  # fmt: skip
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=len(batches),
+        callbacks=[clock],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(module, DataLoader(batches, batch_size=None))
     learn = [b - a for a, b in zip(clock.starts, clock.starts[1:], strict=False)]
     return gen[1:], sync[1:], learn
@@ -302,8 +361,14 @@ def pipeline_round(args: argparse.Namespace, out: Path) -> dict[str, float]:
     gen, sync, learn = alone(cfg, args)
     per_update = statistics.median(wall[1:])
     g, lrn, w = statistics.median(gen), statistics.median(learn), statistics.median(sync)
-    return {"update": per_update, "learner_in": statistics.median(learner_in[1:]),
-            "gen": g, "learn": lrn, "push": w, "overhead": (per_update - g - lrn) / per_update}  # fmt: skip
+    return {
+        "update": per_update,
+        "learner_in": statistics.median(learner_in[1:]),
+        "gen": g,
+        "learn": lrn,
+        "push": w,
+        "overhead": (per_update - g - lrn) / per_update,
+    }
 
 
 def part_pipeline(args: argparse.Namespace) -> None:

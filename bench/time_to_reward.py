@@ -130,8 +130,12 @@ class SlowParityEnv(ParityEnv):
     def step(self, action_text: str) -> StepResult:
         time.sleep(self.latency_s)
         result = super().step(action_text)
-        return StepResult(result.observation, result.reward, result.done,
-                          {**result.info, "latency_s": self.latency_s})  # fmt: skip
+        return StepResult(
+            result.observation,
+            result.reward,
+            result.done,
+            {**result.info, "latency_s": self.latency_s},
+        )
 
 
 class Recorder(Clock):
@@ -189,30 +193,45 @@ def run_arm(name: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     recorder = Recorder(args.time_cap, args.window, args.target)
     latencies = Latencies(args.latency_median, args.latency_sigma, seed)
     rollout, tokenizer = PRESET.rollout, build_toy_tokenizer()
-    loop_cfg = AgentLoopConfig(max_turns=1, max_len=int(rollout.max_len),
-                               sampling=SamplingParams(**rollout.sampling))  # fmt: skip
+    loop_cfg = AgentLoopConfig(
+        max_turns=1, max_len=int(rollout.max_len), sampling=SamplingParams(**rollout.sampling)
+    )
     pools: list[RolloutPool] = []
 
     def factory(**shard: Any) -> RolloutPool:
-        engine = make_engine(arm.engine or args.engine, module.policy, in_flight, seed,
-                             args.engine_threads)  # fmt: skip
+        engine = make_engine(
+            arm.engine or args.engine, module.policy, in_flight, seed, args.engine_threads
+        )
         recorder.t0 = time.perf_counter()  # after the engine's one-off start (process spawn)
         pool = RolloutPool(
-            engine, lambda: SlowParityEnv(latencies, int(args.num_digits)), tokenizer, loop_cfg,
+            engine,
+            lambda: SlowParityEnv(latencies, int(args.num_digits)),
+            tokenizer,
+            loop_cfg,
             task_sampler=ParityEnv.task_sampler(num_digits=int(args.num_digits)),
-            max_in_flight=in_flight, max_policy_lag=args.max_policy_lag, mode=arm.mode,
-            samples_per_prompt=g, off_policy_correction=True, num_env_workers=in_flight, **shard,
+            max_in_flight=in_flight,
+            max_policy_lag=args.max_policy_lag,
+            mode=arm.mode,
+            samples_per_prompt=g,
+            off_policy_correction=True,
+            num_env_workers=in_flight,
+            **shard,
             max_prompt_retries=RolloutConfig.max_prompt_retries,
-        )  # fmt: skip
+        )
         pools.append(pool)
         return timed_pool(pool, recorder)
 
     dm = RolloutDataModule(factory, batch_size=batch, seed=seed, batch_timeout_s=300)
     trainer = L.Trainer(
-        max_steps=1_000_000, accelerator="cpu", devices=1, logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        max_steps=1_000_000,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
         callbacks=[WeightSyncCallback(sync_every=1), recorder],
-    )  # fmt: skip
+    )
     trainer.fit(module, datamodule=dm)
     return measurements(name, seed, recorder, latencies, pools[0].stats())
 
@@ -221,8 +240,9 @@ def make_engine(kind: str, policy: Any, in_flight: int, seed: int, threads: int)
     """`thread`: TorchEngine in the learner's process; `process`: ProcessTorchEngine (a child
     process on its own core, weights in shared memory). Started here."""
     if kind == "process":
-        engine = ProcessTorchEngine(policy, max_batch_size=in_flight, seed=seed,
-                                    num_threads=threads)  # fmt: skip
+        engine = ProcessTorchEngine(
+            policy, max_batch_size=in_flight, seed=seed, num_threads=threads
+        )
     else:
         engine = TorchEngine(policy, max_batch_size=in_flight, seed=seed)
     engine.start()
@@ -265,8 +285,11 @@ def run_line(r: Mapping[str, Any], cap_s: float) -> str:
     """One run, self-explanatory."""
     t, acceptance = r["time_to_target_s"], r["acceptance_mean"]
     acceptance = "n/a" if math.isnan(acceptance) else f"{acceptance:.2f}"  # PPO clip: none
-    reached = (f"reached target at {t:6.1f} s (update {r['updates_to_target']})"
-               if t is not None else f"CENSORED: not reached in {cap_s:.0f} s")  # fmt: skip
+    reached = (
+        f"reached target at {t:6.1f} s (update {r['updates_to_target']})"
+        if t is not None
+        else f"CENSORED: not reached in {cap_s:.0f} s"
+    )
     return (
         f"seed {r['seed']} {r['arm']:<10} {reached}; {r['updates']} updates "
         f"({r['updates_per_min']:.0f}/min, learner step {r['learner_step_s']:.3f} s, idle "
@@ -281,23 +304,34 @@ def run_line(r: Mapping[str, Any], cap_s: float) -> str:
 def summary(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
     """Print medians per arm (censored seeds at the cap) and ratios to `async`; return them."""
     arms = {name: [r for r in runs if r["arm"] == name] for name in args.arms}
-    medians = {n: summarize([r["time_to_target_s"] for r in rs], args.time_cap)
-               for n, rs in arms.items()}  # fmt: skip
-    print(f"\ntime to reward (moving average of {args.window} batch rewards >= {args.target}); "
-          f"censored seeds count as the cap ({args.time_cap:.0f} s) in the medians")  # fmt: skip
-    print(f"{'arm':<11}{'median s':>9}{'censored':>9}{'updates':>8}{'upd/min':>8}{'lag':>5}"
-          "   per seed (s)")  # fmt: skip
+    medians = {
+        n: summarize([r["time_to_target_s"] for r in rs], args.time_cap) for n, rs in arms.items()
+    }
+    print(
+        f"\ntime to reward (moving average of {args.window} batch rewards >= {args.target}); "
+        f"censored seeds count as the cap ({args.time_cap:.0f} s) in the medians"
+    )
+    print(
+        f"{'arm':<11}{'median s':>9}{'censored':>9}{'updates':>8}{'upd/min':>8}{'lag':>5}"
+        "   per seed (s)"
+    )
     for name, rs in arms.items():
         m = medians[name]
-        seeds = " ".join(f"{r['time_to_target_s']:.1f}" if r["time_to_target_s"] is not None
-                         else f">{args.time_cap:.0f}" for r in rs)  # fmt: skip
+        seeds = " ".join(
+            f"{r['time_to_target_s']:.1f}"
+            if r["time_to_target_s"] is not None
+            else f">{args.time_cap:.0f}"
+            for r in rs
+        )
         upd = [r["updates_to_target"] for r in rs if r["updates_to_target"] is not None]
         upd_s = f"{statistics.median(upd):.0f}" if upd else "-"
         rate = statistics.median(r["updates_per_min"] for r in rs)
         lag = statistics.median(r["lag_mean"] for r in rs)
         flag = " (median: a lower bound)" if m.median_censored else ""
-        print(f"{name:<11}{m.median_s:>9.1f}{m.censored:>5}/{m.runs:<3}{upd_s:>8}{rate:>8.0f}"
-              f"{lag:>5.1f}   {seeds}{flag}")  # fmt: skip
+        print(
+            f"{name:<11}{m.median_s:>9.1f}{m.censored:>5}/{m.runs:<3}{upd_s:>8}{rate:>8.0f}"
+            f"{lag:>5.1f}   {seeds}{flag}"
+        )
     print("(medians over seeds; updates: to the target, runs that reached it; upd/min: whole run)")
     ratios = {}
     if "async" in medians:
@@ -320,19 +354,35 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--target", type=float, default=0.8, help="moving-average reward to reach")
     p.add_argument("--window", type=int, default=10, help="updates in the moving average")
     p.add_argument("--time-cap", type=float, default=75.0, help="training seconds per run")
-    p.add_argument("--latency-median", type=float, default=None,
-                   help="env step median in seconds (default: --latency-ratio x update time)")  # fmt: skip
+    p.add_argument(
+        "--latency-median",
+        type=float,
+        default=None,
+        help="env step median in seconds (default: --latency-ratio x update time)",
+    )
     p.add_argument("--latency-ratio", type=float, default=1.0)
     p.add_argument("--latency-sigma", type=float, default=1.0, help="log-normal log-std")
-    p.add_argument("--max-in-flight", type=int, default=2 * int(PRESET.data.batch_size),
-                   help="async arms (sync: B)")  # fmt: skip
-    p.add_argument("--max-policy-lag", type=int, default=int(PRESET.rollout.max_policy_lag),
-                   help="lag bound (the preset's)")  # fmt: skip
+    p.add_argument(
+        "--max-in-flight",
+        type=int,
+        default=2 * int(PRESET.data.batch_size),
+        help="async arms (sync: B)",
+    )
+    p.add_argument(
+        "--max-policy-lag",
+        type=int,
+        default=int(PRESET.rollout.max_policy_lag),
+        help="lag bound (the preset's)",
+    )
     p.add_argument("--group-size", type=int, default=4, help="G of the GRPO arms")
     p.add_argument("--num-digits", type=int, default=int(TOY_ENV.num_digits))
     p.add_argument("--torch-threads", type=int, default=1)
-    p.add_argument("--engine", choices=("thread", "process"), default="process",
-                   help="torch engine in the learner's process or in a child process")  # fmt: skip
+    p.add_argument(
+        "--engine",
+        choices=("thread", "process"),
+        default="process",
+        help="torch engine in the learner's process or in a child process",
+    )
     p.add_argument("--engine-threads", type=int, default=1, help="--engine process: its threads")
     args = p.parse_args(argv)
     args.arms = [a.strip() for a in args.arms.split(",") if a.strip()]
@@ -350,10 +400,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     update_s = time_update_s({"config": TOY_MODEL["config"], "seed": 0}, batch, 20)
     if args.latency_median is None:
         args.latency_median = args.latency_ratio * update_s
-    print(f"machine: {os.cpu_count()} CPUs, load average {load_start} at start; torch threads "
-          f"{args.torch_threads}\narguments: {vars(args)}\nsynthetic learner update "
-          f"(B={batch}, 20 tokens) {update_s:.4f} s -> env latency per episode log-normal, "
-          f"median {args.latency_median:.4f} s, sigma {args.latency_sigma}")  # fmt: skip
+    print(
+        f"machine: {os.cpu_count()} CPUs, load average {load_start} at start; torch threads "
+        f"{args.torch_threads}\narguments: {vars(args)}\nsynthetic learner update "
+        f"(B={batch}, 20 tokens) {update_s:.4f} s -> env latency per episode log-normal, "
+        f"median {args.latency_median:.4f} s, sigma {args.latency_sigma}"
+    )
     runs = []
     for seed in range(args.seeds):
         for name in args.arms:
@@ -361,8 +413,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             print(run_line(runs[-1], args.time_cap), flush=True)
     result = summary(runs, args)
     print(f"load average {load_start} at start, {os.getloadavg()} at end")
-    out = {"args": vars(args), "update_s": update_s, "load_start": load_start,
-           "load_end": os.getloadavg(), "summary": result, "runs": runs}  # fmt: skip
+    out = {
+        "args": vars(args),
+        "update_s": update_s,
+        "load_start": load_start,
+        "load_end": os.getloadavg(),
+        "summary": result,
+        "runs": runs,
+    }
     print(json.dumps(out, default=str))
     return out
 

@@ -31,8 +31,10 @@ from frlab.rollout.torch.engine import TorchEngine
 
 
 def _requests(prompts: list[list[int]], new_tokens: int, round_: int) -> list[Any]:
-    return [(p, SamplingParams(max_new_tokens=new_tokens, seed=1000 * round_ + i))
-            for i, p in enumerate(prompts)]  # fmt: skip
+    return [
+        (p, SamplingParams(max_new_tokens=new_tokens, seed=1000 * round_ + i))
+        for i, p in enumerate(prompts)
+    ]
 
 
 def _run(engine: Any, requests: list[Any]) -> tuple[float, list[Any]]:
@@ -71,8 +73,13 @@ class Pair:
             self.model.save_pretrained(self.folder)
         self.torch = TorchEngine(self.model, max_batch_size=args.batch, seed=args.seed)
         max_len = args.prompt_max + args.new_tokens + 1
-        self.vllm = VLLMEngine(self.folder, seed=args.seed, max_model_len=max_len,
-                               max_in_flight=args.batch, dtype=dtype)  # fmt: skip
+        self.vllm = VLLMEngine(
+            self.folder,
+            seed=args.seed,
+            max_model_len=max_len,
+            max_in_flight=args.batch,
+            dtype=dtype,
+        )
         self.torch.start()
         self.vllm.start()
         self.rows: list[tuple[float, float]] = []
@@ -118,15 +125,20 @@ def run(args: argparse.Namespace, prompts: list[list[int]]) -> None:
             pair.round(0)  # warm-up (vLLM's first batch is slow), not counted
             for r in range(1, args.rounds + 1):
                 t, v = pair.round(r)
-                print(f"round {r} {dtype:8s} torch {t:7.1f} tok/s  vllm {v:7.1f} tok/s  "
-                      f"ratio {v / t:.2f}", flush=True)  # fmt: skip
+                print(
+                    f"round {r} {dtype:8s} torch {t:7.1f} tok/s  vllm {v:7.1f} tok/s  "
+                    f"ratio {v / t:.2f}",
+                    flush=True,
+                )
         finally:
             pair.close()
         t = statistics.median(x[0] for x in pair.rows)
         v = statistics.median(x[1] for x in pair.rows)
         ratio = statistics.median(x[1] / x[0] for x in pair.rows)
-        print(f"  {dtype:8s} median torch {t:7.1f} tok/s  vllm {v:7.1f} tok/s  ratio {ratio:.2f}x; "
-              f"log-prob vs fresh forward: torch {pair.gaps['torch']:.1e}, vllm "
-              f"{pair.gaps['vllm']:.1e}")  # fmt: skip
+        print(
+            f"  {dtype:8s} median torch {t:7.1f} tok/s  vllm {v:7.1f} tok/s  ratio {ratio:.2f}x; "
+            f"log-prob vs fresh forward: torch {pair.gaps['torch']:.1e}, vllm "
+            f"{pair.gaps['vllm']:.1e}"
+        )
         ratios.append(f"{ratio:.2f} ({dtype})")
     print(f"vllm/torch tokens/s: {', '.join(ratios)}")

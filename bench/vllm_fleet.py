@@ -24,8 +24,10 @@ from frlab.config.declare import declared_arguments
 from frlab.config.schema import ModelConfig
 
 ROOT = Path(__file__).resolve().parents[1]
-CPU_FLAGS = ("--skip-tokenizer-init --enforce-eager --dtype float32 "
-             "--enable-scale-out --kv-cache-memory-bytes {kv}")  # fmt: skip
+CPU_FLAGS = (
+    "--skip-tokenizer-init --enforce-eager --dtype float32 "
+    "--enable-scale-out --kv-cache-memory-bytes {kv}"
+)
 
 
 def save_architecture(config: Mapping[str, Any], folder: Path) -> Path:
@@ -39,31 +41,54 @@ def save_architecture(config: Mapping[str, Any], folder: Path) -> Path:
 
 
 @contextlib.contextmanager
-def vllm_fleet(config: Mapping[str, Any], count: int, max_len: int, kv_bytes: int = 512 * 2**20,
-               timeout_s: float = 600.0) -> Iterator[list[str]]:  # fmt: skip
+def vllm_fleet(
+    config: Mapping[str, Any],
+    count: int,
+    max_len: int,
+    kv_bytes: int = 512 * 2**20,
+    timeout_s: float = 600.0,
+) -> Iterator[list[str]]:
     """`count` servers (core i for server i) on loopback; their URLs; killed on exit (logs
     under a temporary folder, named when a server fails)."""
     with tempfile.TemporaryDirectory(prefix="frlab-bench-fleet-") as tmp:
         model = save_architecture(config, Path(tmp) / "model")
         secret = Path(tmp) / "fleet.secret"
-        subprocess.run(["bash", "-c", f"source scripts/launch/fleet.sh && fleet_secret '{secret}'"],
-                       cwd=ROOT, check=True)  # fmt: skip
+        subprocess.run(
+            ["bash", "-c", f"source scripts/launch/fleet.sh && fleet_secret '{secret}'"],
+            cwd=ROOT,
+            check=True,
+        )
         procs, urls = [], []
         held = os.environ.get("FRLAB_FLEET_SECRET")
         try:
             for core in range(count):
                 port = unused_port()
-                env = {**os.environ, "VLLM_ENTRY": "module", "PYTHON": sys.executable,
-                       "VLLM_EXTRA_ARGS": CPU_FLAGS.format(kv=kv_bytes),
-                       "VLLM_CPU_OMP_THREADS_BIND": str(core % (os.cpu_count() or 1)),
-                       "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HOST": "127.0.0.1",
-                       "FLEET_SECRET_FILE": str(secret)}  # fmt: skip
-                script = (f'source scripts/launch/fleet.sh && start_server "" {port} "{model}" 1 '
-                          f"{max_len} && wait")  # fmt: skip
+                env = {
+                    **os.environ,
+                    "VLLM_ENTRY": "module",
+                    "PYTHON": sys.executable,
+                    "VLLM_EXTRA_ARGS": CPU_FLAGS.format(kv=kv_bytes),
+                    "VLLM_CPU_OMP_THREADS_BIND": str(core % (os.cpu_count() or 1)),
+                    "HF_HUB_OFFLINE": "1",
+                    "TRANSFORMERS_OFFLINE": "1",
+                    "HOST": "127.0.0.1",
+                    "FLEET_SECRET_FILE": str(secret),
+                }
+                script = (
+                    f'source scripts/launch/fleet.sh && start_server "" {port} "{model}" 1 '
+                    f"{max_len} && wait"
+                )
                 log = (Path(tmp) / f"server{core}.log").open("w")
-                procs.append(subprocess.Popen(["bash", "-c", script], cwd=ROOT, env=env,
-                                              stdout=log, stderr=subprocess.STDOUT,
-                                              start_new_session=True))  # fmt: skip
+                procs.append(
+                    subprocess.Popen(
+                        ["bash", "-c", script],
+                        cwd=ROOT,
+                        env=env,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+                )
                 urls.append(f"http://127.0.0.1:{port}")
             os.environ["FRLAB_FLEET_SECRET"] = secret.read_text().strip()  # this learner's
             wait_healthy(urls, procs, timeout_s)

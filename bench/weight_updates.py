@@ -127,9 +127,16 @@ def make_engine(kind: str, mode: str, policy: Any, in_flight: int, max_len: int,
         return TorchEngine(policy, max_batch_size=in_flight, seed=seed, weight_update=mode)
     from frlab.rollout.vllm.engine import VLLMEngine
 
-    return VLLMEngine.for_policy(policy, seed=seed, model=None, max_model_len=max_len,
-                                 max_in_flight=in_flight, cpu_kv_cache_gib=None,
-                                 weight_update=mode, engine_args={"dtype": "float32"})  # fmt: skip
+    return VLLMEngine.for_policy(
+        policy,
+        seed=seed,
+        model=None,
+        max_model_len=max_len,
+        max_in_flight=in_flight,
+        cpu_kv_cache_gib=None,
+        weight_update=mode,
+        engine_args={"dtype": "float32"},
+    )
 
 
 class Recorder(Clock):
@@ -164,8 +171,10 @@ def run(kind: str, mode: str, seed: int, args: argparse.Namespace) -> dict[str, 
     """One training run of `mode` on engine `kind`; its measurements."""
     batch, in_flight = args.batch_size, 2 * args.batch_size
     max_len = args.cap + 16
-    model = {"config": {**TOY_MODEL["config"], "max_position_embeddings": max_len + 8},
-             "seed": seed}  # fmt: skip
+    model = {
+        "config": {**TOY_MODEL["config"], "max_position_embeddings": max_len + 8},
+        "seed": seed,
+    }
     module = build_learner(
         policy_of_model(model),
         objective("flashreinforce"),
@@ -175,8 +184,9 @@ def run(kind: str, mode: str, seed: int, args: argparse.Namespace) -> dict[str, 
         micro_batch_size=batch,
     )
     recorder = Recorder(args.time_cap, args.updates, args.window, args.target)
-    loop_cfg = AgentLoopConfig(max_turns=1, max_len=max_len,
-                               sampling=SamplingParams(max_new_tokens=args.cap))  # fmt: skip
+    loop_cfg = AgentLoopConfig(
+        max_turns=1, max_len=max_len, sampling=SamplingParams(max_new_tokens=args.cap)
+    )
     engines: list[HeavyTailEngine] = []
     pools: list[RolloutPool] = []
 
@@ -185,12 +195,20 @@ def run(kind: str, mode: str, seed: int, args: argparse.Namespace) -> dict[str, 
         engine = HeavyTailEngine(inner, args.median_tokens, args.sigma, args.cap, seed)
         engines.append(engine)
         pool = RolloutPool(
-            engine, lambda: ParityEnv(int(args.num_digits)), build_toy_tokenizer(), loop_cfg,
+            engine,
+            lambda: ParityEnv(int(args.num_digits)),
+            build_toy_tokenizer(),
+            loop_cfg,
             task_sampler=ParityEnv.task_sampler(num_digits=int(args.num_digits)),
-            max_in_flight=in_flight, max_policy_lag=args.max_policy_lag, mode="async",
-            samples_per_prompt=1, off_policy_correction=True, num_env_workers=4, **shard,
+            max_in_flight=in_flight,
+            max_policy_lag=args.max_policy_lag,
+            mode="async",
+            samples_per_prompt=1,
+            off_policy_correction=True,
+            num_env_workers=4,
+            **shard,
             max_prompt_retries=RolloutConfig.max_prompt_retries,
-        )  # fmt: skip
+        )
         pools.append(pool)
         engine.start()
         recorder.t0 = time.perf_counter()  # after the engine's one-off start
@@ -198,17 +216,26 @@ def run(kind: str, mode: str, seed: int, args: argparse.Namespace) -> dict[str, 
 
     dm = RolloutDataModule(factory, batch_size=batch, seed=seed, batch_timeout_s=900)
     trainer = L.Trainer(
-        max_steps=args.updates, accelerator="cpu", devices=1, logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        max_steps=args.updates,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
         callbacks=[WeightSyncCallback(sync_every=1), recorder],
-    )  # fmt: skip
+    )
     trainer.fit(module, datamodule=dm)
     wall = recorder.t1 - recorder.t0
     stats, updates = pools[0].stats(), engines[0].update_s
     accepted = [a for a in recorder.acceptance if math.isfinite(a)]
     return {
-        "engine": kind, "mode": mode, "seed": seed, "updates": len(recorder.rewards),
-        "wall_s": wall, "trajectories_per_min": 60.0 * stats["finished"] / wall,
+        "engine": kind,
+        "mode": mode,
+        "seed": seed,
+        "updates": len(recorder.rewards),
+        "wall_s": wall,
+        "trajectories_per_min": 60.0 * stats["finished"] / wall,
         "learner_idle": (sum(recorder.waits) + sum(updates)) / wall,  # batch + update waits
         "batch_wait_frac": sum(recorder.waits) / wall,
         "update_wait_s": statistics.fmean(updates) if updates else float("nan"),
@@ -216,17 +243,19 @@ def run(kind: str, mode: str, seed: int, args: argparse.Namespace) -> dict[str, 
         "time_to_target_s": recorder.detector.crossed_at,
         "reward_first5": statistics.fmean(recorder.rewards[:5]),
         "reward_last5": statistics.fmean(recorder.rewards[-5:]),
-    }  # fmt: skip
+    }
 
 
 def line(r: dict[str, Any]) -> str:
     ttr = "censored" if r["time_to_target_s"] is None else f"{r['time_to_target_s']:.0f} s"
-    return (f"{r['engine']:5s} {r['mode']:9s} seed {r['seed']}: {r['updates']} updates in "
-            f"{r['wall_s']:.0f} s, {r['trajectories_per_min']:.0f} trajectories/min, learner "
-            f"idle {r['learner_idle']:.0%} (batch waits {r['batch_wait_frac']:.0%}), update "
-            f"wait {r['update_wait_s']:.2f} s, acceptance "
-            f"{r['acceptance']:.3f}, reward {r['reward_first5']:.2f} -> {r['reward_last5']:.2f},"
-            f" time to reward {ttr}")  # fmt: skip
+    return (
+        f"{r['engine']:5s} {r['mode']:9s} seed {r['seed']}: {r['updates']} updates in "
+        f"{r['wall_s']:.0f} s, {r['trajectories_per_min']:.0f} trajectories/min, learner "
+        f"idle {r['learner_idle']:.0%} (batch waits {r['batch_wait_frac']:.0%}), update "
+        f"wait {r['update_wait_s']:.2f} s, acceptance "
+        f"{r['acceptance']:.3f}, reward {r['reward_first5']:.2f} -> {r['reward_last5']:.2f},"
+        f" time to reward {ttr}"
+    )
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -281,10 +310,12 @@ def report(args: argparse.Namespace, engines: list[str]) -> None:
     for kind in engines:
         for mode in modes:
             mine = by(rows, kind, mode)
-            print(f"median {kind:5s} {mode:9s}: {median(mine, 'trajectories_per_min'):.0f} "
-                  f"trajectories/min, idle {median(mine, 'learner_idle'):.0%}, update wait "
-                  f"{median(mine, 'update_wait_s'):.2f} s, acceptance "
-                  f"{median(mine, 'acceptance'):.3f}")  # fmt: skip
+            print(
+                f"median {kind:5s} {mode:9s}: {median(mine, 'trajectories_per_min'):.0f} "
+                f"trajectories/min, idle {median(mine, 'learner_idle'):.0%}, update wait "
+                f"{median(mine, 'update_wait_s'):.2f} s, acceptance "
+                f"{median(mine, 'acceptance'):.3f}"
+            )
         if {"in_flight", "drain"} <= set(modes):
             fast, slow = (by(rows, kind, m) for m in ("in_flight", "drain"))
             ratio = median(fast, "trajectories_per_min") / median(slow, "trajectories_per_min")

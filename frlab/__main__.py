@@ -46,8 +46,12 @@ def _hydra_main(cfg: DictConfig) -> dict[str, Any]:
     except EngineDown as exc:  # 75 = EX_TEMPFAIL: the run may resume once the engine is back
         from frlab.run.guard import exit_now
 
-        print(f"frlab: error: {exc}; the last step is checkpointed: resume with ckpt_path=last "
-              "once the engine is back", file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"frlab: error: {exc}; the last step is checkpointed: resume with ckpt_path=last "
+            "once the engine is back",
+            file=sys.stderr,
+            flush=True,
+        )
         exit_now(ENGINE_DOWN_EXIT)
     except RunInterrupted as exc:  # SIGINT -> 130, SIGTERM -> 143 (what schedulers expect)
         from frlab.run.guard import exit_now

@@ -1,4 +1,5 @@
-"""The Lightning side of a run, each built from its config node (`frlab.config.compose.instantiate`):
+"""The Lightning side of a run, each built from its config node
+(`frlab.config.compose.instantiate`):
 the callbacks (weight sync, evaluation, run files, the `callbacks` group), the logger and the
 Trainer; and the quieting of the warnings frlab's setup triggers by design."""
 
@@ -72,9 +73,14 @@ def build_trainer(cfg: DictConfig, callbacks: list[Any], output_dir: Path) -> An
     extra = {} if checkpoints else {"enable_checkpointing": False}
     logger = False if cfg.get("logger") is None else instantiate(cfg.logger, key="logger")
     return instantiate(
-        cfg.trainer, key="trainer", callbacks=callbacks, logger=logger,
-        plugins=[AtomicCheckpointIO()], default_root_dir=str(output_dir), **extra,
-    )  # fmt: skip
+        cfg.trainer,
+        key="trainer",
+        callbacks=callbacks,
+        logger=logger,
+        plugins=[AtomicCheckpointIO()],
+        default_root_dir=str(output_dir),
+        **extra,
+    )
 
 
 def declared_learner_sections() -> dict[str, dict[str, Any]]:

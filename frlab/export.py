@@ -114,8 +114,9 @@ def build_skeleton(model_cfg: Mapping[str, Any], dtype: str | None) -> Any:
     source = model_cfg.get("name_or_path")
     remote = bool(model_cfg.get("trust_remote_code", False))
     if source is not None:
-        config = AutoConfig.from_pretrained(resolve_model_source(str(source)),
-                                            trust_remote_code=remote)  # fmt: skip
+        config = AutoConfig.from_pretrained(
+            resolve_model_source(str(source)), trust_remote_code=remote
+        )
     else:
         config = make_config(model_cfg["config"])
     return AutoModelForCausalLM.from_config(config, dtype=torch_dtype, trust_remote_code=remote)
@@ -182,8 +183,13 @@ def export(
         model.save_pretrained(work)
         save_tokenizer(str(model_cfg.get("tokenizer") or model_cfg["name_or_path"]), work)
         form = "merged" if merge else "adapter" if lora_enabled(lora) else "model"
-        provenance = {"checkpoint": str(source), **info, "model": model_cfg, "form": form,
-                      "dtype": str(model.dtype).removeprefix("torch.")}  # fmt: skip
+        provenance = {
+            "checkpoint": str(source),
+            **info,
+            "model": model_cfg,
+            "form": form,
+            "dtype": str(model.dtype).removeprefix("torch."),
+        }
         (work / "frlab_export.json").write_text(json.dumps(provenance, indent=2, default=str))
         _publish(work, out)
     finally:
@@ -213,12 +219,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--dtype", default=None, help="float32 | bfloat16 | float16 (default: the run's)"
     )
-    parser.add_argument("--merge", action="store_true",
-                        help="a LoRA run: the merged model instead of the adapter folder")  # fmt: skip
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="a LoRA run: the merged model instead of the adapter folder",
+    )
     args = parser.parse_args(argv)
     try:
-        out = export(args.run_dir, args.out_dir, ckpt=args.ckpt, overwrite=args.overwrite,
-                     dtype=args.dtype, merge=args.merge)  # fmt: skip
+        out = export(
+            args.run_dir,
+            args.out_dir,
+            ckpt=args.ckpt,
+            overwrite=args.overwrite,
+            dtype=args.dtype,
+            merge=args.merge,
+        )
     except (ExportError, ValueError, OSError) as exc:
         print(f"frlab.export: {exc}", file=sys.stderr)
         return 2

@@ -23,13 +23,25 @@ from frlab.tracking.metrics_file import METRICS_FILE, read_metrics
 # (file stem, title, y label, [(metric, line style)])
 PANELS: tuple[tuple[str, str, str, tuple[tuple[str, str], ...]], ...] = (
     ("reward", "Mean reward", "reward", (("train/reward_mean", "-"),)),
-    ("acceptance", "Trust-region acceptance rate", "accepted fraction",
-     (("train/acceptance_rate", "-"),)),
-    ("lag", "Policy lag (mean solid, max dashed)", "versions",
-     (("train/policy_lag_mean", "-"), ("train/policy_lag_max", "--"))),
-    ("response_length", "Response length", "action tokens / trajectory",
-     (("train/response_tokens_mean", "-"),)),
-)  # fmt: skip
+    (
+        "acceptance",
+        "Trust-region acceptance rate",
+        "accepted fraction",
+        (("train/acceptance_rate", "-"),),
+    ),
+    (
+        "lag",
+        "Policy lag (mean solid, max dashed)",
+        "versions",
+        (("train/policy_lag_mean", "-"), ("train/policy_lag_max", "--")),
+    ),
+    (
+        "response_length",
+        "Response length",
+        "action tokens / trajectory",
+        (("train/response_tokens_mean", "-"),),
+    ),
+)
 
 
 @dataclass

@@ -17,8 +17,15 @@ class RegistryError(KeyError):
     """An unknown or duplicate component name; an unknown one carries the `kind` asked for,
     the config `key` it was read from (None outside a config), the `name` and the `choices`."""
 
-    def __init__(self, message: str, *, kind: str = "", key: str | None = None,
-                 name: str | None = None, choices: list[str] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        message: str,
+        *,
+        kind: str = "",
+        key: str | None = None,
+        name: str | None = None,
+        choices: list[str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.kind, self.key, self.name, self.choices = kind, key, name, sorted(choices or [])
 
@@ -66,8 +73,13 @@ class Registry(Generic[T]):
         """The entry for `name`, or a RegistryError listing names and close matches."""
         if name not in self._entries:
             choices = list(self._entries)
-            raise RegistryError(unknown_name_message(self.kind, name, choices, key),
-                                kind=self.kind, key=key, name=name, choices=choices)  # fmt: skip
+            raise RegistryError(
+                unknown_name_message(self.kind, name, choices, key),
+                kind=self.kind,
+                key=key,
+                name=name,
+                choices=choices,
+            )
         return self._entries[name]
 
     def build(self, name: str, /, **kwargs: Any) -> Any:

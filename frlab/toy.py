@@ -1,7 +1,8 @@
 """`python -m frlab.toy`: the CPU sanity step.
 
 Builds a tiny random-init causal LM, samples a small batch while recording the sampler's own
-log-probs (the behaviour log-probs: what the sampler actually used), runs ONE optimizer update through the composed
+log-probs (the behaviour log-probs: what the sampler actually used), runs ONE optimizer update
+through the composed
 `flashreinforce` objective, and prints the loss, the acceptance rate and how far the parameters
 moved. Exits non-zero on any non-finite value. No network, well under 30 s on 2 cores.
 """
@@ -36,7 +37,8 @@ def sample_batch(
     temperature: float,
     generator: torch.Generator,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Ancestral sampling with a KV cache; returns (token ids [B,P+N], behaviour log-probs [B,N])."""
+    """Ancestral sampling with a KV cache; returns (token ids [B,P+N], behaviour log-probs
+    [B,N])."""
     out = policy(input_ids=prompts, use_cache=True)
     cache, logits = _cache_of(out), out.logits[:, -1]
     tokens, logps, kwarg = [], [], _cache_kwarg(policy)

@@ -24,8 +24,14 @@ from frlab.config.preflight import Checked, check_config, locate_engine, structu
 from frlab.errors import ConfigError
 
 AUTO_KEYS = (("data", "max_tokens_per_micro_batch"), ("model", "gradient_checkpointing"))
-__all__ = ["build_callbacks", "build_evaluation", "build_policy_from", "build_trainer", "plain",
-           "run"]  # fmt: skip
+__all__ = [
+    "build_callbacks",
+    "build_evaluation",
+    "build_policy_from",
+    "build_trainer",
+    "plain",
+    "run",
+]
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
@@ -76,11 +82,21 @@ def fit(cfg: DictConfig, checked: Checked) -> dict[str, Any]:
         record={"model": sections["model"]},
     )
     pools = pool_factory(
-        sections["rollout"], policy, tokenizer, instantiate(cfg.rollout.engine, key="rollout.engine"),
-        make_env, make_tasks, off_policy_correction=checked.objective.uses_off_policy_correction,
-    )  # fmt: skip
-    datamodule = instantiate(cfg.data, key="data", pool_factory=pools, seed=int(cfg.seed),
-                             pad_token_id=int(tokenizer.pad_token_id))  # fmt: skip
+        sections["rollout"],
+        policy,
+        tokenizer,
+        instantiate(cfg.rollout.engine, key="rollout.engine"),
+        make_env,
+        make_tasks,
+        off_policy_correction=checked.objective.uses_off_policy_correction,
+    )
+    datamodule = instantiate(
+        cfg.data,
+        key="data",
+        pool_factory=pools,
+        seed=int(cfg.seed),
+        pad_token_id=int(tokenizer.pad_token_id),
+    )
     with guard.signals():  # SIGINT/SIGTERM: final checkpoint, then RunInterrupted (130/143)
         trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
     summary = run_files.summary or run_files.finish("finished")

@@ -224,8 +224,9 @@ def build_run(args: argparse.Namespace) -> tuple[Any, Any, Meter, list[Any], L.T
     )
     tokenizer, engines = build_toy_tokenizer(), []
     sampling = SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens)
-    loop = AgentLoopConfig(max_turns=1, max_len=args.prompt_chars + 8 + args.new_tokens,
-                           sampling=sampling)  # fmt: skip
+    loop = AgentLoopConfig(
+        max_turns=1, max_len=args.prompt_chars + 8 + args.new_tokens, sampling=sampling
+    )
     in_flight = 2 * args.batch_size
 
     def make_pool(*, batch_size: int, seed: int, **shard: Any) -> RolloutPool:
@@ -233,26 +234,41 @@ def build_run(args: argparse.Namespace) -> tuple[Any, Any, Meter, list[Any], L.T
         engine = TorchEngine(weights, device=args.device, max_batch_size=in_flight, seed=seed)
         engines.append(engine)
         return RolloutPool(
-            engine, lambda: CoinFlipEnv(args.prompt_chars), tokenizer, loop,
+            engine,
+            lambda: CoinFlipEnv(args.prompt_chars),
+            tokenizer,
+            loop,
             task_sampler=CoinFlipEnv.task_sampler(prompt_chars=args.prompt_chars),
-            batch_size=batch_size, max_in_flight=in_flight,
-            max_policy_lag=args.max_policy_lag, mode="async", samples_per_prompt=1,
+            batch_size=batch_size,
+            max_in_flight=in_flight,
+            max_policy_lag=args.max_policy_lag,
+            mode="async",
+            samples_per_prompt=1,
             max_prompt_retries=RolloutConfig.max_prompt_retries,
-            off_policy_correction=True, seed=seed, **shard,
-        )  # fmt: skip
+            off_policy_correction=True,
+            seed=seed,
+            **shard,
+        )
 
     datamodule = RolloutDataModule(
-        make_pool, batch_size=args.batch_size, seed=args.seed,
-        pad_token_id=int(tokenizer.pad_token_id), batch_timeout_s=240.0,
-    )  # fmt: skip
+        make_pool,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        pad_token_id=int(tokenizer.pad_token_id),
+        batch_timeout_s=240.0,
+    )
     meter = Meter(args.device)
     trainer = L.Trainer(
-        max_steps=args.steps, accelerator="gpu" if cuda else "cpu",
+        max_steps=args.steps,
+        accelerator="gpu" if cuda else "cpu",
         devices=[args.device.index or 0] if cuda else 1,
-        precision="bf16-mixed" if cuda else "32-true", logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        precision="bf16-mixed" if cuda else "32-true",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
         callbacks=[meter, WeightSyncCallback(sync_every=1)],
-    )  # fmt: skip
+    )
     return module, datamodule, meter, engines, trainer
 
 
@@ -279,8 +295,11 @@ def check(records: list[StepRecord], meter: Meter, engines: list[Any], steps: in
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    for pattern in (r".*LeafSpec", r".*`IterableDataset` has `__len__`",
-                    r".*overridden `transfer_batch_to_device`"):  # fmt: skip
+    for pattern in (
+        r".*LeafSpec",
+        r".*`IterableDataset` has `__len__`",
+        r".*overridden `transfer_batch_to_device`",
+    ):
         warnings.filterwarnings("ignore", message=pattern)
     started = time.perf_counter()
     module, datamodule, meter, engines, trainer = build_run(args)
@@ -288,8 +307,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     name = "tiny qwen2" if args.tiny else "Qwen2.5-0.5B shape"
     gpu = torch.cuda.get_device_name(args.device) if args.device.type == "cuda" else "cpu"
     print(f"model: {name}, {params / 1e6:.1f}M params, random init; device: {gpu}")
-    print(f"B={args.batch_size} new_tokens={args.new_tokens} prompt_chars={args.prompt_chars} "
-          f"steps={args.steps} max_policy_lag={args.max_policy_lag}")  # fmt: skip
+    print(
+        f"B={args.batch_size} new_tokens={args.new_tokens} prompt_chars={args.prompt_chars} "
+        f"steps={args.steps} max_policy_lag={args.max_policy_lag}"
+    )
     trainer.fit(module, datamodule=datamodule)
     values = summarize(meter.records)
     extra: dict[str, Any] = {

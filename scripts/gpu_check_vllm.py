@@ -44,10 +44,17 @@ if str(REPO) not in sys.path:
 TEMPERATURE = 0.7
 # Attention head size 64 (vLLM's GPU kernels do not serve tiny head sizes); vocabulary 64 so
 # that the toy preset's tokenizer drives the served model in part 2.
-SMALL_QWEN2 = {"model_type": "qwen2", "vocab_size": 64, "hidden_size": 256,
-               "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
-               "num_key_value_heads": 2, "max_position_embeddings": 512,
-               "tie_word_embeddings": True}  # fmt: skip
+SMALL_QWEN2 = {
+    "model_type": "qwen2",
+    "vocab_size": 64,
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 512,
+    "tie_word_embeddings": True,
+}
 
 
 def skip_reason() -> str | None:
@@ -113,8 +120,10 @@ def perturbed(model: Any, seed: int = 1) -> dict[str, Any]:
     import torch
 
     g = torch.Generator(device="cpu").manual_seed(seed)
-    return {n: (p.detach().float().cpu() + 0.05 * torch.randn(p.shape, generator=g)).to(p.dtype)
-            for n, p in model.state_dict().items()}  # fmt: skip
+    return {
+        n: (p.detach().float().cpu() + 0.05 * torch.randn(p.shape, generator=g)).to(p.dtype)
+        for n, p in model.state_dict().items()
+    }
 
 
 def generate_all(engine: Any, prompts: list[list[int]], new_tokens: int) -> list[Any]:
@@ -134,8 +143,15 @@ def in_process(model_dir: Path, model: Any, args: argparse.Namespace) -> list[st
 
     problems = []
     prompts = [[(7 * i + j) % 64 for j in range(8)] for i in range(args.prompts)]
-    engine = VLLMEngine(str(model_dir), seed=0, dtype="bfloat16", max_model_len=512,
-                        gpu_memory_utilization=0.3, enforce_eager=True, skip_tokenizer_init=True)  # fmt: skip
+    engine = VLLMEngine(
+        str(model_dir),
+        seed=0,
+        dtype="bfloat16",
+        max_model_len=512,
+        gpu_memory_utilization=0.3,
+        enforce_eager=True,
+        skip_tokenizer_init=True,
+    )
     engine.start()
     try:
         worst = compare("inprocess_v0", model, generate_all(engine, prompts, args.new_tokens))
@@ -161,11 +177,14 @@ def serve_command(model_dir: Path, port: int, secret: Path = Path("fleet.secret"
     """The recipes' `vllm serve` command (scripts/launch/fleet.sh start_server, printed) on
     loopback behind the fleet secret in `secret`, from `env` on: vLLM's API key comes from the
     file through the server's environment (`secret_env`), never its command line."""
-    script = (f"source scripts/launch/fleet.sh && PRINT_ONLY=1 HOST=127.0.0.1 "
-              f"FLEET_SECRET_FILE={shlex.quote(str(secret))} start_server 0 {port} "
-              f"{shlex.quote(str(model_dir))} 1 512")  # fmt: skip
-    line = subprocess.run(["bash", "-c", script], cwd=REPO, capture_output=True, text=True,
-                          check=True).stdout.strip()  # fmt: skip
+    script = (
+        f"source scripts/launch/fleet.sh && PRINT_ONLY=1 HOST=127.0.0.1 "
+        f"FLEET_SECRET_FILE={shlex.quote(str(secret))} start_server 0 {port} "
+        f"{shlex.quote(str(model_dir))} 1 512"
+    )
+    line = subprocess.run(
+        ["bash", "-c", script], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.strip()
     words = shlex.split(line)
     words = words[words.index("env") :]
     return [*words, "--gpu-memory-utilization", "0.3", "--enforce-eager", "--skip-tokenizer-init"]
@@ -181,8 +200,11 @@ def fleet_secret(work: Path) -> Path:
 
 def secret_env(secret: Path) -> dict[str, str]:
     """The server's environment: this one, frlab importable, vLLM's API key from the file."""
-    return {**os.environ, "PYTHONPATH": f"{REPO}:{os.environ.get('PYTHONPATH', '')}",
-            "VLLM_API_KEY": secret.read_text().strip()}  # fmt: skip
+    return {
+        **os.environ,
+        "PYTHONPATH": f"{REPO}:{os.environ.get('PYTHONPATH', '')}",
+        "VLLM_API_KEY": secret.read_text().strip(),
+    }
 
 
 def wait_healthy(url: str, proc: subprocess.Popen, timeout: float) -> None:
@@ -209,8 +231,13 @@ def server(model_dir: Path, model: Any, args: argparse.Namespace, work: Path) ->
     problems, port = [], args.port
     url, secret = f"http://127.0.0.1:{port}", fleet_secret(work)
     log = (work / "vllm_serve.log").open("w")
-    proc = subprocess.Popen(serve_command(model_dir, port, secret), cwd=REPO,
-                            env=secret_env(secret), stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    proc = subprocess.Popen(
+        serve_command(model_dir, port, secret),
+        cwd=REPO,
+        env=secret_env(secret),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
         wait_healthy(url, proc, args.server_timeout)
         weights = {n: p.detach().cpu() for n, p in model.state_dict().items()}
@@ -254,9 +281,19 @@ def remote_run(url: str, work: Path) -> list[str]:
     """A short `rollout=remote` training run (toy preset, learner on the CPU)."""
     run_dir = work / "remote_run"
     arch = [f"model.config.{k}={v}" for k, v in SMALL_QWEN2.items() if k != "model_type"]
-    cmd = [sys.executable, "-m", "frlab", "rollout=remote", f"rollout.remote.servers=[{url}]",
-           f"rollout.remote.secret_file={work / 'fleet.secret'}", "trainer.max_steps=3", "data.batch_size=16", "data.micro_batch_size=16",
-           f"hydra.run.dir={run_dir}", *arch]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "frlab",
+        "rollout=remote",
+        f"rollout.remote.servers=[{url}]",
+        f"rollout.remote.secret_file={work / 'fleet.secret'}",
+        "trainer.max_steps=3",
+        "data.batch_size=16",
+        "data.micro_batch_size=16",
+        f"hydra.run.dir={run_dir}",
+        *arch,
+    ]
     t0 = time.perf_counter()
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
     print(f"vllm_remote_run_s {time.perf_counter() - t0:.1f}")

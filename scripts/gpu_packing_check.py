@@ -80,9 +80,11 @@ def exactness(device: str) -> dict[str, float]:
         diff_ent = float((e0 - e1).abs().max())
         diff_g = max(float((a - b).abs().max()) for a, b in zip(g0, g1, strict=True))
         scale = max(float(b.abs().max()) for b in g0) or 1.0
-        print(f"{impl:18s} {dtype:8s} packed kernel {kernel:6s} max |packed - padded|: "
-              f"log-probs {diff_lp:.2e}, entropies {diff_ent:.2e}, gradients {diff_g:.2e} "
-              f"({diff_g / scale:.2e} of the largest)")  # fmt: skip
+        print(
+            f"{impl:18s} {dtype:8s} packed kernel {kernel:6s} max |packed - padded|: "
+            f"log-probs {diff_lp:.2e}, entropies {diff_ent:.2e}, gradients {diff_g:.2e} "
+            f"({diff_g / scale:.2e} of the largest)"
+        )
         grads = diff_g if dtype == "float32" else diff_g / scale  # bf16: relative
         worst[dtype] = max(worst.get(dtype, 0.0), diff_lp, diff_ent, grads)
     return worst
@@ -98,17 +100,38 @@ def main() -> int:
         return 1
     worst = exactness(args.device)
     ok = worst["float32"] <= 1e-4 and worst["bfloat16"] <= BF16_TOLERANCE
-    print(f"worst difference: float32 {worst['float32']:.2e} (<= 1e-4), bfloat16 "
-          f"{worst['bfloat16']:.2e} (<= {BF16_TOLERANCE:g}) ({'ok' if ok else 'FAIL'})")  # fmt: skip
+    print(
+        f"worst difference: float32 {worst['float32']:.2e} (<= 1e-4), bfloat16 "
+        f"{worst['bfloat16']:.2e} (<= {BF16_TOLERANCE:g}) ({'ok' if ok else 'FAIL'})"
+    )
     if args.device == "cuda":
         sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
         from learner import main as bench_learner
 
-        bench_learner([
-            "--device", "cuda", "--dtype", "bfloat16", "--model", "qwen2.5-0.5b",
-            "--batch", "32", "--median", "1024", "--max-len", "8192", "--min-len", "64",
-            "--budget", "16384", "--micro", "4", "--repeats", str(args.repeats),
-        ])  # fmt: skip
+        bench_learner(
+            [
+                "--device",
+                "cuda",
+                "--dtype",
+                "bfloat16",
+                "--model",
+                "qwen2.5-0.5b",
+                "--batch",
+                "32",
+                "--median",
+                "1024",
+                "--max-len",
+                "8192",
+                "--min-len",
+                "64",
+                "--budget",
+                "16384",
+                "--micro",
+                "4",
+                "--repeats",
+                str(args.repeats),
+            ]
+        )
     return 0 if ok else 1
 
 

@@ -62,7 +62,10 @@ def vllm_cpu_missing() -> str | None:
 
     platform = installed_platform()
     if platform != "cpu":
-        return f"the installed vLLM serves on {platform!r}, not the CPU: `{CPU_ENV}` builds its CPU build"
+        return (
+            f"the installed vLLM serves on {platform!r}, not the CPU: `{CPU_ENV}` builds its CPU "
+            "build"
+        )
     return None
 
 

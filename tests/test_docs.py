@@ -18,8 +18,17 @@ from pathlib import Path
 import pytest
 from docs_testlib import HEADING, LINKED_DOCS, ROOT, split_fences, without_code_spans
 
-DOC_PAGES = ("concepts", "configuration", "engines", "experiments", "extending", "benchmarks",
-             "reliability", "gpu", "README")  # fmt: skip
+DOC_PAGES = (
+    "concepts",
+    "configuration",
+    "engines",
+    "experiments",
+    "extending",
+    "benchmarks",
+    "reliability",
+    "gpu",
+    "README",
+)
 LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 
 
@@ -93,9 +102,11 @@ def test_the_link_checker_flags_broken_links(tmp_path: Path) -> None:
         "# Other page\n\n## A `code` heading: yes\n\n## Twice\n\n## Twice\n"
     )
     (tmp_path / "pic.png").write_bytes(b"")
-    good = ("# Here\n[a](other.md) [b](other.md#a-code-heading-yes) [c](#here) ![d](pic.png)\n"
-            "[e](other.md#twice-1) [f](https://example.invalid/x#y) `[g](missing.md)`\n"
-            "```\n[h](missing.md)\n```\n")  # fmt: skip
+    good = (
+        "# Here\n[a](other.md) [b](other.md#a-code-heading-yes) [c](#here) ![d](pic.png)\n"
+        "[e](other.md#twice-1) [f](https://example.invalid/x#y) `[g](missing.md)`\n"
+        "```\n[h](missing.md)\n```\n"
+    )
     assert broken_links(good, tmp_path) == []
     bad = "[a](missing.md) [b](other.md#nowhere) [c](#not-here) ![d](gone.png)\n"
     found = broken_links(bad, tmp_path)

@@ -223,11 +223,20 @@ def undeclared_flags(words: list[str], sources: list[Path]) -> list[str]:
 
 
 def test_the_command_parser_reads_the_shell_forms_the_docs_use() -> None:
-    block = Block(ROOT / "x.md", 1, "bash", (
-        "$ FOO=1 python -m frlab -m a=x,y 'b=[1,2]' \\", "    c=3   # a comment",
-        "cat > f <<'YAML'", "python -m frlab not=me", "YAML",
-        "python -m frlab.serve --port 8100 &", "# a comment line",
-    ))  # fmt: skip
+    block = Block(
+        ROOT / "x.md",
+        1,
+        "bash",
+        (
+            "$ FOO=1 python -m frlab -m a=x,y 'b=[1,2]' \\",
+            "    c=3   # a comment",
+            "cat > f <<'YAML'",
+            "python -m frlab not=me",
+            "YAML",
+            "python -m frlab.serve --port 8100 &",
+            "# a comment line",
+        ),
+    )
     lines = command_lines(block)
     assert [text for _, text in lines] == [
         "FOO=1 python -m frlab -m a=x,y 'b=[1,2]' c=3   # a comment",
@@ -341,7 +350,8 @@ def test_the_print_only_launch_commands_run() -> None:
     runs = [(w, e, c) for w, e, c in commands()[1] if e.get("PRINT_ONLY") == "1"]
     assert runs, "the GPU guide shows a PRINT_ONLY=1 launch recipe"
     for where, env, words in runs:
-        out = subprocess.run(words, cwd=ROOT, env={**os.environ, **env}, capture_output=True,
-                             text=True, timeout=60)  # fmt: skip
+        out = subprocess.run(
+            words, cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True, timeout=60
+        )
         assert out.returncode == 0, f"{where}: {out.stderr[-2000:]}"
         assert "vllm serve" in out.stdout and "-m frlab" in out.stdout, where

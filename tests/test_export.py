@@ -30,9 +30,16 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HYDRA_
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("export") / "run"
-    command = [sys.executable, "-m", "frlab", "trainer.max_steps=2", "plots=false",
-               "callbacks.model_checkpoint.enabled=true",
-               "callbacks.model_checkpoint.every_n_train_steps=2", f"hydra.run.dir={out}"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "frlab",
+        "trainer.max_steps=2",
+        "plots=false",
+        "callbacks.model_checkpoint.enabled=true",
+        "callbacks.model_checkpoint.every_n_train_steps=2",
+        f"hydra.run.dir={out}",
+    ]
     done = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
     return out
@@ -90,8 +97,13 @@ def test_the_folder_has_the_layout_vllm_reads(run_dir, tmp_path) -> None:
     policy_names = set(trained_policy(run_dir).state_dict())
     assert names <= policy_names and "model.embed_tokens.weight" in names
     assert not any(name.startswith("policy.") for name in names)
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
-                 "generation_config.json", "frlab_export.json"):  # fmt: skip
+    for name in (
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "chat_template.jinja",
+        "generation_config.json",
+        "frlab_export.json",
+    ):
         assert (out / name).is_file(), name
     assert json.loads((out / "frlab_export.json").read_text())["global_step"] == 2
 
@@ -115,10 +127,20 @@ def test_a_run_without_checkpoint_is_a_clear_error(tmp_path, capsys) -> None:
 
 def test_the_command_line_entry_point(run_dir, tmp_path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "frlab.export", str(run_dir), str(tmp_path / "hf"),
-         "--dtype", "bfloat16"],
-        env=ENV, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "frlab.export",
+            str(run_dir),
+            str(tmp_path / "hf"),
+            "--dtype",
+            "bfloat16",
+        ],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads((tmp_path / "hf" / "config.json").read_text())["dtype"] == "bfloat16"
 
@@ -127,9 +149,18 @@ def test_the_command_line_entry_point(run_dir, tmp_path) -> None:
 def lora_run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real toy run with LoRA adapters (model.lora.rank=4) and a larger lr, 3 updates."""
     out = tmp_path_factory.mktemp("export_lora") / "run"
-    command = [sys.executable, "-m", "frlab", "trainer.max_steps=3", "plots=false",
-               "model.lora.rank=4", "optim.lr=0.05", "callbacks.model_checkpoint.enabled=true",
-               "callbacks.model_checkpoint.every_n_train_steps=3", f"hydra.run.dir={out}"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "frlab",
+        "trainer.max_steps=3",
+        "plots=false",
+        "model.lora.rank=4",
+        "optim.lr=0.05",
+        "callbacks.model_checkpoint.enabled=true",
+        "callbacks.model_checkpoint.every_n_train_steps=3",
+        f"hydra.run.dir={out}",
+    ]
     done = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
     return out

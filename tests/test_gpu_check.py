@@ -97,8 +97,12 @@ def test_cpu_run_prints_the_three_throughput_numbers_and_exits_0(tmp_path: Path)
     args = ["--tiny", "--device", "cpu", "--steps", "2", "--batch-size", "2", "--new-tokens", "4"]
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), *args],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = dict(line.split(": ", 1) for line in proc.stdout.splitlines() if ": " in line)
     for key in gc.THROUGHPUT_KEYS:
@@ -132,8 +136,12 @@ def test_vllm_check_diffs_and_server_command() -> None:
 def test_vllm_check_reports_skipped_without_vllm_or_cuda() -> None:
     if importlib.util.find_spec("vllm") is not None and torch.cuda.is_available():
         pytest.skip("vllm and a GPU are here: scripts/gpu_check.sh runs the real check")
-    proc = subprocess.run([sys.executable, str(REPO / "scripts/gpu_check_vllm.py")],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "scripts/gpu_check_vllm.py")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0 and "gpu_check_vllm: SKIPPED" in proc.stdout, proc.stderr
 
 

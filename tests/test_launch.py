@@ -166,8 +166,12 @@ def test_slurm_recipe_composes_learner_and_fleet_steps(exp: str) -> None:
     assert len(fleet) == 1 and f"--nodelist={hosts[-1]}" in fleet[0]
     assert re.search(rf"start_fleet 0 {servers} {tp} 8100 ", fleet[0][-1])
     learner = shlex.split(lines[-1])
-    assert learner[:4] == ["srun", f"--nodes={nodes}", f"--ntasks-per-node={gpus}",
-                           f"--nodelist={','.join(hosts[:-1])}"]  # fmt: skip
+    assert learner[:4] == [
+        "srun",
+        f"--nodes={nodes}",
+        f"--ntasks-per-node={gpus}",
+        f"--nodelist={','.join(hosts[:-1])}",
+    ]
     urls = [f"http://{hosts[-1]}:{8100 + i}" for i in range(servers)]
     _check_learner(_frlab_overrides(lines[-1]), exp, gpus * nodes, urls)
 
@@ -244,8 +248,14 @@ def test_a_requeued_slurm_job_reruns_in_its_own_folder() -> None:
     hosts = " ".join(f"node{i}" for i in range(LAYOUTS[exp][2] + 1))
     folders = set()
     for restart in ("0", "1"):
-        out = _run("slurm_learner_fleet.sbatch", exp, FRLAB_NODES=hosts, RUN_DIR="",
-                   SLURM_JOB_ID="4242", SLURM_RESTART_COUNT=restart)  # fmt: skip
+        out = _run(
+            "slurm_learner_fleet.sbatch",
+            exp,
+            FRLAB_NODES=hosts,
+            RUN_DIR="",
+            SLURM_JOB_ID="4242",
+            SLURM_RESTART_COUNT=restart,
+        )
         assert out.returncode == 0, out.stderr
         overrides = _frlab_overrides(out.stdout.splitlines()[-1])
         assert not any(o.startswith("ckpt_path=") for o in overrides)  # frlab decides

@@ -22,15 +22,27 @@ GUARD = "frlab.rollout.remote.auth.FleetGuard"
 def bash(script: str, **env: str) -> subprocess.CompletedProcess:
     """`script` in bash with fleet.sh sourced, in the repository root."""
     full = {**os.environ, **env}
-    return subprocess.run(["bash", "-c", f"source scripts/launch/fleet.sh && {script}"],
-                          cwd=REPO, env=full, capture_output=True, text=True, timeout=60)  # fmt: skip
+    return subprocess.run(
+        ["bash", "-c", f"source scripts/launch/fleet.sh && {script}"],
+        cwd=REPO,
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def recipe(script: str, *args: str, **env: str) -> list[str]:
     """The lines a recipe prints with PRINT_ONLY=1."""
     full = {**os.environ, "PRINT_ONLY": "1", "RUN_DIR": "/shared/run", **env}
-    proc = subprocess.run(["bash", str(LAUNCH / script), *args], cwd=REPO, env=full,
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    proc = subprocess.run(
+        ["bash", str(LAUNCH / script), *args],
+        cwd=REPO,
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     assert SECRET not in proc.stdout + proc.stderr
     return proc.stdout.splitlines()
@@ -59,9 +71,13 @@ def test_the_fleet_secret_is_created_once_private_and_never_printed(tmp_path: Pa
 def test_single_node_servers_listen_where_the_learner_reaches_them_behind_the_guard(
     secret_file: Path,
 ) -> None:
-    lines = recipe("single_node.sh", "qwen_math_1p5b", HOST="10.1.2.3",
-                   FLEET_SECRET_FILE=str(secret_file),
-                   VLLM_EXTRA_ARGS="--middleware some.other.Middleware")  # fmt: skip
+    lines = recipe(
+        "single_node.sh",
+        "qwen_math_1p5b",
+        HOST="10.1.2.3",
+        FLEET_SECRET_FILE=str(secret_file),
+        VLLM_EXTRA_ARGS="--middleware some.other.Middleware",
+    )
     served = [shlex.split(x) for x in lines if " vllm serve " in x]
     assert len(served) == 3
     for words in served:
@@ -95,8 +111,12 @@ def test_by_default_the_secret_lives_in_the_run_folder_and_servers_on_loopback(
 
 
 def test_slurm_fleet_steps_listen_on_the_address_in_the_learners_urls(secret_file: Path) -> None:
-    lines = recipe("slurm_learner_fleet.sbatch", "python_tool_qwen7b",
-                   FRLAB_NODES="node0 node1", FLEET_SECRET_FILE=str(secret_file))  # fmt: skip
+    lines = recipe(
+        "slurm_learner_fleet.sbatch",
+        "python_tool_qwen7b",
+        FRLAB_NODES="node0 node1",
+        FLEET_SECRET_FILE=str(secret_file),
+    )
     step = shlex.split(next(x for x in lines if "start_fleet" in x))[-1]
     assert "HOST='node1'" in step and f"FLEET_SECRET_FILE='{secret_file}'" in step
     assert "FLEET_SNAPSHOT_DIR='/shared/run/snapshots'" in step
@@ -107,14 +127,20 @@ def test_slurm_fleet_steps_listen_on_the_address_in_the_learners_urls(secret_fil
 
 @pytest.mark.parametrize(
     ("env", "message"),
-    [({"HOST": ""}, "set HOST"), ({"HOST": "0.0.0.0"}, "set HOST"),
-     ({"HOST": "10.1.2.3", "FLEET_SECRET_FILE": ""}, "FLEET_SECRET_FILE")],
-)  # fmt: skip
+    [
+        ({"HOST": ""}, "set HOST"),
+        ({"HOST": "0.0.0.0"}, "set HOST"),
+        ({"HOST": "10.1.2.3", "FLEET_SECRET_FILE": ""}, "FLEET_SECRET_FILE"),
+    ],
+)
 def test_a_server_without_an_address_or_a_secret_is_not_started(
     env: dict[str, str], message: str, secret_file: Path
 ) -> None:
-    out = bash("start_server 0 8100 m 1 64", PRINT_ONLY="1",
-               **{"FLEET_SECRET_FILE": str(secret_file), **env})  # fmt: skip
+    out = bash(
+        "start_server 0 8100 m 1 64",
+        PRINT_ONLY="1",
+        **{"FLEET_SECRET_FILE": str(secret_file), **env},
+    )
     assert out.returncode == 2 and message in out.stderr, out.stderr
 
 
@@ -127,12 +153,18 @@ def test_a_started_server_gets_the_secret_in_its_environment_never_in_its_argume
     fake = bin_dir / "vllm"
     fake.write_text(f'#!/bin/bash\nprintf "%s\\n" "$@" > {tmp_path}/args\nenv > {tmp_path}/env\n')
     fake.chmod(0o755)
-    out = bash("start_server 0 8100 m 1 64 && wait", VLLM_ENTRY="cli", HOST="127.0.0.1",
-               FLEET_SECRET_FILE=str(secret_file), PATH=f"{bin_dir}:{os.environ['PATH']}")  # fmt: skip
+    out = bash(
+        "start_server 0 8100 m 1 64 && wait",
+        VLLM_ENTRY="cli",
+        HOST="127.0.0.1",
+        FLEET_SECRET_FILE=str(secret_file),
+        PATH=f"{bin_dir}:{os.environ['PATH']}",
+    )
     assert out.returncode == 0, out.stderr
     args = (tmp_path / "args").read_text().splitlines()
-    env = dict(line.split("=", 1) for line in (tmp_path / "env").read_text().splitlines()
-               if "=" in line)  # fmt: skip
+    env = dict(
+        line.split("=", 1) for line in (tmp_path / "env").read_text().splitlines() if "=" in line
+    )
     assert SECRET not in "\n".join(args) and args[-2:] == ["--middleware", GUARD]
     assert env["VLLM_API_KEY"] == SECRET  # vLLM's own guard of /v1...
     assert env["FRLAB_FLEET_SECRET_FILE"] == str(secret_file)  # frlab's guard of every route

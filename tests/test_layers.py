@@ -106,8 +106,11 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 def module_graph(root: Path = ROOT) -> dict[str, set[str]]:
     """Each module of frlab and envs -> the modules of theirs it imports, lazy imports included
     (`from P import name` counts as P when `name` is not a module)."""
-    paths = {".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__"):
-             path for top in PACKAGES for path in sorted((root / top).rglob("*.py"))}  # fmt: skip
+    paths = {
+        ".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__"): path
+        for top in PACKAGES
+        for path in sorted((root / top).rglob("*.py"))
+    }
     graph: dict[str, set[str]] = {}
     for module, path in paths.items():
         for name in imported(path, module):
@@ -165,8 +168,9 @@ def test_tracking_knows_neither_evaluation_nor_environments() -> None:
 
 ROLLOUT = ROOT / "frlab" / "rollout"
 # every folder of frlab.rollout but the pool is an engine backend (a new engine is one folder)
-BACKENDS = tuple(sorted(p.name for p in ROLLOUT.iterdir()
-                        if (p / "__init__.py").is_file() and p.name != "pool"))  # fmt: skip
+BACKENDS = tuple(
+    sorted(p.name for p in ROLLOUT.iterdir() if (p / "__init__.py").is_file() and p.name != "pool")
+)
 MAY_IMPORT = {"remote": {"vllm"}}  # the backends a backend may import besides the core and itself
 
 
@@ -210,15 +214,21 @@ def test_rollout_backends_import_the_core_and_only_the_backends_they_may() -> No
 def test_the_rollout_core_and_pool_import_no_backend() -> None:
     """The core (engine, weight modes, agent loop, ...) and the pool know engines only through
     the `Engine` interface: a run imports only the backend its `rollout.engine` names."""
-    wrong = {m: sorted(parts & set(BACKENDS)) for m, parts in rollout_imports().items()
-             if rollout_part(m) in ("core", "pool") and parts & set(BACKENDS)}  # fmt: skip
+    wrong = {
+        m: sorted(parts & set(BACKENDS))
+        for m, parts in rollout_imports().items()
+        if rollout_part(m) in ("core", "pool") and parts & set(BACKENDS)
+    }
     assert not wrong, wrong
 
 
 def test_no_rollout_file_name_carries_a_backend_prefix() -> None:
     """A backend's files are named in its folder (`vllm/args.py`, not `vllm_args.py`)."""
-    named = [p.relative_to(ROOT) for p in ROLLOUT.rglob("*") if "__pycache__" not in p.parts
-             and any(p.name.startswith(f"{b}_") for b in BACKENDS)]  # fmt: skip
+    named = [
+        p.relative_to(ROOT)
+        for p in ROLLOUT.rglob("*")
+        if "__pycache__" not in p.parts and any(p.name.startswith(f"{b}_") for b in BACKENDS)
+    ]
     assert not named, named
 
 

@@ -14,8 +14,14 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HYDRA_
 
 
 def frlab(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "frlab", *args], cwd=cwd, env=ENV,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "frlab", *args],
+        cwd=cwd,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.mark.slow
@@ -49,8 +55,14 @@ def test_dry_run_task_loads_no_model_and_no_transformers(tmp_path: Path) -> None
         "                      'sympy') if m in sys.modules]\n"
         "print('HEAVY', heavy)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=ENV, capture_output=True,
-                         text=True, timeout=300)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     assert "HEAVY []" in out.stdout, out.stdout
 
@@ -58,23 +70,31 @@ def test_dry_run_task_loads_no_model_and_no_transformers(tmp_path: Path) -> None
 @pytest.mark.slow
 def test_multirun_names_folders_by_the_choices(tmp_path: Path) -> None:
     sweep_dir = tmp_path / "sweep"
-    out = frlab("-m", "objective.trust_region=sequence_bernoulli_kl,none", "seed=0,1",
-                "dry_run=true", f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path)  # fmt: skip
+    out = frlab(
+        "-m",
+        "objective.trust_region=sequence_bernoulli_kl,none",
+        "seed=0,1",
+        "dry_run=true",
+        f"hydra.sweep.dir={sweep_dir}",
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stderr
     names = sorted(p.name for p in sweep_dir.iterdir() if p.is_dir())
     assert names == [
-        "objective.trust_region=none,seed=0", "objective.trust_region=none,seed=1",
+        "objective.trust_region=none,seed=0",
+        "objective.trust_region=none,seed=1",
         "objective.trust_region=sequence_bernoulli_kl,seed=0",
         "objective.trust_region=sequence_bernoulli_kl,seed=1",
-    ]  # fmt: skip
+    ]
     assert out.stdout.count("frlab plan") == 4
 
 
 @pytest.mark.slow
 def test_sweep_preset_runs_without_dash_m(tmp_path: Path) -> None:
     sweep_dir = tmp_path / "sweep"
-    out = frlab("sweep=toy_trust_regions", "dry_run=true", f"hydra.sweep.dir={sweep_dir}",
-                cwd=tmp_path)  # fmt: skip
+    out = frlab(
+        "sweep=toy_trust_regions", "dry_run=true", f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path
+    )
     assert out.returncode == 0, out.stderr
     names = sorted(p.name for p in sweep_dir.iterdir() if p.is_dir())
     assert names == [
@@ -154,8 +174,13 @@ def _read_rows(run_dir: Path) -> list[dict[str, float]]:
 @pytest.mark.slow
 def test_a_short_run_writes_run_files_and_resumes_from_last(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    common = [f"hydra.run.dir={run_dir}", "data.batch_size=8", "data.micro_batch_size=4",
-              "rollout.max_in_flight=8", "callbacks.model_checkpoint.every_n_train_steps=2"]  # fmt: skip
+    common = [
+        f"hydra.run.dir={run_dir}",
+        "data.batch_size=8",
+        "data.micro_batch_size=4",
+        "rollout.max_in_flight=8",
+        "callbacks.model_checkpoint.every_n_train_steps=2",
+    ]
     out = frlab(*common, "trainer.max_steps=4", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     assert [r["step"] for r in _read_rows(run_dir)] == [1.0, 2.0, 3.0, 4.0]

@@ -9,8 +9,15 @@ import pytest
 
 from frlab import plot
 
-COLUMNS = ["step", "elapsed_s", "train/reward_mean", "train/acceptance_rate",
-           "train/policy_lag_mean", "train/policy_lag_max", "train/response_tokens_mean"]  # fmt: skip
+COLUMNS = [
+    "step",
+    "elapsed_s",
+    "train/reward_mean",
+    "train/acceptance_rate",
+    "train/policy_lag_mean",
+    "train/policy_lag_max",
+    "train/response_tokens_mean",
+]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -35,8 +42,9 @@ def sweep(tmp_path: Path) -> Path:
 def test_sweep_folder_expands_to_its_runs(sweep: Path) -> None:
     runs = plot.load_runs([sweep])
     assert [r.label for r in runs] == [
-        "objective.trust_region=none", "objective.trust_region=sequence_bernoulli_kl",
-    ]  # fmt: skip
+        "objective.trust_region=none",
+        "objective.trust_region=sequence_bernoulli_kl",
+    ]
     assert len(runs[0].rows) == 12
 
 

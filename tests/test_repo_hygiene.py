@@ -41,8 +41,10 @@ def issue_numbers(path: Path, root: Path = ROOT) -> list[str]:
 def test_the_issue_number_check_finds_them(tmp_path: Path) -> None:
     hash_ = "#"  # spelled apart, so that this file passes its own check
     sample = tmp_path / "x.md"
-    sample.write_text(f"Fixed in issue {12}.\nSee ({hash_}7) and {hash_}31 here.\n"
-                      f"`{hash_}5` in code; a heading is not one:\n\n{hash_}{hash_} 3 x\n")  # fmt: skip
+    sample.write_text(
+        f"Fixed in issue {12}.\nSee ({hash_}7) and {hash_}31 here.\n"
+        f"`{hash_}5` in code; a heading is not one:\n\n{hash_}{hash_} 3 x\n"
+    )
     hits = [h.split(": ", 1)[1] for h in issue_numbers(sample, tmp_path)]
     assert hits == [f"issue {12}", f"({hash_}7)", f"{hash_}7", f"{hash_}31"], hits
 
@@ -50,8 +52,11 @@ def test_the_issue_number_check_finds_them(tmp_path: Path) -> None:
 def test_no_internal_issue_numbers() -> None:
     files = [*LINKED_DOCS, ROOT / "pyproject.toml", ROOT / ".ci" / "run"]
     for folder in SCANNED:
-        files += [p for p in sorted((ROOT / folder).rglob("*"))
-                  if p.suffix in SCANNED_SUFFIXES and p.is_file() and "__pycache__" not in p.parts]  # fmt: skip
+        files += [
+            p
+            for p in sorted((ROOT / folder).rglob("*"))
+            if p.suffix in SCANNED_SUFFIXES and p.is_file() and "__pycache__" not in p.parts
+        ]
     found = [hit for path in files for hit in issue_numbers(path)]
     assert not found, "\n".join(found)
 
@@ -67,9 +72,12 @@ REPO_PATH = re.compile(
 def test_every_repo_path_a_config_comment_names_exists() -> None:
     """Config files point at the code that declares or reads their keys: those paths exist."""
     files = sorted([*(ROOT / "configs").rglob("*.yaml"), *(ROOT / "experiments").rglob("*.yaml")])
-    missing = [f"{path.relative_to(ROOT)}: {name}" for path in files
-               for name in REPO_PATH.findall(path.read_text())
-               if not (ROOT / name).exists() and not (ROOT / name).with_suffix(".py").exists()]  # fmt: skip
+    missing = [
+        f"{path.relative_to(ROOT)}: {name}"
+        for path in files
+        for name in REPO_PATH.findall(path.read_text())
+        if not (ROOT / name).exists() and not (ROOT / name).with_suffix(".py").exists()
+    ]
     assert not missing, "\n".join(missing)
 
 
@@ -88,8 +96,11 @@ def test_every_option_list_in_the_docs_is_the_groups_options() -> None:
     options of the config group, so an option added as a file cannot be missing from it."""
     from frlab.config.compose import group_options
 
-    docs = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
-            *sorted((ROOT / "frlab").rglob("*.py"))]  # error messages and key docs too  # fmt: skip
+    docs = [
+        ROOT / "README.md",
+        *sorted((ROOT / "docs").glob("*.md")),
+        *sorted((ROOT / "frlab").rglob("*.py")),
+    ]  # error messages and key docs too
     found = 0
     for path in docs:
         for group, listed in option_lists(path.read_text()):
@@ -112,8 +123,9 @@ def test_no_test_folder_is_named_vllm() -> None:
     tests), where a subfolder named `vllm` would import as a namespace package: vLLM would look
     installed to `find_spec` and the tier checks. Backend tests use another name
     (tests/rollout/vllm_backend for frlab/rollout/vllm)."""
-    named = [p.relative_to(ROOT) for p in (ROOT / "tests").rglob("*")
-             if p.is_dir() and p.name == "vllm"]  # fmt: skip
+    named = [
+        p.relative_to(ROOT) for p in (ROOT / "tests").rglob("*") if p.is_dir() and p.name == "vllm"
+    ]
     assert not named, named
 
 
@@ -147,20 +159,29 @@ def oversized(source: str, name: str) -> list[str]:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
             length = node.end_lineno - node.lineno + 1
             if length > MAX_FUNCTION_LINES:
-                found.append(f"{name}:{node.lineno}: {node.name} is {length} lines "
-                             f"(at most {MAX_FUNCTION_LINES})")  # fmt: skip
+                found.append(
+                    f"{name}:{node.lineno}: {node.name} is {length} lines "
+                    f"(at most {MAX_FUNCTION_LINES})"
+                )
     return found
 
 
 def test_the_size_check_finds_long_files_and_functions() -> None:
     body, n = "    pass\n", MAX_FUNCTION_LINES
-    source = ("@decorated\n@twice\ndef at_limit():\n" + body * (n - 1)  # n lines from the def
-              + "async def over():\n" + body * n
-              + "class C:\n    def method(self):\n" + "        pass\n" * (n + 1))  # fmt: skip
+    source = (
+        "@decorated\n@twice\ndef at_limit():\n"
+        + body * (n - 1)  # n lines from the def
+        + "async def over():\n"
+        + body * n
+        + "class C:\n    def method(self):\n"
+        + "        pass\n" * (n + 1)
+    )
     hits = oversized(source, "x.py")
     over_at, method_at = n + 3, 2 * n + 5
-    assert hits == [f"x.py:{over_at}: over is {n + 1} lines (at most {n})",
-                    f"x.py:{method_at}: method is {n + 2} lines (at most {n})"], hits  # fmt: skip
+    assert hits == [
+        f"x.py:{over_at}: over is {n + 1} lines (at most {n})",
+        f"x.py:{method_at}: method is {n + 2} lines (at most {n})",
+    ], hits
     limit = MAX_FILE_LINES
     assert oversized("x = 1\n" * limit, "x.py") == []
     assert oversized("x = 1\n" * (limit + 1), "x.py") == [
@@ -171,9 +192,14 @@ def test_the_size_check_finds_long_files_and_functions() -> None:
 def test_no_file_or_function_sets_off_the_size_alarm() -> None:
     """Code in frlab/, envs/, bench/ and scripts/ stays in pieces one can read whole (the
     alarms above)."""
-    files = [p for folder in SIZED for p in sorted((ROOT / folder).rglob("*.py"))
-             if "__pycache__" not in p.parts]  # fmt: skip
+    files = [
+        p
+        for folder in SIZED
+        for p in sorted((ROOT / folder).rglob("*.py"))
+        if "__pycache__" not in p.parts
+    ]
     assert len(files) > 50  # the walk found the code
-    found = [hit for path in files
-             for hit in oversized(path.read_text(), str(path.relative_to(ROOT)))]  # fmt: skip
+    found = [
+        hit for path in files for hit in oversized(path.read_text(), str(path.relative_to(ROOT)))
+    ]
     assert not found, "\n".join(found)

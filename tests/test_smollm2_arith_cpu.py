@@ -9,7 +9,8 @@ Learning, beyond noise: the mean batch reward of the last 10 updates exceeds tha
 first 10 by more than 3 standard errors of the difference (each window's standard error from
 its 10 batch means). With B 32 the batch-mean noise is about 0.09; the full preset went from
 about 0.3 to above 0.9 (experiments/2026-11-30_smollm2_arith), so 20 updates leave a wide
-margin while keeping the test to a few minutes. The evaluation rows (step 0 and the last step) and the samples show the
+margin while keeping the test to a few minutes. The evaluation rows (step 0 and the last step) and
+the samples show the
 held-out design: no prompt of the run is a held-out question.
 """
 
@@ -29,8 +30,13 @@ pytest.importorskip("gguf", reason="needs the gguf extra (pip install 'frlab[ggu
 pytest.importorskip("reasoning_gym", reason="needs the data extra (reasoning-gym)")
 
 UPDATES = 20
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-       "HF_DATASETS_OFFLINE": "1", "HYDRA_FULL_ERROR": "1"}  # fmt: skip
+ENV = {
+    **os.environ,
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "HYDRA_FULL_ERROR": "1",
+}
 SYSTEM = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
 INSTRUCTION = "\nGive only the final answer as a number.<|im_end|>\n<|im_start|>assistant\n"
 
@@ -38,9 +44,17 @@ INSTRUCTION = "\nGive only the final answer as a number.<|im_end|>\n<|im_start|>
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("smollm2_arith") / "run"
-    command = [sys.executable, "-m", "frlab", "experiment=smollm2_arith_cpu", "seed=0",
-               f"trainer.max_steps={UPDATES}", "eval.limit=4", "eval.k=1",
-               f"hydra.run.dir={out}"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "frlab",
+        "experiment=smollm2_arith_cpu",
+        "seed=0",
+        f"trainer.max_steps={UPDATES}",
+        "eval.limit=4",
+        "eval.k=1",
+        f"hydra.run.dir={out}",
+    ]
     done = subprocess.run(
         command, cwd=out.parent, env=ENV, capture_output=True, text=True, timeout=1800
     )
@@ -60,8 +74,9 @@ def test_the_batch_reward_rises_beyond_noise(run_dir: Path) -> None:
     gain = statistics.mean(last) - statistics.mean(first)
     assert gain > 3 * se, f"first 10 {first}, last 10 {last}: gain {gain:.3f}, se {se:.3f}"
     assert all(math.isfinite(r["train/loss"]) and r["train/policy_lag_max"] <= 1 for r in rows)
-    assert all(r["timing/generation_s"] > 0 and r["timing/generation_tokens_per_s"] > 0
-               for r in rows)  # fmt: skip
+    assert all(
+        r["timing/generation_s"] > 0 and r["timing/generation_tokens_per_s"] > 0 for r in rows
+    )
 
 
 @pytest.mark.slow
@@ -84,14 +99,24 @@ def test_prompts_are_training_sums_in_the_real_chat_template(run_dir: Path) -> N
     from frlab.rollout.chat import template_ids
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_source("gguf:smollm2-135m-instruct"))
-    options = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1,
-               "operators": ["+"], "allow_parentheses": False, "allow_negation": False}  # fmt: skip
+    options = {
+        "min_terms": 2,
+        "max_terms": 2,
+        "min_digits": 1,
+        "max_digits": 1,
+        "operators": ["+"],
+        "allow_parentheses": False,
+        "allow_negation": False,
+    }
     heldout = {
         task["question"]
-        for task in load_math_dataset("reasoning-gym:basic_arithmetic", limit=2000,
-                                      options=options,
-                                      holdout={"fraction": 0.25, "part": "heldout"})
-    }  # fmt: skip
+        for task in load_math_dataset(
+            "reasoning-gym:basic_arithmetic",
+            limit=2000,
+            options=options,
+            holdout={"fraction": 0.25, "part": "heldout"},
+        )
+    }
     samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
     assert len(samples) == 4 * UPDATES
     for sample in samples:

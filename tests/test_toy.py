@@ -15,7 +15,8 @@ def test_toy_cli_runs_one_finite_update() -> None:
     values = dict(re.findall(r"^\s*(\w+): (\S+)$", out.stdout, flags=re.M))
     for key in ("loss", "acceptance_rate", "param_delta_l2", "grad_norm"):
         assert key in values, out.stdout
-    # Same weights sample and learn: the behaviour/current KL is ~0, so every trajectory is admitted.
+    # Same weights sample and learn: the behaviour/current KL is ~0, so every trajectory is
+    # admitted.
     assert float(values["acceptance_rate"]) == 1.0
     assert float(values["param_delta_l2"]) > 0.0
 

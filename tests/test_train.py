@@ -32,17 +32,26 @@ def test_a_run_builds_the_objective_once_and_every_node_from_its_target(
 
     class Recorder(L.Callback):
         def on_train_end(self, trainer, pl_module) -> None:  # noqa: ANN001
-            seen.update(module=pl_module, optimizer=trainer.optimizers[0],
-                        datamodule=trainer.datamodule)  # fmt: skip
+            seen.update(
+                module=pl_module, optimizer=trainer.optimizers[0], datamodule=trainer.datamodule
+            )
 
     callbacks = train.build_callbacks
     monkeypatch.setattr(train, "build_callbacks", lambda *a: [*callbacks(*a), Recorder()])
-    cfg = compose([
-        f"paths.output_dir={tmp_path}", "trainer.max_steps=2", "data.batch_size=4",
-        "data.micro_batch_size=2", "rollout.max_in_flight=4", "plots=false",
-        "optim.lr=0.01", "optim.betas=[0.5,0.75]", "~callbacks.model_checkpoint",
-        "trainer.enable_checkpointing=false",
-    ])  # fmt: skip
+    cfg = compose(
+        [
+            f"paths.output_dir={tmp_path}",
+            "trainer.max_steps=2",
+            "data.batch_size=4",
+            "data.micro_batch_size=2",
+            "rollout.max_in_flight=4",
+            "plots=false",
+            "optim.lr=0.01",
+            "optim.betas=[0.5,0.75]",
+            "~callbacks.model_checkpoint",
+            "trainer.enable_checkpointing=false",
+        ]
+    )
     summary = train.run(cfg)
     assert summary["steps"] == 2
     # preflight builds the run's one Objective; the learner trains with that object
@@ -61,14 +70,19 @@ def test_the_optimizer_and_data_module_come_from_their_nodes() -> None:
     from frlab.config.compose import instantiate
     from frlab.data.datamodule import RolloutDataModule
 
-    cfg = compose(["optim.lr=0.01", "optim.betas=[0.5,0.75]", "optim.weight_decay=0.2",
-                   "data.batch_size=8"])  # fmt: skip
+    cfg = compose(
+        ["optim.lr=0.01", "optim.betas=[0.5,0.75]", "optim.weight_decay=0.2", "data.batch_size=8"]
+    )
     make = instantiate(cfg.optim, key="optim")
     optimizer = make([torch.nn.Parameter(torch.zeros(3))])
     assert type(optimizer) is torch.optim.AdamW
     group = optimizer.param_groups[0]
     assert (group["lr"], tuple(group["betas"]), group["weight_decay"], group["eps"]) == (
-        0.01, (0.5, 0.75), 0.2, 1e-8)  # fmt: skip
+        0.01,
+        (0.5, 0.75),
+        0.2,
+        1e-8,
+    )
     assert "grad_clip" not in group and "scheduler" not in group  # read by the learner
     data = instantiate(cfg.data, key="data", pool_factory=lambda **kw: None, seed=3)
     assert isinstance(data, RolloutDataModule) and (data.batch_size, data.seed) == (8, 3)

@@ -61,8 +61,12 @@ def test_cli_resume_without_a_checkpoint_exits_2_naming_ckpt_path(tmp_path: Path
     env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
     out = subprocess.run(
         [sys.executable, "-m", "frlab", "ckpt_path=last", f"hydra.run.dir={tmp_path / 'run'}"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 2, (out.stdout, out.stderr)
     assert "config key `ckpt_path`" in out.stderr
     assert not (tmp_path / "run" / "metrics.csv").exists()  # nothing trained

@@ -64,8 +64,12 @@ class FakeWorker(WeightUpdateExtension):
         self.model_runner = types.SimpleNamespace(model=self.model)  # as vLLM's Worker has
         self.reloads: list[bool] = []
 
-    def reload_weights(self, weights_iterator: Any = None, weights_path: Any = None,
-                       is_checkpoint_format: bool = True) -> None:  # fmt: skip
+    def reload_weights(
+        self,
+        weights_iterator: Any = None,
+        weights_path: Any = None,
+        is_checkpoint_format: bool = True,
+    ) -> None:
         self.reloads.append(is_checkpoint_format)
         self.model.load_weights(weights_iterator)
 
@@ -85,11 +89,13 @@ def vllm_router_answer(results: list[Any] | None) -> Any:
     `vllm_contract` tier checks both against the router itself."""
     if results is None:
         return None
-    return {"results": [r if r is None or isinstance(r, dict | list) else str(r)
-                        for r in results]}  # fmt: skip
+    return {"results": [r if r is None or isinstance(r, dict | list) else str(r) for r in results]}
 
 
 def vllm_server_info(logprobs_mode: str) -> dict[str, Any]:
     """The part of vLLM's `GET /server_info?config_format=json` answer frlab reads."""
-    return {"vllm_config": {"model_config": {"logprobs_mode": logprobs_mode}}, "vllm_env": {},
-            "system_env": {}}  # fmt: skip
+    return {
+        "vllm_config": {"model_config": {"logprobs_mode": logprobs_mode}},
+        "vllm_env": {},
+        "system_env": {},
+    }

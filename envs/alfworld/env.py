@@ -4,7 +4,8 @@ A task is one game folder (ALFRED format: `traj_data.json` + `game.tw-pddl`) fou
 `data_dir` (default: the `ALFWORLD_DATA` environment variable). `num_games` keeps a fixed
 subset: the first N games after shuffling the sorted list with `random.Random(games_seed)`
 (the FlashREINFORCE reference trains on 1,024 ALFWorld training games; it does not publish
-which, so frlab draws them reproducibly from the whole training split). Each episode runs its game in
+which, so frlab draws them reproducibly from the whole training split). Each episode runs its game
+in
 its own worker process (envs.alfworld.worker: TextWorld's parser is not safe to share) with a
 timeout on every step; a hung step kills the worker and raises, failing that rollout.
 

@@ -130,15 +130,29 @@ def load_arguments(
             raise FileNotFoundError(f"env.source: dataset file not found: {source}")
     check_split(source, split, "env.split")  # type: ignore[arg-type]
     return {
-        "source": source, "split": split, "question_key": question_key,
-        "answer_key": answer_key, "limit": limit, "subset": subset, "seed": int(seed),
-        "options": dict(options or {}), "deduplicate": bool(deduplicate),
+        "source": source,
+        "split": split,
+        "question_key": question_key,
+        "answer_key": answer_key,
+        "limit": limit,
+        "subset": subset,
+        "seed": int(seed),
+        "options": dict(options or {}),
+        "deduplicate": bool(deduplicate),
         "holdout": check_holdout(holdout, "env.holdout"),
-    }  # fmt: skip
+    }
 
 
-LOAD_KEYS = ("question_key", "answer_key", "limit", "subset", "seed", "options", "holdout",
-             "deduplicate")  # fmt: skip
+LOAD_KEYS = (
+    "question_key",
+    "answer_key",
+    "limit",
+    "subset",
+    "seed",
+    "options",
+    "holdout",
+    "deduplicate",
+)
 
 
 def resolve_dataset(
@@ -182,8 +196,10 @@ class MathTasks(TaskSampler):
         if size != len(self.dataset) or any(not 0 <= i < size for i in self._order):
             log.warning(
                 "the checkpoint's pass over %d math tasks does not fit the dataset of %d: "
-                "a new shuffled pass starts", size, len(self.dataset),
-            )  # fmt: skip
+                "a new shuffled pass starts",
+                size,
+                len(self.dataset),
+            )
             self._order = []
 
     def state_dict(self) -> dict[str, Any]:
@@ -239,10 +255,18 @@ class MathEnv(Env):
         deduplicate: bool = False,
     ) -> None:
         self._load_args = load_arguments(
-            source, split, dataset, question_key=question_key, answer_key=answer_key,
-            limit=limit, subset=subset, seed=seed, options=options, holdout=holdout,
+            source,
+            split,
+            dataset,
+            question_key=question_key,
+            answer_key=answer_key,
+            limit=limit,
+            subset=subset,
+            seed=seed,
+            options=options,
+            holdout=holdout,
             deduplicate=deduplicate,
-        )  # fmt: skip
+        )
         if not float(timeout_s) > 0:
             raise ConfigError("env.timeout_s", f"must be > 0, got {timeout_s}")
         if answer_format not in ANSWER_FORMATS:

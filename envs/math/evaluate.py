@@ -30,9 +30,12 @@ Generate = Callable[[list[list[dict[str, str]]]], Sequence[str]]
 
 
 def _grade_all(
-    replies: Sequence[str], answers: Sequence[str], timeout_s: float, max_workers: int,
+    replies: Sequence[str],
+    answers: Sequence[str],
+    timeout_s: float,
+    max_workers: int,
     answer_format: str,
-) -> list[float]:  # fmt: skip
+) -> list[float]:
     def one(pair: tuple[str, str]) -> float:
         return grade(pair[0], pair[1], timeout_s=timeout_s, answer_format=answer_format)
 
@@ -108,9 +111,14 @@ def evaluate_avg_at_k(
     metrics: dict[str, float] = {}
     for name, problems in benchmarks.items():
         accuracies = problem_accuracies(
-            generate, problems, k, template=template, timeout_s=timeout_s,
-            max_workers=max_workers, answer_format=answer_format,
-        )  # fmt: skip
+            generate,
+            problems,
+            k,
+            template=template,
+            timeout_s=timeout_s,
+            max_workers=max_workers,
+            answer_format=answer_format,
+        )
         metrics[f"{prefix}/{name}/avg@{k}"] = sum(accuracies) / len(accuracies)
         metrics[f"{prefix}/{name}/avg@{k}_se"] = standard_error(accuracies)
     means = [metrics[f"{prefix}/{name}/avg@{k}"] for name in benchmarks]

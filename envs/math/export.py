@@ -56,9 +56,14 @@ def export_jsonl(
     """Write `source` to `out` as {"question", "answer"[, "messages"]} JSONL (atomically);
     return the count. `problem_only` writes bare problems (`dapo_problem`), no messages."""
     dataset = load_math_dataset(
-        source, split, question_key=question_key, answer_key=answer_key, subset=subset,
-        limit=limit, deduplicate=deduplicate,
-    )  # fmt: skip
+        source,
+        split,
+        question_key=question_key,
+        answer_key=answer_key,
+        subset=subset,
+        limit=limit,
+        deduplicate=deduplicate,
+    )
     path = Path(out).expanduser()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
@@ -84,14 +89,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--subset", default=None, help="Hugging Face config name")
     parser.add_argument("--limit", type=int, default=None, help="first N problems")
     parser.add_argument("--deduplicate", action="store_true", help="first row per question")
-    parser.add_argument("--problem-only", action="store_true",
-                        help="strip DAPO's answer-format instructions (tool prompts)")  # fmt: skip
+    parser.add_argument(
+        "--problem-only",
+        action="store_true",
+        help="strip DAPO's answer-format instructions (tool prompts)",
+    )
     args = parser.parse_args(argv)
     count = export_jsonl(
-        args.source, args.out, args.split, question_key=args.question_key,
-        answer_key=args.answer_key, subset=args.subset, limit=args.limit,
-        deduplicate=args.deduplicate, problem_only=args.problem_only,
-    )  # fmt: skip
+        args.source,
+        args.out,
+        args.split,
+        question_key=args.question_key,
+        answer_key=args.answer_key,
+        subset=args.subset,
+        limit=args.limit,
+        deduplicate=args.deduplicate,
+        problem_only=args.problem_only,
+    )
     print(f"wrote {count} problems to {args.out}")
     return 0
 

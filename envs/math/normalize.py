@@ -3,7 +3,8 @@
 `normalize_answer` maps equivalent spellings of one answer to one string: it removes math
 delimiters (`$`, `\\(`), spacing commands, `\\left`/`\\right`, `\\text{}`-style wrappers,
 degrees, percent and dollar signs, a trailing period, a leading `x =`, trailing unit words
-after a number, thousands separators (`1,000`, `1{,}000`), and spaces (a space that separates a LaTeX command
+after a number, thousands separators (`1,000`, `1{,}000`), and spaces (a space that separates a
+LaTeX command
 from a following letter is kept: `\\pi r` is not `\\pir`); `\\dfrac`/`\\tfrac` become
 `\\frac` and `\\frac12`/`\\sqrt2` get their braces.
 

@@ -49,11 +49,15 @@ CALLER_GONE = 128 + int(signal.SIGKILL)
 # Per architecture: (AUDIT_ARCH value, syscall numbers for unshare, setns, clone, clone3,
 # pivot_root), from the kernel's unistd tables.
 ARCHES = {
-    "x86_64": (0xC000003E, {"unshare": 272, "setns": 308, "clone": 56, "clone3": 435,
-                            "pivot_root": 155}),
-    "aarch64": (0xC00000B7, {"unshare": 97, "setns": 268, "clone": 220, "clone3": 435,
-                             "pivot_root": 41}),
-}  # fmt: skip
+    "x86_64": (
+        0xC000003E,
+        {"unshare": 272, "setns": 308, "clone": 56, "clone3": 435, "pivot_root": 155},
+    ),
+    "aarch64": (
+        0xC00000B7,
+        {"unshare": 97, "setns": 268, "clone": 220, "clone3": 435, "pivot_root": 41},
+    ),
+}
 X32_SYSCALL_BIT = 0x40000000
 CLONE_NEW_FLAGS = 0x7E020080  # NEWNS|NEWCGROUP|NEWUTS|NEWIPC|NEWUSER|NEWPID|NEWNET|NEWTIME
 RET_ALLOW, RET_ERRNO, RET_KILL = 0x7FFF0000, 0x00050000, 0x80000000
@@ -101,8 +105,12 @@ def _seccomp_program() -> bytes:
         (ld, 16, None, None),  # low 32 bits of args[0]: clone's flags
         (jset, CLONE_NEW_FLAGS, "eperm", "allow"),
     ]
-    labels = {"allow": RET_ALLOW, "eperm": RET_ERRNO | EPERM, "enosys": RET_ERRNO | ENOSYS,
-              "kill": RET_KILL}  # fmt: skip
+    labels = {
+        "allow": RET_ALLOW,
+        "eperm": RET_ERRNO | EPERM,
+        "enosys": RET_ERRNO | ENOSYS,
+        "kill": RET_KILL,
+    }
     where = {name: len(program) + i for i, name in enumerate(labels)}
     out = []
     for pc, (code, k, jt, jf) in enumerate(program):
@@ -123,8 +131,13 @@ def _install_seccomp() -> None:
 
     fprog = SockFprog(len(program) // 8, ctypes.cast(buf, ctypes.c_void_p))
     libc = _libc()
-    libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong,
-                           ctypes.c_ulong]  # fmt: skip
+    libc.prctl.argtypes = [
+        ctypes.c_int,
+        ctypes.c_ulong,
+        ctypes.c_void_p,
+        ctypes.c_ulong,
+        ctypes.c_ulong,
+    ]
     _check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0), "seccomp")
 
 
@@ -176,8 +189,9 @@ def _pivot_into(spec: dict) -> None:
     _mount("tmpfs", new + workdir, "tmpfs", MS_NOSUID | MS_NODEV, size)
     os.makedirs(new + "/.old", mode=0o700)
     libc = _libc()
-    _check(libc.syscall(_arch()[1]["pivot_root"], new.encode(), (new + "/.old").encode()),
-           "pivot_root")  # fmt: skip
+    _check(
+        libc.syscall(_arch()[1]["pivot_root"], new.encode(), (new + "/.old").encode()), "pivot_root"
+    )
     os.chdir("/")
     _check(libc.umount2(b"/.old", MNT_DETACH), "umount old root")
     os.rmdir("/.old")

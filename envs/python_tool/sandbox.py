@@ -54,7 +54,8 @@ Not covered (be aware)
   leave them writable. /proc is the namespace's own, but host-wide kernel files in it
   (/proc/meminfo, /proc/cpuinfo, /proc/sys) stay readable.
 - The seccomp filter covers namespaces only: every other system call is available to an
-  unprivileged user (kernel bugs are out of scope). No cgroup: memory is capped per process (RLIMIT_AS), so a program can hold up
+  unprivileged user (kernel bugs are out of scope). No cgroup: memory is capped per process
+  (RLIMIT_AS), so a program can hold up
   to max_processes x memory_mb in total; CPU time is capped per process, wall time by the
   timeout. Size max_processes and memory_mb for the host's RAM and the number of concurrent
   calls.

@@ -33,8 +33,11 @@ class FaultyParityEnv(ParityEnv):
         hang_s: float = 3600.0,
     ) -> None:
         super().__init__(num_digits)
-        for name, value in (("hang_every", hang_every), ("raise_every", raise_every),
-                            ("bad_reward_every", bad_reward_every)):  # fmt: skip
+        for name, value in (
+            ("hang_every", hang_every),
+            ("raise_every", raise_every),
+            ("bad_reward_every", bad_reward_every),
+        ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ConfigError(f"env.{name}", f"must be an integer >= 0, got {value!r}")
         self.hang_every, self.raise_every = hang_every, raise_every
@@ -48,8 +51,11 @@ class FaultyParityEnv(ParityEnv):
 
     def fault(self) -> str | None:
         """The fault planned for the current task: "hang", "raise", "bad_reward" or None."""
-        for kind, every, rest in (("hang", self.hang_every, 0), ("raise", self.raise_every, 1),
-                                  ("bad_reward", self.bad_reward_every, 2)):  # fmt: skip
+        for kind, every, rest in (
+            ("hang", self.hang_every, 0),
+            ("raise", self.raise_every, 1),
+            ("bad_reward", self.bad_reward_every, 2),
+        ):
             if every and self._n % every == rest % every:
                 return kind
         return None

@@ -1,7 +1,8 @@
 """`toy_multi`: two turns; the answer depends on a key revealed only by the first observation.
 
 Turn 1: the prompt asks for the key (with `num_decoys` random decoy digits, none by default:
-they slow a tiny policy down); whatever the policy says, the environment replies "key k". Turn 2: the reward is 1 when the reply starts with a digit of the
+they slow a tiny policy down); whatever the policy says, the environment replies "key k". Turn 2:
+the reward is 1 when the reply starts with a digit of the
 parity of k, else 0. The answer is not in the prompt (decoys are independent of k), so a
 policy can only beat chance by reading observation tokens, which the agent loop masks out of
 the loss: this exercises masking and multi-turn credit assignment. A random-init policy

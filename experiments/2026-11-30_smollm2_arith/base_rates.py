@@ -24,19 +24,55 @@ import torch
 
 SIMPLE = {"allow_parentheses": False, "allow_negation": False}
 CANDIDATES = {
-    "one_digit_add": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1,
-                      "operators": ["+"], **SIMPLE},
-    "one_digit_add_sub": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1,
-                          "operators": ["+", "-"], **SIMPLE},
-    "one_digit_mul": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1,
-                      "operators": ["*"], **SIMPLE},
-    "one_two_digit_add": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2,
-                          "operators": ["+"], **SIMPLE},
-    "three_term_add": {"min_terms": 3, "max_terms": 3, "min_digits": 1, "max_digits": 1,
-                       "operators": ["+"], **SIMPLE},
-    "two_digit_add": {"min_terms": 2, "max_terms": 2, "min_digits": 2, "max_digits": 2,
-                      "operators": ["+"], **SIMPLE},
-}  # fmt: skip
+    "one_digit_add": {
+        "min_terms": 2,
+        "max_terms": 2,
+        "min_digits": 1,
+        "max_digits": 1,
+        "operators": ["+"],
+        **SIMPLE,
+    },
+    "one_digit_add_sub": {
+        "min_terms": 2,
+        "max_terms": 2,
+        "min_digits": 1,
+        "max_digits": 1,
+        "operators": ["+", "-"],
+        **SIMPLE,
+    },
+    "one_digit_mul": {
+        "min_terms": 2,
+        "max_terms": 2,
+        "min_digits": 1,
+        "max_digits": 1,
+        "operators": ["*"],
+        **SIMPLE,
+    },
+    "one_two_digit_add": {
+        "min_terms": 2,
+        "max_terms": 2,
+        "min_digits": 1,
+        "max_digits": 2,
+        "operators": ["+"],
+        **SIMPLE,
+    },
+    "three_term_add": {
+        "min_terms": 3,
+        "max_terms": 3,
+        "min_digits": 1,
+        "max_digits": 1,
+        "operators": ["+"],
+        **SIMPLE,
+    },
+    "two_digit_add": {
+        "min_terms": 2,
+        "max_terms": 2,
+        "min_digits": 2,
+        "max_digits": 2,
+        "operators": ["+"],
+        **SIMPLE,
+    },
+}
 TEMPLATE = "{question}\nGive only the final answer as a number."
 
 
@@ -78,19 +114,25 @@ def main() -> None:
     for name, options in CANDIDATES.items():
         if args.only and name not in args.only:
             continue
-        generated = load_math_dataset("reasoning-gym:basic_arithmetic", limit=2000, seed=0,
-                                      options=options)  # fmt: skip
+        generated = load_math_dataset(
+            "reasoning-gym:basic_arithmetic", limit=2000, seed=0, options=options
+        )
         distinct = list({t["question"]: t for t in generated}.values())
         tasks = distinct[: args.problems] * args.repeats
-        messages = [[{"role": "user", "content": TEMPLATE.format(question=t["question"])}]
-                    for t in tasks]  # fmt: skip
+        messages = [
+            [{"role": "user", "content": TEMPLATE.format(question=t["question"])}] for t in tasks
+        ]
         prompts = [template_ids(tokenizer, m, args.system_prompt) for m in messages]
         start = time.perf_counter()
         results = asyncio.run(sample(prompts))
         seconds = time.perf_counter() - start
         replies = [tokenizer.decode(r.token_ids, skip_special_tokens=True) for r in results]
-        row = {"task": name, "samples": len(replies), "system_prompt": args.system_prompt,
-               "seconds": round(seconds, 1)}  # fmt: skip
+        row = {
+            "task": name,
+            "samples": len(replies),
+            "system_prompt": args.system_prompt,
+            "seconds": round(seconds, 1),
+        }
         for fmt in ("any", "final_line"):
             scores = [
                 grade(r, t["answer"], answer_format=fmt)

@@ -98,8 +98,9 @@ def compose(
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONFIGS_DIR), version_base="1.3"):
         try:
-            return hydra_compose(config_name=config_name, overrides=list(overrides),
-                                 return_hydra_config=with_hydra)  # fmt: skip
+            return hydra_compose(
+                config_name=config_name, overrides=list(overrides), return_hydra_config=with_hydra
+            )
         except Exception as exc:
             err = explain(exc)
             if err is None:
@@ -120,8 +121,11 @@ def suggest_moved(err: ConfigError) -> ConfigError:
         return err
     section, _, rest = err.key.partition(".")
     name = rest.rsplit(".", 1)[-1]
-    moved = [k for k in declared_keys(schema.FrlabConfig, "") if k.startswith(f"{section}.")
-             and k.rsplit(".", 1)[-1] == name and k != err.key]  # fmt: skip
+    moved = [
+        k
+        for k in declared_keys(schema.FrlabConfig, "")
+        if k.startswith(f"{section}.") and k.rsplit(".", 1)[-1] == name and k != err.key
+    ]
     if not moved:
         return err
     return ConfigError(err.key, err.reason, choices=err.choices, suggestions=moved)
@@ -163,8 +167,11 @@ def call_hydra_main(hydra_main: Callable[[], Any]) -> None:
         print(exc, file=sys.stderr, flush=True)
         if isinstance(exc.__cause__, OmegaConfBaseException):
             print(exc.__cause__, file=sys.stderr, flush=True)
-        print("\nSet the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.",
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            "\nSet the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.",
+            file=sys.stderr,
+            flush=True,
+        )
         sys.exit(1)
     finally:  # the user's setting again, for whatever runs after (a test's next call)
         if user_setting is None:

@@ -44,8 +44,9 @@ class Meta:
     words: tuple[str, ...] = ()
 
 
-def spec(default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSING,
-         **rules: Any) -> Any:  # fmt: skip
+def spec(
+    default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSING, **rules: Any
+) -> Any:
     """A dataclass field with frlab's rules (`Meta`'s fields: range, choices, doc, arg)."""
     meta = {META: Meta(**rules)}
     if factory is not dataclasses.MISSING:
@@ -123,8 +124,11 @@ def check_node(key: str, values: Mapping[str, Any], cls: type) -> None:
     from omegaconf.errors import OmegaConfBaseException
 
     # raw values first: the merge below would read 3 as true on a key declared bool
-    check_booleans((join(key, f.name), values[f.name]) for f, a in declared(cls)
-                   if f.name in values and unwrap(a)[0] is bool)  # fmt: skip
+    check_booleans(
+        (join(key, f.name), values[f.name])
+        for f, a in declared(cls)
+        if f.name in values and unwrap(a)[0] is bool
+    )
     declared_node, given = OmegaConf.structured(cls), dict(values)
     for part in reversed(key.split(".")):  # nested under the full key, so errors name it
         declared_node, given = {part: declared_node}, {part: given}

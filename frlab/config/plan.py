@@ -24,24 +24,33 @@ from frlab.config.declare import changed
 NOT_RESOLVED = "(set by Hydra at run time)"
 
 
-def plan_facts(cfg: DictConfig, sec: Mapping[str, Any], objective: Any, world: int,
-               engine: str) -> dict[str, Any]:  # fmt: skip
+def plan_facts(
+    cfg: DictConfig, sec: Mapping[str, Any], objective: Any, world: int, engine: str
+) -> dict[str, Any]:
     """The facts of a validated run (`sec`: its resolved sections; `engine`: the option name).
     A config value is under its own key (`rollout.max_policy_lag`, `trainer.max_steps`,
     `objective.sequence_bernoulli_kl.delta`); a fact computed from several keys under a name
     of its own (`ranks`, `per_rank_batch_size`, `rollouts`, `trust`, ...)."""
-    model, rollout, data, optim, trainer = (sec[k] for k in ("model", "rollout", "data", "optim",
-                                                             "trainer"))  # fmt: skip
+    model, rollout, data, optim, trainer = (
+        sec[k] for k in ("model", "rollout", "data", "optim", "trainer")
+    )
     per_rank = data["batch_size"] // world
     facts = {
-        "experiment": choice(cfg, "experiment"), "model.name_or_path": model["name_or_path"],
-        "model": _describe_model(model), "model.tokenizer": str(model["tokenizer"]),
-        "model.dtype": model["dtype"], "env._target_": str(cfg.env.get("_target_")),
-        "rollout.engine": engine, "rollout.mode": rollout["mode"],
-        "trainer.accelerator": trainer["accelerator"], "ranks": world,
+        "experiment": choice(cfg, "experiment"),
+        "model.name_or_path": model["name_or_path"],
+        "model": _describe_model(model),
+        "model.tokenizer": str(model["tokenizer"]),
+        "model.dtype": model["dtype"],
+        "env._target_": str(cfg.env.get("_target_")),
+        "rollout.engine": engine,
+        "rollout.mode": rollout["mode"],
+        "trainer.accelerator": trainer["accelerator"],
+        "ranks": world,
         "trainer.strategy": _describe_strategy(trainer.get("strategy", "auto")),
-        "trainer.precision": str(trainer["precision"]), "data.batch_size": data["batch_size"],
-        "per_rank_batch_size": per_rank, "data.micro_batch_size": data["micro_batch_size"],
+        "trainer.precision": str(trainer["precision"]),
+        "data.batch_size": data["batch_size"],
+        "per_rank_batch_size": per_rank,
+        "data.micro_batch_size": data["micro_batch_size"],
         "micro_batches_per_step": per_rank // data["micro_batch_size"],
         "data.max_tokens_per_micro_batch": data["max_tokens_per_micro_batch"],
         "data.pack_sequences": bool(data["pack_sequences"]),
@@ -49,13 +58,15 @@ def plan_facts(cfg: DictConfig, sec: Mapping[str, Any], objective: Any, world: i
         "rollout.samples_per_prompt": rollout["samples_per_prompt"],
         "rollout.max_in_flight": rollout["max_in_flight"],
         "rollout.max_policy_lag": rollout["max_policy_lag"],
-        "rollout.sync_every": rollout["sync_every"], "rollout.max_turns": rollout["max_turns"],
+        "rollout.sync_every": rollout["sync_every"],
+        "rollout.max_turns": rollout["max_turns"],
         "rollout.max_len": rollout["max_len"],
         "rollout.sampling.max_new_tokens": rollout["sampling"]["max_new_tokens"],
         "rollout.sampling.temperature": float(rollout["sampling"]["temperature"]),
         "trainer.max_steps": trainer["max_steps"],
         "rollouts": trainer["max_steps"] * data["batch_size"],
-        "optim.lr": float(optim["lr"]), "optim.scheduler": optim["scheduler"],
+        "optim.lr": float(optim["lr"]),
+        "optim.scheduler": optim["scheduler"],
         "optim.schedule_steps": optim["schedule_steps"],
         "schedule_length": int(optim["schedule_steps"] or trainer["max_steps"]),
         "optim.warmup_ratio": float(optim["warmup_ratio"]),
@@ -63,12 +74,16 @@ def plan_facts(cfg: DictConfig, sec: Mapping[str, Any], objective: Any, world: i
         "trust": objective.trust_region.describe(objective.names["trust_region"]),
         "servers": len(rollout["remote"]["servers"]) if rollout.get("remote") else None,
         "rollout.weight_update": rollout.get("weight_update"),
-        "evaluation": _describe_eval(cfg.get("eval")), "memory": None, "learner": None,
+        "evaluation": _describe_eval(cfg.get("eval")),
+        "memory": None,
+        "learner": None,
         "model.gradient_checkpointing": model["gradient_checkpointing"],
         "logger._target_": None if cfg.get("logger") is None else str(cfg.logger.get("_target_")),
-        "paths.output_dir": output_dir(cfg), "ckpt_path": cfg.get("ckpt_path"),
-        "seed": int(cfg.seed), "changed": changed_settings(sec, _env_values(cfg)),
-    }  # fmt: skip
+        "paths.output_dir": output_dir(cfg),
+        "ckpt_path": cfg.get("ckpt_path"),
+        "seed": int(cfg.seed),
+        "changed": changed_settings(sec, _env_values(cfg)),
+    }
     facts.update(objective_keys(objective))
     return facts
 
@@ -102,23 +117,38 @@ def plan_rows(plan: Mapping[str, Any]) -> list[tuple[str, str]]:
         ("experiment", plan["experiment"] or "-"),
         ("model", f"{plan['model']}  [{plan['model.dtype']}, tokenizer {plan['model.tokenizer']}]"),
         ("env", plan["env._target_"]),
-        ("devices", f"{plan['ranks']} x {plan['trainer.accelerator']}, strategy "
-                    f"{plan['trainer.strategy']}, precision {plan['trainer.precision']}"),
-        ("batch", f"B={plan['data.batch_size']} (global), {plan['per_rank_batch_size']}/rank, "
-                  f"micro {plan['data.micro_batch_size']} x {plan['micro_batches_per_step']}/step, "
-                  f"G={plan['rollout.samples_per_prompt']}"),
+        (
+            "devices",
+            f"{plan['ranks']} x {plan['trainer.accelerator']}, strategy "
+            f"{plan['trainer.strategy']}, precision {plan['trainer.precision']}",
+        ),
+        (
+            "batch",
+            f"B={plan['data.batch_size']} (global), {plan['per_rank_batch_size']}/rank, "
+            f"micro {plan['data.micro_batch_size']} x {plan['micro_batches_per_step']}/step, "
+            f"G={plan['rollout.samples_per_prompt']}",
+        ),
         ("micro", _micro_batching(plan)),
-        ("rollout", f"{plan['rollout.mode']} on {_engine(plan)}, in flight "
-                    f"{plan['rollout.max_in_flight']}, sync every {plan['rollout.sync_every']}, "
-                    f"turns {plan['rollout.max_turns']}, max_len {plan['rollout.max_len']}, new "
-                    f"tokens {plan['rollout.sampling.max_new_tokens']}, "
-                    f"T={plan['rollout.sampling.temperature']:g}"),
-        ("weights", plan["rollout.weight_update"] or "the engine's default (in_flight where exact)"),
+        (
+            "rollout",
+            f"{plan['rollout.mode']} on {_engine(plan)}, in flight "
+            f"{plan['rollout.max_in_flight']}, sync every {plan['rollout.sync_every']}, "
+            f"turns {plan['rollout.max_turns']}, max_len {plan['rollout.max_len']}, new "
+            f"tokens {plan['rollout.sampling.max_new_tokens']}, "
+            f"T={plan['rollout.sampling.temperature']:g}",
+        ),
+        (
+            "weights",
+            plan["rollout.weight_update"] or "the engine's default (in_flight where exact)",
+        ),
         ("lag bound", lag),
         ("objective", _objective(plan)),
         ("trust", f"{plan['trust']}; token filter {_token_filter(plan)}"),
-        ("updates", f"{plan['trainer.max_steps']} optimizer steps ({plan['rollouts']} rollouts); "
-                    f"zero-gradient batches {zero}"),
+        (
+            "updates",
+            f"{plan['trainer.max_steps']} optimizer steps ({plan['rollouts']} rollouts); "
+            f"zero-gradient batches {zero}",
+        ),
         ("lr", _schedule(plan)),
         ("eval", plan["evaluation"]),
         *[(k, plan[k]) for k in ("learner", "memory") if plan.get(k)],
@@ -126,7 +156,7 @@ def plan_rows(plan: Mapping[str, Any]) -> list[tuple[str, str]]:
         ("output dir", plan["paths.output_dir"]),
         ("resume", plan["ckpt_path"] or "no"),
         ("seed", str(plan["seed"])),
-    ]  # fmt: skip
+    ]
 
 
 def format_plan(plan: Mapping[str, Any]) -> str:
@@ -226,8 +256,11 @@ def _changed_env(env: Mapping[str, Any]) -> dict[str, Any]:
         params = inspect.signature(locate(str(env.get("_target_")))).parameters
     except (ImportError, ValueError, TypeError):
         return {}
-    return {f"env.{k}": v for k, v in env.items()
-            if not str(k).startswith("_") and (k not in params or params[k].default != v)}  # fmt: skip
+    return {
+        f"env.{k}": v
+        for k, v in env.items()
+        if not str(k).startswith("_") and (k not in params or params[k].default != v)
+    }
 
 
 def _env_values(cfg: DictConfig) -> dict[str, Any]:
@@ -275,8 +308,11 @@ def _describe_model(model: Mapping[str, Any]) -> str:
     if model["name_or_path"] is not None:
         return str(model["name_or_path"])
     c = model["config"]
-    dims = ", ".join(f"{k.replace('num_hidden_', '').replace('_size', '')} {c[k]}"
-                     for k in ("hidden_size", "num_hidden_layers", "vocab_size") if k in c)  # fmt: skip
+    dims = ", ".join(
+        f"{k.replace('num_hidden_', '').replace('_size', '')} {c[k]}"
+        for k in ("hidden_size", "num_hidden_layers", "vocab_size")
+        if k in c
+    )
     return f"random-init {c['model_type']} ({dims})"
 
 

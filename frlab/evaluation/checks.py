@@ -31,8 +31,9 @@ def check_math(values: Mapping[str, Any], env: Mapping[str, Any]) -> list[str]:
         if isinstance(bench, str) and not bench.strip():
             raise ConfigError(key, "must name a dataset source, got an empty string")
         if not isinstance(bench, str | Mapping):
-            raise ConfigError(key, f"must be a dataset source or a mapping with `source`, "
-                             f"got {bench!r}")  # fmt: skip
+            raise ConfigError(
+                key, f"must be a dataset source or a mapping with `source`, got {bench!r}"
+            )
         if isinstance(bench, Mapping):
             source = bench.get("source")
             if not isinstance(source, str) or not source.strip():
@@ -42,11 +43,16 @@ def check_math(values: Mapping[str, Any], env: Mapping[str, Any]) -> list[str]:
             check_holdout(bench.get("holdout"), f"{key}.holdout")
     template, names = values["template"], (*TEMPLATES, MESSAGES)
     if template not in names and "{question}" not in template:
-        raise ConfigError("eval.template", f"must be one of {', '.join(names)} or a string "
-                         f"containing '{{question}}', got {template!r}")  # fmt: skip
+        raise ConfigError(
+            "eval.template",
+            f"must be one of {', '.join(names)} or a string "
+            f"containing '{{question}}', got {template!r}",
+        )
     if values["answer_format"] not in ANSWER_FORMATS:
-        raise ConfigError("eval.answer_format", f"must be one of {', '.join(ANSWER_FORMATS)}, got "
-                         f"{values['answer_format']!r}")  # fmt: skip
+        raise ConfigError(
+            "eval.answer_format",
+            f"must be one of {', '.join(ANSWER_FORMATS)}, got {values['answer_format']!r}",
+        )
     return overlap_warnings(env, values["benchmarks"])
 
 
@@ -63,8 +69,11 @@ def check_episodes(values: Mapping[str, Any], env: Mapping[str, Any]) -> list[st
             if field not in env_keys:
                 hint = close_matches(str(field), env_keys)
                 did = f"; did you mean {' or '.join(map(repr, hint))}?" if hint else ""
-                raise ConfigError(f"{key}.{field}", f"is not a key of the training `env` node{did} "
-                                 f"(valid: {', '.join(sorted(env_keys))})")  # fmt: skip
+                raise ConfigError(
+                    f"{key}.{field}",
+                    f"is not a key of the training `env` node{did} "
+                    f"(valid: {', '.join(sorted(env_keys))})",
+                )
     return []
 
 
@@ -88,9 +97,12 @@ def overlap_warnings(env: Mapping[str, Any], benchmarks: Mapping[str, Any]) -> l
         if source is None or bench_source != source:
             continue
         part = _holdout(bench)
-        if env_part and part and env_part[0] == part[0] and (env_part[1], part[1]) == (
-            "train", "heldout"
-        ):  # fmt: skip
+        if (
+            env_part
+            and part
+            and env_part[0] == part[0]
+            and (env_part[1], part[1]) == ("train", "heldout")
+        ):
             continue
         out.append(
             f"eval.benchmarks.{name} draws from the training source {source!r} without a "
@@ -111,5 +123,7 @@ def describe(ev: Mapping[str, Any]) -> str:
         details.append(f"first {ev['limit']} each")
     names = ", ".join(str(name) for name in benchmark_specs(ev["benchmarks"]))
     start = " and at step 0" if ev.get("at_start") else ""
-    return (f"{ev['kind']} avg@{ev['k']} every {ev['every_n_steps']} steps{start} on {names} "
-            f"({', '.join(details)})")  # fmt: skip
+    return (
+        f"{ev['kind']} avg@{ev['k']} every {ev['every_n_steps']} steps{start} on {names} "
+        f"({', '.join(details)})"
+    )

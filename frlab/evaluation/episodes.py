@@ -106,9 +106,12 @@ class EpisodeEvaluation(PeriodicEvaluation):
         )
         sampling.validate(off_policy_correction=False)
         self.loop_cfg = AgentLoopConfig(
-            max_turns=max_turns, max_len=max_len, sampling=sampling,
-            env_timeout_s=env_timeout_s, engine_timeout_s=engine_timeout_s,
-        )  # fmt: skip
+            max_turns=max_turns,
+            max_len=max_len,
+            sampling=sampling,
+            env_timeout_s=env_timeout_s,
+            engine_timeout_s=engine_timeout_s,
+        )
         self.prefix = prefix
         self._tasks: dict[str, list[dict[str, Any]]] = {}
 
@@ -136,7 +139,7 @@ class EpisodeEvaluation(PeriodicEvaluation):
         factories = {
             name: env_factory(OmegaConf.merge(env, changes or {}))
             for name, changes in benchmark_specs(benchmarks).items()
-        }  # fmt: skip
+        }
         return cls(factories, **kw, **sampling)
 
     def tasks(self, name: str) -> list[dict[str, Any]]:
@@ -150,9 +153,14 @@ class EpisodeEvaluation(PeriodicEvaluation):
         return self._tasks[name]
 
     async def _episode(
-        self, engine: Any, tokenizer: Any, name: str, index: int, sample: int,
+        self,
+        engine: Any,
+        tokenizer: Any,
+        name: str,
+        index: int,
+        sample: int,
         sem: asyncio.Semaphore,
-    ) -> float | None:  # fmt: skip
+    ) -> float | None:
         """The reward of sample `sample` of task `index` of `name`; None when it failed."""
         task = self.tasks(name)[index]
         bench = list(self.factories).index(name)

@@ -33,9 +33,10 @@ from frlab.objective.catalog import (
 from frlab.objective.presets import PRESETS
 
 MARKERS = {
-    README_FILE: [("<!-- components:begin (generated: {cmd}) -->", "<!-- components:end -->",
-                   component_table)],
-}  # fmt: skip
+    README_FILE: [
+        ("<!-- components:begin (generated: {cmd}) -->", "<!-- components:end -->", component_table)
+    ],
+}
 # docs/config-keys.md is generated whole by frlab.generated.config_keys, which takes its objective
 # section from schema_objective_section and component_metrics_text (expected_files adds it).
 

@@ -18,8 +18,24 @@ from frlab.config import schema
 from frlab.config.compose import group_dir, group_options
 from frlab.config.declare import Meta, declared, default_of, interval, meta_of, section_type, unwrap
 
-GROUPS = ("model", "env", "rollout", "rollout/engine", "data", "objective", "optim", "trainer",
-          "logger", "callbacks", "eval", "paths", "hydra", "ablation", "experiment", "sweep")  # fmt: skip
+GROUPS = (
+    "model",
+    "env",
+    "rollout",
+    "rollout/engine",
+    "data",
+    "objective",
+    "optim",
+    "trainer",
+    "logger",
+    "callbacks",
+    "eval",
+    "paths",
+    "hydra",
+    "ablation",
+    "experiment",
+    "sweep",
+)
 
 HEAD = """# frlab config schema
 
@@ -103,8 +119,13 @@ def table(prefix: str, cls: type) -> list[str]:
             nested.append((f"{prefix}.{f.name}", sub))
         doc = meta.doc + (" (read by frlab, not passed to `_target_`)" if not meta.arg else "")
         default = show(default_of(f))
-        cells = [f"`{prefix}.{f.name}`", type_name(annotation, meta),
-                 f"`{default}`" if default else "", allowed_of(meta), doc or (sub.__doc__ or "")]  # fmt: skip
+        cells = [
+            f"`{prefix}.{f.name}`",
+            type_name(annotation, meta),
+            f"`{default}`" if default else "",
+            allowed_of(meta),
+            doc or (sub.__doc__ or ""),
+        ]
         rows.append(row(cells))
     out = [f"### `{prefix}` ({cls.__name__})", "", (cls.__doc__ or "").strip(), "", *rows, ""]
     for key, sub in nested:
@@ -138,14 +159,28 @@ def objective_section() -> list[str]:
     """The objective node, from the component declarations (frlab.objective.catalog)."""
     from frlab.objective.catalog import component_metrics_text, schema_objective_section
 
-    intro = ("Component names (plain strings), one per slot, and each component's "
-             "hyperparameters under its own name (`objective.NAME.ARG`), declared once on the "
-             "component class and checked by the objective itself (Objective.from_config); presets "
-             "`objective=" + "|".join(group_options("objective")) + "`.")  # fmt: skip
-    return ["## `objective`", "", intro, "", "```yaml",
-            "# objective:begin (generated from the component declarations)",
-            schema_objective_section(), "# objective:end", "```", "",
-            "Component metrics:", "", component_metrics_text(), ""]  # fmt: skip
+    intro = (
+        "Component names (plain strings), one per slot, and each component's "
+        "hyperparameters under its own name (`objective.NAME.ARG`), declared once on the "
+        "component class and checked by the objective itself (Objective.from_config); presets "
+        "`objective=" + "|".join(group_options("objective")) + "`."
+    )
+    return [
+        "## `objective`",
+        "",
+        intro,
+        "",
+        "```yaml",
+        "# objective:begin (generated from the component declarations)",
+        schema_objective_section(),
+        "# objective:end",
+        "```",
+        "",
+        "Component metrics:",
+        "",
+        component_metrics_text(),
+        "",
+    ]
 
 
 def default_choices() -> dict[str, str]:
@@ -153,8 +188,14 @@ def default_choices() -> dict[str, str]:
     from frlab.config.compose import compose
 
     choices = compose(()).hydra.runtime.choices
-    return {g: str(o) for g, o in choices.items() if o is not None and g.split("/")[0] in GROUPS
-            and g.split("/")[0] != "hydra" and "@" not in g}  # fmt: skip
+    return {
+        g: str(o)
+        for g, o in choices.items()
+        if o is not None
+        and g.split("/")[0] in GROUPS
+        and g.split("/")[0] != "hydra"
+        and "@" not in g
+    }
 
 
 def generate() -> str:
@@ -168,8 +209,16 @@ def generate() -> str:
     out += ["| key | type | default | meaning |", "|---|---|---|---|"]
     hints = dict((f.name, a) for f, a in declared(schema.FrlabConfig))
     for f in root_scalars:
-        out.append(row([f"`{f.name}`", type_name(hints[f.name], meta_of(f)),
-                        f"`{show(default_of(f))}`", meta_of(f).doc]))  # fmt: skip
+        out.append(
+            row(
+                [
+                    f"`{f.name}`",
+                    type_name(hints[f.name], meta_of(f)),
+                    f"`{show(default_of(f))}`",
+                    meta_of(f).doc,
+                ]
+            )
+        )
     out.append("")
     for name in ("model", "rollout", "data", "optim", "paths"):
         out += table(name, section_type(hints[name]))  # type: ignore[arg-type]

@@ -7,7 +7,8 @@ objective's diagnostics of each micro-batch, `finish` syncs the states of all ra
 the next update. Means are accumulated on device as weighted sums with no host sync per
 update; a NaN statistic raises at `finish` (a bug upstream, not something to hide).
 
-Policy lag (as the FlashREINFORCE paper defines it: learner version at the update minus the version that
+Policy lag (as the FlashREINFORCE paper defines it: learner version at the update minus the version
+that
 generated the tokens; a trajectory may span several versions): `train/policy_lag_mean` and
 `_max` per trajectory, from its OLDEST action token; `train/policy_lag_token_mean` per action
 token. Component diagnostics are logged under the names their declarations give

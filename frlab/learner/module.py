@@ -332,9 +332,13 @@ class FlashReinforceModule(L.LightningModule):
         timings: dict[str, float],
     ) -> None:
         values = self.step_metrics.finish(
-            loss=loss, grad_norm=grad_norm, lr=lr, timings=timings,
-            zero_signal=zero_signal, micro_batches=micro_batches,
-        )  # fmt: skip
+            loss=loss,
+            grad_norm=grad_norm,
+            lr=lr,
+            timings=timings,
+            zero_signal=zero_signal,
+            micro_batches=micro_batches,
+        )
         if self.compiled is not None:
             values[COMPILES] = float(self.compiled.compiles)
         self.step_log.add(self._trainer, values, PROGRESS_BAR)

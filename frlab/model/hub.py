@@ -87,10 +87,13 @@ def check_model(model: Mapping[str, Any], rollout: Mapping[str, Any]) -> None:
     if problem:
         raise ConfigError("model.name_or_path", f"{problem}")
     if source is not None and config is not None:
-        raise ConfigError("model.config", f"is set (a random-init architecture) while "
-                         f"model.name_or_path loads {source!r}: choose one (model=hf "
-                         "model.name_or_path=... loads a checkpoint; model.name_or_path=null "
-                         "keeps the random-init model)")  # fmt: skip
+        raise ConfigError(
+            "model.config",
+            f"is set (a random-init architecture) while "
+            f"model.name_or_path loads {source!r}: choose one (model=hf "
+            "model.name_or_path=... loads a checkpoint; model.name_or_path=null "
+            "keeps the random-init model)",
+        )
     if config is not None and "model_type" not in config:
         raise ConfigError("model.config.model_type", "missing (e.g. qwen2, llama, qwen3_moe)")
     if model["compile"] and model["routing_replay"]:
@@ -101,9 +104,14 @@ def check_model(model: Mapping[str, Any], rollout: Mapping[str, Any]) -> None:
         )
     max_len, new = rollout["max_len"], rollout["sampling"]["max_new_tokens"]
     if max_len <= new:
-        raise ConfigError("rollout.max_len", f"({max_len}) must exceed rollout.sampling."
-                         f"max_new_tokens ({new}) to leave room for the prompt")  # fmt: skip
+        raise ConfigError(
+            "rollout.max_len",
+            f"({max_len}) must exceed rollout.sampling."
+            f"max_new_tokens ({new}) to leave room for the prompt",
+        )
     positions = (config or {}).get("max_position_embeddings")
     if isinstance(positions, int) and max_len > positions:
-        raise ConfigError("rollout.max_len", f"({max_len}) exceeds "
-                         f"model.config.max_position_embeddings ({positions})")  # fmt: skip
+        raise ConfigError(
+            "rollout.max_len",
+            f"({max_len}) exceeds model.config.max_position_embeddings ({positions})",
+        )

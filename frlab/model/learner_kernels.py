@@ -41,8 +41,10 @@ def attention_kernel(sections: Mapping[str, Any], config: Any) -> str:
         why = varlen_available(torch.device("cpu"), dtype, None)
         return f"sdpa per trajectory ({why})"
     if not torch.cuda.is_available():
-        return ("varlen where the GPU takes it (CUDA sm80+, bf16/fp16), else sdpa per "
-                "trajectory: chosen at start")  # fmt: skip
+        return (
+            "varlen where the GPU takes it (CUDA sm80+, bf16/fp16), else sdpa per "
+            "trajectory: chosen at start"
+        )
     if config is None:
         return "varlen or sdpa per trajectory: chosen at start (the model's config is not here)"
     why = varlen_available(torch.device("cuda"), dtype, config)
@@ -68,10 +70,12 @@ def describe_learner(sections: Mapping[str, Any], checkpointing: Any, config: An
     model, trainer = sections["model"], sections["trainer"]
     gpu = str(trainer.get("accelerator")) in GPU_ACCELERATORS
     shown = checkpointing if isinstance(checkpointing, str) else ("on" if checkpointing else "off")
-    return (f"attention {attention_kernel(sections, config)}; LM head "
-            f"{head_chunk_rows(sections, config)}; "
-            f"checkpointing {shown}; compile {'on' if model.get('compile') else 'off'}; "
-            f"AdamW {'fused' if gpu else 'foreach (fused on CUDA only)'}")  # fmt: skip
+    return (
+        f"attention {attention_kernel(sections, config)}; LM head "
+        f"{head_chunk_rows(sections, config)}; "
+        f"checkpointing {shown}; compile {'on' if model.get('compile') else 'off'}; "
+        f"AdamW {'fused' if gpu else 'foreach (fused on CUDA only)'}"
+    )
 
 
 def learner_facts(
@@ -97,11 +101,21 @@ def learner_facts(
         memory = f"unknown until the {AUTO} values are chosen at start (the learner's device)"
         why = f"{AUTO}: chosen at start from the learner's device's free memory"
     else:
-        tokens, checkpointing, why = (chosen.max_tokens_per_micro_batch,
-                                      chosen.gradient_checkpointing, chosen.why)  # fmt: skip
-        resolved = {**sections, "data": {**sections["data"], "max_tokens_per_micro_batch": tokens},
-                    "model": {**sections["model"], "gradient_checkpointing": checkpointing}}  # fmt: skip
+        tokens, checkpointing, why = (
+            chosen.max_tokens_per_micro_batch,
+            chosen.gradient_checkpointing,
+            chosen.why,
+        )
+        resolved = {
+            **sections,
+            "data": {**sections["data"], "max_tokens_per_micro_batch": tokens},
+            "model": {**sections["model"], "gradient_checkpointing": checkpointing},
+        }
         memory = describe_memory(resolved, reserves_share, config)
     learner = describe_learner(sections, checkpointing, config)
-    return {"max_tokens_per_micro_batch": tokens, "gradient_checkpointing": checkpointing,
-            "learner": f"{learner}; {why}" if why else learner, "memory": memory}  # fmt: skip
+    return {
+        "max_tokens_per_micro_batch": tokens,
+        "gradient_checkpointing": checkpointing,
+        "learner": f"{learner}; {why}" if why else learner,
+        "memory": memory,
+    }

@@ -171,8 +171,12 @@ class _ChunkedLMHeadLogProb(torch.autograd.Function):
             grad_h,
             None if grad_w is None else grad_w.to(weight.dtype),
             None if grad_b is None else grad_b.to(bias.dtype),
-            None, None, None, None, None,
-        )  # fmt: skip
+            None,
+            None,
+            None,
+            None,
+            None,
+        )
 
 
 def logprobs_from_hidden(
@@ -208,9 +212,15 @@ def logprobs_from_hidden(
     check_targets(targets, hidden.shape[0], weight.shape[0], hidden.device)
     mm = matmul_dtype(hidden, weight)
     logp, entropy = _ChunkedLMHeadLogProb.apply(
-        hidden, weight, bias, targets, float(temperature),
-        rows_per_chunk(chunk_size, weight.shape[0], hidden.device), bool(compute_entropy), mm,
-    )  # fmt: skip
+        hidden,
+        weight,
+        bias,
+        targets,
+        float(temperature),
+        rows_per_chunk(chunk_size, weight.shape[0], hidden.device),
+        bool(compute_entropy),
+        mm,
+    )
     return logp, (entropy if compute_entropy else None)
 
 

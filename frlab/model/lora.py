@@ -76,10 +76,17 @@ def all_linear(model: Any) -> tuple[list[str], list[str] | None]:
     layer as 3D parameters of one module: peft adapts them as parameters). peft's own
     `all-linear` would adapt a MoE router too."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    linear = [n for n, m in model.named_modules()
-              if isinstance(m, torch.nn.Linear) and m is not head and not n.endswith(ROUTER_SUFFIXES)]  # fmt: skip
-    experts = [f"{n}.{p}" for n, m in model.named_modules() if type(m).__name__.endswith("Experts")
-               for p, _ in m.named_parameters(recurse=False)]  # fmt: skip
+    linear = [
+        n
+        for n, m in model.named_modules()
+        if isinstance(m, torch.nn.Linear) and m is not head and not n.endswith(ROUTER_SUFFIXES)
+    ]
+    experts = [
+        f"{n}.{p}"
+        for n, m in model.named_modules()
+        if type(m).__name__.endswith("Experts")
+        for p, _ in m.named_parameters(recurse=False)
+    ]
     return linear, experts or None
 
 

@@ -61,13 +61,16 @@ class MemoryPlan:
         return int(max(self.learner / (1 - self.engine_share), self.engine / self.engine_share))
 
     def describe(self) -> str:
-        text = (f"{count(self.params)} params ({count(self.trainable)} trainable); "
-                f"learner {gib(self.learner)} per device (weights {gib(self.weights)}, grads "
-                f"{gib(self.grads)}, AdamW {gib(self.optimizer)}, activations ~"
-                f"{gib(self.activations)})")  # fmt: skip
+        text = (
+            f"{count(self.params)} params ({count(self.trainable)} trainable); "
+            f"learner {gib(self.learner)} per device (weights {gib(self.weights)}, grads "
+            f"{gib(self.grads)}, AdamW {gib(self.optimizer)}, activations ~"
+            f"{gib(self.activations)})"
+        )
         if self.engine is not None:
-            text += (f"; vLLM {gib(self.engine)} (weights + KV) within its "
-                     f"{self.engine_share:.0%} share")  # fmt: skip
+            text += (
+                f"; vLLM {gib(self.engine)} (weights + KV) within its {self.engine_share:.0%} share"
+            )
         return f"{text}; needs a device of >= {gib(self.gpu_needed())}"
 
 
@@ -139,8 +142,9 @@ def count_parameters(config: Any, lora: Mapping[str, Any] | None) -> tuple[int, 
     )
 
 
-def activation_bytes(config: Any, tokens: int, checkpointing: bool, act_bytes: int,
-                     chunk: int) -> int:  # fmt: skip
+def activation_bytes(
+    config: Any, tokens: int, checkpointing: bool, act_bytes: int, chunk: int
+) -> int:
     """The activation estimate of the module docstring for one micro-batch of `tokens`."""
     return tokens * activation_per_token(config, checkpointing, act_bytes) + head_chunk_bytes(
         config, min(tokens, chunk)
@@ -214,7 +218,7 @@ def memory_plan(
             bool(model.get("gradient_checkpointing")),
             act,
             int(model.get("logprob_chunk_size") or 1024),
-        ),  # fmt: skip
+        ),
     )
     share = engine_share(rollout, engine_reserves_share)
     if share is not None:
@@ -247,6 +251,8 @@ def describe_memory(
         source = cfg["model"].get("name_or_path")
         if str(source).startswith("gguf:"):
             return f"unknown until {source} is converted (the first run does it)"
-        return (f"unknown: {source}'s config.json is not on this machine (cache it: "
-                f"huggingface-cli download {source} config.json)")  # fmt: skip
+        return (
+            f"unknown: {source}'s config.json is not on this machine (cache it: "
+            f"huggingface-cli download {source} config.json)"
+        )
     return plan.describe()

@@ -14,8 +14,10 @@ from typing import Any
 
 from frlab.errors import ConfigError
 
-SOURCE_HINT = ("a local folder, a Hugging Face id already in the local cache (offline: "
-               "HF_HUB_OFFLINE=1), or a gguf: source")  # fmt: skip
+SOURCE_HINT = (
+    "a local folder, a Hugging Face id already in the local cache (offline: "
+    "HF_HUB_OFFLINE=1), or a gguf: source"
+)
 WRAPPERS = ("ConfigError", "InstantiationException")  # errors that carry the real one as cause
 
 
@@ -49,8 +51,10 @@ def check_vocab(model: Mapping[str, Any], tokenizer: Any) -> None:
     """A random-init model must embed every token id the tokenizer can produce."""
     vocab = (model.get("config") or {}).get("vocab_size")
     if model.get("name_or_path") is None and isinstance(vocab, int) and len(tokenizer) > vocab:
-        raise ConfigError("model.config.vocab_size", f"({vocab}) is smaller than the tokenizer's "
-                         f"vocabulary ({len(tokenizer)})")  # fmt: skip
+        raise ConfigError(
+            "model.config.vocab_size",
+            f"({vocab}) is smaller than the tokenizer's vocabulary ({len(tokenizer)})",
+        )
 
 
 @contextlib.contextmanager

@@ -56,5 +56,6 @@ def _build() -> PreTrainedTokenizerFast:
 
 
 def build_toy_tokenizer() -> PreTrainedTokenizerFast:
-    """The toy tokenizer (61 tokens: fits vocab_size 64); built once per process, returned as a copy."""
+    """The toy tokenizer (61 tokens: fits vocab_size 64); built once per process, returned as a
+    copy."""
     return copy.deepcopy(_build())

@@ -110,19 +110,26 @@ def _check_against_sdpa(device: torch.device, dtype: torch.dtype) -> str:
     gen = torch.Generator(device=device).manual_seed(0)
     lengths, heads, kv_heads, dim = (5, 11), 4, 2, 64
     q = torch.randn(heads, sum(lengths), dim, device=device, generator=gen).to(dtype)
-    k, v = (torch.randn(kv_heads, sum(lengths), dim, device=device, generator=gen).to(dtype)
-            for _ in range(2))  # fmt: skip
+    k, v = (
+        torch.randn(kv_heads, sum(lengths), dim, device=device, generator=gen).to(dtype)
+        for _ in range(2)
+    )
     q.requires_grad_()
     cu_seq = torch.tensor([0, lengths[0], sum(lengths)], dtype=torch.int32, device=device)
     out = varlen_packed_attention(q, k, v, cu_seq, max(lengths), None)
     (grad,) = torch.autograd.grad(out.float().square().sum(), q)
-    want = torch.cat([
-        torch.nn.functional.scaled_dot_product_attention(
-            q[:, a:b].float().detach().requires_grad_(), k[:, a:b].float(), v[:, a:b].float(),
-            is_causal=True, enable_gqa=True,
-        ).transpose(0, 1)
-        for a, b in ((0, lengths[0]), (lengths[0], sum(lengths)))
-    ])  # fmt: skip
+    want = torch.cat(
+        [
+            torch.nn.functional.scaled_dot_product_attention(
+                q[:, a:b].float().detach().requires_grad_(),
+                k[:, a:b].float(),
+                v[:, a:b].float(),
+                is_causal=True,
+                enable_gqa=True,
+            ).transpose(0, 1)
+            for a, b in ((0, lengths[0]), (lengths[0], sum(lengths)))
+        ]
+    )
     if not torch.allclose(out.float(), want, atol=3e-2, rtol=3e-2):
         return "varlen_attn disagreed with sdpa in its check here"
     if not bool(torch.isfinite(grad).all()):

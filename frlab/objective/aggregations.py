@@ -1,7 +1,8 @@
 """Aggregations: per-token loss terms [B,T] -> one scalar, with GLOBAL normalisers.
 
 - `sample_mean` (the FlashREINFORCE paper's Sample-Mean Optimization):
-  (1/B) sum_i (1/T_i) sum_{t kept} term_{i,t} with T_i the ORIGINAL number of policy tokens of row i and B = `num_sequences`. Every
+  (1/B) sum_i (1/T_i) sum_{t kept} term_{i,t} with T_i the ORIGINAL number of policy tokens of row i
+  and B = `num_sequences`. Every
   trajectory weighs the same, so long failed trajectories do not dominate the update.
 - `token_mean` (DAPO-style token-level loss): sum of kept terms / `num_tokens`, the global
   count of policy tokens.

@@ -50,10 +50,22 @@ from frlab.objective.statistics import TokenBatch, count_per_row
 from frlab.registry import Registry, RegistryError
 
 __all__ = [
-    "AGGREGATIONS", "BASELINES", "TOKEN_FILTERS", "TRUST_REGIONS", "Aggregation", "Baseline",
-    "Component", "Diagnostic", "TokenBatch", "TokenFilter", "TrustRegion", "TrustRegionOutput",
-    "compute_dtype", "count_per_row", "hyperparameter",
-]  # fmt: skip
+    "AGGREGATIONS",
+    "BASELINES",
+    "TOKEN_FILTERS",
+    "TRUST_REGIONS",
+    "Aggregation",
+    "Baseline",
+    "Component",
+    "Diagnostic",
+    "TokenBatch",
+    "TokenFilter",
+    "TrustRegion",
+    "TrustRegionOutput",
+    "compute_dtype",
+    "count_per_row",
+    "hyperparameter",
+]
 
 
 def compute_dtype(log_probs: Tensor) -> torch.dtype:
@@ -149,8 +161,10 @@ class Component:
     def describe(self, name: str) -> str:
         """`name p=v ...` with this instance's hyperparameters; for one without any, `name: `
         and its maths in one line (as the README's component table)."""
-        values = [f"{p}={float(v)!r}" if isinstance(v, float) else f"{p}={v}"
-                  for p, v in self.params().items()]  # fmt: skip
+        values = [
+            f"{p}={float(v)!r}" if isinstance(v, float) else f"{p}={v}"
+            for p, v in self.params().items()
+        ]
         return " ".join([name, *values]) if values else f"{name}: {self.summary().rstrip('.')}"
 
 

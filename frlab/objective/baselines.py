@@ -1,7 +1,8 @@
 """Baselines: rewards [B] (+ group ids) -> detached advantages [B].
 
 - `batch_mean`: the FlashREINFORCE paper's One-Batch REINFORCE, A_i = R_i - mean_j R_j over the
-  whole learner batch, no std scaling. One rollout per prompt, so the batch is the only baseline there is.
+  whole learner batch, no std scaling. One rollout per prompt, so the batch is the only baseline
+  there is.
 - `none`: A_i = R_i (vanilla REINFORCE, no variance reduction).
 - `batch_mean_std`: REINFORCE++ global whitening, (R_i - mean R) / (std R + eps), population std.
 - `group_mean`: Dr. GRPO (Liu et al. 2025), R_i - mean of R over the prompt group of i.
@@ -11,7 +12,8 @@
 
 Numerics: rewards are first shifted by a reference reward (the first reward of the batch or of
 the group). That leaves every advantage unchanged mathematically but makes equal rewards give
-advantages that are EXACTLY zero (so equal rewards give a loss and gradient of exactly 0), where `R - mean(R)` can be off by an ulp.
+advantages that are EXACTLY zero (so equal rewards give a loss and gradient of exactly 0), where `R
+- mean(R)` can be off by an ulp.
 Group baselines refuse a group with a single member: several public frameworks silently return
 zero advantages there, which stalls one-rollout-per-prompt training without a visible error.
 """

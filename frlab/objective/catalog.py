@@ -70,7 +70,8 @@ def default_params_yaml() -> str:
     lines = [
         f"# Generated from the components' declarations by `{REGENERATE}`; do not edit.",
         "# Per-component hyperparameters, each under its component's own name, so that switching a",
-        "# component (objective.trust_region=...) never carries another component's settings along.",
+        "# component (objective.trust_region=...) never carries another component's settings "
+        "along.",
     ]
     lines += [f"{name}: {_flow(params)}" for name, params in default_params().items()]
     return "\n".join(lines) + "\n"
@@ -95,8 +96,14 @@ def component_table() -> str:
     ]
     for kind, cls in components():
         maths = cls.summary().rstrip(".")
-        cells = (kind_title(kind), f"`{cls.name}`", maths, _hyperparameters_cell(cls),
-                 _diagnostics_cell(cls), cls.source)  # fmt: skip
+        cells = (
+            kind_title(kind),
+            f"`{cls.name}`",
+            maths,
+            _hyperparameters_cell(cls),
+            _diagnostics_cell(cls),
+            cls.source,
+        )
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
@@ -125,8 +132,10 @@ def _commented(key_line: str, notes: list[str]) -> list[str]:
 def schema_objective_section() -> str:
     """The `objective:` node of the key reference's layout (slot names, defaults, ranges, docs)."""
     col = 27  # the comment column of the key reference's layout
-    lines = ["objective:".ljust(col) + "# component names (plain strings) + per-component "
-             "kwargs under own name"]  # fmt: skip
+    lines = [
+        "objective:".ljust(col) + "# component names (plain strings) + per-component "
+        "kwargs under own name"
+    ]
     for kind, reg in KINDS.items():
         names = [n.name for n in reg.in_order()]  # type: ignore[attr-defined]
         names = [DEFAULTS[kind], *(n for n in names if n != DEFAULTS[kind])]

@@ -26,8 +26,9 @@ class HyperparameterError(ValueError):
     """A setting that does not fit its declaration; `key` names it (e.g. `token_tis.cap`).
     For an unknown name, `name` and the valid `choices` (the closest ones are suggested)."""
 
-    def __init__(self, key: str, reason: str, *, name: str | None = None,
-                 choices: tuple[str, ...] = ()) -> None:  # fmt: skip
+    def __init__(
+        self, key: str, reason: str, *, name: str | None = None, choices: tuple[str, ...] = ()
+    ) -> None:
         self.key, self.reason, self.name, self.choices = key, reason, name, tuple(choices)
         hint = did_you_mean(name, list(choices)) if name is not None else ""
         listed = f" (declared: {', '.join(choices)})" if choices else ""
@@ -113,9 +114,14 @@ def hyperparameter(
 ) -> Any:
     """A dataclass field declaring one hyperparameter (its type comes from the annotation)."""
     spec = {
-        "default": default, "doc": doc, "low": low, "high": high,
-        "low_open": low_open, "high_open": high_open, "finite": finite,
-    }  # fmt: skip
+        "default": default,
+        "doc": doc,
+        "low": low,
+        "high": high,
+        "low_open": low_open,
+        "high_open": high_open,
+        "finite": finite,
+    }
     return dataclasses.field(default=default, metadata={METADATA_KEY: spec})
 
 

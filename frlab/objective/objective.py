@@ -157,9 +157,11 @@ class Objective:
         for key in node:
             if key not in KINDS and key not in known:
                 raise HyperparameterError(
-                    f"objective.{key}", "is neither a slot nor a component name",
-                    name=str(key), choices=tuple(sorted(set(KINDS) | known)),
-                )  # fmt: skip
+                    f"objective.{key}",
+                    "is neither a slot nor a component name",
+                    name=str(key),
+                    choices=tuple(sorted(set(KINDS) | known)),
+                )
         names = {kind: node.get(kind, default) for kind, default in DEFAULTS.items()}
         params = {k: v for k, v in node.items() if k not in KINDS}
         for name in [n for n in params if n not in names.values()]:  # components not chosen

@@ -5,7 +5,8 @@ filtered and rejected tokens), `admitted [B]` and its declared diagnostics. The 
 per-token term is `-weights * A_i * log_probs`. With `rho = exp(current.detach() - behavior)`
 on kept policy tokens (no clipping):
 
-- `sequence_bernoulli_kl` (the FlashREINFORCE paper's Sequence Trust Region): admit row i iff the mean per-token Bernoulli KL of behaviour from current, over its
+- `sequence_bernoulli_kl` (the FlashREINFORCE paper's Sequence Trust Region): admit row i iff the
+  mean per-token Bernoulli KL of behaviour from current, over its
   T_i policy tokens, is <= delta (inclusive; delta = inf admits all); weights = rho.
 - `none`: plain token importance sampling, every row admitted (the paper's PG-IS ablation).
 - `no_is`: ratio against the detached current policy, i.e. weight 1 on every kept policy

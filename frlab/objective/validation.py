@@ -162,7 +162,10 @@ def check_rewards(rewards: object, name: str = "rewards") -> Tensor:
 def _nonfinite_rows(x: Tensor, name: str) -> str:
     bad = (~torch.isfinite(x)).nonzero().flatten()
     first = int(bad[0])
-    return f"{name} must be finite; {bad.numel()} non-finite value(s), first {name}[{first}]={x[first].item()}"
+    return (
+        f"{name} must be finite; {bad.numel()} non-finite value(s), first "
+        f"{name}[{first}]={x[first].item()}"
+    )
 
 
 def _bad_tokens(x: Tensor, bad: Tensor, name: str, rule: str) -> str:
@@ -254,7 +257,10 @@ class ValueChecks:
         local = policy_tokens.sum()
 
         def msg() -> str:
-            return f"num_tokens ({int(num_tokens)}) is smaller than this batch's {int(local)} policy tokens"
+            return (
+                f"num_tokens ({int(num_tokens)}) is smaller than this batch's {int(local)} policy "
+                "tokens"
+            )
 
         self.add(local > num_tokens, msg)
 

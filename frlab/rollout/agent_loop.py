@@ -96,11 +96,15 @@ class AgentLoopConfig:
             raise TypeError(f"rollout.sampling must be SamplingParams, got {type(self.sampling)}")
         self.env_timeout_s = check_deadline("rollout.env_timeout_s", self.env_timeout_s)
         self.engine_timeout_s = check_deadline("rollout.engine_timeout_s", self.engine_timeout_s)
-        floors = [check_deadline(f"rollout.{k}", getattr(self, k))
-                  for k in ("env_timeout_floor_s", "engine_timeout_floor_s")]  # fmt: skip
+        floors = [
+            check_deadline(f"rollout.{k}", getattr(self, k))
+            for k in ("env_timeout_floor_s", "engine_timeout_floor_s")
+        ]
         adaptive = bool(self.adaptive_deadlines)
-        self.deadlines = Deadlines(AdaptiveDeadline(self.env_timeout_s, floors[0], adaptive),
-                                   AdaptiveDeadline(self.engine_timeout_s, floors[1], adaptive))  # fmt: skip
+        self.deadlines = Deadlines(
+            AdaptiveDeadline(self.env_timeout_s, floors[0], adaptive),
+            AdaptiveDeadline(self.engine_timeout_s, floors[1], adaptive),
+        )
 
     @classmethod
     def from_rollout(cls, rollout: Mapping[str, Any]) -> AgentLoopConfig:
@@ -115,7 +119,7 @@ class AgentLoopConfig:
             env_timeout_floor_s=rollout.get("env_timeout_floor_s", DEFAULT_ENV_TIMEOUT_FLOOR_S),
             engine_timeout_floor_s=rollout.get(
                 "engine_timeout_floor_s", DEFAULT_ENGINE_TIMEOUT_FLOOR_S
-            ),  # fmt: skip
+            ),
         )
 
 
@@ -212,9 +216,13 @@ async def env_call(
     adaptive = isinstance(deadline, AdaptiveDeadline)
     try:
         return await call_with_deadline(
-            executor or shared_env_threads(), deadline.current() if adaptive else deadline,
-            reason, fn, *args, observe=deadline.observe if adaptive else None,
-        )  # fmt: skip
+            executor or shared_env_threads(),
+            deadline.current() if adaptive else deadline,
+            reason,
+            fn,
+            *args,
+            observe=deadline.observe if adaptive else None,
+        )
     except DeadlineExceeded as exc:
         raise RolloutError(f"{reason}_timeout", str(exc)) from exc
     except Exception as exc:

@@ -134,8 +134,17 @@ class WeightSyncCallback(L.Callback):
         return pool
 
 
-POOL_COUNTERS = ("paused_for_lag", "lag_violations", "failed", "rejected", "straggler_stalls",
-                 "env_deadline_s", "engine_deadline_s", "requeued", "fleet_down_s")  # fmt: skip
+POOL_COUNTERS = (
+    "paused_for_lag",
+    "lag_violations",
+    "failed",
+    "rejected",
+    "straggler_stalls",
+    "env_deadline_s",
+    "engine_deadline_s",
+    "requeued",
+    "fleet_down_s",
+)
 
 
 def rollout_metrics(stats: Any) -> dict[str, float]:

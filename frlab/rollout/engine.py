@@ -56,7 +56,8 @@ def resolve_weight_update(
     mode: str | None, supported: Sequence[str], engine: str, *, record_routing: bool = False
 ) -> str | None:
     """The mode an engine runs: `mode`, else the engine's default (the first it supports;
-    None for an engine that declares none). ConfigError naming `rollout.weight_update` for a mode the engine does not implement exactly, and for
+    None for an engine that declares none). ConfigError naming `rollout.weight_update` for a mode
+    the engine does not implement exactly, and for
     resubmit with MoE routing recorded (`record_routing`): a re-prefilled position would have
     two routings."""
     key = "rollout.weight_update"
@@ -237,18 +238,23 @@ class Engine(abc.ABC):
         """Raise ValueError, its text starting with the config key, for what of the resolved
         `model`, `rollout` and `trainer` sections (`config`) this engine cannot honour with
         `world` learner ranks, from what the class declares: MoE routing records, the device it
-        samples on, the learner it serves beside (what this machine has), LoRA policies, the weight-update mode, a
+        samples on, the learner it serves beside (what this machine has), LoRA policies, the
+        weight-update mode, a
         fleet block, then `check_settings`. `options`: the rollout/engine options (name ->
         `_target_`), to name this one and, in a refusal, those that would do."""
         rollout, model = config["rollout"], config["model"]
-        name = next((n for n, t in options.items() if t == rollout["engine"]["_target_"]),
-                    str(rollout["engine"]["_target_"]))  # fmt: skip
+        name = next(
+            (n for n, t in options.items() if t == rollout["engine"]["_target_"]),
+            str(rollout["engine"]["_target_"]),
+        )
         if model.get("routing_replay") and not cls.records_routing:
             able = " or ".join(
                 f"rollout/engine={n}" for n in _options_that(options, "records_routing")
             )
-            raise ConfigError("model.routing_replay", f"needs an engine that records MoE routing "
-                             f"({able}), got {name!r}")  # fmt: skip
+            raise ConfigError(
+                "model.routing_replay",
+                f"needs an engine that records MoE routing ({able}), got {name!r}",
+            )
         cls._check_device(name, rollout)
         try:
             cls.check_learner(str(config["trainer"]["accelerator"]))
@@ -257,12 +263,19 @@ class Engine(abc.ABC):
         modes, label = cls.weight_updates(), name
         if cls._check_lora(name, model) and hasattr(cls, "lora_weight_updates"):
             modes, label = cls.lora_weight_updates(), f"{name} (with model.lora)"
-        resolve_weight_update(rollout.get("weight_update"), tuple(modes), label,
-                              record_routing=bool(model.get("routing_replay")))  # fmt: skip
+        resolve_weight_update(
+            rollout.get("weight_update"),
+            tuple(modes),
+            label,
+            record_routing=bool(model.get("routing_replay")),
+        )
         if rollout.get("remote") is not None and not cls.reads_fleet:
-            raise ConfigError("rollout.engine", f"is {name!r} but a rollout.remote block is set "
-                             "(rollout=remote): add rollout/engine=remote (an experiment preset "
-                             "may pin the engine)")  # fmt: skip
+            raise ConfigError(
+                "rollout.engine",
+                f"is {name!r} but a rollout.remote block is set "
+                "(rollout=remote): add rollout/engine=remote (an experiment preset "
+                "may pin the engine)",
+            )
         cls.check_settings(rollout, world)
 
     @classmethod
@@ -272,10 +285,13 @@ class Engine(abc.ABC):
         if str(node.get("device", device)) != device:  # set on the engine node itself
             key, device = "rollout.engine.device", str(node.get("device"))
         if device.split(":")[0] not in cls.devices:
-            raise ConfigError(key, f"is {device!r}, but rollout/engine={name} ({cls.__name__}) "
-                             f"samples on {' or '.join(d.upper() for d in cls.devices)} only: set "
-                             f"rollout.device={cls.devices[0]}, or pick an engine that samples "
-                             "there")  # fmt: skip
+            raise ConfigError(
+                key,
+                f"is {device!r}, but rollout/engine={name} ({cls.__name__}) "
+                f"samples on {' or '.join(d.upper() for d in cls.devices)} only: set "
+                f"rollout.device={cls.devices[0]}, or pick an engine that samples "
+                "there",
+            )
 
     @classmethod
     def _check_lora(cls, name: str, model: Mapping[str, Any]) -> bool:
@@ -288,9 +304,12 @@ class Engine(abc.ABC):
         if not enabled(lora):
             return False
         if not cls.serves_lora:
-            raise ConfigError("model.lora.rank", f"the {name} engine ({cls.__name__}) does not declare "
-                             "serves_lora: serve the adapter with an engine that does, or set "
-                             "model.lora.rank=0")  # fmt: skip
+            raise ConfigError(
+                "model.lora.rank",
+                f"the {name} engine ({cls.__name__}) does not declare "
+                "serves_lora: serve the adapter with an engine that does, or set "
+                "model.lora.rank=0",
+            )
         return True
 
     @classmethod
@@ -382,5 +401,8 @@ def _options_that(options: Mapping[str, str], capability: str) -> list[str]:
     from hydra.utils import get_object
 
     owners = {name: get_object(target) for name, target in options.items()}
-    return [name for name, owner in owners.items()
-            if getattr(getattr(owner, "__self__", owner), capability, False)]  # fmt: skip
+    return [
+        name
+        for name, owner in owners.items()
+        if getattr(getattr(owner, "__self__", owner), capability, False)
+    ]

@@ -107,8 +107,11 @@ class EngineLoop:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(JOIN_TIMEOUT_S)
         if thread.is_alive():
-            log.warning("%s: its loop thread did not stop in %.0f s; abandoned (a daemon)",
-                        self.owner, JOIN_TIMEOUT_S)  # fmt: skip
+            log.warning(
+                "%s: its loop thread did not stop in %.0f s; abandoned (a daemon)",
+                self.owner,
+                JOIN_TIMEOUT_S,
+            )
             return
         loop.close()
 

@@ -115,8 +115,12 @@ def resume_if_requeued(cfg: DictConfig) -> None:
     ckpt_dir = checkpoint_dir(cfg, output_dir)
     resume = requeue_resume(cfg.get("ckpt_path"), output_dir, ckpt_dir)
     if resume != cfg.get("ckpt_path"):
-        log.warning("SLURM requeued this job (%s=%s): resuming from %s/last.ckpt",
-                    REQUEUE_COUNT, os.environ.get(REQUEUE_COUNT), ckpt_dir)  # fmt: skip
+        log.warning(
+            "SLURM requeued this job (%s=%s): resuming from %s/last.ckpt",
+            REQUEUE_COUNT,
+            os.environ.get(REQUEUE_COUNT),
+            ckpt_dir,
+        )
         cfg.ckpt_path = resume
 
 
@@ -125,8 +129,10 @@ def check_new_run(output_dir: Path, ckpt_dir: Path, *, overwrite: bool) -> None:
     found = existing_run_files(output_dir, ckpt_dir)
     if not found:
         return
-    names = ", ".join(str(p.relative_to(output_dir)) if p.is_relative_to(output_dir) else str(p)
-                      for p in found[:6])  # fmt: skip
+    names = ", ".join(
+        str(p.relative_to(output_dir)) if p.is_relative_to(output_dir) else str(p)
+        for p in found[:6]
+    )
     if not overwrite:
         raise ConfigError(
             "paths.output_dir",

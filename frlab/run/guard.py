@@ -95,8 +95,10 @@ class RunGuard:
             log.warning(
                 "nothing to do: %s is at step %d and trainer.max_steps=%d, so this run already "
                 "finished; its files are unchanged (raise trainer.max_steps to train further)",
-                checkpoint, step, max_steps,
-            )  # fmt: skip
+                checkpoint,
+                step,
+                max_steps,
+            )
         return guard
 
     @contextlib.contextmanager
@@ -147,9 +149,10 @@ class _SignalStop:
             stop.request_stop(signum)
             log.warning(
                 "%s received: stopping at the next safe point (within %.0f s) with a final "
-                "checkpoint; send it again to stop at once", signal.Signals(signum).name,
+                "checkpoint; send it again to stop at once",
+                signal.Signals(signum).name,
                 self.grace_s,
-            )  # fmt: skip
+            )
             self._timer = threading.Timer(self.grace_s, _thread.interrupt_main, (signum,))
             self._timer.daemon = True
             self._timer.start()

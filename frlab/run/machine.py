@@ -1,7 +1,8 @@
 """Before a real run starts: is what the config needs on this machine? (fast, offline)
 
 `check_machine(cfg)` runs once per real job of `python -m frlab` (the Hydra callback
-frlab.run.hydra_record.CheckMachine; not for `dry_run=true`) and costs well under a second: it imports neither torch nor transformers, and loads or downloads nothing. It
+frlab.run.hydra_record.CheckMachine; not for `dry_run=true`) and costs well under a second: it
+imports neither torch nor transformers, and loads or downloads nothing. It
 checks
 
 - devices: a GPU trainer (`trainer.accelerator=gpu|cuda`) or a CUDA `rollout.device` need a
@@ -36,8 +37,13 @@ from frlab.model.hub import source_problem
 
 DRY_RUN_HINT = "to check the configuration and see the plan without running it, add dry_run=true"
 # Device files that exist when a GPU is usable: NVIDIA (Linux), ROCm, WSL.
-GPU_DEVICE_FILES = ("/dev/nvidiactl", "/dev/nvidia0", "/proc/driver/nvidia/gpus", "/dev/kfd",
-                    "/dev/dxg")  # fmt: skip
+GPU_DEVICE_FILES = (
+    "/dev/nvidiactl",
+    "/dev/nvidia0",
+    "/proc/driver/nvidia/gpus",
+    "/dev/kfd",
+    "/dev/dxg",
+)
 DATA_FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
 
 
@@ -85,8 +91,11 @@ def check_model_sources(cfg: DictConfig) -> None:
     source = OmegaConf.select(cfg, "model.name_or_path", default=None)
     tokenizer = OmegaConf.select(cfg, "model.tokenizer", default=None)
     for key, value in (("model.name_or_path", source), ("model.tokenizer", tokenizer)):
-        if not isinstance(value, str) or value == "toy" or (key != "model.name_or_path"
-                                                            and value == source):  # fmt: skip
+        if (
+            not isinstance(value, str)
+            or value == "toy"
+            or (key != "model.name_or_path" and value == source)
+        ):
             continue
         problem = source_problem(value)
         if problem:

@@ -68,9 +68,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--initial-version", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: torch default)")
     p.add_argument(
-        "--weight-update", default=None, choices=WEIGHT_UPDATES,
+        "--weight-update",
+        default=None,
+        choices=WEIGHT_UPDATES,
         help="how a snapshot load meets running requests (default: the torch engine's, in_flight)",
-    )  # fmt: skip
+    )
     p.add_argument("--fault", default="none", choices=FAULTS, help="test-only fault switch")
     p.add_argument(
         "--test-faults",
@@ -98,7 +100,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=os.environ.get(SNAPSHOT_ROOT_VAR) or None,
         help=f"read weight snapshots only below this folder (default: ${SNAPSHOT_ROOT_VAR})",
     )
-    return p.parse_args(argv)  # fmt: skip
+    return p.parse_args(argv)
 
 
 def server_digest(args: argparse.Namespace) -> bytes | None:
@@ -121,8 +123,11 @@ def server_digest(args: argparse.Namespace) -> bytes | None:
                 f"({auth.SECRET_FILE_VAR} or {auth.DEFAULT_SECRET_ENV}): anyone could replace "
                 "its weights; set one, or pass --allow-unauthenticated"
             )
-        log.warning("frlab.serve listens on %s without a fleet secret: anyone who reaches it "
-                    "may call every route", args.host)  # fmt: skip
+        log.warning(
+            "frlab.serve listens on %s without a fleet secret: anyone who reaches it "
+            "may call every route",
+            args.host,
+        )
     return None if secret is None else auth.digest(secret)
 
 
@@ -161,13 +166,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     policy = build_server_policy(args)
     engine = TorchEngine(
-        policy, device=args.device, max_batch_size=args.max_batch_size, seed=args.seed,
-        initial_version=args.initial_version, weight_update=args.weight_update,
-    )  # fmt: skip
+        policy,
+        device=args.device,
+        max_batch_size=args.max_batch_size,
+        seed=args.seed,
+        initial_version=args.initial_version,
+        weight_update=args.weight_update,
+    )
     del policy
     name = args.served_model_name or args.model or args.model_config
-    state = ServeState(engine, name, args.fault, args.test_faults, secret_digest=digest,
-                       snapshot_root=args.snapshot_root and Path(args.snapshot_root))  # fmt: skip
+    state = ServeState(
+        engine,
+        name,
+        args.fault,
+        args.test_faults,
+        secret_digest=digest,
+        snapshot_root=args.snapshot_root and Path(args.snapshot_root),
+    )
 
     def stop(signum: int, _frame: object) -> None:
         if state.server is not None:

@@ -6,7 +6,8 @@ requests are batched by the engine as in-process ones are. Endpoints (field name
 documents them, see `frlab.rollout.remote.protocol` and `.control`) answered as vLLM answers them:
 `GET /health` (200, empty body), `GET /v1/models`, `GET /server_info` (the
 `vllm_config.model_config.logprobs_mode` frlab checks: processed log-probs, which the torch
-engine returns; and frlab's own `frlab_weight_update`, the engine's `--weight-update` mode), `POST /v1/completions` (penalties must be neutral or unset: the torch engine
+engine returns; and frlab's own `frlab_weight_update`, the engine's `--weight-update` mode), `POST
+/v1/completions` (penalties must be neutral or unset: the torch engine
 applies none), `POST /collective_rpc` (methods `frlab_load_snapshot`, `frlab_weight_version`;
 results through vLLM's router rule, `control.rpc_answer`), `POST /reset_prefix_cache`
 (no cache: `{"success": true}`). vLLM's NCCL weight-transfer endpoints answer 501: this is a
@@ -58,15 +59,25 @@ log = logging.getLogger("frlab.serve")
 FAULTS = ("none", "ignore-reload", "garbage", "hang", "unavailable")
 UNREAD_LIMIT = 2**20  # a refused request's body up to this is read and dropped, else closed
 FAULT_PATH = "/frlab_test_fault"
-NCCL_PATHS = (proto.INIT_WEIGHT_TRANSFER, proto.START_WEIGHT_UPDATE, proto.UPDATE_WEIGHTS,
-              proto.FINISH_WEIGHT_UPDATE)  # fmt: skip
+NCCL_PATHS = (
+    proto.INIT_WEIGHT_TRANSFER,
+    proto.START_WEIGHT_UPDATE,
+    proto.UPDATE_WEIGHTS,
+    proto.FINISH_WEIGHT_UPDATE,
+)
 # method -> path -> Handler method: the server's routes (NCCL_PATHS answer 501)
 ROUTES = {
-    "GET": {proto.HEALTH: "_health", proto.MODELS: "_models",
-            proto.SERVER_INFO.split("?", 1)[0]: "_server_info"},
-    "POST": {proto.COMPLETIONS: "_completions", proto.COLLECTIVE_RPC: "_rpc",
-             proto.RESET_PREFIX_CACHE: "_reset_prefix_cache"},
-}  # fmt: skip
+    "GET": {
+        proto.HEALTH: "_health",
+        proto.MODELS: "_models",
+        proto.SERVER_INFO.split("?", 1)[0]: "_server_info",
+    },
+    "POST": {
+        proto.COMPLETIONS: "_completions",
+        proto.COLLECTIVE_RPC: "_rpc",
+        proto.RESET_PREFIX_CACHE: "_reset_prefix_cache",
+    },
+}
 
 
 def route_table(test_faults: bool = False) -> dict[str, list[str]]:
@@ -144,8 +155,12 @@ class Handler(BaseHTTPRequestHandler):
             return True
         if auth.authorized(self.headers.get("Authorization"), digest):
             return True
-        log.warning("refused %s %s from %s: no valid fleet secret", self.command,
-                    self.path.split("?", 1)[0], self.address_string())  # fmt: skip
+        log.warning(
+            "refused %s %s from %s: no valid fleet secret",
+            self.command,
+            self.path.split("?", 1)[0],
+            self.address_string(),
+        )
         length = self.headers.get("Content-Length") or "0"
         if length.isdigit() and int(length) <= UNREAD_LIMIT:
             self.rfile.read(int(length))  # a small body is dropped: the connection stays usable
@@ -242,12 +257,20 @@ class Handler(BaseHTTPRequestHandler):
             result = future.result()
         except ValueError as exc:  # ids outside the vocabulary
             raise ApiError(400, str(exc)) from exc
-        log.info("completion: %d tokens at versions %s", len(result.token_ids),
-                 sorted(set(result.versions)))  # fmt: skip
+        log.info(
+            "completion: %d tokens at versions %s",
+            len(result.token_ids),
+            sorted(set(result.versions)),
+        )
         return proto.completion_response(
-            state.model_name, prompt, result.token_ids, result.log_probs, result.versions,
-            result.finish_reason, f"cmpl-{uuid.uuid4().hex}",
-        )  # fmt: skip
+            state.model_name,
+            prompt,
+            result.token_ids,
+            result.log_probs,
+            result.versions,
+            result.finish_reason,
+            f"cmpl-{uuid.uuid4().hex}",
+        )
 
     def _switch_fault(self, body: dict[str, Any]) -> dict[str, Any]:
         try:
@@ -324,8 +347,13 @@ def serve(state: ServeState, host: str, port: int, ready: threading.Event | None
     server = FrlabHTTPServer((host, port), state)
     state.server = server
     bound = server.server_address
-    log.info("frlab.serve listening on http://%s:%d (model %s, version %d)",
-             bound[0], bound[1], state.model_name, state.engine.version)  # fmt: skip
+    log.info(
+        "frlab.serve listening on http://%s:%d (model %s, version %d)",
+        bound[0],
+        bound[1],
+        state.model_name,
+        state.engine.version,
+    )
     if ready is not None:
         ready.set()
     try:

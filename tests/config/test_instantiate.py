@@ -26,8 +26,13 @@ def test_keys_frlab_reads_itself_are_not_passed_to_the_target() -> None:
     """`optim.grad_clip` (`arg=False`) is the learner's: AdamW never sees it."""
     import torch
 
-    node = {"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 0.5, "grad_clip": 1.0,
-            "scheduler": "cosine"}  # fmt: skip
+    node = {
+        "_target_": "torch.optim.AdamW",
+        "_partial_": True,
+        "lr": 0.5,
+        "grad_clip": 1.0,
+        "scheduler": "cosine",
+    }
     make = instantiate(node, key="optim")
     assert set(make.keywords) == {"lr"}
     assert make([torch.nn.Parameter(torch.zeros(1))]).defaults["lr"] == 0.5
@@ -47,9 +52,11 @@ def test_a_users_own_package_is_built_without_a_flag(tmp_path, monkeypatch) -> N
 
 @pytest.mark.parametrize(
     ("node", "fragment"),
-    [({"_target_": "envs.no_such_env_module.SomeEnv"}, "Error locating target"),
-     ({"_target_": "envs.toy.ParityEnv", "num_digitz": 2}, "num_digitz")],
-)  # fmt: skip
+    [
+        ({"_target_": "envs.no_such_env_module.SomeEnv"}, "Error locating target"),
+        ({"_target_": "envs.toy.ParityEnv", "num_digitz": 2}, "num_digitz"),
+    ],
+)
 def test_hydras_error_is_named_at_the_nodes_target(node: dict, fragment: str) -> None:
     with pytest.raises(ConfigError) as info:
         instantiate(OmegaConf.create(node), key="env")

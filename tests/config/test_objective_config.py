@@ -22,9 +22,11 @@ def test_slots_are_plain_strings_switched_one_at_a_time() -> None:
     cfg = compose(["objective.baseline=batch_mean_std", "objective.aggregation=token_mean"])
     plan = preflight(cfg)
     assert components(plan) == {
-        "baseline": "batch_mean_std", "trust_region": "sequence_bernoulli_kl",
-        "aggregation": "token_mean", "token_filter": "none",
-    }  # fmt: skip
+        "baseline": "batch_mean_std",
+        "trust_region": "sequence_bernoulli_kl",
+        "aggregation": "token_mean",
+        "token_filter": "none",
+    }
 
 
 def test_switching_trust_region_does_not_leak_the_previous_components_kwargs() -> None:
@@ -51,8 +53,14 @@ def test_switching_to_a_component_without_kwargs_carries_none() -> None:
 
 
 def test_preset_switch_keeps_each_components_own_settings() -> None:
-    cfg = compose(["objective.ppo_clip.eps_high=0.28", "objective=grpo", "rollout=sync",
-                   "rollout.samples_per_prompt=4"])  # fmt: skip
+    cfg = compose(
+        [
+            "objective.ppo_clip.eps_high=0.28",
+            "objective=grpo",
+            "rollout=sync",
+            "rollout.samples_per_prompt=4",
+        ]
+    )
     plan = preflight(cfg)
     assert component_params(plan, "ppo_clip") == {"eps_low": 0.2, "eps_high": 0.28}
     assert component_params(plan, "sequence_bernoulli_kl") == {}

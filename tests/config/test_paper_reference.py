@@ -42,50 +42,120 @@ def q(plan: dict) -> float:
 
 
 COMMON: dict[str, Any] = {
-    "lr": 1e-6, "weight_decay": 0.1, "grad_clip": 1.0, "warmup_ratio": 0.03,
-    "min_lr_ratio": 0.1, "temperature": 1.0, "top_p": 1.0, "samples_per_prompt": 1,
-    "eval_every": 100, "eval_k": 4, "eval_temperature": 0.7, "eval_top_p": 0.7,
-    "micro_batch": 1, "queue": 1, "in_flight": 16, "scheduler": "cosine", "B": 128,
-}  # fmt: skip
+    "lr": 1e-6,
+    "weight_decay": 0.1,
+    "grad_clip": 1.0,
+    "warmup_ratio": 0.03,
+    "min_lr_ratio": 0.1,
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "samples_per_prompt": 1,
+    "eval_every": 100,
+    "eval_k": 4,
+    "eval_temperature": 0.7,
+    "eval_top_p": 0.7,
+    "micro_batch": 1,
+    "queue": 1,
+    "in_flight": 16,
+    "scheduler": "cosine",
+    "B": 128,
+}
 AMC_MINERVA_AIME25 = ("AMC23", "Minerva", "AIME25")
 REFERENCE: dict[str, dict[str, Any]] = {
     "r1_distill_1p5b": {
-        **COMMON, "model": "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B", "turns": 1,
-        "max_samples": 1460, "max_len": 9216, "max_new_tokens": 8192, "in_flight": 512,
-        "queue": 8, "episodes": 350, "delta": 3e-3, "q": 1.0, "eval_every": 128, "eval_k": 32,
-        "eval_temperature": 0.6, "eval_top_p": 0.95, "eval_sets": ("AIME24", "AIME25"),
-        "measured_lag": 4, "env": "envs.math.MathEnv",
+        **COMMON,
+        "model": "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B",
+        "turns": 1,
+        "max_samples": 1460,
+        "max_len": 9216,
+        "max_new_tokens": 8192,
+        "in_flight": 512,
+        "queue": 8,
+        "episodes": 350,
+        "delta": 3e-3,
+        "q": 1.0,
+        "eval_every": 128,
+        "eval_k": 32,
+        "eval_temperature": 0.6,
+        "eval_top_p": 0.95,
+        "eval_sets": ("AIME24", "AIME25"),
+        "measured_lag": 4,
+        "env": "envs.math.MathEnv",
     },
     "qwen_math_1p5b": {
-        **COMMON, "model": "Qwen/Qwen2.5-Math-1.5B", "turns": 1, "max_samples": 7500,
-        "max_len": 6144, "max_new_tokens": 4096, "episodes": 68, "delta": 3e-3, "q": 1.0,
-        "micro_batch": 2, "eval_sets": AMC_MINERVA_AIME25, "measured_lag": None,
+        **COMMON,
+        "model": "Qwen/Qwen2.5-Math-1.5B",
+        "turns": 1,
+        "max_samples": 7500,
+        "max_len": 6144,
+        "max_new_tokens": 4096,
+        "episodes": 68,
+        "delta": 3e-3,
+        "q": 1.0,
+        "micro_batch": 2,
+        "eval_sets": AMC_MINERVA_AIME25,
+        "measured_lag": None,
         "env": "envs.math.MathEnv",
     },
     "python_tool_qwen7b": {
-        **COMMON, "model": "Qwen/Qwen2.5-7B-Instruct", "turns": 10, "max_samples": 7500,
-        "max_len": 8192, "max_new_tokens": 6144, "episodes": 68, "delta": 1e-3, "q": 1.0,
-        "eval_sets": AMC_MINERVA_AIME25, "measured_lag": None,
+        **COMMON,
+        "model": "Qwen/Qwen2.5-7B-Instruct",
+        "turns": 10,
+        "max_samples": 7500,
+        "max_len": 8192,
+        "max_new_tokens": 6144,
+        "episodes": 68,
+        "delta": 1e-3,
+        "q": 1.0,
+        "eval_sets": AMC_MINERVA_AIME25,
+        "measured_lag": None,
         "env": "envs.python_tool.PythonToolEnv",
     },
     "python_tool_qwen3_30b_a3b": {
-        **COMMON, "model": "Qwen/Qwen3-30B-A3B", "turns": 20, "max_samples": 7500,
-        "max_len": 16384, "max_new_tokens": 14336, "queue": 4, "episodes": 17, "delta": 3e-3,
-        "q": 1.0, "eval_sets": AMC_MINERVA_AIME25, "measured_lag": 8,
+        **COMMON,
+        "model": "Qwen/Qwen3-30B-A3B",
+        "turns": 20,
+        "max_samples": 7500,
+        "max_len": 16384,
+        "max_new_tokens": 14336,
+        "queue": 4,
+        "episodes": 17,
+        "delta": 3e-3,
+        "q": 1.0,
+        "eval_sets": AMC_MINERVA_AIME25,
+        "measured_lag": 8,
         "env": "envs.python_tool.PythonToolEnv",
     },
     "alfworld_qwen7b": {
-        **COMMON, "model": "Qwen/Qwen2.5-7B-Instruct", "turns": 50, "max_samples": 1024,
-        "max_len": 16384, "max_new_tokens": 8192, "B": 64, "episodes": 20, "delta": 1e-3,
-        "q": 0.9, "scheduler": "constant", "eval_every": 40, "eval_k": 3,
-        "eval_temperature": 1.0, "eval_top_p": 0.7, "eval_sets": ("seen", "unseen"),
-        "measured_lag": None, "env": "envs.alfworld.AlfworldEnv",
+        **COMMON,
+        "model": "Qwen/Qwen2.5-7B-Instruct",
+        "turns": 50,
+        "max_samples": 1024,
+        "max_len": 16384,
+        "max_new_tokens": 8192,
+        "B": 64,
+        "episodes": 20,
+        "delta": 1e-3,
+        "q": 0.9,
+        "scheduler": "constant",
+        "eval_every": 40,
+        "eval_k": 3,
+        "eval_temperature": 1.0,
+        "eval_top_p": 0.7,
+        "eval_sets": ("seen", "unseen"),
+        "measured_lag": None,
+        "env": "envs.alfworld.AlfworldEnv",
     },
-}  # fmt: skip
+}
 # frlab choices, stated in each preset: where the run stops (a headline step of the paper, or
 # the end of the reference schedule).
-STOPS = {"r1_distill_1p5b": 3850, "qwen_math_1p5b": 2000, "python_tool_qwen7b": 600,
-         "python_tool_qwen3_30b_a3b": 986, "alfworld_qwen7b": 200}  # fmt: skip
+STOPS = {
+    "r1_distill_1p5b": 3850,
+    "qwen_math_1p5b": 2000,
+    "python_tool_qwen7b": 600,
+    "python_tool_qwen3_30b_a3b": 986,
+    "alfworld_qwen7b": 200,
+}
 
 
 def reference_updates(ref: dict[str, Any], prompts_per_update: int | None = None) -> int:
@@ -130,13 +200,17 @@ def test_preset_equals_the_reference_setting(name: str, monkeypatch: pytest.Monk
         "vllm",
     )
     assert components(plan) == {
-        "baseline": "batch_mean", "trust_region": "sequence_bernoulli_kl",
+        "baseline": "batch_mean",
+        "trust_region": "sequence_bernoulli_kl",
         "aggregation": "sample_mean",
         "token_filter": "entropy_failures" if ref["q"] < 1 else "none",
-    }  # fmt: skip
+    }
     optim = cfg.optim
     assert (optim.lr, optim.weight_decay, optim.grad_clip) == (
-        ref["lr"], ref["weight_decay"], ref["grad_clip"])  # fmt: skip
+        ref["lr"],
+        ref["weight_decay"],
+        ref["grad_clip"],
+    )
     assert plan["optim.scheduler"] == ref["scheduler"]
     assert plan["schedule_length"] == reference_updates(ref)
     if ref["scheduler"] == "cosine":
@@ -148,12 +222,20 @@ def test_preset_equals_the_reference_setting(name: str, monkeypatch: pytest.Monk
         assert plan["optim.warmup_ratio"] == 0.0
     sampling = cfg.rollout.sampling
     assert (sampling.temperature, sampling.top_p, sampling.top_k) == (
-        ref["temperature"], ref["top_p"], 0)  # fmt: skip
+        ref["temperature"],
+        ref["top_p"],
+        0,
+    )
     ev = OmegaConf.to_container(cfg.eval, resolve=True)
     assert (ev["every_n_steps"], ev["k"], ev["at_start"]) == (
-        ref["eval_every"], ref["eval_k"], True)  # fmt: skip
+        ref["eval_every"],
+        ref["eval_k"],
+        True,
+    )
     assert (ev["sampling"]["temperature"], ev["sampling"]["top_p"]) == (
-        ref["eval_temperature"], ref["eval_top_p"])  # fmt: skip
+        ref["eval_temperature"],
+        ref["eval_top_p"],
+    )
     assert tuple(ev["benchmarks"]) == ref["eval_sets"]
 
 
@@ -178,18 +260,31 @@ def test_stop_step_and_lag_bound_follow_the_stated_rules(
 # Training data as the reference: (env keys, values).
 DATA = {
     "r1_distill_1p5b": {
-        "source": "/data/Sanity-Test-R1D-1.5B/train/math_1460.parquet", "limit": None,
-        "question_key": "prompt", "answer_key": "reward_model.ground_truth",
-        "template": "messages", "deduplicate": False},
+        "source": "/data/Sanity-Test-R1D-1.5B/train/math_1460.parquet",
+        "limit": None,
+        "question_key": "prompt",
+        "answer_key": "reward_model.ground_truth",
+        "template": "messages",
+        "deduplicate": False,
+    },
     "qwen_math_1p5b": {
-        "source": "BytedTsinghua-SIA/DAPO-Math-17k", "subset": "default", "split": "train",
-        "question_key": "prompt", "answer_key": "reward_model.ground_truth",
-        "deduplicate": True, "limit": 7500, "template": "messages"},
+        "source": "BytedTsinghua-SIA/DAPO-Math-17k",
+        "subset": "default",
+        "split": "train",
+        "question_key": "prompt",
+        "answer_key": "reward_model.ground_truth",
+        "deduplicate": True,
+        "limit": 7500,
+        "template": "messages",
+    },
     "python_tool_qwen7b": {"data_path": "/data/dapo_math_7500_tool.jsonl"},
     "python_tool_qwen3_30b_a3b": {"data_path": "/data/dapo_math_7500_tool.jsonl"},
-    "alfworld_qwen7b": {"data_dir": "/alfworld/json_2.1.1/train", "num_games": 1024,
-                        "step_timeout_s": 60.0},
-}  # fmt: skip
+    "alfworld_qwen7b": {
+        "data_dir": "/alfworld/json_2.1.1/train",
+        "num_games": 1024,
+        "step_timeout_s": 60.0,
+    },
+}
 
 
 @pytest.mark.parametrize("name", sorted(REFERENCE))
@@ -250,10 +345,11 @@ def test_qwen_math_variants() -> None:
     arms = _arms("qwen_math_ablations")
     # gate_1e3, negative_q09, negative_q02, five_benchmark_eval16
     assert {a: (delta(p), q(p)) for a, (_, p) in arms.items()} == {
-        "delta_1e-3": (pytest.approx(1e-3), 1.0), "q0p9_delta_1e-3": (pytest.approx(1e-3), 0.9),
+        "delta_1e-3": (pytest.approx(1e-3), 1.0),
+        "q0p9_delta_1e-3": (pytest.approx(1e-3), 0.9),
         "q0p2_delta_1e-3": (pytest.approx(1e-3), 0.2),
         "five_benchmark_eval16": (pytest.approx(3e-3), 1.0),
-    }  # fmt: skip
+    }
     ev = OmegaConf.to_container(arms["five_benchmark_eval16"][0].eval, resolve=True)
     assert set(ev["benchmarks"]) == {"MATH500", "AMC23", "Minerva", "AIME25", "OlympiadBench"}
     assert (ev["k"], ev["sampling"]["temperature"], ev["sampling"]["top_p"]) == (16, 0.7, 0.7)
@@ -272,9 +368,11 @@ def test_tool_and_alfworld_variants() -> None:
 
 @pytest.mark.parametrize(
     ("sweep", "arm", "setting", "prompts", "samples", "episodes"),
-    [("qwen7b_tool_ablations", "grpo_32x4_no_std", "python_tool_qwen7b", 32, 4, 17),
-     ("alfworld_ablations", "grpo_8x8", "alfworld_qwen7b", 8, 8, 3)],
-)  # fmt: skip
+    [
+        ("qwen7b_tool_ablations", "grpo_32x4_no_std", "python_tool_qwen7b", 32, 4, 17),
+        ("alfworld_ablations", "grpo_8x8", "alfworld_qwen7b", 8, 8, 3),
+    ],
+)
 def test_grpo_arms_are_the_papers_grpo(
     sweep: str,
     arm: str,

@@ -22,16 +22,22 @@ def trust_row(overrides: list[str]) -> str:
     [
         (["objective.trust_region=token_tis"], "token_tis cap=2.0;"),
         (["objective.trust_region=token_tis", "objective.token_tis.cap=5"], "token_tis cap=5.0;"),
-        (["objective.trust_region=ppo_clip", "objective.ppo_clip.eps_high=0.28"],
-         "ppo_clip eps_low=0.2 eps_high=0.28;"),
-        (["objective.trust_region=geometric_ratio", "objective.geometric_ratio.lower=0.99"],
-         "geometric_ratio lower=0.99 upper=1.001;"),
+        (
+            ["objective.trust_region=ppo_clip", "objective.ppo_clip.eps_high=0.28"],
+            "ppo_clip eps_low=0.2 eps_high=0.28;",
+        ),
+        (
+            ["objective.trust_region=geometric_ratio", "objective.geometric_ratio.lower=0.99"],
+            "geometric_ratio lower=0.99 upper=1.001;",
+        ),
         (["objective.sequence_bernoulli_kl.delta=0.01"], "sequence_bernoulli_kl delta=0.01;"),
         (["objective.trust_region=none"], "none: Plain token IS ratio, no gate;"),
-        (["objective.trust_region=no_is"],
-         "no_is: Ratio against the detached current policy (weight 1), no gate;"),
+        (
+            ["objective.trust_region=no_is"],
+            "no_is: Ratio against the detached current policy (weight 1), no gate;",
+        ),
     ],
-)  # fmt: skip
+)
 def test_trust_row_shows_the_chosen_trust_regions_parameters(
     overrides: list[str], expected: str
 ) -> None:
@@ -59,21 +65,36 @@ def plan_row(overrides: list[str], label: str) -> str:
     [
         ([], "none"),
         (["eval=math"], "math avg@4 every 50 steps on GSM8K, AIME25 (T=0.7, top_p=0.7)"),
-        (["eval=math", "eval.k=2", "eval.every_n_steps=7", "eval.limit=3",
-          "eval.sampling.temperature=1.5"],
-         "math avg@2 every 7 steps on GSM8K, AIME25 (T=1.5, top_p=0.7, first 3 each)"),
-        (["experiment=r1_distill_1p5b"],
-         "math avg@32 every 128 steps and at step 0 on AIME24, AIME25 (T=0.6, top_p=0.95)"),
-        (["experiment=qwen_math_1p5b"],
-         "math avg@4 every 100 steps and at step 0 on AMC23, Minerva, AIME25 (T=0.7, top_p=0.7)"),
-        (["experiment=python_tool_qwen7b"],
-         "episodes avg@4 every 100 steps and at step 0 on AMC23, Minerva, AIME25 (T=0.7, "
-         "top_p=0.7)"),
-        (["experiment=alfworld_qwen7b"],
-         "episodes avg@3 every 40 steps and at step 0 on seen, unseen (T=1, top_p=0.7)"),
+        (
+            [
+                "eval=math",
+                "eval.k=2",
+                "eval.every_n_steps=7",
+                "eval.limit=3",
+                "eval.sampling.temperature=1.5",
+            ],
+            "math avg@2 every 7 steps on GSM8K, AIME25 (T=1.5, top_p=0.7, first 3 each)",
+        ),
+        (
+            ["experiment=r1_distill_1p5b"],
+            "math avg@32 every 128 steps and at step 0 on AIME24, AIME25 (T=0.6, top_p=0.95)",
+        ),
+        (
+            ["experiment=qwen_math_1p5b"],
+            "math avg@4 every 100 steps and at step 0 on AMC23, Minerva, AIME25 (T=0.7, top_p=0.7)",
+        ),
+        (
+            ["experiment=python_tool_qwen7b"],
+            "episodes avg@4 every 100 steps and at step 0 on AMC23, Minerva, AIME25 (T=0.7, "
+            "top_p=0.7)",
+        ),
+        (
+            ["experiment=alfworld_qwen7b"],
+            "episodes avg@3 every 40 steps and at step 0 on seen, unseen (T=1, top_p=0.7)",
+        ),
         (["experiment=r1_distill_1p5b", "eval=none"], "none"),
     ],
-)  # fmt: skip
+)
 def test_eval_row_names_kind_k_interval_benchmarks_and_sampling(
     overrides: list[str], expected: str
 ) -> None:
@@ -92,11 +113,13 @@ REMOTE = [
     [
         ([], "torch"),
         ([*REMOTE, "rollout.remote.servers=[http://a:1]"], "remote (1 server)"),
-        ([*REMOTE, "rollout.remote.servers=[http://a:1,http://b:2,http://c:3]"],
-         "remote (3 servers)"),
+        (
+            [*REMOTE, "rollout.remote.servers=[http://a:1,http://b:2,http://c:3]"],
+            "remote (3 servers)",
+        ),
         (["experiment=qwen_math_1p5b"], "vllm"),
     ],
-)  # fmt: skip
+)
 def test_rollout_row_counts_the_servers_of_a_remote_fleet(
     overrides: list[str], engine: str
 ) -> None:
@@ -115,10 +138,12 @@ def test_plan_records_servers_and_evaluation() -> None:
     ("overrides", "row"),
     [
         ([], "<= 64 rows; packed (one padding-free row each)"),
-        (["data.max_tokens_per_micro_batch=4096", "data.pack_sequences=false"],
-         "<= 64 rows, <= 4096 tokens; padded rows"),
+        (
+            ["data.max_tokens_per_micro_batch=4096", "data.pack_sequences=false"],
+            "<= 64 rows, <= 4096 tokens; padded rows",
+        ),
     ],
-)  # fmt: skip
+)
 def test_micro_batch_row_shows_the_caps_and_the_layout(overrides: list[str], row: str) -> None:
     assert plan_row(overrides, "micro") == row
 
@@ -155,8 +180,16 @@ def test_the_plan_lists_the_values_that_differ_from_the_declared_defaults() -> N
 def test_the_changed_row_shows_the_engine_and_env_keys_set() -> None:
     """The engine node against its declaration, the env node against its class's constructor
     defaults: `rollout.engine.num_threads=2`, `env.num_digits=5`, key by key."""
-    plan = preflight(compose(["rollout/engine=torch_process", "rollout.engine.num_threads=2",
-                              "rollout.engine.packed_prefill=false", "env.num_digits=5"]))  # fmt: skip
+    plan = preflight(
+        compose(
+            [
+                "rollout/engine=torch_process",
+                "rollout.engine.num_threads=2",
+                "rollout.engine.packed_prefill=false",
+                "env.num_digits=5",
+            ]
+        )
+    )
     assert plan["changed"]["rollout.engine.num_threads"] == 2
     assert plan["changed"]["rollout.engine.packed_prefill"] is False
     assert plan["changed"]["env.num_digits"] == 5
@@ -173,9 +206,15 @@ def test_the_changed_row_shows_the_engine_and_env_keys_set() -> None:
 
 
 def test_objective_row_shows_every_components_own_values() -> None:
-    overrides = ["objective=dr_grpo", "rollout=sync", "rollout.samples_per_prompt=2",
-                 "objective.constant_length.length=512", "objective.ppo_clip.eps_high=0.28",
-                 "objective.token_filter=entropy_failures", "objective.entropy_failures.q=0.5"]  # fmt: skip
+    overrides = [
+        "objective=dr_grpo",
+        "rollout=sync",
+        "rollout.samples_per_prompt=2",
+        "objective.constant_length.length=512",
+        "objective.ppo_clip.eps_high=0.28",
+        "objective.token_filter=entropy_failures",
+        "objective.entropy_failures.q=0.5",
+    ]
     assert plan_row(overrides, "objective") == (
         "baseline=group_mean trust_region=ppo_clip(eps_low=0.2, eps_high=0.28) "
         "aggregation=constant_length(length=512) token_filter=entropy_failures(q=0.5)"

@@ -27,8 +27,11 @@ def test_config_error_is_a_value_error() -> None:
 
 # -- unknown names and keys, with close-match suggestions -------------------------------------
 def test_unknown_component_name_suggests_close_match() -> None:
-    err = fails(["objective.trust_region=sequence_bernouli_kl"], "objective.trust_region",
-                "'sequence_bernoulli_kl'")  # fmt: skip
+    err = fails(
+        ["objective.trust_region=sequence_bernouli_kl"],
+        "objective.trust_region",
+        "'sequence_bernoulli_kl'",
+    )
     assert err.suggestions[0] == "sequence_bernoulli_kl"
     fails(["objective.baseline=batchmean"], "objective.baseline", "'batch_mean'")
     fails(["objective.aggregation=sample_men"], "objective.aggregation", "'sample_mean'")
@@ -51,15 +54,21 @@ def test_unknown_top_level_key() -> None:
 
 def test_unknown_objective_key_and_component_kwarg() -> None:
     fails(["+objective.trust_reigon=none"], "objective.trust_reigon", "'trust_region'")
-    fails(["+objective.sequence_bernoulli_kl.dleta=1"], "objective.sequence_bernoulli_kl.dleta",
-          "'delta'")  # fmt: skip
+    fails(
+        ["+objective.sequence_bernoulli_kl.dleta=1"],
+        "objective.sequence_bernoulli_kl.dleta",
+        "'delta'",
+    )
     fails(["+objective.token_tis.delta=1"], "objective.token_tis.delta", "cap")
 
 
 def test_unknown_trainer_argument_and_frlab_owned_ones() -> None:
     fails(["+trainer.max_step=3"], "trainer.max_step", "'max_steps'")
-    fails(["+trainer.accumulate_grad_batches=2"], "trainer.accumulate_grad_batches",
-          "data.micro_batch_size")  # fmt: skip
+    fails(
+        ["+trainer.accumulate_grad_batches=2"],
+        "trainer.accumulate_grad_batches",
+        "data.micro_batch_size",
+    )
     fails(["+trainer.gradient_clip_val=1.0"], "trainer.gradient_clip_val", "optim.grad_clip")
 
 
@@ -80,8 +89,16 @@ def test_unknown_choice_values() -> None:
         ("rollout.sampling.top_k=true", "rollout.sampling.top_k", "Integer"),
         ("dry_run=maybe", "dry_run", "not a valid bool"),
         ("optim.lr=fast", "optim.lr", "Float"),
-        ("objective.sequence_bernoulli_kl.delta=-1e-3", "objective.sequence_bernoulli_kl.delta", "[0"),
-        ("objective.sequence_bernoulli_kl.delta=nan", "objective.sequence_bernoulli_kl.delta", "NaN"),
+        (
+            "objective.sequence_bernoulli_kl.delta=-1e-3",
+            "objective.sequence_bernoulli_kl.delta",
+            "[0",
+        ),
+        (
+            "objective.sequence_bernoulli_kl.delta=nan",
+            "objective.sequence_bernoulli_kl.delta",
+            "NaN",
+        ),
         ("objective.entropy_failures.q=1.5", "objective.entropy_failures.q", "[0, 1]"),
         ("optim.lr=0", "optim.lr", "(0"),
         ("trainer.max_steps=0", "trainer.max_steps", "[1"),
@@ -93,19 +110,24 @@ def test_unknown_choice_values() -> None:
         ("data.batch_size=null", "data.batch_size", "not Optional"),
         ("model.gradient_checkpointing=3", "model.gradient_checkpointing", "true, false or auto"),
         ("model.gradient_checkpointing=sometimes", "model.gradient_checkpointing", "or auto"),
-        ("data.max_tokens_per_micro_batch=big", "data.max_tokens_per_micro_batch", "an int, null or auto"),
+        (
+            "data.max_tokens_per_micro_batch=big",
+            "data.max_tokens_per_micro_batch",
+            "an int, null or auto",
+        ),
         ("data.max_tokens_per_micro_batch=1.5", "data.max_tokens_per_micro_batch", "an int"),
         ("data.max_tokens_per_micro_batch=0", "data.max_tokens_per_micro_batch", "[1"),
         ("model.compile=3", "model.compile", "true or false"),
     ],
-)  # fmt: skip
+)
 def test_wrong_types_and_ranges(override: str, key: str, fragment: str) -> None:
     fails([override], key, fragment)
 
 
 def test_auto_is_taken_by_the_budget_and_checkpointing() -> None:
-    plan = preflight(compose(["data.max_tokens_per_micro_batch=auto",
-                              "model.gradient_checkpointing=auto"]))  # fmt: skip
+    plan = preflight(
+        compose(["data.max_tokens_per_micro_batch=auto", "model.gradient_checkpointing=auto"])
+    )
     assert (plan["data.max_tokens_per_micro_batch"], plan["model.gradient_checkpointing"]) == (
         "auto",
         "auto",
@@ -125,11 +147,17 @@ def test_delta_inf_is_no_trust_region_and_passes() -> None:
 def test_batch_must_split_over_ranks_and_micro_batches() -> None:
     fails(["data.batch_size=32", "data.micro_batch_size=12"], "data.micro_batch_size", "32")
     fails(["trainer.devices=3"], "data.batch_size", "= 3")
-    fails(["trainer.devices=2", "data.batch_size=32", "data.micro_batch_size=32"],
-          "data.micro_batch_size", "= 16")  # fmt: skip
+    fails(
+        ["trainer.devices=2", "data.batch_size=32", "data.micro_batch_size=32"],
+        "data.micro_batch_size",
+        "= 16",
+    )
     plan = preflight(compose(["trainer=ddp_cpu", "data.batch_size=32", "data.micro_batch_size=8"]))
     assert (plan["ranks"], plan["per_rank_batch_size"], plan["micro_batches_per_step"]) == (
-        2, 16, 2)  # fmt: skip
+        2,
+        16,
+        2,
+    )
 
 
 def test_off_policy_correction_needs_full_support() -> None:
@@ -162,11 +190,17 @@ def test_each_ranks_share_of_the_batch_holds_whole_groups() -> None:
     grpo = ["trainer=ddp_cpu", "objective=grpo", "rollout.mode=sync"]
     err = fails(
         [*grpo, "rollout.samples_per_prompt=64", "data.batch_size=64", "data.micro_batch_size=32"],
-        "rollout.samples_per_prompt", "per-rank batch", "64 / 2 = 32", "each rank's pool",
-    )  # fmt: skip
+        "rollout.samples_per_prompt",
+        "per-rank batch",
+        "64 / 2 = 32",
+        "each rank's pool",
+    )
     assert "data.batch_size a multiple of 128" in str(err)
-    plan = preflight(compose([*grpo, "rollout.samples_per_prompt=8", "data.batch_size=32",
-                              "data.micro_batch_size=8"]))  # fmt: skip
+    plan = preflight(
+        compose(
+            [*grpo, "rollout.samples_per_prompt=8", "data.batch_size=32", "data.micro_batch_size=8"]
+        )
+    )
     assert (plan["ranks"], plan["per_rank_batch_size"], plan["rollout.samples_per_prompt"]) == (
         2,
         16,
@@ -175,8 +209,16 @@ def test_each_ranks_share_of_the_batch_holds_whole_groups() -> None:
 
 
 def test_a_group_must_fit_in_flight() -> None:
-    fails(["objective=grpo", "rollout=sync", "rollout.samples_per_prompt=8",
-           "rollout.max_in_flight=4"], "rollout.max_in_flight", "samples_per_prompt (8)")  # fmt: skip
+    fails(
+        [
+            "objective=grpo",
+            "rollout=sync",
+            "rollout.samples_per_prompt=8",
+            "rollout.max_in_flight=4",
+        ],
+        "rollout.max_in_flight",
+        "samples_per_prompt (8)",
+    )
 
 
 def test_batch_mean_with_one_sample_per_prompt_is_the_papers_case() -> None:
@@ -208,10 +250,15 @@ def test_vllm_beside_a_cpu_learner_asks_the_installed_vllm() -> None:
 
 def test_the_process_engine_is_cpu_only_and_records_routing() -> None:
     fails(["rollout/engine=torch_process", "rollout.device=cuda"], "rollout.device", "CPU only")
-    fails(["rollout/engine=torch_process", "rollout.engine.device=cuda:0"],
-          "rollout.engine.device", "CPU only")  # fmt: skip
-    fails(["rollout/engine=torch_process", "rollout.engine.num_threads=0"],
-          "rollout.engine.num_threads")  # fmt: skip
+    fails(
+        ["rollout/engine=torch_process", "rollout.engine.device=cuda:0"],
+        "rollout.engine.device",
+        "CPU only",
+    )
+    fails(
+        ["rollout/engine=torch_process", "rollout.engine.num_threads=0"],
+        "rollout.engine.num_threads",
+    )
     plan = preflight(compose(["rollout/engine=torch_process"]))
     assert plan["rollout.engine"] == "torch_process"
 
@@ -228,8 +275,11 @@ def test_preflight_asks_the_engine_class_for_its_devices_and_routing(monkeypatch
     monkeypatch.setattr(TorchEngine, "devices", ("cuda",))
     fails(["rollout.device=cpu"], "rollout.device", "TorchEngine", "CUDA only")
     monkeypatch.setattr(ProcessTorchEngine, "records_routing", False)
-    err = fails(["model.routing_replay=true", "rollout/engine=torch_process"],
-                "model.routing_replay", "rollout/engine=torch)")  # fmt: skip
+    err = fails(
+        ["model.routing_replay=true", "rollout/engine=torch_process"],
+        "model.routing_replay",
+        "rollout/engine=torch)",
+    )
     assert "torch_process" not in str(err).split("(", 1)[1].split(")")[0]
 
 
@@ -313,11 +363,18 @@ def test_lora_needs_an_engine_that_serves_it_and_valid_settings() -> None:
     fleet = ["model.lora.rank=8", "rollout=remote", "rollout.remote.servers=[http://127.0.0.1:1]"]
     preflight(compose(fleet))
     preflight(compose([*fleet, "rollout.weight_update=resubmit"]))
-    fails([*fleet, "rollout.weight_update=in_flight"], "rollout.weight_update",
-          "'in_flight' is not exact on the remote (with model.lora) engine", "drain, resubmit")  # fmt: skip
+    fails(
+        [*fleet, "rollout.weight_update=in_flight"],
+        "rollout.weight_update",
+        "'in_flight' is not exact on the remote (with model.lora) engine",
+        "drain, resubmit",
+    )
     lora = dataclasses.asdict(LoraConfig(rank=8))
-    config = {"rollout": {"engine": {"_target_": "mine.Engine"}}, "model": {"lora": lora},
-              "trainer": {"accelerator": "cpu"}}  # fmt: skip
+    config = {
+        "rollout": {"engine": {"_target_": "mine.Engine"}},
+        "model": {"lora": lora},
+        "trainer": {"accelerator": "cpu"},
+    }
     with pytest.raises(
         ValueError, match="model.lora.rank`: the mine.Engine engine .*does not declare"
     ):
@@ -326,5 +383,8 @@ def test_lora_needs_an_engine_that_serves_it_and_valid_settings() -> None:
 
 
 def test_compile_with_routing_replay_is_refused_naming_both_keys() -> None:
-    fails(["model.compile=true", "model.routing_replay=true"], "model.compile",
-          "model.routing_replay=true")  # fmt: skip
+    fails(
+        ["model.compile=true", "model.routing_replay=true"],
+        "model.compile",
+        "model.routing_replay=true",
+    )

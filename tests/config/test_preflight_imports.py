@@ -29,7 +29,13 @@ def test_preflight_of_a_torch_engine_imports_no_heavy_library(overrides: list[st
         f"print('HEAVY', [m for m in {HEAVY!r} if m in sys.modules])\n"
     )
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env,
-                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "HEAVY []" in out.stdout, out.stdout

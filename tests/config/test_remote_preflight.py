@@ -26,29 +26,47 @@ ONE = "rollout.remote.servers=[http://127.0.0.1:8100]"
     [
         (["rollout=remote"], "rollout.remote.servers", "mandatory"),
         # the paper presets pin rollout/engine=vllm: rollout=remote alone is not enough there
-        (["experiment=qwen_math_1p5b", "rollout=remote", ONE], "rollout.engine",
-         "rollout/engine=remote"),
+        (
+            ["experiment=qwen_math_1p5b", "rollout=remote", ONE],
+            "rollout.engine",
+            "rollout/engine=remote",
+        ),
         (["rollout/engine=remote"], "rollout.remote", "rollout=remote"),
         ([*REMOTE, "rollout.remote.servers=[]"], "rollout.remote.servers", "non-empty"),
         ([*REMOTE, "rollout.remote.servers=[127.0.0.1:1]"], "rollout.remote.servers", "http"),
-        ([*REMOTE, "rollout.remote.servers=[http://a,http://a/]"], "rollout.remote.servers",
-         "twice"),
-        ([*REMOTE, ONE, "rollout.remote.weight_sync=nccl", "trainer.devices=2",
-          "data.micro_batch_size=32"],
-         "rollout.remote.weight_sync", "one learner rank"),
-        ([*REMOTE, ONE, "rollout.remote.nccl_master_port=70000"],
-         "rollout.remote.nccl_master_port", "70000"),
-        ([*REMOTE, ONE, "rollout.remote.nccl_packed=maybe"], "rollout.remote.nccl_packed",
-         "maybe"),
-        ([*REMOTE, ONE, "rollout.remote.weight_sync=rsync"], "rollout.remote.weight_sync",
-         "rsync"),
-        ([*REMOTE, ONE, "rollout.remote.request_timeout_s=0"],
-         "rollout.remote.request_timeout_s", "(0"),
+        (
+            [*REMOTE, "rollout.remote.servers=[http://a,http://a/]"],
+            "rollout.remote.servers",
+            "twice",
+        ),
+        (
+            [
+                *REMOTE,
+                ONE,
+                "rollout.remote.weight_sync=nccl",
+                "trainer.devices=2",
+                "data.micro_batch_size=32",
+            ],
+            "rollout.remote.weight_sync",
+            "one learner rank",
+        ),
+        (
+            [*REMOTE, ONE, "rollout.remote.nccl_master_port=70000"],
+            "rollout.remote.nccl_master_port",
+            "70000",
+        ),
+        ([*REMOTE, ONE, "rollout.remote.nccl_packed=maybe"], "rollout.remote.nccl_packed", "maybe"),
+        ([*REMOTE, ONE, "rollout.remote.weight_sync=rsync"], "rollout.remote.weight_sync", "rsync"),
+        (
+            [*REMOTE, ONE, "rollout.remote.request_timeout_s=0"],
+            "rollout.remote.request_timeout_s",
+            "(0",
+        ),
         ([*REMOTE, ONE, "rollout.remote.max_retries=-1"], "rollout.remote.max_retries", "-1"),
         ([*REMOTE, ONE, "+rollout.remote.retries=2"], "rollout.remote.retries", "max_retries"),
         ([*REMOTE, ONE, "model.routing_replay=true"], "model.routing_replay", "torch"),
     ],
-)  # fmt: skip
+)
 def test_remote_config_errors_name_the_key(overrides: list[str], key: str, fragment: str) -> None:
     with pytest.raises(ConfigError) as info:
         preflight(compose(overrides))
@@ -67,8 +85,14 @@ def test_a_valid_remote_config_builds_the_configured_engine(tmp_path: Path) -> N
     from frlab.train import build_policy_from, plain
 
     servers = "rollout.remote.servers=[http://127.0.0.1:8100,http://127.0.0.1:8101/]"
-    cfg = compose([*REMOTE, servers, "rollout.remote.max_retries=5",
-                   f"rollout.remote.snapshot_dir={tmp_path}"])  # fmt: skip
+    cfg = compose(
+        [
+            *REMOTE,
+            servers,
+            "rollout.remote.max_retries=5",
+            f"rollout.remote.snapshot_dir={tmp_path}",
+        ]
+    )
     preflight(cfg)
     engine = build_engine(cfg, build_policy_from(plain(cfg.model), 0), seed=3)
     assert isinstance(engine, RemoteEngine)
@@ -81,9 +105,15 @@ def test_a_valid_remote_config_builds_the_configured_engine(tmp_path: Path) -> N
 def test_a_one_rank_nccl_config_passes_and_builds_the_nccl_engine() -> None:
     from frlab.train import build_policy_from, plain
 
-    cfg = compose([*REMOTE, ONE, "rollout.remote.weight_sync=nccl",
-                   "rollout.remote.nccl_master_address=10.0.0.7",
-                   "rollout.remote.nccl_master_port=29500"])  # fmt: skip
+    cfg = compose(
+        [
+            *REMOTE,
+            ONE,
+            "rollout.remote.weight_sync=nccl",
+            "rollout.remote.nccl_master_address=10.0.0.7",
+            "rollout.remote.nccl_master_port=29500",
+        ]
+    )
     assert preflight(cfg)["rollout.engine"] == "remote"
     engine = build_engine(cfg, build_policy_from(plain(cfg.model), 0), seed=0)
     nccl = engine._nccl

@@ -17,10 +17,18 @@ from frlab.data.batch import world_size
 
 # The trainer defaults that are frlab's, not Lightning's (an endless rollout stream, the CPU).
 FRLAB_DEFAULTS = (
-    "max_steps", "accelerator", "devices", "precision", "log_every_n_steps", "val_check_interval",
-    "check_val_every_n_epoch", "limit_val_batches", "num_sanity_val_steps",
-    "enable_model_summary", "deterministic",
-)  # fmt: skip
+    "max_steps",
+    "accelerator",
+    "devices",
+    "precision",
+    "log_every_n_steps",
+    "val_check_interval",
+    "check_val_every_n_epoch",
+    "limit_val_batches",
+    "num_sanity_val_steps",
+    "enable_model_summary",
+    "deterministic",
+)
 
 
 def trainer_keys() -> tuple[str, ...]:
@@ -94,25 +102,40 @@ def test_a_config_not_composed_by_hydra_is_checked_by_omegaconf_against_the_decl
     assert preflight(OmegaConf.create(plain))["rollout.engine"] == "torch"
     for change, key, fragment in [
         ({"data": {"batch_sise": 2}}, "data.batch_sise", "'batch_size'"),
-        ({"rollout": {"engine": {"max_batch_sise": 2}}}, "rollout.engine.max_batch_sise",
-         "'max_batch_size'"),
+        (
+            {"rollout": {"engine": {"max_batch_sise": 2}}},
+            "rollout.engine.max_batch_sise",
+            "'max_batch_size'",
+        ),
         ({"optim": {"lr": "fast"}}, "optim.lr", "Float"),
         ({"data": {"batch_size": None}}, "data.batch_size", "Incompatible value 'None'"),
         ({"sead": 1}, "sead", "'seed'"),
-    ]:  # fmt: skip
+    ]:
         with pytest.raises(ConfigError) as info:
             structured(OmegaConf.merge(OmegaConf.create(plain), change))
         assert info.value.key == key and fragment in str(info.value), str(info.value)
 
 
 def test_keys_frlab_reads_itself_are_not_target_arguments() -> None:
-    assert not_args(schema.OptimConfig) == ("grad_clip", "scheduler", "warmup_ratio",
-                                            "min_lr_ratio", "schedule_steps",
-                                            "skip_zero_signal_steps")  # fmt: skip
-    assert set(not_args(schema.ModelConfig)) == {"tokenizer", "logprob_chunk_size",
-                                                 "routing_replay", "compile"}  # fmt: skip
-    assert not_args(schema.DataConfig) == ("micro_batch_size", "max_tokens_per_micro_batch",
-                                           "pack_sequences")  # fmt: skip
+    assert not_args(schema.OptimConfig) == (
+        "grad_clip",
+        "scheduler",
+        "warmup_ratio",
+        "min_lr_ratio",
+        "schedule_steps",
+        "skip_zero_signal_steps",
+    )
+    assert set(not_args(schema.ModelConfig)) == {
+        "tokenizer",
+        "logprob_chunk_size",
+        "routing_replay",
+        "compile",
+    }
+    assert not_args(schema.DataConfig) == (
+        "micro_batch_size",
+        "max_tokens_per_micro_batch",
+        "pack_sequences",
+    )
 
 
 @pytest.mark.parametrize(
@@ -151,8 +174,13 @@ def test_the_declarations_are_no_group_of_the_help() -> None:
 
     from frlab.config.compose import REPO_ROOT
 
-    out = subprocess.run([sys.executable, "-m", "frlab", "--help"], cwd=REPO_ROOT,
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "frlab", "--help"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     groups = out.stdout.split("== Config ==")[0]
     engines = sorted(p.stem for p in (REPO_ROOT / "configs/rollout/engine").glob("*.yaml"))

@@ -58,8 +58,10 @@ def test_the_check_sees_a_number_on_a_bool_key(tmp_path: Path) -> None:
     """In a global preset (engine and eval keys too), and in a group option, whose values sit
     under its folder's key."""
     preset = tmp_path / "bad_preset.yaml"
-    preset.write_text("# @package _global_\ndata: {pack_sequences: 0}\nrollout:\n"
-                      "  engine: {packed_prefill: yes_please}\neval: {at_start: 1}\n")  # fmt: skip
+    preset.write_text(
+        "# @package _global_\ndata: {pack_sequences: 0}\nrollout:\n"
+        "  engine: {packed_prefill: yes_please}\neval: {at_start: 1}\n"
+    )
     assert file_non_booleans(preset) == [
         ("data.pack_sequences", 0),
         ("rollout.engine.packed_prefill", "yes_please"),

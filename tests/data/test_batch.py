@@ -36,8 +36,13 @@ def ragged(seed: int, n: int) -> list[Trajectory]:
 def by_hand(trajs: list[Trajectory], pad: int) -> dict[str, torch.Tensor]:
     """The padded fields built one row at a time (the obvious loop)."""
     width = max(len(t.token_ids) for t in trajs)
-    rows: dict[str, list[list]] = {"input_ids": [], "attention_mask": [], "action_mask": [],
-                                   "behavior_log_probs": [], "token_versions": []}  # fmt: skip
+    rows: dict[str, list[list]] = {
+        "input_ids": [],
+        "attention_mask": [],
+        "action_mask": [],
+        "behavior_log_probs": [],
+        "token_versions": [],
+    }
     for t in trajs:
         gap = width - len(t.token_ids)
         rows["input_ids"].append(t.token_ids + [pad] * gap)
@@ -45,8 +50,13 @@ def by_hand(trajs: list[Trajectory], pad: int) -> dict[str, torch.Tensor]:
         rows["action_mask"].append(t.action_mask + [False] * gap)
         rows["behavior_log_probs"].append(t.behavior_log_probs + [0.0] * gap)
         rows["token_versions"].append(t.token_versions + [-1] * gap)
-    dtypes = {"input_ids": torch.long, "attention_mask": torch.bool, "action_mask": torch.bool,
-              "behavior_log_probs": torch.float32, "token_versions": torch.long}  # fmt: skip
+    dtypes = {
+        "input_ids": torch.long,
+        "attention_mask": torch.bool,
+        "action_mask": torch.bool,
+        "behavior_log_probs": torch.float32,
+        "token_versions": torch.long,
+    }
     return {k: torch.tensor(v, dtype=dtypes[k]) for k, v in rows.items()}
 
 

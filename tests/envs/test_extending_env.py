@@ -79,8 +79,14 @@ def write_example(folder: Path) -> list[str]:
 def frlab(folder: Path, *overrides: str) -> subprocess.CompletedProcess:
     path = os.pathsep.join(p for p in (str(folder), os.environ.get("PYTHONPATH", "")) if p)
     env = {**os.environ, "PYTHONPATH": path, "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-m", "frlab", *overrides], cwd=folder, env=env,
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "frlab", *overrides],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def test_the_env_recipe_is_two_files_beside_an_empty_init(tmp_path: Path) -> None:
@@ -114,8 +120,13 @@ def test_the_guides_env_trains_through_python_m_frlab(tmp_path: Path) -> None:
     text = " ".join(plan.stdout.split())  # the plan's column width follows its longest label
     assert "env : mypkg.largest.LargestDigitEnv" in text, plan.stdout
     run = tmp_path / "run"
-    out = frlab(tmp_path, *overrides, "trainer.max_steps=3", "rollout.max_in_flight=16",
-                f"hydra.run.dir={run}")  # fmt: skip
+    out = frlab(
+        tmp_path,
+        *overrides,
+        "trainer.max_steps=3",
+        "rollout.max_in_flight=16",
+        f"hydra.run.dir={run}",
+    )
     assert out.returncode == 0, out.stderr[-4000:]
     with (run / "metrics.csv").open() as f:
         rows = [r for r in csv.DictReader(f) if r.get("step")]

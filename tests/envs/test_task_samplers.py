@@ -42,17 +42,36 @@ def game_folder(root: Path, n: int = 6) -> Path:
 
 # (env class, env node kwargs, draws, the part of each task compared, the recorded sequence)
 RECORDED = {
-    "toy_single": (ParityEnv, {}, 4, lambda t: t["digits"],
-                   [[3, 9], [8, 2], [5, 9], [7, 9]]),
-    "toy_multi": (KeyParityEnv, {"num_decoys": 2}, 4, lambda t: (t["key"], t["decoys"]),
-                  [(3, [9, 8]), (2, [5, 9]), (7, [9, 1]), (9, [0, 7])]),
-    "toy_faulty": (FaultyParityEnv, {}, 3, lambda t: t["digits"],  # its own default: 3 digits
-                   [[3, 9, 8], [2, 5, 9], [7, 9, 1]]),
-    "math": (MathEnv, {"dataset": DATA}, 12, lambda t: t["question"],
-             ["q1", "q4", "q3", "q2", "q0", "q4", "q0", "q2", "q3", "q1", "q3", "q2"]),
-    "python_tool": (PythonToolEnv, {"tasks": DATA}, 8, lambda t: t["question"],
-                    ["q1", "q4", "q4", "q1", "q2", "q4", "q3", "q4"]),
-}  # fmt: skip
+    "toy_single": (ParityEnv, {}, 4, lambda t: t["digits"], [[3, 9], [8, 2], [5, 9], [7, 9]]),
+    "toy_multi": (
+        KeyParityEnv,
+        {"num_decoys": 2},
+        4,
+        lambda t: (t["key"], t["decoys"]),
+        [(3, [9, 8]), (2, [5, 9]), (7, [9, 1]), (9, [0, 7])],
+    ),
+    "toy_faulty": (
+        FaultyParityEnv,
+        {},
+        3,
+        lambda t: t["digits"],  # its own default: 3 digits
+        [[3, 9, 8], [2, 5, 9], [7, 9, 1]],
+    ),
+    "math": (
+        MathEnv,
+        {"dataset": DATA},
+        12,
+        lambda t: t["question"],
+        ["q1", "q4", "q3", "q2", "q0", "q4", "q0", "q2", "q3", "q1", "q3", "q2"],
+    ),
+    "python_tool": (
+        PythonToolEnv,
+        {"tasks": DATA},
+        8,
+        lambda t: t["question"],
+        ["q1", "q4", "q4", "q1", "q2", "q4", "q3", "q4"],
+    ),
+}
 
 
 @pytest.mark.parametrize("name", sorted(RECORDED))
@@ -80,9 +99,11 @@ def test_math_draws_a_shuffled_pass_per_epoch_with_the_pool_rng() -> None:
 
 @pytest.mark.parametrize(
     ("kwargs", "recorded"),
-    [({}, ["task1", "task4", "task4", "task1", "task2", "task4"]),
-     ({"num_games": 4, "games_seed": 1}, ["task2", "task2", "task3", "task5", "task0", "task0"])],
-)  # fmt: skip
+    [
+        ({}, ["task1", "task4", "task4", "task1", "task2", "task4"]),
+        ({"num_games": 4, "games_seed": 1}, ["task2", "task2", "task3", "task5", "task0", "task0"]),
+    ],
+)
 def test_alfworld_draws_the_games_its_instances_drew(tmp_path: Path, kwargs, recorded) -> None:
     root = game_folder(tmp_path)
     tasks = AlfworldEnv.task_sampler(data_dir=str(root), **kwargs)
@@ -186,8 +207,11 @@ def test_math_starts_a_new_pass_when_the_state_does_not_fit_the_dataset(caplog) 
 def test_a_sampler_that_cannot_be_built_names_env() -> None:
     """A ValueError starting with the key (the run reports it as a config error, exit 2)."""
     node = OmegaConf.create({"_target_": "envs.python_tool.PythonToolEnv"})  # no tasks at all
-    with pytest.raises(ValueError, match=r"^env cannot build its task sampler.*env.tasks or "
-                       "env.data_path"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"^env cannot build its task sampler.*env.tasks or "
+        "env.data_path",
+    ):
         task_sampler_factory(node)()
     node = OmegaConf.create({"_target_": "envs.toy.ParityEnv", "num_digit": 3})  # misspelt
     with pytest.raises(ValueError, match="env.*num_digit"):

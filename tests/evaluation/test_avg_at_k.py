@@ -80,8 +80,13 @@ class Recorder:
 
 
 def fake_trainer(step: int, pool: Any, recorder: Recorder, rank_zero: bool = True) -> Any:
-    return SimpleNamespace(global_step=step, is_global_zero=rank_zero, loggers=[recorder],
-                           callbacks=[recorder], datamodule=SimpleNamespace(pool=pool))  # fmt: skip
+    return SimpleNamespace(
+        global_step=step,
+        is_global_zero=rank_zero,
+        loggers=[recorder],
+        callbacks=[recorder],
+        datamodule=SimpleNamespace(pool=pool),
+    )
 
 
 def test_avg_at_k_is_exact_per_benchmark_and_mean() -> None:
@@ -237,9 +242,16 @@ def test_metrics_reach_metrics_csv_in_a_real_lightning_run(tmp_path: Path) -> No
 
     evaluation = AvgAtKEvaluation({"algebra": ALGEBRA}, k=2, every_n_steps=2, at_start=True)
     run_files = RunFilesCallback(tmp_path)
-    trainer = L.Trainer(max_steps=5, logger=False, callbacks=[evaluation, run_files],
-                        enable_model_summary=False, enable_progress_bar=False,
-                        enable_checkpointing=False, accelerator="cpu", devices=1)  # fmt: skip
+    trainer = L.Trainer(
+        max_steps=5,
+        logger=False,
+        callbacks=[evaluation, run_files],
+        enable_model_summary=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        accelerator="cpu",
+        devices=1,
+    )
     trainer.fit(Dummy(), datamodule=Data())
     rows = {int(r["step"]): r for r in read_metrics(tmp_path)}
     assert sorted(rows) == [0, 1, 2, 3, 4, 5]  # step 0: the evaluation before training
@@ -271,12 +283,18 @@ def test_from_config_counts_questions_shared_with_the_training_env(tmp_path) -> 
 
     data = tmp_path / "train.jsonl"
     data.write_text('{"question": "1+1", "answer": "2"}\n{"question": "2+2", "answer": "4"}\n')
-    env = OmegaConf.create({"_target_": "envs.math.MathEnv", "source": str(data),
-                            "options": {}, "holdout": None})  # fmt: skip
-    benchmarks = OmegaConf.create({"mixed": [{"question": "2+2", "answer": "4"},
-                                             {"question": "3+3", "answer": "6"}]})  # fmt: skip
+    env = OmegaConf.create(
+        {"_target_": "envs.math.MathEnv", "source": str(data), "options": {}, "holdout": None}
+    )
+    benchmarks = OmegaConf.create(
+        {"mixed": [{"question": "2+2", "answer": "4"}, {"question": "3+3", "answer": "6"}]}
+    )
     cb = AvgAtKEvaluation.from_config(
-        benchmarks=benchmarks, sampling=OmegaConf.create({"temperature": 1.0}), env=env,
-        env_factory=env_factory, k=1, every_n_steps=1,
-    )  # fmt: skip
+        benchmarks=benchmarks,
+        sampling=OmegaConf.create({"temperature": 1.0}),
+        env=env,
+        env_factory=env_factory,
+        k=1,
+        every_n_steps=1,
+    )
     assert len(cb.benchmarks["mixed"]) == 2 and cb.overlap == {"mixed": 1}

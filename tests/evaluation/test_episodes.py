@@ -16,8 +16,10 @@ from frlab.rollout.engine import GenerationResult, SamplingParams
 
 # The engine's reply per question; "coin" alternates right / wrong / right / ...
 REPLY = {"sky": ["blue"], "grass": ["green"], "coin": ["heads", "tails"], "snow": ["red"]}
-TASKS = [{"question": q, "answer": a} for q, a in
-         (("sky", "blue"), ("grass", "green"), ("coin", "heads"), ("snow", "white"))]  # fmt: skip
+TASKS = [
+    {"question": q, "answer": a}
+    for q, a in (("sky", "blue"), ("grass", "green"), ("coin", "heads"), ("snow", "white"))
+]
 
 
 class EchoEngine:
@@ -65,8 +67,12 @@ class QuizEnv(Env):
 
 
 def make(tasks: list[dict[str, str]], **kwargs: Any) -> EpisodeEvaluation:
-    return EpisodeEvaluation({"quiz": lambda: QuizEnv(tasks)}, max_turns=2, max_len=64,
-                             **{"k": 4, "every_n_steps": 1, **kwargs})  # fmt: skip
+    return EpisodeEvaluation(
+        {"quiz": lambda: QuizEnv(tasks)},
+        max_turns=2,
+        max_len=64,
+        **{"k": 4, "every_n_steps": 1, **kwargs},
+    )
 
 
 def test_avg_at_k_is_the_mean_reward_over_k_episodes_per_task() -> None:
@@ -102,8 +108,9 @@ def test_limit_keeps_the_first_tasks_and_games_are_listed_in_order(tmp_path) -> 
             return [str(tmp_path / "a"), str(tmp_path / "b")]
 
     assert list_tasks(Games(), "seen", None) == [
-        {"game_file": str(tmp_path / "a")}, {"game_file": str(tmp_path / "b")},
-    ]  # fmt: skip
+        {"game_file": str(tmp_path / "a")},
+        {"game_file": str(tmp_path / "b")},
+    ]
     with pytest.raises(ValueError, match="benchmarks.x: object cannot list its tasks"):
         list_tasks(object(), "x", None)
     with pytest.raises(ValueError, match="benchmarks.x: the environment has no tasks"):
@@ -112,9 +119,14 @@ def test_limit_keeps_the_first_tasks_and_games_are_listed_in_order(tmp_path) -> 
 
 @pytest.mark.parametrize(
     ("kwargs", "field"),
-    [({"k": 0}, "k"), ({"every_n_steps": 0}, "every_n_steps"), ({"concurrency": 0}, "concurrency"),
-     ({"limit": 0}, "limit"), ({"top_p": 0.0}, "top_p")],
-)  # fmt: skip
+    [
+        ({"k": 0}, "k"),
+        ({"every_n_steps": 0}, "every_n_steps"),
+        ({"concurrency": 0}, "concurrency"),
+        ({"limit": 0}, "limit"),
+        ({"top_p": 0.0}, "top_p"),
+    ],
+)
 def test_bad_arguments_name_the_field(kwargs: dict[str, Any], field: str) -> None:
     with pytest.raises(ValueError, match=field):
         make(TASKS, **kwargs)
@@ -138,10 +150,15 @@ def test_eval_alfworld_builds_one_env_factory_per_split_and_plays_real_games(tmp
 
     seen = sorted(str(p) for p in make_games(tmp_path / "seen", num_games=3, seed=1))
     make_games(tmp_path / "unseen", num_games=2, seed=2)
-    overrides = ["experiment=alfworld_qwen7b", "eval=alfworld", "eval.k=1",
-                 f"eval.benchmarks.seen.data_dir={tmp_path / 'seen'}",
-                 f"eval.benchmarks.unseen.data_dir={tmp_path / 'unseen'}",
-                 "rollout.max_turns=2", "env.step_timeout_s=20"]  # fmt: skip
+    overrides = [
+        "experiment=alfworld_qwen7b",
+        "eval=alfworld",
+        "eval.k=1",
+        f"eval.benchmarks.seen.data_dir={tmp_path / 'seen'}",
+        f"eval.benchmarks.unseen.data_dir={tmp_path / 'unseen'}",
+        "rollout.max_turns=2",
+        "env.step_timeout_s=20",
+    ]
     evaluation = build_evaluation(compose(overrides, with_hydra=False))
     assert isinstance(evaluation, EpisodeEvaluation) and evaluation.k == 1
     assert (evaluation.loop_cfg.max_turns, evaluation.loop_cfg.max_len) == (2, 16384)
@@ -153,6 +170,9 @@ def test_eval_alfworld_builds_one_env_factory_per_split_and_plays_real_games(tmp
     evaluation = build_evaluation(compose([*overrides, "eval.limit=1"], with_hydra=False))
     metrics = evaluation.evaluate(InvalidActionEngine(), build_toy_tokenizer())
     assert metrics == {
-        "eval/seen/avg@1": 0.0, "eval/seen/errors": 0.0, "eval/unseen/avg@1": 0.0,
-        "eval/unseen/errors": 0.0, "eval/mean/avg@1": 0.0,
-    }  # fmt: skip
+        "eval/seen/avg@1": 0.0,
+        "eval/seen/errors": 0.0,
+        "eval/unseen/avg@1": 0.0,
+        "eval/unseen/errors": 0.0,
+        "eval/mean/avg@1": 0.0,
+    }

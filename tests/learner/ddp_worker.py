@@ -81,9 +81,13 @@ LORA = {"rank": 4, "alpha": 8.0, "dropout": 0.0, "target_modules": ["all-linear"
 
 
 def train(
-    devices: int, micro: int, budget: int | None, pack: bool, lora: bool = False,
+    devices: int,
+    micro: int,
+    budget: int | None,
+    pack: bool,
+    lora: bool = False,
     checkpointing: bool = False,
-) -> tuple[L.Trainer, FlashReinforceModule, MemoryLogger, list]:  # fmt: skip
+) -> tuple[L.Trainer, FlashReinforceModule, MemoryLogger, list]:
     """`lora`: the policy with LoRA adapters on every linear layer (only they train);
     `checkpointing`: non-reentrant activation checkpointing, as `model.gradient_checkpointing`."""
     policy = tiny_policy(seed=0)

@@ -88,8 +88,14 @@ def module(
     return learner, batches
 
 
-def fit(steps: int, first: int = 0, ckpt: str | None = None, fsdp: bool = True, moe: bool = False,
-        lora: bool = False):  # fmt: skip
+def fit(
+    steps: int,
+    first: int = 0,
+    ckpt: str | None = None,
+    fsdp: bool = True,
+    moe: bool = False,
+    lora: bool = False,
+):
     """Fit `steps` - `first` updates on batches[first:steps] (resuming from `ckpt`)."""
     learner, batches = module(moe, fsdp, lora)
     logger = MemoryLogger()

@@ -72,8 +72,17 @@ def test_two_process_ddp_lora_with_checkpointing_and_packing_equals_one_process(
     out = tmp_path / "ddp_lora"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     env.pop("MASTER_PORT", None)
-    cmd = [sys.executable, WORKER, str(out), "--devices", "2", "--budget", "30", "--lora",
-           "--checkpointing"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        WORKER,
+        str(out),
+        "--devices",
+        "2",
+        "--budget",
+        "30",
+        "--lora",
+        "--checkpointing",
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     rank0 = torch.load(f"{out}.rank0.pt", weights_only=True)

@@ -73,8 +73,11 @@ def test_two_process_fsdp2_equals_one_process_and_resumes(tmp_path) -> None:
     assert target is not None and target.startswith(".last.ckpt.")
     assert rank0["ckpt_entries"] == sorted([target, "last.ckpt"])
     assert sorted(p.name for p in ckpt.iterdir()) == [
-        ".metadata", "__0_0.distcp", "__1_0.distcp", "meta.pt"
-    ]  # fmt: skip
+        ".metadata",
+        "__0_0.distcp",
+        "__1_0.distcp",
+        "meta.pt",
+    ]
     assert rank0["resumed_version"] == STEPS + 1 and rank0["resumed_step"] == STEPS + 1
     _, uninterrupted, _ = fit(STEPS + 1, fsdp=False)
     assert max_abs_diff(rank0["resumed_params"], snapshot(uninterrupted.policy)) < 1e-9
@@ -135,8 +138,11 @@ def test_two_process_fsdp2_moe_lora_equals_one_process(tmp_path) -> None:
     adapters = [k for k in single_params if "lora_" in k]
     assert any("experts" in k for k in adapters) and not any("mlp.gate." in k for k in adapters)
     assert max(float(single_params[k].abs().max()) for k in adapters if "lora_B" in k) > 1e-4
-    base = {k.replace(".base_layer", "").removeprefix("base_model.model."): v
-            for k, v in single_params.items() if "lora_" not in k}  # fmt: skip
+    base = {
+        k.replace(".base_layer", "").removeprefix("base_model.model."): v
+        for k, v in single_params.items()
+        if "lora_" not in k
+    }
     assert max_abs_diff(base, snapshot(moe_policy())) == 0.0  # the base never trains
 
 
@@ -148,15 +154,27 @@ def test_toy_run_under_fsdp2_on_cpu_syncs_weights_and_resumes_last(tmp_path) -> 
     run = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     env.pop("MASTER_PORT", None)
-    base = [sys.executable, "-m", "frlab", "trainer=fsdp", "trainer.accelerator=cpu",
-            "trainer.devices=2", "trainer.precision=32-true", "data.micro_batch_size=16",
-            "callbacks.model_checkpoint.every_n_train_steps=1", f"hydra.run.dir={run}",
-            "plots=false"]  # fmt: skip
+    base = [
+        sys.executable,
+        "-m",
+        "frlab",
+        "trainer=fsdp",
+        "trainer.accelerator=cpu",
+        "trainer.devices=2",
+        "trainer.precision=32-true",
+        "data.micro_batch_size=16",
+        "callbacks.model_checkpoint.every_n_train_steps=1",
+        f"hydra.run.dir={run}",
+        "plots=false",
+    ]
     for steps, ckpt in ((2, "null"), (3, "last")):
         proc = subprocess.run(
             [*base, f"trainer.max_steps={steps}", f"ckpt_path={ckpt}"],
-            env=env, capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert proc.returncode == 0, proc.stderr[-4000:]
     last = run / "checkpoints" / "last.ckpt"
     assert last.is_symlink() and (last / "meta.pt").is_file()

@@ -145,10 +145,21 @@ def test_metric_names_and_values() -> None:
     module.policy_version = 6
     logger = _fit(module, batches)
     expected_names = {
-        M.REWARD, M.ACCEPTANCE, M.SEQUENCE_KL, M.LAG_MEAN, M.LAG_MAX, M.RESPONSE_TOKENS,
-        M.LOSS, M.GRAD_NORM, M.LR, M.ADVANTAGE_ABS, M.RETAINED_FRAC,
-        M.STEP_S, M.LOGPROB_S, M.BACKWARD_S,
-    }  # fmt: skip
+        M.REWARD,
+        M.ACCEPTANCE,
+        M.SEQUENCE_KL,
+        M.LAG_MEAN,
+        M.LAG_MAX,
+        M.RESPONSE_TOKENS,
+        M.LOSS,
+        M.GRAD_NORM,
+        M.LR,
+        M.ADVANTAGE_ABS,
+        M.RETAINED_FRAC,
+        M.STEP_S,
+        M.LOGPROB_S,
+        M.BACKWARD_S,
+    }
     assert [step for step, _ in logger.rows] == [0, 1]
     for (_, row), batch, version in zip(logger.rows, batches, (6, 7), strict=True):
         assert expected_names <= set(row)

@@ -19,8 +19,11 @@ def snippet() -> str:
 
 
 def test_the_snippet_is_short() -> None:
-    code = [line for line in snippet().splitlines()
-            if line and not line.startswith(("import ", "from ", "#"))]  # fmt: skip
+    code = [
+        line
+        for line in snippet().splitlines()
+        if line and not line.startswith(("import ", "from ", "#"))
+    ]
     assert len(code) <= 10, code
 
 

@@ -19,8 +19,13 @@ def _optimizer() -> torch.optim.AdamW:
 
 def _lrs(scheduler: str, max_steps: int, warmup_ratio: float = 0.0, min_lr_ratio: float = 0.0):
     opt = _optimizer()
-    sched = build_scheduler(opt, scheduler=scheduler, max_steps=max_steps,
-                            warmup_ratio=warmup_ratio, min_lr_ratio=min_lr_ratio)  # fmt: skip
+    sched = build_scheduler(
+        opt,
+        scheduler=scheduler,
+        max_steps=max_steps,
+        warmup_ratio=warmup_ratio,
+        min_lr_ratio=min_lr_ratio,
+    )
     out = []
     for _ in range(max_steps):
         out.append(opt.param_groups[0]["lr"])

@@ -40,9 +40,15 @@ WIDTH = 24  # rows of 3 to 17 tokens
 
 def _fit(policy, *, micro: int, budget: int | None, pack: bool, objective=None):
     module = learner_module(
-        MODEL_CFG, objective or OBJECTIVE_CFG, OPTIM_CFG, batch_size=B, micro_batch_size=micro,
-        max_tokens_per_micro_batch=budget, pack_sequences=pack, policy=policy,
-    )  # fmt: skip
+        MODEL_CFG,
+        objective or OBJECTIVE_CFG,
+        OPTIM_CFG,
+        batch_size=B,
+        micro_batch_size=micro,
+        max_tokens_per_micro_batch=budget,
+        pack_sequences=pack,
+        policy=policy,
+    )
     logger = MemoryLogger()
     return module, logger
 
@@ -92,8 +98,11 @@ AGGREGATION_SETTINGS = {
 def test_every_aggregation_is_layout_invariant(aggregation: str) -> None:
     base = tiny_policy(seed=2)
     batch = make_batch(base, rows=B, seed=5, width=WIDTH)
-    objective = {**OBJECTIVE_CFG, "aggregation": aggregation,
-                 **AGGREGATION_SETTINGS.get(aggregation, {})}  # fmt: skip
+    objective = {
+        **OBJECTIVE_CFG,
+        "aggregation": aggregation,
+        **AGGREGATION_SETTINGS.get(aggregation, {}),
+    }
     full_params, full = _update(base, batch, micro=B, budget=None, pack=False, objective=objective)
     assert full[M.MICRO_BATCHES] == 1
     assert max_abs_diff(full_params, snapshot(base)) > 1e-3
@@ -121,9 +130,14 @@ def test_packing_with_an_unsupported_attention_is_refused() -> None:
             MODEL_CFG, OBJECTIVE_CFG, OPTIM_CFG, batch_size=B, micro_batch_size=B, policy=policy
         )
     module = learner_module(
-        MODEL_CFG, OBJECTIVE_CFG, OPTIM_CFG, batch_size=B, micro_batch_size=B,
-        pack_sequences=False, policy=policy,
-    )  # fmt: skip
+        MODEL_CFG,
+        OBJECTIVE_CFG,
+        OPTIM_CFG,
+        batch_size=B,
+        micro_batch_size=B,
+        pack_sequences=False,
+        policy=policy,
+    )
     assert module.micro.pack is False
     assert torch.is_tensor(next(module.policy.parameters()))
 

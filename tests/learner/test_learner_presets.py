@@ -47,9 +47,13 @@ def test_preset_update_is_micro_batch_invariant(preset: str) -> None:
     outcomes = []
     for micro in (B, 2):
         module = learner_module(
-            MODEL_CFG, objective, OPTIM_CFG, batch_size=B, micro_batch_size=micro,
+            MODEL_CFG,
+            objective,
+            OPTIM_CFG,
+            batch_size=B,
+            micro_batch_size=micro,
             policy=copy.deepcopy(base),
-        )  # fmt: skip
+        )
         logger = MemoryLogger()
         trainer(1, logger=logger).fit(module, loader([batch]))
         outcomes.append((snapshot(module.policy), logger.rows[-1][1]))

@@ -32,9 +32,14 @@ def _module(policy: torch.nn.Module) -> FlashReinforceModule:
     # max_steps fixes the schedule horizon: the interrupted run stops early but keeps the same
     # cosine curve.
     return learner_module(
-        MODEL_CFG, OBJECTIVE_CFG, OPTIM, batch_size=B, micro_batch_size=2, max_steps=TOTAL,
+        MODEL_CFG,
+        OBJECTIVE_CFG,
+        OPTIM,
+        batch_size=B,
+        micro_batch_size=2,
+        max_steps=TOTAL,
         policy=policy,
-    )  # fmt: skip
+    )
 
 
 def _checkpointing_trainer(max_steps: int, folder, logger: MemoryLogger):
@@ -105,8 +110,11 @@ def test_a_lora_run_resumes_exactly_with_only_its_adapters_trained(tmp_path) -> 
     batches = [make_batch(base, rows=B, seed=30 + s) for s in range(TOTAL)]
     straight = _module(copy.deepcopy(base))
     trainer(TOTAL, logger=MemoryLogger()).fit(straight, datamodule=CursorDataModule(batches))
-    moved = {n for n, p in straight.policy.named_parameters()
-             if not torch.equal(p.detach(), dict(base.named_parameters())[n].detach())}  # fmt: skip
+    moved = {
+        n
+        for n, p in straight.policy.named_parameters()
+        if not torch.equal(p.detach(), dict(base.named_parameters())[n].detach())
+    }
     assert moved and all(is_adapter(n) for n in moved)  # the base weights are frozen
 
     first = _module(copy.deepcopy(base))

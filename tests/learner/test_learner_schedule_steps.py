@@ -34,8 +34,13 @@ def _cosine(step: int, horizon: int, warmup: float, floor: float) -> float:
 def test_lr_follows_the_schedule_length_not_the_stop_step(schedule_steps: int | None) -> None:
     policy = tiny_policy(seed=4)
     batches = [make_batch(policy, rows=4, seed=s) for s in (1, 2, 3)]
-    optim = {**OPTIM_CFG, "scheduler": "cosine", "warmup_ratio": 0.05, "min_lr_ratio": 0.1,
-             "schedule_steps": schedule_steps}  # fmt: skip
+    optim = {
+        **OPTIM_CFG,
+        "scheduler": "cosine",
+        "warmup_ratio": 0.05,
+        "min_lr_ratio": 0.1,
+        "schedule_steps": schedule_steps,
+    }
     module = learner_module(
         MODEL_CFG,
         OBJECTIVE_CFG,

@@ -117,9 +117,12 @@ def _adamw_step_with_zero_grads(params: dict, state: dict) -> dict[str, torch.Te
     fresh.load_state_dict(params)
     named = list(fresh.named_parameters())
     optimizer = torch.optim.AdamW(
-        [p for _, p in named], lr=OPTIM_CFG["lr"], weight_decay=OPTIM_CFG["weight_decay"],
-        betas=tuple(OPTIM_CFG["betas"]), eps=OPTIM_CFG["eps"],
-    )  # fmt: skip
+        [p for _, p in named],
+        lr=OPTIM_CFG["lr"],
+        weight_decay=OPTIM_CFG["weight_decay"],
+        betas=tuple(OPTIM_CFG["betas"]),
+        eps=OPTIM_CFG["eps"],
+    )
     optimizer.load_state_dict(state)
     for _, p in named:
         p.grad = torch.zeros_like(p)
@@ -152,8 +155,11 @@ def test_zero_gradient_after_the_forward(case: str, skip: bool) -> None:
     else:  # q = 0 keeps no token of a failed row: every row of `dead` failed, none of `learning`
         dead = dataclasses.replace(dead, failures=torch.ones(B, dtype=torch.bool))
         learning = dataclasses.replace(learning, failures=torch.zeros(B, dtype=torch.bool))
-        objective = {**OBJECTIVE_CFG, "token_filter": "entropy_failures",
-                     "entropy_failures": {"q": 0.0}}  # fmt: skip
+        objective = {
+            **OBJECTIVE_CFG,
+            "token_filter": "entropy_failures",
+            "entropy_failures": {"q": 0.0},
+        }
     assert bool((dead.rewards != dead.rewards.mean()).any())  # advantages are not all 0
     module, record, rows = _fit(policy, [learning, dead], skip=skip, objective=objective)
     assert module.forwards == 4  # the forward is needed to know

@@ -83,10 +83,15 @@ def fit(
         CSVLogger(tmp_path / f"log_{via_step_log}", name="", version="") if with_logger else False
     )
     trainer = L.Trainer(
-        max_epochs=1, logger=logger, log_every_n_steps=every, callbacks=[watcher],
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        max_epochs=1,
+        logger=logger,
+        log_every_n_steps=every,
+        callbacks=[watcher],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
         accelerator="cpu",
-    )  # fmt: skip
+    )
     trainer.fit(Module(via_step_log))
     csv = Path(logger.log_dir) / "metrics.csv" if logger else None
     return {

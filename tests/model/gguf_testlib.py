@@ -36,13 +36,19 @@ def _tensors(vocab: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
     out = {"token_embd.weight": w(vocab, HIDDEN), "output_norm.weight": 1 + w(HIDDEN)}
     for i in range(LAYERS):
         p = f"blk.{i}."
-        out.update({
-            p + "attn_norm.weight": 1 + w(HIDDEN), p + "ffn_norm.weight": 1 + w(HIDDEN),
-            p + "attn_q.weight": w(HIDDEN, HIDDEN), p + "attn_k.weight": w(KV_HEADS * head_dim, HIDDEN),
-            p + "attn_v.weight": w(KV_HEADS * head_dim, HIDDEN), p + "attn_output.weight": w(HIDDEN, HIDDEN),
-            p + "ffn_gate.weight": w(FFN, HIDDEN), p + "ffn_up.weight": w(FFN, HIDDEN),
-            p + "ffn_down.weight": w(HIDDEN, FFN),
-        })  # fmt: skip
+        out.update(
+            {
+                p + "attn_norm.weight": 1 + w(HIDDEN),
+                p + "ffn_norm.weight": 1 + w(HIDDEN),
+                p + "attn_q.weight": w(HIDDEN, HIDDEN),
+                p + "attn_k.weight": w(KV_HEADS * head_dim, HIDDEN),
+                p + "attn_v.weight": w(KV_HEADS * head_dim, HIDDEN),
+                p + "attn_output.weight": w(HIDDEN, HIDDEN),
+                p + "ffn_gate.weight": w(FFN, HIDDEN),
+                p + "ffn_up.weight": w(FFN, HIDDEN),
+                p + "ffn_down.weight": w(HIDDEN, FFN),
+            }
+        )
     return out
 
 

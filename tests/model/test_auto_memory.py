@@ -20,26 +20,46 @@ from frlab.model.auto_memory import (
 from frlab.model.memory_plan import activation_per_token, head_chunk_bytes, memory_plan
 from frlab.model.policy import make_config
 
-SHAPE = {"model_type": "qwen2", "vocab_size": 1000, "hidden_size": 256, "intermediate_size": 512,
-         "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
-         "max_position_embeddings": 4096}  # fmt: skip
+SHAPE = {
+    "model_type": "qwen2",
+    "vocab_size": 1000,
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 4096,
+}
 GIB = 2**30
 
 
 def sections(tokens=AUTO, checkpointing=AUTO, batch=64, max_len=2048) -> dict:  # noqa: ANN001
     return {
-        "model": {"config": SHAPE, "dtype": "float32", "gradient_checkpointing": checkpointing,
-                  "lora": None, "logprob_chunk_size": 1024},
-        "data": {"batch_size": batch, "micro_batch_size": batch,
-                 "max_tokens_per_micro_batch": tokens},
+        "model": {
+            "config": SHAPE,
+            "dtype": "float32",
+            "gradient_checkpointing": checkpointing,
+            "lora": None,
+            "logprob_chunk_size": 1024,
+        },
+        "data": {
+            "batch_size": batch,
+            "micro_batch_size": batch,
+            "max_tokens_per_micro_batch": tokens,
+        },
         "rollout": {"max_len": max_len, "max_in_flight": 4, "device": "cpu"},
         "trainer": {"precision": "32-true", "devices": 1, "accelerator": "gpu"},
-    }  # fmt: skip
+    }
 
 
 def _fixed(cfg: dict) -> int:
-    plan = memory_plan({**cfg, "model": {**cfg["model"], "gradient_checkpointing": False},
-                        "data": {**cfg["data"], "max_tokens_per_micro_batch": 1}})  # fmt: skip
+    plan = memory_plan(
+        {
+            **cfg,
+            "model": {**cfg["model"], "gradient_checkpointing": False},
+            "data": {**cfg["data"], "max_tokens_per_micro_batch": 1},
+        }
+    )
     return plan.weights + plan.grads + plan.optimizer + head_chunk_bytes(make_config(SHAPE), 1024)
 
 
@@ -99,12 +119,20 @@ def test_a_run_records_the_auto_values_it_chose(tmp_path: Path) -> None:
     from frlab import train
     from frlab.config.compose import compose
 
-    cfg = compose([
-        f"paths.output_dir={tmp_path}", "trainer.max_steps=1", "data.batch_size=4",
-        "data.micro_batch_size=2", "rollout.max_in_flight=4", "plots=false",
-        "data.max_tokens_per_micro_batch=auto", "model.gradient_checkpointing=auto",
-        "~callbacks.model_checkpoint", "trainer.enable_checkpointing=false",
-    ])  # fmt: skip
+    cfg = compose(
+        [
+            f"paths.output_dir={tmp_path}",
+            "trainer.max_steps=1",
+            "data.batch_size=4",
+            "data.micro_batch_size=2",
+            "rollout.max_in_flight=4",
+            "plots=false",
+            "data.max_tokens_per_micro_batch=auto",
+            "model.gradient_checkpointing=auto",
+            "~callbacks.model_checkpoint",
+            "trainer.enable_checkpointing=false",
+        ]
+    )
     summary = train.run(cfg)
     plan = json.loads((Path(summary["output_dir"]) / "summary.json").read_text())["plan"]
     assert isinstance(plan["data.max_tokens_per_micro_batch"], int)

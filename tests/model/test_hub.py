@@ -39,8 +39,10 @@ def test_hub_offline_agrees_with_huggingface_hub_itself() -> None:
     for case in FLAG_CASES:
         out = subprocess.run(
             [sys.executable, "-c", code, json.dumps(case)],
-            capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert out.returncode == 0, out.stderr[-2000:]
         theirs, ours = json.loads(out.stdout.strip().splitlines()[-1])
         assert ours == theirs, case

@@ -94,9 +94,14 @@ def test_sequence_matches_naive_values_and_param_grads(name: str, use_action_mas
     ids, attention, action = batch()
     action_mask = action if use_action_mask else None
     lp, ent = sequence_logprobs(
-        model, ids, attention, temperature=0.9, chunk_size=7, compute_entropy=True,
+        model,
+        ids,
+        attention,
+        temperature=0.9,
+        chunk_size=7,
+        compute_entropy=True,
         action_mask=action_mask,
-    )  # fmt: skip
+    )
     ref_lp, ref_ent = naive_sequence(model, ids, attention, 0.9, action_mask)
     assert lp.shape == ids.shape and lp.dtype == torch.float32
     torch.testing.assert_close(lp, ref_lp, atol=1e-5, rtol=0)

@@ -24,10 +24,20 @@ PROMPT = [1, 2, 3, 4]
 
 def policy(lora=LORA, model_type: str = "qwen2"):  # noqa: ANN001, ANN201
     config = dict(tiny_config(model_type).to_dict(), model_type=model_type)
-    keep = {k: config[k] for k in ("model_type", "vocab_size", "hidden_size",
-                                   "intermediate_size", "num_hidden_layers",
-                                   "num_attention_heads", "num_key_value_heads",
-                                   "max_position_embeddings") if k in config}  # fmt: skip
+    keep = {
+        k: config[k]
+        for k in (
+            "model_type",
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "max_position_embeddings",
+        )
+        if k in config
+    }
     if model_type == "qwen3_moe":
         keep.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
     return policy_of(config=keep, seed=0, lora=lora)

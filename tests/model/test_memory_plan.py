@@ -23,9 +23,16 @@ from frlab.model.memory_plan import (
 )
 
 REPO = Path(__file__).resolve().parents[2]
-TINY = {"model_type": "qwen2", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "tie_word_embeddings": True}  # fmt: skip
+TINY = {
+    "model_type": "qwen2",
+    "vocab_size": 64,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "tie_word_embeddings": True,
+}
 LORA = {"rank": 4, "alpha": 8.0, "dropout": 0.0, "target_modules": ["all-linear"], "adapter": None}
 GIB = 2**30
 
@@ -66,13 +73,22 @@ def test_activation_and_kv_estimates_are_the_documented_formulas() -> None:
 
 def run_cfg(**over) -> dict:  # noqa: ANN003
     cfg = {
-        "model": {"config": dict(TINY), "dtype": "float32", "gradient_checkpointing": False,
-                  "logprob_chunk_size": 1024, "lora": None},
+        "model": {
+            "config": dict(TINY),
+            "dtype": "float32",
+            "gradient_checkpointing": False,
+            "logprob_chunk_size": 1024,
+            "lora": None,
+        },
         "data": {"micro_batch_size": 2, "max_tokens_per_micro_batch": None},
-        "rollout": {"engine": {"_target_": "frlab.rollout.torch.engine.TorchEngine.for_policy"},
-                    "max_len": 50, "max_in_flight": 3, "device": "cpu"},
+        "rollout": {
+            "engine": {"_target_": "frlab.rollout.torch.engine.TorchEngine.for_policy"},
+            "max_len": 50,
+            "max_in_flight": 3,
+            "device": "cpu",
+        },
         "trainer": {"strategy": "auto", "devices": 1, "precision": "32-true"},
-    }  # fmt: skip
+    }
     for key, value in over.items():
         section, name = key.split("__")
         cfg[section][name] = value
@@ -84,13 +100,22 @@ def test_states_shard_under_fsdp2_and_vllm_takes_its_share() -> None:
     assert isinstance(plain, MemoryPlan) and plain.engine is None
     assert (plain.weights, plain.grads, plain.optimizer) == (4 * 20768, 4 * 20768, 8 * 20768)
     assert plain.activations == activation_bytes(tiny_config(), 100, False, 4, 1024)
-    fsdp = memory_plan(run_cfg(trainer__strategy={"_target_": "frlab.learner.sharding.FSDP2Strategy"},
-                               trainer__devices=4))  # fmt: skip
+    fsdp = memory_plan(
+        run_cfg(
+            trainer__strategy={"_target_": "frlab.learner.sharding.FSDP2Strategy"},
+            trainer__devices=4,
+        )
+    )
     assert (fsdp.weights, fsdp.grads, fsdp.optimizer) == (20768, 20768, 2 * 20768)
     vllm = {"_target_": "frlab.rollout.vllm.engine.VLLMEngine.for_policy"}
-    colocated = memory_plan(run_cfg(rollout__engine=vllm, rollout__device="cuda",
-                                    rollout__vllm_engine_args={"gpu_memory_utilization": 0.5}),
-                            engine_reserves_share=locate_engine({"engine": vllm}).reserves_gpu_share)  # fmt: skip
+    colocated = memory_plan(
+        run_cfg(
+            rollout__engine=vllm,
+            rollout__device="cuda",
+            rollout__vllm_engine_args={"gpu_memory_utilization": 0.5},
+        ),
+        engine_reserves_share=locate_engine({"engine": vllm}).reserves_gpu_share,
+    )
     assert colocated.engine == 2 * 20768 + kv_cache_bytes(tiny_config(), 3, 50, 2)
     assert colocated.gpu_needed() == int(max(colocated.learner / 0.5, colocated.engine / 0.5))
     torch_engine = {"engine": {"_target_": "frlab.rollout.torch.engine.TorchEngine.for_policy"}}
@@ -99,10 +124,20 @@ def test_states_shard_under_fsdp2_and_vllm_takes_its_share() -> None:
     assert lora.weights == plain.weights and lora.grads < plain.grads / 4
 
 
-QWEN7B = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 3584,
-          "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
-          "num_key_value_heads": 4, "vocab_size": 152064, "tie_word_embeddings": False,
-          "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "torch_dtype": "bfloat16"}  # fmt: skip
+QWEN7B = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "model_type": "qwen2",
+    "hidden_size": 3584,
+    "intermediate_size": 18944,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 28,
+    "num_key_value_heads": 4,
+    "vocab_size": 152064,
+    "tie_word_embeddings": False,
+    "max_position_embeddings": 32768,
+    "rms_norm_eps": 1e-6,
+    "torch_dtype": "bfloat16",
+}
 
 
 def dry_run_memory(cache: Path, *overrides: str) -> str:
@@ -123,7 +158,9 @@ def test_the_one_gpu_lora_preset_plans_to_fit_an_80_gb_gpu(tmp_path: Path) -> No
     (snapshot.parents[1] / "refs" / "main").write_text("0")
     lora = dry_run_memory(tmp_path, "experiment=python_tool_qwen7b_lora")
     full = dry_run_memory(tmp_path, "experiment=python_tool_qwen7b", "trainer=gpu")
-    needed = {name: float(line.split("needs a device of >= ")[1].split()[0])
-              for name, line in (("lora", lora), ("full", full))}  # fmt: skip
+    needed = {
+        name: float(line.split("needs a device of >= ")[1].split()[0])
+        for name, line in (("lora", lora), ("full", full))
+    }
     assert "7.62B params (80.7M trainable)" in lora, lora
     assert needed["lora"] < 80 * 1e9 / GIB < needed["full"], (lora, full)

@@ -98,17 +98,23 @@ def test_replayed_learner_logprobs_equal_the_samplers(model, trajectories) -> No
     learner = tiny_moe()  # same seed: same weights, a separate module like the learner's
     with torch.no_grad(), replay_routing(learner, batch.routing):
         log_probs, _ = sequence_logprobs(
-            learner, batch.input_ids, batch.attention_mask, batch.position_ids,
+            learner,
+            batch.input_ids,
+            batch.attention_mask,
+            batch.position_ids,
             action_mask=batch.action_mask,
-        )  # fmt: skip
+        )
     gap = (log_probs - batch.behavior_log_probs)[batch.action_mask].abs().max()
     assert float(gap) < 1e-5
     wrong = batch.routing.roll(1, dims=1)  # misattributed positions change the log-probs
     with torch.no_grad(), replay_routing(learner, wrong):
         shifted, _ = sequence_logprobs(
-            learner, batch.input_ids, batch.attention_mask, batch.position_ids,
+            learner,
+            batch.input_ids,
+            batch.attention_mask,
+            batch.position_ids,
             action_mask=batch.action_mask,
-        )  # fmt: skip
+        )
     assert float((shifted - batch.behavior_log_probs)[batch.action_mask].abs().max()) > 1e-3
 
 
@@ -155,9 +161,14 @@ def test_bad_routing_is_refused_naming_the_field(trajectories) -> None:
 def _module(policy: torch.nn.Module, replay: bool, pack: bool = True) -> FlashReinforceModule:
     model_cfg = {"config": None, "routing_replay": replay}
     return learner_module(
-        model_cfg, OBJECTIVE_CFG, OPTIM_CFG, batch_size=EPISODES, micro_batch_size=2,
-        pack_sequences=pack, policy=policy,
-    )  # fmt: skip
+        model_cfg,
+        OBJECTIVE_CFG,
+        OPTIM_CFG,
+        batch_size=EPISODES,
+        micro_batch_size=2,
+        pack_sequences=pack,
+        policy=policy,
+    )
 
 
 @pytest.mark.parametrize("pack", [True, False], ids=["packed", "padded"])
@@ -190,13 +201,21 @@ def test_learner_step_replays_in_forward_and_backward(trajectories, pack: bool) 
     trimmed = mb.trim()
     with replay_routing(reference, trimmed.routing):
         log_probs, _ = sequence_logprobs(
-            reference, trimmed.input_ids, trimmed.attention_mask, trimmed.position_ids,
+            reference,
+            trimmed.input_ids,
+            trimmed.attention_mask,
+            trimmed.position_ids,
             action_mask=trimmed.action_mask,
-        )  # fmt: skip
+        )
         loss, _ = module.objective(
-            log_probs, trimmed.behavior_log_probs.to(log_probs.dtype), advantages,
-            trimmed.action_mask, entropies=None, failures=trimmed.failures, **kwargs,
-        )  # fmt: skip
+            log_probs,
+            trimmed.behavior_log_probs.to(log_probs.dtype),
+            advantages,
+            trimmed.action_mask,
+            entropies=None,
+            failures=trimmed.failures,
+            **kwargs,
+        )
         loss.backward()
     want = [p.grad for p in reference.parameters() if p.grad is not None]
     assert len(got) == len(want)

@@ -47,9 +47,14 @@ def _run(model, ids, mask, action, *, kernel: str | None):
     context = packed_attention(model, kernel) if kernel else torch.enable_grad()
     with context:
         lp, ent = sequence_logprobs(
-            model, ids, mask, action_mask=action, compute_entropy=True, chunk_size=7,
+            model,
+            ids,
+            mask,
+            action_mask=action,
+            compute_entropy=True,
+            chunk_size=7,
             pack=kernel is not None,
-        )  # fmt: skip
+        )
         weights = torch.linspace(0.1, 1.0, ids.shape[1], dtype=lp.dtype, device=lp.device)
         (lp * weights).sum().backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
@@ -222,8 +227,10 @@ def test_the_kernel_is_checked_once_against_sdpa_before_it_is_chosen(monkeypatch
 
 def test_auto_takes_sdpa_on_a_cpu_and_varlen_is_refused_naming_why() -> None:
     model = _model("qwen2", torch.float32)
-    assert packed_kernel(model) == ("sdpa", varlen.varlen_available(torch.device("cpu"),
-                                                                    torch.float32, model.config))  # fmt: skip
+    assert packed_kernel(model) == (
+        "sdpa",
+        varlen.varlen_available(torch.device("cpu"), torch.float32, model.config),
+    )
     with pytest.raises(ValueError, match="varlen attention cannot run here: cpu device"):
         packed_kernel(model, "varlen")
     with pytest.raises(ValueError, match="auto, varlen or sdpa"):
@@ -246,8 +253,9 @@ def test_cuda_varlen_packed_equals_padded_in_bf16() -> None:
     for got, want in zip(packed[:2], padded[:2], strict=True):
         torch.testing.assert_close(got, want, rtol=0, atol=5e-2)
     for name, grad in padded[2].items():
-        torch.testing.assert_close(packed[2][name].float(), grad.float(), rtol=5e-2, atol=5e-2,
-                                   msg=name)  # fmt: skip
+        torch.testing.assert_close(
+            packed[2][name].float(), grad.float(), rtol=5e-2, atol=5e-2, msg=name
+        )
 
 
 @pytest.mark.gpu
@@ -266,8 +274,14 @@ def test_cuda_varlen_layers_make_no_host_synchronisation() -> None:
         assert model.config._attn_implementation == PACKED_VARLEN
         torch.cuda.set_sync_debug_mode("error")
         try:
-            out = model.model(**row, use_cache=False, cu_seq_lens_q=bounds, cu_seq_lens_k=bounds,
-                              max_length_q=longest, max_length_k=longest)  # fmt: skip
+            out = model.model(
+                **row,
+                use_cache=False,
+                cu_seq_lens_q=bounds,
+                cu_seq_lens_k=bounds,
+                max_length_q=longest,
+                max_length_k=longest,
+            )
             out.last_hidden_state.float().sum().backward()
         finally:
             torch.cuda.set_sync_debug_mode("default")

@@ -45,10 +45,26 @@ def _math(t: Tensor) -> Tensor:
     return t.to(torch.float64 if t.dtype == torch.float64 else torch.float32)
 
 
-def cpu_flash_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
-                      is_causal, return_debug_mask, *, scale=None, window_size_left=None,
-                      window_size_right=None, seqused_k=None, alibi_slopes=None,
-                      block_table=None, num_splits=None):  # fmt: skip  # noqa: ANN001, ANN201
+def cpu_flash_forward(
+    query,
+    key,
+    value,
+    cum_seq_q,
+    cum_seq_k,
+    max_q,
+    max_k,
+    dropout_p,
+    is_causal,
+    return_debug_mask,
+    *,
+    scale=None,
+    window_size_left=None,
+    window_size_right=None,
+    seqused_k=None,
+    alibi_slopes=None,
+    block_table=None,
+    num_splits=None,
+):  # noqa: ANN001, ANN201
     """aten::_flash_attention_forward on a CPU (varlen layout only)."""
     assert cum_seq_q is not None and torch.equal(cum_seq_q, cum_seq_k)
     assert dropout_p == 0.0 and seqused_k is None and block_table is None
@@ -68,9 +84,26 @@ def cpu_flash_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dro
     return out, lse, rng, torch.empty(0), torch.empty(0)
 
 
-def cpu_flash_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k,
-                       max_q, max_k, dropout_p, is_causal, rng_state, unused, *, scale=None,
-                       window_size_left=None, window_size_right=None):  # fmt: skip  # noqa: ANN001, ANN201
+def cpu_flash_backward(
+    grad_out,
+    query,
+    key,
+    value,
+    out,
+    logsumexp,
+    cum_seq_q,
+    cum_seq_k,
+    max_q,
+    max_k,
+    dropout_p,
+    is_causal,
+    rng_state,
+    unused,
+    *,
+    scale=None,
+    window_size_left=None,
+    window_size_right=None,
+):  # noqa: ANN001, ANN201
     """aten::_flash_attention_backward on a CPU: (dq, dk, dv), dk/dv summed over groups."""
     causal = bool(is_causal) or window_size_right == 0
     heads, kv_heads = query.shape[1], key.shape[1]

@@ -86,8 +86,11 @@ class Reference:
 
 
 REFERENCES: dict[str, dict[str, Reference]] = {
-    "baseline": {}, "trust_region": {}, "aggregation": {}, "token_filter": {},
-}  # fmt: skip
+    "baseline": {},
+    "trust_region": {},
+    "aggregation": {},
+    "token_filter": {},
+}
 
 
 def reference(
@@ -198,8 +201,11 @@ def plain_is(row: Row) -> tuple[list[float], list[bool]]:
     return list(row.rho), [True] * len(row.rho)
 
 
-@reference("trust_region", "token_tis", params=lambda rows: {
-    "cap": between([r for row in rows for r in row.rho], 0.6)})  # fmt: skip
+@reference(
+    "trust_region",
+    "token_tis",
+    params=lambda rows: {"cap": between([r for row in rows for r in row.rho], 0.6)},
+)
 def token_tis(row: Row, cap: float) -> tuple[list[float], list[bool]]:
     return [min(r, cap) for r in row.rho], [True] * len(row.rho)
 
@@ -211,28 +217,42 @@ def ppo_clip(row: Row, eps_low: float, eps_high: float) -> tuple[list[float], li
     return [0.0 if c else r for r, c in zip(row.rho, clipped, strict=True)], [True] * len(row.rho)
 
 
-@reference("trust_region", "token_bernoulli_kl", params=lambda rows: {
-    "delta": between([d for row in rows for d in row.d], 0.7)})  # fmt: skip
+@reference(
+    "trust_region",
+    "token_bernoulli_kl",
+    params=lambda rows: {"delta": between([d for row in rows for d in row.d], 0.7)},
+)
 def token_bernoulli_kl(row: Row, delta: float) -> tuple[list[float], list[bool]]:
     ok = [d <= delta for d in row.d]
     return [r if o else 0.0 for r, o in zip(row.rho, ok, strict=True)], ok
 
 
-@reference("trust_region", "sequence_bernoulli_kl", params=lambda rows: {
-    "delta": between([row.kl for row in rows], 0.5)})  # fmt: skip
+@reference(
+    "trust_region",
+    "sequence_bernoulli_kl",
+    params=lambda rows: {"delta": between([row.kl for row in rows], 0.5)},
+)
 def sequence_bernoulli_kl(row: Row, delta: float) -> tuple[list[float], list[bool]]:
     return _row_gate(row, row.kl <= delta)
 
 
-@reference("trust_region", "sequence_k3", params=lambda rows: {
-    "delta": between([row.k3 for row in rows], 0.5)})  # fmt: skip
+@reference(
+    "trust_region",
+    "sequence_k3",
+    params=lambda rows: {"delta": between([row.k3 for row in rows], 0.5)},
+)
 def sequence_k3(row: Row, delta: float) -> tuple[list[float], list[bool]]:
     return _row_gate(row, row.k3 <= delta)
 
 
-@reference("trust_region", "geometric_ratio", params=lambda rows: {
-    "lower": between([row.geo for row in rows], 0.2),
-    "upper": between([row.geo for row in rows], 0.8)})  # fmt: skip
+@reference(
+    "trust_region",
+    "geometric_ratio",
+    params=lambda rows: {
+        "lower": between([row.geo for row in rows], 0.2),
+        "upper": between([row.geo for row in rows], 0.8),
+    },
+)
 def geometric_ratio(row: Row, lower: float, upper: float) -> tuple[list[float], list[bool]]:
     return _row_gate(row, lower <= row.geo <= upper)
 

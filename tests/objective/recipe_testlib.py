@@ -15,9 +15,19 @@ REPO = Path(__file__).resolve().parents[2]
 GUIDE = REPO / "docs" / "extending.md"
 SECTION = ("## A new objective component", "## A new environment")
 # What the recipe's steps, commands and tests read.
-COPIED = ("frlab", "envs", "configs", "experiments/experiment", "experiments/sweep",
-          "tests/conftest.py", "tests/objective", "tests/generated", "docs/config-keys.md",
-          "README.md", "pyproject.toml")  # fmt: skip
+COPIED = (
+    "frlab",
+    "envs",
+    "configs",
+    "experiments/experiment",
+    "experiments/sweep",
+    "tests/conftest.py",
+    "tests/objective",
+    "tests/generated",
+    "docs/config-keys.md",
+    "README.md",
+    "pyproject.toml",
+)
 LOOP_FILE = "tests/objective/loop_testlib.py"
 
 
@@ -50,8 +60,7 @@ def scratch_copy(tmp_path: Path) -> Path:
 def run(root: Path, args: list[str], timeout: int = 300) -> subprocess.CompletedProcess:
     path = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)
     env = {**os.environ, "PYTHONPATH": path, "HF_HUB_OFFLINE": "1"}
-    return subprocess.run(args, cwd=root, env=env, capture_output=True, text=True,
-                          timeout=timeout)  # fmt: skip
+    return subprocess.run(args, cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def append(root: Path, rel: str, code: str) -> None:

@@ -49,8 +49,13 @@ def test_check_converts_and_refuses_naming_the_key() -> None:
     assert delta.check(1) == 1.0 and isinstance(delta.check(1), float)
     assert delta.check(torch.tensor(2e-3, dtype=torch.float64)) == 2e-3  # 0-d tensor
     assert delta.check(math.inf) == math.inf
-    for bad, reason in [(True, "real number"), ("3e-3", "real number"), (math.nan, "NaN"),
-                        (-1e-3, r"in \[0, inf\], got -0.001"), (torch.tensor([1e-3]), "real")]:  # fmt: skip
+    for bad, reason in [
+        (True, "real number"),
+        ("3e-3", "real number"),
+        (math.nan, "NaN"),
+        (-1e-3, r"in \[0, inf\], got -0.001"),
+        (torch.tensor([1e-3]), "real"),
+    ]:
         with pytest.raises(HyperparameterError, match=f"objective.x.delta must .*{reason}") as err:
             delta.check(bad, "objective.x.delta")
         assert err.value.key == "objective.x.delta"
@@ -138,9 +143,11 @@ class _FloatAdmitted(TrustRegion):
 
 @pytest.mark.parametrize(
     ("component", "pattern"),
-    [(_WrongShape(), r"'spread' \(per=row\) must have shape \[3\], got \[\]"),
-     (_FloatAdmitted(), r"`admitted` as a bool \[B\]")],
-)  # fmt: skip
+    [
+        (_WrongShape(), r"'spread' \(per=row\) must have shape \[3\], got \[\]"),
+        (_FloatAdmitted(), r"`admitted` as a bool \[B\]"),
+    ],
+)
 def test_the_objective_enforces_the_return_contract(component: TrustRegion, pattern: str) -> None:
     lp = torch.log(torch.full((3, 2), 0.5, dtype=torch.float64))
     objective = _objective_with(component)

@@ -25,7 +25,8 @@ def test_batch_mean_and_none_hand_values() -> None:
 
 
 def test_batch_mean_std_population_std() -> None:
-    """Centred [-2, -1, 3]; population variance (4 + 1 + 9) / 3 = 14/3; A = c / (sqrt(14/3) + eps)."""
+    """Centred [-2, -1, 3]; population variance (4 + 1 + 9) / 3 = 14/3; A = c / (sqrt(14/3) +
+    eps)."""
     eps = 1e-3
     std = math.sqrt(14.0 / 3.0)
     got = build("batch_mean_std", eps=eps)(R, None)
@@ -38,7 +39,8 @@ def test_group_mean_hand_values() -> None:
 
 
 def test_group_mean_std_unbiased_hand_values() -> None:
-    """Unbiased std: group 7 sqrt((1 + 1) / 1) = sqrt 2; group 5 sqrt((4 + 4 + 16) / 2) = sqrt 12."""
+    """Unbiased std: group 7 sqrt((1 + 1) / 1) = sqrt 2; group 5 sqrt((4 + 4 + 16) / 2) = sqrt
+    12."""
     eps = 1e-6
     s7, s5 = math.sqrt(2.0), math.sqrt(12.0)
     expected = [-1 / (s7 + eps), 1 / (s7 + eps), -2 / (s5 + eps), -2 / (s5 + eps), 4 / (s5 + eps)]

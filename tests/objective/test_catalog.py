@@ -102,8 +102,12 @@ def test_a_diagnostic_the_component_does_not_declare_is_refused() -> None:
     objective.trust_region = Chatty()
     x = make_batch(3, 4, seed=1)
     with pytest.raises(ValueError, match=r"returned diagnostics \['surprise'\] but declares \[\]"):
-        objective(x["log_probs"], x["behavior_log_probs"], objective.advantages(x["rewards"]),
-                  x["action_mask"])  # fmt: skip
+        objective(
+            x["log_probs"],
+            x["behavior_log_probs"],
+            objective.advantages(x["rewards"]),
+            x["action_mask"],
+        )
     assert torch.isfinite(x["rewards"]).all()
 
 

@@ -1,4 +1,5 @@
-"""The extending guide's component example (docs/extending.md) works as written: the class is registered, selected
+"""The extending guide's component example (docs/extending.md) works as written: the class is
+registered, selected
 from the command line with its own hyperparameter, validated, and its diagnostic is logged.
 
 It runs in a subprocess so that the example's registration does not leak into other tests."""
@@ -37,7 +38,8 @@ plan = preflight(compose(["objective.trust_region=max_log_ratio",
                           "+objective.max_log_ratio.bound=0.3"]))
 assert plan["trust"] == "max_log_ratio bound=0.3", plan["trust"]
 try:
-    preflight(compose(["objective.trust_region=max_log_ratio", "+objective.max_log_ratio.bound=-1"]))
+    preflight(compose(["objective.trust_region=max_log_ratio",
+    "+objective.max_log_ratio.bound=-1"]))
     raise AssertionError("a negative bound passed")
 except ConfigError as err:
     assert err.key == "objective.max_log_ratio.bound", err.key
@@ -63,6 +65,7 @@ def test_the_readme_example_registers_selects_validates_and_logs() -> None:
     example = block.split("```python\n", 1)[1].split("```", 1)[0]
     code = f"EXAMPLE = {example!r}\n" + textwrap.dedent(SCRIPT)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         timeout=300)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]

@@ -53,8 +53,13 @@ def test_the_baseline_recipe_touches_three_files_and_regenerates_two(tmp_path: P
     assert single.returncode == 2, single.stdout + single.stderr
     assert "rollout.samples_per_prompt" in single.stderr, single.stderr
     run_dir = tmp_path / "run"
-    trained = frlab(root, "objective.baseline=group_median", "rollout.samples_per_prompt=4",
-                    "trainer.max_steps=2", f"hydra.run.dir={run_dir}")  # fmt: skip
+    trained = frlab(
+        root,
+        "objective.baseline=group_median",
+        "rollout.samples_per_prompt=4",
+        "trainer.max_steps=2",
+        f"hydra.run.dir={run_dir}",
+    )
     assert trained.returncode == 0, trained.stderr[-4000:]
     with (run_dir / "metrics.csv").open() as f:
         rows = [r for r in csv.DictReader(f) if r.get("step")]

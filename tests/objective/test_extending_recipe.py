@@ -105,9 +105,14 @@ def length_power(terms: list[list[float]], keep: list[list[bool]], alpha: float)
     return sum(sum(row) / len(row) ** alpha for row in terms) / len(terms)
 """
 
-NEW = ["objective.trust_region=max_log_ratio", "objective.max_log_ratio.bound=0.3",
-       "objective.token_filter=first_fraction", "objective.first_fraction.q=0.5",
-       "objective.aggregation=length_power", "objective.length_power.alpha=0.5"]  # fmt: skip
+NEW = [
+    "objective.trust_region=max_log_ratio",
+    "objective.max_log_ratio.bound=0.3",
+    "objective.token_filter=first_fraction",
+    "objective.first_fraction.q=0.5",
+    "objective.aggregation=length_power",
+    "objective.length_power.alpha=0.5",
+]
 
 
 @pytest.mark.slow
@@ -130,11 +135,24 @@ def test_the_component_recipe_adds_a_token_filter_and_an_aggregation(tmp_path: P
     append(root, "tests/objective/test_aggregations.py", AGGREGATION_TEST)
 
     # a component without its per-row reference fails the loop test, naming the file to edit
-    early = run(root, [sys.executable, "-m", "pytest", "-q",
-                       "tests/objective/test_objective_loops.py", "-k", "has_a_loop_reference"])  # fmt: skip
+    early = run(
+        root,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "tests/objective/test_objective_loops.py",
+            "-k",
+            "has_a_loop_reference",
+        ],
+    )
     assert early.returncode == 1 and "3 failed" in early.stdout, early.stdout[-3000:]
-    for kind, name in (("trust_region", "max_log_ratio"), ("token_filter", "first_fraction"),
-                       ("aggregation", "length_power")):  # fmt: skip
+    for kind, name in (
+        ("trust_region", "max_log_ratio"),
+        ("token_filter", "first_fraction"),
+        ("aggregation", "length_power"),
+    ):
         assert f"{kind} '{name}' has no per-row reference" in early.stdout, early.stdout[-3000:]
     assert f"to {LOOP_FILE}" in early.stdout
 
@@ -156,7 +174,8 @@ def test_the_component_recipe_adds_a_token_filter_and_an_aggregation(tmp_path: P
     for test_id in (
         "test_objective_matches_loop[max_log_ratio-length_power-first_fraction] PASSED",
         "test_objective_matches_loop[sequence_bernoulli_kl-sample_mean-first_fraction] PASSED",
-        "test_micro_batches_sum_to_the_full_batch[max_log_ratio-length_power-first_fraction] PASSED",
+        "test_micro_batches_sum_to_the_full_batch[max_log_ratio-length_power-first_fraction] "
+        "PASSED",
         "test_every_component_is_selectable_documented_and_logged[aggregation-length_power] PASSED",
         "test_first_fraction_hand_values PASSED",
         "test_length_power_hand_values PASSED",

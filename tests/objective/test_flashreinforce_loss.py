@@ -154,9 +154,14 @@ def test_entropies_are_ranked_in_their_own_dtype() -> None:
     lp = torch.tensor([[-0.7, -0.2], [-0.3, -0.4]], requires_grad=True)
     ent = torch.tensor([[1.0, 1.0], [1.0, 1.0 + 1e-12]], dtype=torch.float64)
     loss, diag = flashreinforce_loss(
-        lp, lp.detach().clone(), torch.tensor([1.0, 0.0]), FULL,
-        negative_token_fraction=0.5, entropies=ent, failures=torch.tensor([False, True]),
-    )  # fmt: skip
+        lp,
+        lp.detach().clone(),
+        torch.tensor([1.0, 0.0]),
+        FULL,
+        negative_token_fraction=0.5,
+        entropies=ent,
+        failures=torch.tensor([False, True]),
+    )
     loss.backward()
     assert diag["retained_tokens"].tolist() == [2, 1]
     assert lp.grad[1].tolist() == [0.0, pytest.approx(0.5 / 4)]  # rho 1, A -0.5, T 2, B 2

@@ -71,12 +71,16 @@ def loop_objective(x: dict, names: dict[str, str], hp: dict[str, dict]) -> dict[
     for i, pos in enumerate(positions):
         for k, j in enumerate(pos):
             if keeps[i][k]:
-                unit = [[1.0 if (r, s) == (i, k) else 0.0 for s in range(len(p))]
-                        for r, p in enumerate(positions)]  # fmt: skip
+                unit = [
+                    [1.0 if (r, s) == (i, k) else 0.0 for s in range(len(p))]
+                    for r, p in enumerate(positions)
+                ]
                 grad[i][j] = aggregate(unit, keeps, **kw["aggregation"]) * factor[i][k]
     admitted = [any(gate) for gate in gates]
-    retained = [sum(k and g for k, g in zip(row.keep, gate, strict=True))
-                for row, gate in zip(rows, gates, strict=True)]  # fmt: skip
+    retained = [
+        sum(k and g for k, g in zip(row.keep, gate, strict=True))
+        for row, gate in zip(rows, gates, strict=True)
+    ]
     return {"loss": loss, "grad": grad, "admitted": admitted, "retained": retained, "gates": gates}
 
 
@@ -96,8 +100,12 @@ def test_every_registered_component_has_a_loop_reference(kind: str, name: str) -
 
 
 def test_every_loop_reference_is_of_a_registered_component() -> None:
-    stale = [f"{kind} {name!r}" for kind, refs in REFERENCES.items() for name in refs
-             if name not in KINDS[kind]]  # fmt: skip
+    stale = [
+        f"{kind} {name!r}"
+        for kind, refs in REFERENCES.items()
+        for name in refs
+        if name not in KINDS[kind]
+    ]
     assert not stale, f"loop_testlib.py has references of unregistered components: {stale}"
 
 

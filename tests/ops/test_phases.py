@@ -29,9 +29,13 @@ def test_a_profiled_packed_update_records_every_model_phase() -> None:
         _update(model)
     layers = model.config.num_hidden_layers
     assert tally.calls == {
-        "decoder_forward": 1, "attention_forward": layers, "attention_backward": layers,
-        "lm_head_forward": 1, "lm_head_backward": 1, "backward": 1,
-    }  # fmt: skip
+        "decoder_forward": 1,
+        "attention_forward": layers,
+        "attention_backward": layers,
+        "lm_head_forward": 1,
+        "lm_head_backward": 1,
+        "backward": 1,
+    }
     assert tally.seconds["decoder_forward"] >= tally.seconds["attention_forward"] > 0
     assert tally.seconds["backward"] >= tally.seconds["lm_head_backward"] > 0
     assert tally.seconds["backward"] >= tally.seconds["attention_backward"] > 0

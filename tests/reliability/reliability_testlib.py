@@ -28,8 +28,12 @@ ENV = {
     "PYTHONUNBUFFERED": "1",
 }
 # B 16 instead of 64: shorter steps; no plots: less start-up per run.
-SMALL = ("data.batch_size=16", "data.micro_batch_size=16", "rollout.max_in_flight=16",
-         "plots=false")  # fmt: skip
+SMALL = (
+    "data.batch_size=16",
+    "data.micro_batch_size=16",
+    "rollout.max_in_flight=16",
+    "plots=false",
+)
 B = 16
 
 
@@ -41,8 +45,14 @@ def run(
     run_dir: Path, *args: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:
     """Run frlab to completion (or the deadline) and return its output (`env`: added)."""
-    return subprocess.run(command(run_dir, *args), cwd=run_dir.parent, env={**ENV, **(env or {})},
-                          capture_output=True, text=True, timeout=DEADLINE_S)  # fmt: skip
+    return subprocess.run(
+        command(run_dir, *args),
+        cwd=run_dir.parent,
+        env={**ENV, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE_S,
+    )
 
 
 class Running:
@@ -53,8 +63,13 @@ class Running:
         run_dir.parent.mkdir(parents=True, exist_ok=True)
         self.log_path = run_dir.parent / f"{run_dir.name}.{time.monotonic_ns()}.log"
         self._log = self.log_path.open("w")
-        self.proc = subprocess.Popen(command(run_dir, *args), cwd=run_dir.parent, env=ENV,
-                                     stdout=self._log, stderr=subprocess.STDOUT)  # fmt: skip
+        self.proc = subprocess.Popen(
+            command(run_dir, *args),
+            cwd=run_dir.parent,
+            env=ENV,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
 
     def output(self) -> str:
         if not self._log.closed:

@@ -30,11 +30,14 @@ from reliability_testlib import (
 pytestmark = pytest.mark.slow
 
 STEPS, EVERY = 12, 3
-SYNC = ("rollout.mode=sync", f"trainer.max_steps={STEPS}",
-        f"callbacks.model_checkpoint.every_n_train_steps={EVERY}",
-        "+callbacks.samples._target_=frlab.tracking.samples.TrajectorySamples",
-        "+callbacks.samples.path=${paths.output_dir}/samples.jsonl",
-        f"+callbacks.samples.rows={B}")  # every trajectory of every step  # fmt: skip
+SYNC = (
+    "rollout.mode=sync",
+    f"trainer.max_steps={STEPS}",
+    f"callbacks.model_checkpoint.every_n_train_steps={EVERY}",
+    "+callbacks.samples._target_=frlab.tracking.samples.TrajectorySamples",
+    "+callbacks.samples.path=${paths.output_dir}/samples.jsonl",
+    f"+callbacks.samples.rows={B}",
+)  # every trajectory of every step
 RUN_FILES = ("metrics.csv", "summary.json", "checkpoints/last.ckpt")
 
 

@@ -17,8 +17,14 @@ pytestmark = pytest.mark.slow
 
 def test_hanging_raising_and_string_reward_steps_cost_one_rollout_each(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    faults = ("env=toy_faulty", "env.hang_every=10", "env.raise_every=10",
-              "env.bad_reward_every=10", "rollout.env_timeout_s=1", "trainer.max_steps=6")  # fmt: skip
+    faults = (
+        "env=toy_faulty",
+        "env.hang_every=10",
+        "env.raise_every=10",
+        "env.bad_reward_every=10",
+        "rollout.env_timeout_s=1",
+        "trainer.max_steps=6",
+    )
     out = run(run_dir, *faults)
     assert out.returncode == 0, out.stderr[-3000:]
     assert steps(run_dir) == [1, 2, 3, 4, 5, 6]
@@ -33,8 +39,12 @@ def small_tmpfs(tmp_path: Path):
     """A 1.6 MiB tmpfs (room for one toy checkpoint, not two), unmounted afterwards."""
     mount = tmp_path / "small_disk"
     mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1600k", "tmpfs", str(mount)],
-                          capture_output=True, text=True, timeout=30)  # fmt: skip
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1600k", "tmpfs", str(mount)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     if done.returncode != 0:
         pytest.skip(
             f"cannot mount a tmpfs here ({done.stderr.strip()}): the simulated ENOSPC test "
@@ -50,9 +60,13 @@ def test_a_full_disk_names_the_folder_and_keeps_the_previous_checkpoint(
     tmp_path: Path, small_tmpfs: Path
 ) -> None:
     run_dir, ckpt_dir = tmp_path / "run", small_tmpfs / "ckpts"
-    out = run(run_dir, "rollout.mode=sync", "trainer.max_steps=4",
-              f"callbacks.model_checkpoint.dirpath={ckpt_dir}",
-              "callbacks.model_checkpoint.every_n_train_steps=2")  # fmt: skip
+    out = run(
+        run_dir,
+        "rollout.mode=sync",
+        "trainer.max_steps=4",
+        f"callbacks.model_checkpoint.dirpath={ckpt_dir}",
+        "callbacks.model_checkpoint.every_n_train_steps=2",
+    )
     assert out.returncode == 1, out.stderr[-3000:]
     assert f"no space left on the device holding {ckpt_dir}" in out.stderr
     assert "inline_container" not in out.stderr

@@ -65,8 +65,9 @@ def test_sigterm_stops_a_run_whose_environment_steps_hang(tmp_path: Path) -> Non
     learner waits for a batch that cannot come. Before: SIGINT/SIGTERM could not end such a
     process (the env threads were joined)."""
     run_dir = tmp_path / "run"
-    proc = Running(run_dir, *LONG, "env=toy_faulty", "env.hang_every=4",
-                   "rollout.env_timeout_s=600")  # fmt: skip
+    proc = Running(
+        run_dir, *LONG, "env=toy_faulty", "env.hang_every=4", "rollout.env_timeout_s=600"
+    )
     proc.wait_for_output("updates:")  # training has started: the signal handlers are in place
     time.sleep(2.0)  # let rollouts start and hang (not a timing assertion)
     proc.signal(signal.SIGTERM)

@@ -24,14 +24,19 @@ def run(
     """Train in a fresh process (with `threads` torch threads, else torch's default); the
     metrics.csv rows without timing columns."""
     args = [
-        "rollout.mode=sync", f"trainer.max_steps={steps}", "plots=false",
-        "callbacks.model_checkpoint.every_n_train_steps=3", f"hydra.run.dir={folder}",
-    ]  # fmt: skip
+        "rollout.mode=sync",
+        f"trainer.max_steps={steps}",
+        "plots=false",
+        "callbacks.model_checkpoint.every_n_train_steps=3",
+        f"hydra.run.dir={folder}",
+    ]
     out = subprocess.run(
         [sys.executable, "-m", "frlab", *args, *overrides],
         env=ENV if threads is None else {**ENV, "OMP_NUM_THREADS": str(threads)},
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     with open(folder / "metrics.csv", newline="") as f:
         rows = list(csv.DictReader(f))

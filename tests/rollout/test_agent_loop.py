@@ -150,7 +150,8 @@ def test_observation_pieces_follow_a_chatml_template() -> None:
     chatml = copy.deepcopy(TOK)
     chatml.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
     chatml.chat_template = (
-        "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}"
+        "{% for m in messages %}"
+        "{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}"
         "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
     )
     im_end = chatml.convert_tokens_to_ids("<|im_end|>")
@@ -260,8 +261,13 @@ def test_config_rejects_bad_limits() -> None:
 
 
 def test_agent_loop_config_from_a_rollout_node_carries_the_deadlines() -> None:
-    node = {"max_turns": 3, "max_len": 40, "env_timeout_s": 60, "engine_timeout_s": 90.5,
-            "sampling": {"temperature": 0.5, "top_p": 1.0, "top_k": 0, "max_new_tokens": 8}}  # fmt: skip
+    node = {
+        "max_turns": 3,
+        "max_len": 40,
+        "env_timeout_s": 60,
+        "engine_timeout_s": 90.5,
+        "sampling": {"temperature": 0.5, "top_p": 1.0, "top_k": 0, "max_new_tokens": 8},
+    }
     cfg = AgentLoopConfig.from_rollout(node)
     assert (cfg.max_turns, cfg.max_len, cfg.env_timeout_s, cfg.engine_timeout_s) == (
         3,
@@ -332,9 +338,9 @@ def test_a_reward_that_is_not_a_real_number_fails_the_rollout(reward) -> None:
 
 
 @pytest.mark.parametrize(
-    ("reward", "expected"), [(True, 1.0), (0, 0.0), (0.25, 0.25), (np.float32(0.5), 0.5),
-                             (np.int64(2), 2.0)],
-)  # fmt: skip
+    ("reward", "expected"),
+    [(True, 1.0), (0, 0.0), (0.25, 0.25), (np.float32(0.5), 0.5), (np.int64(2), 2.0)],
+)
 def test_bool_int_float_and_numpy_rewards_are_accepted(reward, expected: float) -> None:
     class Reward(ScriptedEnv):
         def step(self, action_text: str) -> StepResult:

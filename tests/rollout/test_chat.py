@@ -104,12 +104,16 @@ def test_smollm2_none_drops_its_20_token_default() -> None:
 
 def test_the_agent_loop_applies_the_envs_setting() -> None:
     tok = TOK
-    env = MathEnv(dataset=[{"question": "2+3?", "answer": "5"}], template="{question}",
-                  system_prompt="be brief")  # fmt: skip
+    env = MathEnv(
+        dataset=[{"question": "2+3?", "answer": "5"}],
+        template="{question}",
+        system_prompt="be brief",
+    )
     engine = ScriptedEngine([[EOS]])
     cfg = AgentLoopConfig(max_len=64, sampling=SamplingParams(max_new_tokens=4))
-    traj = asyncio.run(run_episode(engine, env, {"question": "2+3?", "answer": "5"}, tok, cfg,
-                                   prompt_id=0))  # fmt: skip
+    traj = asyncio.run(
+        run_episode(engine, env, {"question": "2+3?", "answer": "5"}, tok, cfg, prompt_id=0)
+    )
     prompt = engine.calls[0][0]
     assert tok.decode(prompt) == "<|system|>be brief<|end|><|user|>2+3?<|end|><|assistant|>"
     assert traj.token_ids[: len(prompt)] == prompt

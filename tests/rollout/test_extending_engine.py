@@ -34,12 +34,30 @@ MODULE, OPTION = "mypkg/engine.py", "myconfigs/rollout/engine/naive.yaml"  # nam
 FOLDER, IN_TREE_OPTION = "frlab/rollout/naive", "configs/rollout/engine/naive.yaml"
 TARGET = "frlab.rollout.naive.engine.NaiveEngine.for_policy"
 # What the in-tree recipe's run and the checks it must pass read.
-COPIED = ("frlab", "envs", "configs", "experiments", "docs", "bench", "scripts", ".ci",
-          "README.md", "pyproject.toml", "tests/conftest.py", "tests/docs_testlib.py",
-          "tests/test_layers.py", "tests/test_repo_hygiene.py", "tests/config/test_schema.py",
-          "tests/config/test_group_options.py")  # fmt: skip
-CHECKS = ["tests/test_layers.py", "tests/config/test_schema.py",
-          "tests/config/test_group_options.py", "tests/test_repo_hygiene.py"]  # fmt: skip
+COPIED = (
+    "frlab",
+    "envs",
+    "configs",
+    "experiments",
+    "docs",
+    "bench",
+    "scripts",
+    ".ci",
+    "README.md",
+    "pyproject.toml",
+    "tests/conftest.py",
+    "tests/docs_testlib.py",
+    "tests/test_layers.py",
+    "tests/test_repo_hygiene.py",
+    "tests/config/test_schema.py",
+    "tests/config/test_group_options.py",
+)
+CHECKS = [
+    "tests/test_layers.py",
+    "tests/config/test_schema.py",
+    "tests/config/test_group_options.py",
+    "tests/test_repo_hygiene.py",
+]
 
 
 def marked(name: str) -> dict[str, str]:
@@ -57,8 +75,11 @@ def marked(name: str) -> dict[str, str]:
 def run(cwd: Path, args: list[str], path: Path | None = None) -> subprocess.CompletedProcess:
     """`args` in `cwd`, with `path` (the scratch copy or the user's folder) first on PYTHONPATH."""
     first = [str(path)] if path is not None else []
-    env = {**os.environ, "HF_HUB_OFFLINE": "1",
-           "PYTHONPATH": os.pathsep.join([*first, os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONPATH": os.pathsep.join([*first, os.environ.get("PYTHONPATH", "")]),
+    }
     return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -80,8 +101,11 @@ def trained(run_dir: Path) -> list[dict[str, str]]:
 
 def tree(root: Path) -> dict[str, str]:
     """Every file under `root` (no caches) -> its content's hash."""
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts}  # fmt: skip
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in root.rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts
+    }
 
 
 def add_in_tree(root: Path) -> tuple[set[str], set[str]]:
@@ -116,11 +140,20 @@ def test_an_engine_in_tree_is_one_folder_and_its_option_file(tmp_path: Path) -> 
     assert "python -m frlab rollout/engine=naive" in GUIDE.read_text()
     plan = frlab(root, ["rollout/engine=naive", "dry_run=true"], root)
     assert plan.returncode == 0 and TARGET in plan.stdout, plan.stdout + plan.stderr[-3000:]
-    refused = frlab(root, ["rollout/engine=naive", "dry_run=true", "rollout.weight_update=in_flight"],
-                    root)  # fmt: skip
+    refused = frlab(
+        root, ["rollout/engine=naive", "dry_run=true", "rollout.weight_update=in_flight"], root
+    )
     assert refused.returncode == 2 and "rollout.weight_update" in refused.stderr, refused.stderr
-    out = frlab(root, ["rollout/engine=naive", "trainer.max_steps=3", "rollout.max_in_flight=16",
-                       f"hydra.run.dir={tmp_path / 'run'}"], root)  # fmt: skip
+    out = frlab(
+        root,
+        [
+            "rollout/engine=naive",
+            "trainer.max_steps=3",
+            "rollout.max_in_flight=16",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        root,
+    )
     assert out.returncode == 0, out.stderr[-4000:]
     assert all(float(r["train/acceptance_rate"]) > 0.9 for r in trained(tmp_path / "run"))
 
@@ -134,8 +167,11 @@ def out_of_tree(folder: Path, *overrides: str) -> subprocess.CompletedProcess:
     text, code = GUIDE.read_text(), marked("engine-out-of-tree")
     for path in (MODULE, OPTION, "mypkg/__init__.py"):
         assert f"`{path}`" in text, f"the guide no longer names {path}"
-    written = {"mypkg/__init__.py": "", MODULE: marked("engine-example")["python"],
-               OPTION: code["yaml"]}  # fmt: skip
+    written = {
+        "mypkg/__init__.py": "",
+        MODULE: marked("engine-example")["python"],
+        OPTION: code["yaml"],
+    }
     for rel, content in written.items():
         (folder / rel).parent.mkdir(parents=True, exist_ok=True)
         (folder / rel).write_text(content)
@@ -151,8 +187,9 @@ def out_of_tree(folder: Path, *overrides: str) -> subprocess.CompletedProcess:
 def test_the_guides_engine_out_of_tree_trains_through_python_m_frlab(tmp_path: Path) -> None:
     user = tmp_path / "user"
     user.mkdir()
-    out = out_of_tree(user, "trainer.max_steps=3", "rollout.max_in_flight=16",
-                      f"hydra.run.dir={tmp_path / 'run'}")  # fmt: skip
+    out = out_of_tree(
+        user, "trainer.max_steps=3", "rollout.max_in_flight=16", f"hydra.run.dir={tmp_path / 'run'}"
+    )
     assert out.returncode == 0, out.stderr[-4000:]
     assert all(float(r["train/acceptance_rate"]) > 0.9 for r in trained(tmp_path / "run"))
 

@@ -26,8 +26,13 @@ def test_seeds_are_the_same_in_another_process_with_another_hash_salt() -> None:
 
 
 def test_seeds_differ_by_every_part_and_fit_63_bits() -> None:
-    grid = [rollout_seed(s, p, g, v) for s in range(3) for p in range(20) for g in range(3)
-            for v in range(4)]  # fmt: skip
+    grid = [
+        rollout_seed(s, p, g, v)
+        for s in range(3)
+        for p in range(20)
+        for g in range(3)
+        for v in range(4)
+    ]
     assert len(set(grid)) == len(grid)
     assert all(0 <= x < 2**63 for x in grid)
     assert derive_seed(1, 2) != derive_seed(2, 1) and derive_seed(-1) != derive_seed(1)
@@ -36,8 +41,9 @@ def test_seeds_differ_by_every_part_and_fit_63_bits() -> None:
 def test_each_turn_of_a_seeded_episode_gets_its_own_derived_seed() -> None:
     engine = ScriptedEngine([ids("a"), ids("b"), ids("c")])
     cfg = AgentLoopConfig(max_turns=3, max_len=64, sampling=SamplingParams(max_new_tokens=2))
-    asyncio.run(run_episode(engine, ScriptedEnv(done_after=3), {"q": "hi"}, TOK, cfg,
-                            prompt_id=4, seed=99))  # fmt: skip
+    asyncio.run(
+        run_episode(engine, ScriptedEnv(done_after=3), {"q": "hi"}, TOK, cfg, prompt_id=4, seed=99)
+    )
     assert [p.seed for _, p in engine.calls] == [turn_seed(99, t) for t in range(3)]
     unseeded = ScriptedEngine([ids("a")])
     asyncio.run(run_episode(unseeded, ScriptedEnv(), {"q": "hi"}, TOK, cfg, prompt_id=4))

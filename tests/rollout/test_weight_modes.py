@@ -46,7 +46,10 @@ def test_an_aborted_request_goes_on_with_the_rest_of_its_budget() -> None:
         "length",
     )
     assert [(c, p.max_new_tokens, p.seed) for c, p in sent] == [
-        (PROMPT, 4, 9), ([*PROMPT, 5, 6], 2, 11), ([*PROMPT, 5, 6], 2, 11)]  # fmt: skip
+        (PROMPT, 4, 9),
+        ([*PROMPT, 5, 6], 2, 11),
+        ([*PROMPT, 5, 6], 2, 11),
+    ]
     assert len(aborts) == 2
 
 
@@ -122,6 +125,7 @@ def test_a_drain_past_its_deadline_names_the_requests_still_decoding() -> None:
 def test_a_drain_stops_at_once_when_the_worker_is_gone() -> None:
     looks = itertools.count()
     with pytest.raises(EngineError, match="the worker is gone"):
-        wait_drained(lambda: 1, lambda s: None,
-                     down=lambda: "the worker is gone" if next(looks) else None)  # fmt: skip
+        wait_drained(
+            lambda: 1, lambda s: None, down=lambda: "the worker is gone" if next(looks) else None
+        )
     assert next(looks) == 2  # the second look saw it

@@ -1,4 +1,5 @@
-"""The Hydra record of a run folder is kept before Hydra writes a new one (frlab.run.hydra_record)."""
+"""The Hydra record of a run folder is kept before Hydra writes a new one
+(frlab.run.hydra_record)."""
 
 from __future__ import annotations
 
@@ -19,8 +20,15 @@ def _record(run: Path, text: str) -> Path:
 
 
 def _config(run: Path, **top: object) -> object:
-    return OmegaConf.create({"hydra": {"run": {"dir": str(run)}, "output_subdir": ".hydra"},
-                             "ckpt_path": None, "dry_run": False, "overwrite": False, **top})  # fmt: skip
+    return OmegaConf.create(
+        {
+            "hydra": {"run": {"dir": str(run)}, "output_subdir": ".hydra"},
+            "ckpt_path": None,
+            "dry_run": False,
+            "overwrite": False,
+            **top,
+        }
+    )
 
 
 def test_keep_record_copies_every_launch_and_never_replaces_one(tmp_path: Path) -> None:
@@ -31,8 +39,11 @@ def test_keep_record_copies_every_launch_and_never_replaces_one(tmp_path: Path) 
     assert first != second and first.parent == second.parent == hydra / "previous"
     assert (first / "config.yaml").read_text() == "config.yaml: first\n"
     assert (second / "config.yaml").read_text() == "config.yaml: second\n"
-    assert sorted(p.name for p in first.iterdir()) == ["config.yaml", "hydra.yaml",
-                                                       "overrides.yaml"]  # fmt: skip
+    assert sorted(p.name for p in first.iterdir()) == [
+        "config.yaml",
+        "hydra.yaml",
+        "overrides.yaml",
+    ]
     assert not list((hydra / "previous").glob(".tmp-*"))
     assert keep_record(tmp_path / "nothing") is None
 

@@ -170,8 +170,10 @@ def test_episode_benchmarks_and_the_training_game_folder(tmp_path: Path, monkeyp
     monkeypatch.delenv("ALFWORLD_DATA", raising=False)
     games = tmp_path / "train"
     assert _keys(["env=alfworld", f"env.data_dir={games}", "eval=alfworld"]) == [
-        "env.data_dir", "eval.benchmarks.seen.data_dir", "eval.benchmarks.unseen.data_dir",
-    ]  # fmt: skip
+        "env.data_dir",
+        "eval.benchmarks.seen.data_dir",
+        "eval.benchmarks.unseen.data_dir",
+    ]
     game = games / "pick_apple" / "trial_1"
     game.mkdir(parents=True)
     (game / "game.tw-pddl").write_text("{}")

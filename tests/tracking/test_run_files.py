@@ -23,10 +23,14 @@ def drive(cb: RunFilesCallback, rewards: list[float], start: int = 0) -> SimpleN
     for i, r in enumerate(rewards, start=start + 1):
         trainer.global_step = i
         trainer.callback_metrics = {
-            "train/reward_mean": r, "train/acceptance_rate": 0.5, "train/policy_lag_mean": 1.0,
-            "train/policy_lag_max": float(i % 3), "timing/step_s": 0.1, "val/ignored": 1.0,
+            "train/reward_mean": r,
+            "train/acceptance_rate": 0.5,
+            "train/policy_lag_mean": 1.0,
+            "train/policy_lag_max": float(i % 3),
+            "timing/step_s": 0.1,
+            "val/ignored": 1.0,
             "train/loss_epoch": 9.0,
-        }  # fmt: skip
+        }
         cb.on_train_batch_end(trainer, None, None, None, i - 1)
     return trainer
 
@@ -185,10 +189,17 @@ def test_in_a_real_lightning_run(tmp_path: Path) -> None:
 
     def fit(steps: int, ckpt: str | None) -> RunFilesCallback:
         cb = RunFilesCallback(tmp_path, components={"trust_region": "none"})
-        ckpt_cb = L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True,
-                                                      every_n_train_steps=4, save_top_k=0)  # fmt: skip
-        trainer = L.Trainer(max_steps=steps, logger=False, callbacks=[cb, ProgressBar(), ckpt_cb],
-                            enable_model_summary=False, accelerator="cpu", devices=1)  # fmt: skip
+        ckpt_cb = L.pytorch.callbacks.ModelCheckpoint(
+            dirpath=tmp_path / "ckpt", save_last=True, every_n_train_steps=4, save_top_k=0
+        )
+        trainer = L.Trainer(
+            max_steps=steps,
+            logger=False,
+            callbacks=[cb, ProgressBar(), ckpt_cb],
+            enable_model_summary=False,
+            accelerator="cpu",
+            devices=1,
+        )
         trainer.fit(Dummy(), ckpt_path=ckpt)
         return cb
 

@@ -29,16 +29,26 @@ def test_ppo_clip_run_logs_component_lag_and_pool_counters_in_one_file(tmp_path:
         "plots=false",
         "optim.skip_zero_signal_steps=false",
     ]  # every step runs its forward
-    # fmt: skip
-    out = subprocess.run([sys.executable, "-m", "frlab", *args], cwd=tmp_path, env=ENV,
-                         capture_output=True, text=True, timeout=300)  # fmt: skip
+
+    out = subprocess.run(
+        [sys.executable, "-m", "frlab", *args],
+        cwd=tmp_path,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     rows = read_metrics(run_dir)
     assert [r["step"] for r in rows] == [1.0, 2.0, 3.0]
     expected = {
-        "train/ppo_clip/clip_fraction", metrics.LAG_TOKEN_MEAN, metrics.LAG_MEAN,
-        metrics.SEQUENCE_KL, metrics.RETAINED_FRAC, *(f"rollout/{c}" for c in POOL_COUNTERS),
-    }  # fmt: skip
+        "train/ppo_clip/clip_fraction",
+        metrics.LAG_TOKEN_MEAN,
+        metrics.LAG_MEAN,
+        metrics.SEQUENCE_KL,
+        metrics.RETAINED_FRAC,
+        *(f"rollout/{c}" for c in POOL_COUNTERS),
+    }
     for row in rows:
         assert expected <= {k for k, v in row.items() if v == v}, sorted(row)  # not NaN
         assert 0.0 <= row["train/ppo_clip/clip_fraction"] <= 1.0

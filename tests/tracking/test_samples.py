@@ -31,12 +31,17 @@ def _batch():
 def test_record_splits_at_the_first_policy_token_and_drops_padding() -> None:
     batch = _batch()
     assert sample_record(batch, 0) == {
-        "reward": 1.0, "policy_tokens": 3, "prompt_ids": [5, 6, 7],
+        "reward": 1.0,
+        "policy_tokens": 3,
+        "prompt_ids": [5, 6, 7],
         "completion_ids": [8, 9, 10, 11],
-    }  # fmt: skip
+    }
     assert sample_record(batch, 1) == {
-        "reward": 0.0, "policy_tokens": 2, "prompt_ids": [5], "completion_ids": [12, 13],
-    }  # fmt: skip
+        "reward": 0.0,
+        "policy_tokens": 2,
+        "prompt_ids": [5],
+        "completion_ids": [12, 13],
+    }
 
 
 def test_record_decodes_with_special_tokens_kept() -> None:

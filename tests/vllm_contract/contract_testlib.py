@@ -11,10 +11,15 @@ from typing import Any
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 TINY = {
-    "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128,
+    "vocab_size": 64,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 128,
     "tie_word_embeddings": True,
-}  # fmt: skip
+}
 
 
 def tiny_model(path: Path) -> Path:
@@ -24,8 +29,15 @@ def tiny_model(path: Path) -> Path:
 
     torch.manual_seed(0)
     Qwen2ForCausalLM(Qwen2Config(**TINY)).save_pretrained(path)
-    defaults = {"do_sample": True, "repetition_penalty": 1.3, "temperature": 0.6, "top_p": 0.9,
-                "top_k": 20, "presence_penalty": 0.5, "frequency_penalty": 0.4}  # fmt: skip
+    defaults = {
+        "do_sample": True,
+        "repetition_penalty": 1.3,
+        "temperature": 0.6,
+        "top_p": 0.9,
+        "top_k": 20,
+        "presence_penalty": 0.5,
+        "frequency_penalty": 0.4,
+    }
     GenerationConfig(**defaults).save_pretrained(path)
     return path
 
@@ -35,15 +47,24 @@ def vllm_config(model_dir: str, **overrides: Any) -> Any:
     """vLLM's own config for `model_dir`, built as `vllm serve` builds it (CPU platform)."""
     from vllm.engine.arg_utils import AsyncEngineArgs
 
-    kwargs = {"model": model_dir, "skip_tokenizer_init": True, "max_model_len": 128,
-              "enforce_eager": True, **overrides}  # fmt: skip
+    kwargs = {
+        "model": model_dir,
+        "skip_tokenizer_init": True,
+        "max_model_len": 128,
+        "enforce_eager": True,
+        **overrides,
+    }
     return AsyncEngineArgs(**kwargs).create_engine_config()
 
 
 # Where a release keeps a router: the weight-transfer routes moved from serve/dev/rlhf to
 # rl/online in vLLM 0.32 (their HTTP paths did not change).
-ROUTER_HOMES = {"dev.rlhf": ("vllm.entrypoints.serve.dev.rlhf.api_router",
-                             "vllm.entrypoints.rl.online.api_router")}  # fmt: skip
+ROUTER_HOMES = {
+    "dev.rlhf": (
+        "vllm.entrypoints.serve.dev.rlhf.api_router",
+        "vllm.entrypoints.rl.online.api_router",
+    )
+}
 
 
 def router_module(name: str) -> str:

@@ -43,8 +43,14 @@ def test_the_remote_engine_runs_against_vllms_app(vllm_app: Any, tmp_path: Path)
     by vLLM's application; the sampling parameters vLLM derives from frlab's request carry
     no penalty and processed log-probs are what comes back."""
     weights = {"w": torch.arange(6.0).reshape(2, 3), "b": torch.ones(2)}
-    engine = remote_engine([vllm_app.url], snapshot_dir=str(tmp_path), request_timeout_s=60.0,
-                          probe_interval_s=0.2, startup_timeout_s=60.0, initial_weights=weights)  # fmt: skip
+    engine = remote_engine(
+        [vllm_app.url],
+        snapshot_dir=str(tmp_path),
+        request_timeout_s=60.0,
+        probe_interval_s=0.2,
+        startup_timeout_s=60.0,
+        initial_weights=weights,
+    )
     engine.start()
     try:
         assert engine.stats()["servers_healthy"] == 1
@@ -70,12 +76,26 @@ def test_a_short_rollout_remote_run_against_vllms_app(vllm_app: Any, tmp_path: P
     """`python -m frlab rollout=remote` (the toy preset: a vocabulary of 64, like the served
     tiny model) trains 2 steps with vLLM's application as its only server."""
     run_dir = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1",
-           "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline"}  # fmt: skip
-    cmd = [sys.executable, "-m", "frlab", "rollout=remote",
-           f"rollout.remote.servers=[{vllm_app.url}]", "rollout.remote.request_timeout_s=60",
-           "trainer.max_steps=2", "data.batch_size=8", "data.micro_batch_size=8",
-           "rollout.max_in_flight=8", f"hydra.run.dir={run_dir}"]  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "WANDB_MODE": "offline",
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "frlab",
+        "rollout=remote",
+        f"rollout.remote.servers=[{vllm_app.url}]",
+        "rollout.remote.request_timeout_s=60",
+        "trainer.max_steps=2",
+        "data.batch_size=8",
+        "data.micro_batch_size=8",
+        "rollout.max_in_flight=8",
+        f"hydra.run.dir={run_dir}",
+    ]
     out = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())

@@ -37,9 +37,15 @@ def vllm_argv(words: list[str]) -> list[str]:
 
 def recipe_servers() -> list[list[str]]:
     env = {**os.environ, "PRINT_ONLY": "1", "RUN_DIR": "/shared/run"}
-    out = subprocess.run(["bash", str(REPO / "scripts/launch/single_node.sh"), "qwen_math_1p5b"],
-                         capture_output=True, text=True, env=env, cwd=REPO, timeout=60,
-                         check=True).stdout  # fmt: skip
+    out = subprocess.run(
+        ["bash", str(REPO / "scripts/launch/single_node.sh"), "qwen_math_1p5b"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=60,
+        check=True,
+    ).stdout
     return [vllm_argv(shlex.split(x)) for x in out.splitlines() if " vllm serve " in x]
 
 
@@ -101,8 +107,15 @@ def test_the_routed_experts_flag_parses_on_every_release(local_model: Path) -> N
     needs vLLM's second model runner, which on a CPU needs Triton with a CPU backend)."""
     from vllm.engine.arg_utils import AsyncEngineArgs
 
-    argv = ["serve", str(local_model), "--enable-return-routed-experts", "--skip-tokenizer-init",
-            "--max-model-len", "128", "--enforce-eager"]  # fmt: skip
+    argv = [
+        "serve",
+        str(local_model),
+        "--enable-return-routed-experts",
+        "--skip-tokenizer-init",
+        "--max-model-len",
+        "128",
+        "--enforce-eager",
+    ]
     args = serve_parser().parse_args(argv)
     args.model = args.model_tag
     assert AsyncEngineArgs.from_cli_args(args).enable_return_routed_experts is True
@@ -117,10 +130,23 @@ def test_the_recipes_lora_flags_parse_into_vllms_lora_config(local_model: Path) 
     from vllm.engine.arg_utils import AsyncEngineArgs
 
     script = 'source scripts/launch/fleet.sh && start_server 0 8000 "$MODEL" 1 128'
-    env = {**os.environ, "PRINT_ONLY": "1", "LORA_RANK": "16", "MODEL": str(local_model),
-           "HOST": "127.0.0.1", "FLEET_SECRET_FILE": "/run/fleet.secret"}  # fmt: skip
-    line = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env,
-                          cwd=REPO, timeout=60, check=True).stdout.strip()  # fmt: skip
+    env = {
+        **os.environ,
+        "PRINT_ONLY": "1",
+        "LORA_RANK": "16",
+        "MODEL": str(local_model),
+        "HOST": "127.0.0.1",
+        "FLEET_SECRET_FILE": "/run/fleet.secret",
+    }
+    line = subprocess.run(
+        ["bash", "-c", script],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=60,
+        check=True,
+    ).stdout.strip()
     words = shlex.split(line)
     assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True" in words[: words.index("vllm")]
     argv = vllm_argv(words)

@@ -22,8 +22,7 @@ from frlab.rollout.remote import generate as gen
 from frlab.rollout.remote import protocol as proto
 
 pytestmark = pytest.mark.vllm_contract
-PARAMS = SamplingParams(max_new_tokens=5, temperature=0.7, top_p=0.9, top_k=8,
-                        stop_token_ids=(9,))  # fmt: skip
+PARAMS = SamplingParams(max_new_tokens=5, temperature=0.7, top_p=0.9, top_k=8, stop_token_ids=(9,))
 
 
 def app(tmp: Path, *flags: str) -> Any:
@@ -111,7 +110,11 @@ def test_vllm_parses_the_generate_body_into_frlabs_sampling(labelled: Any) -> No
     sp = labelled.client.sampling[-1]
     assert (sp.max_tokens, sp.temperature, sp.top_p, sp.top_k, sp.seed) == (5, 0.7, 0.9, 8, 11)
     assert (sp.min_p, sp.repetition_penalty, sp.presence_penalty, sp.frequency_penalty) == (
-        0.0, 1.0, 0.0, 0.0)  # fmt: skip
+        0.0,
+        1.0,
+        0.0,
+        0.0,
+    )
     assert list(sp.stop_token_ids) == [9] and sp.ignore_eos and sp.logprobs == 1
 
 
@@ -151,4 +154,7 @@ def test_an_aborted_generate_answers_its_tokens_and_spans(labelled: Any) -> None
         finally:
             labelled.client.abort_after = None
         assert (done.finish_reason, done.token_ids, done.versions) == (
-            "abort", [4, 5][:after], [2] * after)  # fmt: skip
+            "abort",
+            [4, 5][:after],
+            [2] * after,
+        )

@@ -68,9 +68,11 @@ def test_vllm_loads_the_guard_from_its_import_path_as_the_outermost_middleware(g
 
 def handshake(url: str, path: str) -> bytes:
     host, port = url.removeprefix("http://").split(":")
-    request = (f"GET {path} HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\n"
-               "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
-               "Sec-WebSocket-Version: 13\r\n\r\n").encode()  # fmt: skip
+    request = (
+        f"GET {path} HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\n"
+        "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+        "Sec-WebSocket-Version: 13\r\n\r\n"
+    ).encode()
     with socket.create_connection((host, int(port)), timeout=30) as conn:
         conn.sendall(request)
         return conn.recv(4096).split(b"\r\n", 1)[0]
@@ -90,16 +92,29 @@ def test_the_guard_sees_every_route_of_the_app(guarded) -> None:
         for method in sorted(getattr(route, "methods", None) or ["GET"]):
             for token in (None, WRONG):
                 headers = {} if token is None else {"Authorization": f"Bearer {token}"}
-                resp = httpx.request(method, server.url + path, headers=headers, json=None,
-                                     timeout=30, trust_env=False)  # fmt: skip
+                resp = httpx.request(
+                    method,
+                    server.url + path,
+                    headers=headers,
+                    json=None,
+                    timeout=30,
+                    trust_env=False,
+                )
                 if path == auth.OPEN_PATH:
                     assert resp.status_code == 200
                     continue
                 assert resp.status_code == 401, (method, path, resp.status_code)
                 assert resp.content in (auth.REFUSAL, b""), (method, path)  # b"": HEAD
                 seen.append(f"{method} {path}")
-    dev = {"POST /collective_rpc", "POST /pause", "POST /resume", "GET /server_info",
-           "POST /reset_prefix_cache", "POST /v1/completions", "GET /v1/models"}  # fmt: skip
+    dev = {
+        "POST /collective_rpc",
+        "POST /pause",
+        "POST /resume",
+        "GET /server_info",
+        "POST /reset_prefix_cache",
+        "POST /v1/completions",
+        "GET /v1/models",
+    }
     assert dev <= set(seen), sorted(dev - set(seen))
     print(
         f"vLLM app: {len(server.app.routes)} routes, {len(set(seen))} (method, path) refused: "
@@ -111,13 +126,24 @@ def test_the_remote_engine_gets_in_with_the_secret_only(guarded, tmp_path: Path)
     server, secret_file = guarded
     wrong = tmp_path / "wrong.secret"
     wrong.write_text(WRONG)
-    engine = remote_engine([server.url], snapshot_dir=str(tmp_path / "a"), request_timeout_s=30,
-                          startup_timeout_s=30, initial_weights=WEIGHTS, secret_file=str(wrong))  # fmt: skip
+    engine = remote_engine(
+        [server.url],
+        snapshot_dir=str(tmp_path / "a"),
+        request_timeout_s=30,
+        startup_timeout_s=30,
+        initial_weights=WEIGHTS,
+        secret_file=str(wrong),
+    )
     with pytest.raises(auth.FleetAuthError, match="HTTP 401"):
         engine.start()
-    engine = remote_engine([server.url], snapshot_dir=str(tmp_path / "b"), request_timeout_s=30,
-                          startup_timeout_s=30, initial_weights=WEIGHTS,
-                          secret_file=str(secret_file))  # fmt: skip
+    engine = remote_engine(
+        [server.url],
+        snapshot_dir=str(tmp_path / "b"),
+        request_timeout_s=30,
+        startup_timeout_s=30,
+        initial_weights=WEIGHTS,
+        secret_file=str(secret_file),
+    )
     engine.start()
     try:
         assert engine.stats()["servers_healthy"] == 1

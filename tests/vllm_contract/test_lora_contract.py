@@ -81,8 +81,18 @@ def play(url: str, a: str, b: str) -> list[Any]:
 def test_vllms_lora_routes_answer_as_the_fake_does(lora_app: Any, fake: Any, tmp_path: Path):
     a, b = folders(tmp_path)
     got = play(lora_app.url, a, b)
-    assert got == [{}, 200, 400, 200, {"frlab-v0": a, "frlab-v1": b}, 200, 404, 200, 404,
-                   {"frlab-v1": b}]  # fmt: skip
+    assert got == [
+        {},
+        200,
+        400,
+        200,
+        {"frlab-v0": a, "frlab-v1": b},
+        200,
+        404,
+        200,
+        404,
+        {"frlab-v1": b},
+    ]
     assert play(fake.url, a, b) == got
     assert ("frlab-v1", b, False) in lora_app.client.loras  # loaded, not in place
     assert lora_app.client.named_loras[-1] == "frlab-v1"  # the request reached it named

@@ -29,8 +29,10 @@ class WorkerSideClient:
     def __init__(self) -> None:
         from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
 
-        self.engine = SimpleNamespace(init_info_cls=NCCLWeightTransferEngine.init_info_cls,
-                                      update_info_cls=NCCLWeightTransferEngine.update_info_cls)  # fmt: skip
+        self.engine = SimpleNamespace(
+            init_info_cls=NCCLWeightTransferEngine.init_info_cls,
+            update_info_cls=NCCLWeightTransferEngine.update_info_cls,
+        )
         self.parsed: list = []
         self.vllm_config = SimpleNamespace(
             parallel_config=SimpleNamespace(world_size_across_dp=2, world_size=2)
@@ -101,7 +103,7 @@ def test_vllms_trainer_engine_sends_frlabs_source_round_after_round(monkeypatch)
     assert api.init_info_cls is nccl_engine.NCCLTrainerInitInfo
     info = api.init_info_cls(
         master_address="10.0.0.5", master_port=29500, world_size=3, packed=True, rank=0
-    )  # fmt: skip  (as NcclSync._form does)
+    )  # as NcclSync._form does
     assert info.is_sender and info.backend == "nccl"
     source, client = make_source(api), RecordingClient()
     trainer = api.factory.trainer_init(info, client=client, source=source)
@@ -138,18 +140,21 @@ def test_every_body_the_learner_sends_parses_on_the_worker_side(rlhf) -> None:  
     fleet = FleetClient(["http://s0", "http://s1"], [1, 3], timeout=5.0)
     posted: list = []
     fleet._fan_out = lambda path, bodies: posted.extend((path, b) for b in bodies)
-    worker_info = NCCLWeightTransferInitInfo(master_address="10.0.0.5", master_port=29500,
-                                             rank_offset=1, world_size=5, packed=True)  # fmt: skip
+    worker_info = NCCLWeightTransferInitInfo(
+        master_address="10.0.0.5", master_port=29500, rank_offset=1, world_size=5, packed=True
+    )
     fleet.init_weight_transfer_engine(dataclasses.asdict(worker_info))
     fleet.start_weight_update()
-    update = NCCLWeightTransferUpdateInfo(names=[n for n, _ in NAMED],
-                                          dtype_names=["float32", "bfloat16"],
-                                          shapes=[[4, 3], [3]])  # fmt: skip
+    update = NCCLWeightTransferUpdateInfo(
+        names=[n for n, _ in NAMED], dtype_names=["float32", "bfloat16"], shapes=[[4, 3], [3]]
+    )
     fleet.update_weights(dataclasses.asdict(update))
     fleet.weight_version = "7"
     fleet.finish_weight_update()
-    posted += [(proto.INIT_WEIGHT_TRANSFER, nccl.nccl_init_request("10.0.0.5", 29500, 5, 1)),
-               (proto.UPDATE_WEIGHTS, nccl.nccl_update_request(NAMED))]  # fmt: skip
+    posted += [
+        (proto.INIT_WEIGHT_TRANSFER, nccl.nccl_init_request("10.0.0.5", 29500, 5, 1)),
+        (proto.UPDATE_WEIGHTS, nccl.nccl_update_request(NAMED)),
+    ]
     for path, body in posted:
         assert http.post(path, json=body).status_code == 200, (path, body)
     inits = [p for p in client.parsed if isinstance(p, NCCLWeightTransferInitInfo)]

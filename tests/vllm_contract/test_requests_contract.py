@@ -19,9 +19,16 @@ pytestmark = pytest.mark.vllm_contract
 
 # what `--generation-config auto` takes from a model's generation_config.json: the penalties
 # and min_p (since 0.31 presence / frequency penalties too, since 0.33 skip_special_tokens)
-MODEL_DEFAULTS = {"repetition_penalty": 1.3, "temperature": 0.6, "top_p": 0.9, "top_k": 20,
-                  "min_p": 0.1, "presence_penalty": 0.5, "frequency_penalty": 0.4,
-                  "skip_special_tokens": True}  # fmt: skip
+MODEL_DEFAULTS = {
+    "repetition_penalty": 1.3,
+    "temperature": 0.6,
+    "top_p": 0.9,
+    "top_k": 20,
+    "min_p": 0.1,
+    "presence_penalty": 0.5,
+    "frequency_penalty": 0.4,
+    "skip_special_tokens": True,
+}
 PARAMS = SamplingParams(temperature=0.7, max_new_tokens=12, stop_token_ids=(2, 9))
 
 
@@ -75,8 +82,12 @@ def test_engine_kwargs_build_vllms_engine_args_and_config(tmp_path: Path) -> Non
     kwargs = vllm_engine_kwargs(model, fields, seed=1, max_model_len=128)
     args = AsyncEngineArgs(**kwargs)
     assert args.logprobs_mode == "processed_logprobs" and args.generation_config == "vllm"
-    config = vllm_config(model, logprobs_mode="processed_logprobs", generation_config="vllm",
-                         worker_extension_cls=kwargs["worker_extension_cls"])  # fmt: skip
+    config = vllm_config(
+        model,
+        logprobs_mode="processed_logprobs",
+        generation_config="vllm",
+        worker_extension_cls=kwargs["worker_extension_cls"],
+    )
     assert config.model_config.get_diff_sampling_param() == {}
     assert config.parallel_config.worker_extension_cls == kwargs["worker_extension_cls"]
     check_served_mode(type("E", (), {"vllm_config": config})())
@@ -104,15 +115,25 @@ def test_frlab_reads_vllms_own_completion_response() -> None:
     except ImportError:  # vllm 0.28
         from vllm.entrypoints.openai.engine.protocol import UsageInfo
 
-    logprobs = CompletionLogProbs(text_offset=[0, 0], token_logprobs=[-0.25, -1.5],
-                                  tokens=["token_id:7", "token_id:3"],
-                                  top_logprobs=[{"token_id:7": -0.25}, {"token_id:3": -1.5}])  # fmt: skip
-    choice = CompletionResponseChoice(index=0, text="", logprobs=logprobs, finish_reason="length",
-                                      token_ids=[7, 3], prompt_token_ids=[1, 2])  # fmt: skip
+    logprobs = CompletionLogProbs(
+        text_offset=[0, 0],
+        token_logprobs=[-0.25, -1.5],
+        tokens=["token_id:7", "token_id:3"],
+        top_logprobs=[{"token_id:7": -0.25}, {"token_id:3": -1.5}],
+    )
+    choice = CompletionResponseChoice(
+        index=0,
+        text="",
+        logprobs=logprobs,
+        finish_reason="length",
+        token_ids=[7, 3],
+        prompt_token_ids=[1, 2],
+    )
     usage = UsageInfo(prompt_tokens=2, completion_tokens=2, total_tokens=4)
     body = CompletionResponse(model="m", choices=[choice], usage=usage).model_dump(mode="json")
-    assert proto.parse_completion(body, [1, 2]) == proto.Completion([7, 3], [-0.25, -1.5], None,
-                                                                    "length")  # fmt: skip
+    assert proto.parse_completion(body, [1, 2]) == proto.Completion(
+        [7, 3], [-0.25, -1.5], None, "length"
+    )
 
 
 def test_frlab_serves_a_response_vllms_model_accepts() -> None:

@@ -180,8 +180,11 @@ def test_frlab_serve_answers_health_and_rpcs_as_vllm_does(tmp_path) -> None:  # 
     try:
         health = httpx.get(base + proto.HEALTH, trust_env=False)
         assert health.status_code == 200 and health.content == b""
-        rpc = httpx.post(base + proto.COLLECTIVE_RPC, json=control.rpc_request("frlab_weight_version"),
-                         trust_env=False)  # fmt: skip
+        rpc = httpx.post(
+            base + proto.COLLECTIVE_RPC,
+            json=control.rpc_request("frlab_weight_version"),
+            trust_env=False,
+        )
         assert rpc.json() == control.rpc_answer([{"version": 5}])
         reset = httpx.post(base + proto.RESET_PREFIX_CACHE, json={}, trust_env=False)
         assert reset.json() == {"success": True}

@@ -62,9 +62,17 @@ def worker(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
     sys.modules[module.__name__] = module
     config.parallel_config.worker_cls = f"{module.__name__}.ContractWorker"
     wrapper = WorkerWrapperBase(rpc_rank=0)
-    wrapper.init_worker([{"vllm_config": config, "local_rank": 0, "rank": 0,
-                          "distributed_init_method": "tcp://127.0.0.1:1",
-                          "is_driver_worker": True}])  # fmt: skip
+    wrapper.init_worker(
+        [
+            {
+                "vllm_config": config,
+                "local_rank": 0,
+                "rank": 0,
+                "distributed_init_method": "tcp://127.0.0.1:1",
+                "is_driver_worker": True,
+            }
+        ]
+    )
     # The model runner is built by init_device on a GPU; here: vLLM's runner class, its
     # real reload_weights, over a small model whose load metadata is recorded as at load.
     runner = object.__new__(GPUModelRunner)

@@ -21,9 +21,18 @@ from ports_testlib import free_port as free_port  # re-exported
 from vllm_worker_testlib import FakeWorker
 
 EXTENSION = "frlab.rollout.vllm.worker_extension.WeightUpdateExtension"
-SERVE_FLAGS = ["--worker-extension-cls", EXTENSION, "--logprobs-mode", "processed_logprobs",
-               "--generation-config", "vllm", "--max-model-len", "128", "--skip-tokenizer-init",
-               "--enforce-eager"]  # fmt: skip
+SERVE_FLAGS = [
+    "--worker-extension-cls",
+    EXTENSION,
+    "--logprobs-mode",
+    "processed_logprobs",
+    "--generation-config",
+    "vllm",
+    "--max-model-len",
+    "128",
+    "--skip-tokenizer-init",
+    "--enforce-eager",
+]
 
 
 def make_client(vllm_config: Any) -> Any:
@@ -57,8 +66,9 @@ def make_client(vllm_config: Any) -> Any:
         errored = property(lambda self: False)
         dead_error = property(lambda self: RuntimeError("dead"))
 
-        async def generate(self, prompt: Any, sampling_params: Any, request_id: str,
-                           *args: Any, **kwargs: Any) -> AsyncGenerator[Any, None]:  # fmt: skip
+        async def generate(
+            self, prompt: Any, sampling_params: Any, request_id: str, *args: Any, **kwargs: Any
+        ) -> AsyncGenerator[Any, None]:
             ids = list(prompt["prompt_token_ids"])
             self.sampling.append(sampling_params)
             self.named_loras.append(getattr(kwargs.get("lora_request"), "lora_name", None))
@@ -68,10 +78,15 @@ def make_client(vllm_config: Any) -> Any:
                 n, reason = min(n, self.abort_after), "abort"
             tokens = [(ids[-1] + 1 + i) % vocab for i in range(n)]
             logprobs = [{t: Logprob(logprob=-0.5 - i / 100, rank=1)} for i, t in enumerate(tokens)]
-            out = CompletionOutput(index=0, text="", token_ids=tokens,
-                                   cumulative_logprob=sum(-0.5 - i / 100 for i in range(len(tokens))),
-                                   logprobs=logprobs, finish_reason=reason,
-                                   **self.spans(len(tokens)))  # fmt: skip
+            out = CompletionOutput(
+                index=0,
+                text="",
+                token_ids=tokens,
+                cumulative_logprob=sum(-0.5 - i / 100 for i in range(len(tokens))),
+                logprobs=logprobs,
+                finish_reason=reason,
+                **self.spans(len(tokens)),
+            )
             await asyncio.sleep(0)
             yield RequestOutput(request_id, None, ids, None, [out], finished=True)
 
@@ -96,8 +111,13 @@ def make_client(vllm_config: Any) -> Any:
         async def get_weight_version(self) -> str:
             return self.weight_version
 
-        async def collective_rpc(self, method: str, timeout: float | None = None,
-                                 args: tuple = (), kwargs: dict | None = None) -> list[Any]:  # fmt: skip
+        async def collective_rpc(
+            self,
+            method: str,
+            timeout: float | None = None,
+            args: tuple = (),
+            kwargs: dict | None = None,
+        ) -> list[Any]:
             self.rpcs.append(method)
             return [getattr(w, method)(*args, **(kwargs or {})) for w in self.workers]
 
@@ -123,8 +143,9 @@ def make_client(vllm_config: Any) -> Any:
 
         async def reset_encoder_cache(self) -> None: ...
 
-        async def reset_prefix_cache(self, reset_running_requests: bool = False,
-                                     reset_connector: bool = False) -> bool:  # fmt: skip
+        async def reset_prefix_cache(
+            self, reset_running_requests: bool = False, reset_connector: bool = False
+        ) -> bool:
             return True
 
         async def sleep(self, level: int = 1, mode: Any = "abort") -> None: ...
@@ -135,8 +156,9 @@ def make_client(vllm_config: Any) -> Any:
             return False
 
         async def add_lora(self, lora_request: Any) -> bool:
-            self.loras.append((lora_request.lora_name, lora_request.lora_path,
-                               bool(lora_request.load_inplace)))  # fmt: skip
+            self.loras.append(
+                (lora_request.lora_name, lora_request.lora_path, bool(lora_request.load_inplace))
+            )
             return True
 
         async def pause_generation(self, *args: Any, mode: str = "abort", **kwargs: Any) -> None:
@@ -214,8 +236,11 @@ class VllmAppServer:
         app = build_app(self.args, ("generate",), config.model_config)
         self.app = app  # its routes and middleware, as vLLM built them
         await init_app_state(self.client, app.state, self.args, ("generate",))
-        self._server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port,
-                                                     log_level="warning", lifespan="on"))  # fmt: skip
+        self._server = uvicorn.Server(
+            uvicorn.Config(
+                app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on"
+            )
+        )
         self._ready.set()
         await self._server.serve()
 

@@ -33,7 +33,9 @@ class RouteTable:
             await self.app(scope, receive, send)
             return
         body = json.dumps(routes_of(scope["app"])).encode()
-        headers = [(b"content-type", b"application/json"),
-                   (b"content-length", str(len(body)).encode())]  # fmt: skip
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+        ]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": body})

@@ -79,8 +79,9 @@ def test_generation_is_token_in_token_out_with_a_finish_reason_and_versions(serv
     again = driver.many(PROMPTS[:1], params)[0]  # a request's seed fixes its tokens
     assert again.token_ids == results[0].token_ids
     stop = results[0].token_ids[3]
-    stopped = driver.many(PROMPTS[:1], SamplingParams(max_new_tokens=12, seed=5,
-                                                      stop_token_ids=(stop,)))[0]  # fmt: skip
+    stopped = driver.many(
+        PROMPTS[:1], SamplingParams(max_new_tokens=12, seed=5, stop_token_ids=(stop,))
+    )[0]
     assert stopped.finish_reason == "stop" and stopped.token_ids[-1] == stop
     assert stopped.token_ids == results[0].token_ids[: len(stopped.token_ids)]
 
@@ -102,8 +103,10 @@ def test_log_probs_equal_the_learners_recomputation_in_fp32(served) -> None:
     driver, model = served
     results = driver.many(PROMPTS, SamplingParams(max_new_tokens=16, seed=1))
     d = torch.cat([diffs(model, p, r) for p, r in zip(PROMPTS, results, strict=True)])
-    REPORT.append(f"vLLM CPU fp32 log-probs vs learner: max |diff| {d.max():.2e}, mean "
-                  f"{d.mean():.2e} ({d.numel()} tokens)")  # fmt: skip
+    REPORT.append(
+        f"vLLM CPU fp32 log-probs vs learner: max |diff| {d.max():.2e}, mean "
+        f"{d.mean():.2e} ({d.numel()} tokens)"
+    )
     assert d.max() < 1e-4, d.max()
 
 
@@ -133,8 +136,10 @@ def test_log_probs_in_bf16_against_the_learners_bf16_recomputation(tmp_path: Pat
     finally:
         driver.close()
     d = torch.cat([diffs(model, p, r) for p, r in zip(PROMPTS, results, strict=True)])
-    REPORT.append(f"vLLM CPU bf16 log-probs vs learner (bf16): max |diff| {d.max():.2e}, mean "
-                  f"{d.mean():.2e} ({d.numel()} tokens)")  # fmt: skip
+    REPORT.append(
+        f"vLLM CPU bf16 log-probs vs learner (bf16): max |diff| {d.max():.2e}, mean "
+        f"{d.mean():.2e} ({d.numel()} tokens)"
+    )
     assert d.mean() < 0.05 and d.max() < 0.5, (d.mean(), d.max())
 
 

@@ -49,8 +49,9 @@ PROMPTS = [[1 + i, 7, 3 + 2 * i, 11] for i in range(3)]
 def lora_server(tmp_path_factory: pytest.TempPathFactory) -> Any:
     root = tmp_path_factory.mktemp("fleet_lora")
     base = save_model(root / "toy", seed=0)  # the servers' and the learner's base (toy vocab)
-    server = Server(root / "toy", free_port(), 0, root / "server.log", max_len=256,
-                    env={"LORA_RANK": "8"})  # fmt: skip
+    server = Server(
+        root / "toy", free_port(), 0, root / "server.log", max_len=256, env={"LORA_RANK": "8"}
+    )
     server.start()
     try:
         server.wait_healthy()
@@ -60,9 +61,14 @@ def lora_server(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 def engine_for(server: Server, policy: Any, folder: Path, mode: str | None) -> RemoteEngine:
-    settings = {"servers": [server.url], "snapshot_dir": str(folder), "request_timeout_s": 120,
-                "startup_timeout_s": 120, "probe_interval_s": 0.5,
-                "secret_file": str(server.secret_file)}  # fmt: skip
+    settings = {
+        "servers": [server.url],
+        "snapshot_dir": str(folder),
+        "request_timeout_s": 120,
+        "startup_timeout_s": 120,
+        "probe_interval_s": 0.5,
+        "secret_file": str(server.secret_file),
+    }
     engine = RemoteEngine.for_policy(policy, seed=0, settings=settings, weight_update=mode)
     engine.start()
     return engine
@@ -70,8 +76,10 @@ def engine_for(server: Server, policy: Any, folder: Path, mode: str | None) -> R
 
 def sample(engine: RemoteEngine) -> list:
     async def go() -> list:
-        gens = (engine.generate(p, SamplingParams(max_new_tokens=24, seed=3 + i))
-                for i, p in enumerate(PROMPTS))  # fmt: skip
+        gens = (
+            engine.generate(p, SamplingParams(max_new_tokens=24, seed=3 + i))
+            for i, p in enumerate(PROMPTS)
+        )
         return list(await asyncio.gather(*gens))
 
     return asyncio.run(go())
@@ -79,8 +87,10 @@ def sample(engine: RemoteEngine) -> list:
 
 def gap(model: Any, results: list) -> float:
     """The largest |learner log-prob - server log-prob| over `results`."""
-    return max(worst(recompute(model, p, r.token_ids) - torch.tensor(r.log_probs)) for p, r in
-               zip(PROMPTS, results, strict=True))  # fmt: skip
+    return max(
+        worst(recompute(model, p, r.token_ids) - torch.tensor(r.log_probs))
+        for p, r in zip(PROMPTS, results, strict=True)
+    )
 
 
 def test_a_fleet_serves_base_plus_adapter_and_an_adapter_push_lands(lora_server, tmp_path):
@@ -132,8 +142,10 @@ def test_a_resubmit_push_mid_request_goes_on_from_a_fresh_prefill_on_the_new_ada
         stats = engine.stats()
     finally:
         engine.shutdown()
-    REPORT.append(f"resubmit adapter pushes on a vLLM CPU server (delay s, old-version tokens "
-                  f"of {NEW_TOKENS}): {found}")  # fmt: skip
+    REPORT.append(
+        f"resubmit adapter pushes on a vLLM CPU server (delay s, old-version tokens "
+        f"of {NEW_TOKENS}): {found}"
+    )
     assert spans >= 1, found
     assert stats["retries"] == 0 and stats["servers_healthy"] == 1
 
@@ -151,12 +163,20 @@ def test_a_lora_run_on_the_fleet_samples_from_the_learners_adapter_from_the_firs
     policy.save_pretrained(tmp_path / "adapter")
     run, log = tmp_path / "run", tmp_path / "run.log"
     steps = 12
-    overrides = ["experiment=toy_cpu", "rollout=remote", "rollout/engine=remote",
-                 f"rollout.remote.servers=[{server.url}]", "rollout.remote.request_timeout_s=60",
-                 "rollout.remote.startup_timeout_s=120", f"trainer.max_steps={steps}",
-                 f"rollout.remote.secret_file={server.secret_file}",
-                 f"model.name_or_path={server.model}", "model.config=null", "model.lora.rank=8",
-                 f"model.lora.adapter={tmp_path / 'adapter'}"]  # fmt: skip
+    overrides = [
+        "experiment=toy_cpu",
+        "rollout=remote",
+        "rollout/engine=remote",
+        f"rollout.remote.servers=[{server.url}]",
+        "rollout.remote.request_timeout_s=60",
+        "rollout.remote.startup_timeout_s=120",
+        f"trainer.max_steps={steps}",
+        f"rollout.remote.secret_file={server.secret_file}",
+        f"model.name_or_path={server.model}",
+        "model.config=null",
+        "model.lora.rank=8",
+        f"model.lora.adapter={tmp_path / 'adapter'}",
+    ]
     started = time.monotonic()
     proc = start_run(run, overrides, log)
     assert finish(proc, 600, log) == 0, tail(log)
@@ -169,6 +189,8 @@ def test_a_lora_run_on_the_fleet_samples_from_the_learners_adapter_from_the_firs
     )
     assert list(listed) == [f"frlab-v{steps}"], listed
     assert summary(run)["status"] == "finished"
-    REPORT.append(f"LoRA run on a vLLM CPU server, {steps} updates in "
-                  f"{time.monotonic() - started:.0f} s: sequence KL {kls[0]:.1e} (first batch), "
-                  f"max {max(kls):.1e}")  # fmt: skip
+    REPORT.append(
+        f"LoRA run on a vLLM CPU server, {steps} updates in "
+        f"{time.monotonic() - started:.0f} s: sequence KL {kls[0]:.1e} (first batch), "
+        f"max {max(kls):.1e}"
+    )

@@ -27,8 +27,10 @@ LORA = {"rank": 8, "alpha": 16.0, "dropout": 0.0, "target_modules": ["all-linear
 def moved_adapter(policy: Any, seed: int, scale: float = 0.3) -> dict[str, torch.Tensor]:
     """The adapter tensors of `policy` moved by noise (B too: peft starts it at zero)."""
     gen = torch.Generator().manual_seed(seed)
-    return {n: v + scale * torch.randn(v.shape, generator=gen, dtype=v.dtype)
-            for n, v in adapter_state_dict(policy.state_dict()).items()}  # fmt: skip
+    return {
+        n: v + scale * torch.randn(v.shape, generator=gen, dtype=v.dtype)
+        for n, v in adapter_state_dict(policy.state_dict()).items()
+    }
 
 
 def with_adapter(policy: Any, adapter: dict[str, torch.Tensor]) -> Any:
@@ -49,9 +51,15 @@ def lora_served(tmp_path_factory: pytest.TempPathFactory) -> Any:
     policy = apply_lora(copy.deepcopy(base), LORA)
     policy.load_state_dict(moved_adapter(policy, seed=1), strict=False)  # start off the base
     engine = VLLMEngine.for_policy(
-        policy, seed=0, model=None, max_model_len=128, max_in_flight=8, cpu_kv_cache_gib=None,
-        weight_update=None, engine_args={"dtype": "float32"},
-    )  # fmt: skip
+        policy,
+        seed=0,
+        model=None,
+        max_model_len=128,
+        max_in_flight=8,
+        cpu_kv_cache_gib=None,
+        weight_update=None,
+        engine_args={"dtype": "float32"},
+    )
     engine.start()
     driver = Driver(engine)
     yield driver, base, policy.eval()

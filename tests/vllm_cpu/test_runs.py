@@ -32,8 +32,11 @@ def test_the_toy_preset_runs_through_vllm_with_the_engines_log_probs_matching(tm
 
 def test_a_killed_engine_core_stops_the_run_with_exit_75_and_its_checkpoint(tmp_path: Path):
     run, log = tmp_path / "run", tmp_path / "run.log"
-    overrides = ["experiment=toy_cpu_vllm", "trainer.max_steps=100000",
-                 "callbacks.model_checkpoint.every_n_train_steps=1000"]  # fmt: skip
+    overrides = [
+        "experiment=toy_cpu_vllm",
+        "trainer.max_steps=100000",
+        "callbacks.model_checkpoint.every_n_train_steps=1000",
+    ]
     proc = start_run(run, overrides, log)
     try:
         wait_for(lambda: len(metrics(run)) >= 5 or proc.poll() is not None, 600, "5 updates")
@@ -88,8 +91,13 @@ def test_a_lora_run_through_vllm_serves_the_learners_adapter_from_the_first_batc
                 p.copy_(0.3 * torch.randn(p.shape, generator=gen))
     policy.save_pretrained(tmp_path / "adapter")
     run, log = tmp_path / "run", tmp_path / "run.log"
-    overrides = ["experiment=toy_cpu_vllm", "trainer.max_steps=12", "model.lora.rank=8",
-                 f"model.lora.adapter={tmp_path / 'adapter'}", "rollout.mode=sync"]  # fmt: skip
+    overrides = [
+        "experiment=toy_cpu_vllm",
+        "trainer.max_steps=12",
+        "model.lora.rank=8",
+        f"model.lora.adapter={tmp_path / 'adapter'}",
+        "rollout.mode=sync",
+    ]
     proc = start_run(run, overrides, log)
     assert finish(proc, 600, log) == 0, tail(log)
     rows = metrics(run)

@@ -56,10 +56,20 @@ def guarded(tmp_path_factory: pytest.TempPathFactory) -> Any:
     model = save_model(root / "toy", seed=0)
     snapshots = root / "snapshots"
     snapshots.mkdir()
-    env = {"LORA_RANK": "8", "FLEET_SNAPSHOT_DIR": str(snapshots),
-           "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
-    server = Server(root / "toy", free_port(), 0, root / "server.log", max_len=256, env=env,
-                    flags="--enable-scale-out --middleware route_table_testlib.RouteTable")  # fmt: skip
+    env = {
+        "LORA_RANK": "8",
+        "FLEET_SNAPSHOT_DIR": str(snapshots),
+        "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+    }
+    server = Server(
+        root / "toy",
+        free_port(),
+        0,
+        root / "server.log",
+        max_len=256,
+        env=env,
+        flags="--enable-scale-out --middleware route_table_testlib.RouteTable",
+    )
     server.start()
     try:
         server.wait_healthy()
@@ -70,8 +80,7 @@ def guarded(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 def ask(server: Server, method: str, path: str, body: Any = None) -> Any:
     """A request with the fleet's token; its JSON answer (raises on an error status)."""
-    resp = httpx.request(method, server.url + path, headers=server.headers, timeout=120,
-                         json=body)  # fmt: skip
+    resp = httpx.request(method, server.url + path, headers=server.headers, timeout=120, json=body)
     resp.raise_for_status()
     return resp.json()
 
@@ -83,10 +92,15 @@ def served_state(server: Server) -> dict[str, Any]:
     body = proto.completion_request(name, [1, 2, 3], SamplingParams(max_new_tokens=8), seed=7)
     done = proto.parse_completion(ask(server, "POST", proto.COMPLETIONS, body))
     rpc = ask(server, "POST", proto.COLLECTIVE_RPC, control.rpc_request("frlab_weight_version"))
-    return {"versions": control.rpc_versions(rpc), "label": ask(server, "GET", "/weight_info"),
-            "models": sorted(m["id"] for m in models["data"]),
-            "paused": ask(server, "GET", "/is_paused"), "sleeping": ask(server, "GET", "/is_sleeping"),
-            "tokens": done.token_ids, "log_probs": done.log_probs}  # fmt: skip
+    return {
+        "versions": control.rpc_versions(rpc),
+        "label": ask(server, "GET", "/weight_info"),
+        "models": sorted(m["id"] for m in models["data"]),
+        "paused": ask(server, "GET", "/is_paused"),
+        "sleeping": ask(server, "GET", "/is_sleeping"),
+        "tokens": done.token_ids,
+        "log_probs": done.log_probs,
+    }
 
 
 def hostile_requests(server: Server, model: Any, root: Path) -> dict[str, tuple[str, Any]]:
@@ -101,11 +115,15 @@ def hostile_requests(server: Server, model: Any, root: Path) -> dict[str, tuple[
     return {
         proto.COLLECTIVE_RPC: ("", control.rpc_request("frlab_load_snapshot", [str(snap), 99])),
         gen.UPDATE_WEIGHT_VERSION: ("", {"new_version": "666"}),
-        "/pause": ("mode=abort", {}), "/sleep": ("level=1", {}),
-        "/v1/load_lora_adapter": ("", {"lora_name": "evil", "lora_path": str(root / "evil_adapter")}),
+        "/pause": ("mode=abort", {}),
+        "/sleep": ("level=1", {}),
+        "/v1/load_lora_adapter": (
+            "",
+            {"lora_name": "evil", "lora_path": str(root / "evil_adapter")},
+        ),
         proto.COMPLETIONS: ("", proto.completion_request(name, [1, 2], SamplingParams())),
         gen.GENERATE: ("", gen.generate_request(name, [1, 2], SamplingParams())),
-    }  # fmt: skip
+    }
 
 
 def concrete(path: str) -> str:
@@ -116,9 +134,15 @@ def concrete(path: str) -> str:
 def handshake(port: int, path: str, token: str | None) -> bytes:
     """The status line a websocket handshake gets."""
     auth_line = b"" if token is None else f"Authorization: Bearer {token}\r\n".encode()
-    request = (f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
-               "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
-               "Sec-WebSocket-Version: 13\r\n").encode() + auth_line + b"\r\n"  # fmt: skip
+    request = (
+        (
+            f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
+            "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+            "Sec-WebSocket-Version: 13\r\n"
+        ).encode()
+        + auth_line
+        + b"\r\n"
+    )
     with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
         conn.sendall(request)
         return conn.recv(4096).split(b"\r\n", 1)[0]
@@ -128,10 +152,22 @@ def test_every_route_refuses_a_client_without_the_secret_and_nothing_changes(gua
     server, model, root = guarded
     table = ask(server, "GET", "/frlab_test_routes")
     paths = {r["path"] for r in table}
-    used = {proto.COLLECTIVE_RPC, proto.SERVER_INFO.split("?")[0], "/pause", "/resume",
-            proto.ABORT_REQUESTS, gen.UPDATE_WEIGHT_VERSION, gen.GENERATE, proto.COMPLETIONS,
-            proto.MODELS, proto.RESET_PREFIX_CACHE, "/v1/load_lora_adapter", "/sleep",
-            gen.OPENAPI, proto.INIT_WEIGHT_TRANSFER}  # fmt: skip
+    used = {
+        proto.COLLECTIVE_RPC,
+        proto.SERVER_INFO.split("?")[0],
+        "/pause",
+        "/resume",
+        proto.ABORT_REQUESTS,
+        gen.UPDATE_WEIGHT_VERSION,
+        gen.GENERATE,
+        proto.COMPLETIONS,
+        proto.MODELS,
+        proto.RESET_PREFIX_CACHE,
+        "/v1/load_lora_adapter",
+        "/sleep",
+        gen.OPENAPI,
+        proto.INIT_WEIGHT_TRANSFER,
+    }
     assert used <= paths, sorted(used - paths)
     assert set(ask(server, "GET", gen.OPENAPI)["paths"]) <= paths  # the table is complete
     bodies, before = hostile_requests(server, model, root), served_state(server)
@@ -147,8 +183,13 @@ def test_every_route_refuses_a_client_without_the_secret_and_nothing_changes(gua
         for method in route["methods"] or ["GET"]:
             for token in (None, WRONG, server.headers["Authorization"][7:-1]):
                 headers = {} if token is None else {"Authorization": f"Bearer {token}"}
-                resp = httpx.request(method, f"{server.url}{path}?{query}", headers=headers,
-                                     json=body if method in ("POST", "PUT") else None, timeout=60)  # fmt: skip
+                resp = httpx.request(
+                    method,
+                    f"{server.url}{path}?{query}",
+                    headers=headers,
+                    json=body if method in ("POST", "PUT") else None,
+                    timeout=60,
+                )
                 if path == auth.OPEN_PATH:
                     assert resp.status_code == 200, resp
                     continue
@@ -159,9 +200,11 @@ def test_every_route_refuses_a_client_without_the_secret_and_nothing_changes(gua
     assert served_state(server) == before
     log = tail(server.log, 10**8)
     assert "refused POST /collective_rpc" in log and WRONG not in log
-    REPORT.append(f"vLLM CPU server behind the recipe's guard: {len(table)} routes in its table, "
-                  f"{len(refused)} (route, method) pairs refused without the secret, /health "
-                  f"open: {sorted(refused)}")  # fmt: skip
+    REPORT.append(
+        f"vLLM CPU server behind the recipe's guard: {len(table)} routes in its table, "
+        f"{len(refused)} (route, method) pairs refused without the secret, /health "
+        f"open: {sorted(refused)}"
+    )
 
 
 def test_a_snapshot_outside_the_runs_folder_is_refused_with_the_secret(
@@ -171,8 +214,9 @@ def test_a_snapshot_outside_the_runs_folder_is_refused_with_the_secret(
     before = served_state(server)
     outside, _ = write_snapshot(perturbed(model, seed=2), tmp_path / "elsewhere", 5)
     body = control.rpc_request("frlab_load_snapshot", [str(outside), 5])
-    resp = httpx.post(server.url + proto.COLLECTIVE_RPC, json=body, headers=server.headers,
-                      timeout=120)  # fmt: skip
+    resp = httpx.post(
+        server.url + proto.COLLECTIVE_RPC, json=body, headers=server.headers, timeout=120
+    )
     assert resp.status_code >= 400, resp.text[:500]
     assert "outside this server's snapshot folder" in tail(server.log, 10**8)
     assert served_state(server) == before
@@ -182,12 +226,20 @@ def test_a_lora_run_with_the_secret_trains_and_leaks_it_nowhere(guarded, tmp_pat
     server, _, root = guarded
     run, log = tmp_path / "run", tmp_path / "run.log"
     steps = 8
-    overrides = ["experiment=toy_cpu", "rollout=remote", "rollout/engine=remote",
-                 f"rollout.remote.servers=[{server.url}]", "rollout.remote.request_timeout_s=60",
-                 "rollout.remote.startup_timeout_s=120", f"trainer.max_steps={steps}",
-                 f"rollout.remote.secret_file={server.secret_file}",
-                 f"rollout.remote.snapshot_dir={root / 'snapshots' / 'run'}",
-                 f"model.name_or_path={server.model}", "model.config=null", "model.lora.rank=8"]  # fmt: skip
+    overrides = [
+        "experiment=toy_cpu",
+        "rollout=remote",
+        "rollout/engine=remote",
+        f"rollout.remote.servers=[{server.url}]",
+        "rollout.remote.request_timeout_s=60",
+        "rollout.remote.startup_timeout_s=120",
+        f"trainer.max_steps={steps}",
+        f"rollout.remote.secret_file={server.secret_file}",
+        f"rollout.remote.snapshot_dir={root / 'snapshots' / 'run'}",
+        f"model.name_or_path={server.model}",
+        "model.config=null",
+        "model.lora.rank=8",
+    ]
     proc = start_run(run, overrides, log)
     assert finish(proc, 900, log) == 0, tail(log)
     rows = metrics(run)

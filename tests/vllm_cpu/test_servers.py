@@ -63,8 +63,17 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Any:
     root = tmp_path_factory.mktemp("fleet")
     model = root / "toy"
     save_model(model)  # the architecture only: the learner's weights arrive as snapshot v0
-    servers = [Server(model, free_port(), core, root / f"server{core}.log", max_len=256,
-                      flags="--enable-scale-out") for core in (0, 1)]  # fmt: skip
+    servers = [
+        Server(
+            model,
+            free_port(),
+            core,
+            root / f"server{core}.log",
+            max_len=256,
+            flags="--enable-scale-out",
+        )
+        for core in (0, 1)
+    ]
     for server in servers:
         server.start()
     try:
@@ -86,10 +95,16 @@ def ensure_up(servers: list[Server]) -> None:
 
 def remote_run(servers: list[Server], *extra: str) -> list[str]:
     urls = ",".join(s.url for s in servers)
-    return ["experiment=toy_cpu", "rollout=remote", "rollout/engine=remote",
-            f"rollout.remote.servers=[{urls}]", "rollout.remote.request_timeout_s=60",
-            "rollout.remote.startup_timeout_s=120",
-            f"rollout.remote.secret_file={servers[0].secret_file}", *extra]  # fmt: skip
+    return [
+        "experiment=toy_cpu",
+        "rollout=remote",
+        "rollout/engine=remote",
+        f"rollout.remote.servers=[{urls}]",
+        "rollout.remote.request_timeout_s=60",
+        "rollout.remote.startup_timeout_s=120",
+        f"rollout.remote.secret_file={servers[0].secret_file}",
+        *extra,
+    ]
 
 
 def warnings(log: Path) -> str:
@@ -100,8 +115,9 @@ def warnings(log: Path) -> str:
 
 def served_version(server: Server) -> int | None:
     body = control.rpc_request("frlab_weight_version")
-    answer = httpx.post(server.url + proto.COLLECTIVE_RPC, json=body, timeout=30,
-                        headers=server.headers).json()  # fmt: skip
+    answer = httpx.post(
+        server.url + proto.COLLECTIVE_RPC, json=body, timeout=30, headers=server.headers
+    ).json()
     (version,) = set(control.rpc_versions(answer))
     return version
 
@@ -113,8 +129,11 @@ def test_a_fleet_run_learns_and_readmits_a_killed_and_restarted_server(fleet, tm
     proc = start_run(run, remote_run(fleet, f"trainer.max_steps={UPDATES}"), log)
     victim = fleet[1]
     try:
-        wait_for(lambda: len(metrics(run)) >= KILL_AT or proc.poll() is not None, 600,
-                 f"{KILL_AT} updates")  # fmt: skip
+        wait_for(
+            lambda: len(metrics(run)) >= KILL_AT or proc.poll() is not None,
+            600,
+            f"{KILL_AT} updates",
+        )
         assert proc.poll() is None, tail(log)
         victim.kill()
         victim.start()
@@ -129,10 +148,12 @@ def test_a_fleet_run_learns_and_readmits_a_killed_and_restarted_server(fleet, tm
     assert [int(r["step"]) for r in rows] == list(range(1, UPDATES + 1))
     rewards = [float(r["train/reward_mean"]) for r in rows]
     first, last = statistics.mean(rewards[:10]), statistics.mean(rewards[-10:])
-    REPORT.append(f"fleet of 2 vLLM CPU servers, {UPDATES} updates in "
-                  f"{time.monotonic() - started:.0f} s: reward {first:.3f} (first 10) -> "
-                  f"{last:.3f} (last 10), first sequence KL "
-                  f"{float(rows[0]['train/sequence_kl_mean']):.1e}")  # fmt: skip
+    REPORT.append(
+        f"fleet of 2 vLLM CPU servers, {UPDATES} updates in "
+        f"{time.monotonic() - started:.0f} s: reward {first:.3f} (first 10) -> "
+        f"{last:.3f} (last 10), first sequence KL "
+        f"{float(rows[0]['train/sequence_kl_mean']):.1e}"
+    )
     assert last > first + 0.08, (first, last)
     assert float(rows[0]["train/sequence_kl_mean"]) < 1e-6  # the servers hold the learner's v0
     assert max(float(r.get("rollout/readmissions") or 0) for r in rows) >= 1, rows[-1]
@@ -148,9 +169,12 @@ def test_a_fleet_that_stays_down_stops_the_run_within_its_deadline(fleet, tmp_pa
     ensure_up(fleet)
     run, log = tmp_path / "run", tmp_path / "run.log"
     deadline_s = 20
-    overrides = remote_run(fleet, "trainer.max_steps=100000",
-                           f"rollout.remote.fleet_down_timeout_s={deadline_s}",
-                           "callbacks.model_checkpoint.every_n_train_steps=1000")  # fmt: skip
+    overrides = remote_run(
+        fleet,
+        "trainer.max_steps=100000",
+        f"rollout.remote.fleet_down_timeout_s={deadline_s}",
+        "callbacks.model_checkpoint.every_n_train_steps=1000",
+    )
     proc = start_run(run, overrides, log)
     try:
         wait_for(lambda: len(metrics(run)) >= 3 or proc.poll() is not None, 600, "3 updates")
@@ -192,18 +216,25 @@ def across_an_update(engine: RemoteEngine, new: dict, version: int, delay: float
     are in flight; their results."""
 
     async def go() -> list:
-        gens = (engine.generate(p, SamplingParams(max_new_tokens=NEW_TOKENS, seed=40 + i))
-                for i, p in enumerate(PROMPTS))  # fmt: skip
+        gens = (
+            engine.generate(p, SamplingParams(max_new_tokens=NEW_TOKENS, seed=40 + i))
+            for i, p in enumerate(PROMPTS)
+        )
         return list(await asyncio.gather(*gens))
 
     with ThreadPoolExecutor(1) as pool:
         job = pool.submit(asyncio.run, go())
         try:
-            wait_for(lambda: engine._in_flight > 0 or job.done(), 60, "requests in flight",
-                     interval=0.001)  # fmt: skip
+            wait_for(
+                lambda: engine._in_flight > 0 or job.done(),
+                60,
+                "requests in flight",
+                interval=0.001,
+            )
         except TimeoutError as exc:
-            raise TimeoutError(f"{exc}; fleet: {engine._fleet.describe()}, "
-                               f"stats: {engine.stats()}") from None  # fmt: skip
+            raise TimeoutError(
+                f"{exc}; fleet: {engine._fleet.describe()}, stats: {engine.stats()}"
+            ) from None
         if job.done():  # they failed (raise why), or all ended before this thread looked
             job.result()
         else:
@@ -229,8 +260,9 @@ def check_resubmitted(results: list, old: Any, new: Any, version: int, tol: floa
     return spans
 
 
-def until_one_lands_mid_request(engine: RemoteEngine, old: Any, step: Any,
-                                tol: float = 1e-4) -> tuple[list, int]:  # fmt: skip
+def until_one_lands_mid_request(
+    engine: RemoteEngine, old: Any, step: Any, tol: float = 1e-4
+) -> tuple[list, int]:
     """Resubmit updates shortly after four requests start (`step(old, version)` gives what to
     push and the model it makes), each checked, until one lands inside a request; the
     (delay, old-version tokens per request) of each try, and how many requests spanned."""
@@ -256,10 +288,16 @@ def test_a_resubmit_update_mid_request_goes_on_from_a_fresh_prefill(fleet, tmp_p
     ensure_up(fleet)
     server = fleet[0]
     old = AutoModelForCausalLM.from_pretrained(server.model, dtype=torch.float32).eval()
-    engine = remote_engine([server.url], snapshot_dir=str(tmp_path / "snaps"),
-                          secret_file=str(server.secret_file),
-                          request_timeout_s=120, startup_timeout_s=120, probe_interval_s=0.5,
-                          weight_update="resubmit", initial_weights=old.state_dict())  # fmt: skip
+    engine = remote_engine(
+        [server.url],
+        snapshot_dir=str(tmp_path / "snaps"),
+        secret_file=str(server.secret_file),
+        request_timeout_s=120,
+        startup_timeout_s=120,
+        probe_interval_s=0.5,
+        weight_update="resubmit",
+        initial_weights=old.state_dict(),
+    )
     engine.start()
 
     def step(old: Any, version: int) -> tuple[dict, Any]:
@@ -273,8 +311,10 @@ def test_a_resubmit_update_mid_request_goes_on_from_a_fresh_prefill(fleet, tmp_p
         stats = engine.stats()
     finally:
         engine.shutdown()
-    REPORT.append(f"resubmit updates on a vLLM CPU server (delay s, old-version tokens of {NEW_TOKENS} "
-                  f"per request): {found}; {stats['retries']} retries")  # fmt: skip
+    REPORT.append(
+        f"resubmit updates on a vLLM CPU server (delay s, old-version tokens of {NEW_TOKENS} "
+        f"per request): {found}; {stats['retries']} retries"
+    )
     assert spans >= 1, found
     assert stats["retries"] == 0 and stats["servers_healthy"] == 1
 
@@ -310,10 +350,16 @@ def test_an_in_flight_update_mid_request_keeps_the_requests_with_vllms_labels(
     ensure_up(fleet)
     server = fleet[0]
     old = AutoModelForCausalLM.from_pretrained(server.model, dtype=torch.float32).eval()
-    engine = remote_engine([server.url], snapshot_dir=str(tmp_path / "snaps"),
-                          secret_file=str(server.secret_file),
-                          request_timeout_s=120, startup_timeout_s=120, probe_interval_s=0.5,
-                          weight_update="in_flight", initial_weights=old.state_dict())  # fmt: skip
+    engine = remote_engine(
+        [server.url],
+        snapshot_dir=str(tmp_path / "snaps"),
+        secret_file=str(server.secret_file),
+        request_timeout_s=120,
+        startup_timeout_s=120,
+        probe_interval_s=0.5,
+        weight_update="in_flight",
+        initial_weights=old.state_dict(),
+    )
     engine.start()
     found, spans, gap, stale = [], 0, 0.0, 0.0
     try:
@@ -331,10 +377,12 @@ def test_an_in_flight_update_mid_request_keeps_the_requests_with_vllms_labels(
         stats = engine.stats()
     finally:
         engine.shutdown()
-    REPORT.append(f"in_flight updates on a vLLM CPU server (delay s, old-labelled tokens of {NEW_TOKENS} "
-                  f"per request): {found}; new-labelled tokens vs the old weights: max |diff| "
-                  f">= {gap:.3f}, vs the new weights' full forward (old KV): max |diff| "
-                  f"{stale:.3f}; {stats['retries']} retries")  # fmt: skip
+    REPORT.append(
+        f"in_flight updates on a vLLM CPU server (delay s, old-labelled tokens of {NEW_TOKENS} "
+        f"per request): {found}; new-labelled tokens vs the old weights: max |diff| "
+        f">= {gap:.3f}, vs the new weights' full forward (old KV): max |diff| "
+        f"{stale:.3f}; {stats['retries']} retries"
+    )
     assert spans >= 1, found
     assert gap > 1e-2, gap
     assert stale > 1e-3, stale  # KV kept: not a fresh prefill on the new weights

@@ -108,8 +108,14 @@ def frlab_env() -> dict[str, str]:
 
 def start_run(run_dir: Path, overrides: list[str], log: Path) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "frlab", *overrides, f"hydra.run.dir={run_dir}"]
-    return subprocess.Popen(cmd, cwd=REPO, env=frlab_env(), stdout=log.open("w"),
-                            stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    return subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        env=frlab_env(),
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def metrics(run_dir: Path) -> list[dict[str, str]]:
@@ -154,8 +160,16 @@ class Server:
     its own process group, bound to one CPU core, on loopback, behind the fleet's secret
     (`secret_file`, shared by the servers started in one folder: `headers` carry it)."""
 
-    def __init__(self, model: Path, port: int, core: int, log: Path, max_len: int = 64,
-                 flags: str = "", env: dict[str, str] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model: Path,
+        port: int,
+        core: int,
+        log: Path,
+        max_len: int = 64,
+        flags: str = "",
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.model, self.port, self.core, self.log, self.max_len = model, port, core, log, max_len
         self.flags = flags  # more `vllm serve` flags, e.g. --enable-scale-out
         self.env = dict(env or {})  # the recipe's own switches, e.g. LORA_RANK
@@ -172,17 +186,33 @@ class Server:
         return {"Authorization": f"Bearer {self.secret_file.read_text().strip()}"}
 
     def start(self) -> None:
-        extra = ("--skip-tokenizer-init --enforce-eager --dtype float32 "
-                 f"--kv-cache-memory-bytes {256 * 2**20} {self.flags}")  # fmt: skip
-        env = {**frlab_env(), "VLLM_ENTRY": "module", "VLLM_EXTRA_ARGS": extra,
-               "VLLM_CPU_OMP_THREADS_BIND": str(self.core), "PYTHON": sys.executable,
-               "HOST": "127.0.0.1", "FLEET_SECRET_FILE": str(self.secret_file),
-               **self.env}  # fmt: skip
-        script = (f'source scripts/launch/fleet.sh && start_server "" {self.port} '
-                  f'"{self.model}" 1 {self.max_len} && wait')  # fmt: skip
+        extra = (
+            "--skip-tokenizer-init --enforce-eager --dtype float32 "
+            f"--kv-cache-memory-bytes {256 * 2**20} {self.flags}"
+        )
+        env = {
+            **frlab_env(),
+            "VLLM_ENTRY": "module",
+            "VLLM_EXTRA_ARGS": extra,
+            "VLLM_CPU_OMP_THREADS_BIND": str(self.core),
+            "PYTHON": sys.executable,
+            "HOST": "127.0.0.1",
+            "FLEET_SECRET_FILE": str(self.secret_file),
+            **self.env,
+        }
+        script = (
+            f'source scripts/launch/fleet.sh && start_server "" {self.port} '
+            f'"{self.model}" 1 {self.max_len} && wait'
+        )
         with self.log.open("a") as out:
-            self.proc = subprocess.Popen(["bash", "-c", script], cwd=REPO, env=env, stdout=out,
-                                         stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+            self.proc = subprocess.Popen(
+                ["bash", "-c", script],
+                cwd=REPO,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
     def healthy(self) -> bool:
         import httpx

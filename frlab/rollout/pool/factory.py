@@ -87,9 +87,15 @@ def task_sampler_factory(node: Any) -> Callable[[], Any]:
 
 
 def pool_factory(
-    rollout: Mapping[str, Any], policy: Any, tokenizer: Any, make_engine: Callable[..., Any],
-    make_env: Callable[[], Any], make_tasks: Callable[[], Any], *, off_policy_correction: bool,
-) -> Callable[..., Any]:  # fmt: skip
+    rollout: Mapping[str, Any],
+    policy: Any,
+    tokenizer: Any,
+    make_engine: Callable[..., Any],
+    make_env: Callable[[], Any],
+    make_tasks: Callable[[], Any],
+    *,
+    off_policy_correction: bool,
+) -> Callable[..., Any]:
     """A factory of RolloutPools, each with its own engine (`make_engine(policy=, seed=)`, the
     `rollout.engine` partial) and task sampler, the resolved `rollout` node's settings; the data
     module calls it per rank with `batch_size`, `seed`, `prompt_id_offset`, `prompt_id_stride`.
@@ -102,12 +108,20 @@ def pool_factory(
     def make(*, batch_size: int, seed: int, **shard: Any) -> Any:
         """One rank's pool: `batch_size` = B / W rows per step, its own seed and prompt ids."""
         return RolloutPool(
-            make_engine(policy=policy, seed=seed), make_env, tokenizer, loop_cfg,
-            task_sampler=make_tasks(), batch_size=batch_size,
-            max_in_flight=rollout["max_in_flight"], max_policy_lag=rollout["max_policy_lag"],
-            mode=rollout["mode"], samples_per_prompt=rollout["samples_per_prompt"], seed=seed,
+            make_engine(policy=policy, seed=seed),
+            make_env,
+            tokenizer,
+            loop_cfg,
+            task_sampler=make_tasks(),
+            batch_size=batch_size,
+            max_in_flight=rollout["max_in_flight"],
+            max_policy_lag=rollout["max_policy_lag"],
+            mode=rollout["mode"],
+            samples_per_prompt=rollout["samples_per_prompt"],
+            seed=seed,
             max_prompt_retries=rollout["max_prompt_retries"],
-            off_policy_correction=off_policy_correction, **shard,
-        )  # fmt: skip
+            off_policy_correction=off_policy_correction,
+            **shard,
+        )
 
     return make

@@ -68,8 +68,12 @@ class GenerationMeter:
             if self._active:
                 self._since = now
         rate = tokens / busy if busy > 0 else 0.0
-        return {GENERATION_S: busy, TOKENS_PER_S: rate, BATCH_WAIT_S: float(wait_s),
-                LAG_WAIT_S: float(lag_wait_s)}  # fmt: skip
+        return {
+            GENERATION_S: busy,
+            TOKENS_PER_S: rate,
+            BATCH_WAIT_S: float(wait_s),
+            LAG_WAIT_S: float(lag_wait_s),
+        }
 
 
 class MeteredEngine:

@@ -1,7 +1,8 @@
 """What the rollout pool records: each rollout, its outcome and its checkpoint form.
 
 A `Rollout` is one sample in flight or finished, with the learner version `due` by which it must
-be consumed (the policy-lag bound, see `frlab.rollout.pool.admission`); a `Group` is the G samples of
+be consumed (the policy-lag bound, see `frlab.rollout.pool.admission`); a `Group` is the G samples
+of
 one prompt (`rollout.samples_per_prompt`; G = 1 for one rollout per prompt). `run_rollout`
 plays one sample in a fresh env and reports its
 outcome: a trajectory, or a failure classified as "failed" or "rejected" with a reason the pool
@@ -86,8 +87,9 @@ async def run_rollout(
     rollout's sampling seed (frlab.rollout.seeding), None for the engine's own stream."""
     built, deadline = _BuiltEnv(env_factory), loop_cfg.deadlines.env
     try:
-        env = await call_with_deadline(executor, deadline.current(), "env_factory", built,
-                                       observe=deadline.observe)  # fmt: skip
+        env = await call_with_deadline(
+            executor, deadline.current(), "env_factory", built, observe=deadline.observe
+        )
     except asyncio.CancelledError:
         built.give_up(executor)
         raise

@@ -28,8 +28,16 @@ from frlab.rollout.pool.rollouts import (
     restore_counters,
 )
 
-COUNTERS = ("started", "finished", "consumed", "batches", "paused_for_lag", "lag_violations",
-            "weight_syncs", "straggler_stalls")  # fmt: skip
+COUNTERS = (
+    "started",
+    "finished",
+    "consumed",
+    "batches",
+    "paused_for_lag",
+    "lag_violations",
+    "weight_syncs",
+    "straggler_stalls",
+)
 
 
 class PromptCursor:

@@ -54,8 +54,12 @@ UNAUTHENTICATED_WARNING = (
     "and servers off loopback (%s): anyone who reaches a server can replace the weights it "
     f"samples from, pause it or load adapters; set {KEYS} and start the servers with it"
 )
-REFUSAL = json.dumps({"error": "unauthorized: this frlab fleet server needs the fleet's "
-                      "shared secret as a bearer token"}).encode()  # fmt: skip
+REFUSAL = json.dumps(
+    {
+        "error": "unauthorized: this frlab fleet server needs the fleet's "
+        "shared secret as a bearer token"
+    }
+).encode()
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -95,9 +99,11 @@ def all_loopback(servers: Sequence[str]) -> bool:
 
 
 def fleet_secret(
-    servers: Sequence[str], secret_env: str | None, secret_file: str | None,
+    servers: Sequence[str],
+    secret_env: str | None,
+    secret_file: str | None,
     allow_unauthenticated: bool,
-) -> str | None:  # fmt: skip
+) -> str | None:
     """The learner's secret for this fleet (`read_secret`). ConfigError naming the key when a
     server is off loopback and there is none, unless `allow_unauthenticated` (the engine then
     warns at every start); a loopback fleet without one runs as before."""
@@ -138,11 +144,15 @@ def _from_file(path: str, where: str) -> str:
         text = file.read_text(encoding="utf-8")
         mode = file.stat().st_mode
     except (OSError, UnicodeDecodeError) as exc:
-        raise SecretError(f"{where}: cannot read the fleet secret file {path}: "
-                          f"{type(exc).__name__}") from None  # fmt: skip
+        raise SecretError(
+            f"{where}: cannot read the fleet secret file {path}: {type(exc).__name__}"
+        ) from None
     if mode & 0o077:
-        log.warning("the fleet secret file %s is readable by others (mode %o): make it 0600",
-                    path, mode & 0o777)  # fmt: skip
+        log.warning(
+            "the fleet secret file %s is readable by others (mode %o): make it 0600",
+            path,
+            mode & 0o777,
+        )
     secret = _checked(text.strip(), f"{where} ({path})")
     if not secret:
         raise SecretError(f"{where}: the fleet secret file {path} is empty")
@@ -157,8 +167,10 @@ def _checked(secret: str, where: str) -> str:
     if not all(33 <= ord(c) <= 126 for c in secret):
         raise SecretError(f"{where}: the fleet secret must be one word of visible ASCII")
     if len(secret) < MIN_SECRET_CHARS:
-        raise SecretError(f"{where}: the fleet secret must have at least {MIN_SECRET_CHARS} "
-                          f"characters, it has {len(secret)}")  # fmt: skip
+        raise SecretError(
+            f"{where}: the fleet secret must have at least {MIN_SECRET_CHARS} "
+            f"characters, it has {len(secret)}"
+        )
     return secret
 
 
@@ -201,8 +213,12 @@ class FleetGuard:
         if authorized(_header(scope, b"authorization"), self._digest):
             await self.app(scope, receive, send)
             return
-        guard_log.warning("refused %s %s from %s: no valid fleet secret", scope.get("method", "WS"),
-                    scope.get("path"), (scope.get("client") or ("?",))[0])  # fmt: skip
+        guard_log.warning(
+            "refused %s %s from %s: no valid fleet secret",
+            scope.get("method", "WS"),
+            scope.get("path"),
+            (scope.get("client") or ("?",))[0],
+        )
         await _refuse(scope, send)
 
     @staticmethod
@@ -225,7 +241,10 @@ async def _refuse(scope: Scope, send: Send) -> None:
     if scope["type"] == "websocket":
         await send({"type": "websocket.close", "code": 1008})
         return
-    headers = [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer"),
-               (b"content-length", str(len(REFUSAL)).encode())]  # fmt: skip
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"www-authenticate", b"Bearer"),
+        (b"content-length", str(len(REFUSAL)).encode()),
+    ]
     await send({"type": "http.response.start", "status": 401, "headers": headers})
     await send({"type": "http.response.body", "body": REFUSAL})

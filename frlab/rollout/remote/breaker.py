@@ -6,7 +6,8 @@ preempted node, a network blip). The remote engine sends a request only to a hea
 (`Fleet.outage`, frlab.rollout.engine.Outage). Each server has one watcher task (`watch`):
 
 - while it serves, a liveness probe every LIVENESS_S: `GET /health` must answer 200 within
-  `min(LIVENESS_TIMEOUT_S, request_timeout_s)`; after LIVENESS_MISSES misses in a row (a stopped or hung
+  `min(LIVENESS_TIMEOUT_S, request_timeout_s)`; after LIVENESS_MISSES misses in a row (a stopped or
+  hung
   process) it is marked dead and its requests in flight fail over at once, instead of each
   waiting out `request_timeout_s`;
 - while it does not, a probe on `GET /health` and, once that answers, its admission (the

@@ -36,9 +36,11 @@ from frlab.rollout.remote.protocol import WEIGHT_UPDATE_FIELD, MalformedResponse
 
 
 def rpc_request(
-    method: str, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None,
+    method: str,
+    args: Sequence[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
     timeout: float | None = None,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """A body for vLLM's dev endpoint `POST /collective_rpc`."""
     body: dict[str, Any] = {"method": str(method), "args": list(args), "kwargs": dict(kwargs or {})}
     if timeout is not None:
@@ -94,8 +96,7 @@ def rpc_answer(results: Sequence[Any] | None) -> dict[str, Any] | None:
     imitate vLLM (frlab.serve, test fakes)."""
     if results is None:
         return None
-    return {"results": [r if r is None or isinstance(r, dict | list) else str(r)
-                        for r in results]}  # fmt: skip
+    return {"results": [r if r is None or isinstance(r, dict | list) else str(r) for r in results]}
 
 
 def reset_succeeded(body: Any) -> bool:

@@ -1,7 +1,8 @@
 """`remote` engine: the rollout pool drives a fleet of generation servers over HTTP.
 
 On GPUs the servers are vLLM's own OpenAI-compatible servers (`vllm serve ...
---worker-extension-cls frlab.rollout.vllm.worker_extension.WeightUpdateExtension`, dev mode on); on CPU
+--worker-extension-cls frlab.rollout.vllm.worker_extension.WeightUpdateExtension`, dev mode on); on
+CPU
 and in tests they are `python -m frlab.serve` processes (a test vehicle, not vLLM). Token in,
 token out: `frlab.rollout.remote.protocol` shapes every request and checks every answer.
 
@@ -102,8 +103,12 @@ class RemoteEngine(Engine):
             )
         if remote["weight_sync"] == "nccl":
             nccl_master_address(remote.get("nccl_master_address"), remote["servers"])
-        auth.fleet_secret(remote["servers"], remote.get("secret_env"), remote.get("secret_file"),
-                          bool(remote.get("allow_unauthenticated")))  # fmt: skip
+        auth.fleet_secret(
+            remote["servers"],
+            remote.get("secret_env"),
+            remote.get("secret_file"),
+            bool(remote.get("allow_unauthenticated")),
+        )
         check_user_engine_args(rollout.get("vllm_engine_args") or {})  # the fleet recipes' presets
 
     @classmethod
@@ -118,9 +123,14 @@ class RemoteEngine(Engine):
 
         lora = adapter_config(policy) if is_peft(policy) else None
         weights = policy.state_dict()
-        return cls(**settings, seed=seed, weight_update=weight_update, lora=lora,
-                   initial_weights=weights if lora is None else adapter_state_dict(weights),
-                   vocab_size=limits.model_vocab_size(policy))  # fmt: skip
+        return cls(
+            **settings,
+            seed=seed,
+            weight_update=weight_update,
+            lora=lora,
+            initial_weights=weights if lora is None else adapter_state_dict(weights),
+            vocab_size=limits.model_vocab_size(policy),
+        )
 
     @classmethod
     def lora_weight_updates(cls) -> tuple[str, ...]:
@@ -172,13 +182,19 @@ class RemoteEngine(Engine):
         self.lora = None if lora is None else dict(lora)  # the adapter's peft config
         self._nccl = (
             NcclSync(nccl_master_address, nccl_master_port, nccl_packed, request_timeout_s, urls)
-            if weight_sync == "nccl" else None
-        )  # fmt: skip
+            if weight_sync == "nccl"
+            else None
+        )
         secret = auth.fleet_secret(urls, secret_env, secret_file, allow_unauthenticated)
         self._unauthenticated = secret is None and not auth.all_loopback(urls)
-        self._fleet = Fleet(urls, request_timeout_s, probe_interval_s, fleet_down_timeout_s,
-                            headers=auth.bearer_headers(secret),
-                            probe_backoff_max_s=probe_backoff_max_s)  # fmt: skip
+        self._fleet = Fleet(
+            urls,
+            request_timeout_s,
+            probe_interval_s,
+            fleet_down_timeout_s,
+            headers=auth.bearer_headers(secret),
+            probe_backoff_max_s=probe_backoff_max_s,
+        )
         self.vocab_size = None if vocab_size is None else int(vocab_size)  # ids answers may hold
         # a private temp folder for servers on this host only; nccl: snapshots only if asked
         self._own_dir = snapshot_dir is None and self._nccl is None
@@ -196,14 +212,22 @@ class RemoteEngine(Engine):
 
     def _weight_sync(self, mode: str | None, version: int) -> WeightSync:
         """The fleet's weight sync (snapshots or NCCL), loading a LoRA policy's adapters by name."""
-        adapters = None if self.lora is None else LoraAdapters(
-            self.lora, self.snapshot_dir, self.keep_snapshots, self._fleet
-        )  # fmt: skip
+        adapters = (
+            None
+            if self.lora is None
+            else LoraAdapters(self.lora, self.snapshot_dir, self.keep_snapshots, self._fleet)
+        )
         return WeightSync(
-            self._fleet, self._traffic, mode=mode, version=version, model=self.model,
-            snapshot_dir=self.snapshot_dir, keep_snapshots=self.keep_snapshots,
-            nccl=self._nccl, adapters=adapters,
-        )  # fmt: skip
+            self._fleet,
+            self._traffic,
+            mode=mode,
+            version=version,
+            model=self.model,
+            snapshot_dir=self.snapshot_dir,
+            keep_snapshots=self.keep_snapshots,
+            nccl=self._nccl,
+            adapters=adapters,
+        )
 
     @property
     def weight_update(self) -> str | None:
@@ -373,8 +397,9 @@ class RemoteEngine(Engine):
                 except ServerFault as fault:
                     self._fleet.fault(server, fault)  # logged once, when the server goes down
                     self._fleet.counts["retries"] += 1
-                    log.debug("remote engine: retrying a request after %s failed: %s",
-                              server.url, fault)  # fmt: skip
+                    log.debug(
+                        "remote engine: retrying a request after %s failed: %s", server.url, fault
+                    )
                     cause: Exception | None = fault
             else:
                 cause = None

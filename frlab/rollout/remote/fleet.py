@@ -94,10 +94,14 @@ class Fleet:
     """The servers, the HTTP client that talks to them, and what their faults have cost."""
 
     def __init__(
-        self, urls: list[str], request_timeout_s: float, probe_interval_s: float,
-        fleet_down_timeout_s: float, headers: Mapping[str, str] | None = None,
+        self,
+        urls: list[str],
+        request_timeout_s: float,
+        probe_interval_s: float,
+        fleet_down_timeout_s: float,
+        headers: Mapping[str, str] | None = None,
         probe_backoff_max_s: float | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.servers = [Server(u) for u in urls]
         self.headers = dict(headers or {})  # the fleet's bearer token (frlab...remote.auth)
         self.request_timeout_s = float(request_timeout_s)
@@ -112,11 +116,13 @@ class Fleet:
     def open(self) -> None:
         """The HTTP client (call on the engine's event loop)."""
         timeout = httpx.Timeout(self.request_timeout_s, connect=min(5.0, self.request_timeout_s))
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None,
-                              keepalive_expiry=KEEPALIVE_S)  # fmt: skip
+        limits = httpx.Limits(
+            max_connections=None, max_keepalive_connections=None, keepalive_expiry=KEEPALIVE_S
+        )
         headers = {**self.headers, "Accept-Encoding": "identity"}  # frlab...remote.limits
-        self.client = httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False,
-                                        headers=headers)  # fmt: skip
+        self.client = httpx.AsyncClient(
+            timeout=timeout, limits=limits, trust_env=False, headers=headers
+        )
 
     async def close(self) -> None:
         if self.client is not None:
@@ -194,8 +200,12 @@ class Fleet:
                 if reopened == REOPENS or not closed_by_client(exc):
                     raise
                 reopened += 1
-                log.debug("remote engine: %s %s: the client closed its connection, sending it "
-                          "again: %r", method, url, exc)  # fmt: skip
+                log.debug(
+                    "remote engine: %s %s: the client closed its connection, sending it again: %r",
+                    method,
+                    url,
+                    exc,
+                )
                 continue
             if resp.status_code == 401:
                 refused = FleetAuthError(url.split("?", 1)[0])
@@ -223,9 +233,13 @@ class Fleet:
         raise ServerFault("dead", f"given up on a request in flight: {gone.result()}")
 
     async def post(
-        self, server: Server, path: str, body: Any, timeout: float | None = None,
+        self,
+        server: Server,
+        path: str,
+        body: Any,
+        timeout: float | None = None,
         max_bytes: int = MAX_CONTROL_BYTES,
-    ) -> Any:  # fmt: skip
+    ) -> Any:
         """POST JSON and decode the answer; transport, 5xx, non-JSON and an answer larger
         than `max_bytes` raise ServerFault."""
         kw = {} if timeout is None else {"timeout": timeout}
@@ -345,8 +359,12 @@ class Fleet:
             self.fault(server, fault)
             return
         except EngineError as exc:  # 4xx: no dev-mode RL router
-            log.warning("remote engine: %s refused the resubmit pause, waiting for its requests "
-                        "instead: %s", server.url, exc)  # fmt: skip
+            log.warning(
+                "remote engine: %s refused the resubmit pause, waiting for its requests "
+                "instead: %s",
+                server.url,
+                exc,
+            )
             return
         server.paused = True
 
@@ -356,8 +374,11 @@ class Fleet:
         try:
             await self.post(server, path, {}, timeout=self.request_timeout_s)
         except (ServerFault, EngineError) as exc:
-            log.warning("remote engine: %s refused the in_flight pause, aborting its requests: "
-                        "%s", server.url, exc)  # fmt: skip
+            log.warning(
+                "remote engine: %s refused the in_flight pause, aborting its requests: %s",
+                server.url,
+                exc,
+            )
             await self.abort_all(server)
             return
         server.paused = True

@@ -70,8 +70,13 @@ def generate_request(
     `SamplingParams` fields, the same the in-process engine sends (every field explicit,
     neutral penalties, one log-prob: the sampled token's, no detokenizing)."""
     sampling = vllm_sampling_kwargs(params, seed=seed)  # the in-process engine's fields
-    return {"model": model, "token_ids": [int(t) for t in prompt], "sampling_params": sampling,
-            "stream": False, "output_mode": "tokens"}  # fmt: skip
+    return {
+        "model": model,
+        "token_ids": [int(t) for t in prompt],
+        "sampling_params": sampling,
+        "stream": False,
+        "output_mode": "tokens",
+    }
 
 
 def parse_generate(body: Any) -> Completion:

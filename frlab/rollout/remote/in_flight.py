@@ -51,9 +51,13 @@ async def default_mode(fleet: Fleet, model: str | None, lora: bool) -> str:
         return "drain"
     labels = await asyncio.gather(*(_labels_at_start(fleet, s, model) for s in fleet.servers))
     mode = "in_flight" if all(labels) else "drain"
-    log.info("remote engine: rollout.weight_update=null -> %s (%s)", mode,
-             "every server labels each token's version" if all(labels) else
-             "not every server labels each token's version")  # fmt: skip
+    log.info(
+        "remote engine: rollout.weight_update=null -> %s (%s)",
+        mode,
+        "every server labels each token's version"
+        if all(labels)
+        else "not every server labels each token's version",
+    )
     return mode
 
 

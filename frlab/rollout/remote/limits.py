@@ -47,23 +47,29 @@ async def read_bounded(
     try:
         encoding = resp.headers.get("content-encoding", "").strip().lower()
         if encoding not in IDENTITY:
-            raise AnswerRefused(f"{url} answered a {encoding!r}-encoded body, not asked for",
-                                request=request)  # fmt: skip
+            raise AnswerRefused(
+                f"{url} answered a {encoding!r}-encoded body, not asked for", request=request
+            )
         declared = resp.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > max_bytes:
-            raise AnswerRefused(f"{url} announced {declared} bytes, more than the {max_bytes} "
-                                "of any honest answer", request=request)  # fmt: skip
+            raise AnswerRefused(
+                f"{url} announced {declared} bytes, more than the {max_bytes} of any honest answer",
+                request=request,
+            )
         chunks, size = [], 0
         async for chunk in resp.aiter_bytes():  # unencoded: the bytes on the wire
             size += len(chunk)
             if size > max_bytes:
-                raise AnswerRefused(f"{url} answered more than the {max_bytes} bytes of any "
-                                    "honest answer", request=request)  # fmt: skip
+                raise AnswerRefused(
+                    f"{url} answered more than the {max_bytes} bytes of any honest answer",
+                    request=request,
+                )
             chunks.append(chunk)
     finally:
         await resp.aclose()
-    return httpx.Response(resp.status_code, headers=_plain(resp.headers),
-                          content=b"".join(chunks), request=request)  # fmt: skip
+    return httpx.Response(
+        resp.status_code, headers=_plain(resp.headers), content=b"".join(chunks), request=request
+    )
 
 
 def _plain(headers: httpx.Headers) -> list[tuple[str, str]]:

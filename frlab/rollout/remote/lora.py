@@ -55,8 +55,9 @@ def adapter_name(version: int) -> str:
     return f"{PREFIX}{int(version)}"
 
 
-def check_lora_settings(lora: Mapping[str, Any] | None, weight_update: str | None,
-                        weight_sync: str) -> None:  # fmt: skip
+def check_lora_settings(
+    lora: Mapping[str, Any] | None, weight_update: str | None, weight_sync: str
+) -> None:
     """ValueError naming the key a LoRA fleet cannot honour."""
     if lora is None:
         return
@@ -131,16 +132,18 @@ class LoraAdapters:
             await self._lora_call(server, UNLOAD_ADAPTER, {"lora_name": name})
             root = None
         if root is None:
-            await self._lora_call(server, LOAD_ADAPTER,
-                                  {"lora_name": name, "lora_path": str(snap.path)})  # fmt: skip
+            await self._lora_call(
+                server, LOAD_ADAPTER, {"lora_name": name, "lora_path": str(snap.path)}
+            )
         listed = listed_adapters(await self.fleet.get(server, proto.MODELS))
         served = listed.get(name)
         if served is None or not (Path(served) == Path(snap.path) or _holds(served, snap)):
             raise RuntimeError(f"/v1/models lists {listed}, not {name} at {snap.path}")
         server.adapter = name
         old = [n for n in listed if n.startswith(PREFIX) and n != name]
-        await asyncio.gather(*(self._lora_call(server, UNLOAD_ADAPTER, {"lora_name": n},
-                                               quiet=True) for n in old))  # fmt: skip
+        await asyncio.gather(
+            *(self._lora_call(server, UNLOAD_ADAPTER, {"lora_name": n}, quiet=True) for n in old)
+        )
         return snap.version
 
     def _served_copy(self, root: str, snap: Snapshot) -> bool:
@@ -161,8 +164,9 @@ class LoraAdapters:
             )
         return False
 
-    async def _lora_call(self, server: Server, path: str, body: dict[str, Any],
-                         quiet: bool = False) -> None:  # fmt: skip
+    async def _lora_call(
+        self, server: Server, path: str, body: dict[str, Any], quiet: bool = False
+    ) -> None:
         """POST a LoRA route (vLLM answers 200 with a plain-text body): 5xx and transport errors
         raise ServerFault, a 4xx EngineError (naming the launch flags when the route is absent);
         `quiet`: a failure is ignored (unloading an old name)."""

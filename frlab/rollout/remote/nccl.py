@@ -90,9 +90,12 @@ class FleetClient:
     EngineError if any fails; init gives each server its own `rank_offset`."""
 
     def __init__(
-        self, urls: Sequence[str], offsets: Sequence[int], timeout: float,
+        self,
+        urls: Sequence[str],
+        offsets: Sequence[int],
+        timeout: float,
         headers: Mapping[str, str] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.urls, self.offsets, self.timeout = list(urls), list(offsets), float(timeout)
         self.headers = dict(headers or {})  # the fleet's bearer token
         self.weight_version: str | None = None
@@ -148,9 +151,13 @@ class NcclSync:
     """One learner's NCCL group with the fleet: formed, verified, re-formed when broken."""
 
     def __init__(
-        self, master_address: str | None, master_port: int, packed: bool, timeout: float,
+        self,
+        master_address: str | None,
+        master_port: int,
+        packed: bool,
+        timeout: float,
         servers: Sequence[str] = (),
-    ) -> None:  # fmt: skip
+    ) -> None:
         check_nccl_settings(master_address, master_port, packed)
         self.master_address = nccl_master_address(master_address, servers)
         self.master_port = int(master_port)
@@ -173,9 +180,12 @@ class NcclSync:
         self.source = build_source(self.api)
 
     async def push(
-        self, fleet: Fleet, frozen: Callable[[Server], bool],
-        named: list[tuple[str, torch.Tensor]], version: int,
-    ) -> None:  # fmt: skip
+        self,
+        fleet: Fleet,
+        frozen: Callable[[Server], bool],
+        named: list[tuple[str, torch.Tensor]],
+        version: int,
+    ) -> None:
         """Broadcast `named` to the group and commit `version` on the members that loaded
         exactly it (`frozen(server)`: an in_flight update holds its requests, so its prefix
         cache is not reset); the caller then verifies every server's version."""
@@ -200,9 +210,14 @@ class NcclSync:
         )
 
     async def _commit(
-        self, fleet: Fleet, frozen: Callable[[Server], bool], server: Server, body: Any,
-        version: int, fingerprint: Any,
-    ) -> None:  # fmt: skip
+        self,
+        fleet: Fleet,
+        frozen: Callable[[Server], bool],
+        server: Server,
+        body: Any,
+        version: int,
+        fingerprint: Any,
+    ) -> None:
         try:
             answer = await fleet.post(server, proto.COLLECTIVE_RPC, body)
             check_acks(control.rpc_dicts(answer, "version"), version, fingerprint)
@@ -215,8 +230,9 @@ class NcclSync:
         except ServerFault as fault:
             server.state = fault.kind
         except REFUSED as exc:  # refused by the version check (the version check follows)
-            log.warning("remote engine: %s did not commit NCCL weights v%d: %s",
-                        server.url, version, exc)  # fmt: skip
+            log.warning(
+                "remote engine: %s did not commit NCCL weights v%d: %s", server.url, version, exc
+            )
 
     async def _ready(self, fleet: Fleet) -> list[Server]:
         """The group's members after `frlab_nccl_begin` succeeded on all; re-forms once."""
@@ -271,13 +287,19 @@ class NcclSync:
         self.generation += 1
         client = FleetClient([s.url for s in members], offsets, self.timeout, fleet.headers)
         info = self.api.init_info_cls(
-            master_address=self.master_address, master_port=port,
-            world_size=world, packed=self.packed, rank=0,
-        )  # fmt: skip
+            master_address=self.master_address,
+            master_port=port,
+            world_size=world,
+            packed=self.packed,
+            rank=0,
+        )
         try:
-            self.trainer = await asyncio.wait_for(asyncio.to_thread(
-                self.api.factory.trainer_init, info, client=client, source=self.source
-            ), 2 * self.timeout)  # fmt: skip
+            self.trainer = await asyncio.wait_for(
+                asyncio.to_thread(
+                    self.api.factory.trainer_init, info, client=client, source=self.source
+                ),
+                2 * self.timeout,
+            )
         except FleetAuthError as exc:  # a member refused the secret: no retry mends it
             fleet.auth_error = fleet.auth_error or exc
             raise
@@ -285,8 +307,13 @@ class NcclSync:
             log.error("remote engine: forming the NCCL group on port %d failed: %r", port, exc)
             return False
         self.members, self.token = members, f"{uuid.uuid4().hex}-{self.generation}"
-        log.info("remote engine: NCCL group of %d ranks on %s:%d: %s", world,
-                 info.master_address, port, [s.url for s in members])  # fmt: skip
+        log.info(
+            "remote engine: NCCL group of %d ranks on %s:%d: %s",
+            world,
+            info.master_address,
+            port,
+            [s.url for s in members],
+        )
         body = control.rpc_request(NCCL_JOIN_METHOD, [self.token])
         if all(
             await asyncio.gather(*(self._rpc_ok(fleet, s, body, self._joined) for s in members))
@@ -302,8 +329,12 @@ class NcclSync:
         except ServerFault as fault:
             server.state = fault.kind
         except (RuntimeError, proto.MalformedResponse) as exc:  # EngineError: a 4xx answer
-            log.warning("remote engine: %s left out of the NCCL group (vLLM needs "
-                        "VLLM_SERVER_DEV_MODE=1): %s", server.url, exc)  # fmt: skip
+            log.warning(
+                "remote engine: %s left out of the NCCL group (vLLM needs "
+                "VLLM_SERVER_DEV_MODE=1): %s",
+                server.url,
+                exc,
+            )
         return 0
 
     def _retire(self) -> None:

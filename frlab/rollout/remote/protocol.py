@@ -99,8 +99,12 @@ def completion_request(
     return body
 
 
-NEUTRAL_SAMPLING = {"min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0,
-                    "frequency_penalty": 0.0}  # fmt: skip
+NEUTRAL_SAMPLING = {
+    "min_p": 0.0,
+    "repetition_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+}
 
 
 def sampling_from_request(body: Mapping[str, Any]) -> tuple[list[int], SamplingParams]:
@@ -162,10 +166,19 @@ def completion_response(
         "token_ids": [int(t) for t in token_ids],
         VERSIONS_FIELD: [int(v) for v in versions],
     }
-    usage = {"prompt_tokens": len(prompt), "completion_tokens": len(tokens),
-             "total_tokens": len(prompt) + len(tokens)}  # fmt: skip
-    return {"id": request_id, "object": "text_completion", "created": 0, "model": model,
-            "choices": [choice], "usage": usage}  # fmt: skip
+    usage = {
+        "prompt_tokens": len(prompt),
+        "completion_tokens": len(tokens),
+        "total_tokens": len(prompt) + len(tokens),
+    }
+    return {
+        "id": request_id,
+        "object": "text_completion",
+        "created": 0,
+        "model": model,
+        "choices": [choice],
+        "usage": usage,
+    }
 
 
 def parse_completion(body: Any, prompt: Sequence[int] | None = None) -> Completion:

@@ -62,18 +62,23 @@ def token_versions(
             or any(not sent_at <= v <= min(proved, version) for v in done.versions)
         ):
             raise ServerFault(
-                "stale", f"answered token versions {sorted(set(done.versions))}, it proved "
+                "stale",
+                f"answered token versions {sorted(set(done.versions))}, it proved "
                 f"v{sent_at} (last v{server.version}, now {server.state}) and the fleet is at "
                 f"v{version}",
-            )  # fmt: skip
+            )
         return list(done.versions)
     if mode == "in_flight":
-        raise ServerFault("stale", "rollout.weight_update=in_flight needs servers that label "
-                          "each token's version (frlab_versions, or vLLM's weight_versions), "
-                          "and it answered none")  # fmt: skip
+        raise ServerFault(
+            "stale",
+            "rollout.weight_update=in_flight needs servers that label "
+            "each token's version (frlab_versions, or vLLM's weight_versions), "
+            "and it answered none",
+        )
     if sent_at is None or server.version != sent_at:
-        raise ServerFault("stale", f"weights changed from v{sent_at} to v{server.version} "
-                          "during the request")  # fmt: skip
+        raise ServerFault(
+            "stale", f"weights changed from v{sent_at} to v{server.version} during the request"
+        )
     return [sent_at] * len(done.token_ids)
 
 
@@ -87,8 +92,10 @@ async def stop_requests(fleet: Fleet) -> None:
     deadline = loop.time() + fleet.request_timeout_s + 5.0
     while any(s.in_flight and s.state != "dead" for s in busy):
         if loop.time() > deadline:
-            log.warning("remote engine: %d requests still in flight after a resubmit abort",
-                        sum(s.in_flight for s in busy))  # fmt: skip
+            log.warning(
+                "remote engine: %d requests still in flight after a resubmit abort",
+                sum(s.in_flight for s in busy),
+            )
             return
         await asyncio.sleep(ABORT_POLL_S)
         late = [s for s in busy if s.paused and s.in_flight and s.state != "dead"]

@@ -58,5 +58,6 @@ class Traffic:
         try:
             await asyncio.wait_for(self.idle.wait(), self.drain_timeout_s)
         except TimeoutError:
-            log.warning("remote engine: %d requests still in flight at a weight sync",
-                        self.in_flight)  # fmt: skip
+            log.warning(
+                "remote engine: %d requests still in flight at a weight sync", self.in_flight
+            )

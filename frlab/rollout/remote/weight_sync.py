@@ -42,7 +42,8 @@ acknowledged the current snapshot, if there is one, and reset its prefix cache w
 before its first check or during a sync. A server that a request marks dead or stale while it
 is being admitted stays so (the admission's checks came before that fault, and a dead mark
 forgets whether it labels tokens). Each server's watcher (frlab.rollout.remote.breaker)
-re-checks a server that is not `ok` on a backoff (`probe`), once `/health` answers 200. A frlab.serve server reports its own
+re-checks a server that is not `ok` on a backoff (`probe`), once `/health` answers 200. A
+frlab.serve server reports its own
 weight-update mode in `/server_info`, which must be the fleet's `in_flight` / `resubmit` when
 it asks one; a server without it (vLLM) is one a resubmit update pauses (`stops`), and one
 left paused is resumed before it is re-admitted (frlab.rollout.remote.resubmit). Under
@@ -98,10 +99,18 @@ class WeightSync:
     re-admits. The async methods run on the engine's event loop."""
 
     def __init__(
-        self, fleet: Fleet, traffic: Traffic, *, mode: str | None, version: int,
-        model: str | None, snapshot_dir: Path | None, keep_snapshots: int, nccl: Any,
+        self,
+        fleet: Fleet,
+        traffic: Traffic,
+        *,
+        mode: str | None,
+        version: int,
+        model: str | None,
+        snapshot_dir: Path | None,
+        keep_snapshots: int,
+        nccl: Any,
         adapters: LoraAdapters | None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.fleet, self.traffic = fleet, traffic
         self.mode = mode  # rollout.weight_update (None until the engine's start picks one)
         self.version = int(version)
@@ -227,8 +236,11 @@ class WeightSync:
             info = await fleet.server_info(server, self.model)
             mode = control.served_logprobs_mode(info)
             if mode != proto.PROCESSED_LOGPROBS:
-                fleet.refuse(server, f"it serves logprobs_mode={mode!r}: run it with "
-                             f"--logprobs-mode {proto.PROCESSED_LOGPROBS}")  # fmt: skip
+                fleet.refuse(
+                    server,
+                    f"it serves logprobs_mode={mode!r}: run it with "
+                    f"--logprobs-mode {proto.PROCESSED_LOGPROBS}",
+                )
                 return
             if not self._serves_mode(server, control.served_weight_update(info)):
                 return
@@ -281,14 +293,20 @@ class WeightSync:
         gives `in_flight` / `resubmit` what they ask (refused as stale otherwise)."""
         server.stops = served is None
         if served is not None and self.adapters is not None:
-            self.fleet.refuse(server, "frlab.serve loads full weights only: model.lora needs "
-                              "vLLM servers run with --enable-lora")  # fmt: skip
+            self.fleet.refuse(
+                server,
+                "frlab.serve loads full weights only: model.lora needs "
+                "vLLM servers run with --enable-lora",
+            )
             return False
         wanted = self.mode
         if served is None or wanted not in ("in_flight", "resubmit") or served == wanted:
             return True
-        self.fleet.refuse(server, f"it runs --weight-update {served}; rollout.weight_update="
-                          f"{wanted} needs frlab.serve --weight-update {wanted}")  # fmt: skip
+        self.fleet.refuse(
+            server,
+            f"it runs --weight-update {served}; rollout.weight_update="
+            f"{wanted} needs frlab.serve --weight-update {wanted}",
+        )
         return False
 
     async def probe(self, server: Server) -> bool | None:

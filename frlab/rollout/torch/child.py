@@ -64,8 +64,9 @@ class _SharedWeightsEngine(TorchEngine):
 
     _admit_poll_s = 0.005  # the parent changes the hooks without notifying our condition
 
-    def __init__(self, model: PreTrainedModel, step: _GatedStep, version: Any, modes: Any,
-                 **kw: Any) -> None:  # fmt: skip
+    def __init__(
+        self, model: PreTrainedModel, step: _GatedStep, version: Any, modes: Any, **kw: Any
+    ) -> None:
         self._shared_version = version
         self._admit_flag, self._running_count, self._resubmit_flag = modes
         super().__init__(model, initial_version=int(version.value), **kw)
@@ -90,8 +91,16 @@ class _SharedWeightsEngine(TorchEngine):
         return asked
 
 
-def child_main(conn: Any, model: PreTrainedModel, lock: Any, gate: Any, version: Any,
-                modes: Any, parent_pid: int, settings: dict[str, Any]) -> None:  # fmt: skip
+def child_main(
+    conn: Any,
+    model: PreTrainedModel,
+    lock: Any,
+    gate: Any,
+    version: Any,
+    modes: Any,
+    parent_pid: int,
+    settings: dict[str, Any],
+) -> None:
     """The child process: serve requests from `conn` until told to stop or the pipe closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the parent shuts us down
     try:
@@ -99,12 +108,16 @@ def child_main(conn: Any, model: PreTrainedModel, lock: Any, gate: Any, version:
         step = _GatedStep(lock, gate, parent_pid)
         with step:  # the engine's start check reads the weights: not during a parent's copy
             engine = _SharedWeightsEngine(
-                model, step, version, modes, seed=settings["seed"],
+                model,
+                step,
+                version,
+                modes,
+                seed=settings["seed"],
                 max_batch_size=settings["max_batch_size"],
                 record_routing=settings["record_routing"],
                 packed_prefill=settings["packed_prefill"],
                 weight_update=settings["weight_update"],
-            )  # fmt: skip
+            )
         engine.start()
     except Exception as exc:
         conn.send(("failed", repr(exc)))
@@ -118,8 +131,13 @@ def child_main(conn: Any, model: PreTrainedModel, lock: Any, gate: Any, version:
         engine.shutdown()
 
 
-def _serve_pipe(conn: Any, engine: _SharedWeightsEngine, requests: dict[int, Request],
-                send_lock: threading.Lock, parent_pid: int) -> None:  # fmt: skip
+def _serve_pipe(
+    conn: Any,
+    engine: _SharedWeightsEngine,
+    requests: dict[int, Request],
+    send_lock: threading.Lock,
+    parent_pid: int,
+) -> None:
     """Read the parent's messages: generate (queue a batch), cancel (abandon one), stop; end
     when the pipe closes or the parent is gone (a pipe end inherited elsewhere stays open)."""
     while True:
@@ -165,8 +183,11 @@ def _replier(conn: Any, send_lock: threading.Lock, requests: dict[int, Request],
             return
         r = future.result()
         routing = None if r.routing is None else r.routing.numpy()
-        _reply(conn, send_lock,
-               ("result", rid, r.token_ids, r.log_probs, r.versions, r.finish_reason, routing))  # fmt: skip
+        _reply(
+            conn,
+            send_lock,
+            ("result", rid, r.token_ids, r.log_probs, r.versions, r.finish_reason, routing),
+        )
 
     return reply
 

@@ -64,6 +64,7 @@ def check_update(
     for name, tensor in state_dict.items():
         if tuple(tensor.shape) != tuple(own[name].shape):
             raise ValueError(
-                f"update_weights: {name} has shape {tuple(tensor.shape)}, engine {tuple(own[name].shape)}"
+                f"update_weights: {name} has shape {tuple(tensor.shape)}, engine "
+                f"{tuple(own[name].shape)}"
             )
     return own

@@ -134,8 +134,12 @@ def unpack_layer(packed: GrowingLayer, lengths: list[int]) -> GrowingLayer:
     to end) into one row per prompt, left-padded (zeros) to the longest."""
     starts = itertools.accumulate([0, *lengths[:-1]])
     keys, values = packed.keys, packed.values
-    return right_aligned([(keys[:, :, s : s + n], values[:, :, s : s + n])
-                          for s, n in zip(starts, lengths, strict=True)])  # fmt: skip
+    return right_aligned(
+        [
+            (keys[:, :, s : s + n], values[:, :, s : s + n])
+            for s, n in zip(starts, lengths, strict=True)
+        ]
+    )
 
 
 def unpack_rows(cache: GrowingCache, lengths: list[int]) -> tuple[GrowingCache, torch.Tensor]:

@@ -82,8 +82,14 @@ class PrefillCost:
 
 def active_expert_share(config: object) -> float:
     """The share of an MoE layer's experts each token runs through (1.0 without experts)."""
-    experts = next((getattr(config, k, None) for k in ("num_experts", "num_local_experts",
-                    "n_routed_experts") if getattr(config, k, None)), None)  # fmt: skip
+    experts = next(
+        (
+            getattr(config, k, None)
+            for k in ("num_experts", "num_local_experts", "n_routed_experts")
+            if getattr(config, k, None)
+        ),
+        None,
+    )
     routed = getattr(config, "num_experts_per_tok", None)
     return float(routed) / float(experts) if experts and routed else 1.0
 
@@ -165,8 +171,9 @@ def unsupported(model: PreTrainedModel) -> str | None:
     return None
 
 
-Logits = Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None],
-                  torch.Tensor]  # fmt: skip
+Logits = Callable[
+    [torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None], torch.Tensor
+]
 
 
 def agrees(model: PreTrainedModel, forward: Logits, device: torch.device) -> str | None:
@@ -176,8 +183,9 @@ def agrees(model: PreTrainedModel, forward: Logits, device: torch.device) -> str
     prompts = [[t % vocab for t in p] for p in CHECK_PROMPTS]
     ids, positions, last = packed_inputs(prompts, device)
     together = forward(ids, packed_mask(model, positions), positions, last).float()
-    alone = torch.cat([forward(torch.tensor([p], device=device), None, None, None).float()
-                       for p in prompts])  # fmt: skip
+    alone = torch.cat(
+        [forward(torch.tensor([p], device=device), None, None, None).float() for p in prompts]
+    )
     gap = float((together - alone).abs().max())
     scale = float(alone.abs().max()) or 1.0
     tolerance = CHECK_TOLERANCE.get(model.dtype, CHECK_TOLERANCE_LOW_PRECISION)

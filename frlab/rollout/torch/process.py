@@ -64,7 +64,8 @@ class ProcessTorchEngine(Engine):
 
     @classmethod
     def for_policy(cls, policy: PreTrainedModel, **settings: Any) -> ProcessTorchEngine:
-        """The engine of `rollout/engine=torch_process`: a copy of the learner's `policy` (`settings`
+        """The engine of `rollout/engine=torch_process`: a copy of the learner's `policy`
+        (`settings`
         are the constructor's keywords, from the engine node)."""
         return cls(policy, **settings)
 
@@ -107,10 +108,14 @@ class ProcessTorchEngine(Engine):
         check_open_files(model)
         self._model = private_copy(model, "cpu").share_memory()
         self.vocab_size = int(self._model.get_input_embeddings().weight.shape[0])
-        self._settings = {"seed": int(seed), "max_batch_size": int(max_batch_size),
-                          "record_routing": bool(record_routing), "num_threads": int(num_threads),
-                          "packed_prefill": bool(packed_prefill),
-                          "weight_update": self.weight_update}  # fmt: skip
+        self._settings = {
+            "seed": int(seed),
+            "max_batch_size": int(max_batch_size),
+            "record_routing": bool(record_routing),
+            "num_threads": int(num_threads),
+            "packed_prefill": bool(packed_prefill),
+            "weight_update": self.weight_update,
+        }
         self.start_timeout_s = float(start_timeout_s)
         ctx = tmp.get_context("spawn")
         self._ctx = ctx
@@ -168,10 +173,20 @@ class ProcessTorchEngine(Engine):
                 return
             parent_conn, child_conn = self._ctx.Pipe()
             process = self._ctx.Process(
-                target=child_main, name="frlab-torch-engine", daemon=True,
-                args=(child_conn, self._model, self._step, self._gate, self._version,
-                      (self._admit, self._running, self._resubmit), os.getpid(), self._settings),
-            )  # fmt: skip
+                target=child_main,
+                name="frlab-torch-engine",
+                daemon=True,
+                args=(
+                    child_conn,
+                    self._model,
+                    self._step,
+                    self._gate,
+                    self._version,
+                    (self._admit, self._running, self._resubmit),
+                    os.getpid(),
+                    self._settings,
+                ),
+            )
             process.start()
             child_conn.close()
             self._process, self._conn = process, parent_conn
@@ -362,8 +377,9 @@ class ProcessTorchEngine(Engine):
         (frlab.rollout.weight_modes.wait_drained: EngineError past the deadline, or at once
         when the child is not running)."""
         self._admit.value, self._running.value = 0, -1
-        wait_drained(lambda: self._running.value, lambda left: time.sleep(0.002),
-                     down=self._not_running)  # fmt: skip
+        wait_drained(
+            lambda: self._running.value, lambda left: time.sleep(0.002), down=self._not_running
+        )
 
     def _not_running(self) -> str | None:
         """Why the child cannot decode (None while it runs)."""

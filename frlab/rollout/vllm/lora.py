@@ -61,8 +61,9 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
-def lora_engine_options(config: Mapping[str, Any], options: Mapping[str, Any],
-                        ranks: tuple[int, ...] | None) -> dict[str, Any]:  # fmt: skip
+def lora_engine_options(
+    config: Mapping[str, Any], options: Mapping[str, Any], ranks: tuple[int, ...] | None
+) -> dict[str, Any]:
     """`options` with vLLM's LoRA switched on for an adapter of `config` (the user's own
     `max_lora_rank` / `max_loras` kept); `ranks`: the ranks the installed vLLM accepts."""
     rank = int(config["r"])
@@ -84,15 +85,20 @@ def saved_name(name: str, adapter: str) -> str:
     return name
 
 
-def write_adapter(state_dict: Mapping[str, torch.Tensor], config: Mapping[str, Any],
-                  folder: str | os.PathLike[str], version: int) -> Path:  # fmt: skip
+def write_adapter(
+    state_dict: Mapping[str, torch.Tensor],
+    config: Mapping[str, Any],
+    folder: str | os.PathLike[str],
+    version: int,
+) -> Path:
     """Write the adapter of `version` as a peft folder under `folder`, atomically; its path."""
     bad = [n for n in state_dict if not is_adapter(n)]
     if bad:
         raise EngineError(f"a LoRA engine loads adapter tensors only, got {bad[:3]}")
     adapter = str(config.get("frlab_adapter_name", "default"))
-    tensors = {saved_name(k, adapter): v.detach().to("cpu").contiguous()
-               for k, v in state_dict.items()}  # fmt: skip
+    tensors = {
+        saved_name(k, adapter): v.detach().to("cpu").contiguous() for k, v in state_dict.items()
+    }
     root = Path(folder)
     root.mkdir(parents=True, exist_ok=True)
     final, tmp = root / f"adapter-v{int(version)}", root / f".tmp-adapter-{uuid.uuid4().hex}"
@@ -112,8 +118,11 @@ def write_adapter(state_dict: Mapping[str, torch.Tensor], config: Mapping[str, A
 def prune_adapters(folder: str | os.PathLike[str], keep: int = 2) -> None:
     """Delete all but the `keep` newest adapter folders."""
     root = Path(folder)
-    found = sorted((int(p.name.removeprefix("adapter-v")), p) for p in root.glob("adapter-v*")
-                   if p.name.removeprefix("adapter-v").isdigit())  # fmt: skip
+    found = sorted(
+        (int(p.name.removeprefix("adapter-v")), p)
+        for p in root.glob("adapter-v*")
+        if p.name.removeprefix("adapter-v").isdigit()
+    )
     for _, path in found[: max(0, len(found) - keep)]:
         shutil.rmtree(path, ignore_errors=True)
 

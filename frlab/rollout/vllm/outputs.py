@@ -19,7 +19,8 @@ def _logprob_value(entry: Any) -> float:
 
 
 def sampled_log_probs(token_ids: Sequence[int], logprobs: Sequence[Any] | None) -> list[float]:
-    """The log-prob vLLM reported for each sampled token (position i: `logprobs[i][token_ids[i]]`)."""
+    """The log-prob vLLM reported for each sampled token (position i:
+    `logprobs[i][token_ids[i]]`)."""
     if logprobs is None:
         raise EngineError("vLLM returned no logprobs: the request must set logprobs=1")
     if len(logprobs) != len(token_ids):

@@ -105,8 +105,11 @@ def labels_tokens(vllm: SimpleNamespace, engine: Any) -> bool:
     `CompletionOutput` has `weight_versions` and the engine can be told the version and paused
     between steps (`update_weight_version`, `pause_generation`, `resume_generation`)."""
     output = getattr(vllm, "CompletionOutput", None)
-    spans = output is not None and dataclasses.is_dataclass(output) and "weight_versions" in {
-        f.name for f in dataclasses.fields(output)}  # fmt: skip
+    spans = (
+        output is not None
+        and dataclasses.is_dataclass(output)
+        and "weight_versions" in {f.name for f in dataclasses.fields(output)}
+    )
     calls = ("update_weight_version", "pause_generation", "resume_generation")
     return spans and all(callable(getattr(engine, c, None)) for c in calls)
 
@@ -129,8 +132,13 @@ def weight_updates() -> tuple[str, ...]:
     return WEIGHT_UPDATES if labels_token_versions() else ("drain",)
 
 
-def cpu_options(model_path: str, options: dict[str, Any], kv_gib: float | None,
-                sequences: int, dtype: str | None) -> dict[str, Any]:  # fmt: skip
+def cpu_options(
+    model_path: str,
+    options: dict[str, Any],
+    kv_gib: float | None,
+    sequences: int,
+    dtype: str | None,
+) -> dict[str, Any]:
     """The engine options on vLLM's CPU platform: a head size its attention serves, a KV
     cache sized from config that fits in free memory, eager execution, and `dtype` (the
     learner's) unless the options name one (vLLM's "auto" would serve fp32 weights in bf16)."""
@@ -146,10 +154,16 @@ def cpu_options(model_path: str, options: dict[str, Any], kv_gib: float | None,
     served = str(options.get("dtype", "auto"))
     if served == "auto":
         served = str(getattr(config, "dtype", None) or "float32").removeprefix("torch.")
-    kv = cpu_kv_cache_bytes(kv_gib, config, sequences, int(options.get("max_model_len", 2048)),
-                            DTYPE_BYTES.get(served, 4))  # fmt: skip
+    kv = cpu_kv_cache_bytes(
+        kv_gib,
+        config,
+        sequences,
+        int(options.get("max_model_len", 2048)),
+        DTYPE_BYTES.get(served, 4),
+    )
     options = cpu_engine_options(options, kv)
     if "kv_cache_memory_bytes" in options:
-        check_cpu_memory(int(options["kv_cache_memory_bytes"]), weight_bytes(model_path),
-                         available_cpu_memory())  # fmt: skip
+        check_cpu_memory(
+            int(options["kv_cache_memory_bytes"]), weight_bytes(model_path), available_cpu_memory()
+        )
     return options

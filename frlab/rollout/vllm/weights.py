@@ -77,7 +77,7 @@ class WeightsSide:
                     await self._engine.pause_generation(
                         mode="keep" if mode == "in_flight" else "abort",
                         clear_cache=mode == "resubmit",
-                    )  # fmt: skip
+                    )
                 await self._load(written, version, reset=mode == "drain")
                 self._version = version
             finally:
@@ -124,7 +124,8 @@ class WeightsSide:
         return write_snapshot(state_dict, folder, version)
 
     async def _add_adapter(self, path: Any) -> None:
-        """Load the adapter folder at `path` in place of the one served (frlab.rollout.vllm.lora)."""
+        """Load the adapter folder at `path` in place of the one served
+        (frlab.rollout.vllm.lora)."""
         loaded = await self._engine.add_lora(adapter_request(self._vllm, path, load_inplace=True))
         if loaded is not True:
             raise EngineError(f"vLLM's add_lora of the adapter {path} answered {loaded!r}")

@@ -182,12 +182,21 @@ def test_bad_holdouts_name_the_field(holdout: object, fragment: str) -> None:
 @pytest.mark.slow
 def test_one_digit_sums_split_into_disjoint_train_and_heldout_parts() -> None:
     pytest.importorskip("reasoning_gym")
-    options = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1,
-               "operators": ["+"], "allow_parentheses": False, "allow_negation": False}  # fmt: skip
+    options = {
+        "min_terms": 2,
+        "max_terms": 2,
+        "min_digits": 1,
+        "max_digits": 1,
+        "operators": ["+"],
+        "allow_parentheses": False,
+        "allow_negation": False,
+    }
     source = "reasoning-gym:basic_arithmetic"
-    train = load_math_dataset(source, limit=2000, seed=0, options=options,
-                              holdout={"fraction": 0.25, "part": "train"})  # fmt: skip
-    held = load_math_dataset(source, limit=2000, seed=1, options=options,
-                             holdout={"fraction": 0.25, "part": "heldout"})  # fmt: skip
+    train = load_math_dataset(
+        source, limit=2000, seed=0, options=options, holdout={"fraction": 0.25, "part": "train"}
+    )
+    held = load_math_dataset(
+        source, limit=2000, seed=1, options=options, holdout={"fraction": 0.25, "part": "heldout"}
+    )
     assert len(train) + len(held) == 121  # every sum of two operands 0-10, once
     assert not {t["question"] for t in train} & {t["question"] for t in held}

@@ -25,8 +25,9 @@ def test_a_correct_reply_earns_one_and_a_wrong_one_fails() -> None:
     env = MathEnv(dataset=TASKS)
     assert isinstance(env, Env)
     messages = env.reset(TASKS[0])
-    assert messages == [{"role": "user", "content": TEMPLATES["instruct"].format(
-        question="What is 2 + 3?")}]  # fmt: skip
+    assert messages == [
+        {"role": "user", "content": TEMPLATES["instruct"].format(question="What is 2 + 3?")}
+    ]
     assert "\\boxed{}" in messages[0]["content"]
     step = env.step("2 + 3 = 5, so \\boxed{5}.")
     assert (step.reward, step.done, step.observation) == (1.0, True, None)
@@ -85,8 +86,9 @@ def test_bad_arguments(tmp_path: Path) -> None:
 
 def test_source_tasks_load_lazily_once_and_are_shared(tmp_path: Path) -> None:
     path = tmp_path / "math.jsonl"
-    path.write_text("".join(json.dumps({"q": t["question"], "a": t["answer"]}) + "\n"
-                            for t in TASKS))  # fmt: skip
+    path.write_text(
+        "".join(json.dumps({"q": t["question"], "a": t["answer"]}) + "\n" for t in TASKS)
+    )
     kwargs = {"source": str(path), "question_key": "q", "answer_key": "a"}
     first, second = MathEnv(**kwargs), MathEnv(**kwargs)
     tasks = MathEnv.task_sampler(**kwargs)

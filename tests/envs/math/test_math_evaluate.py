@@ -50,8 +50,7 @@ def test_avg_at_k_per_benchmark_and_mean() -> None:
 
 def test_template_and_prefix_are_applied() -> None:
     policy = ScriptedPolicy()
-    metrics = evaluate_avg_at_k(policy, {"easy": EASY}, k=2, template="Q: {question}",
-                                prefix="val")  # fmt: skip
+    metrics = evaluate_avg_at_k(policy, {"easy": EASY}, k=2, template="Q: {question}", prefix="val")
     assert set(policy.seen) == {"Q: 1 + 1?", "Q: 2 + 2?"}
     assert metrics["val/easy/avg@2"] == pytest.approx(0.75)
 

@@ -13,10 +13,17 @@ from envs.math.export import export_jsonl, main
 
 def test_export_reduces_solutions_to_final_answers(tmp_path: Path) -> None:
     source = tmp_path / "math.json"
-    source.write_text(json.dumps([
-        {"problem": "What is $1+1$?", "solution": "Add: $1+1=\\boxed{2}$.", "level": "1"},
-        {"problem": "Simplify $\\frac{2}{4}$.", "solution": "It is $\\boxed{\\frac{1}{2}}$."},
-    ]))  # fmt: skip
+    source.write_text(
+        json.dumps(
+            [
+                {"problem": "What is $1+1$?", "solution": "Add: $1+1=\\boxed{2}$.", "level": "1"},
+                {
+                    "problem": "Simplify $\\frac{2}{4}$.",
+                    "solution": "It is $\\boxed{\\frac{1}{2}}$.",
+                },
+            ]
+        )
+    )
     out = tmp_path / "sub" / "train.jsonl"
     n = export_jsonl(str(source), out, question_key="problem", answer_key="solution")
     assert n == 2

@@ -80,9 +80,15 @@ def test_string_and_numeric_grading(response: str, truth: object, expected: floa
 
 @pytest.mark.parametrize(
     "response",
-    ["\\boxed{17.9999999}", "\\boxed{18.0000001}", "\\boxed{36/2}", "\\boxed{\\frac{36}{2}}",
-     "\\boxed{\\sqrt{324}}", "\\boxed{18+0}"],
-)  # fmt: skip
+    [
+        "\\boxed{17.9999999}",
+        "\\boxed{18.0000001}",
+        "\\boxed{36/2}",
+        "\\boxed{\\frac{36}{2}}",
+        "\\boxed{\\sqrt{324}}",
+        "\\boxed{18+0}",
+    ],
+)
 def test_integer_ground_truth_never_matches_a_non_integer_form(response: str) -> None:
     assert grade(response, "18") == 0.0
 

@@ -41,14 +41,24 @@ pq = pytest.importorskip("pyarrow.parquet")
 MESSAGES = pa.list_(pa.struct([("content", pa.string()), ("role", pa.string())]))
 REWARD = pa.struct([("ground_truth", pa.string()), ("style", pa.string())])
 SANITY_EXTRA = pa.struct([("index", pa.int64()), ("split", pa.string())])
-DAPO_SCHEMA = pa.schema([
-    ("data_source", pa.string()), ("prompt", MESSAGES), ("ability", pa.string()),
-    ("reward_model", REWARD), ("extra_info", pa.struct([("index", pa.string())])),
-])  # fmt: skip
-SANITY_SCHEMA = pa.schema([
-    ("data_source", pa.string()), ("prompt", MESSAGES), ("ability", pa.string()),
-    ("reward_model", REWARD), ("extra_info", SANITY_EXTRA),
-])  # fmt: skip
+DAPO_SCHEMA = pa.schema(
+    [
+        ("data_source", pa.string()),
+        ("prompt", MESSAGES),
+        ("ability", pa.string()),
+        ("reward_model", REWARD),
+        ("extra_info", pa.struct([("index", pa.string())])),
+    ]
+)
+SANITY_SCHEMA = pa.schema(
+    [
+        ("data_source", pa.string()),
+        ("prompt", MESSAGES),
+        ("ability", pa.string()),
+        ("reward_model", REWARD),
+        ("extra_info", SANITY_EXTRA),
+    ]
+)
 BOXED = " Let's think step by step and output the final answer within \\boxed{}."
 DAPO_HEAD = (
     "Solve the following math problem step by step. The last line of your response should be "
@@ -63,11 +73,15 @@ def dapo_prompt(problem: str) -> str:
 
 def sanity_rows(problems: list[tuple[str, str]], source: str) -> list[dict[str, Any]]:
     return [
-        {"data_source": source, "prompt": [{"content": q + BOXED, "role": "user"}],
-         "ability": "math", "reward_model": {"ground_truth": a, "style": "rule"},
-         "extra_info": {"index": i, "split": "test"}}
+        {
+            "data_source": source,
+            "prompt": [{"content": q + BOXED, "role": "user"}],
+            "ability": "math",
+            "reward_model": {"ground_truth": a, "style": "rule"},
+            "extra_info": {"index": i, "split": "test"},
+        }
         for i, (q, a) in enumerate(problems)
-    ]  # fmt: skip
+    ]
 
 
 def write_sanity_dataset(root: Path) -> Path:
@@ -84,19 +98,28 @@ def write_sanity_dataset(root: Path) -> Path:
     return root
 
 
-DAPO_PROBLEMS = [("Find $x$ if $2x=6$.", "3"), ("Compute $7 \\cdot 6$.", "42"),
-                 ("Find $x$ if $2x=6$.", "3"), ("What is $10-1$?", "9"),
-                 ("Compute $7 \\cdot 6$.", "42"), ("How many primes below 10?", "4")]  # fmt: skip
+DAPO_PROBLEMS = [
+    ("Find $x$ if $2x=6$.", "3"),
+    ("Compute $7 \\cdot 6$.", "42"),
+    ("Find $x$ if $2x=6$.", "3"),
+    ("What is $10-1$?", "9"),
+    ("Compute $7 \\cdot 6$.", "42"),
+    ("How many primes below 10?", "4"),
+]
 
 
 def write_dapo_parquet(path: Path) -> Path:
     """DAPO-Math-17k's layout, with the repeated prompts the hub dataset has."""
     rows = [
-        {"data_source": "math_dapo", "prompt": [{"content": dapo_prompt(q), "role": "user"}],
-         "ability": "MATH", "reward_model": {"ground_truth": a, "style": "rule-lighteval/MATH_v2"},
-         "extra_info": {"index": f"id-{i}"}}
+        {
+            "data_source": "math_dapo",
+            "prompt": [{"content": dapo_prompt(q), "role": "user"}],
+            "ability": "MATH",
+            "reward_model": {"ground_truth": a, "style": "rule-lighteval/MATH_v2"},
+            "extra_info": {"index": f"id-{i}"},
+        }
         for i, (q, a) in enumerate(DAPO_PROBLEMS)
-    ]  # fmt: skip
+    ]
     pq.write_table(pa.Table.from_pylist(rows, schema=DAPO_SCHEMA), path)
     return path
 
@@ -104,9 +127,11 @@ def write_dapo_parquet(path: Path) -> Path:
 def test_sanity_train_file_gives_chat_tasks_graded_on_reward_model(tmp_path: Path) -> None:
     root = write_sanity_dataset(tmp_path / "Sanity-Test-R1D-1.5B")
     kwargs = dict(
-        source=str(root / "train/math_1460.parquet"), question_key="prompt",
-        answer_key="reward_model.ground_truth", template="messages",
-    )  # fmt: skip
+        source=str(root / "train/math_1460.parquet"),
+        question_key="prompt",
+        answer_key="reward_model.ground_truth",
+        template="messages",
+    )
     env, sampler = MathEnv(**kwargs), MathEnv.task_sampler(**kwargs)
     tasks = [sampler.sample(random.Random(0)) for _ in range(3)]
     assert sorted(t["answer"] for t in tasks) == ["12", "2", "\\frac{1}{2}"]
@@ -133,13 +158,18 @@ def test_sanity_test_split_feeds_the_r1_aime_evaluation(tmp_path: Path) -> None:
 
     def generate(prompts: list[list[dict[str, str]]]) -> list[str]:
         asked.extend(prompts)  # AIME24 #1 right twice, every other reply wrong
-        return ["\\boxed{204}" if "AIME 24 #1" in p[0]["content"] else "\\boxed{0}"
-                for p in prompts]  # fmt: skip
+        return [
+            "\\boxed{204}" if "AIME 24 #1" in p[0]["content"] else "\\boxed{0}" for p in prompts
+        ]
 
     metrics = evaluate_avg_at_k(generate, benchmarks, 2, template="messages")
-    assert metrics == {"eval/AIME24/avg@2": 0.5, "eval/AIME25/avg@2": 0.0,
-                       "eval/AIME24/avg@2_se": 0.5, "eval/AIME25/avg@2_se": 0.0,
-                       "eval/mean/avg@2": 0.25}  # fmt: skip
+    assert metrics == {
+        "eval/AIME24/avg@2": 0.5,
+        "eval/AIME25/avg@2": 0.0,
+        "eval/AIME24/avg@2_se": 0.5,
+        "eval/AIME25/avg@2_se": 0.0,
+        "eval/mean/avg@2": 0.25,
+    }
     assert asked[0] == [{"role": "user", "content": "AIME 24 #1" + BOXED}]
     assert len(asked) == 8
 
@@ -192,8 +222,9 @@ def test_qwen_math_preset_reads_the_hub_dataset_as_the_reference(
     answers = sorted(sampler.sample(random.Random(1))["answer"] for _ in range(3))
     assert calls == [("BytedTsinghua-SIA/DAPO-Math-17k", "default", "train")]
     assert answers == ["3", "42", "9"]  # the first 3 unique problems
-    assert env.reset(env.dataset[0]) == [{"role": "user", "content": dapo_prompt(
-        DAPO_PROBLEMS[0][0])}]  # fmt: skip
+    assert env.reset(env.dataset[0]) == [
+        {"role": "user", "content": dapo_prompt(DAPO_PROBLEMS[0][0])}
+    ]
 
 
 def test_tool_prompts_are_the_bare_dapo_problems(tmp_path: Path) -> None:
@@ -201,14 +232,22 @@ def test_tool_prompts_are_the_bare_dapo_problems(tmp_path: Path) -> None:
 
     path = write_dapo_parquet(tmp_path / "dapo.parquet")
     out = tmp_path / "dapo_math_7500_tool.jsonl"
-    n = export_jsonl(str(path), out, question_key="prompt",
-                     answer_key="reward_model.ground_truth", deduplicate=True, limit=3,
-                     problem_only=True)  # fmt: skip
+    n = export_jsonl(
+        str(path),
+        out,
+        question_key="prompt",
+        answer_key="reward_model.ground_truth",
+        deduplicate=True,
+        limit=3,
+        problem_only=True,
+    )
     assert n == 3
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert rows == [{"question": "Find $x$ if $2x=6$.", "answer": "3"},
-                    {"question": "Compute $7 \\cdot 6$.", "answer": "42"},
-                    {"question": "What is $10-1$?", "answer": "9"}]  # fmt: skip
+    assert rows == [
+        {"question": "Find $x$ if $2x=6$.", "answer": "3"},
+        {"question": "Compute $7 \\cdot 6$.", "answer": "42"},
+        {"question": "What is $10-1$?", "answer": "9"},
+    ]
     env = PythonToolEnv(data_path=str(out))
     messages = env.reset(env.tasks[0])
     assert messages[1] == {"role": "user", "content": "Find $x$ if $2x=6$."}
@@ -219,8 +258,13 @@ def test_tool_prompts_are_the_bare_dapo_problems(tmp_path: Path) -> None:
 def test_export_keeps_the_chat_messages_and_they_read_back(tmp_path: Path) -> None:
     path = write_dapo_parquet(tmp_path / "dapo.parquet")
     out = tmp_path / "dapo_math_7500.jsonl"
-    export_jsonl(str(path), out, question_key="prompt", answer_key="reward_model.ground_truth",
-                 deduplicate=True)  # fmt: skip
+    export_jsonl(
+        str(path),
+        out,
+        question_key="prompt",
+        answer_key="reward_model.ground_truth",
+        deduplicate=True,
+    )
     back = load_math_dataset(str(out), question_key="messages")
     assert [t["answer"] for t in back] == ["3", "42", "9", "4"]
     assert back[0]["messages"] == [{"role": "user", "content": dapo_prompt(DAPO_PROBLEMS[0][0])}]
@@ -228,8 +272,10 @@ def test_export_keeps_the_chat_messages_and_they_read_back(tmp_path: Path) -> No
 
 def test_olympiadbench_one_element_answer_lists(tmp_path: Path) -> None:
     path = tmp_path / "test.jsonl"
-    rows = [{"question": "Find $n$.", "final_answer": ["$5$"]},
-            {"question": "Find $r$.", "final_answer": ["$\\frac{1}{2}$"]}]  # fmt: skip
+    rows = [
+        {"question": "Find $n$.", "final_answer": ["$5$"]},
+        {"question": "Find $r$.", "final_answer": ["$\\frac{1}{2}$"]},
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     data = load_math_dataset(str(path), answer_key="final_answer")
     assert [t["answer"] for t in data] == ["$5$", "$\\frac{1}{2}$"]

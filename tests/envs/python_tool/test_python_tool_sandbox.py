@@ -64,7 +64,10 @@ def test_workdir_is_fresh_and_removed(tmp_path: Path, monkeypatch: pytest.Monkey
     root = tmp_path / "tmp"
     root.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(root))
-    code = "import os\nopen('out.txt', 'w').write('x' * 100)\nprint(os.getcwd())\nprint(os.listdir('.'))"
+    code = (
+        "import os\nopen('out.txt', 'w').write('x' * "
+        "100)\nprint(os.getcwd())\nprint(os.listdir('.'))"
+    )
     r = run_python(code)
     assert r.exit_code == 0, r.stderr
     cwd, listing = r.stdout.splitlines()

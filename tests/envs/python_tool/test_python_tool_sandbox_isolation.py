@@ -197,8 +197,9 @@ def test_mountinfo_shows_no_host_path() -> None:
     assert r.exit_code == 0, r.stderr
     points = [line.split()[4] for line in r.stdout.splitlines() if line.strip()]
     prefix = os.path.realpath(sys.base_prefix)
-    allowed = {"/", "/usr", "/etc", "/proc", prefix} | {f"/dev/{n}" for n in
-               ("null", "zero", "full", "random", "urandom")}  # fmt: skip
+    allowed = {"/", "/usr", "/etc", "/proc", prefix} | {
+        f"/dev/{n}" for n in ("null", "zero", "full", "random", "urandom")
+    }
     extra = [p for p in points if p not in allowed and not p.startswith("/tmp/frlab-py-")]
     assert extra == [], extra
     repo = str(Path(envs.__file__).resolve().parents[1])

@@ -72,7 +72,10 @@ def test_background_children_die_with_the_call() -> None:
 @needs_namespace
 def test_fork_bomb_is_contained() -> None:
     token = "frlab-bomb-" + secrets.token_hex(6)
-    bomb = f"import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass  # {token}"
+    bomb = (
+        "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass  "
+        f"# {token}"
+    )
     code = f"import os, sys\nos.execv(sys.executable, [sys.executable, '-c', {bomb!r}])"
     r = run_python(code, timeout_s=1, max_processes=16)
     assert r.timed_out
@@ -156,9 +159,11 @@ def test_the_program_dies_with_a_sigkilled_caller(mode: str) -> None:
     program = f"import time\nprint('up', flush=True)\ntime.sleep(120)  # {token}"
     env = {**os.environ, "PYTHONPATH": str(Path(envs.__file__).resolve().parents[1])}
     caller = subprocess.Popen(
-        [sys.executable, "-c", _caller_script(program, mode)], stdout=subprocess.PIPE,
-        env=env, text=True,
-    )  # fmt: skip
+        [sys.executable, "-c", _caller_script(program, mode)],
+        stdout=subprocess.PIPE,
+        env=env,
+        text=True,
+    )
     try:
         assert caller.stdout.readline() == "calling\n"
         deadline = time.monotonic() + 30

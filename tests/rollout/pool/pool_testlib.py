@@ -133,8 +133,12 @@ class GatedEnv(Env):
 
 def make_pool(board: Board, env_timeout_s: float = 300.0, **kw) -> tuple[RolloutPool, FakeEngine]:
     engine = FakeEngine()
-    cfg = AgentLoopConfig(max_turns=1, max_len=64, sampling=SamplingParams(max_new_tokens=4),
-                          env_timeout_s=env_timeout_s)  # fmt: skip
+    cfg = AgentLoopConfig(
+        max_turns=1,
+        max_len=64,
+        sampling=SamplingParams(max_new_tokens=4),
+        env_timeout_s=env_timeout_s,
+    )
     opts = dict(batch_size=2, max_in_flight=4, max_policy_lag=8, num_env_workers=8)
     opts.update(kw)
     tasks = GatedEnv.task_sampler(board=board)  # the default: one instance's sample_task

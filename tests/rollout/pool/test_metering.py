@@ -52,8 +52,11 @@ def test_busy_time_is_the_union_of_in_flight_intervals() -> None:
     clock.now = 9.0
     window = meter.take_window(wait_s=0.5, lag_wait_s=0.25)
     assert window == {
-        GENERATION_S: 4.0, TOKENS_PER_S: 15 / 4.0, BATCH_WAIT_S: 0.5, LAG_WAIT_S: 0.25
-    }  # fmt: skip
+        GENERATION_S: 4.0,
+        TOKENS_PER_S: 15 / 4.0,
+        BATCH_WAIT_S: 0.5,
+        LAG_WAIT_S: 0.25,
+    }
 
 
 def test_a_call_spanning_two_windows_is_split_between_them() -> None:

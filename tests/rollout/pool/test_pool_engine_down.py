@@ -46,8 +46,14 @@ class DyingEngine(InstantEngine):
 def pool_with(engine: DyingEngine, **kw) -> RolloutPool:  # noqa: ANN003
     cfg = AgentLoopConfig(max_turns=1, max_len=32, sampling=SamplingParams(max_new_tokens=2))
     opts = dict(batch_size=2, max_in_flight=2, max_policy_lag=8, mode="sync", seed=11)
-    return RolloutPool(engine, Question, TOKENIZER, cfg,
-                       task_sampler=MathEnv.task_sampler(dataset=DATA), **pool_settings(**(opts | kw)))  # fmt: skip
+    return RolloutPool(
+        engine,
+        Question,
+        TOKENIZER,
+        cfg,
+        task_sampler=MathEnv.task_sampler(dataset=DATA),
+        **pool_settings(**(opts | kw)),
+    )
 
 
 def test_next_batch_raises_engine_down_and_admits_nothing_more() -> None:

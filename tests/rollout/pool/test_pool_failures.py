@@ -74,8 +74,7 @@ def test_hung_env_steps_fail_their_rollouts_at_the_deadline_and_the_pool_moves_o
     """Before deadlines, one step that never returned held its batch back forever and pool.stop()
     joined the hung thread (SIGINT/SIGTERM could not end the process)."""
     board = Board(open_by_default=True, plan={0: "hang", 3: "hang"})
-    pool, _ = make_pool(board, env_timeout_s=0.2, batch_size=2, max_in_flight=4,
-                        num_env_workers=2)  # fmt: skip
+    pool, _ = make_pool(board, env_timeout_s=0.2, batch_size=2, max_in_flight=4, num_env_workers=2)
     pool.start()
     try:
         batches = [pool.next_batch(timeout=60) for _ in range(4)]

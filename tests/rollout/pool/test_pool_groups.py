@@ -116,8 +116,9 @@ class MemberEnv(Env):
 
 def make_pool(gates: Gates, **kw) -> RolloutPool:
     cfg = AgentLoopConfig(max_turns=1, max_len=64, sampling=SamplingParams(max_new_tokens=4))
-    opts = dict(batch_size=4, samples_per_prompt=2, max_in_flight=6, max_policy_lag=8,
-                num_env_workers=12)  # fmt: skip
+    opts = dict(
+        batch_size=4, samples_per_prompt=2, max_in_flight=6, max_policy_lag=8, num_env_workers=12
+    )
     opts.update(kw)
     tasks = MemberEnv.task_sampler(gates=gates)  # the default: one instance's sample_task
     return RolloutPool(
@@ -151,8 +152,11 @@ def test_a_batch_never_splits_a_group() -> None:
         # Finish order 0a, 1a, 2a, 0b: the first B finishers would split groups 1 and 2.
         for key in [(0, 0), (1, 0), (2, 0), (0, 1)]:
             gates.open(key)
-            wait_for(lambda k=key: pool.stats()["finished"] == [(0, 0), (1, 0), (2, 0),
-                                                                (0, 1)].index(k) + 1)  # fmt: skip
+            wait_for(
+                lambda k=key: (
+                    pool.stats()["finished"] == [(0, 0), (1, 0), (2, 0), (0, 1)].index(k) + 1
+                )
+            )
         with pytest.raises(TimeoutError):
             pool.next_batch(timeout=0.3)
         gates.open((1, 1))
@@ -182,8 +186,7 @@ def test_groups_keep_the_lag_bound_for_every_member_and_nothing_is_dropped() -> 
                 gates.open(rng.choice(sorted(waiting)[:6]))
             time.sleep(0.001)
 
-    pool = make_pool(gates, batch_size=6, samples_per_prompt=3, max_in_flight=12,
-                     max_policy_lag=2)  # fmt: skip
+    pool = make_pool(gates, batch_size=6, samples_per_prompt=3, max_in_flight=12, max_policy_lag=2)
     thread = threading.Thread(target=opener)
     pool.start()
     thread.start()
@@ -225,8 +228,14 @@ def test_a_failed_member_fails_its_group_as_in_sync_mode() -> None:
 
 
 def _ro(seq: int, group: Group, due: int, finish: int) -> Rollout:
-    traj = Trajectory(prompt_id=group.prompt_id, token_ids=[1, 2], action_mask=[False, True],
-                      behavior_log_probs=[0.0, -1.0], token_versions=[0, 0], reward=0.0)  # fmt: skip
+    traj = Trajectory(
+        prompt_id=group.prompt_id,
+        token_ids=[1, 2],
+        action_mask=[False, True],
+        behavior_log_probs=[0.0, -1.0],
+        token_versions=[0, 0],
+        reward=0.0,
+    )
     ro = Rollout(seq, group, 0, due, traj, finish)
     group.members.append(ro)
     return ro
@@ -244,7 +253,7 @@ def test_select_batch_takes_the_required_early_groups_whole() -> None:
         _ro(4, c, 1, 4),
         _ro(2, a, 1, 2),
         _ro(5, a, 1, 5),
-    ]  # fmt: skip  (groups queue as they complete)
+    ]  # groups queue as they complete
     batch = select_batch(ready, [ro.due for ro in ready], learner_version=0, batch_size=2)
     assert batch == [ready[2], ready[3]]  # group C, the first due group to complete
     singles = [_ro(i, Group(i, {}), due, i) for i, due in enumerate([5, 0, 5])]
@@ -254,9 +263,14 @@ def test_select_batch_takes_the_required_early_groups_whole() -> None:
 
 def test_restored_samples_of_a_prompt_form_one_group_again() -> None:
     def record(prompt_id: int, start: int) -> dict:
-        traj = Trajectory(prompt_id=prompt_id, token_ids=[1, 2], action_mask=[False, True],
-                          behavior_log_probs=[0.0, -1.0], token_versions=[start] * 2,
-                          reward=0.0)  # fmt: skip
+        traj = Trajectory(
+            prompt_id=prompt_id,
+            token_ids=[1, 2],
+            action_mask=[False, True],
+            behavior_log_probs=[0.0, -1.0],
+            token_versions=[start] * 2,
+            reward=0.0,
+        )
         import dataclasses
 
         return {"trajectory": dataclasses.asdict(traj), "start_version": start, "task": {}}

@@ -37,10 +37,16 @@ class JitteryKeyParityEnv(KeyParityEnv):
 
 def policy():
     config = {
-        "model_type": "qwen2", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "max_position_embeddings": 256, "tie_word_embeddings": True,
-    }  # fmt: skip
+        "model_type": "qwen2",
+        "vocab_size": 64,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 256,
+        "tie_word_embeddings": True,
+    }
     return policy_of(config=config, seed=0)
 
 
@@ -50,20 +56,35 @@ def collect(seed: int, max_in_flight: int) -> list[tuple]:
     engine = TorchEngine(model, max_batch_size=4, seed=seed + 100)  # shared stream unused
     cfg = AgentLoopConfig(max_turns=2, max_len=48, sampling=SamplingParams(max_new_tokens=5))
     pool = RolloutPool(
-        engine, JitteryKeyParityEnv, TOKENIZER, cfg, task_sampler=KeyParityEnv.task_sampler(),
-        batch_size=6, max_in_flight=max_in_flight,
-        max_policy_lag=1, mode="sync", samples_per_prompt=2, seed=seed, num_env_workers=4, off_policy_correction=True,
+        engine,
+        JitteryKeyParityEnv,
+        TOKENIZER,
+        cfg,
+        task_sampler=KeyParityEnv.task_sampler(),
+        batch_size=6,
+        max_in_flight=max_in_flight,
+        max_policy_lag=1,
+        mode="sync",
+        samples_per_prompt=2,
+        seed=seed,
+        num_env_workers=4,
+        off_policy_correction=True,
         max_prompt_retries=RolloutConfig.max_prompt_retries,
-    )  # fmt: skip
+    )
     out = []
     pool.start()
     try:
         for step in range(2):
             for traj in pool.next_batch(timeout=120):
                 out.append(
-                    (traj.prompt_id, tuple(traj.token_ids), tuple(traj.behavior_log_probs),
-                     tuple(traj.token_versions), traj.reward)
-                )  # fmt: skip
+                    (
+                        traj.prompt_id,
+                        tuple(traj.token_ids),
+                        tuple(traj.behavior_log_probs),
+                        tuple(traj.token_versions),
+                        traj.reward,
+                    )
+                )
             with torch.no_grad():
                 for p in model.parameters():
                     p.mul_(1.01)
@@ -91,8 +112,14 @@ def test_each_rollout_samples_with_the_seed_of_its_prompt_sample_and_version() -
 
     from frlab.rollout.seeding import rollout_seed, turn_seed
 
-    pool, engine = make_pool(Board(open_by_default=True), mode="sync", batch_size=4,
-                             samples_per_prompt=2, max_in_flight=4, seed=5)  # fmt: skip
+    pool, engine = make_pool(
+        Board(open_by_default=True),
+        mode="sync",
+        batch_size=4,
+        samples_per_prompt=2,
+        max_in_flight=4,
+        seed=5,
+    )
     seen: list[int | None] = []
     generate = engine.generate
 

@@ -1,4 +1,5 @@
-"""The pool's off-policy sampling guard (FlashREINFORCE paper, Sec. 3): importance ratios need the full support of
+"""The pool's off-policy sampling guard (FlashREINFORCE paper, Sec. 3): importance ratios need the
+full support of
 the sampling distribution, so a pool built directly (benches, scripts, not only train.py)
 refuses top_p < 1 or top_k > 0 unless the objective makes no off-policy correction (no_is)."""
 

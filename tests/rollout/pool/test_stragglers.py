@@ -50,11 +50,22 @@ def run(tmp_path: Path, hang_percent: int, *extra: str) -> tuple[subprocess.Pope
     pkg = tmp_path / "pkgs" / "hangpkg"
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text(textwrap.dedent(PACKAGE))
-    env = {**os.environ, "PYTHONPATH": f"{tmp_path / 'pkgs'}:{os.environ.get('PYTHONPATH', '')}",
-           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{tmp_path / 'pkgs'}:{os.environ.get('PYTHONPATH', '')}",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+    }
     folder, log = tmp_path / "run", tmp_path / "run.log"
-    cmd = [sys.executable, "-m", "frlab", "env._target_=hangpkg.HangingParity",
-           f"+env.hang_percent={hang_percent}", f"hydra.run.dir={folder}", *extra]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "frlab",
+        "env._target_=hangpkg.HangingParity",
+        f"+env.hang_percent={hang_percent}",
+        f"hydra.run.dir={folder}",
+        *extra,
+    ]
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
     return proc, folder, log
 
@@ -89,8 +100,12 @@ def test_a_run_with_hanging_steps_finishes_its_updates_in_minutes(tmp_path: Path
 
 @pytest.mark.slow
 def test_sigterm_during_a_hung_step_exits_promptly_with_the_checkpoint(tmp_path: Path) -> None:
-    proc, folder, log = run(tmp_path, 30, "trainer.max_steps=100000",
-                            "callbacks.model_checkpoint.every_n_train_steps=1000")  # fmt: skip
+    proc, folder, log = run(
+        tmp_path,
+        30,
+        "trainer.max_steps=100000",
+        "callbacks.model_checkpoint.every_n_train_steps=1000",
+    )
     try:
         deadline = time.monotonic() + 300
         while len(rows(folder)) < 3 and proc.poll() is None and time.monotonic() < deadline:

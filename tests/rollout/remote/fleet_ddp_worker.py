@@ -1,6 +1,7 @@
 """Standalone worker for the 2-rank learner on a server fleet (never collected by pytest).
 
-`python fleet_ddp_worker.py OUT --servers URL,URL --steps N --snapshot-dir DIR` runs `frlab.train.run` on the toy
+`python fleet_ddp_worker.py OUT --servers URL,URL --steps N --snapshot-dir DIR` runs
+`frlab.train.run` on the toy
 experiment with `trainer=ddp_cpu` (2 CPU ranks, gloo; Lightning re-launches this script for
 rank 1) and `rollout=remote` on the given `python -m frlab.serve` servers. A recording callback
 keeps, on every rank, each batch the learner trained on and the learner weights at every
@@ -23,8 +24,15 @@ import lightning as L
 import torch
 
 BATCH = 8  # global: 4 trajectories per rank and step
-FIELDS = ("input_ids", "attention_mask", "position_ids", "action_mask", "behavior_log_probs",
-          "token_versions", "prompt_ids")  # fmt: skip
+FIELDS = (
+    "input_ids",
+    "attention_mask",
+    "position_ids",
+    "action_mask",
+    "behavior_log_probs",
+    "token_versions",
+    "prompt_ids",
+)
 
 
 class Recorder(L.Callback):
@@ -72,16 +80,25 @@ def even_length(action_text: str, digit: int) -> bool:
 def overrides(servers: list[str], steps: int, run_dir: str, snapshot_dir: str) -> list[str]:
     """The toy experiment on 2 CPU ranks and the remote fleet, small and quick."""
     return [
-        "trainer=ddp_cpu", f"trainer.max_steps={steps}",
-        "rollout=remote", "rollout/engine=remote", f"rollout.remote.servers=[{','.join(servers)}]",
+        "trainer=ddp_cpu",
+        f"trainer.max_steps={steps}",
+        "rollout=remote",
+        "rollout/engine=remote",
+        f"rollout.remote.servers=[{','.join(servers)}]",
         f"rollout.remote.snapshot_dir={snapshot_dir}",
-        "rollout.remote.request_timeout_s=60", "rollout.remote.probe_interval_s=0.2",
+        "rollout.remote.request_timeout_s=60",
+        "rollout.remote.probe_interval_s=0.2",
         "rollout.weight_update=drain",  # checked: no weight change under a request
-        "rollout.max_in_flight=8", "rollout.max_policy_lag=1", "rollout.max_len=64",
+        "rollout.max_in_flight=8",
+        "rollout.max_policy_lag=1",
+        "rollout.max_len=64",
         "rollout.sampling.max_new_tokens=24",
-        f"data.batch_size={BATCH}", f"data.micro_batch_size={BATCH // 2}",
-        f"paths.output_dir={run_dir}", "plots=false", "~callbacks.model_checkpoint",
-    ]  # fmt: skip
+        f"data.batch_size={BATCH}",
+        f"data.micro_batch_size={BATCH // 2}",
+        f"paths.output_dir={run_dir}",
+        "plots=false",
+        "~callbacks.model_checkpoint",
+    ]
 
 
 def main() -> None:

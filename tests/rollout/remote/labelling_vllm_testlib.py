@@ -111,22 +111,47 @@ class LabellingVllmServer(PausingVllmServer):
 
 
 def generate_response(
-    prompt: Sequence[int], token_ids: Sequence[int], log_probs: Sequence[float],
-    versions: Sequence[int], finish_reason: str, request_id: str,
-) -> dict[str, Any]:  # fmt: skip
+    prompt: Sequence[int],
+    token_ids: Sequence[int],
+    log_probs: Sequence[float],
+    versions: Sequence[int],
+    finish_reason: str,
+    request_id: str,
+) -> dict[str, Any]:
     """A generate answer shaped as vLLM 0.32's (frlab.rollout.remote.generate's docstring), the
     per-token `versions` as spans."""
-    content = [{"token_id": int(t), "logprob": float(x), "rank": 1,
-                "top_logprobs": [{"token_id": int(t), "logprob": float(x), "rank": 1}]}
-               for t, x in zip(token_ids, log_probs, strict=True)]  # fmt: skip
-    choice = {"index": 0, "finish_reason": finish_reason, "stop_reason": None,
-              "token_ids": [int(t) for t in token_ids], "routed_experts": None,
-              "sampling_mask": None, "weight_versions": version_spans(versions),
-              "logprobs": {"content": content}}  # fmt: skip
-    usage = {"prompt_tokens": len(prompt), "completion_tokens": len(token_ids),
-             "total_tokens": len(prompt) + len(token_ids)}  # fmt: skip
-    return {"request_id": request_id, "model": None, "created": 0, "usage": usage,
-            "choices": [choice], "prompt_token_ids": None}  # fmt: skip
+    content = [
+        {
+            "token_id": int(t),
+            "logprob": float(x),
+            "rank": 1,
+            "top_logprobs": [{"token_id": int(t), "logprob": float(x), "rank": 1}],
+        }
+        for t, x in zip(token_ids, log_probs, strict=True)
+    ]
+    choice = {
+        "index": 0,
+        "finish_reason": finish_reason,
+        "stop_reason": None,
+        "token_ids": [int(t) for t in token_ids],
+        "routed_experts": None,
+        "sampling_mask": None,
+        "weight_versions": version_spans(versions),
+        "logprobs": {"content": content},
+    }
+    usage = {
+        "prompt_tokens": len(prompt),
+        "completion_tokens": len(token_ids),
+        "total_tokens": len(prompt) + len(token_ids),
+    }
+    return {
+        "request_id": request_id,
+        "model": None,
+        "created": 0,
+        "usage": usage,
+        "choices": [choice],
+        "prompt_token_ids": None,
+    }
 
 
 def version_spans(versions: Sequence[int]) -> list[dict[str, Any]]:

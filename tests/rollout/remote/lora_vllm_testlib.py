@@ -50,8 +50,10 @@ class LoraVllmServer(PausingVllmServer):
     def get(self, path: str) -> Any:
         if path == proto.MODELS:
             cards = [{"id": BASE, "object": "model", "root": BASE, "parent": None}]
-            cards += [{"id": n, "object": "model", "root": folder, "parent": BASE}
-                      for n, (folder, _) in self.adapters.items()]  # fmt: skip
+            cards += [
+                {"id": n, "object": "model", "root": folder, "parent": BASE}
+                for n, (folder, _) in self.adapters.items()
+            ]
             return {"object": "list", "data": cards}
         return super().get(path)
 

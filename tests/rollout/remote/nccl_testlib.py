@@ -6,7 +6,8 @@ factory,nccl_engine}` modules into `sys.modules`, shaped like vLLM's trainer API
 source=)`, `send_weights()`, `shutdown()`) of 0.28-0.32 (`api="0.28"`: `WeightSource.metadata()`
 a method, the source iterated) or of 0.33 (`metadata` a cached property checked when the
 subclass is created, `iter_full()`, metadata read at `trainer_init`, empty update-info lists
-when it is unchanged); read from those wheels' base.py / nccl_engine.py. The fake "broadcast" puts the source's tensors on
+when it is unchanged); read from those wheels' base.py / nccl_engine.py. The fake "broadcast" puts
+the source's tensors on
 `WIRE[master_port]`, then drives the client like vLLM does (start, update, finish).
 
 `FakeVllmServer` is an HTTP server on a thread with vLLM's routes the remote engine uses,
@@ -57,8 +58,15 @@ LOG_PROBS = [-0.5, -0.25]
 # vLLM's worker-side NCCL info fields (vllm/distributed/weight_transfer/nccl_common.py
 # NCCLWeightTransferInitInfo, nccl_engine.py NCCLWeightTransferUpdateInfo): a dict with any
 # other key fails `parse_init_info` / `parse_update_info` (a TypeError turned ValueError).
-INIT_FIELDS = {"master_address", "master_port", "rank_offset", "world_size", "packed",
-               "packed_buffer_size_bytes", "packed_num_buffers"}  # fmt: skip
+INIT_FIELDS = {
+    "master_address",
+    "master_port",
+    "rank_offset",
+    "world_size",
+    "packed",
+    "packed_buffer_size_bytes",
+    "packed_num_buffers",
+}
 INIT_REQUIRED = {"master_address", "master_port", "rank_offset", "world_size"}
 UPDATE_FIELDS = {"names", "dtype_names", "shapes"}
 
@@ -72,16 +80,23 @@ def parse_info(info: dict[str, Any], fields: set[str], required: set[str]) -> di
 
 
 def nccl_init_request(
-    master_address: str, master_port: int, world_size: int, rank_offset: int = 1,
+    master_address: str,
+    master_port: int,
+    world_size: int,
+    rank_offset: int = 1,
     packed: bool = True,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """`POST /init_weight_transfer_engine` body as vLLM's trainer engine sends it (the trainer
     is rank 0 of the NCCL group; `packed` is a wire parameter of the init info)."""
     if int(world_size) < 2 or not 0 < int(rank_offset) < int(world_size):
         raise ValueError("NCCL weight transfer needs world_size >= 2 and 0 < rank_offset < it")
-    info = {"master_address": str(master_address), "master_port": int(master_port),
-            "rank_offset": int(rank_offset), "world_size": int(world_size),
-            "packed": bool(packed)}  # fmt: skip
+    info = {
+        "master_address": str(master_address),
+        "master_port": int(master_port),
+        "rank_offset": int(rank_offset),
+        "world_size": int(world_size),
+        "packed": bool(packed),
+    }
     return {"init_info": info}
 
 
@@ -156,8 +171,9 @@ class FakeVllmServer:
         elif path == proto.UPDATE_WEIGHTS:
             self.receive(parse_info(body["update_info"], UPDATE_FIELDS, UPDATE_FIELDS))
         elif path == proto.COMPLETIONS:
-            answer = proto.completion_response("fake", body["prompt"], TOKENS, LOG_PROBS,
-                                               [0, 0], "length", "r")  # fmt: skip
+            answer = proto.completion_response(
+                "fake", body["prompt"], TOKENS, LOG_PROBS, [0, 0], "length", "r"
+            )
             del answer["choices"][0][proto.VERSIONS_FIELD]  # vLLM sends no versions
             return answer
         return {}
@@ -176,8 +192,11 @@ class FakeVllmServer:
             info = self.last_info  # AttributeError (HTTP 500) if there is none
         self.last_info = info
         declared = (info["names"], info["dtype_names"], info["shapes"])
-        sent = ([n for n, _ in wire], [str(t.dtype).removeprefix("torch.") for _, t in wire],
-                [list(t.shape) for _, t in wire])  # fmt: skip
+        sent = (
+            [n for n, _ in wire],
+            [str(t.dtype).removeprefix("torch.") for _, t in wire],
+            [list(t.shape) for _, t in wire],
+        )
         assert declared == sent, (declared, sent)
         got = [(n, t.clone()) for n, t in wire]
         if self.corrupt:
@@ -286,10 +305,15 @@ class FakeTrainerEngine:
         cls, init_info: NCCLTrainerInitInfo, *, client: Any, source: Any = None
     ) -> FakeTrainerEngine:
         EVENTS.append(("trainer_init", "", init_info))
-        worker_info = {"master_address": init_info.master_address,
-                       "master_port": init_info.master_port, "rank_offset": 1,
-                       "world_size": init_info.world_size, "packed": init_info.packed,
-                       "packed_buffer_size_bytes": 1 << 30, "packed_num_buffers": 2}  # fmt: skip
+        worker_info = {
+            "master_address": init_info.master_address,
+            "master_port": init_info.master_port,
+            "rank_offset": 1,
+            "world_size": init_info.world_size,
+            "packed": init_info.packed,
+            "packed_buffer_size_bytes": 1 << 30,
+            "packed_num_buffers": 2,
+        }
         client.init_weight_transfer_engine(worker_info)
         return cls(init_info, client, source)
 
@@ -299,9 +323,11 @@ class FakeTrainerEngine:
         self._send(meta, pairs, self._info(meta))
 
     def _info(self, meta: list[ParamMeta]) -> dict[str, Any]:
-        return {"names": [m.name for m in meta],
-                "dtype_names": [str(m.dtype).split(".")[-1] for m in meta],
-                "shapes": [list(m.shape) for m in meta]}  # fmt: skip
+        return {
+            "names": [m.name for m in meta],
+            "dtype_names": [str(m.dtype).split(".")[-1] for m in meta],
+            "shapes": [list(m.shape) for m in meta],
+        }
 
     def _send(self, meta: list[ParamMeta], pairs: list[Any], info: dict[str, Any]) -> None:
         assert [(m.name, m.dtype, m.shape) for m in meta] == [
@@ -341,8 +367,10 @@ class FakeTrainerEngine033(FakeTrainerEngine):
         self.sent_meta = meta
 
 
-API_SHAPES = {"0.28": (WeightSource, FakeTrainerEngine), "0.33": (WeightSource033,
-                                                                  FakeTrainerEngine033)}  # fmt: skip
+API_SHAPES = {
+    "0.28": (WeightSource, FakeTrainerEngine),
+    "0.33": (WeightSource033, FakeTrainerEngine033),
+}
 
 
 class WeightTransferTrainerFactory:

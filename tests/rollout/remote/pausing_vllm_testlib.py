@@ -115,8 +115,15 @@ class PausingVllmServer(FakeVllmServer):
         if self.down:  # a server that died while it held the request: HTTP 500
             raise RuntimeError("the server went down during the request")
         reason = "length" if len(held.tokens) >= max_tokens else "abort"
-        answer = proto.completion_response("fake", prompt, held.tokens, [-0.5] * len(held.tokens),
-                                           held.versions, reason, "cmpl-fake")  # fmt: skip
+        answer = proto.completion_response(
+            "fake",
+            prompt,
+            held.tokens,
+            [-0.5] * len(held.tokens),
+            held.versions,
+            reason,
+            "cmpl-fake",
+        )
         del answer["choices"][0][proto.VERSIONS_FIELD]  # vLLM sends no versions
         return answer
 

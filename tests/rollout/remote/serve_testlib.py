@@ -21,10 +21,16 @@ from helpers.models import policy_of
 from ports_testlib import free_port as free_port  # re-exported
 
 TINY_QWEN2 = {
-    "model_type": "qwen2", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
-    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-    "max_position_embeddings": 128, "tie_word_embeddings": True,
-}  # fmt: skip
+    "model_type": "qwen2",
+    "vocab_size": 64,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 128,
+    "tie_word_embeddings": True,
+}
 
 
 def save_tiny_model(path: Path, seed: int = 0, config: dict[str, Any] | None = None) -> Any:
@@ -63,8 +69,17 @@ class Fleet:
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
         for port in ports:
             log = (self.log_dir / f"server-{port}.log").open("a")
-            cmd = [sys.executable, "-m", "frlab.serve", "--port", str(port),
-                   "--model", str(self.model_dir), *self.extra, *extra]  # fmt: skip
+            cmd = [
+                sys.executable,
+                "-m",
+                "frlab.serve",
+                "--port",
+                str(port),
+                "--model",
+                str(self.model_dir),
+                *self.extra,
+                *extra,
+            ]
             self.procs[port] = subprocess.Popen(cmd, stderr=log, stdout=log, env=env)
         for port in ports:
             while not healthy(port):

@@ -38,8 +38,9 @@ class LabellingServer:
         if path == gen.OPENAPI:
             return httpx.Response(200, json={"paths": {r: {} for r in gen.LABEL_ROUTES}})
         if path == gen.GENERATE:
-            return httpx.Response(200, json=generate_response([0], [5], [-0.5], [0], "length",
-                                                                  "probe"))  # fmt: skip
+            return httpx.Response(
+                200, json=generate_response([0], [5], [-0.5], [0], "length", "probe")
+            )
         if path == gen.UPDATE_WEIGHT_VERSION:
             return httpx.Response(200, json={"success": True, "new_version": str(VERSION)})
         if path == proto.COLLECTIVE_RPC:
@@ -53,8 +54,17 @@ class LabellingServer:
 def sync_on(server: LabellingServer) -> tuple[Fleet, WeightSync]:
     fleet = Fleet(["http://server"], 5.0, 0.05, 5.0)
     fleet.client = httpx.AsyncClient(transport=httpx.MockTransport(server))
-    sync = WeightSync(fleet, Traffic(5.0), mode="in_flight", version=VERSION, model="m",
-                      snapshot_dir=None, keep_snapshots=1, nccl=None, adapters=None)  # fmt: skip
+    sync = WeightSync(
+        fleet,
+        Traffic(5.0),
+        mode="in_flight",
+        version=VERSION,
+        model="m",
+        snapshot_dir=None,
+        keep_snapshots=1,
+        nccl=None,
+        adapters=None,
+    )
     return fleet, sync
 
 

@@ -41,8 +41,9 @@ def test_the_learner_reads_the_file_first_then_the_named_variable(
     assert auth.read_secret("MY_FLEET_SECRET", None) is None
 
 
-@pytest.mark.parametrize(("value", "fragment"), [("short-secret", "at least 16"),
-                                                 ("two words " * 3, "one word")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("value", "fragment"), [("short-secret", "at least 16"), ("two words " * 3, "one word")]
+)
 def test_an_unusable_secret_is_refused_without_showing_it(
     value: str, fragment: str, tmp_path: Path
 ) -> None:
@@ -75,8 +76,15 @@ def test_the_bearer_check() -> None:
     digest = auth.digest(SECRET)
     assert auth.authorized(f"Bearer {SECRET}", digest)
     assert auth.authorized(f"bearer {SECRET}", digest)
-    for header in (None, "", SECRET, f"Basic {SECRET}", f"Bearer {OTHER}", "Bearer ",
-                   f"Bearer {SECRET[:-1]}"):  # fmt: skip
+    for header in (
+        None,
+        "",
+        SECRET,
+        f"Basic {SECRET}",
+        f"Bearer {OTHER}",
+        "Bearer ",
+        f"Bearer {SECRET[:-1]}",
+    ):
         assert not auth.authorized(header, digest), header
 
 
@@ -93,8 +101,15 @@ def call(guard: auth.FleetGuard, path: str, header: str | None = None, **scope: 
     """One request through `guard`: (status or the websocket close, body, paths reached)."""
     sent: list[dict[str, Any]] = []
     headers = [] if header is None else [(b"authorization", header.encode())]
-    full = {"type": "http", "method": "POST", "path": path, "headers": headers, "reached": [],
-            "client": ("10.9.9.9", 4242), **scope}  # fmt: skip
+    full = {
+        "type": "http",
+        "method": "POST",
+        "path": path,
+        "headers": headers,
+        "reached": [],
+        "client": ("10.9.9.9", 4242),
+        **scope,
+    }
 
     async def receive() -> dict[str, Any]:
         return {"type": "http.request", "body": b"{}", "more_body": False}
@@ -115,8 +130,17 @@ def test_the_guard_refuses_every_path_but_health_without_the_token(
     with caplog.at_level(logging.WARNING):
         call(guard, "/collective_rpc", f"Bearer {OTHER}")
     assert "refused POST /collective_rpc from 10.9.9.9" in caplog.text and OTHER not in caplog.text
-    for path in ("/collective_rpc", "/pause", "/v1/completions", "/update_weight_version",
-                 "/v1/load_lora_adapter", "/health/", "/healthz", "/", "/metrics"):  # fmt: skip
+    for path in (
+        "/collective_rpc",
+        "/pause",
+        "/v1/completions",
+        "/update_weight_version",
+        "/v1/load_lora_adapter",
+        "/health/",
+        "/healthz",
+        "/",
+        "/metrics",
+    ):
         for header in (None, f"Bearer {OTHER}", "Bearer", f"Basic {SECRET}"):
             status, body, reached = call(guard, path, header)
             assert (status, reached) == (401, []), (path, header)
@@ -150,9 +174,11 @@ def test_the_guard_module_imports_nothing_heavy() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, frlab.rollout.remote.auth; "
-            "print(sorted(m for m in ('torch', 'vllm', 'transformers', 'httpx', 'starlette') "
-            "if m in sys.modules))")  # fmt: skip
+    code = (
+        "import sys, frlab.rollout.remote.auth; "
+        "print(sorted(m for m in ('torch', 'vllm', 'transformers', 'httpx', 'starlette') "
+        "if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -160,11 +186,13 @@ def test_the_guard_module_imports_nothing_heavy() -> None:
 # -- the learner: preflight, and a 401 at the client ------------------------------------------
 @pytest.mark.parametrize(
     ("servers", "extra", "refused"),
-    [("[http://127.0.0.1:8100,http://localhost:8101]", [], False),
-     ("[http://gpu1:8100]", [], True),
-     ("[http://127.0.0.1:8100,http://10.0.0.3:8100]", [], True),
-     ("[http://gpu1:8100]", ["rollout.remote.allow_unauthenticated=true"], False)],
-)  # fmt: skip
+    [
+        ("[http://127.0.0.1:8100,http://localhost:8101]", [], False),
+        ("[http://gpu1:8100]", [], True),
+        ("[http://127.0.0.1:8100,http://10.0.0.3:8100]", [], True),
+        ("[http://gpu1:8100]", ["rollout.remote.allow_unauthenticated=true"], False),
+    ],
+)
 def test_preflight_refuses_servers_off_loopback_without_a_secret(
     servers: str, extra: list[str], refused: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -182,8 +210,13 @@ def test_preflight_refuses_servers_off_loopback_without_a_secret(
 
 
 def test_preflight_names_an_unreadable_secret_file(tmp_path: Path) -> None:
-    cfg = compose(["rollout=remote", "rollout.remote.servers=[http://gpu1:8100]",
-                   f"rollout.remote.secret_file={tmp_path / 'absent'}"])  # fmt: skip
+    cfg = compose(
+        [
+            "rollout=remote",
+            "rollout.remote.servers=[http://gpu1:8100]",
+            f"rollout.remote.secret_file={tmp_path / 'absent'}",
+        ]
+    )
     with pytest.raises(ConfigError) as info:
         preflight(cfg)
     assert info.value.key == "rollout.remote.secret_file"
@@ -192,8 +225,13 @@ def test_preflight_names_an_unreadable_secret_file(tmp_path: Path) -> None:
 def test_an_unauthenticated_fleet_off_loopback_is_warned_about_at_start(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    engine = remote_engine(["http://192.0.2.1:9"], allow_unauthenticated=True,
-                          request_timeout_s=0.5, startup_timeout_s=0.2, probe_interval_s=0.05)  # fmt: skip
+    engine = remote_engine(
+        ["http://192.0.2.1:9"],
+        allow_unauthenticated=True,
+        request_timeout_s=0.5,
+        startup_timeout_s=0.2,
+        probe_interval_s=0.05,
+    )
     with caplog.at_level(logging.WARNING), pytest.raises(EngineError):  # no server answers
         engine.start()
     assert "allow_unauthenticated=true" in caplog.text and "192.0.2.1" in caplog.text
@@ -250,9 +288,15 @@ def test_a_server_that_refuses_the_secret_mid_run_stops_the_run_and_is_not_blame
     from frlab.rollout.engine import SamplingParams
 
     server = FakeVllmServer()
-    engine = remote_engine([server.url], snapshot_dir=str(tmp_path), request_timeout_s=5.0,
-                          startup_timeout_s=5.0, probe_interval_s=0.05, weight_update="drain",
-                          initial_weights={"w": torch.ones(2)})  # fmt: skip
+    engine = remote_engine(
+        [server.url],
+        snapshot_dir=str(tmp_path),
+        request_timeout_s=5.0,
+        startup_timeout_s=5.0,
+        probe_interval_s=0.05,
+        weight_update="drain",
+        initial_weights={"w": torch.ones(2)},
+    )
     engine.start()
     try:
         assert engine.down_reason() is None

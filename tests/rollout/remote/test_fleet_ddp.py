@@ -36,8 +36,17 @@ STEPS, MAX_LAG, PER_RANK = 4, 1, 4  # as the worker sets them: lag 1, global bat
 def run_worker(out: Path, servers: list[str], snapshot_dir: Path) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     env.pop("MASTER_PORT", None)
-    cmd = [sys.executable, str(WORKER), str(out), "--servers", ",".join(servers),
-           "--steps", str(STEPS), "--snapshot-dir", str(snapshot_dir)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(WORKER),
+        str(out),
+        "--servers",
+        ",".join(servers),
+        "--steps",
+        str(STEPS),
+        "--snapshot-dir",
+        str(snapshot_dir),
+    ]
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-6000:]
 
@@ -61,10 +70,10 @@ def check_rows(rank: dict[str, Any], weights: dict[int, dict[str, torch.Tensor]]
             model.load_state_dict(weights[version])
             with torch.no_grad():
                 want, _ = sequence_logprobs(
-                    model, *(batch[k][i : i + 1] for k in ("input_ids", "attention_mask",
-                                                           "position_ids")),
+                    model,
+                    *(batch[k][i : i + 1] for k in ("input_ids", "attention_mask", "position_ids")),
                     action_mask=batch["action_mask"][i : i + 1],
-                )  # fmt: skip
+                )
             got = batch["behavior_log_probs"][i][mask]
             assert torch.allclose(got, want[0][mask], rtol=0, atol=1e-4), (version, got)
             seen.add(version)

@@ -37,16 +37,26 @@ def test_a_fleet_that_stays_down_stops_the_run_with_exit_75(tmp_path: Path) -> N
     save_tiny_model(tmp_path / "model", config=toy)  # the CPU default's architecture
     fleet = Fleet(tmp_path / "model", tmp_path)
     run, log = tmp_path / "run", tmp_path / "run.log"
-    cmd = [sys.executable, "-m", "frlab", "rollout=remote", "rollout/engine=remote",
-           f"rollout.remote.servers=[{','.join(url(p) for p in ports)}]",
-           "rollout.remote.request_timeout_s=5", "rollout.remote.probe_interval_s=0.2",
-           f"rollout.remote.fleet_down_timeout_s={DEADLINE_S}", "trainer.max_steps=100000",
-           "callbacks.model_checkpoint.every_n_train_steps=1000", f"hydra.run.dir={run}"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "frlab",
+        "rollout=remote",
+        "rollout/engine=remote",
+        f"rollout.remote.servers=[{','.join(url(p) for p in ports)}]",
+        "rollout.remote.request_timeout_s=5",
+        "rollout.remote.probe_interval_s=0.2",
+        f"rollout.remote.fleet_down_timeout_s={DEADLINE_S}",
+        "trainer.max_steps=100000",
+        "callbacks.model_checkpoint.every_n_train_steps=1000",
+        f"hydra.run.dir={run}",
+    ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     try:
         fleet.start(ports)
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log.open("w"),
-                                stderr=subprocess.STDOUT)  # fmt: skip
+        proc = subprocess.Popen(
+            cmd, cwd=REPO, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT
+        )
         try:
             deadline = time.monotonic() + 300
             while rows(run) < 3 and proc.poll() is None and time.monotonic() < deadline:

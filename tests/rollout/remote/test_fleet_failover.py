@@ -113,20 +113,32 @@ def test_sigkill_and_restart_of_one_server_mid_run(
     from frlab.model.policy import save_policy
 
     ports = [free_port() for _ in range(3)]
-    cfg = compose([
-        "rollout=remote", "rollout/engine=remote",
-        f"rollout.remote.servers=[{','.join(url(p) for p in ports)}]",
-        "rollout.remote.request_timeout_s=10", "rollout.remote.probe_interval_s=0.2",
-        "rollout.weight_update=drain",  # checked: one version per request
-        f"rollout.remote.snapshot_dir={tmp_path / 'snaps'}", "rollout.max_in_flight=24",
-        f"trainer.max_steps={STEPS}", f"data.batch_size={BATCH}", f"data.micro_batch_size={BATCH}",
-        f"paths.output_dir={tmp_path / 'run'}", "plots=false",
-    ])  # fmt: skip
+    cfg = compose(
+        [
+            "rollout=remote",
+            "rollout/engine=remote",
+            f"rollout.remote.servers=[{','.join(url(p) for p in ports)}]",
+            "rollout.remote.request_timeout_s=10",
+            "rollout.remote.probe_interval_s=0.2",
+            "rollout.weight_update=drain",  # checked: one version per request
+            f"rollout.remote.snapshot_dir={tmp_path / 'snaps'}",
+            "rollout.max_in_flight=24",
+            f"trainer.max_steps={STEPS}",
+            f"data.batch_size={BATCH}",
+            f"data.micro_batch_size={BATCH}",
+            f"paths.output_dir={tmp_path / 'run'}",
+            "plots=false",
+        ]
+    )
     model_cfg = train.plain(cfg.model)
     save_policy(train.build_policy_from(model_cfg, 123), tmp_path / "model")
     fleet = Fleet(tmp_path / "model", tmp_path)
-    chaos = Chaos(fleet, ports[2], train.build_policy_from(model_cfg, 0),
-                  int(cfg.rollout.sampling.max_new_tokens))  # fmt: skip
+    chaos = Chaos(
+        fleet,
+        ports[2],
+        train.build_policy_from(model_cfg, 0),
+        int(cfg.rollout.sampling.max_new_tokens),
+    )
     build_callbacks = train.build_callbacks
     monkeypatch.setattr(train, "build_callbacks", lambda *a: [*build_callbacks(*a), chaos])
     try:

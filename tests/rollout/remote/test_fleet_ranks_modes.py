@@ -1,6 +1,7 @@
 """`rollout.weight_update` resubmit and in_flight with several learner ranks on one fleet
 (frlab.rollout.callbacks.push_collectively): two RemoteEngines (two ranks, threads with a
-thread-backed strategy) with requests in flight on the same two vLLM-like servers update collectively. No
+thread-backed strategy) with requests in flight on the same two vLLM-like servers update
+collectively. No
 rank drains: requests of both ranks span the update, each token carries the version that
 sampled it (the fakes' truth), no request is lost, retried or taken for a server fault, and
 both engines end on the new version with every server healthy."""
@@ -61,10 +62,19 @@ def test_two_ranks_update_a_shared_fleet_without_draining(
     mode: str, fake: type, tmp_path: Path
 ) -> None:
     servers = [fake(step_s=0.02) for _ in range(2)]
-    engines = [remote_engine([s.url for s in servers], snapshot_dir=str(tmp_path / f"rank{r}"),
-                            request_timeout_s=10.0, max_retries=2, probe_interval_s=0.05,
-                            startup_timeout_s=5.0, initial_weights=WEIGHTS,
-                            weight_update=mode) for r in range(2)]  # fmt: skip
+    engines = [
+        remote_engine(
+            [s.url for s in servers],
+            snapshot_dir=str(tmp_path / f"rank{r}"),
+            request_timeout_s=10.0,
+            max_retries=2,
+            probe_interval_s=0.05,
+            startup_timeout_s=5.0,
+            initial_weights=WEIGHTS,
+            weight_update=mode,
+        )
+        for r in range(2)
+    ]
     try:
         for engine in engines:
             engine.start()

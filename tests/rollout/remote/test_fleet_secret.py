@@ -57,8 +57,13 @@ def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
     toy = yaml.safe_load((REPO / "configs/model/toy_qwen2.yaml").read_text())["config"]
     save_tiny_model(root / "model", config=toy)
     port, snapshots = free_port(), root / "snapshots"
-    extra = ["--test-faults", "--secret-file", str(secret_file(root / "fleet.secret", SECRET)),
-             "--snapshot-root", str(snapshots)]  # fmt: skip
+    extra = [
+        "--test-faults",
+        "--secret-file",
+        str(secret_file(root / "fleet.secret", SECRET)),
+        "--snapshot-root",
+        str(snapshots),
+    ]
     fleet = Fleet(root / "model", root, extra)
     fleet.start([port])
     try:
@@ -69,8 +74,14 @@ def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
 
 def call(base: str, method: str, path: str, token: str | None, body: Any = None) -> httpx.Response:
     headers = {} if token is None else {"Authorization": f"Bearer {token}"}
-    return httpx.request(method, base + path, headers=headers, trust_env=False, timeout=30,
-                         json=body if method == "POST" else None)  # fmt: skip
+    return httpx.request(
+        method,
+        base + path,
+        headers=headers,
+        trust_env=False,
+        timeout=30,
+        json=body if method == "POST" else None,
+    )
 
 
 def state_of(base: str) -> tuple[Any, ...]:
@@ -87,16 +98,20 @@ def state_of(base: str) -> tuple[Any, ...]:
 def hostile_bodies(attacker_snapshot: Path) -> dict[str, Any]:
     """Bodies that would change the server if they got through."""
     load = control.rpc_request("frlab_load_snapshot", [str(attacker_snapshot), 99])
-    return {proto.COLLECTIVE_RPC: load, FAULT_PATH: {"fault": "garbage"},
-            proto.COMPLETIONS: {"prompt": [1, 2], "max_tokens": 4}}  # fmt: skip
+    return {
+        proto.COLLECTIVE_RPC: load,
+        FAULT_PATH: {"fault": "garbage"},
+        proto.COMPLETIONS: {"prompt": [1, 2], "max_tokens": 4},
+    }
 
 
 def test_every_route_refuses_a_client_without_the_secret_and_nothing_changes(
     guarded: dict[str, Any], tmp_path: Path
 ) -> None:
     base = guarded["url"]
-    attacker, _ = write_snapshot({"model.embed_tokens.weight": torch.zeros(64, 32)},
-                                 tmp_path / "attacker", 99)  # fmt: skip
+    attacker, _ = write_snapshot(
+        {"model.embed_tokens.weight": torch.zeros(64, 32)}, tmp_path / "attacker", 99
+    )
     bodies, before = hostile_bodies(attacker), state_of(base)
     table = route_table(test_faults=True)
     assert {proto.COLLECTIVE_RPC, FAULT_PATH, proto.COMPLETIONS} <= set(table["POST"])
@@ -119,8 +134,10 @@ def test_every_route_refuses_a_client_without_the_secret_and_nothing_changes(
 
 def test_an_unauthenticated_huge_body_is_refused_unread(guarded: dict[str, Any]) -> None:
     with socket.create_connection(("127.0.0.1", guarded["port"]), timeout=30) as conn:
-        conn.sendall(b"POST /collective_rpc HTTP/1.1\r\nHost: x\r\nContent-Type: "
-                     b"application/json\r\nContent-Length: 1000000000\r\n\r\n{")  # fmt: skip
+        conn.sendall(
+            b"POST /collective_rpc HTTP/1.1\r\nHost: x\r\nContent-Type: "
+            b"application/json\r\nContent-Length: 1000000000\r\n\r\n{"
+        )
         head = conn.recv(4096)
     assert head.startswith(b"HTTP/1.1 401"), head[:200]
 
@@ -130,8 +147,9 @@ def test_a_snapshot_outside_the_servers_folder_is_refused_with_the_secret(
 ) -> None:
     base = guarded["url"]
     before = state_of(base)
-    outside, _ = write_snapshot({"model.embed_tokens.weight": torch.zeros(64, 32)},
-                                tmp_path / "elsewhere", 5)  # fmt: skip
+    outside, _ = write_snapshot(
+        {"model.embed_tokens.weight": torch.zeros(64, 32)}, tmp_path / "elsewhere", 5
+    )
     escape = guarded["snapshots"] / "v5"  # a link inside pointing outside: still outside
     escape.parent.mkdir(parents=True, exist_ok=True)
     escape.symlink_to(outside.parent, target_is_directory=True)
@@ -144,14 +162,28 @@ def test_a_snapshot_outside_the_servers_folder_is_refused_with_the_secret(
 
 
 def run_frlab(run_dir: Path, server: str, secret: Path, snapshots: Path, steps: int) -> Any:
-    cmd = [sys.executable, "-m", "frlab", "rollout=remote", f"rollout.remote.servers=[{server}]",
-           f"rollout.remote.secret_file={secret}", f"rollout.remote.snapshot_dir={snapshots}",
-           "rollout.remote.request_timeout_s=60", f"trainer.max_steps={steps}",
-           f"hydra.run.dir={run_dir}"]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1",
-           "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline"}  # fmt: skip
-    return subprocess.run(cmd, cwd=run_dir.parent, env=env, capture_output=True, text=True,
-                          timeout=900)  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "frlab",
+        "rollout=remote",
+        f"rollout.remote.servers=[{server}]",
+        f"rollout.remote.secret_file={secret}",
+        f"rollout.remote.snapshot_dir={snapshots}",
+        "rollout.remote.request_timeout_s=60",
+        f"trainer.max_steps={steps}",
+        f"hydra.run.dir={run_dir}",
+    ]
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "WANDB_MODE": "offline",
+    }
+    return subprocess.run(
+        cmd, cwd=run_dir.parent, env=env, capture_output=True, text=True, timeout=900
+    )
 
 
 def leaks(value: str, folder: Path, *texts: str) -> list[str]:
@@ -165,8 +197,9 @@ def test_a_run_with_the_secret_learns_and_leaks_it_nowhere(
 ) -> None:
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    out = run_frlab(run_dir, guarded["url"], guarded["root"] / "fleet.secret",
-                    guarded["snapshots"], STEPS)  # fmt: skip
+    out = run_frlab(
+        run_dir, guarded["url"], guarded["root"] / "fleet.secret", guarded["snapshots"], STEPS
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     with (run_dir / "metrics.csv").open() as f:
         rows = [r for r in csv.DictReader(f) if r.get("step")]

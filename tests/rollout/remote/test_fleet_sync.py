@@ -1,6 +1,7 @@
 """Sharing one server fleet between learner ranks: the collective weight sync
 (frlab.rollout.callbacks.push_collectively), the deduplication of identical pushes
-(frlab.rollout.vllm.worker_extension.same_weights), a prober that admits nothing while its engine is paused, and a server that accepts a burst of
+(frlab.rollout.vllm.worker_extension.same_weights), a prober that admits nothing while its engine is
+paused, and a server that accepts a burst of
 new connections (listen backlog), the last two against an in-process `frlab.serve` server.
 
 Two threads play two learner ranks through `WeightSyncCallback` (a thread-backed strategy
@@ -115,9 +116,10 @@ def run_ranks(fail_rank: int | None = None) -> tuple[ThreadRanks, list[Any], lis
 
     def rank_main(rank: int) -> None:
         trainer = SimpleNamespace(
-            world_size=WORLD, strategy=ThreadStrategy(ranks, rank),
+            world_size=WORLD,
+            strategy=ThreadStrategy(ranks, rank),
             datamodule=SimpleNamespace(pool=pools[rank]),
-        )  # fmt: skip
+        )
         module = SimpleNamespace(policy=torch.nn.Linear(2, 1, bias=False), policy_version=3)
         torch.nn.init.constant_(module.policy.weight, 0.5)
         try:
@@ -184,9 +186,10 @@ def test_a_private_engine_with_several_ranks_pushes_without_collectives() -> Non
     )
     never: Callable[..., Any] = lambda *a, **k: pytest.fail("collective on a private engine")  # noqa: E731
     trainer = SimpleNamespace(
-        world_size=2, strategy=SimpleNamespace(barrier=never, reduce_boolean_decision=never),
+        world_size=2,
+        strategy=SimpleNamespace(barrier=never, reduce_boolean_decision=never),
         datamodule=SimpleNamespace(pool=pool),
-    )  # fmt: skip
+    )
     module = SimpleNamespace(policy=torch.nn.Linear(2, 1), policy_version=0)
     WeightSyncCallback(sync_every=1).on_train_start(trainer, module)
     assert calls == [0]

@@ -42,8 +42,9 @@ HONEST = [7, 8]
 
 def answer(tokens: list[int], log_probs: list[float], **choice: Any) -> dict[str, Any]:
     """A completions answer as vLLM shapes it, with `choice` fields replaced."""
-    body = proto.completion_response("fake", [1], tokens, log_probs, [0] * len(tokens),
-                                     "length", "r")  # fmt: skip
+    body = proto.completion_response(
+        "fake", [1], tokens, log_probs, [0] * len(tokens), "length", "r"
+    )
     del body["choices"][0][proto.VERSIONS_FIELD]
     del body["choices"][0]["prompt_token_ids"]  # optional: the prompts differ per request
     body["choices"][0].update(choice)
@@ -59,15 +60,20 @@ def padded() -> bytes:
 # name -> (bad body, what the refusal says)
 BAD = {
     "malformed JSON": (b'{"choices": [', "non-JSON"),
-    "token id outside the vocabulary": (answer([7, 1000], [-0.5, -0.25]), "outside the model's vocabulary"),
+    "token id outside the vocabulary": (
+        answer([7, 1000], [-0.5, -0.25]),
+        "outside the model's vocabulary",
+    ),
     "negative token id": (answer([7, -3], [-0.5, -0.25]), "list of ids"),
     "more tokens than asked for": (answer([7, 8, 9], [-0.5, -0.25, -0.1]), "the request allowed 2"),
     "a version the server did not prove": (
-        answer(HONEST, [-0.5, -0.25], **{proto.VERSIONS_FIELD: [99, 99]}), "answered token versions"),
+        answer(HONEST, [-0.5, -0.25], **{proto.VERSIONS_FIELD: [99, 99]}),
+        "answered token versions",
+    ),
     "a body larger than any honest answer": (padded(), "of any honest answer"),
     "a non-finite log-prob": (answer(HONEST, [-0.5, float("nan")]), "not a log-probability"),
     "a positive log-prob": (answer(HONEST, [-0.5, 0.25]), "not a log-probability"),
-}  # fmt: skip
+}
 
 
 class OnceHostile(FakeVllmServer):
@@ -110,12 +116,26 @@ def test_a_bad_answer_is_refused_its_prompt_requeued_and_never_trained_on(
 ) -> None:
     bad, says = BAD[case]
     server = OnceHostile(bad)
-    engine = remote_engine([server.url], snapshot_dir=str(tmp_path), request_timeout_s=5.0,
-                          max_retries=0, probe_interval_s=0.02, startup_timeout_s=5.0,
-                          initial_weights=WEIGHTS, weight_update="drain", vocab_size=VOCAB)  # fmt: skip
+    engine = remote_engine(
+        [server.url],
+        snapshot_dir=str(tmp_path),
+        request_timeout_s=5.0,
+        max_retries=0,
+        probe_interval_s=0.02,
+        startup_timeout_s=5.0,
+        initial_weights=WEIGHTS,
+        weight_update="drain",
+        vocab_size=VOCAB,
+    )
     loop = AgentLoopConfig(max_turns=1, max_len=32, sampling=SamplingParams(max_new_tokens=MAX_NEW))
-    pool = RolloutPool(engine, OneTurn, build_toy_tokenizer(), loop, task_sampler=Tasks(),
-                       **pool_settings(batch_size=2, max_in_flight=1, max_policy_lag=8, mode="sync", seed=3))  # fmt: skip
+    pool = RolloutPool(
+        engine,
+        OneTurn,
+        build_toy_tokenizer(),
+        loop,
+        task_sampler=Tasks(),
+        **pool_settings(batch_size=2, max_in_flight=1, max_policy_lag=8, mode="sync", seed=3),
+    )
     try:
         with caplog.at_level(logging.WARNING):
             pool.start()
@@ -130,8 +150,9 @@ def test_a_bad_answer_is_refused_its_prompt_requeued_and_never_trained_on(
     for traj in batch:  # only honest answers were trained on
         actions = [t for t, m in zip(traj.token_ids, traj.action_mask, strict=True) if m]
         assert actions == HONEST, actions
-        assert [lp for lp, m in zip(traj.behavior_log_probs, traj.action_mask, strict=True)
-                if m] == [-0.5, -0.25]  # fmt: skip
+        assert [
+            lp for lp, m in zip(traj.behavior_log_probs, traj.action_mask, strict=True) if m
+        ] == [-0.5, -0.25]
 
 
 def test_a_huge_body_without_a_length_is_refused_without_reading_it_all() -> None:
@@ -164,8 +185,10 @@ class Stream(httpx.AsyncByteStream):
             yield chunk
 
 
-@pytest.mark.parametrize(("headers", "says"), [({"content-length": str(2**30)}, "announced"),
-                                               ({"content-encoding": "gzip"}, "gzip")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("headers", "says"),
+    [({"content-length": str(2**30)}, "announced"), ({"content-encoding": "gzip"}, "gzip")],
+)
 def test_an_announced_huge_or_an_encoded_body_is_refused_unread(
     headers: dict[str, str], says: str
 ) -> None:

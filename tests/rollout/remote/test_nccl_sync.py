@@ -49,9 +49,15 @@ def servers(
 
 def make_engine(fleet: list[FakeVllmServer], **kw: Any) -> RemoteEngine:
     kw = {"nccl_master_address": "10.1.2.3", "nccl_master_port": 29500, **kw}
-    return remote_engine([s.url for s in fleet], weight_sync="nccl", request_timeout_s=5.0,
-                        probe_interval_s=0.05, startup_timeout_s=5.0,
-                        initial_weights=weights(0), **kw)  # fmt: skip
+    return remote_engine(
+        [s.url for s in fleet],
+        weight_sync="nccl",
+        request_timeout_s=5.0,
+        probe_interval_s=0.05,
+        startup_timeout_s=5.0,
+        initial_weights=weights(0),
+        **kw,
+    )
 
 
 @contextlib.contextmanager
@@ -94,7 +100,7 @@ def test_start_forms_one_group_over_the_fleet_and_sends_the_exact_weights(
 ) -> None:
     a, b = servers
     with running(servers) as engine:
-        (_, _, info), = [e for e in EVENTS if e[0] == "trainer_init"]  # fmt: skip
+        ((_, _, info),) = [e for e in EVENTS if e[0] == "trainer_init"]
         assert (info.master_address, info.master_port, info.world_size) == ("10.1.2.3", 29500, 4)
         assert (info.rank, info.packed) == (0, True)
         inits = {url: body["init_info"] for url, body in events(proto.INIT_WEIGHT_TRANSFER)}
@@ -121,20 +127,29 @@ def test_one_sync_runs_begin_broadcast_commit_verify_in_order(
     with running(servers) as engine:
         EVENTS.clear()
         engine.update_weights(weights(1), 1)
-        phase = {"frlab_nccl_begin": 0, proto.START_WEIGHT_UPDATE: 1, proto.UPDATE_WEIGHTS: 2,
-                 proto.FINISH_WEIGHT_UPDATE: 3, "frlab_commit_version": 4,
-                 proto.RESET_PREFIX_CACHE: 4, "frlab_weight_version": 5}  # fmt: skip
-        steps = [body["method"] if what == proto.COLLECTIVE_RPC else what
-                 for what, _, body in EVENTS]  # fmt: skip
+        phase = {
+            "frlab_nccl_begin": 0,
+            proto.START_WEIGHT_UPDATE: 1,
+            proto.UPDATE_WEIGHTS: 2,
+            proto.FINISH_WEIGHT_UPDATE: 3,
+            "frlab_commit_version": 4,
+            proto.RESET_PREFIX_CACHE: 4,
+            "frlab_weight_version": 5,
+        }
+        steps = [
+            body["method"] if what == proto.COLLECTIVE_RPC else what for what, _, body in EVENTS
+        ]
         assert sorted(steps, key=phase.__getitem__) == steps  # phases never interleave
         assert sorted(steps) == sorted(list(phase) * 2)  # each step once on each server
         for server in servers:  # a server's cache is reset only after it committed
             mine = [s for s, (_, url, _) in zip(steps, EVENTS, strict=True) if url == server.url]
             assert mine.index(proto.RESET_PREFIX_CACHE) > mine.index("frlab_commit_version")
         assert [body for _, body in events(proto.FINISH_WEIGHT_UPDATE)] == [
-            {"weight_version": "1"}] * 2  # fmt: skip
-        commit = [b for _, b in events(proto.COLLECTIVE_RPC) if b["method"] ==
-                  "frlab_commit_version"][0]  # fmt: skip
+            {"weight_version": "1"}
+        ] * 2
+        commit = [
+            b for _, b in events(proto.COLLECTIVE_RPC) if b["method"] == "frlab_commit_version"
+        ][0]
         fp = commit["args"][1]
         assert commit["args"][0] == 1 and (fp["tensors"], fp["numel"]) == (3, 12 + 3 + 5)
         assert fp["sum"] == pytest.approx(sum(float(t.double().sum()) for t in weights(1).values()))

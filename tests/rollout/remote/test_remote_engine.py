@@ -51,10 +51,13 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Fleet, Any
 def engine(fleet: tuple[Fleet, Any], tmp_path: Path) -> Iterator[RemoteEngine]:
     servers, base = fleet
     eng = remote_engine(
-        [url(p) for p in servers.procs], snapshot_dir=str(tmp_path / "snaps"),
-        request_timeout_s=3.0, max_retries=4, probe_interval_s=0.2,
+        [url(p) for p in servers.procs],
+        snapshot_dir=str(tmp_path / "snaps"),
+        request_timeout_s=3.0,
+        max_retries=4,
+        probe_interval_s=0.2,
         initial_weights=base.state_dict(),
-    )  # fmt: skip
+    )
     eng.start()
     try:
         yield eng

@@ -29,10 +29,17 @@ def server() -> Iterator[LabellingVllmServer]:
 
 
 def engine_on(servers: list[Any], tmp_path: Path, mode: str = "in_flight", **kw: Any):
-    engine = remote_engine([s.url for s in servers], snapshot_dir=str(tmp_path),
-                          request_timeout_s=10.0, max_retries=2, probe_interval_s=0.05,
-                          startup_timeout_s=kw.pop("startup_timeout_s", 5.0),
-                          initial_weights=WEIGHTS, weight_update=mode, **kw)  # fmt: skip
+    engine = remote_engine(
+        [s.url for s in servers],
+        snapshot_dir=str(tmp_path),
+        request_timeout_s=10.0,
+        max_retries=2,
+        probe_interval_s=0.05,
+        startup_timeout_s=kw.pop("startup_timeout_s", 5.0),
+        initial_weights=WEIGHTS,
+        weight_update=mode,
+        **kw,
+    )
     engine.start()
     return engine
 
@@ -58,8 +65,12 @@ def test_a_request_spanning_an_update_keeps_running_with_vllms_labels(
     assert res.token_ids == counting_from(0, 30) and res.finish_reason == "length"
     assert [v for held in server.generated for v in held.versions] == res.versions
     assert server.received == [([1, 2, 3, 0], 30)] and not server.generated[0].aborted
-    assert server.pauses == [gen.UPDATE_WEIGHT_VERSION, gen.PAUSE_KEEP,
-                             gen.UPDATE_WEIGHT_VERSION, proto.RESUME]  # fmt: skip
+    assert server.pauses == [
+        gen.UPDATE_WEIGHT_VERSION,
+        gen.PAUSE_KEEP,
+        gen.UPDATE_WEIGHT_VERSION,
+        proto.RESUME,
+    ]
     assert stats["retries"] == 0 and stats["server_faults"] == 0
 
 
@@ -190,16 +201,26 @@ class ServeLike(LabellingVllmServer):
 
 @pytest.mark.parametrize(
     ("kinds", "chosen"),
-    [(("labels", "labels"), "in_flight"), (("labels", "plain"), "drain"),
-     (("serve:in_flight", "labels"), "in_flight"), (("serve:drain", "labels"), "drain")],
-)  # fmt: skip
+    [
+        (("labels", "labels"), "in_flight"),
+        (("labels", "plain"), "drain"),
+        (("serve:in_flight", "labels"), "in_flight"),
+        (("serve:drain", "labels"), "drain"),
+    ],
+)
 def test_the_default_is_in_flight_only_where_every_server_labels_tokens(
     kinds: tuple[str, str], chosen: str, tmp_path: Path
 ) -> None:
     """`rollout.weight_update=null` chooses at start: in_flight when every server labels each
     token's version (vLLM with labels, frlab.serve in its in_flight mode), else drain."""
-    servers = [LabellingVllmServer() if k == "labels" else PausingVllmServer() if k == "plain"
-               else ServeLike(k.split(":")[1]) for k in kinds]  # fmt: skip
+    servers = [
+        LabellingVllmServer()
+        if k == "labels"
+        else PausingVllmServer()
+        if k == "plain"
+        else ServeLike(k.split(":")[1])
+        for k in kinds
+    ]
     try:
         engine = engine_on(servers, tmp_path, mode=None)
         try:
@@ -215,7 +236,10 @@ def test_the_default_is_in_flight_only_where_every_server_labels_tokens(
 
 
 def test_a_lora_fleet_defaults_to_drain(server: LabellingVllmServer, tmp_path: Path) -> None:
-    engine = remote_engine([server.url], snapshot_dir=str(tmp_path),
-                          lora={"r": 8, "frlab_adapter_name": "default"},
-                          initial_weights={"x.lora_A.default.weight": WEIGHTS["w"]})  # fmt: skip
+    engine = remote_engine(
+        [server.url],
+        snapshot_dir=str(tmp_path),
+        lora={"r": 8, "frlab_adapter_name": "default"},
+        initial_weights={"x.lora_A.default.weight": WEIGHTS["w"]},
+    )
     assert engine._auto_mode and engine.weight_update == "drain"

@@ -18,10 +18,17 @@ from frlab.rollout.engine import EngineError, SamplingParams
 from frlab.rollout.remote.engine import RemoteEngine
 from frlab.rollout.remote.lora import adapter_name
 
-CONFIG = {"peft_type": "LORA", "r": 8, "lora_alpha": 16, "target_modules": ["q_proj"],
-          "frlab_adapter_name": "default"}  # fmt: skip
-NAMES = ("base_model.model.layers.0.q_proj.lora_A.default.weight",
-         "base_model.model.layers.0.q_proj.lora_B.default.weight")  # fmt: skip
+CONFIG = {
+    "peft_type": "LORA",
+    "r": 8,
+    "lora_alpha": 16,
+    "target_modules": ["q_proj"],
+    "frlab_adapter_name": "default",
+}
+NAMES = (
+    "base_model.model.layers.0.q_proj.lora_A.default.weight",
+    "base_model.model.layers.0.q_proj.lora_B.default.weight",
+)
 
 
 def adapter(version: int) -> dict[str, torch.Tensor]:
@@ -36,12 +43,21 @@ def servers() -> Iterator[list[LoraVllmServer]]:
         fake.close()
 
 
-def lora_engine(servers: list[LoraVllmServer], folder: Path, mode: str = "drain",
-                start: bool = True, **kw: Any) -> RemoteEngine:  # fmt: skip
-    engine = remote_engine([s.url for s in servers], snapshot_dir=str(folder),
-                          request_timeout_s=10.0, max_retries=2, probe_interval_s=0.05,
-                          startup_timeout_s=3.0, initial_weights=adapter(0), lora=CONFIG,
-                          weight_update=mode, **kw)  # fmt: skip
+def lora_engine(
+    servers: list[LoraVllmServer], folder: Path, mode: str = "drain", start: bool = True, **kw: Any
+) -> RemoteEngine:
+    engine = remote_engine(
+        [s.url for s in servers],
+        snapshot_dir=str(folder),
+        request_timeout_s=10.0,
+        max_retries=2,
+        probe_interval_s=0.05,
+        startup_timeout_s=3.0,
+        initial_weights=adapter(0),
+        lora=CONFIG,
+        weight_update=mode,
+        **kw,
+    )
     if start:
         engine.start()
     return engine
@@ -74,7 +90,9 @@ def test_each_version_is_loaded_under_its_own_name_and_named_by_every_request(
     folders = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("adapter-v"))
     assert folders == ["adapter-v1", "adapter-v2"]  # keep_snapshots=2
     assert sorted(p.name for p in (tmp_path / "adapter-v2").iterdir()) == [
-        "adapter_config.json", "adapter_model.safetensors"]  # fmt: skip
+        "adapter_config.json",
+        "adapter_model.safetensors",
+    ]
 
 
 def test_a_resubmit_update_continues_each_request_on_the_new_adapter(
@@ -174,8 +192,9 @@ def test_a_server_without_runtime_lora_loading_is_refused_with_the_flags_to_star
 
 def test_settings_a_lora_fleet_cannot_honour_are_refused_by_key(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="rollout.weight_update=in_flight"):
-        remote_engine(["http://a:1"], lora=CONFIG, weight_update="in_flight",
-                     initial_weights=adapter(0))  # fmt: skip
+        remote_engine(
+            ["http://a:1"], lora=CONFIG, weight_update="in_flight", initial_weights=adapter(0)
+        )
     with pytest.raises(ValueError, match="rollout.remote.weight_sync"):
         remote_engine(["http://a:1"], lora=CONFIG, weight_sync="nccl", initial_weights=adapter(0))
     assert RemoteEngine.serves_lora and RemoteEngine.lora_weight_updates() == ("drain", "resubmit")

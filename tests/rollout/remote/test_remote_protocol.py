@@ -22,17 +22,28 @@ from frlab.rollout.remote.engine import RemoteEngine, Server
 # The shape vLLM's OpenAI server documents for /v1/completions with logprobs=1,
 # return_token_ids and return_tokens_as_token_ids (no frlab_versions: that is frlab.serve's).
 VLLM_ANSWER = {
-    "id": "cmpl-1", "object": "text_completion", "created": 1, "model": "m",
-    "choices": [{
-        "index": 0, "text": "ab",
-        "logprobs": {"text_offset": [0, 1], "token_logprobs": [-0.25, -1.5],
-                     "tokens": ["token_id:7", "token_id:3"],
-                     "top_logprobs": [{"token_id:7": -0.25}, {"token_id:3": -1.5}]},
-        "finish_reason": "length", "stop_reason": None,
-        "prompt_token_ids": [1, 2], "token_ids": [7, 3],
-    }],
+    "id": "cmpl-1",
+    "object": "text_completion",
+    "created": 1,
+    "model": "m",
+    "choices": [
+        {
+            "index": 0,
+            "text": "ab",
+            "logprobs": {
+                "text_offset": [0, 1],
+                "token_logprobs": [-0.25, -1.5],
+                "tokens": ["token_id:7", "token_id:3"],
+                "top_logprobs": [{"token_id:7": -0.25}, {"token_id:3": -1.5}],
+            },
+            "finish_reason": "length",
+            "stop_reason": None,
+            "prompt_token_ids": [1, 2],
+            "token_ids": [7, 3],
+        }
+    ],
     "usage": {"prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4},
-}  # fmt: skip
+}
 
 
 def _answer(**choice_changes: object) -> dict:
@@ -43,16 +54,34 @@ def _answer(**choice_changes: object) -> dict:
 def test_completion_request_uses_vllm_field_names() -> None:
     body = proto.completion_request("m", [1, 2], SamplingParams(0.7, 1.0, 0, 12, (2, 9)), seed=5)
     assert body == {
-        "model": "m", "prompt": [1, 2], "n": 1, "stream": False, "max_tokens": 12,
-        "temperature": 0.7, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0,
-        "presence_penalty": 0.0, "frequency_penalty": 0.0, "stop_token_ids": [2, 9],
-        "ignore_eos": True, "logprobs": 1, "return_token_ids": True,
-        "return_tokens_as_token_ids": True, "skip_special_tokens": False, "seed": 5,
-    }  # fmt: skip
+        "model": "m",
+        "prompt": [1, 2],
+        "n": 1,
+        "stream": False,
+        "max_tokens": 12,
+        "temperature": 0.7,
+        "top_p": 1.0,
+        "top_k": 0,
+        "min_p": 0.0,
+        "repetition_penalty": 1.0,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+        "stop_token_ids": [2, 9],
+        "ignore_eos": True,
+        "logprobs": 1,
+        "return_token_ids": True,
+        "return_tokens_as_token_ids": True,
+        "skip_special_tokens": False,
+        "seed": 5,
+    }
     prompt, params = proto.sampling_from_request(body)
     assert prompt == [1, 2] and params == SamplingParams(0.7, 1.0, 0, 12, (2, 9), seed=5)
-    for bad in ({"prompt": "text"}, {"prompt": []}, {"prompt": [1], "n": 2},
-                {"prompt": [1], "repetition_penalty": 1.1}):  # fmt: skip
+    for bad in (
+        {"prompt": "text"},
+        {"prompt": []},
+        {"prompt": [1], "n": 2},
+        {"prompt": [1], "repetition_penalty": 1.1},
+    ):
         with pytest.raises(ValueError):
             proto.sampling_from_request(bad)
 
@@ -121,16 +150,23 @@ def test_garbage_answers_are_malformed(answer: dict) -> None:
 
 def test_control_plane_bodies() -> None:
     assert control.rpc_request("frlab_load_snapshot", ["/s/v3/model.safetensors", 3]) == {
-        "method": "frlab_load_snapshot", "args": ["/s/v3/model.safetensors", 3], "kwargs": {}
-    }  # fmt: skip
+        "method": "frlab_load_snapshot",
+        "args": ["/s/v3/model.safetensors", 3],
+        "kwargs": {},
+    }
     assert control.rpc_results({"results": [3, 3]}) == [3, 3]
     with pytest.raises(proto.MalformedResponse):
         control.rpc_results({"error": "no dev mode"})
     assert control.served_model({"object": "list", "data": [{"id": "q"}]}) == "q"
-    assert nccl_init_request("10.0.0.1", 29500, 3) == {"init_info": {
-        "master_address": "10.0.0.1", "master_port": 29500, "rank_offset": 1, "world_size": 3,
-        "packed": True,
-    }}  # fmt: skip
+    assert nccl_init_request("10.0.0.1", 29500, 3) == {
+        "init_info": {
+            "master_address": "10.0.0.1",
+            "master_port": 29500,
+            "rank_offset": 1,
+            "world_size": 3,
+            "packed": True,
+        }
+    }
     with pytest.raises(ValueError, match="world_size"):
         nccl_init_request("h", 1, 1)
 
@@ -145,9 +181,10 @@ def test_the_nccl_update_body_has_exactly_the_fields_vllm_parses() -> None:
     named = [("a.weight", torch.zeros(2, 3, dtype=torch.bfloat16)), ("b", torch.zeros(4))]
     update = nccl_update_request(named)["update_info"]
     assert parse_info(update, UPDATE_FIELDS, UPDATE_FIELDS) == {
-        "names": ["a.weight", "b"], "dtype_names": ["bfloat16", "float32"],
+        "names": ["a.weight", "b"],
+        "dtype_names": ["bfloat16", "float32"],
         "shapes": [[2, 3], [4]],
-    }  # fmt: skip
+    }
     init = nccl_init_request("10.0.0.1", 29500, 3, packed=False)["init_info"]
     assert parse_info(init, INIT_FIELDS, INIT_REQUIRED)["packed"] is False
 
@@ -166,8 +203,12 @@ def test_rpc_answers_are_parsed_strictly_as_vllm_sends_them() -> None:
         None,
     ]
     assert control.rpc_flags(control.rpc_answer([{"ready": False}]), "ready") == [False]
-    for bad in (control.rpc_answer([3]), {"results": [{"version": "3"}]},
-                {"results": [{"version": True}]}, {"results": [{"v": 3}]}):  # fmt: skip
+    for bad in (
+        control.rpc_answer([3]),
+        {"results": [{"version": "3"}]},
+        {"results": [{"version": True}]},
+        {"results": [{"v": 3}]},
+    ):
         with pytest.raises(proto.MalformedResponse):
             control.rpc_versions(bad)
     with pytest.raises(proto.MalformedResponse):

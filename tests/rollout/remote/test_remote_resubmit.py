@@ -33,10 +33,17 @@ def server() -> Iterator[PausingVllmServer]:
 
 
 def engine_on(servers: list[PausingVllmServer], tmp_path: Path, **kw: Any) -> RemoteEngine:
-    engine = remote_engine([s.url for s in servers], snapshot_dir=str(tmp_path),
-                          request_timeout_s=10.0, max_retries=2, probe_interval_s=0.05,
-                          startup_timeout_s=5.0, initial_weights=WEIGHTS,
-                          weight_update="resubmit", **kw)  # fmt: skip
+    engine = remote_engine(
+        [s.url for s in servers],
+        snapshot_dir=str(tmp_path),
+        request_timeout_s=10.0,
+        max_retries=2,
+        probe_interval_s=0.05,
+        startup_timeout_s=5.0,
+        initial_weights=WEIGHTS,
+        weight_update="resubmit",
+        **kw,
+    )
     engine.start()
     return engine
 

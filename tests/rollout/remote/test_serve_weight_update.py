@@ -77,9 +77,15 @@ def info(port: int) -> Any:
 
 
 def engine_on(port: int, tmp_path: Path, mode: str, weights: Any) -> RemoteEngine:
-    return remote_engine([url(port)], snapshot_dir=str(tmp_path / "snaps"), request_timeout_s=30.0,
-                        probe_interval_s=0.2, startup_timeout_s=3.0, weight_update=mode,
-                        initial_weights=weights)  # fmt: skip
+    return remote_engine(
+        [url(port)],
+        snapshot_dir=str(tmp_path / "snaps"),
+        request_timeout_s=30.0,
+        probe_interval_s=0.2,
+        startup_timeout_s=3.0,
+        weight_update=mode,
+        initial_weights=weights,
+    )
 
 
 def test_each_server_reports_its_mode(servers: tuple[Fleet, int, int, Any]) -> None:

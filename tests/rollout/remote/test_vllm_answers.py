@@ -1,4 +1,5 @@
-"""The remote engine against servers that answer as vLLM really does (the breakages reading vLLM's sources found).
+"""The remote engine against servers that answer as vLLM really does (the breakages reading vLLM's
+sources found).
 
 `FakeVllmServer` (nccl_testlib) answers the way vLLM 0.28/0.29's dev-mode OpenAI server does,
 rules read from its sources and checked against its own code in the `vllm_contract` tier:
@@ -38,9 +39,15 @@ def server() -> Iterator[FakeVllmServer]:
 
 def engine_on(server: FakeVllmServer, tmp_path: Path, **kw: Any) -> RemoteEngine:
     kw = {"startup_timeout_s": 1.0, **kw}
-    return remote_engine([server.url], snapshot_dir=str(tmp_path), request_timeout_s=5.0,
-                        max_retries=1, probe_interval_s=0.05, initial_weights=WEIGHTS,
-                        **kw)  # fmt: skip
+    return remote_engine(
+        [server.url],
+        snapshot_dir=str(tmp_path),
+        request_timeout_s=5.0,
+        max_retries=1,
+        probe_interval_s=0.05,
+        initial_weights=WEIGHTS,
+        **kw,
+    )
 
 
 def wait_until(cond: Callable[[], bool], timeout: float = 15.0) -> None:
@@ -132,9 +139,12 @@ def test_nccl_with_servers_on_other_hosts_needs_an_explicit_master_address() -> 
     with pytest.raises(ValueError, match="rollout.remote.nccl_master_address"):
         remote_engine(["http://10.0.0.5:8100"], weight_sync="nccl")
     cfg = compose(
-        ["rollout=remote", "rollout.remote.servers=[http://node3:8100]",
-         "rollout.remote.weight_sync=nccl"]
-    )  # fmt: skip
+        [
+            "rollout=remote",
+            "rollout.remote.servers=[http://node3:8100]",
+            "rollout.remote.weight_sync=nccl",
+        ]
+    )
     with pytest.raises(ConfigError, match="nccl_master_address"):
         preflight(cfg)
     cfg.rollout.remote.nccl_master_address = "10.0.0.7"

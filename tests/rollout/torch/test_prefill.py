@@ -67,8 +67,10 @@ def test_packed_rows_are_cut_at_max_pack_tokens_and_the_rest_padded_together() -
     # rows of 250 | 110 (+300 > 256) | 300 | 1: the last two alone would not pack, so they
     # join one padded forward
     assert plan([200, 50, 10, 100, 300, 1], cost) == [
-        ([0, 1], True), ([2, 3], True), ([4, 5], False)
-    ]  # fmt: skip
+        ([0, 1], True),
+        ([2, 3], True),
+        ([4, 5], False),
+    ]
     # equal lengths never pack; cut at the row limit they are still one padded forward
     assert plan([200] * 5, cost) == [([0, 1, 2, 3, 4], False)]
 
@@ -99,13 +101,23 @@ def test_unpacked_cache_equals_the_padded_prefill() -> None:
     ids, attention, positions = left_pad(prompts, torch.device("cpu"))
     padded, packed = GrowingCache(), GrowingCache()
     with torch.no_grad():
-        out = model(input_ids=ids, attention_mask=attention, position_ids=positions,
-                    cache=padded, use_cache=True)  # fmt: skip
+        out = model(
+            input_ids=ids,
+            attention_mask=attention,
+            position_ids=positions,
+            cache=padded,
+            use_cache=True,
+        )
         pids, ppos, last = prefill.packed_inputs(prompts, torch.device("cpu"))
         assert pids.tolist() == [sum(prompts, [])] and last.tolist() == [2, 7, 9]
         assert ppos.tolist() == [[0, 1, 2, 0, 1, 2, 3, 4, 0, 1]]
-        pout = model(input_ids=pids, attention_mask=prefill.packed_mask(model, ppos),
-                     position_ids=ppos, cache=packed, use_cache=True)  # fmt: skip
+        pout = model(
+            input_ids=pids,
+            attention_mask=prefill.packed_mask(model, ppos),
+            position_ids=ppos,
+            cache=packed,
+            use_cache=True,
+        )
     torch.testing.assert_close(pout.logits[0, last], out.logits[:, -1], atol=1e-5, rtol=0)
     unpacked, mask = unpack_rows(packed, [len(p) for p in prompts])
     assert torch.equal(mask, attention)
@@ -186,10 +198,16 @@ def test_a_packed_group_joins_a_batch_that_is_already_decoding() -> None:
 class _NoLogitsToKeep(Qwen2ForCausalLM):
     """A model whose forward cannot trim its logits (all positions come back)."""
 
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None,
-                use_cache=None):  # fmt: skip
-        return super().forward(input_ids=input_ids, attention_mask=attention_mask,
-                               position_ids=position_ids, cache=cache, use_cache=use_cache)  # fmt: skip
+    def forward(
+        self, input_ids=None, attention_mask=None, position_ids=None, cache=None, use_cache=None
+    ):
+        return super().forward(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache,
+            use_cache=use_cache,
+        )
 
 
 def test_a_model_without_logits_to_keep_is_packed_through_its_full_logits() -> None:
@@ -227,9 +245,17 @@ def test_packed_prefill_records_each_prompts_own_moe_routing() -> None:
 
 # -- fall-backs ------------------------------------------------------------------------------
 def test_sliding_window_models_are_prefilled_padded(caplog) -> None:
-    cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, use_sliding_window=True,
-                      sliding_window=8, max_window_layers=0)  # fmt: skip
+    cfg = Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        use_sliding_window=True,
+        sliding_window=8,
+        max_window_layers=0,
+    )
     model = Qwen2ForCausalLM(cfg).eval()
     assert "sliding_attention" in cfg.layer_types
     with caplog.at_level(logging.WARNING):

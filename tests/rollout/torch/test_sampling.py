@@ -67,8 +67,10 @@ def test_rows_with_their_own_generator_ignore_the_shared_stream() -> None:
 def test_batched_top_k_masking_equals_the_per_row_definition() -> None:
     g = torch.Generator().manual_seed(0)
     logits = torch.randint(-3, 4, (6, 40), generator=g).float()  # many ties
-    params = [SamplingParams(top_k=k, temperature=t) for k, t in
-              [(0, 1.0), (1, 0.7), (3, 1.0), (40, 1.0), (1, 2.0), (7, 0.5)]]  # fmt: skip
+    params = [
+        SamplingParams(top_k=k, temperature=t)
+        for k, t in [(0, 1.0), (1, 0.7), (3, 1.0), (40, 1.0), (1, 2.0), (7, 0.5)]
+    ]
     params.append(SamplingParams(top_k=2, top_p=0.6))
     logits = torch.cat([logits, logits[:1]])
     got = sampling_log_probs(logits, params)

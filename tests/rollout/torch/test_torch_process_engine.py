@@ -24,11 +24,16 @@ THREADS = torch.get_num_threads()  # the child uses the same count: identical fl
 def requests(n: int, new_tokens: int = 8) -> list[tuple[list[int], SamplingParams]]:
     """Prompts of different lengths; odd ones seeded, even ones from the engine's own stream."""
     return [
-        ([1 + i % 7] * (2 + i % 5), SamplingParams(max_new_tokens=new_tokens + i % 3,
-                                                   stop_token_ids=(5,),
-                                                   seed=1000 + i if i % 2 else None))
+        (
+            [1 + i % 7] * (2 + i % 5),
+            SamplingParams(
+                max_new_tokens=new_tokens + i % 3,
+                stop_token_ids=(5,),
+                seed=1000 + i if i % 2 else None,
+            ),
+        )
         for i in range(n)
-    ]  # fmt: skip
+    ]
 
 
 def serve(engine, reqs) -> list:  # noqa: ANN001
@@ -65,8 +70,12 @@ def test_the_child_answers_exactly_as_the_in_process_engine_before_and_after_an_
     reqs = requests(12)
     shifted = {k: v + 0.02 * torch.randn_like(v) for k, v in model.state_dict().items()}
     thread = results(TorchEngine(model, max_batch_size=16, seed=3), model, reqs, shifted)
-    process = results(ProcessTorchEngine(model, max_batch_size=16, seed=3, num_threads=THREADS),
-                      model, reqs, shifted)  # fmt: skip
+    process = results(
+        ProcessTorchEngine(model, max_batch_size=16, seed=3, num_threads=THREADS),
+        model,
+        reqs,
+        shifted,
+    )
     assert [fields(r) for r in process] == [fields(r) for r in thread]
     assert {v for r in process[:12] for v in r.versions} == {0}
     assert {v for r in process[12:] for v in r.versions} == {7}
@@ -81,8 +90,10 @@ def test_moe_routing_travels_back_and_equals_the_in_process_record() -> None:
     model = tiny_moe(0)
     reqs = [([3, 4, 5 + i], SamplingParams(max_new_tokens=4, seed=i)) for i in range(3)]
     assert max(t for p, _ in reqs for t in p) < MOE_VOCAB
-    engines = (TorchEngine(model, record_routing=True),
-               ProcessTorchEngine(model, record_routing=True, num_threads=THREADS))  # fmt: skip
+    engines = (
+        TorchEngine(model, record_routing=True),
+        ProcessTorchEngine(model, record_routing=True, num_threads=THREADS),
+    )
     outs = []
     for engine in engines:
         with engine:

@@ -177,9 +177,14 @@ def test_a_request_across_several_updates_is_as_old_as_its_oldest_token(weights)
         engine.shutdown()
     assert result.versions == sorted(result.versions) and set(result.versions) == {0, 1, 2, 3}
     n = len(result.token_ids)
-    traj = Trajectory(PROMPT + result.token_ids, [False] * len(PROMPT) + [True] * n,
-                      [0.0] * len(PROMPT) + result.log_probs,
-                      [-1] * len(PROMPT) + result.versions, reward=1.0, prompt_id=0)  # fmt: skip
+    traj = Trajectory(
+        PROMPT + result.token_ids,
+        [False] * len(PROMPT) + [True] * n,
+        [0.0] * len(PROMPT) + result.log_probs,
+        [-1] * len(PROMPT) + result.versions,
+        reward=1.0,
+        prompt_id=0,
+    )
     info = lag_info(4, 0, traj)
     assert info["policy_lag_max"] == 4 and info["policy_lag_min"] == 1
     step = StepMetrics()

@@ -11,7 +11,8 @@ VOCAB = 64
 
 
 def tiny_model(seed: int, sharpness: float = 40.0) -> Qwen2ForCausalLM:
-    """A random 2-layer Qwen2 whose LM head is scaled up so its distributions are far from uniform."""
+    """A random 2-layer Qwen2 whose LM head is scaled up so its distributions are far from
+    uniform."""
     torch.manual_seed(seed)
     cfg = Qwen2Config(
         vocab_size=VOCAB,

@@ -1,4 +1,5 @@
-"""The NCCL rpcs of frlab's vLLM worker extension (frlab.rollout.vllm.worker_extension), on a fake worker:
+"""The NCCL rpcs of frlab's vLLM worker extension (frlab.rollout.vllm.worker_extension), on a fake
+worker:
 join a group by token, begin (tap `load_weights`, forget the held version), commit only what
 was loaded when it matches the learner's fingerprint."""
 

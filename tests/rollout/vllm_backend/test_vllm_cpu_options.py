@@ -39,9 +39,12 @@ def test_the_automatic_cpu_kv_cache_is_twice_what_the_sequences_need_with_a_floo
 
 def test_cpu_defaults_never_override_what_the_user_set() -> None:
     assert cpu_engine_options({"max_model_len": 4096}, 123) == {
-        "max_model_len": 4096, "kv_cache_memory_bytes": 123, "enforce_eager": True,
-        "enable_chunked_prefill": False, "max_num_batched_tokens": 4096,
-    }  # fmt: skip
+        "max_model_len": 4096,
+        "kv_cache_memory_bytes": 123,
+        "enforce_eager": True,
+        "enable_chunked_prefill": False,
+        "max_num_batched_tokens": 4096,
+    }
     assert cpu_engine_options({}, 1)["max_num_batched_tokens"] == 2048  # vLLM's own default
     mine = {"gpu_memory_utilization": 0.2, "enforce_eager": False, "enable_chunked_prefill": True}
     assert cpu_engine_options(mine, 123) == mine  # vLLM's own sizing and chunking, as asked

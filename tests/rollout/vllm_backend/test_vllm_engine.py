@@ -111,8 +111,12 @@ def test_token_versions_read_vllms_span_objects() -> None:
     ]
     assert token_versions(spans, 3) == [3, 3, 4]
     assert token_versions([], 0) == [] == token_versions(None, 0)  # an abort before any token
-    for bad in (None, [SimpleNamespace(version="3", start=0, end=2)], [{"version": "3"}],
-                [SimpleNamespace(version="default", start=0, end=3)]):  # fmt: skip
+    for bad in (
+        None,
+        [SimpleNamespace(version="3", start=0, end=2)],
+        [{"version": "3"}],
+        [SimpleNamespace(version="default", start=0, end=3)],
+    ):
         with pytest.raises(EngineError, match="vLLM's token versions"):
             token_versions(bad, 3)
 
@@ -144,7 +148,8 @@ def test_check_acks_names_what_went_wrong() -> None:
 
 def test_importing_the_adapter_and_worker_does_not_import_vllm() -> None:
     code = (
-        "import sys, frlab.rollout, frlab.rollout.vllm.engine, frlab.rollout.vllm.worker_extension; "
+        "import sys, frlab.rollout, frlab.rollout.vllm.engine, "
+        "frlab.rollout.vllm.worker_extension; "
         "print('vllm' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

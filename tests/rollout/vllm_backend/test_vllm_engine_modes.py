@@ -28,10 +28,13 @@ def engine(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     ns = SimpleNamespace(
-        AsyncLLMEngine=LabellingAsyncLLM, AsyncEngineArgs=LabellingAsyncLLM.Args,
-        SamplingParams=dict, TokensPrompt=dict, CompletionOutput=CompletionOutput,
+        AsyncLLMEngine=LabellingAsyncLLM,
+        AsyncEngineArgs=LabellingAsyncLLM.Args,
+        SamplingParams=dict,
+        TokensPrompt=dict,
+        CompletionOutput=CompletionOutput,
         platform=SimpleNamespace(is_cpu=lambda: False),
-    )  # fmt: skip
+    )
     monkeypatch.setattr(vllm_engine, "_import_vllm", lambda: ns)
     engine = VLLMEngine("m", seed=3, weight_update="resubmit")
     engine.start()

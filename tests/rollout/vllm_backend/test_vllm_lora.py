@@ -32,8 +32,14 @@ def policy() -> Any:
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1)  # fmt: skip
+    config = Qwen2Config(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+    )
     base = AutoModelForCausalLM.from_config(config).eval()
     model = apply_lora(
         base,

@@ -78,8 +78,9 @@ def test_the_docs_table_has_a_row_per_release_and_states_the_range() -> None:
 
 
 def test_no_file_states_another_vllm_range() -> None:
-    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
-                             check=True).stdout.split()  # fmt: skip
+    tracked = subprocess.run(
+        ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
     pattern = re.compile(r"vllm\s*>=\s*0\.\d+\s*,\s*<\s*0\.\d+")
     stale = []
     for name in tracked:
