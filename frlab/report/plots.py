@@ -1,10 +1,11 @@
 """The report's PNGs (matplotlib, Agg), one folder per experiment under the output folder.
 
 - `<metric>.png`, for every training metric of the table: each arm's mean over its seeds with
-  a 95% t band (scipy), and a thin line per seed, against the update (left) and against
-  training wall time (right). The band is drawn only where every seed of the arm
-  has a value; past the point where a seed stops, the mean is dashed and labelled with the
-  number of seeds left.
+  a band, and a thin line per seed, against the update (left) and against training wall time
+  (right). The band is the 95% t interval (scipy) from 4 seeds, and the seeds' range (min to
+  max) for fewer, as in the table: a t interval from 2 seeds is wider than the metric's range.
+  The band is drawn only where every seed of the arm has a value; past the point where a seed
+  stops, the mean is dashed and labelled with the number of seeds left.
 - `intervals.png`: each arm's mean and 95% interval for the evaluation metrics and the final
   train reward (a hollow marker and the seeds' range for low n).
 - `threshold_<metric>.png`: the Kaplan-Meier fraction of runs that reached the threshold,
@@ -80,8 +81,9 @@ def aligned_by_wall(runs: Sequence[Run], metric: str) -> tuple[np.ndarray, np.nd
     return x, grid
 
 
-def band(grid: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Mean, 95% t-band half-width (scipy's t quantile) and the number of seeds, per point."""
+def band(grid: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Mean, the band's low and high ends and the number of seeds, per point: the 95% t
+    interval (scipy's t quantile) for more than LOW_N seeds, the seeds' range for fewer."""
     _, scipy_stats = stats.libraries()
     n = np.isfinite(grid).sum(axis=0)
     with warnings.catch_warnings(), np.errstate(invalid="ignore", divide="ignore"):
@@ -90,7 +92,9 @@ def band(grid: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         sd = np.nanstd(grid, axis=0, ddof=1)
         quantile = scipy_stats.t.ppf(0.5 + stats.CONFIDENCE / 2, np.maximum(n - 1, 1))
         half = np.where(n > 1, quantile * sd / np.sqrt(np.maximum(n, 1)), np.nan)
-    return mean, half, n
+        if grid.shape[0] <= stats.LOW_N:
+            return mean, np.nanmin(grid, axis=0), np.nanmax(grid, axis=0), n
+    return mean, mean - half, mean + half, n
 
 
 def thinned(x: np.ndarray, grid: np.ndarray, points: int) -> tuple[np.ndarray, np.ndarray]:
@@ -115,14 +119,14 @@ def draw_arm(ax: Any, x: np.ndarray, grid: np.ndarray, color: str, label: str) -
     """The mean solid with its band where every seed has a value, dashed (and labelled with
     the seeds left) where some have stopped."""
     x, grid = thinned(x, grid, MEAN_POINTS)
-    mean, half, n = band(grid)
+    mean, low, high, n = band(grid)
     full = n == grid.shape[0]
     if ((n > 0) & ~full).any():  # some seed has stopped (or not begun): the mean dashed there
         ax.plot(x, np.where(n > 0, mean, np.nan), "--", color=color, linewidth=1.0)
-    label = f"{label} (n={grid.shape[0]})"
+    label = f"{label} (n={grid.shape[0]}{', band: range' if grid.shape[0] <= stats.LOW_N else ''})"
     ax.plot(x, np.where(full, mean, np.nan), color=color, linewidth=2.0, label=label)
     if grid.shape[0] > 1:
-        ax.fill_between(x, mean - half, mean + half, where=full, color=color, alpha=0.2)
+        ax.fill_between(x, low, high, where=full, color=color, alpha=0.2)
     started = np.flatnonzero(full)
     partial = np.flatnonzero((n > 0) & ~full)
     partial = partial[partial > started[0]] if started.size else partial  # where seeds stop
@@ -152,7 +156,8 @@ def curves(exp: Experiment, metric: str, folder: Path) -> Path:
     axes[0].set_ylabel(metric)
     if axes[0].lines:
         axes[0].legend(fontsize=7, loc="upper left")  # "best" searches every line: slow
-    fig.suptitle(f"{exp.name}: {metric} (mean, 95% t band, every seed)", fontsize=9)
+    title = "mean, 95% t band (the seeds' range at 2-3 seeds), every seed"
+    fig.suptitle(f"{exp.name}: {metric} ({title})", fontsize=9)
     fig.subplots_adjust(left=0.07, right=0.99, bottom=0.12, top=0.91, wspace=0.12)
     path = folder / f"{file_stem(metric)}.png"
     fig.savefig(path)
