@@ -5,10 +5,10 @@ preempted node, a network blip). The remote engine sends a request only to a hea
 (`ok`), so while none is healthy it sends nothing and the rollout pool admits nothing
 (`Fleet.outage`, frlab.rollout.engine.Outage). Each server has one watcher task (`watch`):
 
-- while it serves, a liveness probe every LIVENESS_S: `GET /health` must answer 200 within
-  `min(LIVENESS_TIMEOUT_S, request_timeout_s)`; after LIVENESS_MISSES misses in a row (a stopped or
-  hung
-  process) it is marked dead and its requests in flight fail over at once, instead of each
+- while it serves, or a weight sync verifies it, a liveness probe every LIVENESS_S:
+  `GET /health` must answer 200 within `min(LIVENESS_TIMEOUT_S, request_timeout_s)`; after
+  LIVENESS_MISSES misses in a row (a stopped or hung process) it is marked dead, its requests in
+  flight fail over at once and a sync gives up on it (`Fleet.while_up`), instead of each
   waiting out `request_timeout_s`;
 - while it does not, a probe on `GET /health` and, once that answers, its admission (the
   learner's current weights loaded and their version proved before any request:
@@ -57,15 +57,24 @@ class Backoff:
 Probe = Callable[[Any], Awaitable["bool | None"]]
 
 
-async def watch(fleet: Any, server: Any, probe: Probe) -> None:
+async def watch(
+    fleet: Any, server: Any, probe: Probe, syncing: Callable[[], bool] = lambda: False
+) -> None:
     """One server's watcher (a `Fleet` and one of its `Server`s: frlab.rollout.remote.fleet),
     for the engine's lifetime (see the module docstring); a server that refuses the fleet's
-    secret ends it (the run stops: `Fleet.down_reason`)."""
+    secret ends it (the run stops: `Fleet.down_reason`). `syncing()`: a weight sync is under
+    way; the servers it verifies (`unverified`, `stale`) are checked for liveness like serving
+    ones, so a sync gives up on one that stops answering instead of waiting out
+    `request_timeout_s`."""
+
+    def serving() -> bool:
+        return server.state == "ok" or (server.state in ("unverified", "stale") and syncing())
+
     while True:
-        if server.state == "ok":
+        if serving():
             await asyncio.sleep(LIVENESS_S)
-            if server.state == "ok":
-                await check_alive(fleet, server)
+            if serving():
+                await check_alive(fleet, server, serving)
             continue
         wait = server.next_probe - time.monotonic()
         if wait > 0:
@@ -81,14 +90,15 @@ async def watch(fleet: Any, server: Any, probe: Probe) -> None:
             server.next_probe = time.monotonic() + fleet.backoff.first_s
 
 
-async def check_alive(fleet: Any, server: Any) -> None:
+async def check_alive(fleet: Any, server: Any, serving: Callable[[], bool]) -> None:
     """One liveness probe of a serving server; the LIVENESS_MISSES-th miss in a row marks it
-    dead (its requests in flight fail over)."""
+    dead (its requests in flight fail over, a sync verifying it gives up on it) while it is
+    still `serving()`."""
     timeout = min(LIVENESS_TIMEOUT_S, fleet.request_timeout_s)
     if await fleet.healthy(server, timeout):
         server.misses = 0
         return
     server.misses += 1
-    if server.misses >= LIVENESS_MISSES and server.state == "ok":
+    if server.misses >= LIVENESS_MISSES and serving():
         why = f"GET /health gave no 200 within {timeout:g} s, {server.misses} times in a row"
         fleet.unresponsive(server, why)

@@ -299,7 +299,8 @@ class RemoteEngine(Engine):
         await sync.admit_at_start(push, self.startup_timeout_s)
         self._fleet.last_healthy = time.monotonic()
         loop = asyncio.get_running_loop()
-        watchers = [breaker.watch(self._fleet, s, sync.probe) for s in self._fleet.servers]
+        syncing = lambda: self._traffic.syncing  # noqa: E731  (read by each watcher)
+        watchers = [breaker.watch(self._fleet, s, sync.probe, syncing) for s in self._fleet.servers]
         self._tasks = [loop.create_task(w) for w in [*watchers, self._fleet.watch_forever()]]
 
     def shutdown(self) -> None:

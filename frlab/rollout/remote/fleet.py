@@ -17,7 +17,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -216,21 +216,31 @@ class Fleet:
     async def post_while_up(self, server: Server, path: str, body: Any, max_bytes: int) -> Any:
         """`post`, given up with ServerFault as soon as `server` is marked dead (a stopped
         process answers nothing: its requests fail over now, not at `request_timeout_s`)."""
-        post = asyncio.ensure_future(self.post(server, path, body, max_bytes=max_bytes))
+        done, answer = await self.while_up(
+            server, self.post(server, path, body, max_bytes=max_bytes)
+        )
+        if not done:
+            raise ServerFault("dead", f"given up on a request in flight: {answer}")
+        return answer
+
+    async def while_up(self, server: Server, work: Awaitable[Any]) -> tuple[bool, Any]:
+        """Await `work` on `server` until it ends or `server` is marked dead, then cancel it:
+        (True, its result), or (False, why it was marked dead)."""
+        task = asyncio.ensure_future(work)
         gone = asyncio.get_running_loop().create_future()
         server.gone.add(gone)
         try:
-            await asyncio.wait({post, gone}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
-            post.cancel()
+            task.cancel()
             raise
         finally:
             server.gone.discard(gone)
-        if post.done():
-            return post.result()
-        post.cancel()
-        post.add_done_callback(_retrieve)
-        raise ServerFault("dead", f"given up on a request in flight: {gone.result()}")
+        if task.done():
+            return True, task.result()
+        task.cancel()
+        task.add_done_callback(_retrieve)
+        return False, gone.result()
 
     async def post(
         self,
@@ -296,9 +306,10 @@ class Fleet:
                 gone.set_result(str(fault))
 
     def unresponsive(self, server: Server, why: str) -> None:
-        """A serving server missed its liveness probes (frlab.rollout.remote.breaker): dead."""
+        """A serving server (or one a weight sync is verifying) missed its liveness probes
+        (frlab.rollout.remote.breaker): dead, and what waits on it gives up."""
         self.counts["faults"] += 1
-        self.mark(server, ServerFault("dead", why), warn=server.state == "ok")
+        self.mark(server, ServerFault("dead", why), warn=server.state in ("ok", "unverified"))
 
     def refuse(self, server: Server, why: str) -> None:
         self.counts["stale_refusals"] += 1
@@ -352,9 +363,11 @@ class Fleet:
 
     async def pause_abort(self, server: Server) -> None:
         """`POST /pause?mode=abort` (every request it holds ends as aborted, new ones queue);
-        a server that refuses it is waited for as under drain."""
+        a server that refuses it is waited for as under drain; one marked dead meanwhile (its
+        liveness) is given up."""
+        pause = self.post(server, proto.PAUSE_ABORT, {}, timeout=self.request_timeout_s)
         try:
-            await self.post(server, proto.PAUSE_ABORT, {}, timeout=self.request_timeout_s)
+            await self.while_up(server, pause)
         except ServerFault as fault:
             self.fault(server, fault)
             return
@@ -366,13 +379,14 @@ class Fleet:
                 exc,
             )
             return
-        server.paused = True
+        server.paused = True  # also when given up on: its re-admission resumes it
 
     async def freeze(self, server: Server, path: str) -> None:
         """`POST path` (a pause that keeps the KV cache: requests stop between two decode
-        steps); a server that refuses has its requests aborted (they fail over)."""
+        steps); a server that refuses has its requests aborted (they fail over); one marked
+        dead meanwhile (its liveness) is given up."""
         try:
-            await self.post(server, path, {}, timeout=self.request_timeout_s)
+            await self.while_up(server, self.post(server, path, {}, timeout=self.request_timeout_s))
         except (ServerFault, EngineError) as exc:
             log.warning(
                 "remote engine: %s refused the in_flight pause, aborting its requests: %s",
@@ -381,7 +395,7 @@ class Fleet:
             )
             await self.abort_all(server)
             return
-        server.paused = True
+        server.paused = True  # also when given up on: its re-admission resumes it
 
     async def abort_all(self, server: Server) -> None:
         """`POST /abort_requests {}`: a request queued on a paused server ends as aborted."""

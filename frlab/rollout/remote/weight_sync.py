@@ -165,7 +165,7 @@ class WeightSync:
                 live = [s for s in self.fleet.servers if s.state != "dead"]
                 for s in self.fleet.servers:
                     s.state = "unverified" if s.state == "ok" else s.state
-                await asyncio.gather(*(self.admit(s) for s in live))
+                await asyncio.gather(*(self.fleet.while_up(s, self.admit(s)) for s in live))
                 await in_flight.abort_unverified(self.fleet, self.mode)
             finally:
                 if not held:

@@ -3,7 +3,8 @@
 server is healthy the engine sends no request, reports an outage and fails its requests with
 EngineFault (the pool requeues them); a server that returns gets the current weights before
 any request; a server that stops answering `/health` is marked dead and its requests in flight
-fail over at once, without waiting out `request_timeout_s`."""
+fail over at once, and a weight push under way gives up on it, without waiting out
+`request_timeout_s`."""
 
 from __future__ import annotations
 
@@ -31,18 +32,20 @@ FIRST_S, MAX_S = 0.1, 0.8
 
 class SwitchedServer(FakeVllmServer):
     """Records each request (time, method, path); `unavailable`: 503 to every POST and no 200
-    to `/health`; `hung`: `/health` and completions do not answer until the test ends."""
+    to `/health`; `hung`: `/health` and completions do not answer until the test ends;
+    `stopped`: no route answers until the test ends (a SIGSTOPped process)."""
 
     def __init__(self) -> None:
         super().__init__(n_workers=1)
         self.unavailable = False
         self.hung = threading.Event()
+        self.stopped = threading.Event()
         self.released = threading.Event()
         self.seen: list[tuple[float, str, str]] = []
 
     def get(self, path: str) -> Any:
         self.seen.append((time.monotonic(), "GET", path))
-        if self.hung.is_set() and path == proto.HEALTH:
+        if self.stopped.is_set() or (self.hung.is_set() and path == proto.HEALTH):
             self.released.wait(30)
         if self.unavailable:
             raise KeyError(path)  # 404: not the 200 a healthy server answers
@@ -52,7 +55,7 @@ class SwitchedServer(FakeVllmServer):
         self.seen.append((time.monotonic(), "POST", path))
         if self.unavailable:
             raise Refused(503, {"error": "unavailable"})
-        if self.hung.is_set() and path == proto.COMPLETIONS:
+        if self.stopped.is_set() or (self.hung.is_set() and path == proto.COMPLETIONS):
             self.released.wait(30)
         return super().post(path, body)
 
@@ -159,3 +162,29 @@ def test_a_server_that_stops_answering_health_has_its_requests_failed_over_at_on
     assert result.token_ids == [7, 8]
     assert stopped.times("POST", proto.COMPLETIONS) and other.times("POST", proto.COMPLETIONS)
     assert victim.state == "dead" and "GET /health gave no 200" in victim.why, victim
+
+
+def test_a_weight_push_gives_up_on_a_server_that_stops_answering_under_it(
+    servers: list[SwitchedServer], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server stopped as a push begins answers neither the push nor `/health`: the push
+    marks it dead at its liveness deadline (about 1 s here), not at `request_timeout_s` (30 s),
+    and the other server serves the new version."""
+    monkeypatch.setattr(breaker, "LIVENESS_S", 0.1)
+    monkeypatch.setattr(breaker, "LIVENESS_TIMEOUT_S", 0.3)
+    stopped, other = servers
+    engine = engine_on([stopped.url, other.url], tmp_path)  # request_timeout_s: 30 s
+    try:
+        stopped.stopped.set()  # like SIGSTOP: connections open, no answer on any route
+        started = time.monotonic()
+        engine.update_weights({"w": WEIGHTS["w"] + 1.0}, 1)
+        took = time.monotonic() - started
+        victim, kept = engine.servers
+        result = generate(engine)
+    finally:
+        engine.shutdown()
+    assert stopped.times("GET", "/server_info", since=started)  # the push met it
+    assert took < 10.0, took
+    assert victim.state == "dead" and "GET /health gave no 200" in victim.why, victim
+    assert kept.state == "ok" and kept.version == 1, kept
+    assert result.token_ids == [7, 8] and engine.stats()["server_faults"] == 1

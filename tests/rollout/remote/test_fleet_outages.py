@@ -3,7 +3,8 @@ never data. Toy runs through the real Trainer / DataModule path (`frlab.train.ru
 rollout=remote) meet, after their third update:
 
 - the only server killed (SIGKILL while it holds requests) and restarted 20 s later;
-- the only server stopped (SIGSTOP while it holds requests) for 20 s, then continued;
+- the only server stopped (SIGSTOP while it holds requests, as the learner pushes its next
+  weights) for 20 s, then continued;
 - the only server answering HTTP 503 to everything for 10 s (`--fault unavailable`);
 - one of three servers flapping: unavailable and back every 5 s for a minute.
 
@@ -49,13 +50,17 @@ class Lines(logging.Handler):
 
 
 class Chaos(L.Callback):
-    """Runs `act(engine)` in a thread after update START_AT; stops the run AFTER updates past
-    the update that came first once `act` returned."""
+    """After update START_AT runs `prelude(engine)` (if any) at once, in the learner's thread,
+    then `act(engine)` in a thread; stops the run AFTER updates past the update that came first
+    once `act` returned. Placed before the weight sync's callback, a prelude's fault meets the
+    weight push of update START_AT."""
 
     START_AT, AFTER = 3, 3
 
-    def __init__(self, act: Callable[[Any], None]) -> None:
-        self.act = act
+    def __init__(
+        self, act: Callable[[Any], None], prelude: Callable[[Any], None] | None = None
+    ) -> None:
+        self.act, self.prelude = act, prelude
         self.thread: threading.Thread | None = None
         self.started = self.acted = self.resumed = 0.0
         self.done_at: int | None = None
@@ -67,6 +72,8 @@ class Chaos(L.Callback):
             engine = trainer.datamodule.pool.engine
             self.thread = threading.Thread(target=self._act, args=(engine,), daemon=True)
             self.started = time.time()
+            if self.prelude is not None:
+                self.prelude(engine)
             self.thread.start()
         elif self.thread is not None and self.done_at is None and not self.thread.is_alive():
             self.done_at, self.resumed = step, time.time()
@@ -102,7 +109,6 @@ def toy_overrides(
     return [
         "rollout=remote",
         f"rollout.remote.servers=[{','.join(url(p) for p in ports)}]",
-        "rollout.remote.request_timeout_s=10",
         "rollout.remote.probe_interval_s=0.5",
         "rollout.remote.probe_backoff_max_s=2",
         f"rollout.max_in_flight={BATCH}",
@@ -117,15 +123,20 @@ def toy_overrides(
 
 
 def train_with(
-    overrides: list[str], callbacks: list[L.Callback], monkeypatch: pytest.MonkeyPatch
+    overrides: list[str],
+    callbacks: list[L.Callback],
+    monkeypatch: pytest.MonkeyPatch,
+    first: bool = False,
 ) -> tuple[dict[str, Any], Lines]:
-    """`frlab.train.run` with `callbacks` added; its summary and log."""
+    """`frlab.train.run` with `callbacks` added (`first`: before the run's own); its summary
+    and log."""
     import frlab.train as train
     from frlab.config.compose import compose
 
     cfg = compose(overrides)
-    build_callbacks = train.build_callbacks
-    monkeypatch.setattr(train, "build_callbacks", lambda *a: [*build_callbacks(*a), *callbacks])
+    build = train.build_callbacks
+    both = (lambda *a: [*callbacks, *build(*a)]) if first else (lambda *a: [*build(*a), *callbacks])
+    monkeypatch.setattr(train, "build_callbacks", both)
     lines, root = Lines(), logging.getLogger()
     level = root.level
     root.addHandler(lines)
@@ -138,11 +149,18 @@ def train_with(
 
 
 def run_with(
-    tmp_path: Path, ports: list[int], act: Callable[[Any], None], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    ports: list[int],
+    act: Callable[[Any], None],
+    monkeypatch: pytest.MonkeyPatch,
+    prelude: Callable[[Any], None] | None = None,
+    extra: tuple[str, ...] = (),
 ) -> tuple[dict[str, Any], list[dict[str, str]], Chaos, Lines]:
-    """A toy run on `ports` with `act` as its chaos; its summary, metrics rows, chaos, log."""
-    chaos = Chaos(act)
-    summary, lines = train_with(toy_overrides(tmp_path / "run", ports), [chaos], monkeypatch)
+    """A toy run on `ports` (with the `extra` overrides) with `act` (and `prelude`) as its
+    chaos; its summary, metrics rows, chaos, log."""
+    chaos = Chaos(act, prelude)
+    overrides = toy_overrides(tmp_path / "run", ports, *extra)
+    summary, lines = train_with(overrides, [chaos], monkeypatch, first=prelude is not None)
     assert chaos.error is None, chaos.error
     with (tmp_path / "run" / "metrics.csv").open() as fh:
         rows = list(csv.DictReader(fh))
@@ -211,25 +229,31 @@ def test_the_only_server_killed_and_restarted_20_s_later(
 def test_the_only_server_stopped_for_20_s_then_continued(
     servers: tuple[Fleet, list[int]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Stopped under requests as the learner pushes its next weights: the push and the
+    requests give up on it at its liveness deadline (request_timeout_s: the default 120 s),
+    the prompts are requeued, and it is re-admitted once it answers again."""
     fleet, ports = servers
     port = ports[1]
 
     def act(engine: Any) -> None:
-        when_busy(fleet, port, engine)
         time.sleep(20)
         fleet.thaw(port)
 
     try:
-        summary, rows, chaos, lines = run_with(tmp_path, [port], act, monkeypatch)
+        # the prelude holds the learner before its push: a lag bound that still admits rollouts
+        stop = lambda e: when_busy(fleet, port, e)  # noqa: E731
+        summary, rows, chaos, lines = run_with(
+            tmp_path, [port], act, monkeypatch, prelude=stop, extra=("rollout.max_policy_lag=8",)
+        )
     finally:
         fleet.thaw(port)
     stats = assert_nothing_dropped(summary)
     assert stats["requeued"] >= 1 and stats["outages"]["count"] == 1, stats
-    # down from when it was found unresponsive (a request timeout: 10 s) until it answers again
-    assert stats["outages"]["longest_s"] >= 5, stats
+    assert stats["outages"]["longest_s"] >= 5, stats  # from its liveness deadline to its return
     assert stats["engine"]["readmissions"] == 1
     assert float(rows[-1]["rollout/fleet_down_s"]) == pytest.approx(stats["fleet_down_s"], abs=0.01)
-    told_once(outage_lines(chaos, lines), budget=12)
+    told = told_once(outage_lines(chaos, lines), budget=12)
+    assert any("GET /health gave no 200" in line for line in told), told
 
 
 @pytest.mark.slow
