@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 import torch
+from helpers.fleet import fleet_settings
 from test_lora_serving import LORA, moved_adapter, with_adapter
 from test_servers import NEW_TOKENS, until_one_lands_mid_request, worst
 from vllm_cpu_testlib import (
@@ -61,14 +62,14 @@ def lora_server(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 def engine_for(server: Server, policy: Any, folder: Path, mode: str | None) -> RemoteEngine:
-    settings = {
-        "servers": [server.url],
-        "snapshot_dir": str(folder),
-        "request_timeout_s": 120,
-        "startup_timeout_s": 120,
-        "probe_interval_s": 0.5,
-        "secret_file": str(server.secret_file),
-    }
+    settings = fleet_settings(
+        [server.url],
+        snapshot_dir=str(folder),
+        request_timeout_s=120,
+        startup_timeout_s=120,
+        probe_interval_s=0.5,
+        secret_file=str(server.secret_file),
+    )
     engine = RemoteEngine.for_policy(policy, seed=0, settings=settings, weight_update=mode)
     engine.start()
     return engine
