@@ -1,11 +1,15 @@
 """Shared pytest setup: puts tests/ on sys.path so test folders can share `*_testlib` helpers,
-runs the default test command on two workers, and decides the fate of the two vLLM tiers
-where their environment is missing: a skip naming the script that builds it, or a failure when
-the tier is required (CI sets the variable); and restores torch's thread count after each test.
+runs the test commands on two workers, and decides the fate of the two vLLM tiers where their
+environment is missing: a skip naming the script that builds it, or a failure when the tier is
+required (CI sets the variable); and restores torch's thread count after each test.
 
-Two workers: `python -m pytest -q` (no `-n`, no `-m`) runs on WORKERS pytest-xdist processes,
-each test module on one worker (`--dist loadscope`: a module's fixtures are built once), when
-pytest-xdist is installed (the `test` extra has it); `-n 0` runs serially. A tier command
+Two commands (pyproject.toml's `addopts` holds `-m "not slow"`): `python -m pytest -q` is the
+fast loop, every test not marked `slow`; `python -m pytest -q -m slow` runs the rest; `-m ""`
+runs both at once.
+
+Two workers: those commands run on WORKERS pytest-xdist processes, each test module on one
+worker (`--dist loadscope`: a module's fixtures are built once), when pytest-xdist is installed
+(the `test` extra has it) and no `-n` is given; `-n 0` runs serially. A tier command
 (`-m vllm_cpu`, `-m vllm_contract`) stays serial: its real engines and servers need the cores.
 
 - `vllm_contract`: frlab's adapters against vLLM's Python code (scripts/vllm_contract_env.sh,
@@ -30,11 +34,13 @@ CPU_ENV = "bash scripts/vllm_cpu_env.sh"
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config: pytest.Config) -> None:
-    """The default command on WORKERS workers (see the module docstring); not inside a worker,
-    and not in a pytest run that a test starts from a worker (it inherits the variable)."""
+    """The test commands on WORKERS workers (see the module docstring); not a tier command, not
+    inside a worker, and not in a pytest run that a test starts from a worker (it inherits the
+    variable)."""
     if os.environ.get("PYTEST_XDIST_WORKER") or not config.pluginmanager.hasplugin("xdist"):
         return
-    if config.option.numprocesses is None and not config.option.markexpr:
+    tier = any(marker in (config.option.markexpr or "") for marker in TIERS)
+    if config.option.numprocesses is None and not tier:
         config.option.numprocesses = WORKERS
         config.option.dist = "loadscope"
 

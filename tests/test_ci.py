@@ -3,6 +3,8 @@
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -20,12 +22,14 @@ CPU_TEST = (
 )
 
 
-def _readme_commands() -> tuple[str, str]:
+def _readme_commands() -> tuple[str, list[str]]:
     text = (ROOT / "README.md").read_text()
     install = re.search(r"^(pip install -e '\.\[test\]' 'torch==2\.13\.0')\s*$", text, flags=re.M)
-    test = re.search(r"^(python -m pytest -q)\s*$", text, flags=re.M)
-    assert install and test, "README must show the install and the test command on their own lines"
-    return install.group(1), test.group(1)
+    tests = re.findall(r"^(python -m pytest -q(?: -m slow)?)\s*$", text, flags=re.M)
+    assert install and tests, (
+        "README must show the install and the test commands on their own lines"
+    )
+    return install.group(1), tests
 
 
 def test_ci_runs_the_readmes_vllm_contract_commands_on_three_releases() -> None:
@@ -48,10 +52,15 @@ def test_ci_runs_the_readmes_vllm_contract_commands_on_three_releases() -> None:
 
 
 def test_ci_runs_the_readme_commands() -> None:
-    install, test = _readme_commands()
+    """The install, then the fast loop and the rest: together every test a CPU runs."""
+    install, tests = _readme_commands()
+    assert tests == ["python -m pytest -q", "python -m pytest -q -m slow"]
     ci = (ROOT / ".ci" / "run").read_text()
     assert re.search(rf"^{re.escape(install)}\s*$", ci, flags=re.M)
-    assert re.search(rf"^{re.escape(test)} ", ci, flags=re.M)
+    for test in tests:
+        assert re.search(rf"^readme_test {re.escape(test)}$", ci, flags=re.M), test
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert re.search(r"^addopts = .*-m 'not slow'", pyproject, flags=re.M)  # the two: disjoint
     for var in (
         "HF_HUB_OFFLINE=1",
         "TRANSFORMERS_OFFLINE=1",
@@ -61,6 +70,7 @@ def test_ci_runs_the_readme_commands() -> None:
         assert var in ci
 
 
+@pytest.mark.slow
 def test_a_missing_vllm_skips_the_contract_tier_or_fails_it_when_required() -> None:
     """Without vLLM the tier skips naming the script; FRLAB_REQUIRE_VLLM_CONTRACT=1 (CI) turns
     that into a failure, so CI cannot pass with the tier silently skipped."""
@@ -96,6 +106,7 @@ def test_ci_runs_the_readmes_vllm_cpu_commands_with_the_tier_required() -> None:
     assert "skipped" in ci[ci.index(CPU_TEST) :]  # CI refuses a run of the tier with skips
 
 
+@pytest.mark.slow
 def test_a_missing_vllm_skips_the_cpu_tier_or_fails_it_when_required() -> None:
     """Without vLLM's CPU build the tier skips naming its script; FRLAB_REQUIRE_VLLM_CPU=1
     (CI) turns that into a failure."""

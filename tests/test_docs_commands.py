@@ -296,6 +296,7 @@ def test_the_preflight_check_fails_a_wrong_command(monkeypatch: pytest.MonkeyPat
         assert len(preflight_failures([plain], monkeypatch)) == 1
 
 
+@pytest.mark.slow
 def test_every_frlab_command_composes_and_passes_preflight(monkeypatch: pytest.MonkeyPatch) -> None:
     """`python -m frlab` lines as the command line would run them: compose, then preflight."""
     unique: dict[tuple[str, tuple[str, ...]], FrlabCommand] = {}

@@ -24,6 +24,8 @@ import torch
 
 from frlab.export import main
 
+pytestmark = pytest.mark.slow  # a module fixture starts servers or runs a training run
+
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HYDRA_FULL_ERROR": "1"}
 
 
@@ -166,7 +168,6 @@ def lora_run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-@pytest.mark.slow
 def test_a_lora_run_exports_its_adapter_or_the_merged_model(lora_run_dir, tmp_path) -> None:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM

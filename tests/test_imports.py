@@ -8,6 +8,7 @@ import pytest
 FORBIDDEN = ("vllm", "alfworld", "wandb")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "module",
     [

@@ -4,9 +4,12 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from frlab.toy import main
 
 
+@pytest.mark.slow
 def test_toy_cli_runs_one_finite_update() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "frlab.toy"], capture_output=True, text=True, timeout=300

@@ -85,6 +85,7 @@ def test_wrong_values_name_the_key(args: list[str], key: str, fragment: str) -> 
     assert fragment in str(err), str(err)
 
 
+@pytest.mark.slow
 def test_valid_overrides_compose() -> None:
     compose(["experiment=r1_distill_1p5b", "model.name_or_path=/x", "trainer.max_time=1"])
     compose(["~logger", "~callbacks.model_checkpoint", "hydra/launcher=basic"])
@@ -116,6 +117,7 @@ def test_the_engine_is_a_group_and_a_plain_key_names_it() -> None:
         assert info.value.key == "rollout.engine" and fragment in str(info.value), value
 
 
+@pytest.mark.slow
 def test_a_bool_key_accepts_only_booleans() -> None:
     """OmegaConf would turn `data.pack_sequences=3` into True silently: preflight reads the
     job's overrides as written."""

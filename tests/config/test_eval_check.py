@@ -121,6 +121,7 @@ def test_callbacks_put_evaluation_between_weight_sync_and_run_files(tmp_path) ->
     assert "AvgAtKEvaluation" not in [type(c).__name__ for c in off]
 
 
+@pytest.mark.slow
 def test_every_eval_option_composes_and_passes_preflight() -> None:
     experiments = {"alfworld": "alfworld_qwen7b", "tool_episodes": "python_tool_qwen7b"}
     for option in group_options("eval"):

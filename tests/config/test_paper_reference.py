@@ -296,6 +296,7 @@ def test_preset_trains_on_the_reference_data(name: str, monkeypatch: pytest.Monk
         assert DATA[name]["source"].endswith("math_1460.parquet")
 
 
+@pytest.mark.slow
 def test_evaluation_sets_and_kinds(monkeypatch: pytest.MonkeyPatch) -> None:
     def ev(name: str) -> dict[str, Any]:
         return OmegaConf.to_container(_setup(name, monkeypatch)[0].eval, resolve=True)

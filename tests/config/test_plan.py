@@ -177,6 +177,7 @@ def test_the_plan_lists_the_values_that_differ_from_the_declared_defaults() -> N
     assert "model.name_or_path=null" in text
 
 
+@pytest.mark.slow
 def test_the_changed_row_shows_the_engine_and_env_keys_set() -> None:
     """The engine node against its declaration, the env node against its class's constructor
     defaults: `rollout.engine.num_threads=2`, `env.num_digits=5`, key by key."""

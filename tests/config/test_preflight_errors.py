@@ -26,6 +26,7 @@ def test_config_error_is_a_value_error() -> None:
 
 
 # -- unknown names and keys, with close-match suggestions -------------------------------------
+@pytest.mark.slow
 def test_unknown_component_name_suggests_close_match() -> None:
     err = fails(
         ["objective.trust_region=sequence_bernouli_kl"],
@@ -72,6 +73,7 @@ def test_unknown_trainer_argument_and_frlab_owned_ones() -> None:
     fails(["+trainer.gradient_clip_val=1.0"], "trainer.gradient_clip_val", "optim.grad_clip")
 
 
+@pytest.mark.slow
 def test_unknown_choice_values() -> None:
     fails(["rollout.engine=torhc"], "rollout.engine", "'torch'")
     fails(["rollout.mode=asynch"], "rollout.mode", "'async'")
@@ -160,6 +162,7 @@ def test_batch_must_split_over_ranks_and_micro_batches() -> None:
     )
 
 
+@pytest.mark.slow
 def test_off_policy_correction_needs_full_support() -> None:
     fails(["rollout.sampling.top_p=0.9"], "rollout.sampling.top_p", "importance sampling")
     fails(["rollout.sampling.top_k=20"], "rollout.sampling.top_k", "off-policy correction")
@@ -169,6 +172,7 @@ def test_off_policy_correction_needs_full_support() -> None:
     assert not any(k.endswith(".delta") for k in plan)
 
 
+@pytest.mark.slow
 def test_group_baselines_need_several_samples_in_either_mode() -> None:
     for preset in ("grpo", "dr_grpo", "rloo"):
         fails([f"objective={preset}"], "rollout.samples_per_prompt", "batch_mean")
@@ -309,6 +313,7 @@ def test_a_node_without_a_target_is_refused() -> None:
     fails(["+callbacks.mine={every: 1}"], "callbacks.mine._target_", "missing")
 
 
+@pytest.mark.slow
 def test_preflight_does_not_import_an_environments_libraries() -> None:
     """Preflight reads the env class's signature (envs.alfworld is light) but never imports
     ALFWorld itself; in a fresh interpreter, as other tests in this process may have."""
@@ -327,6 +332,7 @@ def test_preflight_does_not_import_an_environments_libraries() -> None:
     assert out.stdout.strip().splitlines()[-1] == "[]"
 
 
+@pytest.mark.slow
 def test_a_dry_run_checks_the_env_nodes_keys_against_its_class() -> None:
     """Unknown and missing constructor arguments are found without building the env; a key
     the class takes passes."""
@@ -350,6 +356,7 @@ def test_a_target_from_the_users_own_package_needs_no_flag(
     assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text
 
 
+@pytest.mark.slow
 def test_lora_needs_an_engine_that_serves_it_and_valid_settings() -> None:
     """Engine classes that declare serves_lora take LoRA policies; a fleet only with the modes
     it implements for adapters; a class that does not declare it is refused by name."""

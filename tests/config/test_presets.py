@@ -91,6 +91,7 @@ PAPER = (
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", SWEEPS)
 def test_every_sweep_job_composes_and_passes_preflight(name: str) -> None:
     cfg = compose([f"sweep={name}"])

@@ -166,6 +166,7 @@ def test_run_folder_names_stay_short() -> None:
     assert "/" not in safe_name("model.name_or_path=/data/m")
 
 
+@pytest.mark.slow
 def test_the_declarations_are_no_group_of_the_help() -> None:
     """`python -m frlab --help` lists frlab's config groups, not the declarations Hydra holds
     (registered under root-level names, not in a group)."""
@@ -201,6 +202,7 @@ def test_search_path_plugin_is_registered_idempotently() -> None:
     assert len(found) == 1
 
 
+@pytest.mark.slow
 def test_every_engine_declaration_is_an_option_and_every_option_an_engine() -> None:
     """The rollout/engine group is the list of engines: each declaration of
     frlab.config.schema.ENGINES (the keys of frlab's built-in engine nodes) is one of its

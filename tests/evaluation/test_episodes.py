@@ -140,6 +140,7 @@ class InvalidActionEngine:
         return GenerationResult(ids, [-0.1] * len(ids), [0] * len(ids), "stop")
 
 
+@pytest.mark.slow
 @pytest.mark.alfworld
 def test_eval_alfworld_builds_one_env_factory_per_split_and_plays_real_games(tmp_path) -> None:
     pytest.importorskip("alfworld.info", reason="needs the alfworld extra")

@@ -57,6 +57,7 @@ def _fit(module: FlashReinforceModule, batches, **trainer_kw) -> MemoryLogger:
     return logger
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("temperature", "q"), [(1.0, 1.0), (0.7, 0.5)], ids=["base", "temp0.7_entropy_q0.5"]
 )
@@ -138,6 +139,7 @@ def _expected_lag(batch, version: int) -> torch.Tensor:
     return version - torch.tensor(oldest, dtype=torch.float64)
 
 
+@pytest.mark.slow
 def test_metric_names_and_values() -> None:
     policy = tiny_policy(seed=4)
     batches = [make_batch(policy, rows=B, seed=s, max_version=4) for s in (8, 9)]
@@ -179,6 +181,7 @@ def test_metric_names_and_values() -> None:
     assert module.policy_version == 8
 
 
+@pytest.mark.slow
 def test_turns_and_tool_calls_are_logged_from_trajectory_info() -> None:
     """Multi-turn tool use: turns and tool calls per trajectory reach the logged row; a batch
     without agent-loop info (hand-built) logs neither."""
@@ -241,6 +244,7 @@ def test_builds_policy_from_model_config() -> None:
     assert module.hparams["learner"]["micro_batch_size"] == B
 
 
+@pytest.mark.slow
 def test_gradient_checkpointing_gives_the_same_update() -> None:
     results = []
     for checkpointing in (False, True):

@@ -75,6 +75,7 @@ def test_moe_experts_are_adapted_and_routers_never() -> None:
     assert torch.allclose(log_probs(base, tokens), log_probs(adapted, tokens), atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine_kind", ["torch", "torch_process"])
 def test_an_adapter_only_push_lands_and_matches_the_learners_log_probs(engine_kind: str) -> None:
     from frlab.rollout.torch.engine import TorchEngine

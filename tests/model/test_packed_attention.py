@@ -60,6 +60,7 @@ def _run(model, ids, mask, action, *, pack: bool):
     return lp.detach(), ent, grads
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["qwen2", "llama", "qwen3_moe"])
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 def test_packed_equals_padded(arch: str, attn: str) -> None:

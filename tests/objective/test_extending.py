@@ -11,6 +11,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from frlab.objective.catalog import ROOT
 
 GUIDE = ROOT / "docs" / "extending.md"  # holds the marked example
@@ -59,6 +61,7 @@ print("ok")
 """
 
 
+@pytest.mark.slow
 def test_the_readme_example_registers_selects_validates_and_logs() -> None:
     text = GUIDE.read_text()
     block = text[text.index(BEGIN) : text.index(END)]

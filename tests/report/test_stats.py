@@ -85,6 +85,7 @@ def test_the_mean_interval_is_rliables() -> None:
     assert (e.low, e.high) == pytest.approx(expected, abs=0.015)
 
 
+@pytest.mark.slow
 def test_iqm_by_hand_and_its_stratified_interval_is_rliables() -> None:
     from rliable import metrics
 

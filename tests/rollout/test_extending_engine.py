@@ -135,7 +135,10 @@ def test_an_engine_in_tree_is_one_folder_and_its_option_file(tmp_path: Path) -> 
     assert added == {f"{FOLDER}/__init__.py", f"{FOLDER}/engine.py", IN_TREE_OPTION}, added
     assert changed == {"docs/config-keys.md"}, changed  # regenerated, not written by hand
     assert "naive" in (root / "docs/config-keys.md").read_text()
-    checks = run(root, [sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", *CHECKS], root)
+    every = ["-m", ""]  # the slow checks too (the default leaves them out)
+    checks = run(
+        root, [sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", *every, *CHECKS], root
+    )
     assert checks.returncode == 0, checks.stdout[-4000:]
     assert "python -m frlab rollout/engine=naive" in GUIDE.read_text()
     plan = frlab(root, ["rollout/engine=naive", "dry_run=true"], root)
@@ -194,6 +197,7 @@ def test_the_guides_engine_out_of_tree_trains_through_python_m_frlab(tmp_path: P
     assert all(float(r["train/acceptance_rate"]) > 0.9 for r in trained(tmp_path / "run"))
 
 
+@pytest.mark.slow
 def test_preflight_asks_the_out_of_tree_engine_class_for_its_modes(tmp_path: Path) -> None:
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()

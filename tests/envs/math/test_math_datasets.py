@@ -97,6 +97,7 @@ def test_hugging_face_local_folder_loads_offline(tmp_path: Path) -> None:
     assert [row["answer"] for row in data] == ["5", "\\frac{1}{2}"]
 
 
+@pytest.mark.slow
 def test_uncached_hugging_face_id_fails_with_a_clear_offline_error() -> None:
     pytest.importorskip("datasets")
     if not (os.environ.get("HF_DATASETS_OFFLINE") or os.environ.get("HF_HUB_OFFLINE")):

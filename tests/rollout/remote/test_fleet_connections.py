@@ -91,6 +91,7 @@ class AllAtOnce(Quiet):
         self.answer(b'{"ok": true}')
 
 
+@pytest.mark.slow
 def test_no_connection_is_closed_while_more_requests_are_in_flight_than_the_old_cap(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

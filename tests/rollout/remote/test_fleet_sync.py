@@ -269,6 +269,7 @@ def test_the_prober_admits_no_server_while_the_engine_is_paused(in_process_serve
         engine.shutdown()
 
 
+@pytest.mark.slow
 def test_the_server_accepts_a_burst_of_new_connections(in_process_server: Any) -> None:
     """A pool opens max_in_flight connections at once: none may be dropped (listen backlog)."""
     import asyncio

@@ -32,6 +32,8 @@ from serve_testlib import (
 from frlab.rollout.engine import EngineError, GenerationResult, SamplingParams
 from frlab.rollout.remote.engine import RemoteEngine
 
+pytestmark = pytest.mark.slow  # a module fixture starts servers or runs a training run
+
 PROMPT = [1, 2, 3]
 
 

@@ -24,6 +24,8 @@ from frlab.rollout.remote import protocol as proto
 from frlab.rollout.remote.engine import RemoteEngine
 from frlab.serve import __main__ as serve_main
 
+pytestmark = pytest.mark.slow  # a module fixture starts servers or runs a training run
+
 PROMPT = [1, 2, 3]
 
 

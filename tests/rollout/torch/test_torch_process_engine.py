@@ -18,6 +18,8 @@ from frlab.rollout.torch.engine import TorchEngine
 from frlab.rollout.torch.process import ProcessTorchEngine
 from tests.rollout.torch.torch_testlib import VOCAB, tiny_model
 
+pytestmark = pytest.mark.slow  # a module fixture starts servers or runs a training run
+
 THREADS = torch.get_num_threads()  # the child uses the same count: identical float results
 
 

@@ -81,6 +81,7 @@ def run_across_an_update(engine, new) -> object:  # noqa: ANN001
     return asyncio.run(go())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(ENGINES))
 def test_in_flight_keeps_the_kv_cache_and_labels_every_token(name: str, weights) -> None:  # noqa: ANN001
     old, new = weights
@@ -95,6 +96,7 @@ def test_in_flight_keeps_the_kv_cache_and_labels_every_token(name: str, weights)
     assert diffs(new, result)[before:].max() > 1e-3  # new weights over the old weights' KV
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(ENGINES))
 def test_resubmit_goes_on_from_a_fresh_prefill_on_the_new_weights(name: str, weights) -> None:  # noqa: ANN001
     old, new = weights
@@ -109,6 +111,7 @@ def test_resubmit_goes_on_from_a_fresh_prefill_on_the_new_weights(name: str, wei
     assert diffs(new, result)[before:].max() < 1e-4  # every new token: the new weights' forward
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(ENGINES))
 def test_drain_waits_for_the_running_request_and_holds_new_ones(name: str, weights) -> None:  # noqa: ANN001
     old, new = weights

@@ -146,6 +146,7 @@ def test_check_acks_names_what_went_wrong() -> None:
         check_acks([None], 2, sent)
 
 
+@pytest.mark.slow
 def test_importing_the_adapter_and_worker_does_not_import_vllm() -> None:
     code = (
         "import sys, frlab.rollout, frlab.rollout.vllm.engine, "
