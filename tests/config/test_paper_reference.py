@@ -329,6 +329,7 @@ def _arms(sweep: str) -> dict[str, tuple[Any, Any]]:
     return out
 
 
+@pytest.mark.slow
 def test_r1_and_qwen3_variants() -> None:
     r1 = _arms("r1_ablations")
     assert set(r1) == {"base", "delta_5e-3", "no_trust"}  # gate_5e3, no_trust
@@ -342,6 +343,7 @@ def test_r1_and_qwen3_variants() -> None:
     assert no_is[0].objective.sequence_bernoulli_kl.delta == pytest.approx(1e-3)
 
 
+@pytest.mark.slow
 def test_qwen_math_variants() -> None:
     arms = _arms("qwen_math_ablations")
     # gate_1e3, negative_q09, negative_q02, five_benchmark_eval16
@@ -356,6 +358,7 @@ def test_qwen_math_variants() -> None:
     assert (ev["k"], ev["sampling"]["temperature"], ev["sampling"]["top_p"]) == (16, 0.7, 0.7)
 
 
+@pytest.mark.slow
 def test_tool_and_alfworld_variants() -> None:
     tool = _arms("qwen7b_tool_ablations")
     assert [q(tool[a][1]) for a in ("q0p9", "q0p2", "q0p0")] == [0.9, 0.2, 0.0]

@@ -41,6 +41,7 @@ def test_unknown_component_name_suggests_close_match() -> None:
     )
 
 
+@pytest.mark.slow
 def test_unknown_key_in_a_section_suggests_close_match() -> None:
     err = fails(["+rollout.max_inflight=3"], "rollout.max_inflight", "'max_in_flight'")
     assert "max_in_flight" in err.suggestions
@@ -146,6 +147,7 @@ def test_delta_inf_is_no_trust_region_and_passes() -> None:
 
 
 # -- cross-field rules -------------------------------------------------------------------------
+@pytest.mark.slow
 def test_batch_must_split_over_ranks_and_micro_batches() -> None:
     fails(["data.batch_size=32", "data.micro_batch_size=12"], "data.micro_batch_size", "32")
     fails(["trainer.devices=3"], "data.batch_size", "= 3")

@@ -14,6 +14,7 @@ from frlab.config.compose import REPO_ROOT
 HEAVY = ("transformers", "lightning", "vllm", "datasets", "peft")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "overrides",
     [[], ["rollout/engine=torch_process"], ["experiment=smollm2_arith_cpu"]],

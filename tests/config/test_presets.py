@@ -104,6 +104,7 @@ def test_every_sweep_job_composes_and_passes_preflight(name: str) -> None:
     assert len({repr(p) for p in plans}) == len(plans), "two sweep arms are identical"
 
 
+@pytest.mark.slow
 def test_toy_sweep_runs_on_cpu() -> None:
     plans = [job.plan for job in sweep_jobs("toy_trust_regions")]
     assert {p["objective.trust_region"] for p in plans} == {

@@ -179,6 +179,7 @@ def test_zero_gradient_after_the_forward(case: str, skip: bool) -> None:
         assert max_abs_diff(record.params[1], record.params[0]) > 1e-4
 
 
+@pytest.mark.slow
 def test_on_skips_only_dead_micro_batches_and_gives_the_same_update() -> None:
     """Rows 0-1 rejected (and rows 2-3 by the batch's own noise): those micro-batches of 2
     skip their backward, and the update is bit-for-bit the one with the option off."""

@@ -154,6 +154,7 @@ def test_different_seeds_are_compared_unpaired_and_marked() -> None:
     assert (c.low, c.high) == pytest.approx((ci.low, ci.high))
 
 
+@pytest.mark.slow
 def test_unpaired_bootstrap_resamples_each_arm_as_rliable_does() -> None:
     rng = np.random.default_rng(4)
     a, b = rng.uniform(size=6), rng.uniform(size=5)

@@ -88,6 +88,7 @@ def test_an_uncached_hub_model_offline_is_found_before_anything_loads(monkeypatc
     check_machine(compose(["experiment=qwen_math_1p5b", "eval=none"]))  # online: downloadable
 
 
+@pytest.mark.slow
 def test_missing_data_files_name_their_keys(monkeypatch, tmp_path: Path) -> None:
     monkeypatch.setattr(machine, "gpu_visible", lambda: True)
     monkeypatch.setenv("FRLAB_DATA_DIR", str(tmp_path))

@@ -94,6 +94,7 @@ def _policy(admissible: list[str], obj: str, recep: str, holding: bool, seen: se
     return action
 
 
+@pytest.mark.slow
 def test_sampled_games_are_winnable(tmp_path):
     make_games(tmp_path, num_games=2, seed=3)
     env_for_tasks = AlfworldEnv(data_dir=str(tmp_path))

@@ -111,6 +111,7 @@ def test_the_backoff_doubles_up_to_its_cap_with_jitter() -> None:
     assert all(0.8 * 4 <= d <= 1.2 * 4 for d in delays) and len(set(delays)) > 100
 
 
+@pytest.mark.slow
 def test_a_dead_fleet_gets_no_request_and_backed_off_probes_then_the_current_weights(
     servers: list[SwitchedServer], tmp_path: Path
 ) -> None:

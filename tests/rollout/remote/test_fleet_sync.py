@@ -243,6 +243,7 @@ def in_process_server() -> Any:
         thread.join(timeout=30)
 
 
+@pytest.mark.slow
 def test_the_prober_admits_no_server_while_the_engine_is_paused(in_process_server: Any) -> None:
     """During a collective sync a rank's prober must not load its older snapshot over the
     version another rank has just pushed: while paused (or held by a collective update) it

@@ -180,6 +180,7 @@ def test_a_server_with_the_wrong_weights_or_version_is_refused_as_stale(
         assert engine.servers[1].version == 2 and engine.stats()["readmissions"] >= 1
 
 
+@pytest.mark.slow
 def test_a_restarted_server_stays_out_until_the_next_sync_re_forms_the_group(
     servers: list[FakeVllmServer],
 ) -> None:
