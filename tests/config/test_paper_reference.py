@@ -370,6 +370,7 @@ def test_tool_and_alfworld_variants() -> None:
     assert q(alf["q0p2"][1]) == 0.2 and alf["no_is"][1]["objective.trust_region"] == "no_is"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("sweep", "arm", "setting", "prompts", "samples", "episodes"),
     [
