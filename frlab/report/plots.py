@@ -279,6 +279,7 @@ def write_plots(report: Report, out: Path, workers: int = 2) -> list[Path]:
     try:
         parallel = workers > 1 and len(jobs) > 1 and (os.cpu_count() or 1) > 1
         if parallel and "fork" in multiprocessing.get_all_start_methods():
+            pyplot()  # imported once here (about 1 s of CPU), not again in every worker
             context = multiprocessing.get_context("fork")
             with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=context) as pool:
                 found = list(pool.map(draw, jobs))
