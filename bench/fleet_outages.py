@@ -41,6 +41,8 @@ from typing import Any
 import httpx
 import torch
 
+from frlab.rollout.remote.nccl import free_port
+
 REPO = Path(__file__).resolve().parents[1]
 MODEL_CONFIG = REPO / "configs/model/toy_qwen2.yaml"
 CASES = ("restart", "never", "hang", "hang-at-push")
@@ -237,17 +239,9 @@ RUNS = {"restart": case_restart, "never": case_never, "hang": case_hang}
 RUNS["hang-at-push"] = case_hang_at_push
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def measure(case: str, root: Path, args: argparse.Namespace) -> dict[str, Any]:
     """One case on a fresh server and run folder."""
-    server = Server(free_port(), root / f"{case}-server.log")
+    server = Server(free_port("127.0.0.1"), root / f"{case}-server.log")
     server.start()
     started = time.monotonic()
     try:

@@ -108,11 +108,13 @@ def _registries() -> tuple:
 
 
 def _config_files() -> tuple:
-    """Every YAML file compose can read, with its size and modification time."""
+    """Every YAML file compose can read, with its size and modification time (not the run
+    records in `.hydra/` folders of committed runs: never a config group)."""
     return tuple(
         (str(path), stat.st_mtime_ns, stat.st_size)
         for root in (CONFIGS_DIR, EXPERIMENTS_DIR)
         for path in sorted(root.rglob("*.yaml"))
+        if ".hydra" not in path.parts
         for stat in (path.stat(),)
     )
 
@@ -124,8 +126,8 @@ def compose(
     ConfigError the command line prints. A fresh copy each call: the same call again in one
     process (same overrides, working folder, config files and registries) copies the config
     composed the first time instead of composing it again (about 20x faster)."""
-    setup_hydra()
-    key = (config_name, tuple(overrides), with_hydra, os.getcwd(), _config_files(), _registries())
+    setup_hydra()  # sets _STORED: the registries the store now holds
+    key = (config_name, tuple(overrides), with_hydra, os.getcwd(), _config_files(), _STORED)
     composed = _COMPOSED.get(key)
     if composed is None:
         composed = _compose(overrides, config_name=config_name, with_hydra=with_hydra)
