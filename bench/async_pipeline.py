@@ -49,18 +49,16 @@ import torch
 
 from envs.base import Env, StepResult
 from frlab.build import build_learner
-from frlab.config.declare import declared_arguments
+from frlab.config.arguments import declared_arguments
 from frlab.config.schema import ModelConfig, RolloutConfig
 from frlab.data.datamodule import RolloutDataModule
+from frlab.defaults import agent_loop_config, sampling_params, torch_engine
 from frlab.learner.metrics import ACCEPTANCE
 from frlab.model.policy import build_policy
 from frlab.model.toy_tokenizer import build_toy_tokenizer
 from frlab.objective.presets import PRESETS
-from frlab.rollout.agent_loop import AgentLoopConfig
 from frlab.rollout.callbacks import WeightSyncCallback
-from frlab.rollout.engine import SamplingParams
 from frlab.rollout.pool import RolloutPool
-from frlab.rollout.torch.engine import TorchEngine
 
 
 def model_cfg(hidden: int, layers: int) -> dict[str, Any]:
@@ -193,8 +191,8 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     tokenizer, clock, pools = build_toy_tokenizer(), Clock(args.seconds), []
 
     def factory(**shard: Any) -> RolloutPool:
-        engine = TorchEngine(module.policy, max_batch_size=args.max_in_flight, seed=args.seed)
-        cfg = AgentLoopConfig(max_turns=1, max_len=32, sampling=SamplingParams(max_new_tokens=4))
+        engine = torch_engine(module.policy, max_batch_size=args.max_in_flight, seed=args.seed)
+        cfg = agent_loop_config(max_turns=1, max_len=32, sampling=sampling_params(max_new_tokens=4))
         pool = RolloutPool(
             engine,
             lambda: SlowDigitEnv(args.latency_median, args.latency_sigma),

@@ -44,10 +44,10 @@ from typing import Any
 import httpx
 import torch
 
-from frlab.config.declare import declared_arguments
+from frlab.config.arguments import declared_arguments
 from frlab.config.schema import ModelConfig, RemoteConfig
+from frlab.defaults import sampling_params
 from frlab.model.policy import build_policy, save_policy
-from frlab.rollout.engine import SamplingParams
 from frlab.rollout.remote.engine import RemoteEngine
 from frlab.rollout.vllm.snapshot import write_snapshot
 
@@ -133,7 +133,7 @@ def fleet(model_dir: Path, count: int, log_dir: Path) -> Iterator[list[tuple[str
 async def generate_all(engine: RemoteEngine, requests: int, args: argparse.Namespace) -> int:
     """Run `requests` requests, `args.concurrency` at a time; return the tokens generated."""
     gate = asyncio.Semaphore(args.concurrency)
-    params = SamplingParams(max_new_tokens=args.max_new_tokens)
+    params = sampling_params(max_new_tokens=args.max_new_tokens)
 
     async def one() -> int:
         async with gate:

@@ -41,8 +41,9 @@ from typing import Any
 
 import torch
 
-from frlab.config.declare import declared_arguments
+from frlab.config.arguments import declared_arguments
 from frlab.config.schema import ModelConfig
+from frlab.defaults import sampling_params, torch_engine
 from frlab.model.policy import build_policy
 from frlab.rollout.engine import SamplingParams
 from frlab.rollout.torch.engine import TorchEngine
@@ -185,7 +186,7 @@ class Arms:
     def fixed(self, sample: bool) -> tuple[Times, Times, int]:
         n, b = self.args.new_tokens, self.args.batch
         params = [
-            SamplingParams(max_new_tokens=n, top_k=0 if sample else 1, seed=1000 * self.round + i)
+            sampling_params(max_new_tokens=n, top_k=0 if sample else 1, seed=1000 * self.round + i)
             for i in range(b)
         ]
         t_engine, t_hf, results = self.both(
@@ -200,7 +201,7 @@ class Arms:
 
     def ragged_arm(self) -> tuple[Times, Times, int]:
         params = [
-            SamplingParams(max_new_tokens=int(n), seed=1000 * self.round + i)
+            sampling_params(max_new_tokens=int(n), seed=1000 * self.round + i)
             for i, n in enumerate(self.budgets)
         ]
         b = self.args.batch
@@ -233,7 +234,7 @@ def main() -> None:
         vllm_arm.run(args, make_prompts(args.batch, args, vocab))
         return
     model = load_model(args)
-    engine = TorchEngine(
+    engine = torch_engine(
         model, max_batch_size=args.batch, seed=args.seed, packed_prefill=not args.no_packed_prefill
     )
     engine.start()

@@ -55,8 +55,9 @@ from learner_profile import (  # noqa: E402
 )
 
 from frlab.build import build_learner
-from frlab.config.declare import declared_arguments  # noqa: E402
+from frlab.config.arguments import declared_arguments  # noqa: E402
 from frlab.config.schema import LoraConfig, ModelConfig  # noqa: E402
+from frlab.defaults import sampling_params, torch_engine
 from frlab.learner.module import FlashReinforceModule  # noqa: E402
 from frlab.model.memory_plan import gib, memory_plan  # noqa: E402
 from frlab.model.policy import build_policy, tiny_config  # noqa: E402
@@ -304,13 +305,11 @@ def peak_memory(args: argparse.Namespace) -> None:
 
 
 def decode(args: argparse.Namespace) -> None:
-    from frlab.rollout.engine import SamplingParams
-    from frlab.rollout.torch.engine import TorchEngine
 
     cfg = shape(args, QWEN25_05B)
     model = build(args, cfg).eval()
-    engine = TorchEngine(model, device=args.device, max_batch_size=args.decode_batch, seed=0)
-    params = SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens)
+    engine = torch_engine(model, device=args.device, max_batch_size=args.decode_batch, seed=0)
+    params = sampling_params(temperature=1.0, max_new_tokens=args.new_tokens)
     gen = torch.Generator().manual_seed(0)
     prompts = [
         torch.randint(0, cfg["vocab_size"], (16 if args.tiny else 128,), generator=gen).tolist()

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from frlab.build import build_learner
-from frlab.config.declare import declared_arguments
+from frlab.config.arguments import declared_arguments
 from frlab.config.schema import ModelConfig
 from frlab.data.batch import RolloutBatch, Trajectory, collate
 from frlab.learner.module import FlashReinforceModule

@@ -36,6 +36,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from learner import OBJECTIVE, build_model, make_batch, one_update  # noqa: E402
 
+from frlab.defaults import torch_engine
 from frlab.learner.module import FlashReinforceModule  # noqa: E402
 from frlab.model.lora import adapter_state_dict, apply_lora  # noqa: E402
 
@@ -75,11 +76,10 @@ def trainable_state_bytes(policy: torch.nn.Module) -> int:
 def push(policy: torch.nn.Module, pushes: int) -> tuple[int, float]:
     """(bytes sent, median seconds of the torch engine's update_weights) for this policy."""
     from frlab.model.lora import is_peft
-    from frlab.rollout.torch.engine import TorchEngine
 
     state = policy.state_dict()
     sent = adapter_state_dict(state) if is_peft(policy) else state
-    engine = TorchEngine(policy, max_batch_size=1)
+    engine = torch_engine(policy, max_batch_size=1)
     engine.start()
     try:
         times = []

@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from frlab.build import build_learner
-from frlab.config.declare import declared_arguments
+from frlab.config.arguments import declared_arguments
 from frlab.config.schema import ModelConfig
 from frlab.data.batch import RolloutBatch, Trajectory, collate
 from frlab.learner.module import FlashReinforceModule

@@ -65,17 +65,14 @@ from envs.base import StepResult  # noqa: E402
 from envs.toy import ParityEnv  # noqa: E402
 from frlab.config.schema import RolloutConfig  # noqa: E402
 from frlab.data.datamodule import RolloutDataModule  # noqa: E402
+from frlab.defaults import agent_loop_config, process_engine, sampling_params, torch_engine
 from frlab.learner.metrics import STEP_S  # noqa: E402
 from frlab.learner.module import FlashReinforceModule  # noqa: E402
 from frlab.model.toy_tokenizer import build_toy_tokenizer  # noqa: E402
 from frlab.objective.presets import PRESETS  # noqa: E402
-from frlab.rollout.agent_loop import AgentLoopConfig  # noqa: E402
 from frlab.rollout.callbacks import WeightSyncCallback  # noqa: E402
-from frlab.rollout.engine import SamplingParams  # noqa: E402
 from frlab.rollout.pool import RolloutPool  # noqa: E402
 from frlab.rollout.pool.metering import LAG_WAIT_S  # noqa: E402
-from frlab.rollout.torch.engine import TorchEngine  # noqa: E402
-from frlab.rollout.torch.process import ProcessTorchEngine  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESET = OmegaConf.load(ROOT / "experiments/experiment/toy_cpu.yaml")
@@ -193,8 +190,8 @@ def run_arm(name: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     recorder = Recorder(args.time_cap, args.window, args.target)
     latencies = Latencies(args.latency_median, args.latency_sigma, seed)
     rollout, tokenizer = PRESET.rollout, build_toy_tokenizer()
-    loop_cfg = AgentLoopConfig(
-        max_turns=1, max_len=int(rollout.max_len), sampling=SamplingParams(**rollout.sampling)
+    loop_cfg = agent_loop_config(
+        max_turns=1, max_len=int(rollout.max_len), sampling=sampling_params(**rollout.sampling)
     )
     pools: list[RolloutPool] = []
 
@@ -240,11 +237,9 @@ def make_engine(kind: str, policy: Any, in_flight: int, seed: int, threads: int)
     """`thread`: TorchEngine in the learner's process; `process`: ProcessTorchEngine (a child
     process on its own core, weights in shared memory). Started here."""
     if kind == "process":
-        engine = ProcessTorchEngine(
-            policy, max_batch_size=in_flight, seed=seed, num_threads=threads
-        )
+        engine = process_engine(policy, max_batch_size=in_flight, seed=seed, num_threads=threads)
     else:
-        engine = TorchEngine(policy, max_batch_size=in_flight, seed=seed)
+        engine = torch_engine(policy, max_batch_size=in_flight, seed=seed)
     engine.start()
     return engine
 

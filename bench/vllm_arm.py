@@ -22,17 +22,16 @@ from typing import Any
 
 import torch
 
-from frlab.config.declare import declared_arguments
+from frlab.config.arguments import declared_arguments
 from frlab.config.schema import ModelConfig
+from frlab.defaults import make_vllm_engine, sampling_params, torch_engine
 from frlab.model.gguf import resolve_model_source
 from frlab.model.policy import build_policy
-from frlab.rollout.engine import SamplingParams
-from frlab.rollout.torch.engine import TorchEngine
 
 
 def _requests(prompts: list[list[int]], new_tokens: int, round_: int) -> list[Any]:
     return [
-        (p, SamplingParams(max_new_tokens=new_tokens, seed=1000 * round_ + i))
+        (p, sampling_params(max_new_tokens=new_tokens, seed=1000 * round_ + i))
         for i, p in enumerate(prompts)
     ]
 
@@ -58,7 +57,6 @@ class Pair:
     """A torch engine and a vLLM engine on the same weights in one dtype."""
 
     def __init__(self, args: argparse.Namespace, dtype: str, prompts: list[list[int]]) -> None:
-        from frlab.rollout.vllm.engine import VLLMEngine
 
         self.dtype, self.prompts, self.args = dtype, prompts, args
         source = resolve_model_source(args.model) if not args.model_config else None
@@ -71,9 +69,9 @@ class Pair:
         self.folder = source or tempfile.mkdtemp(prefix="frlab-bench-vllm-")
         if source is None:
             self.model.save_pretrained(self.folder)
-        self.torch = TorchEngine(self.model, max_batch_size=args.batch, seed=args.seed)
+        self.torch = torch_engine(self.model, max_batch_size=args.batch, seed=args.seed)
         max_len = args.prompt_max + args.new_tokens + 1
-        self.vllm = VLLMEngine(
+        self.vllm = make_vllm_engine(
             self.folder,
             seed=args.seed,
             max_model_len=max_len,

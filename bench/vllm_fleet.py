@@ -20,7 +20,7 @@ from typing import Any
 
 from fleet import unused_port, wait_healthy  # bench/fleet.py: the frlab.serve fleet's helpers
 
-from frlab.config.declare import declared_arguments
+from frlab.config.arguments import declared_arguments
 from frlab.config.schema import ModelConfig
 
 ROOT = Path(__file__).resolve().parents[1]

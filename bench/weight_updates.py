@@ -50,8 +50,8 @@ from envs.toy import ParityEnv  # noqa: E402
 from frlab.build import build_learner
 from frlab.config.schema import RolloutConfig  # noqa: E402
 from frlab.data.datamodule import RolloutDataModule  # noqa: E402
+from frlab.defaults import agent_loop_config, sampling_params, torch_engine
 from frlab.model.toy_tokenizer import build_toy_tokenizer  # noqa: E402
-from frlab.rollout.agent_loop import AgentLoopConfig  # noqa: E402
 from frlab.rollout.callbacks import WeightSyncCallback  # noqa: E402
 from frlab.rollout.engine import Engine, SamplingParams  # noqa: E402
 from frlab.rollout.pool import RolloutPool  # noqa: E402
@@ -122,9 +122,7 @@ def make_engine(kind: str, mode: str, policy: Any, in_flight: int, max_len: int,
             initial_weights=policy.state_dict(),
         )
     if kind == "torch":
-        from frlab.rollout.torch.engine import TorchEngine
-
-        return TorchEngine(policy, max_batch_size=in_flight, seed=seed, weight_update=mode)
+        return torch_engine(policy, max_batch_size=in_flight, seed=seed, weight_update=mode)
     from frlab.rollout.vllm.engine import VLLMEngine
 
     return VLLMEngine.for_policy(
@@ -159,7 +157,7 @@ class Recorder(Clock):
 
 def policy_of_model(model: dict[str, Any]) -> Any:
     """The toy policy of `model` (a random-init `config` and its `seed`), other keys declared."""
-    from frlab.config.declare import declared_arguments
+    from frlab.config.arguments import declared_arguments
     from frlab.config.schema import ModelConfig
     from frlab.model.policy import build_policy
 
@@ -184,8 +182,8 @@ def run(kind: str, mode: str, seed: int, args: argparse.Namespace) -> dict[str, 
         micro_batch_size=batch,
     )
     recorder = Recorder(args.time_cap, args.updates, args.window, args.target)
-    loop_cfg = AgentLoopConfig(
-        max_turns=1, max_len=max_len, sampling=SamplingParams(max_new_tokens=args.cap)
+    loop_cfg = agent_loop_config(
+        max_turns=1, max_len=max_len, sampling=sampling_params(max_new_tokens=args.cap)
     )
     engines: list[HeavyTailEngine] = []
     pools: list[RolloutPool] = []

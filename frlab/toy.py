@@ -114,7 +114,7 @@ def _report(values: dict[str, float], t0: float) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
 
-    from frlab.config.declare import declared_arguments
+    from frlab.config.arguments import declared_arguments
     from frlab.config.schema import ModelConfig
     from frlab.model import build_policy, tiny_config
     from frlab.model.lm_logprobs import sequence_logprobs

@@ -41,8 +41,9 @@ import torch  # noqa: E402
 
 from envs.base import Env, StepResult  # noqa: E402
 from frlab.build import build_learner  # noqa: E402
-from frlab.config.declare import declared_arguments  # noqa: E402
+from frlab.config.arguments import declared_arguments  # noqa: E402
 from frlab.config.schema import ModelConfig, RolloutConfig  # noqa: E402
+from frlab.defaults import agent_loop_config, sampling_params, torch_engine  # noqa: E402
 from frlab.objective.presets import PRESETS  # noqa: E402
 
 # Qwen2.5-0.5B's shape (494M parameters with tied embeddings).
@@ -201,11 +202,8 @@ def build_run(args: argparse.Namespace) -> tuple[Any, Any, Meter, list[Any], L.T
     from frlab.data.datamodule import RolloutDataModule
     from frlab.model.policy import build_policy
     from frlab.model.toy_tokenizer import build_toy_tokenizer
-    from frlab.rollout.agent_loop import AgentLoopConfig
     from frlab.rollout.callbacks import WeightSyncCallback
-    from frlab.rollout.engine import SamplingParams
     from frlab.rollout.pool import RolloutPool
-    from frlab.rollout.torch.engine import TorchEngine
 
     cuda = args.device.type == "cuda"
     policy = build_policy(
@@ -223,15 +221,15 @@ def build_run(args: argparse.Namespace) -> tuple[Any, Any, Meter, list[Any], L.T
         max_steps=args.steps,
     )
     tokenizer, engines = build_toy_tokenizer(), []
-    sampling = SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens)
-    loop = AgentLoopConfig(
+    sampling = sampling_params(temperature=1.0, max_new_tokens=args.new_tokens)
+    loop = agent_loop_config(
         max_turns=1, max_len=args.prompt_chars + 8 + args.new_tokens, sampling=sampling
     )
     in_flight = 2 * args.batch_size
 
     def make_pool(*, batch_size: int, seed: int, **shard: Any) -> RolloutPool:
         weights = copy.deepcopy(module.policy).to(torch.bfloat16 if cuda else torch.float32)
-        engine = TorchEngine(weights, device=args.device, max_batch_size=in_flight, seed=seed)
+        engine = torch_engine(weights, device=args.device, max_batch_size=in_flight, seed=seed)
         engines.append(engine)
         return RolloutPool(
             engine,

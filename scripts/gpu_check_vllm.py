@@ -34,8 +34,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from frlab.config.declare import declared_arguments
+from frlab.config.arguments import declared_arguments
 from frlab.config.schema import ModelConfig
+from frlab.defaults import make_vllm_engine, sampling_params
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -127,9 +128,8 @@ def perturbed(model: Any, seed: int = 1) -> dict[str, Any]:
 
 
 def generate_all(engine: Any, prompts: list[list[int]], new_tokens: int) -> list[Any]:
-    from frlab.rollout.engine import SamplingParams
 
-    params = SamplingParams(temperature=TEMPERATURE, max_new_tokens=new_tokens)
+    params = sampling_params(temperature=TEMPERATURE, max_new_tokens=new_tokens)
 
     async def go() -> list[Any]:
         return await asyncio.gather(*(engine.generate(p, params) for p in prompts))
@@ -139,11 +139,10 @@ def generate_all(engine: Any, prompts: list[list[int]], new_tokens: int) -> list
 
 def in_process(model_dir: Path, model: Any, args: argparse.Namespace) -> list[str]:
     """Part 1; returns the problems found."""
-    from frlab.rollout.vllm.engine import VLLMEngine
 
     problems = []
     prompts = [[(7 * i + j) % 64 for j in range(8)] for i in range(args.prompts)]
-    engine = VLLMEngine(
+    engine = make_vllm_engine(
         str(model_dir),
         seed=0,
         dtype="bfloat16",

@@ -26,7 +26,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from frlab.config.declare import declared_arguments
+from frlab.config.arguments import declared_arguments
 from frlab.config.schema import ModelConfig
 from frlab.model.lm_logprobs import sequence_logprobs  # noqa: E402
 from frlab.model.packed_attention import packed_attention  # noqa: E402

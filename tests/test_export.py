@@ -49,7 +49,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def trained_policy(run_dir: Path) -> torch.nn.Module:
     """The learner's policy as the checkpoint holds it (its `policy.` weights, read by hand)."""
-    from frlab.config.declare import declared_arguments
+    from frlab.config.arguments import declared_arguments
     from frlab.config.schema import ModelConfig
     from frlab.model.policy import build_policy
 

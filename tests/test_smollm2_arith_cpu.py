@@ -5,13 +5,14 @@ evaluation (the first 4 problems of each benchmark, 1 sample each), seed 0: Smol
 Instruct (the converted GGUF in the frlab cache; the first use fetches and converts it),
 one-digit sums in the real chat template with SmolLM2's default system prompt, graded 0/1.
 
-Learning, beyond noise: the mean batch reward of the last 10 updates exceeds that of the
-first 10 by more than 3 standard errors of the difference (each window's standard error from
-its 10 batch means). With B 32 the batch-mean noise is about 0.09; the full preset went from
-about 0.3 to above 0.9 (experiments/2026-11-30_smollm2_arith), so 20 updates leave a wide
-margin while keeping the test to a few minutes. The evaluation rows (step 0 and the last step) and
-the samples show the
-held-out design: no prompt of the run is a held-out question.
+Learning, beyond noise: the mean batch reward of the last WINDOW updates exceeds that of the
+first WINDOW by more than 3 standard errors of the difference (each window's standard error
+from its batch means). With B 32 the batch-mean noise is about 0.09; the full preset goes from
+about 0.3 to above 0.9 (experiments/2026-11-30_smollm2_arith). In the four recorded 30-update
+runs (that one and the ablation study's three base seeds), the first 16 updates' windows of 8
+gave 4.5 to 7.9 standard errors: a margin over 3 in 16 updates. The evaluation rows (step 0
+and the last step) and the samples show the held-out design: no prompt of the run is a
+held-out question.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import pytest
 pytest.importorskip("gguf", reason="needs the gguf extra (pip install 'frlab[gguf]')")
 pytest.importorskip("reasoning_gym", reason="needs the data extra (reasoning-gym)")
 
-UPDATES = 20
+UPDATES, WINDOW = 16, 8
 ENV = {
     **os.environ,
     "HF_HUB_OFFLINE": "1",
@@ -69,10 +70,10 @@ def test_the_batch_reward_rises_beyond_noise(run_dir: Path) -> None:
     rows = [r for r in read_metrics(run_dir / "metrics.csv") if r["step"] >= 1]
     assert [r["step"] for r in rows] == [float(s) for s in range(1, UPDATES + 1)]
     rewards = [r["train/reward_mean"] for r in rows]
-    first, last = rewards[:10], rewards[-10:]
-    se = math.sqrt(statistics.variance(first) / 10 + statistics.variance(last) / 10)
+    first, last = rewards[:WINDOW], rewards[-WINDOW:]
+    se = math.sqrt(statistics.variance(first) / WINDOW + statistics.variance(last) / WINDOW)
     gain = statistics.mean(last) - statistics.mean(first)
-    assert gain > 3 * se, f"first 10 {first}, last 10 {last}: gain {gain:.3f}, se {se:.3f}"
+    assert gain > 3 * se, f"first {first}, last {last}: gain {gain:.3f}, se {se:.3f}"
     assert all(math.isfinite(r["train/loss"]) and r["train/policy_lag_max"] <= 1 for r in rows)
     assert all(
         r["timing/generation_s"] > 0 and r["timing/generation_tokens_per_s"] > 0 for r in rows

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from frlab.config.declare import declared_arguments
+from frlab.config.arguments import declared_arguments
 from frlab.config.errors import ConfigError
 from frlab.config.schema import ModelConfig
 from frlab.run.guard import check_resume

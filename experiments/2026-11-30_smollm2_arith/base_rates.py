@@ -22,6 +22,8 @@ import time
 
 import torch
 
+from frlab.defaults import sampling_params, torch_engine
+
 SIMPLE = {"allow_parentheses": False, "allow_negation": False}
 CANDIDATES = {
     "one_digit_add": {
@@ -92,21 +94,19 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from envs.math import grade, load_math_dataset
-    from frlab.config.declare import declared_arguments
+    from frlab.config.arguments import declared_arguments
     from frlab.config.schema import ModelConfig
     from frlab.model import build_policy
     from frlab.model.gguf import resolve_model_source
     from frlab.rollout.chat import template_ids
-    from frlab.rollout.engine import SamplingParams
-    from frlab.rollout.torch.engine import TorchEngine
 
     path = resolve_model_source("gguf:smollm2-135m-instruct")
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = build_policy(**declared_arguments(ModelConfig, name_or_path=path), seed=0)
-    engine = TorchEngine(model, max_batch_size=64, seed=0)
+    engine = torch_engine(model, max_batch_size=64, seed=0)
     engine.start()
     stop = (tokenizer.eos_token_id,)
-    params = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=16, stop_token_ids=stop)
+    params = sampling_params(temperature=1.0, top_p=1.0, max_new_tokens=16, stop_token_ids=stop)
 
     async def sample(prompts: list[list[int]]) -> list:
         return await asyncio.gather(*(engine.generate(p, params) for p in prompts))

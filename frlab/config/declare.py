@@ -85,27 +85,6 @@ def not_args(cls: type) -> tuple[str, ...]:
     return tuple(f.name for f, _ in declared(cls) if not meta_of(f).arg)
 
 
-def declared_arguments(cls: type, **changes: Any) -> dict[str, Any]:
-    """What a declaration's `_target_` takes, as a Python caller gives it: every key that is an
-    argument (not `_`-prefixed, not `arg=False`) at its declared default, with `changes` (nested
-    declarations as plain dicts). TypeError for a change that is no such key, or a key without
-    a plain default (required, or following another key) that `changes` leaves out."""
-    out: dict[str, Any] = {}
-    names = [f for f, _ in declared(cls) if not f.name.startswith("_") and meta_of(f).arg]
-    unknown = sorted(set(changes) - {f.name for f in names})
-    if unknown:
-        raise TypeError(f"{cls.__name__} declares no argument {', '.join(unknown)}")
-    for f in names:
-        if f.name in changes:
-            out[f.name] = changes[f.name]
-            continue
-        value = default_of(f)
-        if value is dataclasses.MISSING or value == "???" or str(value).startswith("${"):
-            raise TypeError(f"{cls.__name__}.{f.name} has no plain default: give it")
-        out[f.name] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
-    return out
-
-
 def default_of(f: dataclasses.Field) -> Any:
     """A field's declared default (`dataclasses.MISSING` when it has none)."""
     if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]

@@ -81,6 +81,12 @@ class MathEvalConfig:
         II("oc.select:env.system_prompt,default"),
         doc="default (the chat template's) | none | the text",
     )
+    engine_timeout_s: float = spec(
+        II("rollout.engine_timeout_s"),
+        low=0.0,
+        low_open=True,
+        doc="deadline of one evaluation's generation; follows rollout.engine_timeout_s",
+    )
     env: Any = spec(II("env"), doc="the training env (questions it shares with a benchmark)")
 
 

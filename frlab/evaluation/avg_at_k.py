@@ -52,7 +52,6 @@ from frlab.evaluation.periodic import (
     positive_int,
     run_on_loop,
 )
-from frlab.rollout.agent_loop import DEFAULT_ENGINE_TIMEOUT_S
 from frlab.rollout.chat import template_ids
 from frlab.rollout.engine import SamplingParams
 from frlab.rollout.seeding import derive_seed
@@ -92,9 +91,10 @@ class EngineGenerate:
         engine: Any,
         tokenizer: Any,
         params: SamplingParams,
-        loop: asyncio.AbstractEventLoop | None = None,
-        timeout_s: float = DEFAULT_ENGINE_TIMEOUT_S,
-        system_prompt: str = "default",
+        loop: asyncio.AbstractEventLoop | None,
+        *,
+        timeout_s: float,
+        system_prompt: str,
     ) -> None:
         self.engine, self.tokenizer, self.params, self.loop = engine, tokenizer, params, loop
         self.timeout_s = float(timeout_s)
@@ -136,17 +136,18 @@ class AvgAtKEvaluation(PeriodicEvaluation):
         k: int,
         every_n_steps: int,
         *,
-        temperature: float = 0.7,
-        top_p: float = 0.7,
-        max_new_tokens: int = 1024,
-        template: str = "instruct",
-        limit: int | None = None,
-        timeout_s: float = 5.0,
-        max_workers: int = 4,
+        temperature: float,
+        top_p: float,
+        max_new_tokens: int,
+        template: str,
+        limit: int | None,
+        timeout_s: float,
+        max_workers: int,
+        at_start: bool,
+        answer_format: str,
+        system_prompt: str,
+        engine_timeout_s: float,
         prefix: str = "eval",
-        at_start: bool = False,
-        answer_format: str = "any",
-        system_prompt: str = "default",
         training_questions: Callable[[], set[str]] | None = None,
     ) -> None:
         if isinstance(benchmarks, Sequence) and not isinstance(benchmarks, str):
@@ -158,11 +159,12 @@ class AvgAtKEvaluation(PeriodicEvaluation):
         self.limit = None if limit is None else positive_int("limit", limit)
         self.max_new_tokens = positive_int("max_new_tokens", max_new_tokens)
         self.sampling = SamplingParams(
-            temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens
+            temperature=temperature, top_p=top_p, top_k=0, max_new_tokens=max_new_tokens
         )
         self.sampling.validate(off_policy_correction=False)
         self.benchmark_specs = dict(benchmarks)
         self.template, self.timeout_s, self.max_workers = template, timeout_s, max_workers
+        self.engine_timeout_s = float(engine_timeout_s)
         self.prefix, self.answer_format, self.system_prompt = prefix, answer_format, system_prompt
         self.training_questions = training_questions
         self.overlap: dict[str, int] = {}
@@ -220,19 +222,21 @@ class AvgAtKEvaluation(PeriodicEvaluation):
         """Evaluation sampling params, stopping at the tokenizer's eos (end of the reply)."""
         eos = getattr(tokenizer, "eos_token_id", None)
         stop = () if eos is None else (int(eos),)
-        return SamplingParams(
-            temperature=self.sampling.temperature,
-            top_p=self.sampling.top_p,
-            max_new_tokens=self.max_new_tokens,
-            stop_token_ids=stop,
-        )
+        return dataclasses.replace(self.sampling, stop_token_ids=stop)
 
     def evaluate(self, engine: Any, tokenizer: Any, loop: Any = None) -> dict[str, float]:
         """avg@k metrics of every benchmark on `engine` (no logging)."""
         from envs.math.evaluate import evaluate_avg_at_k
 
         params = self.params_for(tokenizer)
-        generate = EngineGenerate(engine, tokenizer, params, loop, system_prompt=self.system_prompt)
+        generate = EngineGenerate(
+            engine,
+            tokenizer,
+            params,
+            loop,
+            timeout_s=self.engine_timeout_s,
+            system_prompt=self.system_prompt,
+        )
         return evaluate_avg_at_k(
             generate,
             self.benchmarks,

@@ -37,8 +37,6 @@ from frlab.evaluation.periodic import (
     run_on_loop,
 )
 from frlab.rollout.agent_loop import (
-    DEFAULT_ENGINE_TIMEOUT_S,
-    DEFAULT_ENV_TIMEOUT_S,
     AgentLoopConfig,
     RolloutError,
     env_call,
@@ -84,15 +82,15 @@ class EpisodeEvaluation(PeriodicEvaluation):
         *,
         max_turns: int,
         max_len: int,
-        temperature: float = 0.7,
-        top_p: float = 0.7,
-        max_new_tokens: int = 1024,
-        limit: int | None = None,
-        concurrency: int = 16,
+        temperature: float,
+        top_p: float,
+        max_new_tokens: int,
+        limit: int | None,
+        concurrency: int,
+        env_timeout_s: float,
+        engine_timeout_s: float,
+        at_start: bool,
         prefix: str = "eval",
-        env_timeout_s: float = DEFAULT_ENV_TIMEOUT_S,
-        engine_timeout_s: float = DEFAULT_ENGINE_TIMEOUT_S,
-        at_start: bool = False,
     ) -> None:
         if not isinstance(benchmarks, Mapping) or not benchmarks:
             raise ValueError(f"{WHO}.benchmarks must be a non-empty mapping name -> env factory")
@@ -102,15 +100,19 @@ class EpisodeEvaluation(PeriodicEvaluation):
         self.limit = None if limit is None else positive_int("limit", limit, WHO)
         self.concurrency = positive_int("concurrency", concurrency, WHO)
         sampling = SamplingParams(
-            temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens
+            temperature=temperature, top_p=top_p, top_k=0, max_new_tokens=max_new_tokens
         )
         sampling.validate(off_policy_correction=False)
+        # evaluation episodes run under fixed deadlines: the two timeouts, never adapted
         self.loop_cfg = AgentLoopConfig(
             max_turns=max_turns,
             max_len=max_len,
             sampling=sampling,
             env_timeout_s=env_timeout_s,
             engine_timeout_s=engine_timeout_s,
+            adaptive_deadlines=False,
+            env_timeout_floor_s=env_timeout_s,
+            engine_timeout_floor_s=engine_timeout_s,
         )
         self.prefix = prefix
         self._tasks: dict[str, list[dict[str, Any]]] = {}

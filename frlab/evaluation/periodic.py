@@ -71,7 +71,7 @@ class PeriodicEvaluation(Callback):
     step 0 with `at_start`; once per step, global rank 0 only), in the pool's pinned
     background thread when it has one, and publishes the metrics for that step."""
 
-    def __init__(self, every_n_steps: int, who: str, at_start: bool = False) -> None:
+    def __init__(self, every_n_steps: int, who: str, at_start: bool) -> None:
         self.every_n_steps = positive_int("every_n_steps", every_n_steps, who)
         if not isinstance(at_start, bool):
             raise ValueError(f"{who}.at_start must be true or false, got {at_start!r}")

@@ -106,8 +106,8 @@ class ConstantFactor(_Warmup):
 class CosineFactor(_Warmup):
     """Cosine decay from the full lr to `min_lr_ratio` of it at the last update."""
 
-    max_steps: int = 1
-    min_lr_ratio: float = 0.0
+    max_steps: int
+    min_lr_ratio: float
 
     def after_warmup(self, step: int) -> float:
         span = max(1, self.max_steps - self.warmup_steps - 1)

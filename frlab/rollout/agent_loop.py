@@ -54,10 +54,14 @@ from frlab.rollout.env_threads import (
 )
 from frlab.rollout.seeding import turn_seed
 
-DEFAULT_ENV_TIMEOUT_S = 300.0  # rollout.env_timeout_s
-DEFAULT_ENGINE_TIMEOUT_S = 1800.0  # rollout.engine_timeout_s
-DEFAULT_ENV_TIMEOUT_FLOOR_S = 2.0  # rollout.env_timeout_floor_s
-DEFAULT_ENGINE_TIMEOUT_FLOOR_S = 60.0  # rollout.engine_timeout_floor_s
+# the rollout keys of an episode's deadlines (AgentLoopConfig's fields of the same names)
+DEADLINE_KEYS = (
+    "env_timeout_s",
+    "engine_timeout_s",
+    "adaptive_deadlines",
+    "env_timeout_floor_s",
+    "engine_timeout_floor_s",
+)
 _ACTION_SENTINEL = "FRLABACTIONSENTINEL"
 _OBSERVATION_SENTINEL = "FRLABOBSERVATIONSENTINEL"
 
@@ -74,17 +78,19 @@ class RolloutError(RuntimeError):
 @dataclass
 class AgentLoopConfig:
     """Episode limits: turn cap, total token budget (prompt + all turns), per-turn sampling,
-    and the deadlines of one environment call and one engine request (seconds)."""
+    and the deadlines of one environment call and one engine request (seconds). The fields
+    are `rollout` keys (declared in frlab.config.schema.RolloutConfig, defaults there): build
+    it with `from_rollout` from a resolved node, or from `declared_defaults(RolloutConfig)`."""
 
-    max_turns: int = 1
-    max_len: int = 64
-    sampling: SamplingParams = field(default_factory=SamplingParams)
+    max_turns: int
+    max_len: int
+    sampling: SamplingParams
+    env_timeout_s: float
+    engine_timeout_s: float
+    adaptive_deadlines: bool
+    env_timeout_floor_s: float
+    engine_timeout_floor_s: float
     observation_role: str = "user"
-    env_timeout_s: float = DEFAULT_ENV_TIMEOUT_S
-    engine_timeout_s: float = DEFAULT_ENGINE_TIMEOUT_S
-    adaptive_deadlines: bool = True
-    env_timeout_floor_s: float = DEFAULT_ENV_TIMEOUT_FLOOR_S
-    engine_timeout_floor_s: float = DEFAULT_ENGINE_TIMEOUT_FLOOR_S
     deadlines: Deadlines = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -108,18 +114,17 @@ class AgentLoopConfig:
 
     @classmethod
     def from_rollout(cls, rollout: Mapping[str, Any]) -> AgentLoopConfig:
-        """The agent-loop settings of a resolved `rollout` config node."""
+        """The agent-loop settings of a resolved `rollout` config node (ConfigError naming a
+        missing key)."""
+        keys = ("max_turns", "max_len", "sampling", *DEADLINE_KEYS)
+        missing = [key for key in keys if key not in rollout]
+        if missing:
+            raise ConfigError(f"rollout.{missing[0]}", "is missing")
         return cls(
             max_turns=rollout["max_turns"],
             max_len=rollout["max_len"],
             sampling=SamplingParams.from_mapping(rollout["sampling"]),
-            env_timeout_s=rollout.get("env_timeout_s", DEFAULT_ENV_TIMEOUT_S),
-            engine_timeout_s=rollout.get("engine_timeout_s", DEFAULT_ENGINE_TIMEOUT_S),
-            adaptive_deadlines=rollout.get("adaptive_deadlines", True),
-            env_timeout_floor_s=rollout.get("env_timeout_floor_s", DEFAULT_ENV_TIMEOUT_FLOOR_S),
-            engine_timeout_floor_s=rollout.get(
-                "engine_timeout_floor_s", DEFAULT_ENGINE_TIMEOUT_FLOOR_S
-            ),
+            **{key: rollout[key] for key in DEADLINE_KEYS},
         )
 
 

@@ -63,9 +63,10 @@ log = logging.getLogger(__name__)
 
 
 class WeightSyncCallback(L.Callback):
-    """Push learner weights to the rollout pool every `sync_every` optimizer steps."""
+    """Push learner weights to the rollout pool every `sync_every` optimizer steps
+    (`rollout.sync_every`)."""
 
-    def __init__(self, sync_every: int = 1, pool: Any = None) -> None:
+    def __init__(self, sync_every: int, pool: Any = None) -> None:
         if int(sync_every) < 1:
             raise ConfigError("rollout.sync_every", f"must be >= 1, got {sync_every}")
         self.sync_every = int(sync_every)

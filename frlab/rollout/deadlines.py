@@ -29,7 +29,7 @@ class AdaptiveDeadline:
 
     ceiling_s: float
     floor_s: float
-    adaptive: bool = True
+    adaptive: bool
     _times: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW), repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 

@@ -89,10 +89,10 @@ class SamplingParams:
     `seed`: this request's own random stream (an int in [0, 2**63), None = the engine's shared
     stream). It is not a config key: the agent loop derives it per rollout and turn."""
 
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    max_new_tokens: int = 16
+    temperature: float
+    top_p: float
+    top_k: int
+    max_new_tokens: int
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
     seed: int | None = None
 
@@ -132,13 +132,17 @@ class SamplingParams:
             )
 
     @classmethod
-    def from_mapping(cls, cfg: Mapping[str, Any] | None) -> SamplingParams:
-        """Build from a config mapping (`rollout.sampling`); unknown keys raise ValueError."""
-        cfg = dict(cfg or {})
-        known = {"temperature", "top_p", "top_k", "max_new_tokens", "stop_token_ids"}
-        unknown = sorted(set(cfg) - known)
+    def from_mapping(cls, cfg: Mapping[str, Any]) -> SamplingParams:
+        """Build from a resolved `rollout.sampling` node; a ConfigError names an unknown or a
+        missing key."""
+        cfg = dict(cfg)
+        required = ("temperature", "top_p", "top_k", "max_new_tokens")
+        unknown = sorted(set(cfg) - {*required, "stop_token_ids"})
         if unknown:
-            raise ValueError(f"unknown key(s) in rollout.sampling: {', '.join(unknown)}")
+            raise ConfigError(f"rollout.sampling.{unknown[0]}", "is not a sampling key")
+        missing = [k for k in required if k not in cfg]
+        if missing:
+            raise ConfigError(f"rollout.sampling.{missing[0]}", "is missing")
         if "stop_token_ids" in cfg:
             cfg["stop_token_ids"] = tuple(int(i) for i in (cfg["stop_token_ids"] or ()))
         return cls(**cfg)

@@ -61,10 +61,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--model-config", help="model config file (YAML/JSON); random-init its `config` mapping"
     )
     p.add_argument("--served-model-name", default=None, help="id in /v1/models (default: --model)")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
-    p.add_argument("--max-batch-size", type=int, default=32)
+    declared = "(default: the declared default of "
+    p.add_argument("--device", help=f"{declared}rollout.engine.device)")
+    p.add_argument("--seed", type=int, help=f"{declared}seed)")
+    p.add_argument(
+        "--dtype", choices=("float32", "bfloat16", "float16"), help=f"{declared}model.dtype)"
+    )
+    p.add_argument("--max-batch-size", type=int, help=f"{declared}rollout.engine.max_batch_size)")
     p.add_argument("--initial-version", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: torch default)")
     p.add_argument(
@@ -100,7 +103,25 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=os.environ.get(SNAPSHOT_ROOT_VAR) or None,
         help=f"read weight snapshots only below this folder (default: ${SNAPSHOT_ROOT_VAR})",
     )
-    return p.parse_args(argv)
+    return with_declared_defaults(p.parse_args(argv))
+
+
+def with_declared_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """The flags left out take the config declarations' defaults (one home for each)."""
+    from frlab.config.arguments import declared_arguments
+    from frlab.config.schema import FrlabConfig, ModelConfig, TorchEngineConfig
+
+    engine = declared_arguments(TorchEngineConfig)
+    declared = {
+        "device": engine["device"],
+        "max_batch_size": engine["max_batch_size"],
+        "dtype": declared_arguments(ModelConfig, name_or_path=None)["dtype"],
+        "seed": FrlabConfig.seed,
+    }
+    for name, value in declared.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    return args
 
 
 def server_digest(args: argparse.Namespace) -> bytes | None:
@@ -133,7 +154,7 @@ def server_digest(args: argparse.Namespace) -> bytes | None:
 
 def build_server_policy(args: argparse.Namespace) -> object:
     """The served model: a folder (`--model`) or a random-init architecture (`--model-config`)."""
-    from frlab.config.declare import declared_arguments
+    from frlab.config.arguments import declared_arguments
     from frlab.config.schema import ModelConfig
     from frlab.model import build_policy
 
@@ -160,19 +181,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     digest = server_digest(args)  # before the model loads: a bad secret fails at once
     import torch
 
+    from frlab.config.arguments import declared_arguments
+    from frlab.config.schema import TorchEngineConfig
     from frlab.rollout.torch.engine import TorchEngine
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     policy = build_server_policy(args)
-    engine = TorchEngine(
-        policy,
+    settings = declared_arguments(
+        TorchEngineConfig,
         device=args.device,
         max_batch_size=args.max_batch_size,
-        seed=args.seed,
-        initial_version=args.initial_version,
         weight_update=args.weight_update,
     )
+    engine = TorchEngine(policy, seed=args.seed, initial_version=args.initial_version, **settings)
     del policy
     name = args.served_model_name or args.model or args.model_config
     state = ServeState(

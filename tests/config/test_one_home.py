@@ -43,10 +43,19 @@ def defaulted(func: Callable[..., Any], keys: set[str]) -> list[str]:
 
 def built_from_declarations() -> list[tuple[str, Callable[..., Any], set[str]]]:
     """frlab's own code that takes declared keys besides the `_target_`s."""
-    from frlab.learner.optim import build_scheduler
+    from frlab.evaluation.avg_at_k import AvgAtKEvaluation, EngineGenerate
+    from frlab.evaluation.episodes import EpisodeEvaluation
+    from frlab.evaluation.periodic import PeriodicEvaluation
+    from frlab.learner.optim import CosineFactor, build_scheduler
     from frlab.learner.settings import LearnerSettings
+    from frlab.rollout.agent_loop import AgentLoopConfig
+    from frlab.rollout.callbacks import WeightSyncCallback
+    from frlab.rollout.engine import SamplingParams
     from frlab.rollout.pool.pool import RolloutPool
     from frlab.rollout.remote.engine import RemoteEngine
+    from frlab.rollout.torch.engine import TorchEngine
+    from frlab.rollout.torch.process import ProcessTorchEngine
+    from frlab.rollout.vllm.engine import VLLMEngine
 
     rollout = {
         "mode",
@@ -55,8 +64,31 @@ def built_from_declarations() -> list[tuple[str, Callable[..., Any], set[str]]]:
         "max_policy_lag",
         "max_prompt_retries",
     }
+    episode = {"max_turns", "max_len", "sampling", "env_timeout_s", "engine_timeout_s"}
+    deadlines = {"adaptive_deadlines", "env_timeout_floor_s", "engine_timeout_floor_s"}
+    vllm = {"max_in_flight", "cpu_kv_cache_gib", "weight_update", "seed"}
+    sampling = keys_of(schema.EvalSamplingConfig)
     return [
         ("RemoteEngine", RemoteEngine.__init__, keys_of(schema.RemoteConfig) | {"seed"}),
+        ("TorchEngine", TorchEngine.__init__, keys_of(schema.TorchEngineConfig) | {"seed"}),
+        (
+            "ProcessTorchEngine",
+            ProcessTorchEngine.__init__,
+            keys_of(schema.TorchProcessEngineConfig) | {"seed"},
+        ),
+        ("VLLMEngine", VLLMEngine.__init__, vllm),
+        ("SamplingParams", SamplingParams, keys_of(schema.SamplingConfig)),
+        ("AgentLoopConfig", AgentLoopConfig, episode | deadlines),
+        ("AvgAtKEvaluation", AvgAtKEvaluation.__init__, keys_of(schema.MathEvalConfig) | sampling),
+        (
+            "EpisodeEvaluation",
+            EpisodeEvaluation.__init__,
+            keys_of(schema.EpisodesEvalConfig) | sampling,
+        ),
+        ("EngineGenerate", EngineGenerate.__init__, {"timeout_s", "system_prompt"}),
+        ("PeriodicEvaluation", PeriodicEvaluation.__init__, {"every_n_steps", "at_start"}),
+        ("WeightSyncCallback", WeightSyncCallback.__init__, {"sync_every"}),
+        ("CosineFactor", CosineFactor, {"min_lr_ratio"}),
         ("RolloutPool", RolloutPool.__init__, rollout | {"seed"}),
         ("LearnerSettings", LearnerSettings, {f.name for f in dataclasses.fields(LearnerSettings)}),
         ("build_scheduler", build_scheduler, {"scheduler", "warmup_ratio", "min_lr_ratio"}),

@@ -7,6 +7,7 @@ import pytest
 from frlab.config.compose import compose
 from frlab.config.errors import ConfigError
 from frlab.config.preflight import preflight
+from frlab.defaults import torch_engine
 
 
 def fails(overrides: list[str], key: str, *fragments: str) -> ConfigError:
@@ -292,12 +293,11 @@ def test_preflight_asks_the_engine_class_for_its_devices_and_routing(monkeypatch
 def test_resubmit_with_routing_replay_is_the_engines_own_rule_at_preflight() -> None:
     """Preflight refuses what the engine constructor would, with the engine's own words: a
     re-prefilled position would have two routings."""
-    from frlab.rollout.torch.engine import TorchEngine
 
     overrides = ["model.routing_replay=true", "rollout.weight_update=resubmit"]
     err = fails(overrides, "rollout.weight_update", "two routings", "model.routing_replay")
     with pytest.raises(ValueError) as built:
-        TorchEngine(None, weight_update="resubmit", record_routing=True)  # refused before use
+        torch_engine(None, weight_update="resubmit", record_routing=True)  # refused before use
     assert str(built.value).removeprefix("rollout.weight_update ") in str(err)
 
 

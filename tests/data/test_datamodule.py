@@ -22,11 +22,10 @@ from envs.base import Env, StepResult
 from frlab.config.schema import RolloutConfig
 from frlab.data.batch import RolloutBatch
 from frlab.data.datamodule import RolloutDataModule
+from frlab.defaults import agent_loop_config, sampling_params, torch_engine
 from frlab.model.toy_tokenizer import build_toy_tokenizer
 from frlab.objective.presets import PRESETS
-from frlab.rollout.agent_loop import AgentLoopConfig
 from frlab.rollout.callbacks import WeightSyncCallback
-from frlab.rollout.engine import SamplingParams
 from frlab.rollout.pool import RolloutPool
 from frlab.rollout.torch.engine import TorchEngine
 
@@ -78,9 +77,9 @@ class Rig:
 
     def factory(self, **shard: Any) -> RolloutPool:
         self.shards.append(shard)
-        engine = TorchEngine(self.module.policy, max_batch_size=8, seed=len(self.engines))
+        engine = torch_engine(self.module.policy, max_batch_size=8, seed=len(self.engines))
         self.engines.append(engine)
-        cfg = AgentLoopConfig(max_turns=1, max_len=32, sampling=SamplingParams(max_new_tokens=3))
+        cfg = agent_loop_config(max_turns=1, max_len=32, sampling=sampling_params(max_new_tokens=3))
         return RolloutPool(
             engine,
             SayDigitEnv,
@@ -169,7 +168,7 @@ def test_a_failing_fit_still_stops_the_pool_and_joins_every_thread() -> None:
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
-        callbacks=[WeightSyncCallback(), rec],
+        callbacks=[WeightSyncCallback(sync_every=1), rec],
     )
     with pytest.raises(RuntimeError, match="training loop failure"):
         trainer.fit(rig.module, datamodule=dm)

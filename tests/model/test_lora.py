@@ -13,10 +13,10 @@ import torch
 from helpers.models import policy_of
 
 from frlab.config.schema import LoraConfig
+from frlab.defaults import sampling_params, torch_engine
 from frlab.model.lm_logprobs import sequence_logprobs
 from frlab.model.lora import adapted_modules, adapter_state_dict, check_lora, is_adapter
 from frlab.model.policy import tiny_config
-from frlab.rollout.engine import SamplingParams
 
 LORA = {**dataclasses.asdict(LoraConfig()), "rank": 4, "alpha": 8.0}  # the rest as declared
 PROMPT = [1, 2, 3, 4]
@@ -88,7 +88,7 @@ def test_an_adapter_only_push_lands_and_matches_the_learners_log_probs(engine_ki
         assert engine.packed_prefill  # a PeftModel passes position ids on: packing stays exact
     engine.start()
     try:
-        params = SamplingParams(max_new_tokens=8, seed=3)
+        params = sampling_params(max_new_tokens=8, seed=3)
 
         def sample():  # noqa: ANN202
             async def go():  # noqa: ANN202
@@ -153,7 +153,6 @@ def test_routing_replay_with_moe_adapters_gives_back_the_samplers_log_probs() ->
     its experts, and the learner replaying them recomputes the behaviour log-probs exactly (no
     engine-learner drift with LoRA on MoE layers)."""
     from frlab.model.routing_replay import moe_routers, replay_routing
-    from frlab.rollout.torch.engine import TorchEngine
 
     learner = policy(model_type="qwen3_moe")
     gen = torch.Generator().manual_seed(5)
@@ -163,10 +162,10 @@ def test_routing_replay_with_moe_adapters_gives_back_the_samplers_log_probs() ->
         for p in learner.parameters():
             if p.requires_grad:  # adapters away from zero
                 p.add_(0.3 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
-    engine = TorchEngine(learner, max_batch_size=2, record_routing=True)
+    engine = torch_engine(learner, max_batch_size=2, record_routing=True)
     engine.start()
     try:
-        result = asyncio.run(engine.generate(PROMPT, SamplingParams(max_new_tokens=12, seed=4)))
+        result = asyncio.run(engine.generate(PROMPT, sampling_params(max_new_tokens=12, seed=4)))
     finally:
         engine.shutdown()
     ids = torch.tensor([PROMPT + result.token_ids])

@@ -14,13 +14,13 @@ from helpers.models import policy_of
 
 from envs.toy import TOY_ENVS
 from frlab.data.batch import RolloutBatch, Trajectory, TrajectoryError, collate
+from frlab.defaults import agent_loop_config, sampling_params, torch_engine
 from frlab.learner.module import FlashReinforceModule
 from frlab.model.lm_logprobs import sequence_logprobs
 from frlab.model.policy import tiny_config
 from frlab.model.routing_replay import moe_routers, record_routing, replay_routing
 from frlab.model.toy_tokenizer import build_toy_tokenizer
-from frlab.rollout.agent_loop import AgentLoopConfig, run_episode
-from frlab.rollout.engine import SamplingParams
+from frlab.rollout.agent_loop import run_episode
 from frlab.rollout.torch.engine import TorchEngine
 
 TOK = build_toy_tokenizer()
@@ -56,8 +56,8 @@ async def _episodes(engine: TorchEngine) -> list[Trajectory]:
         env = env_cls()
         task = env_cls.task_sampler().sample(random.Random(i))
         max_new = 2 + 2 * i  # rows finish at different decode steps
-        cfg = AgentLoopConfig(
-            max_turns=2, max_len=60, sampling=SamplingParams(max_new_tokens=max_new)
+        cfg = agent_loop_config(
+            max_turns=2, max_len=60, sampling=sampling_params(max_new_tokens=max_new)
         )
         runs.append(run_episode(engine, env, task, TOK, cfg, prompt_id=i))
     return list(await asyncio.gather(*runs))
@@ -70,7 +70,7 @@ def model() -> torch.nn.Module:
 
 @pytest.fixture(scope="module")
 def trajectories(model) -> list[Trajectory]:
-    with TorchEngine(model, seed=3, max_batch_size=8, record_routing=True) as engine:
+    with torch_engine(model, seed=3, max_batch_size=8, record_routing=True) as engine:
         return asyncio.run(_episodes(engine))
 
 
@@ -119,15 +119,15 @@ def test_replayed_learner_logprobs_equal_the_samplers(model, trajectories) -> No
 
 
 def test_engine_without_recording_returns_no_routing(model) -> None:
-    with TorchEngine(model, seed=0) as engine:
-        gen = asyncio.run(engine.generate([1, 2, 3], SamplingParams(max_new_tokens=2)))
+    with torch_engine(model, seed=0) as engine:
+        gen = asyncio.run(engine.generate([1, 2, 3], sampling_params(max_new_tokens=2)))
     assert gen.routing is None
 
 
 def test_engine_refuses_recording_on_a_dense_model() -> None:
     dense = policy_of(config=tiny_config("qwen2", vocab_size=VOCAB), seed=0)
     with pytest.raises(ValueError, match="record_routing"):
-        TorchEngine(dense, record_routing=True)
+        torch_engine(dense, record_routing=True)
 
 
 def test_batch_routing_survives_select_trim_to(trajectories) -> None:

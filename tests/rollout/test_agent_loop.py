@@ -16,6 +16,10 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from envs.base import Env, StepResult
 from envs.toy import TOY_ENVS
+from frlab.config.arguments import declared_defaults
+from frlab.config.schema import RolloutConfig
+from frlab.defaults import agent_loop_config, sampling_params, torch_engine
+from frlab.errors import ConfigError
 from frlab.model.toy_tokenizer import build_toy_tokenizer
 from frlab.rollout.agent_loop import (
     AgentLoopConfig,
@@ -26,7 +30,6 @@ from frlab.rollout.agent_loop import (
 )
 from frlab.rollout.engine import Engine, GenerationResult, SamplingParams
 from frlab.rollout.env_threads import EnvThreads
-from frlab.rollout.torch.engine import TorchEngine
 
 TOK = build_toy_tokenizer()
 EOS = TOK.eos_token_id
@@ -105,7 +108,7 @@ def test_single_turn_layout_is_prompt_then_sampled_tokens() -> None:
     prompt = template_ids(TOK, [{"role": "user", "content": "hi"}])
     assert prompt == ids("<|user|>hi<|end|><|assistant|>")
     engine = ScriptedEngine([ids("42") + [EOS]])
-    traj = run(engine, ScriptedEnv(done_after=1), AgentLoopConfig(max_turns=1, max_len=64))
+    traj = run(engine, ScriptedEnv(done_after=1), agent_loop_config(max_turns=1, max_len=64))
     assert traj.token_ids == prompt + ids("42") + [EOS]
     assert traj.action_mask == [False] * len(prompt) + [True] * 3
     assert traj.behavior_log_probs[len(prompt) :] == pytest.approx([-0.25, -0.26, -0.27])
@@ -121,7 +124,7 @@ def test_multi_turn_masks_observations_and_keeps_sampled_ids_verbatim() -> None:
     turn1, turn2 = ids("ab") + [EOS], ids("c")  # turn 2 is cut by its budget: no end token
     engine = ScriptedEngine([turn1, turn2 + ids("zz")])
     env = ScriptedEnv(done_after=2)
-    cfg = AgentLoopConfig(max_turns=2, max_len=64, sampling=SamplingParams(max_new_tokens=3))
+    cfg = agent_loop_config(max_turns=2, max_len=64, sampling=sampling_params(max_new_tokens=3))
     traj = run(engine, env, cfg)
     prompt = template_ids(TOK, [{"role": "user", "content": "hi"}])
     obs = ids("<|user|>obs1<|end|><|assistant|>")  # the sampled <|end|> already closed turn 1
@@ -167,7 +170,9 @@ def test_per_turn_budget_is_min_of_max_new_tokens_and_room_left() -> None:
     obs_len = len(ids("<|end|><|user|>obs1<|end|><|assistant|>"))
     max_len = prompt_len + 4 + obs_len + 2
     engine = ScriptedEngine([ids("abcd"), ids("efgh")])
-    cfg = AgentLoopConfig(max_turns=5, max_len=max_len, sampling=SamplingParams(max_new_tokens=4))
+    cfg = agent_loop_config(
+        max_turns=5, max_len=max_len, sampling=sampling_params(max_new_tokens=4)
+    )
     traj = run(engine, ScriptedEnv(done_after=None), cfg)
     assert [c[1].max_new_tokens for c in engine.calls] == [4, 2]
     assert len(traj.token_ids) == max_len and traj.truncated and traj.info["turns"] == 2
@@ -177,8 +182,8 @@ def test_per_turn_budget_is_min_of_max_new_tokens_and_room_left() -> None:
 def test_observation_that_leaves_no_room_ends_the_episode_truncated() -> None:
     prompt_len = len(template_ids(TOK, [{"role": "user", "content": "hi"}]))
     engine = ScriptedEngine([ids("ab"), ids("cd")])
-    cfg = AgentLoopConfig(
-        max_turns=5, max_len=prompt_len + 4, sampling=SamplingParams(max_new_tokens=2)
+    cfg = agent_loop_config(
+        max_turns=5, max_len=prompt_len + 4, sampling=sampling_params(max_new_tokens=2)
     )
     traj = run(engine, ScriptedEnv(done_after=None), cfg)
     assert len(engine.calls) == 1 and traj.truncated
@@ -188,7 +193,7 @@ def test_observation_that_leaves_no_room_ends_the_episode_truncated() -> None:
 def test_turn_cap_truncates_an_unfinished_episode() -> None:
     engine = ScriptedEngine([ids("a"), ids("b"), ids("c"), ids("d")])
     env = ScriptedEnv(done_after=None)
-    traj = run(engine, env, AgentLoopConfig(max_turns=3, max_len=200))
+    traj = run(engine, env, agent_loop_config(max_turns=3, max_len=200))
     assert traj.info["turns"] == 3 and len(env.actions) == 3 and traj.truncated
     assert traj.reward == 0.0 and traj.failure  # default failure label: reward <= 0
 
@@ -197,7 +202,7 @@ def test_episode_done_on_the_last_allowed_turn_is_not_truncated() -> None:
     traj = run(
         ScriptedEngine([ids("a"), ids("b")]),
         ScriptedEnv(done_after=2),
-        AgentLoopConfig(max_turns=2),
+        agent_loop_config(max_turns=2),
     )
     assert not traj.truncated and traj.reward == 1.0
 
@@ -206,7 +211,7 @@ def test_zero_action_tokens_are_rejected_with_a_reason() -> None:
     prompt_len = len(template_ids(TOK, [{"role": "user", "content": "hi"}]))
     engine = ScriptedEngine([ids("a")])
     with pytest.raises(RolloutError) as err:
-        run(engine, ScriptedEnv(), AgentLoopConfig(max_len=prompt_len))
+        run(engine, ScriptedEnv(), agent_loop_config(max_len=prompt_len))
     assert err.value.reason == "zero_action_tokens" and engine.calls == []
 
 
@@ -219,7 +224,7 @@ def test_zero_action_tokens_are_rejected_with_a_reason() -> None:
 )
 def test_failures_raise_rollout_error_with_reason(engine, env, reason: str) -> None:
     with pytest.raises(RolloutError) as err:
-        run(engine, env, AgentLoopConfig())
+        run(engine, env, agent_loop_config())
     assert err.value.reason == reason
 
 
@@ -229,7 +234,7 @@ def test_env_reset_failure_is_a_rollout_error() -> None:
             raise KeyError("no such task")
 
     with pytest.raises(RolloutError) as err:
-        run(ScriptedEngine([[7]]), BadReset(), AgentLoopConfig())
+        run(ScriptedEngine([[7]]), BadReset(), agent_loop_config())
     assert err.value.reason == "env_reset"
 
 
@@ -244,31 +249,35 @@ def test_env_steps_run_off_the_event_loop_in_the_given_executor() -> None:
             return real_step(text)
 
         env.step = step
-        run(ScriptedEngine([[7], [8]]), env, AgentLoopConfig(max_turns=2), executor=pool)
+        run(ScriptedEngine([[7], [8]]), env, agent_loop_config(max_turns=2), executor=pool)
     assert names and all(n.startswith("envpool") for n in names)
     assert threading.get_ident() not in env.threads
 
 
 def test_config_rejects_bad_limits() -> None:
     with pytest.raises(ValueError, match="max_turns"):
-        AgentLoopConfig(max_turns=0)
+        agent_loop_config(max_turns=0)
     with pytest.raises(ValueError, match="max_len"):
-        AgentLoopConfig(max_len=1)
+        agent_loop_config(max_len=1)
     for key in ("env_timeout_s", "engine_timeout_s"):
         for bad in (0, -1.0, float("inf"), "60", True):
             with pytest.raises(ValueError, match=f"rollout.{key}"):
-                AgentLoopConfig(**{key: bad})
+                agent_loop_config(**{key: bad})
 
 
 def test_agent_loop_config_from_a_rollout_node_carries_the_deadlines() -> None:
-    node = {
-        "max_turns": 3,
-        "max_len": 40,
-        "env_timeout_s": 60,
-        "engine_timeout_s": 90.5,
-        "sampling": {"temperature": 0.5, "top_p": 1.0, "top_k": 0, "max_new_tokens": 8},
-    }
+    sampling = {"temperature": 0.5, "top_p": 1.0, "top_k": 0, "max_new_tokens": 8}
+    node = declared_defaults(
+        RolloutConfig,
+        max_turns=3,
+        max_len=40,
+        env_timeout_s=60,
+        engine_timeout_s=90.5,
+        adaptive_deadlines=False,
+        sampling=sampling,
+    )
     cfg = AgentLoopConfig.from_rollout(node)
+    assert not cfg.deadlines.env.adaptive
     assert (cfg.max_turns, cfg.max_len, cfg.env_timeout_s, cfg.engine_timeout_s) == (
         3,
         40,
@@ -276,6 +285,9 @@ def test_agent_loop_config_from_a_rollout_node_carries_the_deadlines() -> None:
         90.5,
     )
     assert cfg.sampling.temperature == 0.5 and cfg.sampling.max_new_tokens == 8
+    del node["engine_timeout_floor_s"]
+    with pytest.raises(ConfigError, match="rollout.engine_timeout_floor_s"):
+        AgentLoopConfig.from_rollout(node)
 
 
 class HangingEnv(ScriptedEnv):
@@ -302,7 +314,7 @@ def test_a_hung_env_call_fails_the_rollout_at_its_deadline(hang_in: str) -> None
     threads = EnvThreads(1)
     try:
         with pytest.raises(RolloutError) as err:
-            run(ScriptedEngine([[7]]), env, AgentLoopConfig(env_timeout_s=0.1), executor=threads)
+            run(ScriptedEngine([[7]]), env, agent_loop_config(env_timeout_s=0.1), executor=threads)
         assert err.value.reason == f"env_{hang_in}_timeout" and "0.1 s" in str(err.value)
         assert threads.abandoned == 1
     finally:
@@ -322,7 +334,7 @@ def test_a_hung_engine_request_fails_the_rollout_and_is_cancelled() -> None:
                 raise
 
     with pytest.raises(RolloutError) as err:
-        run(HungEngine([]), ScriptedEnv(), AgentLoopConfig(engine_timeout_s=0.1))
+        run(HungEngine([]), ScriptedEnv(), agent_loop_config(engine_timeout_s=0.1))
     assert err.value.reason == "engine_timeout" and cancelled.is_set()
 
 
@@ -333,7 +345,7 @@ def test_a_reward_that_is_not_a_real_number_fails_the_rollout(reward) -> None:
             return StepResult(None, reward, True)
 
     with pytest.raises(RolloutError) as err:
-        run(ScriptedEngine([[7]]), OddReward(), AgentLoopConfig())
+        run(ScriptedEngine([[7]]), OddReward(), agent_loop_config())
     assert err.value.reason == "bad_reward" and repr(reward) in str(err.value)
 
 
@@ -346,7 +358,7 @@ def test_bool_int_float_and_numpy_rewards_are_accepted(reward, expected: float) 
         def step(self, action_text: str) -> StepResult:
             return StepResult(None, reward, True)
 
-    traj = run(ScriptedEngine([[7]]), Reward(), AgentLoopConfig())
+    traj = run(ScriptedEngine([[7]]), Reward(), agent_loop_config())
     assert traj.reward == expected and type(traj.reward) is float
 
 
@@ -366,8 +378,8 @@ def test_toy_multi_episode_with_the_torch_engine_is_consistent() -> None:
     ).eval()
     env = TOY_ENVS["toy_multi"]()
     task = TOY_ENVS["toy_multi"].task_sampler().sample(random.Random(0))
-    cfg = AgentLoopConfig(max_turns=2, max_len=48, sampling=SamplingParams(max_new_tokens=3))
-    with TorchEngine(model, seed=0) as engine:
+    cfg = agent_loop_config(max_turns=2, max_len=48, sampling=sampling_params(max_new_tokens=3))
+    with torch_engine(model, seed=0) as engine:
         traj = asyncio.run(run_episode(engine, env, task, TOK, cfg, prompt_id=1))
     assert traj.info["turns"] == 2 and not traj.truncated
     assert f"key {task['key']}" in TOK.decode(

@@ -15,10 +15,10 @@ from test_agent_loop import EOS, TOK, ScriptedEngine
 
 from envs.base import check_system_prompt
 from envs.math import MathEnv
+from frlab.defaults import agent_loop_config, sampling_params
 from frlab.model.toy_tokenizer import build_toy_tokenizer
-from frlab.rollout.agent_loop import AgentLoopConfig, run_episode
+from frlab.rollout.agent_loop import run_episode
 from frlab.rollout.chat import render_without_system, template_ids, with_system_prompt
-from frlab.rollout.engine import SamplingParams
 
 USER = [{"role": "user", "content": "what is 2+3?"}]
 # A ChatML template that injects a default system turn, as SmolLM2's and Qwen2.5's do.
@@ -110,7 +110,7 @@ def test_the_agent_loop_applies_the_envs_setting() -> None:
         system_prompt="be brief",
     )
     engine = ScriptedEngine([[EOS]])
-    cfg = AgentLoopConfig(max_len=64, sampling=SamplingParams(max_new_tokens=4))
+    cfg = agent_loop_config(max_len=64, sampling=sampling_params(max_new_tokens=4))
     traj = asyncio.run(
         run_episode(engine, env, {"question": "2+3?", "answer": "5"}, tok, cfg, prompt_id=0)
     )

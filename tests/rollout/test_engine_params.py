@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import pytest
 
+from frlab.defaults import sampling_params
+from frlab.errors import ConfigError
 from frlab.rollout.engine import GenerationResult, SamplingParams
 
 
 @pytest.mark.parametrize(
     ("params", "key"),
     [
-        (SamplingParams(top_p=0.95), "rollout.sampling.top_p"),
-        (SamplingParams(top_k=20), "rollout.sampling.top_k"),
+        (sampling_params(top_p=0.95), "rollout.sampling.top_p"),
+        (sampling_params(top_k=20), "rollout.sampling.top_k"),
     ],
 )
 def test_truncated_sampling_is_refused_with_off_policy_correction(
@@ -23,7 +25,7 @@ def test_truncated_sampling_is_refused_with_off_policy_correction(
 
 
 def test_full_support_sampling_passes_with_correction() -> None:
-    SamplingParams(temperature=0.7, top_p=1.0, top_k=0).validate(off_policy_correction=True)
+    sampling_params(temperature=0.7, top_p=1.0, top_k=0).validate(off_policy_correction=True)
 
 
 @pytest.mark.parametrize(
@@ -39,17 +41,17 @@ def test_full_support_sampling_passes_with_correction() -> None:
 )
 def test_invalid_values_name_their_field(kwargs: dict, key: str) -> None:
     with pytest.raises(ValueError, match=f"rollout.sampling.{key}"):
-        SamplingParams(**kwargs).validate(off_policy_correction=False)
+        sampling_params(**kwargs).validate(off_policy_correction=False)
 
 
-def test_from_mapping_reads_config_and_rejects_unknown_keys() -> None:
-    p = SamplingParams.from_mapping(
-        {"temperature": 0.5, "max_new_tokens": 3, "stop_token_ids": [2, 5]}
-    )
-    assert p == SamplingParams(temperature=0.5, max_new_tokens=3, stop_token_ids=(2, 5))
-    assert SamplingParams.from_mapping(None) == SamplingParams()
-    with pytest.raises(ValueError, match="top_q"):
-        SamplingParams.from_mapping({"top_q": 0.9})
+def test_from_mapping_reads_config_and_names_unknown_and_missing_keys() -> None:
+    node = {"temperature": 0.5, "top_p": 1.0, "top_k": 0, "max_new_tokens": 3}
+    p = SamplingParams.from_mapping({**node, "stop_token_ids": [2, 5]})
+    assert p == SamplingParams(0.5, 1.0, 0, 3, stop_token_ids=(2, 5))
+    with pytest.raises(ConfigError, match="rollout.sampling.top_q"):
+        SamplingParams.from_mapping({**node, "top_q": 0.9})
+    with pytest.raises(ConfigError, match="rollout.sampling.top_k"):
+        SamplingParams.from_mapping({k: v for k, v in node.items() if k != "top_k"})
 
 
 def test_generation_result_checks_alignment() -> None:

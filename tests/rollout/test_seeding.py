@@ -12,7 +12,8 @@ import sys
 import pytest
 from test_agent_loop import TOK, ScriptedEngine, ScriptedEnv, ids
 
-from frlab.rollout.agent_loop import AgentLoopConfig, run_episode
+from frlab.defaults import agent_loop_config, sampling_params
+from frlab.rollout.agent_loop import run_episode
 from frlab.rollout.engine import SamplingParams
 from frlab.rollout.seeding import derive_seed, rollout_seed, turn_seed
 
@@ -40,7 +41,7 @@ def test_seeds_differ_by_every_part_and_fit_63_bits() -> None:
 
 def test_each_turn_of_a_seeded_episode_gets_its_own_derived_seed() -> None:
     engine = ScriptedEngine([ids("a"), ids("b"), ids("c")])
-    cfg = AgentLoopConfig(max_turns=3, max_len=64, sampling=SamplingParams(max_new_tokens=2))
+    cfg = agent_loop_config(max_turns=3, max_len=64, sampling=sampling_params(max_new_tokens=2))
     asyncio.run(
         run_episode(engine, ScriptedEnv(done_after=3), {"q": "hi"}, TOK, cfg, prompt_id=4, seed=99)
     )
@@ -51,5 +52,5 @@ def test_each_turn_of_a_seeded_episode_gets_its_own_derived_seed() -> None:
 
 
 def test_seed_is_not_a_config_key_of_rollout_sampling() -> None:
-    with pytest.raises(ValueError, match="unknown key.*seed"):
+    with pytest.raises(ValueError, match="rollout.sampling.seed.*not a sampling key"):
         SamplingParams.from_mapping({"seed": 3})

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from frlab.defaults import sampling_params
 from frlab.rollout.engine import SEED_LIMIT, EngineError, SamplingParams
 from frlab.rollout.weight_modes import (
     Fragment,
@@ -38,7 +39,7 @@ def scripted(*parts: tuple[list[int], str]):  # noqa: ANN201
 def test_an_aborted_request_goes_on_with_the_rest_of_its_budget() -> None:
     submit, sent = scripted(([5, 6], "abort"), ([], "abort"), ([7, 8], "length"))
     aborts: list[int] = []
-    params = SamplingParams(max_new_tokens=4, seed=9)
+    params = sampling_params(max_new_tokens=4, seed=9)
     res = asyncio.run(continue_after_abort(submit, PROMPT, params, lambda: aborts.append(1)))
     assert (res.token_ids, res.versions, res.finish_reason) == (
         [5, 6, 7, 8],
@@ -57,25 +58,25 @@ def test_an_aborted_request_goes_on_with_the_rest_of_its_budget() -> None:
 def test_an_abort_that_ends_the_request_is_not_sent_again(tokens: list[int], reason: str) -> None:
     """Aborted with its budget spent it ends as `length`; after a stop token, as `stop`."""
     submit, sent = scripted((tokens, "abort"))
-    params = SamplingParams(max_new_tokens=3, stop_token_ids=(2,))
+    params = sampling_params(max_new_tokens=3, stop_token_ids=(2,))
     res = asyncio.run(continue_after_abort(submit, PROMPT, params))
     assert (res.token_ids, res.finish_reason, len(sent)) == (tokens, reason, 1)
 
 
 def test_a_fragment_that_ends_on_its_own_ends_the_request() -> None:
     submit, sent = scripted(([5, 2], "stop"))
-    res = asyncio.run(continue_after_abort(submit, PROMPT, SamplingParams(stop_token_ids=(2,))))
+    res = asyncio.run(continue_after_abort(submit, PROMPT, sampling_params(stop_token_ids=(2,))))
     assert (res.token_ids, res.log_probs, res.finish_reason) == ([5, 2], [-0.5, -0.5], "stop")
-    assert sent[0][1] == SamplingParams(stop_token_ids=(2,))  # the first one as asked
+    assert sent[0][1] == sampling_params(stop_token_ids=(2,))  # the first one as asked
 
 
 def test_the_rest_of_a_request_moves_its_own_seed_on() -> None:
-    assert rest_params(SamplingParams(max_new_tokens=5, seed=1), 0).seed == 1
-    assert rest_params(SamplingParams(max_new_tokens=5, seed=1), 2) == SamplingParams(
+    assert rest_params(sampling_params(max_new_tokens=5, seed=1), 0).seed == 1
+    assert rest_params(sampling_params(max_new_tokens=5, seed=1), 2) == sampling_params(
         max_new_tokens=3, seed=3
     )
-    assert rest_params(SamplingParams(max_new_tokens=5, seed=SEED_LIMIT - 1), 2).seed == 1
-    assert rest_params(SamplingParams(max_new_tokens=5), 2).seed is None  # the engine's stream
+    assert rest_params(sampling_params(max_new_tokens=5, seed=SEED_LIMIT - 1), 2).seed == 1
+    assert rest_params(sampling_params(max_new_tokens=5), 2).seed is None  # the engine's stream
 
 
 def triple(span: dict) -> tuple:

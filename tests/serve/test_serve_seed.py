@@ -11,8 +11,8 @@ import pytest
 from helpers.models import policy_of
 from ports_testlib import free_port
 
+from frlab.defaults import torch_engine
 from frlab.rollout.remote.protocol import request_seed, sampling_from_request
-from frlab.rollout.torch.engine import TorchEngine
 from frlab.serve.server import ServeState, serve
 
 CONFIG = {
@@ -31,7 +31,7 @@ CONFIG = {
 @pytest.fixture
 def server_url() -> Any:
     port = free_port()
-    state = ServeState(TorchEngine(policy_of(config=CONFIG, seed=0), seed=0), "tiny")
+    state = ServeState(torch_engine(policy_of(config=CONFIG, seed=0), seed=0), "tiny")
     ready = threading.Event()
     thread = threading.Thread(target=serve, args=(state, "127.0.0.1", port, ready), daemon=True)
     thread.start()

@@ -21,7 +21,7 @@ import torch
 from contract_testlib import tiny_model
 from helpers.fleet import remote_engine
 
-from frlab.rollout.engine import SamplingParams
+from frlab.defaults import sampling_params
 
 pytestmark = pytest.mark.vllm_contract
 REPO = Path(__file__).resolve().parents[2]
@@ -54,7 +54,7 @@ def test_the_remote_engine_runs_against_vllms_app(vllm_app: Any, tmp_path: Path)
     engine.start()
     try:
         assert engine.stats()["servers_healthy"] == 1
-        params = SamplingParams(temperature=0.7, max_new_tokens=3)
+        params = sampling_params(temperature=0.7, max_new_tokens=3)
         res = asyncio.run(engine.generate([1, 2, 3], params))
         assert res.token_ids == [4, 5, 6] and res.log_probs == pytest.approx([-0.5, -0.51, -0.52])
         assert res.versions == [0, 0, 0] and res.finish_reason == "length"

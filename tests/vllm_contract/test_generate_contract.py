@@ -17,12 +17,12 @@ import httpx
 import pytest
 from contract_testlib import remote_testlib, tiny_model
 
-from frlab.rollout.engine import SamplingParams
+from frlab.defaults import sampling_params
 from frlab.rollout.remote import generate as gen
 from frlab.rollout.remote import protocol as proto
 
 pytestmark = pytest.mark.vllm_contract
-PARAMS = SamplingParams(max_new_tokens=5, temperature=0.7, top_p=0.9, top_k=8, stop_token_ids=(9,))
+PARAMS = sampling_params(max_new_tokens=5, temperature=0.7, top_p=0.9, top_k=8, stop_token_ids=(9,))
 
 
 def app(tmp: Path, *flags: str) -> Any:

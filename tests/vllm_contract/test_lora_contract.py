@@ -17,7 +17,7 @@ import pytest
 import torch
 from contract_testlib import remote_testlib, tiny_model
 
-from frlab.rollout.engine import SamplingParams
+from frlab.defaults import sampling_params
 from frlab.rollout.remote import protocol as proto
 from frlab.rollout.remote.lora import LOAD_ADAPTER, UNLOAD_ADAPTER, listed_adapters
 from frlab.rollout.vllm.lora import write_adapter
@@ -61,7 +61,7 @@ def play(url: str, a: str, b: str) -> list[Any]:
         return listed_adapters(httpx.get(url + proto.MODELS, timeout=30.0, trust_env=False).json())
 
     def complete(model: str) -> int:
-        body = proto.completion_request(model, [1, 2, 3], SamplingParams(max_new_tokens=2), seed=1)
+        body = proto.completion_request(model, [1, 2, 3], sampling_params(max_new_tokens=2), seed=1)
         return post(proto.COMPLETIONS, body)
 
     return [

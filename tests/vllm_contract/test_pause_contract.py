@@ -18,7 +18,7 @@ import httpx
 import pytest
 from contract_testlib import tiny_model
 
-from frlab.rollout.engine import SamplingParams
+from frlab.defaults import sampling_params
 from frlab.rollout.remote import protocol as proto
 
 pytestmark = pytest.mark.vllm_contract
@@ -52,7 +52,7 @@ def test_pause_with_abort_and_resume_are_vllms_routes(vllm_app: Any) -> None:
 @pytest.mark.parametrize("after", [2, 0])
 def test_an_aborted_request_answers_its_tokens_so_far(vllm_app: Any, after: int) -> None:
     """As vLLM answers it, and as the fake answers it."""
-    body = proto.completion_request("m", [1, 2, 3], SamplingParams(max_new_tokens=5), seed=1)
+    body = proto.completion_request("m", [1, 2, 3], sampling_params(max_new_tokens=5), seed=1)
     body["model"] = vllm_app.args.model
     vllm_app.client.abort_after = after
     try:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from contract_testlib import tiny_model, vllm_config
 
-from frlab.rollout.engine import SamplingParams
+from frlab.defaults import sampling_params
 from frlab.rollout.remote import protocol as proto
 from frlab.rollout.vllm.args import check_served_mode, vllm_engine_kwargs, vllm_sampling_kwargs
 
@@ -29,7 +29,7 @@ MODEL_DEFAULTS = {
     "frequency_penalty": 0.4,
     "skip_special_tokens": True,
 }
-PARAMS = SamplingParams(temperature=0.7, max_new_tokens=12, stop_token_ids=(2, 9))
+PARAMS = sampling_params(temperature=0.7, max_new_tokens=12, stop_token_ids=(2, 9))
 
 
 def expected_sampling(sp) -> None:  # noqa: ANN001

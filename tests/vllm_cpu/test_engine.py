@@ -18,6 +18,7 @@ import pytest
 import torch
 from vllm_cpu_testlib import REPORT, perturbed, recompute, save_model, vllm_processes, wait_for
 
+from frlab.defaults import make_vllm_engine, sampling_params
 from frlab.rollout.engine import EngineError, SamplingParams
 
 pytestmark = pytest.mark.vllm_cpu
@@ -48,9 +49,7 @@ class Driver:
 
 
 def start_engine(folder: Path, **options: Any) -> Driver:
-    from frlab.rollout.vllm.engine import VLLMEngine
-
-    engine = VLLMEngine(str(folder), seed=0, max_model_len=128, max_in_flight=8, **options)
+    engine = make_vllm_engine(str(folder), seed=0, max_model_len=128, max_in_flight=8, **options)
     engine.start()
     return Driver(engine)
 
@@ -70,7 +69,7 @@ def diffs(model: Any, prompt: list[int], result: Any) -> torch.Tensor:
 
 def test_generation_is_token_in_token_out_with_a_finish_reason_and_versions(served) -> None:
     driver, _ = served
-    params = SamplingParams(max_new_tokens=12, seed=5)
+    params = sampling_params(max_new_tokens=12, seed=5)
     results = driver.many(PROMPTS, params)
     for result in results:
         assert len(result.token_ids) == len(result.log_probs) == 12
@@ -80,7 +79,7 @@ def test_generation_is_token_in_token_out_with_a_finish_reason_and_versions(serv
     assert again.token_ids == results[0].token_ids
     stop = results[0].token_ids[3]
     stopped = driver.many(
-        PROMPTS[:1], SamplingParams(max_new_tokens=12, seed=5, stop_token_ids=(stop,))
+        PROMPTS[:1], sampling_params(max_new_tokens=12, seed=5, stop_token_ids=(stop,))
     )[0]
     assert stopped.finish_reason == "stop" and stopped.token_ids[-1] == stop
     assert stopped.token_ids == results[0].token_ids[: len(stopped.token_ids)]
@@ -93,7 +92,7 @@ def test_many_seeded_prompts_at_once_are_served(served) -> None:
     driver, _ = served
     prompts = [[1 + (i % 200)] * 48 for i in range(80)]
     results = [
-        driver.submit(p, SamplingParams(max_new_tokens=4, seed=i)) for i, p in enumerate(prompts)
+        driver.submit(p, sampling_params(max_new_tokens=4, seed=i)) for i, p in enumerate(prompts)
     ]
     assert [len(r.result(timeout=300).token_ids) for r in results] == [4] * 80
     assert driver.engine.down_reason() is None
@@ -101,7 +100,7 @@ def test_many_seeded_prompts_at_once_are_served(served) -> None:
 
 def test_log_probs_equal_the_learners_recomputation_in_fp32(served) -> None:
     driver, model = served
-    results = driver.many(PROMPTS, SamplingParams(max_new_tokens=16, seed=1))
+    results = driver.many(PROMPTS, sampling_params(max_new_tokens=16, seed=1))
     d = torch.cat([diffs(model, p, r) for p, r in zip(PROMPTS, results, strict=True)])
     REPORT.append(
         f"vLLM CPU fp32 log-probs vs learner: max |diff| {d.max():.2e}, mean "
@@ -114,7 +113,7 @@ def test_log_probs_equal_the_learners_recomputation_at_a_temperature(served) -> 
     """Processed log-probs: those of the tempered distribution the engine sampled from."""
     driver, model = served
     prompt = PROMPTS[2]
-    result = driver.many([prompt], SamplingParams(temperature=0.7, max_new_tokens=16, seed=2))[0]
+    result = driver.many([prompt], sampling_params(temperature=0.7, max_new_tokens=16, seed=2))[0]
     from frlab.model.lm_logprobs import sequence_logprobs
 
     ids = torch.tensor([prompt + result.token_ids])
@@ -132,7 +131,7 @@ def test_log_probs_in_bf16_against_the_learners_bf16_recomputation(tmp_path: Pat
     model = save_model(folder, seed=3, dtype=torch.bfloat16, vocab_size=256)
     driver = start_engine(folder, dtype="bfloat16")
     try:
-        results = driver.many(PROMPTS, SamplingParams(max_new_tokens=16, seed=1))
+        results = driver.many(PROMPTS, sampling_params(max_new_tokens=16, seed=1))
     finally:
         driver.close()
     d = torch.cat([diffs(model, p, r) for p, r in zip(PROMPTS, results, strict=True)])
@@ -152,7 +151,7 @@ def test_update_weights_makes_log_probs_those_of_the_new_weights(served) -> None
     assert engine.version == version
     updated = type(model)(model.config).eval()
     updated.load_state_dict(new)
-    results = driver.many(PROMPTS[:3], SamplingParams(max_new_tokens=16, seed=1))
+    results = driver.many(PROMPTS[:3], sampling_params(max_new_tokens=16, seed=1))
     for prompt, result in zip(PROMPTS[:3], results, strict=True):
         assert set(result.versions) == {version}
         assert diffs(updated, prompt, result).max() < 1e-4
@@ -164,7 +163,7 @@ def test_pause_holds_new_requests_until_resume(served) -> None:
     driver, _ = served
     engine = driver.engine
     engine.pause()
-    future = driver.submit(PROMPTS[0], SamplingParams(max_new_tokens=4, seed=1))
+    future = driver.submit(PROMPTS[0], sampling_params(max_new_tokens=4, seed=1))
     time.sleep(1.0)
     assert not future.done() and engine.in_flight == 0
     engine.resume()
@@ -185,14 +184,14 @@ def across_an_update(driver: Driver, model: Any, mode: str, seed: int) -> tuple[
     engine.weight_update = mode  # read at every update
     old_version = engine.version
     try:
-        long = driver.submit(PROMPTS[0], SamplingParams(max_new_tokens=110, seed=seed))
+        long = driver.submit(PROMPTS[0], sampling_params(max_new_tokens=110, seed=seed))
         wait_for(lambda: engine.in_flight > 0, 60, "the request in flight", interval=0.001)
         time.sleep(0.05)  # a few of its tokens on the old weights
         new = perturbed(model, seed=seed)
         updater = threading.Thread(target=engine.update_weights, args=(new, old_version + 1))
         updater.start()
         wait_for(lambda: engine.updating, 60, "the update under way", interval=0.001)
-        short = driver.submit(PROMPTS[1], SamplingParams(max_new_tokens=8, seed=seed + 1))
+        short = driver.submit(PROMPTS[1], sampling_params(max_new_tokens=8, seed=seed + 1))
         updater.join(300)
         assert not updater.is_alive() and engine.version == old_version + 1
         results = long.result(timeout=300), short.result(timeout=300)
@@ -262,7 +261,7 @@ def test_a_killed_engine_core_fails_requests_and_reports_the_engine_down(tmp_pat
     driver = start_engine(folder, dtype="float32")
     try:
         assert driver.engine.down_reason() is None
-        assert len(driver.many(PROMPTS[:1], SamplingParams(max_new_tokens=4, seed=1))) == 1
+        assert len(driver.many(PROMPTS[:1], sampling_params(max_new_tokens=4, seed=1))) == 1
         cores = [p for p in vllm_processes(os.getpid()) if p.pid not in others]
         assert cores, "no vLLM engine-core process found"
         for proc in cores:
@@ -270,17 +269,15 @@ def test_a_killed_engine_core_fails_requests_and_reports_the_engine_down(tmp_pat
         wait_for(lambda: driver.engine.down_reason() is not None, 60, "the engine reported down")
         assert "engine core" in driver.engine.down_reason()
         with pytest.raises(EngineError):
-            driver.submit(PROMPTS[0], SamplingParams(max_new_tokens=4, seed=1)).result(60)
+            driver.submit(PROMPTS[0], sampling_params(max_new_tokens=4, seed=1)).result(60)
     finally:
         driver.close()
 
 
 def test_a_kv_cache_larger_than_free_memory_is_refused_by_name_before_start(tmp_path: Path) -> None:
-    from frlab.rollout.vllm.engine import VLLMEngine
-
     folder = tmp_path / "toy"
     save_model(folder, seed=0)
-    engine = VLLMEngine(str(folder), seed=0, max_model_len=128, cpu_kv_cache_gib=100_000.0)
+    engine = make_vllm_engine(str(folder), seed=0, max_model_len=128, cpu_kv_cache_gib=100_000.0)
     with pytest.raises(EngineError, match=r"rollout.engine.cpu_kv_cache_gib"):
         engine.start()
     assert engine.down_reason() is None  # nothing was started

@@ -35,8 +35,8 @@ from vllm_cpu_testlib import (
     tail,
 )
 
+from frlab.defaults import sampling_params
 from frlab.model.lora import apply_lora
-from frlab.rollout.engine import SamplingParams
 from frlab.rollout.remote import protocol as proto
 from frlab.rollout.remote.engine import RemoteEngine
 from frlab.rollout.remote.lora import listed_adapters
@@ -78,7 +78,7 @@ def engine_for(server: Server, policy: Any, folder: Path, mode: str | None) -> R
 def sample(engine: RemoteEngine) -> list:
     async def go() -> list:
         gens = (
-            engine.generate(p, SamplingParams(max_new_tokens=24, seed=3 + i))
+            engine.generate(p, sampling_params(max_new_tokens=24, seed=3 + i))
             for i, p in enumerate(PROMPTS)
         )
         return list(await asyncio.gather(*gens))

@@ -16,8 +16,9 @@ import torch
 from test_engine import PROMPTS, Driver
 from vllm_cpu_testlib import REPORT, recompute, save_model, wait_for
 
+from frlab.defaults import sampling_params
 from frlab.model.lora import adapted_modules, adapter_state_dict, apply_lora
-from frlab.rollout.engine import EngineError, SamplingParams
+from frlab.rollout.engine import EngineError
 
 pytestmark = pytest.mark.vllm_cpu
 
@@ -69,7 +70,7 @@ def lora_served(tmp_path_factory: pytest.TempPathFactory) -> Any:
 def test_vllm_serves_base_plus_adapter_with_the_learners_log_probs(lora_served) -> None:
     driver, base, policy = lora_served
     assert len(adapted_modules(policy)) == 7 * base.config.num_hidden_layers  # all linear
-    results = driver.many(PROMPTS[:3], SamplingParams(max_new_tokens=24, seed=3))
+    results = driver.many(PROMPTS[:3], sampling_params(max_new_tokens=24, seed=3))
     worst = max(diffs(policy, p, r).max().item() for p, r in zip(PROMPTS, results, strict=False))
     assert worst < 1e-4, worst
     assert (
@@ -89,7 +90,7 @@ def test_an_adapter_only_push_lands(lora_served) -> None:
     engine.update_weights(new, version)
     took = time.monotonic() - start
     updated = with_adapter(policy, new)
-    results = driver.many(PROMPTS[:3], SamplingParams(max_new_tokens=16, seed=4))
+    results = driver.many(PROMPTS[:3], sampling_params(max_new_tokens=16, seed=4))
     for prompt, result in zip(PROMPTS, results, strict=False):
         assert set(result.versions) == {version}
         assert diffs(updated, prompt, result).max() < 1e-4  # the new adapter's forward
@@ -103,7 +104,7 @@ def test_an_in_flight_adapter_update_labels_the_tokens_of_each_adapter(lora_serv
     engine = driver.engine
     assert engine.weight_update == "in_flight"
     old_version = engine.version
-    long = driver.submit(PROMPTS[0], SamplingParams(max_new_tokens=110, seed=21))
+    long = driver.submit(PROMPTS[0], sampling_params(max_new_tokens=110, seed=21))
     wait_for(lambda: engine.in_flight > 0, 60, "the request in flight", interval=0.001)
     time.sleep(0.05)
     new = moved_adapter(policy, seed=9)

@@ -38,7 +38,7 @@ from vllm_cpu_testlib import (
     tail,
 )
 
-from frlab.rollout.engine import SamplingParams
+from frlab.defaults import sampling_params
 from frlab.rollout.remote import auth, control
 from frlab.rollout.remote import generate as gen
 from frlab.rollout.remote import protocol as proto
@@ -89,7 +89,7 @@ def served_state(server: Server) -> dict[str, Any]:
     """What a hostile request could change, read with the token."""
     models = ask(server, "GET", proto.MODELS)
     name = control.served_model(models)
-    body = proto.completion_request(name, [1, 2, 3], SamplingParams(max_new_tokens=8), seed=7)
+    body = proto.completion_request(name, [1, 2, 3], sampling_params(max_new_tokens=8), seed=7)
     done = proto.parse_completion(ask(server, "POST", proto.COMPLETIONS, body))
     rpc = ask(server, "POST", proto.COLLECTIVE_RPC, control.rpc_request("frlab_weight_version"))
     return {
@@ -121,8 +121,8 @@ def hostile_requests(server: Server, model: Any, root: Path) -> dict[str, tuple[
             "",
             {"lora_name": "evil", "lora_path": str(root / "evil_adapter")},
         ),
-        proto.COMPLETIONS: ("", proto.completion_request(name, [1, 2], SamplingParams())),
-        gen.GENERATE: ("", gen.generate_request(name, [1, 2], SamplingParams())),
+        proto.COMPLETIONS: ("", proto.completion_request(name, [1, 2], sampling_params())),
+        gen.GENERATE: ("", gen.generate_request(name, [1, 2], sampling_params())),
     }
 
 

@@ -47,7 +47,7 @@ from vllm_cpu_testlib import (
     wait_for,
 )
 
-from frlab.rollout.engine import SamplingParams
+from frlab.defaults import sampling_params
 from frlab.rollout.remote import control
 from frlab.rollout.remote import protocol as proto
 from frlab.rollout.remote.engine import RemoteEngine
@@ -217,7 +217,7 @@ def across_an_update(engine: RemoteEngine, new: dict, version: int, delay: float
 
     async def go() -> list:
         gens = (
-            engine.generate(p, SamplingParams(max_new_tokens=NEW_TOKENS, seed=40 + i))
+            engine.generate(p, sampling_params(max_new_tokens=NEW_TOKENS, seed=40 + i))
             for i, p in enumerate(PROMPTS)
         )
         return list(await asyncio.gather(*gens))

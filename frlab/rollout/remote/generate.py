@@ -51,7 +51,9 @@ def offers_labels(openapi: Any) -> bool:
 
 def probe_request(model: str) -> dict[str, Any]:
     """A one-token generate request whose answer shows whether the server labels tokens."""
-    return generate_request(model, [0], SamplingParams(max_new_tokens=1), seed=0)
+    return generate_request(
+        model, [0], SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=1), seed=0
+    )
 
 
 def answers_labels(body: Any) -> bool:

@@ -78,13 +78,13 @@ class TorchEngine(Engine):
         self,
         model: PreTrainedModel,
         *,
-        device: str | torch.device = "cpu",
-        max_batch_size: int = 32,
-        seed: int = 0,
+        device: str | torch.device,
+        max_batch_size: int,
+        seed: int,
+        record_routing: bool,
+        packed_prefill: bool,
+        weight_update: str | None,
         initial_version: int = 0,
-        record_routing: bool = False,
-        packed_prefill: bool = True,
-        weight_update: str | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"TorchEngine max_batch_size must be >= 1, got {max_batch_size}")

@@ -73,15 +73,15 @@ class ProcessTorchEngine(Engine):
         self,
         model: PreTrainedModel,
         *,
-        device: str | torch.device = "cpu",
-        max_batch_size: int = 32,
-        seed: int = 0,
+        device: str | torch.device,
+        max_batch_size: int,
+        seed: int,
+        record_routing: bool,
+        num_threads: int,
+        start_timeout_s: float,
+        packed_prefill: bool,
+        weight_update: str | None,
         initial_version: int = 0,
-        record_routing: bool = False,
-        num_threads: int = 1,
-        start_timeout_s: float = 300.0,
-        packed_prefill: bool = True,
-        weight_update: str | None = None,
     ) -> None:
         self.weight_update = resolve_weight_update(
             weight_update, self.weight_updates(), "torch_process", record_routing=record_routing

@@ -13,16 +13,18 @@ import pytest
 from engine_testlib import ScriptedTextEngine
 
 from envs.alfworld import AlfworldEnv, GameWorker
+from frlab.defaults import agent_loop_config, sampling_params
 from frlab.model.toy_tokenizer import build_toy_tokenizer
-from frlab.rollout.agent_loop import AgentLoopConfig, RolloutError, run_episode
-from frlab.rollout.engine import SamplingParams
+from frlab.rollout.agent_loop import RolloutError, run_episode
 
 TOK = build_toy_tokenizer()
 HANG = "test_alfworld_worker:_hang"  # a fake game that never answers a step
 
 
 def _play(env: AlfworldEnv, game_file: str, turns: list[str], max_turns: int):
-    cfg = AgentLoopConfig(max_turns, 8192, SamplingParams(max_new_tokens=256))
+    cfg = agent_loop_config(
+        max_turns=max_turns, max_len=8192, sampling=sampling_params(max_new_tokens=256)
+    )
     episode = run_episode(
         ScriptedTextEngine(TOK, turns), env, {"game_file": game_file}, TOK, cfg, prompt_id=1
     )

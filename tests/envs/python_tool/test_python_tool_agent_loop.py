@@ -13,8 +13,8 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from envs.python_tool import PythonToolEnv
-from frlab.rollout.agent_loop import AgentLoopConfig, run_episode
-from frlab.rollout.engine import SamplingParams
+from frlab.defaults import agent_loop_config, sampling_params
+from frlab.rollout.agent_loop import run_episode
 
 EOS = "<|end|>"
 TEMPLATE = (
@@ -45,10 +45,10 @@ def char_tokenizer() -> PreTrainedTokenizerFast:
 def play(turns: list[str], max_turns: int = 4) -> tuple[object, PreTrainedTokenizerFast]:
     tok = char_tokenizer()
     env = PythonToolEnv(max_turns=max_turns, timeout_s=5.0)
-    cfg = AgentLoopConfig(
+    cfg = agent_loop_config(
         max_turns=max_turns,
         max_len=4096,
-        sampling=SamplingParams(max_new_tokens=512, stop_token_ids=(tok.eos_token_id,)),
+        sampling=sampling_params(max_new_tokens=512, stop_token_ids=(tok.eos_token_id,)),
     )
     task = {"question": "What is 6 times 7?", "answer": "42"}
     with concurrent.futures.ThreadPoolExecutor(1) as pool:

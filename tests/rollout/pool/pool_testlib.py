@@ -14,8 +14,8 @@ import pytest
 from helpers.pool import pool_settings
 
 from envs.base import Env, StepResult
+from frlab.defaults import agent_loop_config, sampling_params
 from frlab.model.toy_tokenizer import build_toy_tokenizer
-from frlab.rollout.agent_loop import AgentLoopConfig
 from frlab.rollout.engine import Engine, EngineError, GenerationResult, SamplingParams
 from frlab.rollout.pool import RolloutPool
 
@@ -133,10 +133,10 @@ class GatedEnv(Env):
 
 def make_pool(board: Board, env_timeout_s: float = 300.0, **kw) -> tuple[RolloutPool, FakeEngine]:
     engine = FakeEngine()
-    cfg = AgentLoopConfig(
+    cfg = agent_loop_config(
         max_turns=1,
         max_len=64,
-        sampling=SamplingParams(max_new_tokens=4),
+        sampling=sampling_params(max_new_tokens=4),
         env_timeout_s=env_timeout_s,
     )
     opts = dict(batch_size=2, max_in_flight=4, max_policy_lag=8, num_env_workers=8)

@@ -7,7 +7,8 @@ import asyncio
 
 import pytest
 
-from frlab.rollout.engine import Engine, GenerationResult, SamplingParams
+from frlab.defaults import sampling_params
+from frlab.rollout.engine import Engine, GenerationResult
 from frlab.rollout.pool.lockstep import LockstepGate
 
 
@@ -46,7 +47,7 @@ def test_calls_wait_for_every_live_client_and_go_out_in_key_order() -> None:
         gate = LockstepGate(engine, wake=lambda: None)
         clients = {key: gate.client(key) for key in (30, 10, 20)}
         tasks = {
-            k: asyncio.ensure_future(c.generate([k], SamplingParams())) for k, c in clients.items()
+            k: asyncio.ensure_future(c.generate([k], sampling_params())) for k, c in clients.items()
         }
         await settle()
         assert gate.release() == 3
@@ -63,14 +64,14 @@ def test_a_client_busy_elsewhere_holds_the_others_until_it_waits_or_closes() -> 
         engine = RecordingEngine()
         gate = LockstepGate(engine, wake=lambda: None)
         a, b, c = gate.client(1), gate.client(2), gate.client(3)
-        ta = asyncio.ensure_future(a.generate([1], SamplingParams()))
-        tb = asyncio.ensure_future(b.generate([2], SamplingParams()))
+        ta = asyncio.ensure_future(a.generate([1], sampling_params()))
+        tb = asyncio.ensure_future(b.generate([2], sampling_params()))
         await settle()
         assert gate.release() == 0  # client 3 is still stepping its environment
         c.close()
         assert gate.release() == 2
         await asyncio.gather(ta, tb)
-        tb2 = asyncio.ensure_future(b.generate([2], SamplingParams()))
+        tb2 = asyncio.ensure_future(b.generate([2], sampling_params()))
         await settle()
         assert gate.release() == 0  # a is live and not waiting
         a.close()
@@ -85,8 +86,8 @@ def test_a_bad_request_fails_only_its_own_caller() -> None:
     async def run() -> None:
         gate = LockstepGate(RecordingEngine(), wake=lambda: None)
         good, bad = gate.client(1), gate.client(2)
-        tg = asyncio.ensure_future(good.generate([5], SamplingParams()))
-        tb = asyncio.ensure_future(bad.generate([-1], SamplingParams()))
+        tg = asyncio.ensure_future(good.generate([5], sampling_params()))
+        tb = asyncio.ensure_future(bad.generate([-1], sampling_params()))
         await settle()
         assert gate.release() == 2
         assert (await tg).token_ids == [5]

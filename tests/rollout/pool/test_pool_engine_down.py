@@ -12,8 +12,8 @@ from test_pool_groups import TOKENIZER, InstantEngine
 from test_pool_tasks import DATA, Question
 
 from envs.math import MathEnv
-from frlab.rollout.agent_loop import AgentLoopConfig
-from frlab.rollout.engine import EngineDown, SamplingParams
+from frlab.defaults import agent_loop_config, sampling_params
+from frlab.rollout.engine import EngineDown
 from frlab.rollout.pool import RolloutPool
 
 
@@ -44,7 +44,7 @@ class DyingEngine(InstantEngine):
 
 
 def pool_with(engine: DyingEngine, **kw) -> RolloutPool:  # noqa: ANN003
-    cfg = AgentLoopConfig(max_turns=1, max_len=32, sampling=SamplingParams(max_new_tokens=2))
+    cfg = agent_loop_config(max_turns=1, max_len=32, sampling=sampling_params(max_new_tokens=2))
     opts = dict(batch_size=2, max_in_flight=2, max_policy_lag=8, mode="sync", seed=11)
     return RolloutPool(
         engine,

@@ -19,8 +19,8 @@ from helpers.pool import pool_settings
 
 from envs.base import Env, StepResult
 from frlab.data.batch import Trajectory
+from frlab.defaults import agent_loop_config, sampling_params
 from frlab.model.toy_tokenizer import build_toy_tokenizer
-from frlab.rollout.agent_loop import AgentLoopConfig
 from frlab.rollout.engine import Engine, GenerationResult, SamplingParams
 from frlab.rollout.pool import RolloutPool
 from frlab.rollout.pool.admission import select_batch
@@ -115,7 +115,7 @@ class MemberEnv(Env):
 
 
 def make_pool(gates: Gates, **kw) -> RolloutPool:
-    cfg = AgentLoopConfig(max_turns=1, max_len=64, sampling=SamplingParams(max_new_tokens=4))
+    cfg = agent_loop_config(max_turns=1, max_len=64, sampling=sampling_params(max_new_tokens=4))
     opts = dict(
         batch_size=4, samples_per_prompt=2, max_in_flight=6, max_policy_lag=8, num_env_workers=12
     )

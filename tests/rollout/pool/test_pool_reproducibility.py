@@ -13,11 +13,9 @@ from helpers.models import policy_of
 
 from envs.toy.multi import KeyParityEnv
 from frlab.config.schema import RolloutConfig
+from frlab.defaults import agent_loop_config, sampling_params, torch_engine
 from frlab.model.toy_tokenizer import build_toy_tokenizer
-from frlab.rollout.agent_loop import AgentLoopConfig
-from frlab.rollout.engine import SamplingParams
 from frlab.rollout.pool import RolloutPool
-from frlab.rollout.torch.engine import TorchEngine
 
 TOKENIZER = build_toy_tokenizer()
 JITTER = random.SystemRandom()  # timing noise that no seed controls
@@ -53,8 +51,8 @@ def policy():
 def collect(seed: int, max_in_flight: int) -> list[tuple]:
     """Two sync batches of 6 (3 prompts x 2 samples), a weight update in between."""
     model = policy()
-    engine = TorchEngine(model, max_batch_size=4, seed=seed + 100)  # shared stream unused
-    cfg = AgentLoopConfig(max_turns=2, max_len=48, sampling=SamplingParams(max_new_tokens=5))
+    engine = torch_engine(model, max_batch_size=4, seed=seed + 100)  # shared stream unused
+    cfg = agent_loop_config(max_turns=2, max_len=48, sampling=sampling_params(max_new_tokens=5))
     pool = RolloutPool(
         engine,
         JitteryKeyParityEnv,

@@ -22,8 +22,8 @@ import torch
 from helpers.pool import pool_settings
 from pool_testlib import TOKENIZER, Board, FakeEngine, GatedEnv, wait_for
 
-from frlab.rollout.agent_loop import AgentLoopConfig
-from frlab.rollout.engine import EngineFault, Outage, SamplingParams
+from frlab.defaults import agent_loop_config, sampling_params
+from frlab.rollout.engine import EngineFault, Outage
 from frlab.rollout.pool import RolloutPool
 
 
@@ -69,7 +69,7 @@ class SwitchEngine(FakeEngine):
 
 
 def pool_of(engine: SwitchEngine, board: Board, **kw) -> RolloutPool:  # noqa: ANN003
-    cfg = AgentLoopConfig(max_turns=1, max_len=64, sampling=SamplingParams(max_new_tokens=4))
+    cfg = agent_loop_config(max_turns=1, max_len=64, sampling=sampling_params(max_new_tokens=4))
     opts = dict(batch_size=4, max_in_flight=4, max_policy_lag=8, num_env_workers=8) | kw
     tasks = GatedEnv.task_sampler(board=board)
     return RolloutPool(

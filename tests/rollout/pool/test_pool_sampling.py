@@ -11,9 +11,9 @@ import pytest
 from helpers.pool import pool_settings
 
 from envs.toy import ParityTasks
+from frlab.defaults import agent_loop_config, sampling_params
 from frlab.model.toy_tokenizer import build_toy_tokenizer
 from frlab.objective import Objective
-from frlab.rollout.agent_loop import AgentLoopConfig
 from frlab.rollout.engine import SamplingParams
 from frlab.rollout.pool import RolloutPool
 
@@ -21,7 +21,7 @@ TOKENIZER = build_toy_tokenizer()
 
 
 def build_pool(sampling: SamplingParams, **kw) -> RolloutPool:
-    cfg = AgentLoopConfig(max_turns=1, max_len=32, sampling=sampling)
+    cfg = agent_loop_config(max_turns=1, max_len=32, sampling=sampling)
     engine = SimpleNamespace(version=0)  # the constructor never calls the engine
     return RolloutPool(
         engine,
@@ -38,8 +38,8 @@ def build_pool(sampling: SamplingParams, **kw) -> RolloutPool:
 @pytest.mark.parametrize(
     ("sampling", "key"),
     [
-        (SamplingParams(top_p=0.9), "rollout.sampling.top_p"),
-        (SamplingParams(top_k=5), "rollout.sampling.top_k"),
+        (sampling_params(top_p=0.9), "rollout.sampling.top_p"),
+        (sampling_params(top_k=5), "rollout.sampling.top_k"),
     ],
 )
 def test_truncated_sampling_is_refused_with_off_policy_correction(sampling, key) -> None:
@@ -54,13 +54,13 @@ def test_truncated_sampling_is_refused_with_off_policy_correction(sampling, key)
 def test_no_is_accepts_truncated_sampling() -> None:
     no_is = Objective.from_config({"trust_region": "no_is"}).uses_off_policy_correction
     assert no_is is False
-    pool = build_pool(SamplingParams(top_p=0.9, top_k=5), off_policy_correction=no_is)
+    pool = build_pool(sampling_params(top_p=0.9, top_k=5), off_policy_correction=no_is)
     assert pool.loop_cfg.sampling.top_p == 0.9 and pool.loop_cfg.sampling.top_k == 5
 
 
 def test_full_support_and_invalid_values_are_checked_either_way() -> None:
-    build_pool(SamplingParams(top_p=1.0, top_k=0), off_policy_correction=True)
+    build_pool(sampling_params(top_p=1.0, top_k=0), off_policy_correction=True)
     with pytest.raises(ValueError, match="rollout.sampling.temperature"):
-        build_pool(SamplingParams(temperature=0.0), off_policy_correction=False)
+        build_pool(sampling_params(temperature=0.0), off_policy_correction=False)
     with pytest.raises(ValueError, match="rollout.sampling.top_p"):
-        build_pool(SamplingParams(top_p=1.5), off_policy_correction=False)
+        build_pool(sampling_params(top_p=1.5), off_policy_correction=False)

@@ -113,6 +113,8 @@ def test_weight_sync_callback_pushes_every_sync_every_optimizer_steps() -> None:
     with pytest.raises(ValueError, match="sync_every"):
         WeightSyncCallback(sync_every=0)
     with pytest.raises(RuntimeError, match="no rollout pool"):
-        WeightSyncCallback().on_train_start(SimpleNamespace(datamodule=None), module)
+        WeightSyncCallback(sync_every=1).on_train_start(SimpleNamespace(datamodule=None), module)
     with pytest.raises(AttributeError, match="policy_version"):
-        WeightSyncCallback(pool=pool).on_train_start(trainer, SimpleNamespace(policy=module.policy))
+        WeightSyncCallback(1, pool=pool).on_train_start(
+            trainer, SimpleNamespace(policy=module.policy)
+        )

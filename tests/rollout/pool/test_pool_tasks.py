@@ -16,8 +16,7 @@ from test_pool_groups import TOKENIZER, InstantEngine  # the groups tests' insta
 
 from envs.base import Env, StepResult, TaskSampler
 from envs.math import MathEnv
-from frlab.rollout.agent_loop import AgentLoopConfig
-from frlab.rollout.engine import SamplingParams
+from frlab.defaults import agent_loop_config, sampling_params
 from frlab.rollout.pool import RolloutPool
 
 DATA = [{"question": f"q{i}", "answer": str(i)} for i in range(5)]
@@ -59,7 +58,7 @@ class CountingTasks(TaskSampler):
 
 
 def make_pool(task_sampler: TaskSampler, **kw: Any) -> RolloutPool:
-    cfg = AgentLoopConfig(max_turns=1, max_len=32, sampling=SamplingParams(max_new_tokens=2))
+    cfg = agent_loop_config(max_turns=1, max_len=32, sampling=sampling_params(max_new_tokens=2))
     opts = dict(batch_size=2, max_in_flight=2, max_policy_lag=8, mode="sync", seed=11)
     return RolloutPool(
         InstantEngine(),

@@ -16,6 +16,7 @@ from helpers.fleet import remote_engine
 from frlab.config.compose import compose
 from frlab.config.errors import ConfigError
 from frlab.config.preflight import preflight
+from frlab.defaults import sampling_params
 from frlab.rollout.engine import EngineError
 from frlab.rollout.remote import auth
 from frlab.rollout.remote import protocol as proto
@@ -285,8 +286,6 @@ def test_a_server_that_refuses_the_secret_mid_run_stops_the_run_and_is_not_blame
     import torch
     from nccl_testlib import FakeVllmServer
 
-    from frlab.rollout.engine import SamplingParams
-
     server = FakeVllmServer()
     engine = remote_engine(
         [server.url],
@@ -303,7 +302,7 @@ def test_a_server_that_refuses_the_secret_mid_run_stops_the_run_and_is_not_blame
         refusing = Guarded(OTHER)
         engine._fleet.client = httpx.AsyncClient(transport=httpx.MockTransport(refusing))
         with pytest.raises(auth.FleetAuthError):
-            asyncio.run(engine.generate([1, 2], SamplingParams(max_new_tokens=2)))
+            asyncio.run(engine.generate([1, 2], sampling_params(max_new_tokens=2)))
         assert len(refusing.seen) == 1 and engine.stats()["retries"] == 0
         assert engine.servers[0].state == "ok" and engine.stats()["server_faults"] == 0
         assert "rollout.remote.secret_env" in engine.down_reason()

@@ -21,7 +21,8 @@ import torch
 from helpers.fleet import remote_engine
 from nccl_testlib import FakeVllmServer, Refused
 
-from frlab.rollout.engine import EngineFault, SamplingParams
+from frlab.defaults import sampling_params
+from frlab.rollout.engine import EngineFault
 from frlab.rollout.remote import breaker
 from frlab.rollout.remote import protocol as proto
 from frlab.rollout.remote.engine import RemoteEngine
@@ -92,7 +93,7 @@ def engine_on(urls: list[str], tmp_path: Path, **changes: Any) -> RemoteEngine:
 
 def generate(engine: RemoteEngine) -> Any:
     async def go() -> Any:
-        return await engine.generate([1, 2], SamplingParams(max_new_tokens=2))
+        return await engine.generate([1, 2], sampling_params(max_new_tokens=2))
 
     return asyncio.run(go())
 

@@ -26,6 +26,7 @@ import torch
 from helpers.fleet import remote_engine
 from helpers.models import policy_of
 
+from frlab.defaults import torch_engine
 from frlab.rollout.callbacks import WeightSyncCallback, shares_fleet
 from frlab.rollout.vllm.snapshot import write_snapshot
 from frlab.rollout.vllm.worker_extension import WeightUpdateExtension, same_weights
@@ -227,11 +228,10 @@ def in_process_server() -> Any:
     """One frlab.serve HTTP server on a thread of this process (no subprocess start-up)."""
     from serve_testlib import TINY_QWEN2, free_port, url
 
-    from frlab.rollout.torch.engine import TorchEngine
     from frlab.serve.server import ServeState, serve
 
     policy = policy_of(config=dict(TINY_QWEN2), seed=0)
-    state = ServeState(TorchEngine(policy, device="cpu", seed=0), "tiny")
+    state = ServeState(torch_engine(policy, device="cpu", seed=0), "tiny")
     port, ready = free_port(), threading.Event()
     thread = threading.Thread(target=serve, args=(state, "127.0.0.1", port, ready), daemon=True)
     thread.start()

@@ -26,9 +26,8 @@ from helpers.pool import pool_settings
 from nccl_testlib import FakeVllmServer
 
 from envs.base import Env, StepResult, TaskSampler
+from frlab.defaults import agent_loop_config, sampling_params
 from frlab.model.toy_tokenizer import build_toy_tokenizer
-from frlab.rollout.agent_loop import AgentLoopConfig
-from frlab.rollout.engine import SamplingParams
 from frlab.rollout.pool import RolloutPool
 from frlab.rollout.remote import limits
 from frlab.rollout.remote import protocol as proto
@@ -127,7 +126,9 @@ def test_a_bad_answer_is_refused_its_prompt_requeued_and_never_trained_on(
         weight_update="drain",
         vocab_size=VOCAB,
     )
-    loop = AgentLoopConfig(max_turns=1, max_len=32, sampling=SamplingParams(max_new_tokens=MAX_NEW))
+    loop = agent_loop_config(
+        max_turns=1, max_len=32, sampling=sampling_params(max_new_tokens=MAX_NEW)
+    )
     pool = RolloutPool(
         engine,
         OneTurn,

@@ -20,7 +20,8 @@ import torch
 from helpers.fleet import remote_engine
 from nccl_testlib import EVENTS, WIRE, FakeTrainerEngine, FakeVllmServer, install_fake_vllm
 
-from frlab.rollout.engine import EngineError, SamplingParams
+from frlab.defaults import sampling_params
+from frlab.rollout.engine import EngineError
 from frlab.rollout.remote import control
 from frlab.rollout.remote import protocol as proto
 from frlab.rollout.remote.engine import RemoteEngine
@@ -79,7 +80,7 @@ def wait_until(cond: Callable[[], bool], timeout: float = 10.0) -> None:
 
 
 def generate(engine: RemoteEngine) -> Any:
-    params = SamplingParams(max_new_tokens=2)
+    params = sampling_params(max_new_tokens=2)
     return asyncio.run(engine.generate([1, 2, 3], params))
 
 

@@ -29,7 +29,8 @@ from serve_testlib import (
     url,
 )
 
-from frlab.rollout.engine import EngineError, GenerationResult, SamplingParams
+from frlab.defaults import sampling_params
+from frlab.rollout.engine import EngineError, GenerationResult
 from frlab.rollout.remote.engine import RemoteEngine
 
 pytestmark = pytest.mark.slow  # a module fixture starts servers or runs a training run
@@ -70,7 +71,7 @@ def engine(fleet: tuple[Fleet, Any], tmp_path: Path) -> Iterator[RemoteEngine]:
 
 
 def generate(engine: RemoteEngine, n: int, max_new_tokens: int = 6) -> list[GenerationResult]:
-    params = SamplingParams(max_new_tokens=max_new_tokens)
+    params = sampling_params(max_new_tokens=max_new_tokens)
 
     async def go() -> list[GenerationResult]:
         return await asyncio.gather(*(engine.generate(PROMPT, params) for _ in range(n)))
@@ -106,7 +107,6 @@ def run_collecting(engine: RemoteEngine, n: int, errors: list[BaseException]) ->
 
 
 def other_model(seed: int) -> Any:
-
     return policy_of(config=dict(TINY_QWEN2), seed=seed)
 
 
@@ -218,7 +218,7 @@ def test_generate_fails_after_max_retries_when_every_server_fails(
 
 def test_a_bad_request_fails_at_once_without_retries(engine: RemoteEngine) -> None:
     async def go() -> None:
-        await engine.generate([10_000], SamplingParams(max_new_tokens=2))
+        await engine.generate([10_000], sampling_params(max_new_tokens=2))
 
     with pytest.raises(EngineError, match="HTTP 400"):
         asyncio.run(go())

@@ -16,7 +16,8 @@ from labelling_vllm_testlib import LabellingVllmServer, generate_response, versi
 from pausing_vllm_testlib import PausingVllmServer
 from test_remote_resubmit import WEIGHTS, Background, counting_from, update, wait_until
 
-from frlab.rollout.engine import EngineError, SamplingParams
+from frlab.defaults import sampling_params
+from frlab.rollout.engine import EngineError
 from frlab.rollout.remote import generate as gen
 from frlab.rollout.remote import protocol as proto
 
@@ -103,7 +104,7 @@ def test_labels_outside_the_versions_the_fleet_knows_are_refused(
     engine = engine_on([server], tmp_path)
     try:
         with pytest.raises(EngineError, match="request failed after 3 attempts"):
-            asyncio.run(engine.generate([1, 2, 3], SamplingParams(max_new_tokens=5)))
+            asyncio.run(engine.generate([1, 2, 3], sampling_params(max_new_tokens=5)))
         assert engine.stats()["stale_refusals"] >= 1
     finally:
         engine.shutdown()
@@ -226,7 +227,7 @@ def test_the_default_is_in_flight_only_where_every_server_labels_tokens(
         try:
             assert engine.weight_update == chosen
             assert engine.stats()["servers_healthy"] == 2
-            res = asyncio.run(engine.generate([1, 2, 3], SamplingParams(max_new_tokens=3)))
+            res = asyncio.run(engine.generate([1, 2, 3], sampling_params(max_new_tokens=3)))
             assert res.versions == [0] * 3
         finally:
             engine.shutdown()

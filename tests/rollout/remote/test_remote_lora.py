@@ -14,7 +14,8 @@ from helpers.fleet import remote_engine
 from lora_vllm_testlib import LOAD, UNLOAD, LoraVllmServer
 from test_remote_resubmit import Background, wait_until
 
-from frlab.rollout.engine import EngineError, SamplingParams
+from frlab.defaults import sampling_params
+from frlab.rollout.engine import EngineError
 from frlab.rollout.remote.engine import RemoteEngine
 from frlab.rollout.remote.lora import adapter_name
 
@@ -66,7 +67,7 @@ def lora_engine(
 def generate(engine: RemoteEngine, n: int = 4) -> Any:
     import asyncio
 
-    return asyncio.run(engine.generate([1, 2, 3], SamplingParams(max_new_tokens=n)))
+    return asyncio.run(engine.generate([1, 2, 3], sampling_params(max_new_tokens=n)))
 
 
 def test_each_version_is_loaded_under_its_own_name_and_named_by_every_request(

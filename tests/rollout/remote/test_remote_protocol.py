@@ -12,6 +12,7 @@ import torch
 from helpers.fleet import FLEET_KEYS, fleet_settings, remote_engine
 from nccl_testlib import nccl_init_request, nccl_update_request
 
+from frlab.defaults import sampling_params
 from frlab.errors import ConfigError
 from frlab.rollout.callbacks import rollout_metrics
 from frlab.rollout.engine import SamplingParams
@@ -92,7 +93,7 @@ def test_every_sampling_field_a_server_default_could_fill_is_sent() -> None:
     takes repetition_penalty, temperature, top_p, top_k and min_p from the model's
     generation_config.json whenever the request leaves them unset (None). So each must be
     sent, neutral unless frlab samples with it; the OpenAI-side penalties too."""
-    body = proto.completion_request("m", [1], SamplingParams(), seed=None)
+    body = proto.completion_request("m", [1], sampling_params(), seed=None)
     defaults_could_fill = ("repetition_penalty", "temperature", "top_p", "top_k", "min_p")
     assert all(body.get(k) is not None for k in defaults_could_fill)
     assert (body["repetition_penalty"], body["min_p"], body["top_k"]) == (1.0, 0.0, 0)

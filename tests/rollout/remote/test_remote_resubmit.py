@@ -16,6 +16,7 @@ import torch
 from helpers.fleet import remote_engine
 from pausing_vllm_testlib import VOCAB, PausingVllmServer
 
+from frlab.defaults import sampling_params
 from frlab.rollout.engine import GenerationResult, SamplingParams
 from frlab.rollout.remote import protocol as proto
 from frlab.rollout.remote.engine import RemoteEngine
@@ -59,7 +60,7 @@ class Background:
     """`n` concurrent `engine.generate` calls on a thread of their own."""
 
     def __init__(self, engine: RemoteEngine, n: int, max_new_tokens: int) -> None:
-        params = SamplingParams(max_new_tokens=max_new_tokens)
+        params = sampling_params(max_new_tokens=max_new_tokens)
         self.results: list[GenerationResult] = []
 
         async def go() -> None:
@@ -222,7 +223,7 @@ def test_an_abort_that_ends_the_request_is_not_sent_again(
         return Fragment(tokens, [-0.5] * len(tokens), [0] * len(tokens), "abort")
 
     engine._dispatch = dispatch  # type: ignore[method-assign]
-    params = SamplingParams(max_new_tokens=3, stop_token_ids=(2,))
+    params = sampling_params(max_new_tokens=3, stop_token_ids=(2,))
     res = asyncio.run(engine._generate(PROMPT, params))
     assert (res.token_ids, res.finish_reason, sent) == (tokens, reason, [(PROMPT, 3)])
     assert engine._fleet.counts["resubmitted"] == 1

@@ -18,7 +18,8 @@ from helpers.fleet import remote_engine
 from helpers.models import policy_of
 from serve_testlib import TINY_QWEN2, Fleet, free_port, save_tiny_model, url
 
-from frlab.rollout.engine import EngineError, GenerationResult, SamplingParams
+from frlab.defaults import sampling_params
+from frlab.rollout.engine import EngineError, GenerationResult
 from frlab.rollout.remote import control
 from frlab.rollout.remote import protocol as proto
 from frlab.rollout.remote.engine import RemoteEngine
@@ -128,7 +129,7 @@ def test_resubmit_on_frlab_serve_prefills_the_tokens_so_far_on_the_new_weights(
     engine = engine_on(resubmit, tmp_path, "resubmit", base.state_dict())
     engine.start()
     results: list[GenerationResult] = []
-    params = SamplingParams(max_new_tokens=120)
+    params = sampling_params(max_new_tokens=120)
 
     async def go() -> None:
         results.extend(await asyncio.gather(*(engine.generate(PROMPT, params) for _ in range(8))))

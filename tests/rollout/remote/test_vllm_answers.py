@@ -24,7 +24,8 @@ from nccl_testlib import FakeVllmServer
 from frlab.config.compose import compose
 from frlab.config.errors import ConfigError
 from frlab.config.preflight import preflight
-from frlab.rollout.engine import EngineError, SamplingParams
+from frlab.defaults import sampling_params
+from frlab.rollout.engine import EngineError
 from frlab.rollout.remote.engine import RemoteEngine
 
 WEIGHTS = {"w": torch.arange(6.0).reshape(2, 3), "b": torch.ones(2)}
@@ -72,7 +73,7 @@ def test_a_vllm_server_is_admitted_although_its_router_stringifies_scalars(
         for worker in server.workers:
             assert torch.equal(worker.get_model().params["b"], torch.full((2,), 2.0))
             assert worker.reloads == [True, True]  # through Worker.reload_weights
-        res = asyncio.run(engine.generate([1, 2], SamplingParams(max_new_tokens=2)))
+        res = asyncio.run(engine.generate([1, 2], sampling_params(max_new_tokens=2)))
         assert res.versions == [3, 3]
     finally:
         engine.shutdown()
@@ -89,7 +90,7 @@ def test_a_server_that_went_down_is_readmitted_when_its_health_body_is_empty(
     try:
         server.down = True
         with pytest.raises(EngineError):
-            asyncio.run(engine.generate([1], SamplingParams(max_new_tokens=1)))
+            asyncio.run(engine.generate([1], sampling_params(max_new_tokens=1)))
         assert engine.stats()["servers_dead"] == 1
         server.down = False
         wait_until(lambda: engine.stats()["servers_healthy"] == 1)

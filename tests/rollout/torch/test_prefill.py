@@ -13,9 +13,9 @@ from helpers.models import policy_of
 from torch_testlib import VOCAB, recomputed_log_probs, tiny_model
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from frlab.defaults import sampling_params, torch_engine
 from frlab.model.policy import tiny_config
 from frlab.model.routing_replay import moe_routers, record_routing
-from frlab.rollout.engine import SamplingParams
 from frlab.rollout.torch import prefill
 from frlab.rollout.torch.engine import TorchEngine
 from frlab.rollout.torch.kv_batch import GrowingCache, left_pad, unpack_rows
@@ -134,10 +134,10 @@ def test_packed_and_padded_engines_sample_the_same(attn: str) -> None:
     model = tiny_model(3, sharpness=2.0)  # flat: a shifted draw would show
     model.set_attn_implementation(attn)
     params = [
-        SamplingParams(max_new_tokens=n, seed=10 + i) for i, n in enumerate([6, 2, 9, 4, 5, 7])
+        sampling_params(max_new_tokens=n, seed=10 + i) for i, n in enumerate([6, 2, 9, 4, 5, 7])
     ]
-    packed_engine = TorchEngine(model, max_batch_size=4)
-    padded_engine = TorchEngine(model, max_batch_size=4, packed_prefill=False)
+    packed_engine = torch_engine(model, max_batch_size=4)
+    padded_engine = torch_engine(model, max_batch_size=4, packed_prefill=False)
     assert packed_engine.packed_prefill and not padded_engine.packed_prefill
     seen = prefill_inputs(packed_engine)
     packed, padded = run(packed_engine, PROMPTS, params), run(padded_engine, PROMPTS, params)
@@ -155,10 +155,10 @@ def test_several_packed_and_padded_groups_merge_in_one_admission(monkeypatch) ->
     monkeypatch.setattr(prefill, "MIN_PACK_TOKENS", 10)
     monkeypatch.setattr(prefill, "ATTENTION_SHARE", 0.0)  # rows of 10 tokens at most
     model = tiny_model(4)
-    engine = TorchEngine(model, max_batch_size=8, seed=2)
+    engine = torch_engine(model, max_batch_size=8, seed=2)
     assert engine.packed_prefill
     seen = prefill_inputs(engine)
-    params = [SamplingParams(max_new_tokens=n, temperature=0.9) for n in [5, 3, 6, 2, 4, 7]]
+    params = [sampling_params(max_new_tokens=n, temperature=0.9) for n in [5, 3, 6, 2, 4, 7]]
     results = run(engine, PROMPTS, params)
     # [3] alone (padded) | [8, 2] packed | [4], [17], [2] would not pack: one padded forward
     padded = [[0] * (17 - len(p)) + p for p in PROMPTS[3:]]
@@ -171,7 +171,7 @@ def test_several_packed_and_padded_groups_merge_in_one_admission(monkeypatch) ->
 
 def test_a_packed_group_joins_a_batch_that_is_already_decoding() -> None:
     model = tiny_model(6, sharpness=2.0)
-    engine = TorchEngine(model, max_batch_size=8, seed=1)
+    engine = torch_engine(model, max_batch_size=8, seed=1)
     seen = prefill_inputs(engine)
     decodes: list[int] = []
     engine.model.register_forward_hook(
@@ -180,10 +180,10 @@ def test_a_packed_group_joins_a_batch_that_is_already_decoding() -> None:
     )
 
     async def go():
-        (long,) = engine.generate_many([([3, 1, 4, 1, 5], SamplingParams(max_new_tokens=40))])
+        (long,) = engine.generate_many([([3, 1, 4, 1, 5], sampling_params(max_new_tokens=40))])
         while not decodes:
             await asyncio.sleep(0.001)
-        later = engine.generate_many([(p, SamplingParams(max_new_tokens=6)) for p in PROMPTS[:3]])
+        later = engine.generate_many([(p, sampling_params(max_new_tokens=6)) for p in PROMPTS[:3]])
         return [await long, *(await asyncio.gather(*later))]
 
     with engine:
@@ -212,10 +212,10 @@ class _NoLogitsToKeep(Qwen2ForCausalLM):
 
 def test_a_model_without_logits_to_keep_is_packed_through_its_full_logits() -> None:
     model = _NoLogitsToKeep(tiny_model(7).config).eval()
-    engine = TorchEngine(model, max_batch_size=4)
+    engine = torch_engine(model, max_batch_size=4)
     assert engine.packed_prefill and "logits_to_keep" not in engine._forward_extra
     seen = prefill_inputs(engine)
-    params = [SamplingParams(max_new_tokens=4, temperature=0.9)] * 3
+    params = [sampling_params(max_new_tokens=4, temperature=0.9)] * 3
     results = run(engine, PROMPTS[:3], params)
     assert seen[0].tolist() == [sum(PROMPTS[:3], [])]
     for prompt, res in zip(PROMPTS[:3], results, strict=True):
@@ -230,10 +230,10 @@ def test_packed_prefill_records_each_prompts_own_moe_routing() -> None:
     with torch.no_grad():
         for router in moe_routers(model):
             router.weight.copy_(torch.randn(router.weight.shape, generator=gen) * 0.5)
-    engine = TorchEngine(model, max_batch_size=4, record_routing=True)
+    engine = torch_engine(model, max_batch_size=4, record_routing=True)
     seen = prefill_inputs(engine)
     prompts = [[1, 2, 3], [5, 6, 7, 8, 9, 10, 11, 12, 13], [4, 4]]
-    results = run(engine, prompts, [SamplingParams(max_new_tokens=3)] * 3)
+    results = run(engine, prompts, [sampling_params(max_new_tokens=3)] * 3)
     assert [tuple(x.shape) for x in seen] == [(1, 14)]  # packed
     for prompt, res in zip(prompts, results, strict=True):
         with torch.no_grad(), record_routing(model) as rec:
@@ -259,7 +259,7 @@ def test_sliding_window_models_are_prefilled_padded(caplog) -> None:
     model = Qwen2ForCausalLM(cfg).eval()
     assert "sliding_attention" in cfg.layer_types
     with caplog.at_level(logging.WARNING):
-        engine = TorchEngine(model)
+        engine = torch_engine(model)
     assert not engine.packed_prefill
     assert "sliding-window" in caplog.text
 
@@ -275,9 +275,9 @@ def test_a_packed_mask_that_leaks_across_prompts_is_caught_at_start(monkeypatch,
     monkeypatch.setattr(prefill, "packed_mask", leaky)
     model = tiny_model(5)
     with caplog.at_level(logging.WARNING):
-        engine = TorchEngine(model)
+        engine = torch_engine(model)
     assert not engine.packed_prefill
     assert "logit gap" in caplog.text
-    (res,) = run(engine, [PROMPTS[1]], [SamplingParams(max_new_tokens=3, temperature=0.8)])
+    (res,) = run(engine, [PROMPTS[1]], [sampling_params(max_new_tokens=3, temperature=0.8)])
     fresh = recomputed_log_probs(model, PROMPTS[1], res.token_ids, 0.8)
     torch.testing.assert_close(torch.tensor(res.log_probs), fresh, atol=1e-5, rtol=0)

@@ -9,12 +9,13 @@ import concurrent.futures
 import pytest
 import torch
 
-from frlab.rollout.engine import EngineError, SamplingParams
+from frlab.defaults import sampling_params
+from frlab.rollout.engine import EngineError
 from frlab.rollout.torch.request_state import Request, fail, finished
 
 
 def request(**params) -> Request:
-    return Request([1, 2], SamplingParams(**params), concurrent.futures.Future())
+    return Request([1, 2], sampling_params(**params), concurrent.futures.Future())
 
 
 def sample(req: Request, token: int, log_prob: float = -0.5, version: int = 3) -> None:

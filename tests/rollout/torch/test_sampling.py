@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from frlab.rollout.engine import SamplingParams
+from frlab.defaults import sampling_params
 from frlab.rollout.torch.sampling import (
     BLOCK,
     _inverse_cdf_flat,
@@ -68,16 +68,16 @@ def test_batched_top_k_masking_equals_the_per_row_definition() -> None:
     g = torch.Generator().manual_seed(0)
     logits = torch.randint(-3, 4, (6, 40), generator=g).float()  # many ties
     params = [
-        SamplingParams(top_k=k, temperature=t)
+        sampling_params(top_k=k, temperature=t)
         for k, t in [(0, 1.0), (1, 0.7), (3, 1.0), (40, 1.0), (1, 2.0), (7, 0.5)]
     ]
-    params.append(SamplingParams(top_k=2, top_p=0.6))
+    params.append(sampling_params(top_k=2, top_p=0.6))
     logits = torch.cat([logits, logits[:1]])
     got = sampling_log_probs(logits, params)
     for row, p in enumerate(params):
         expected = torch.log_softmax(truncate(logits[row] / p.temperature, p.top_k, p.top_p), -1)
         assert torch.equal(got[row], expected), row
-    greedy = sampling_log_probs(logits[:2], [SamplingParams(top_k=1)] * 2)
+    greedy = sampling_log_probs(logits[:2], [sampling_params(top_k=1)] * 2)
     ties = (logits[:2] == logits[:2].amax(-1, keepdim=True)).sum(-1)
     kept = torch.isfinite(greedy).sum(-1)
     assert torch.equal(kept, ties)
@@ -86,7 +86,7 @@ def test_batched_top_k_masking_equals_the_per_row_definition() -> None:
 
 def test_the_greedy_fast_path_gives_what_the_general_path_gives() -> None:
     logits = torch.randn(5, 300, generator=torch.Generator().manual_seed(2)) * 3
-    greedy = [SamplingParams(top_k=1, temperature=t) for t in (1.0, 0.5, 2.0, 1.0, 0.9)]
+    greedy = [sampling_params(top_k=1, temperature=t) for t in (1.0, 0.5, 2.0, 1.0, 0.9)]
     shared = torch.Generator().manual_seed(0)
     tokens, chosen = draw(logits, greedy, [None] * 5, shared)
     general = sampling_log_probs(logits, greedy)

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch_testlib import generate_all, recomputed_log_probs, tiny_model
 
-from frlab.rollout.engine import SamplingParams
+from frlab.defaults import sampling_params, torch_engine
 from frlab.rollout.torch import sampling as sampler
 from frlab.rollout.torch.engine import TorchEngine
 
@@ -38,10 +38,10 @@ BUDGETS = [12, 2, 9, 3, 6, 10]
 @pytest.mark.parametrize("packed", [True, False])
 def test_a_waiting_request_joins_the_running_batch_when_a_row_finishes(packed: bool) -> None:
     model = tiny_model(0)
-    engine = TorchEngine(model, max_batch_size=2, seed=4, packed_prefill=packed)
+    engine = torch_engine(model, max_batch_size=2, seed=4, packed_prefill=packed)
     assert engine.packed_prefill is packed
     inputs = forward_inputs(engine)
-    params = [SamplingParams(max_new_tokens=n, temperature=0.8) for n in BUDGETS]
+    params = [sampling_params(max_new_tokens=n, temperature=0.8) for n in BUDGETS]
     with engine:
         results = asyncio.run(submit_together(engine, PROMPTS, params))
     shapes = [tuple(x.shape) for x in inputs]
@@ -63,9 +63,9 @@ def test_a_waiting_request_joins_the_running_batch_when_a_row_finishes(packed: b
 
 @pytest.mark.parametrize("packed", [True, False])
 def test_generate_many_starts_its_requests_in_one_prefill_in_order(packed: bool) -> None:
-    engine = TorchEngine(tiny_model(1), max_batch_size=8, packed_prefill=packed)
+    engine = torch_engine(tiny_model(1), max_batch_size=8, packed_prefill=packed)
     inputs = forward_inputs(engine)
-    params = [SamplingParams(max_new_tokens=2)] * 5
+    params = [sampling_params(max_new_tokens=2)] * 5
     with engine:
         asyncio.run(submit_together(engine, PROMPTS[:5], params))
     if packed:
@@ -78,7 +78,7 @@ def test_generate_many_starts_its_requests_in_one_prefill_in_order(packed: bool)
 def test_recorded_log_prob_is_exactly_the_sampled_distributions() -> None:
     """Bitwise: each recorded value is log_softmax(logits / T)[token] of a row the engine drew."""
     model = tiny_model(2, sharpness=5.0)
-    engine = TorchEngine(model, max_batch_size=3, seed=0)
+    engine = torch_engine(model, max_batch_size=3, seed=0)
     drawn: set[tuple[int, float]] = set()
     logits_seen: list[torch.Tensor] = []
     # one row per request: [b, 1, V] padded or decoding, [1, b, V] packed
@@ -94,7 +94,7 @@ def test_recorded_log_prob_is_exactly_the_sampled_distributions() -> None:
             drawn.add((tok, float(expected[row, tok])))
         return tokens
 
-    params = [SamplingParams(temperature=0.7, max_new_tokens=n) for n in BUDGETS]
+    params = [sampling_params(temperature=0.7, max_new_tokens=n) for n in BUDGETS]
     sampler.inverse_cdf = spy
     try:
         with engine:
@@ -107,13 +107,13 @@ def test_recorded_log_prob_is_exactly_the_sampled_distributions() -> None:
 
 def test_a_seeded_request_samples_the_same_tokens_in_any_batch() -> None:
     model = tiny_model(3, sharpness=2.0)  # flat distributions: different draws differ
-    target, seeded = [3, 1, 4, 1, 5], SamplingParams(max_new_tokens=10, seed=12345)
-    others = [SamplingParams(max_new_tokens=n, seed=i) for i, n in enumerate(BUDGETS)]
-    with TorchEngine(model, max_batch_size=4, seed=0) as engine:
+    target, seeded = [3, 1, 4, 1, 5], sampling_params(max_new_tokens=10, seed=12345)
+    others = [sampling_params(max_new_tokens=n, seed=i) for i, n in enumerate(BUDGETS)]
+    with torch_engine(model, max_batch_size=4, seed=0) as engine:
         (alone,) = asyncio.run(submit_together(engine, [target], [seeded]))
         last = asyncio.run(submit_together(engine, [*PROMPTS, target], [*others, seeded]))[-1]
         first = asyncio.run(submit_together(engine, [target, *PROMPTS], [seeded, *others]))[0]
-        reseeded = SamplingParams(max_new_tokens=10, seed=54321)
+        reseeded = sampling_params(max_new_tokens=10, seed=54321)
         (other_seed,) = asyncio.run(submit_together(engine, [target], [reseeded]))
     assert alone.token_ids == last.token_ids == first.token_ids
     torch.testing.assert_close(torch.tensor(last.log_probs), torch.tensor(alone.log_probs))
@@ -121,16 +121,16 @@ def test_a_seeded_request_samples_the_same_tokens_in_any_batch() -> None:
 
 
 def test_an_abandoned_request_leaves_the_batch() -> None:
-    engine = TorchEngine(tiny_model(4), max_batch_size=1)
+    engine = torch_engine(tiny_model(4), max_batch_size=1)
     shapes = forward_inputs(engine)  # one entry per forward
 
     async def run() -> list[int]:
-        long = asyncio.ensure_future(engine.generate([1, 2], SamplingParams(max_new_tokens=100)))
+        long = asyncio.ensure_future(engine.generate([1, 2], sampling_params(max_new_tokens=100)))
         deadline = time.monotonic() + 60
         while len(shapes) < 3 and time.monotonic() < deadline:
             await asyncio.sleep(0.001)
         long.cancel()
-        short = await engine.generate([3], SamplingParams(max_new_tokens=2))
+        short = await engine.generate([3], sampling_params(max_new_tokens=2))
         return short.token_ids
 
     with engine:
@@ -141,13 +141,13 @@ def test_an_abandoned_request_leaves_the_batch() -> None:
 
 def test_update_weights_lands_between_decode_steps_of_a_running_request() -> None:
     old, new = tiny_model(0), tiny_model(11, sharpness=80.0)
-    engine = TorchEngine(old, seed=5)
+    engine = torch_engine(old, seed=5)
     shapes = forward_inputs(engine)  # one entry per forward
     out: list = []
     with engine:
         worker = threading.Thread(
             target=lambda: out.extend(
-                asyncio.run(generate_all(engine, [[1, 2]], [SamplingParams(max_new_tokens=60)]))
+                asyncio.run(generate_all(engine, [[1, 2]], [sampling_params(max_new_tokens=60)]))
             )
         )
         engine.pause()
@@ -168,6 +168,6 @@ def test_update_weights_lands_between_decode_steps_of_a_running_request() -> Non
 
 @pytest.mark.parametrize("seed", [-1, 2**63, True, 1.5])
 def test_bad_seeds_are_refused(seed) -> None:
-    with TorchEngine(tiny_model(0)) as engine:
+    with torch_engine(tiny_model(0)) as engine:
         with pytest.raises(ValueError, match="seed"):
-            asyncio.run(engine.generate([1], SamplingParams(seed=seed)))
+            asyncio.run(engine.generate([1], sampling_params(seed=seed)))

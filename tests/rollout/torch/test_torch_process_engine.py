@@ -13,9 +13,8 @@ import time
 import pytest
 import torch
 
+from frlab.defaults import process_engine, sampling_params, torch_engine
 from frlab.rollout.engine import EngineError, SamplingParams
-from frlab.rollout.torch.engine import TorchEngine
-from frlab.rollout.torch.process import ProcessTorchEngine
 from tests.rollout.torch.torch_testlib import VOCAB, tiny_model
 
 pytestmark = pytest.mark.slow  # a module fixture starts servers or runs a training run
@@ -28,7 +27,7 @@ def requests(n: int, new_tokens: int = 8) -> list[tuple[list[int], SamplingParam
     return [
         (
             [1 + i % 7] * (2 + i % 5),
-            SamplingParams(
+            sampling_params(
                 max_new_tokens=new_tokens + i % 3,
                 stop_token_ids=(5,),
                 seed=1000 + i if i % 2 else None,
@@ -63,7 +62,7 @@ def running():  # noqa: ANN201
     """One started engine (and its model) shared by the tests that leave it serving: each
     spawn costs seconds of imports in the child."""
     model = tiny_model(1, sharpness=1.0)
-    with ProcessTorchEngine(model, num_threads=1) as engine:
+    with process_engine(model, num_threads=1) as engine:
         yield engine, model
 
 
@@ -71,9 +70,9 @@ def test_the_child_answers_exactly_as_the_in_process_engine_before_and_after_an_
     model = tiny_model(0, sharpness=4.0)
     reqs = requests(12)
     shifted = {k: v + 0.02 * torch.randn_like(v) for k, v in model.state_dict().items()}
-    thread = results(TorchEngine(model, max_batch_size=16, seed=3), model, reqs, shifted)
+    thread = results(torch_engine(model, max_batch_size=16, seed=3), model, reqs, shifted)
     process = results(
-        ProcessTorchEngine(model, max_batch_size=16, seed=3, num_threads=THREADS),
+        process_engine(model, max_batch_size=16, seed=3, num_threads=THREADS),
         model,
         reqs,
         shifted,
@@ -90,11 +89,11 @@ def test_moe_routing_travels_back_and_equals_the_in_process_record() -> None:
     from tests.model.test_routing_replay_pipeline import tiny_moe
 
     model = tiny_moe(0)
-    reqs = [([3, 4, 5 + i], SamplingParams(max_new_tokens=4, seed=i)) for i in range(3)]
+    reqs = [([3, 4, 5 + i], sampling_params(max_new_tokens=4, seed=i)) for i in range(3)]
     assert max(t for p, _ in reqs for t in p) < MOE_VOCAB
     engines = (
-        TorchEngine(model, record_routing=True),
-        ProcessTorchEngine(model, record_routing=True, num_threads=THREADS),
+        torch_engine(model, record_routing=True),
+        process_engine(model, record_routing=True, num_threads=THREADS),
     )
     outs = []
     for engine in engines:
@@ -113,10 +112,10 @@ def test_an_update_lands_between_decode_steps_and_later_tokens_carry_it(running)
     new = old + 1
 
     async def run() -> list:
-        long = engine.generate_many([([1, 2], SamplingParams(max_new_tokens=120))])[0]
+        long = engine.generate_many([([1, 2], sampling_params(max_new_tokens=120))])[0]
         await asyncio.sleep(0.05)
         engine.update_weights(model.state_dict(), new)
-        after = engine.generate_many([([1, 2], SamplingParams(max_new_tokens=4))])[0]
+        after = engine.generate_many([([1, 2], sampling_params(max_new_tokens=4))])[0]
         return [await long, await after]
 
     long, after = asyncio.run(run())
@@ -129,7 +128,7 @@ def test_pause_holds_decoding_until_resume(running) -> None:
 
     async def run() -> tuple[bool, list[int]]:
         engine.pause()
-        (future,) = engine.generate_many([([1, 2, 3], SamplingParams(max_new_tokens=3))])
+        (future,) = engine.generate_many([([1, 2, 3], sampling_params(max_new_tokens=3))])
         await asyncio.sleep(0.5)
         held = not future.done()
         engine.resume()
@@ -140,20 +139,20 @@ def test_pause_holds_decoding_until_resume(running) -> None:
 
 
 def test_a_dead_child_fails_pending_requests_and_refuses_new_ones() -> None:
-    engine = ProcessTorchEngine(tiny_model(3), num_threads=1)
+    engine = process_engine(tiny_model(3), num_threads=1)
     engine.start()
     try:
 
         async def run() -> None:
             engine.pause()  # the request stays pending in the child
-            (future,) = engine.generate_many([([1, 2], SamplingParams(max_new_tokens=3))])
+            (future,) = engine.generate_many([([1, 2], sampling_params(max_new_tokens=3))])
             await asyncio.sleep(0.2)
             assert engine.down_reason() is None
             os.kill(engine._process.pid, signal.SIGKILL)
             with pytest.raises(EngineError, match="exit code -9"):
                 await asyncio.wait_for(future, 30)
             with pytest.raises(EngineError, match="not running.*exit code -9"):
-                engine.generate_many([([1], SamplingParams())])
+                engine.generate_many([([1], sampling_params())])
             assert "exit code -9" in engine.down_reason()  # the pool stops the run on it
 
         asyncio.run(run())
@@ -163,7 +162,7 @@ def test_a_dead_child_fails_pending_requests_and_refuses_new_ones() -> None:
 
 
 def test_shutdown_fails_pending_requests_and_reaps_the_child() -> None:
-    engine = ProcessTorchEngine(tiny_model(4), num_threads=1)
+    engine = process_engine(tiny_model(4), num_threads=1)
     engine.start()
 
     async def run() -> None:
@@ -188,9 +187,9 @@ def test_a_cancelled_request_is_dropped_and_the_engine_keeps_serving(running) ->
     engine, _ = running
 
     async def run() -> list[int]:
-        (slow,) = engine.generate_many([([1, 2], SamplingParams(max_new_tokens=100))])
+        (slow,) = engine.generate_many([([1, 2], sampling_params(max_new_tokens=100))])
         slow.cancel()
-        (fast,) = engine.generate_many([([3, 4], SamplingParams(max_new_tokens=2))])
+        (fast,) = engine.generate_many([([3, 4], sampling_params(max_new_tokens=2))])
         return (await asyncio.wait_for(fast, 30)).token_ids
 
     assert len(asyncio.run(run())) == 2
@@ -198,14 +197,14 @@ def test_a_cancelled_request_is_dropped_and_the_engine_keeps_serving(running) ->
 
 
 def test_start_has_a_deadline_and_leaves_no_child_behind() -> None:
-    engine = ProcessTorchEngine(tiny_model(6), num_threads=1, start_timeout_s=0.01)
+    engine = process_engine(tiny_model(6), num_threads=1, start_timeout_s=0.01)
     with pytest.raises(EngineError, match="did not start within .*start_timeout_s"):
         engine.start()
     assert not engine._process.is_alive()
     with pytest.raises(EngineError, match="process failed.*did not start"):
         engine.start()  # not silently "started" over a dead process
     with pytest.raises(EngineError, match="not running"):
-        engine.generate_many([([1], SamplingParams())])
+        engine.generate_many([([1], sampling_params())])
 
 
 def test_too_little_shared_memory_is_refused_before_copying_the_weights(
@@ -218,7 +217,7 @@ def test_too_little_shared_memory_is_refused_before_copying_the_weights(
     free = type("Usage", (), {"free": need - 1})
     monkeypatch.setattr(shutil, "disk_usage", lambda path: free)
     with pytest.raises(ValueError, match=r"needs \d+ MiB of shared memory.*--shm-size"):
-        ProcessTorchEngine(model)
+        process_engine(model)
 
 
 @pytest.mark.parametrize(
@@ -233,18 +232,18 @@ def test_too_little_shared_memory_is_refused_before_copying_the_weights(
 )
 def test_bad_settings_name_their_key(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
-        ProcessTorchEngine(tiny_model(0), **kwargs)
+        process_engine(tiny_model(0), **kwargs)
 
 
 def test_bad_requests_and_updates_raise_before_reaching_the_child(running) -> None:
     with pytest.raises(EngineError, match="call start"):
-        ProcessTorchEngine(tiny_model(7), num_threads=1).generate_many([([1], SamplingParams())])
+        process_engine(tiny_model(7), num_threads=1).generate_many([([1], sampling_params())])
     engine, model = running
     version = engine.version
     with pytest.raises(ValueError, match="outside"):
-        engine.generate_many([([1, VOCAB], SamplingParams())])
+        engine.generate_many([([1, VOCAB], sampling_params())])
     with pytest.raises(ValueError, match="max_new_tokens"):
-        engine.generate_many([([1], SamplingParams(max_new_tokens=0))])
+        engine.generate_many([([1], sampling_params(max_new_tokens=0))])
     with pytest.raises(KeyError, match="missing"):
         engine.update_weights({}, version + 1)
     with pytest.raises(ValueError, match="version must be >= 0"):
@@ -258,7 +257,7 @@ def test_a_reply_for_a_request_its_caller_cancelled_meanwhile_is_dropped_quietly
     (it would die with InvalidStateError and every later request would hang)."""
     import concurrent.futures
 
-    engine = ProcessTorchEngine(tiny_model(0), num_threads=1)  # not started: no child needed
+    engine = process_engine(tiny_model(0), num_threads=1)  # not started: no child needed
     cancelled, malformed, good = (concurrent.futures.Future() for _ in range(3))
     engine._futures.update({1: cancelled, 2: malformed, 3: good})
     cancelled.cancel()

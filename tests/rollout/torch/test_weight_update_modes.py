@@ -19,13 +19,11 @@ import pytest
 import torch
 from torch_testlib import recomputed_log_probs, tiny_model
 
-from frlab.rollout.engine import SamplingParams
-from frlab.rollout.torch.engine import TorchEngine
-from frlab.rollout.torch.process import ProcessTorchEngine
+from frlab.defaults import process_engine, sampling_params, torch_engine
 
 PROMPT = [1, 2, 3]
-LONG = SamplingParams(max_new_tokens=100, seed=7)
-ENGINES = {"torch": TorchEngine, "torch_process": ProcessTorchEngine}
+LONG = sampling_params(max_new_tokens=100, seed=7)
+ENGINES = {"torch": torch_engine, "torch_process": process_engine}
 
 
 def running(engine) -> int:  # noqa: ANN001
@@ -124,7 +122,7 @@ def test_drain_waits_for_the_running_request_and_holds_new_ones(name: str, weigh
             update = threading.Thread(target=engine.update_weights, args=(new.state_dict(), 1))
             update.start()  # the long request is decoding: in_flight would land mid-request
             await asyncio.sleep(0.01)
-            (short,) = engine.generate_many([(PROMPT, SamplingParams(max_new_tokens=5, seed=3))])
+            (short,) = engine.generate_many([(PROMPT, sampling_params(max_new_tokens=5, seed=3))])
             first = await long
             second = await short
             await asyncio.to_thread(update.join, 60)
@@ -139,12 +137,12 @@ def test_drain_waits_for_the_running_request_and_holds_new_ones(name: str, weigh
 
 def test_resubmit_is_refused_with_routing_replay() -> None:
     with pytest.raises(ValueError, match="routing_replay"):
-        TorchEngine(tiny_model(0), weight_update="resubmit", record_routing=True)
+        torch_engine(tiny_model(0), weight_update="resubmit", record_routing=True)
 
 
 def test_an_unknown_mode_names_the_key() -> None:
     with pytest.raises(ValueError, match="rollout.weight_update"):
-        TorchEngine(tiny_model(0), weight_update="eventually")
+        torch_engine(tiny_model(0), weight_update="eventually")
 
 
 def test_a_request_across_several_updates_is_as_old_as_its_oldest_token(weights) -> None:  # noqa: ANN001

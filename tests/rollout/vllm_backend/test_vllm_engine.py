@@ -14,9 +14,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from frlab.defaults import make_vllm_engine, sampling_params
 from frlab.rollout.engine import EngineError, SamplingParams
 from frlab.rollout.vllm.args import vllm_engine_kwargs, vllm_sampling_kwargs
-from frlab.rollout.vllm.engine import VLLMEngine
 from frlab.rollout.vllm.outputs import fragment, sampled_log_probs, token_versions
 from frlab.rollout.vllm.worker_extension import check_acks, weights_fingerprint
 
@@ -33,10 +33,10 @@ def test_sampling_kwargs_follow_the_frlab_contract() -> None:
     assert kw["min_p"] == 0.0
     assert kw["max_tokens"] == 12 and kw["stop_token_ids"] == [2, 9] and kw["seed"] == 5
     assert kw["logprobs"] == 1 and kw["ignore_eos"] is True and kw["detokenize"] is False
-    assert vllm_sampling_kwargs(SamplingParams(top_k=4))["top_k"] == 4
-    assert "seed" not in vllm_sampling_kwargs(SamplingParams())
+    assert vllm_sampling_kwargs(sampling_params(top_k=4))["top_k"] == 4
+    assert "seed" not in vllm_sampling_kwargs(sampling_params())
     with pytest.raises(ValueError, match="temperature"):
-        vllm_sampling_kwargs(SamplingParams(temperature=0.0))
+        vllm_sampling_kwargs(sampling_params(temperature=0.0))
 
 
 def test_engine_kwargs_fix_processed_log_probs_the_extension_and_neutral_defaults() -> None:
@@ -65,7 +65,7 @@ def test_engine_args_cannot_override_what_the_log_probs_mean(key: str, value: st
     """`rollout.vllm_engine_args` cannot switch off processed log-probs or bring back the
     model's generation config: refused at construction, naming the key."""
     with pytest.raises(ValueError, match=f"rollout.vllm_engine_args.{key}"):
-        VLLMEngine("m", **{key: value})
+        make_vllm_engine("m", **{key: value})
 
 
 def Logprob(value: float) -> SimpleNamespace:  # noqa: N802 - mirrors vllm.logprobs.Logprob
@@ -183,7 +183,7 @@ def test_real_vllm_log_probs_match_a_forward(tmp_path) -> None:
     )
     model = Qwen2ForCausalLM(cfg)
     model.save_pretrained(tmp_path)
-    engine = VLLMEngine(
+    engine = make_vllm_engine(
         str(tmp_path),
         seed=0,
         gpu_memory_utilization=0.2,
@@ -196,7 +196,7 @@ def test_real_vllm_log_probs_match_a_forward(tmp_path) -> None:
     try:
         prompt = [1, 2, 3, 4]
         res = asyncio.run(
-            engine.generate(prompt, SamplingParams(temperature=0.7, max_new_tokens=8))
+            engine.generate(prompt, sampling_params(temperature=0.7, max_new_tokens=8))
         )
         with torch.no_grad():
             logits = model(input_ids=torch.tensor([prompt + res.token_ids])).logits[0].float()
@@ -205,7 +205,7 @@ def test_real_vllm_log_probs_match_a_forward(tmp_path) -> None:
         )
         torch.testing.assert_close(torch.tensor(res.log_probs), logp.squeeze(1), atol=2e-3, rtol=0)
         engine.update_weights(model.state_dict(), version=1)
-        res = asyncio.run(engine.generate(prompt, SamplingParams(max_new_tokens=2)))
+        res = asyncio.run(engine.generate(prompt, sampling_params(max_new_tokens=2)))
         assert res.versions == [1, 1]
     finally:
         engine.shutdown()

@@ -13,7 +13,8 @@ import pytest
 import torch
 from vllm_testlib import FakeAsyncLLM, msgspec_transport
 
-from frlab.rollout.engine import EngineError, SamplingParams
+from frlab.defaults import make_vllm_engine, sampling_params
+from frlab.rollout.engine import EngineError
 from frlab.rollout.vllm import engine as vllm_engine
 from frlab.rollout.vllm.engine import VLLMEngine
 from frlab.rollout.vllm.worker_extension import SNAPSHOT_METHOD, weights_fingerprint
@@ -36,14 +37,14 @@ def fake_vllm(monkeypatch):
 
 
 def test_engine_bridges_loops_and_updates_weights_by_method_name(fake_vllm) -> None:
-    engine = VLLMEngine("some/model", seed=3)
+    engine = make_vllm_engine("some/model", seed=3)
     assert isinstance(engine, VLLMEngine)
     engine.start()
     try:
         fake = FakeAsyncLLM.instances[0]
         assert fake.args.logprobs_mode == "processed_logprobs" and fake.args.seed == 3
         assert fake.args.generation_config == "vllm"
-        res = asyncio.run(engine.generate([1, 10], SamplingParams(max_new_tokens=3)))
+        res = asyncio.run(engine.generate([1, 10], sampling_params(max_new_tokens=3)))
         assert (
             res.token_ids == [11, 12, 13]
             and res.versions == [0, 0, 0]
@@ -60,7 +61,7 @@ def test_engine_bridges_loops_and_updates_weights_by_method_name(fake_vllm) -> N
             assert worker.frlab_weight_version() == {"version": 4}
             assert worker.reloads == [True]  # Worker.reload_weights(is_checkpoint_format=True)
         assert fake.events[-2:] == [("rpc", SNAPSHOT_METHOD), ("reset", None)]
-        res = asyncio.run(engine.generate([5], SamplingParams(max_new_tokens=2)))
+        res = asyncio.run(engine.generate([5], sampling_params(max_new_tokens=2)))
         assert res.versions == [4, 4]
     finally:
         engine.shutdown()
@@ -74,7 +75,7 @@ def _generate_in_thread(
     out: list = []
     thread = threading.Thread(
         target=lambda: out.append(
-            asyncio.run(engine.generate(prompt, SamplingParams(max_new_tokens=n)))
+            asyncio.run(engine.generate(prompt, sampling_params(max_new_tokens=n)))
         )
     )
     thread.start()
@@ -87,7 +88,7 @@ def _wait_in_flight(engine: VLLMEngine, n: int) -> None:
 
 
 def test_update_waits_for_in_flight_requests_so_versions_are_exact(fake_vllm) -> None:
-    engine = VLLMEngine("m")
+    engine = make_vllm_engine("m")
     engine.start()
     try:
         fake = FakeAsyncLLM.instances[0]
@@ -110,7 +111,7 @@ def test_update_waits_for_in_flight_requests_so_versions_are_exact(fake_vllm) ->
 
 
 def test_pause_waits_for_in_flight_requests_and_holds_new_ones(fake_vllm) -> None:
-    engine = VLLMEngine("m")
+    engine = make_vllm_engine("m")
     engine.start()
     try:
         fake = FakeAsyncLLM.instances[0]
@@ -137,7 +138,7 @@ def test_pause_waits_for_in_flight_requests_and_holds_new_ones(fake_vllm) -> Non
 
 
 def test_a_bad_worker_ack_fails_the_update_and_the_engine(fake_vllm) -> None:
-    engine = VLLMEngine("m")
+    engine = make_vllm_engine("m")
     engine.start()
     try:
         FakeAsyncLLM.instances[0].corrupt = True  # the workers ack another fingerprint
@@ -145,7 +146,7 @@ def test_a_bad_worker_ack_fails_the_update_and_the_engine(fake_vllm) -> None:
             engine.update_weights({"a": torch.ones(2), "b": torch.ones(3)}, version=1)
         assert engine.version == 0
         with pytest.raises(EngineError, match="refuses further requests"):
-            asyncio.run(engine.generate([1], SamplingParams(max_new_tokens=1)))
+            asyncio.run(engine.generate([1], sampling_params(max_new_tokens=1)))
     finally:
         engine.shutdown()
 
@@ -153,7 +154,7 @@ def test_a_bad_worker_ack_fails_the_update_and_the_engine(fake_vllm) -> None:
 def test_an_update_awaiting_a_dead_engine_core_fails_instead_of_hanging(fake_vllm) -> None:
     """A core killed mid-update leaves vLLM's pending rpc unanswered; the engine notices
     `AsyncLLM.errored` and the update fails naming it (the run then stops, exit 75)."""
-    engine = VLLMEngine("m")
+    engine = make_vllm_engine("m")
     engine.start()
     try:
         fake = FakeAsyncLLM.instances[0]
@@ -184,7 +185,7 @@ def test_weights_survive_vllms_rpc_transport(fake_vllm) -> None:
     its msgspec encoder (vllm/v1/serial_utils.py MsgpackEncoder; decoded untyped by
     EngineCoreProc's generic decoder): a tensor in the arguments arrives as a `[dtype, shape,
     buffer index]` list without its buffer. The engine sends a snapshot path instead."""
-    engine = VLLMEngine("m")
+    engine = make_vllm_engine("m")
     engine.start()
     try:
         fake = FakeAsyncLLM.instances[0]
@@ -194,7 +195,7 @@ def test_weights_survive_vllms_rpc_transport(fake_vllm) -> None:
         assert all(not isinstance(a, torch.Tensor) for a in args)
         for worker in fake.workers:
             assert torch.equal(worker.get_model().params["w"], torch.arange(4.0))
-        res = asyncio.run(engine.generate([1], SamplingParams(max_new_tokens=1)))
+        res = asyncio.run(engine.generate([1], sampling_params(max_new_tokens=1)))
         assert res.versions == [2]
     finally:
         engine.shutdown()
@@ -204,7 +205,7 @@ def test_weights_survive_vllms_rpc_transport(fake_vllm) -> None:
 def test_a_prefix_cache_reset_without_success_fails_the_update(fake_vllm, answer) -> None:
     """`AsyncLLM.reset_prefix_cache` returns a bool (vllm/v1/engine/async_llm.py); anything
     but True leaves KV of the old weights in the cache."""
-    engine = VLLMEngine("m")
+    engine = make_vllm_engine("m")
     engine.start()
     try:
         FakeAsyncLLM.instances[0].reset_answer = answer
@@ -216,7 +217,7 @@ def test_a_prefix_cache_reset_without_success_fails_the_update(fake_vllm, answer
 
 def test_an_engine_that_reports_raw_log_probs_is_refused(fake_vllm, monkeypatch) -> None:
     monkeypatch.setattr(FakeAsyncLLM, "served_mode", "raw_logprobs")
-    engine = VLLMEngine("m")
+    engine = make_vllm_engine("m")
     with pytest.raises(EngineError, match="logprobs_mode='raw_logprobs'"):
         engine.start()
     assert FakeAsyncLLM.instances[0].shut  # nothing left running
@@ -234,7 +235,7 @@ def test_each_rank_starts_its_engine_on_its_own_gpu(
     monkeypatch.setenv("LOCAL_RANK", local_rank)
     if inherited is not None:
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", inherited)
-    engine = VLLMEngine("m")
+    engine = make_vllm_engine("m")
     engine.start()
     try:
         assert FakeAsyncLLM.instances[0].visible_at_start == expected
@@ -262,4 +263,4 @@ def test_worker_extension_streams_a_snapshot_and_acknowledges(tmp_path) -> None:
 
 def test_generate_before_start_is_a_clear_error() -> None:
     with pytest.raises(EngineError, match="start"):
-        asyncio.run(VLLMEngine("m").generate([1], SamplingParams()))
+        asyncio.run(make_vllm_engine("m").generate([1], sampling_params()))

@@ -14,6 +14,7 @@ import pytest
 import torch
 from vllm_testlib import CompletionOutput, FakeAsyncLLM, LabellingAsyncLLM
 
+from frlab.defaults import make_vllm_engine, sampling_params
 from frlab.rollout.engine import GenerationResult, SamplingParams
 from frlab.rollout.vllm import engine as vllm_engine
 from frlab.rollout.vllm.engine import VLLMEngine
@@ -36,7 +37,7 @@ def engine(monkeypatch: pytest.MonkeyPatch):
         platform=SimpleNamespace(is_cpu=lambda: False),
     )
     monkeypatch.setattr(vllm_engine, "_import_vllm", lambda: ns)
-    engine = VLLMEngine("m", seed=3, weight_update="resubmit")
+    engine = make_vllm_engine("m", seed=3, weight_update="resubmit")
     engine.start()
     yield engine
     engine.shutdown()
@@ -62,7 +63,7 @@ def test_an_aborted_request_goes_on_from_its_tokens_on_the_new_weights(engine) -
     fake = FakeAsyncLLM.instances[0]
     assert engine.weight_update == "resubmit" and fake.label == "0"
     fake.script, fake.hold_at = [5, 6], 2
-    res = generate_across_an_update(engine, SamplingParams(max_new_tokens=4, seed=10))
+    res = generate_across_an_update(engine, sampling_params(max_new_tokens=4, seed=10))
     assert (res.token_ids, res.versions, res.finish_reason) == (
         [5, 6, 7, 8],
         [0, 0, 1, 1],
@@ -77,7 +78,7 @@ def test_a_request_aborted_right_after_its_stop_token_ends_there(engine) -> None
     """Not sent again: its continuation would sample past the stop token."""
     fake = FakeAsyncLLM.instances[0]
     fake.script, fake.hold_at = [5, 2], 2
-    params = SamplingParams(max_new_tokens=6, stop_token_ids=(2,), seed=10)
+    params = sampling_params(max_new_tokens=6, stop_token_ids=(2,), seed=10)
     res = generate_across_an_update(engine, params)
     assert (res.token_ids, res.versions, res.finish_reason) == ([5, 2], [0, 0], "stop")
     assert fake.received == [(PROMPT, 6, 10)]
