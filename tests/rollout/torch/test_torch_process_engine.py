@@ -12,11 +12,11 @@ import time
 
 import pytest
 import torch
+from helpers.torch_engine import VOCAB, tiny_model
 
 from frlab.rollout.engine import EngineError, SamplingParams
 from frlab.rollout.torch.engine import TorchEngine
 from frlab.rollout.torch.process import ProcessTorchEngine
-from tests.rollout.torch.torch_testlib import VOCAB, tiny_model
 
 pytestmark = pytest.mark.slow  # a module fixture starts servers or runs a training run
 

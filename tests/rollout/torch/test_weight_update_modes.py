@@ -17,7 +17,7 @@ import time
 
 import pytest
 import torch
-from torch_testlib import recomputed_log_probs, tiny_model
+from helpers.torch_engine import recomputed_log_probs, tiny_model
 
 from frlab.rollout.engine import SamplingParams
 from frlab.rollout.torch.engine import TorchEngine
