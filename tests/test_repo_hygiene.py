@@ -12,7 +12,7 @@ import ast
 import re
 from pathlib import Path
 
-from docs_testlib import HEADING, LINKED_DOCS, ROOT, split_fences, without_code_spans
+from helpers.docs import HEADING, LINKED_DOCS, ROOT, split_fences, without_code_spans
 
 ISSUE_WORDS = re.compile(r"\b(?:issues?|PRs?|pull\s+requests?|tickets?)\s*#?\d+\b", re.I)
 ISSUE_PAREN = re.compile(r"\(#\d+\)")

@@ -8,7 +8,7 @@ from argparse import Namespace
 from pathlib import Path
 
 import pytest
-from bench_testlib import load_bench
+from helpers.bench import load_bench
 
 fleet_outages = load_bench("fleet_outages")
 

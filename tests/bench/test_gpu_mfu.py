@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from bench_testlib import BENCH, load_bench
+from helpers.bench import BENCH, load_bench
 
 profile = load_bench("learner_profile")
 

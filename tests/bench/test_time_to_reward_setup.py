@@ -8,7 +8,7 @@ import math
 import random
 import statistics
 
-from bench_testlib import load_bench
+from helpers.bench import load_bench
 
 from envs.toy import ParityEnv
 from frlab.objective import PRESETS, Objective

@@ -7,7 +7,7 @@ import random
 import statistics
 
 import pytest
-from bench_testlib import load_bench
+from helpers.bench import load_bench
 
 stats = load_bench("ttr_stats")
 

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from scratch_testlib import scratch_copy
+from helpers.scratch import scratch_copy
 
 REPO = Path(__file__).resolve().parents[2]
 GUIDE = REPO / "docs" / "extending.md"

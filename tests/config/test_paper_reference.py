@@ -10,7 +10,7 @@ labs-molt `molt/trainer/rl_trainer.py`) takes the first `data.max_samples` promp
 schedule spans. The paper's measured policy lags (about 4 for r1, about 8 for the Qwen3 run)
 come from the FlashREINFORCE paper. Each test composes a preset (Hydra compose and the dry-run
 plan; no model or data is loaded) and compares it with the table; the sweep arms are the jobs
-of `python -m frlab -m sweep=NAME dry_run=true`, as Hydra's sweeper runs them (sweep_testlib).
+of `python -m frlab -m sweep=NAME dry_run=true`, as Hydra's sweeper runs them (helpers.sweep).
 The frlab choices that differ (where a run stops, the lag bound) are checked against the rule
 each preset states.
 """
@@ -21,8 +21,8 @@ import math
 from typing import Any
 
 import pytest
+from helpers.sweep import sweep_jobs
 from omegaconf import OmegaConf
-from sweep_testlib import sweep_jobs
 
 from frlab.config.compose import compose
 from frlab.config.plan import component_params, components, format_plan

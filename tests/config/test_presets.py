@@ -4,7 +4,7 @@ tests/config/test_paper_reference.py)."""
 from __future__ import annotations
 
 import pytest
-from sweep_testlib import sweep_jobs
+from helpers.sweep import sweep_jobs
 
 from frlab.config.compose import compose, group_options
 from frlab.config.preflight import preflight

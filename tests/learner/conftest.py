@@ -1,4 +1,5 @@
-"""Make the learner test helpers importable whatever pytest's import mode."""
+"""Make this folder's worker scripts (ddp_worker, fsdp_worker) importable whatever pytest's
+import mode."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 import lightning as L  # noqa: E402
 from helpers.learner import learner_module  # noqa: E402
-from learner_testlib import (  # noqa: E402
+from helpers.learner_setup import (  # noqa: E402
     MODEL_CFG,
     OBJECTIVE_CFG,
     OPTIM_CFG,

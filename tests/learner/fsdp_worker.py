@@ -29,8 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from ddp_worker import GLOBAL_B, OPTIM, STEPS, RankRows, global_batches  # noqa: E402
 from helpers.learner import learner_module  # noqa: E402
-from helpers.models import policy_of  # noqa: E402
-from learner_testlib import (  # noqa: E402
+from helpers.learner_setup import (  # noqa: E402
     MODEL_CFG,
     OBJECTIVE_CFG,
     VOCAB,
@@ -38,6 +37,7 @@ from learner_testlib import (  # noqa: E402
     tiny_policy,
     trainer,
 )
+from helpers.models import policy_of  # noqa: E402
 
 from frlab.learner import FlashReinforceModule  # noqa: E402
 from frlab.learner.sharding import FSDP2Strategy, full_state_dict  # noqa: E402

@@ -19,7 +19,7 @@ import sys
 import pytest
 import torch
 from ddp_worker import STEPS, ZERO_SIGNAL_STEPS, train
-from learner_testlib import max_abs_diff, snapshot, tiny_policy
+from helpers.learner_setup import max_abs_diff, snapshot, tiny_policy
 
 from frlab.learner import metrics as M
 

@@ -21,7 +21,7 @@ import pytest
 import torch
 from ddp_worker import STEPS, ZERO_SIGNAL_STEPS
 from fsdp_worker import fit, moe_policy
-from learner_testlib import max_abs_diff, snapshot, tiny_policy
+from helpers.learner_setup import max_abs_diff, snapshot, tiny_policy
 
 from frlab.learner import metrics as M
 from frlab.learner.sharding import scorer_for

@@ -14,7 +14,7 @@ import math
 import pytest
 import torch
 from helpers.learner import learner_module
-from learner_testlib import (
+from helpers.learner_setup import (
     DELTA,
     MODEL_CFG,
     OBJECTIVE_CFG,

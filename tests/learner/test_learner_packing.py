@@ -15,7 +15,7 @@ import dataclasses
 import pytest
 import torch
 from helpers.learner import learner_module
-from learner_testlib import (
+from helpers.learner_setup import (
     DELTA,
     MODEL_CFG,
     OBJECTIVE_CFG,

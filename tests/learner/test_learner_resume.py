@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 from helpers.learner import learner_module
-from learner_testlib import (
+from helpers.learner_setup import (
     MODEL_CFG,
     OBJECTIVE_CFG,
     OPTIM_CFG,

@@ -7,7 +7,7 @@ import math
 
 import pytest
 from helpers.learner import learner_module
-from learner_testlib import (
+from helpers.learner_setup import (
     MODEL_CFG,
     OBJECTIVE_CFG,
     OPTIM_CFG,

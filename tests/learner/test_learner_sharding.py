@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from learner_testlib import tiny_policy
+from helpers.learner_setup import tiny_policy
 
 from frlab.learner import sharding
 from frlab.learner.sharding import FSDP2Strategy, layer_classes, publish_checkpoint

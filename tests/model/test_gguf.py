@@ -16,8 +16,8 @@ pytest.importorskip("gguf", reason="needs the gguf extra (pip install 'frlab[ggu
 pytest.importorskip("accelerate", reason="needs the gguf extra (pip install 'frlab[gguf]')")
 
 import torch  # noqa: E402
-from gguf_testlib import CHAT_TEMPLATE, byte_vocab, write_tiny_gguf  # noqa: E402
 from helpers.models import policy_of
+from helpers.tiny_gguf import CHAT_TEMPLATE, byte_vocab, write_tiny_gguf  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from frlab.model import gguf as g  # noqa: E402

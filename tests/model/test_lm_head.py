@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from lm_testlib import record_saved
-from memory_testlib import AllocationRecorder, LiveBytes
+from helpers.memory import AllocationRecorder, LiveBytes
+from helpers.saved_tensors import record_saved
 
 from frlab.model import logprobs_from_hidden
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers.memory import AllocationRecorder
 from helpers.models import policy_of
-from lm_testlib import record_saved
-from memory_testlib import AllocationRecorder
+from helpers.saved_tensors import record_saved
 
 from frlab.model import sequence_logprobs, tiny_config
 from frlab.model.lm_logprobs import lm_parts

@@ -2,7 +2,7 @@
 forward, the choice of kernel, and the installed torch's own varlen code.
 
 On a CPU, torch's real `varlen_attn` (argument checks, custom op, registered autograd) runs
-with a CPU kernel for the two ATen ops it calls (varlen_testlib); its outputs are held to
+with a CPU kernel for the two ATen ops it calls (helpers.varlen); its outputs are held to
 torch's own fake of the op. The `gpu` tests run the real FlashAttention-2 kernel.
 """
 
@@ -13,7 +13,7 @@ import functools
 import pytest
 import torch
 from helpers.models import policy_of
-from varlen_testlib import cpu_flash_forward, cpu_flash_kernels
+from helpers.varlen import cpu_flash_forward, cpu_flash_kernels
 
 from frlab.model import varlen
 from frlab.model.lm_logprobs import sequence_logprobs

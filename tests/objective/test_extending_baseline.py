@@ -15,7 +15,7 @@ import math
 from pathlib import Path
 
 import pytest
-from recipe_testlib import (
+from helpers.recipe import (
     LOOP_FILE,
     append,
     digests,

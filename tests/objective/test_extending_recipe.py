@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from recipe_testlib import LOOP_FILE, append, frlab, marked, recipe_commands, run, scratch_copy
+from helpers.recipe import LOOP_FILE, append, frlab, marked, recipe_commands, run, scratch_copy
 
 FILTER = '''
 

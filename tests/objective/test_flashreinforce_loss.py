@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from objective_testlib import make_batch
+from helpers.objective import make_batch
 
 from frlab.objective import Objective, flashreinforce_loss
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from objective_testlib import make_batch
+from helpers.objective import make_batch
 from omegaconf import OmegaConf
 
 from frlab.objective import (

@@ -1,7 +1,7 @@
 """Loop-vs-vectorised equivalence: the `Objective` against slow per-row Python references.
 
-Every registered component has its reference in `loop_testlib.py` (what each kind's reference
-takes and returns is in its docstring); a component without one fails
+Every registered component has its reference in tests/helpers/objective_loops.py (what each
+kind's reference takes and returns is in its docstring); a component without one fails
 `test_every_registered_component_has_a_loop_reference` with a message naming that file, so a new
 component is covered here without editing this file. The comparison runs in float64 with the
 hyperparameters the reference chooses (gate thresholds inside the data).
@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 import torch
-from loop_testlib import REFERENCES, Row, missing_reference
-from objective_testlib import make_batch
+from helpers.objective import make_batch
+from helpers.objective_loops import LOOP_FILE, REFERENCES, Row, missing_reference
 
 from frlab.objective import KINDS, Objective
 from frlab.objective.catalog import components
@@ -106,7 +106,7 @@ def test_every_loop_reference_is_of_a_registered_component() -> None:
         for name in refs
         if name not in KINDS[kind]
     ]
-    assert not stale, f"loop_testlib.py has references of unregistered components: {stale}"
+    assert not stale, f"{LOOP_FILE} has references of unregistered components: {stale}"
 
 
 # --------------------------------------------------------------------------- equivalence

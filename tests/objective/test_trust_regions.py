@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from objective_testlib import make_batch
+from helpers.objective import make_batch
 
 from frlab.objective import TRUST_REGIONS, TokenBatch
 

@@ -11,7 +11,7 @@ import math
 
 import pytest
 import torch
-from memory_testlib import AllocationRecorder, LiveBytes
+from helpers.memory import AllocationRecorder, LiveBytes
 
 from frlab.ops.logprobs import sampled_logprobs_and_entropy
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from reliability_testlib import (
+from helpers.reliability import (
     B,
     Running,
     ckpt_step,

@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from reliability_testlib import run, steps, summary
+from helpers.reliability import run, steps, summary
 
 from frlab.learner.integrity import verify_checkpoint
 

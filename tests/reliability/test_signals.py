@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from reliability_testlib import B, Running, ckpt_step, run, steps, summary
+from helpers.reliability import B, Running, ckpt_step, run, steps, summary
 
 from frlab.learner.integrity import verify_checkpoint
 

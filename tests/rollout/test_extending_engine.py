@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from scratch_testlib import scratch_copy
+from helpers.scratch import scratch_copy
 
 REPO = Path(__file__).resolve().parents[2]
 GUIDE = REPO / "docs" / "extending.md"  # holds the marked example
@@ -46,7 +46,7 @@ COPIED = (
     "README.md",
     "pyproject.toml",
     "tests/conftest.py",
-    "tests/docs_testlib.py",
+    "tests/helpers",
     "tests/test_layers.py",
     "tests/test_repo_hygiene.py",
     "tests/config/test_schema.py",

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 from helpers.models import policy_of
-from ports_testlib import free_port
+from helpers.ports import free_port
 
 from frlab.defaults import torch_engine
 from frlab.rollout.remote.protocol import request_seed, sampling_from_request

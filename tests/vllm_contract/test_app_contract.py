@@ -1,7 +1,7 @@
 """frlab's remote backend against vLLM's OWN OpenAI-compatible server application on a CPU:
 `build_app` + `init_app_state` as `vllm serve` runs them, with the exact flags of frlab's
 launch recipes parsed by vLLM's parser, over an engine client that implements vLLM's
-`EngineClient` (tests/vllm_contract/vllm_app_testlib.py). Every HTTP route, request model,
+`EngineClient` (tests/helpers/vllm_app.py). Every HTTP route, request model,
 sampling-parameter merge (generation config), response model, dev-mode router and health
 answer on the way is vLLM's code; only token sampling and the GPU workers are stand-ins."""
 
@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 import torch
-from contract_testlib import tiny_model
 from helpers.fleet import remote_engine
+from helpers.vllm_contract import tiny_model
 
 from frlab.defaults import sampling_params
 
@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def vllm_app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from vllm_app_testlib import VllmAppServer
+    from helpers.vllm_app import VllmAppServer
 
     server = VllmAppServer(str(tiny_model(tmp_path_factory.mktemp("app") / "tiny")))
     server.start()

@@ -77,7 +77,7 @@ def check(argv: list[str], local_model: Path) -> None:
 
 @pytest.fixture(scope="module")
 def local_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from contract_testlib import tiny_model
+    from helpers.vllm_contract import tiny_model
 
     return tiny_model(tmp_path_factory.mktemp("cli") / "tiny")
 

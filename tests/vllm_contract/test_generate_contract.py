@@ -1,5 +1,5 @@
 """What an in_flight weight update of the `remote` engine asks a vLLM server, answered by
-vLLM's own application (tests/vllm_contract/vllm_app_testlib.py): the label probe reads the
+vLLM's own application (tests/helpers/vllm_app.py): the label probe reads the
 routes from vLLM's `/openapi.json` (listed only with `--enable-scale-out` on 0.32+), `POST
 /update_weight_version` sets the label, `POST /pause?mode=keep` reaches
 `pause_generation(mode="keep")`, and a `POST /inference/v1/generate` body built by frlab is
@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
-from contract_testlib import remote_testlib, tiny_model
+from helpers.vllm_contract import tiny_model
 
 from frlab.defaults import sampling_params
 from frlab.rollout.remote import generate as gen
@@ -26,7 +26,7 @@ PARAMS = sampling_params(max_new_tokens=5, temperature=0.7, top_p=0.9, top_k=8, 
 
 
 def app(tmp: Path, *flags: str) -> Any:
-    from vllm_app_testlib import VllmAppServer
+    from helpers.vllm_app import VllmAppServer
 
     server = VllmAppServer(str(tiny_model(tmp / "tiny")), *flags)
     server.start()
@@ -43,7 +43,9 @@ def labelled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 @pytest.fixture(scope="module")
 def fake() -> Iterator[Any]:
-    server = remote_testlib("labelling_vllm_testlib").LabellingVllmServer(step_s=0.001)
+    from helpers.labelling_vllm import LabellingVllmServer
+
+    server = LabellingVllmServer(step_s=0.001)
     yield server
     server.close()
 

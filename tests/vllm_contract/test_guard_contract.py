@@ -19,8 +19,8 @@ from typing import Any
 import httpx
 import pytest
 import torch
-from contract_testlib import tiny_model
 from helpers.fleet import remote_engine
+from helpers.vllm_contract import tiny_model
 
 from frlab.rollout.remote import auth
 
@@ -32,7 +32,7 @@ WEIGHTS = {"w": torch.arange(6.0).reshape(2, 3), "b": torch.ones(2)}
 
 @pytest.fixture(scope="module")
 def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Path]]:
-    from vllm_app_testlib import VllmAppServer
+    from helpers.vllm_app import VllmAppServer
 
     root = tmp_path_factory.mktemp("guard")
     secret_file = root / "fleet.secret"

@@ -1,8 +1,8 @@
 """What a LoRA fleet asks a `vllm serve --enable-lora` server with runtime LoRA updating,
-answered by vLLM's own application (tests/vllm_contract/vllm_app_testlib.py): the same script
+answered by vLLM's own application (tests/helpers/vllm_app.py): the same script
 of loads, listings, requests and unloads gives the same status codes and the same adapter
 listing from vLLM's app as from the CPU fake `LoraVllmServer`
-(tests/rollout/remote/lora_vllm_testlib.py), and a request naming an adapter reaches vLLM's
+(tests/helpers/lora_vllm.py), and a request naming an adapter reaches vLLM's
 engine with that adapter."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 import torch
-from contract_testlib import remote_testlib, tiny_model
+from helpers.vllm_contract import tiny_model
 
 from frlab.defaults import sampling_params
 from frlab.rollout.remote import protocol as proto
@@ -28,7 +28,7 @@ CONFIG = {"peft_type": "LORA", "r": 8, "lora_alpha": 16, "target_modules": ["q_p
 
 @pytest.fixture(scope="module")
 def lora_app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from vllm_app_testlib import VllmAppServer
+    from helpers.vllm_app import VllmAppServer
 
     os.environ["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"  # read when the routes attach
     model = tiny_model(tmp_path_factory.mktemp("lora") / "tiny")
@@ -40,7 +40,9 @@ def lora_app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 @pytest.fixture(scope="module")
 def fake() -> Iterator[Any]:
-    server = remote_testlib("lora_vllm_testlib").LoraVllmServer()
+    from helpers.lora_vllm import LoraVllmServer
+
+    server = LoraVllmServer()
     yield server
     server.close()
 

@@ -57,8 +57,8 @@ class WorkerSideClient:
 
 @pytest.fixture
 def rlhf():  # noqa: ANN201
-    from contract_testlib import router_app
     from fastapi.testclient import TestClient
+    from helpers.vllm_contract import router_app
 
     client = WorkerSideClient()
     return client, TestClient(router_app(client, "dev.rlhf"), raise_server_exceptions=False)
@@ -131,11 +131,10 @@ def test_every_body_the_learner_sends_parses_on_the_worker_side(rlhf) -> None:  
     frlab's FleetClient sets each server's rank_offset) and the update body (asdict of
     NCCLWeightTransferUpdateInfo) parse; the bodies the tests spell out parse; the update
     body frlab used to spell (with `packed`) is refused."""
-    from contract_testlib import remote_testlib
+    from helpers import nccl  # the bodies spelled out, as the CPU fakes use them
     from vllm.distributed.weight_transfer.nccl_common import NCCLWeightTransferInitInfo
     from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferUpdateInfo
 
-    nccl = remote_testlib("nccl_testlib")  # the bodies spelled out, as the CPU fakes use them
     client, http = rlhf
     fleet = FleetClient(["http://s0", "http://s1"], [1, 3], timeout=5.0)
     posted: list = []

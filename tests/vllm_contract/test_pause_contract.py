@@ -1,34 +1,31 @@
 """What a resubmit weight update of the `remote` engine asks a vLLM server, answered by vLLM's
-own application (tests/vllm_contract/vllm_app_testlib.py): `POST /pause?mode=abort` reaches
+own application (tests/helpers/vllm_app.py): `POST /pause?mode=abort` reaches
 `pause_generation(mode="abort")`, `POST /resume` reaches `resume_generation`, and a request
 that vLLM ended aborted comes back as a completion with its tokens so far and
 `finish_reason: "abort"`, which frlab's parser reads as such. The same answers are what the
-CPU fake `PausingVllmServer` (tests/rollout/remote/pausing_vllm_testlib.py) gives."""
+CPU fake `PausingVllmServer` (tests/helpers/pausing_vllm.py) gives."""
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from contract_testlib import tiny_model
+from helpers.vllm_contract import tiny_model
 
 from frlab.defaults import sampling_params
 from frlab.rollout.remote import protocol as proto
 
 pytestmark = pytest.mark.vllm_contract
-REMOTE_TESTS = Path(__file__).resolve().parents[1] / "rollout" / "remote"
 
 
 @pytest.fixture(scope="module")
 def vllm_app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     pytest.importorskip("vllm.entrypoints.rl.online.api_router", reason="vLLM < 0.32")
-    from vllm_app_testlib import VllmAppServer
+    from helpers.vllm_app import VllmAppServer
 
     server = VllmAppServer(str(tiny_model(tmp_path_factory.mktemp("pause") / "tiny")))
     server.start()
@@ -63,11 +60,8 @@ def test_an_aborted_request_answers_its_tokens_so_far(vllm_app: Any, after: int)
     done = proto.parse_completion(resp.json(), [1, 2, 3])
     assert done.finish_reason == "abort" and done.token_ids == [4, 5][:after]
     assert done.log_probs == pytest.approx([-0.5, -0.51][:after]) and done.versions is None
-    sys.path.insert(0, str(REMOTE_TESTS))
-    try:
-        from pausing_vllm_testlib import PausingVllmServer
-    finally:
-        sys.path.remove(str(REMOTE_TESTS))
+    from helpers.pausing_vllm import PausingVllmServer
+
     fake = PausingVllmServer()
     try:
         fake.post(proto.PAUSE_ABORT, {})  # queued while paused: aborted with no token

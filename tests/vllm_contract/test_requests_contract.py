@@ -9,7 +9,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-from contract_testlib import tiny_model, vllm_config
+from helpers.vllm_contract import tiny_model, vllm_config
 
 from frlab.defaults import sampling_params
 from frlab.rollout.remote import protocol as proto

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from vllm_worker_testlib import msgspec_transport, vllm_router_answer
+from helpers.vllm_worker import msgspec_transport, vllm_router_answer
 
 from frlab.rollout.remote import control
 from frlab.rollout.remote import protocol as proto
@@ -57,7 +57,7 @@ def test_snapshot_rpc_arguments_survive_and_tensors_do_not() -> None:
 
 
 def test_the_test_suites_transport_fake_matches_vllms() -> None:
-    """tests/rollout/vllm_backend/vllm_testlib.py `msgspec_transport` is what the CPU tests use
+    """tests/helpers/async_llm.py `msgspec_transport` is what the CPU tests use
     for vLLM's transport: it must produce what vLLM's own encoder and decoder produce."""
     for args in (
         ("/p", 3, {"tensors": 1, "numel": 2, "sum": 0.5}),
@@ -97,8 +97,8 @@ class RpcClient:
 def test_the_dev_router_stringifies_scalars_as_frlab_expects(results) -> None:  # noqa: ANN001
     """vLLM's router answers results that are not a dict, list or None
     as `str(result)`; `control.rpc_answer` (used by frlab.serve and the fakes) says the same."""
-    from contract_testlib import router_app
     from fastapi.testclient import TestClient
+    from helpers.vllm_contract import router_app
 
     client = RpcClient(results)
     http = TestClient(router_app(client, "dev.rpc"))
@@ -113,8 +113,8 @@ def test_the_dev_router_stringifies_scalars_as_frlab_expects(results) -> None:  
 
 
 def test_frlab_parses_the_dev_routers_answers_of_its_own_worker_methods() -> None:
-    from contract_testlib import router_app
     from fastapi.testclient import TestClient
+    from helpers.vllm_contract import router_app
 
     cases = [
         ([{"version": 4}, {"version": 4}], lambda b: control.rpc_versions(b) == [4, 4]),
@@ -144,8 +144,8 @@ def test_health_is_an_empty_200_and_reset_reports_success() -> None:
     """`GET /health` answers 200 with an EMPTY body
     (vllm/entrypoints/serve/instrumentator/health.py), 503 when the engine is dead;
     `POST /reset_prefix_cache` answers `{"success": bool}` (dev/cache/api_router.py)."""
-    from contract_testlib import router_app
     from fastapi.testclient import TestClient
+    from helpers.vllm_contract import router_app
 
     alive = TestClient(router_app(HealthClient(False), "health", "dev.cache"))
     resp = alive.get(proto.HEALTH)

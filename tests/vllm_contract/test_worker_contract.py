@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from contract_testlib import tiny_model, vllm_config
+from helpers.vllm_contract import tiny_model, vllm_config
 
 from frlab.rollout.vllm.snapshot import write_snapshot
 from frlab.rollout.vllm.worker_extension import WORKER_EXTENSION_CLS, check_acks

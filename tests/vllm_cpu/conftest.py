@@ -11,7 +11,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
 def pytest_terminal_summary(terminalreporter) -> None:  # noqa: ANN001
-    from vllm_cpu_testlib import REPORT
+    from helpers.vllm_cpu import REPORT
 
     if REPORT:
         terminalreporter.section("measured by the vllm_cpu tier")

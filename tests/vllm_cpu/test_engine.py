@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from vllm_cpu_testlib import REPORT, perturbed, recompute, save_model, vllm_processes, wait_for
+from helpers.vllm_cpu import REPORT, perturbed, recompute, save_model, vllm_processes, wait_for
 
 from frlab.defaults import make_vllm_engine, sampling_params
 from frlab.rollout.engine import EngineError, SamplingParams

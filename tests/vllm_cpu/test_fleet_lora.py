@@ -20,9 +20,7 @@ import httpx
 import pytest
 import torch
 from helpers.fleet import fleet_settings
-from test_lora_serving import LORA, moved_adapter, with_adapter
-from test_servers import NEW_TOKENS, until_one_lands_mid_request, worst
-from vllm_cpu_testlib import (
+from helpers.vllm_cpu import (
     REPORT,
     Server,
     finish,
@@ -34,6 +32,8 @@ from vllm_cpu_testlib import (
     summary,
     tail,
 )
+from test_lora_serving import LORA, moved_adapter, with_adapter
+from test_servers import NEW_TOKENS, until_one_lands_mid_request, worst
 
 from frlab.defaults import sampling_params
 from frlab.model.lora import apply_lora

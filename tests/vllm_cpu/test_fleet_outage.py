@@ -24,7 +24,7 @@ from typing import Any
 
 import lightning as L
 import pytest
-from vllm_cpu_testlib import REPORT, Server, free_port, save_model, wait_for
+from helpers.vllm_cpu import REPORT, Server, free_port, save_model, wait_for
 
 pytestmark = pytest.mark.vllm_cpu
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 import torch
+from helpers.vllm_cpu import REPORT, recompute, save_model, wait_for
 from test_engine import PROMPTS, Driver
-from vllm_cpu_testlib import REPORT, recompute, save_model, wait_for
 
 from frlab.defaults import sampling_params
 from frlab.model.lora import adapted_modules, adapter_state_dict, apply_lora

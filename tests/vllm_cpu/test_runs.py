@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from vllm_cpu_testlib import finish, metrics, start_run, summary, tail, vllm_processes, wait_for
+from helpers.vllm_cpu import finish, metrics, start_run, summary, tail, vllm_processes, wait_for
 
 pytestmark = pytest.mark.vllm_cpu
 
@@ -69,7 +69,7 @@ def test_a_lora_run_through_vllm_serves_the_learners_adapter_from_the_first_batc
     KL, which once passed 1e-4 after a few updates)."""
     import copy
 
-    from vllm_cpu_testlib import save_model
+    from helpers.vllm_cpu import save_model
 
     from frlab.model.lora import apply_lora
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import httpx
 import pytest
-from vllm_cpu_testlib import (
+from helpers.vllm_cpu import (
     REPORT,
     Server,
     finish,
@@ -45,7 +45,7 @@ from frlab.rollout.remote import protocol as proto
 from frlab.rollout.vllm.snapshot import write_snapshot
 
 pytestmark = pytest.mark.vllm_cpu
-HERE = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]  # the server imports helpers.route_table from it
 WRONG = secrets.token_hex(32)
 LORA = {"rank": 8, "alpha": 16.0, "dropout": 0.0, "target_modules": ["all-linear"], "adapter": None}
 
@@ -59,7 +59,7 @@ def guarded(tmp_path_factory: pytest.TempPathFactory) -> Any:
     env = {
         "LORA_RANK": "8",
         "FLEET_SNAPSHOT_DIR": str(snapshots),
-        "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+        "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
     }
     server = Server(
         root / "toy",
@@ -68,7 +68,7 @@ def guarded(tmp_path_factory: pytest.TempPathFactory) -> Any:
         root / "server.log",
         max_len=256,
         env=env,
-        flags="--enable-scale-out --middleware route_table_testlib.RouteTable",
+        flags="--enable-scale-out --middleware helpers.route_table.RouteTable",
     )
     server.start()
     try:

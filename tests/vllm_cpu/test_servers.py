@@ -32,7 +32,7 @@ import httpx
 import pytest
 import torch
 from helpers.fleet import remote_engine
-from vllm_cpu_testlib import (
+from helpers.vllm_cpu import (
     REPORT,
     Server,
     finish,

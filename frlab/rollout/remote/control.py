@@ -22,7 +22,7 @@ parameter of the INIT info (`NCCLWeightTransferInitInfo`); the update info has e
 dtype_names and shapes (`NCCLWeightTransferUpdateInfo`, which refuses any other key). vLLM's
 trainer engine (driven by frlab.rollout.remote.nccl) builds the bodies it sends itself; frlab
 only sets each server's `rank_offset` (`nccl_rank_offsets`). The `vllm_contract` tests parse
-every body (tests/rollout/remote/nccl_testlib.py spells the NCCL ones out) with vLLM's own
+every body (tests/helpers/nccl.py spells the NCCL ones out) with vLLM's own
 request models and feed the parsers vLLM's own answers (CPU, the pinned
 wheel); nothing here has run against a vLLM serving on a GPU.
 """

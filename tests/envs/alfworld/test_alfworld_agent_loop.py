@@ -10,7 +10,7 @@ import asyncio
 import json
 
 import pytest
-from engine_testlib import ScriptedTextEngine
+from helpers.scripted_engine import ScriptedTextEngine
 
 from envs.alfworld import AlfworldEnv, GameWorker
 from frlab.defaults import agent_loop_config, sampling_params

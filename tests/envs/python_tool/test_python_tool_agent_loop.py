@@ -8,7 +8,7 @@ import concurrent.futures
 import json
 import string
 
-from engine_testlib import ScriptedTextEngine
+from helpers.scripted_engine import ScriptedTextEngine
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 

@@ -1,7 +1,7 @@
 """The Python-tool sandbox runs code and holds its limits: exit status and errors as text (it
 never raises), time, output, memory and disk caps, a fresh work dir, separate concurrent calls.
 
-Tests that rely on namespaces skip in plain mode (`needs_namespace`, sandbox_testlib.py).
+Tests that rely on namespaces skip in plain mode (`needs_namespace`, helpers.sandbox).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from sandbox_testlib import needs_namespace
+from helpers.sandbox import needs_namespace
 
 from envs.python_tool import run_python
 

@@ -1,7 +1,7 @@
 """The Python-tool sandbox against hostile code that looks out: it must not read the host's
 secrets or directories, write outside its work dir, reach the network or gain privileges.
 
-Tests that rely on namespaces skip in plain mode (`needs_namespace`, sandbox_testlib.py).
+Tests that rely on namespaces skip in plain mode (`needs_namespace`, helpers.sandbox).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from sandbox_testlib import needs_namespace
+from helpers.sandbox import needs_namespace
 
 import envs
 from envs.python_tool import run_python

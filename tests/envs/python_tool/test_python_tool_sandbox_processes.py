@@ -1,7 +1,7 @@
 """The Python-tool sandbox against hostile processes: no process the program starts outlives the
 call (background children, fork bombs, a SIGKILLed caller), and it cannot kill its caller.
 
-Tests that rely on namespaces skip in plain mode (`needs_namespace`, sandbox_testlib.py).
+Tests that rely on namespaces skip in plain mode (`needs_namespace`, helpers.sandbox).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from sandbox_testlib import needs_namespace
+from helpers.sandbox import needs_namespace
 
 import envs
 from envs.python_tool import run_python, sandbox_mode

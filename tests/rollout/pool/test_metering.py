@@ -3,7 +3,7 @@
 The meter is checked against a scripted clock (the union of in-flight intervals, exactly);
 the pool's per-batch window, its pinned jobs (a weight update waits for them) and
 `close_admission` (the last planned batch stops new rollouts) with the gated fakes of
-pool_testlib.
+helpers.pool_fakes.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import threading
 import time
 
 import pytest
-from pool_testlib import Board, make_pool, wait_for
-from pool_testlib import board as board  # noqa: F401 - the fixture
+from helpers.pool_fakes import Board, make_pool, wait_for
+from helpers.pool_fakes import board as board  # noqa: F401 - the fixture
 
 from frlab.rollout.callbacks import rollout_metrics
 from frlab.rollout.pool.metering import (

@@ -1,5 +1,5 @@
 """RolloutPool scheduling: first-B-finishers, carry-over, admission control under the lag bound,
-sync groups, the stall without weights and the settings it refuses (fakes: pool_testlib.py)."""
+sync groups, the stall without weights and the settings it refuses (fakes: helpers.pool_fakes)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import time
 from collections import Counter
 
 import pytest
-from pool_testlib import Board, make_pool, task_ids, wait_for
-from pool_testlib import board as board  # noqa: F401 - the fixture
+from helpers.pool_fakes import Board, make_pool, task_ids, wait_for
+from helpers.pool_fakes import board as board  # noqa: F401 - the fixture
 
 from frlab.rollout.pool import admission_feasible, required_early
 

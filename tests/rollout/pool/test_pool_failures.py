@@ -6,8 +6,8 @@ from __future__ import annotations
 import threading
 
 import pytest
-from pool_testlib import Board, make_pool, task_ids, wait_for
-from pool_testlib import board as board  # noqa: F401 - the fixture
+from helpers.pool_fakes import Board, make_pool, task_ids, wait_for
+from helpers.pool_fakes import board as board  # noqa: F401 - the fixture
 
 
 def test_sync_group_with_a_failed_sample_is_replaced_and_counted() -> None:

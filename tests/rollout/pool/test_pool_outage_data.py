@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 
-from pool_testlib import Board
+from helpers.pool_fakes import Board
 from test_pool_requeue import SwitchEngine, ids, pool_of
 
 

@@ -106,7 +106,7 @@ def test_two_sync_pools_with_the_same_seed_hand_out_identical_trajectories() -> 
 
 def test_each_rollout_samples_with_the_seed_of_its_prompt_sample_and_version() -> None:
     """Every engine request of a pool carries turn_seed(rollout_seed(...), turn)."""
-    from pool_testlib import Board, make_pool
+    from helpers.pool_fakes import Board, make_pool
 
     from frlab.rollout.seeding import rollout_seed, turn_seed
 

@@ -20,7 +20,7 @@ import time
 import pytest
 import torch
 from helpers.pool import pool_settings
-from pool_testlib import TOKENIZER, Board, FakeEngine, GatedEnv, wait_for
+from helpers.pool_fakes import TOKENIZER, Board, FakeEngine, GatedEnv, wait_for
 
 from frlab.defaults import agent_loop_config, sampling_params
 from frlab.rollout.engine import EngineFault, Outage

@@ -8,7 +8,7 @@ import random
 
 import pytest
 import torch
-from pool_testlib import Board, FakeEngine, make_pool
+from helpers.pool_fakes import Board, FakeEngine, make_pool
 
 
 def test_counters_travel_with_the_state_so_run_totals_survive_a_resume() -> None:

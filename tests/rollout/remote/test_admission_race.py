@@ -10,7 +10,7 @@ import asyncio
 from typing import Any
 
 import httpx
-from labelling_vllm_testlib import generate_response
+from helpers.labelling_vllm import generate_response
 
 from frlab.rollout.remote import control
 from frlab.rollout.remote import generate as gen

@@ -284,7 +284,7 @@ def test_a_server_that_refuses_the_secret_mid_run_stops_the_run_and_is_not_blame
     secret): the request fails at once, no retry, no server marked, and the engine reports
     itself down (the pool stops the run at its next safe point, checkpointed)."""
     import torch
-    from nccl_testlib import FakeVllmServer
+    from helpers.nccl import FakeVllmServer
 
     server = FakeVllmServer()
     engine = remote_engine(

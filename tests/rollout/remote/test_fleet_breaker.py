@@ -1,5 +1,5 @@
 """The fleet's circuit breaker (frlab.rollout.remote.breaker) against vLLM-like fake servers
-(nccl_testlib): a dead server is probed on a doubling, jittered backoff, never stormed; while no
+(helpers.nccl): a dead server is probed on a doubling, jittered backoff, never stormed; while no
 server is healthy the engine sends no request, reports an outage and fails its requests with
 EngineFault (the pool requeues them); a server that returns gets the current weights before
 any request; a server that stops answering `/health` is marked dead and its requests in flight
@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 from helpers.fleet import remote_engine
-from nccl_testlib import FakeVllmServer, Refused
+from helpers.nccl import FakeVllmServer, Refused
 
 from frlab.defaults import sampling_params
 from frlab.rollout.engine import EngineFault

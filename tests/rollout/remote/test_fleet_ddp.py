@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 import torch
-from serve_testlib import Fleet, free_port, url
+from helpers.serve import Fleet, free_port, url
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "fleet_ddp_worker.py"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from serve_testlib import Fleet, free_port, save_tiny_model, url
+from helpers.serve import Fleet, free_port, save_tiny_model, url
 
 REPO = Path(__file__).resolve().parents[3]
 DEADLINE_S = 3.0

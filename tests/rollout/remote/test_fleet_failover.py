@@ -22,7 +22,7 @@ from typing import Any
 import lightning as L
 import pytest
 import torch
-from serve_testlib import Fleet, free_port, url
+from helpers.serve import Fleet, free_port, url
 
 STEPS, BATCH, KILL_AT, RESTART_AT, READMIT_BY = 10, 16, 2, 3, 6
 

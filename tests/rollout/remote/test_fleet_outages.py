@@ -28,7 +28,7 @@ import lightning as L
 import pytest
 import torch
 import yaml
-from serve_testlib import Fleet, free_port, save_tiny_model, set_fault, url
+from helpers.serve import Fleet, free_port, save_tiny_model, set_fault, url
 
 REPO = Path(__file__).resolve().parents[3]
 BATCH = 16

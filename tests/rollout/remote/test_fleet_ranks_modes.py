@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 from helpers.fleet import remote_engine
-from labelling_vllm_testlib import LabellingVllmServer
-from pausing_vllm_testlib import PausingVllmServer
+from helpers.labelling_vllm import LabellingVllmServer
+from helpers.pausing_vllm import PausingVllmServer
 from test_fleet_sync import ThreadRanks, ThreadStrategy
 from test_remote_resubmit import WEIGHTS, Background, wait_until
 

@@ -30,7 +30,7 @@ import httpx
 import pytest
 import torch
 import yaml
-from serve_testlib import Fleet, free_port, save_tiny_model, url
+from helpers.serve import Fleet, free_port, save_tiny_model, url
 
 from frlab.rollout.remote import auth, control
 from frlab.rollout.remote import protocol as proto

@@ -226,7 +226,7 @@ def test_same_weights_needs_the_version_and_the_fingerprint() -> None:
 @pytest.fixture
 def in_process_server() -> Any:
     """One frlab.serve HTTP server on a thread of this process (no subprocess start-up)."""
-    from serve_testlib import TINY_QWEN2, free_port, url
+    from helpers.serve import TINY_QWEN2, free_port, url
 
     from frlab.serve.server import ServeState, serve
 

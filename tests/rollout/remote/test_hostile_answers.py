@@ -2,7 +2,7 @@
 request, counted by the rollout pool (`requeued_by_reason`: a malformed answer is the engine's
 fault, so the prompt runs again), and never reaches a batch.
 
-A vLLM-like fake server (nccl_testlib) answers the first generation request with a bad body,
+A vLLM-like fake server (helpers.nccl) answers the first generation request with a bad body,
 then honestly; the pool (RolloutPool over RemoteEngine, no retries) must requeue that prompt
 (`engine`), drop none, name the cause in its log, and hand out a batch of honest
 trajectories only."""
@@ -22,8 +22,8 @@ import pytest
 import torch
 from helpers.fleet import remote_engine
 from helpers.models import policy_of
+from helpers.nccl import FakeVllmServer
 from helpers.pool import pool_settings
-from nccl_testlib import FakeVllmServer
 
 from envs.base import Env, StepResult, TaskSampler
 from frlab.defaults import agent_loop_config, sampling_params
@@ -234,7 +234,7 @@ def dataclass_replace(done: proto.Completion, versions: list[int]) -> proto.Comp
 
 
 def test_the_vocabulary_bound_is_the_policys_embedding_rows() -> None:
-    from serve_testlib import TINY_QWEN2
+    from helpers.serve import TINY_QWEN2
 
     policy = policy_of(config=dict(TINY_QWEN2), seed=0)
     assert limits.model_vocab_size(policy) == TINY_QWEN2["vocab_size"]

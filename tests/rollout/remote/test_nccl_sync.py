@@ -1,4 +1,4 @@
-"""`rollout.remote.weight_sync=nccl` end to end on CPU with fakes (tests/rollout/nccl_testlib):
+"""`rollout.remote.weight_sync=nccl` end to end on CPU with fakes (helpers.nccl):
 fake vllm trainer modules in sys.modules and in-process fake vLLM servers whose workers run
 frlab's real `WeightUpdateExtension`. Checked: the group (ranks, offsets, address, port), the
 call sequence of one sync, what is sent (names, dtypes, shapes, values), the version commit,
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 from helpers.fleet import remote_engine
-from nccl_testlib import EVENTS, WIRE, FakeTrainerEngine, FakeVllmServer, install_fake_vllm
+from helpers.nccl import EVENTS, WIRE, FakeTrainerEngine, FakeVllmServer, install_fake_vllm
 
 from frlab.defaults import sampling_params
 from frlab.rollout.engine import EngineError

@@ -19,7 +19,7 @@ import pytest
 import torch
 from helpers.fleet import remote_engine
 from helpers.models import policy_of
-from serve_testlib import (
+from helpers.serve import (
     TINY_QWEN2,
     Fleet,
     free_port,

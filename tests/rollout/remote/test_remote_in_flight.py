@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 from helpers.fleet import remote_engine
-from labelling_vllm_testlib import LabellingVllmServer, generate_response, version_spans
-from pausing_vllm_testlib import PausingVllmServer
+from helpers.labelling_vllm import LabellingVllmServer, generate_response, version_spans
+from helpers.pausing_vllm import PausingVllmServer
 from test_remote_resubmit import WEIGHTS, Background, counting_from, update, wait_until
 
 from frlab.defaults import sampling_params

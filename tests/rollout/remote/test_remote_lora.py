@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 from helpers.fleet import remote_engine
-from lora_vllm_testlib import LOAD, UNLOAD, LoraVllmServer
+from helpers.lora_vllm import LOAD, UNLOAD, LoraVllmServer
 from test_remote_resubmit import Background, wait_until
 
 from frlab.defaults import sampling_params

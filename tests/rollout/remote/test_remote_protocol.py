@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.fleet import FLEET_KEYS, fleet_settings, remote_engine
-from nccl_testlib import nccl_init_request, nccl_update_request
+from helpers.nccl import nccl_init_request, nccl_update_request
 
 from frlab.defaults import sampling_params
 from frlab.errors import ConfigError
@@ -177,7 +177,7 @@ def test_the_nccl_update_body_has_exactly_the_fields_vllm_parses() -> None:
     (vllm/distributed/weight_transfer/nccl_engine.py) has exactly names, dtype_names, shapes;
     `WeightTransferEngine.parse_update_info` refuses any other key, and `packed` is a field of
     the INIT info (`NCCLWeightTransferInitInfo`, nccl_common.py)."""
-    from nccl_testlib import INIT_FIELDS, INIT_REQUIRED, UPDATE_FIELDS, parse_info
+    from helpers.nccl import INIT_FIELDS, INIT_REQUIRED, UPDATE_FIELDS, parse_info
 
     named = [("a.weight", torch.zeros(2, 3, dtype=torch.bfloat16)), ("b", torch.zeros(4))]
     update = nccl_update_request(named)["update_info"]

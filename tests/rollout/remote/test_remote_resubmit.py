@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 from helpers.fleet import remote_engine
-from pausing_vllm_testlib import VOCAB, PausingVllmServer
+from helpers.pausing_vllm import VOCAB, PausingVllmServer
 
 from frlab.defaults import sampling_params
 from frlab.rollout.engine import GenerationResult, SamplingParams

@@ -16,7 +16,7 @@ import pytest
 import torch
 from helpers.fleet import remote_engine
 from helpers.models import policy_of
-from serve_testlib import TINY_QWEN2, Fleet, free_port, save_tiny_model, url
+from helpers.serve import TINY_QWEN2, Fleet, free_port, save_tiny_model, url
 
 from frlab.defaults import sampling_params
 from frlab.rollout.engine import EngineError, GenerationResult

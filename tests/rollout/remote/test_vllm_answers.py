@@ -1,7 +1,7 @@
 """The remote engine against servers that answer as vLLM really does (the breakages reading vLLM's
 sources found).
 
-`FakeVllmServer` (nccl_testlib) answers the way vLLM 0.28/0.29's dev-mode OpenAI server does,
+`FakeVllmServer` (helpers.nccl) answers the way vLLM 0.28/0.29's dev-mode OpenAI server does,
 rules read from its sources and checked against its own code in the `vllm_contract` tier:
 `/collective_rpc` results that are not a dict, list or None come back as `str(result)`;
 `/health` is 200 with an empty body; `/reset_prefix_cache` reports `{"success": bool}`;
@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 from helpers.fleet import remote_engine
-from nccl_testlib import FakeVllmServer
+from helpers.nccl import FakeVllmServer
 
 from frlab.config.compose import compose
 from frlab.config.errors import ConfigError

@@ -10,7 +10,7 @@ import logging
 import pytest
 import torch
 from helpers.models import policy_of
-from torch_testlib import VOCAB, recomputed_log_probs, tiny_model
+from helpers.torch_engine import VOCAB, recomputed_log_probs, tiny_model
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from frlab.defaults import sampling_params, torch_engine

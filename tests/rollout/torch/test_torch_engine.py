@@ -8,7 +8,7 @@ import threading
 
 import pytest
 import torch
-from torch_testlib import VOCAB, generate_all, recomputed_log_probs, tiny_model
+from helpers.torch_engine import VOCAB, generate_all, recomputed_log_probs, tiny_model
 
 from frlab.defaults import sampling_params, torch_engine
 from frlab.rollout.engine import EngineError

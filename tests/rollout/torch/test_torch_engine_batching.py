@@ -10,7 +10,7 @@ import time
 
 import pytest
 import torch
-from torch_testlib import generate_all, recomputed_log_probs, tiny_model
+from helpers.torch_engine import generate_all, recomputed_log_probs, tiny_model
 
 from frlab.defaults import sampling_params, torch_engine
 from frlab.rollout.torch import sampling as sampler

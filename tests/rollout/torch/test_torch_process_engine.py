@@ -12,10 +12,10 @@ import time
 
 import pytest
 import torch
+from helpers.torch_engine import VOCAB, tiny_model
 
 from frlab.defaults import process_engine, sampling_params, torch_engine
 from frlab.rollout.engine import EngineError, SamplingParams
-from tests.rollout.torch.torch_testlib import VOCAB, tiny_model
 
 pytestmark = pytest.mark.slow  # a module fixture starts servers or runs a training run
 

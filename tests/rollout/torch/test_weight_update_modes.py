@@ -17,7 +17,7 @@ import time
 
 import pytest
 import torch
-from torch_testlib import recomputed_log_probs, tiny_model
+from helpers.torch_engine import recomputed_log_probs, tiny_model
 
 from frlab.defaults import process_engine, sampling_params, torch_engine
 

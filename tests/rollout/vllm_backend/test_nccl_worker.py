@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from vllm_worker_testlib import FakeModel, fake_worker
+from helpers.vllm_worker import FakeModel, fake_worker
 
 from frlab.rollout.vllm.snapshot import write_snapshot
 from frlab.rollout.vllm.worker_extension import check_acks, weights_fingerprint

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from vllm_worker_testlib import FakeWorker
+from helpers.vllm_worker import FakeWorker
 
 from frlab.rollout.vllm.snapshot import (
     prune_snapshots,

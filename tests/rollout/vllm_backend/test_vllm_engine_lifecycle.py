@@ -1,5 +1,5 @@
 """The vLLM engine against a fake vLLM whose workers carry frlab's worker extension
-(vllm_testlib.py, answering as vLLM 0.28/0.29 does): loop bridging, draining pause, by-name
+(helpers.async_llm, answering as vLLM 0.28/0.29 does): loop bridging, draining pause, by-name
 weight updates and their failures, one GPU per rank, and generate before start.
 """
 
@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from vllm_testlib import FakeAsyncLLM, msgspec_transport
+from helpers.async_llm import FakeAsyncLLM, msgspec_transport
 
 from frlab.defaults import make_vllm_engine, sampling_params
 from frlab.rollout.engine import EngineError
@@ -247,7 +247,7 @@ def test_each_rank_starts_its_engine_on_its_own_gpu(
 
 
 def test_worker_extension_streams_a_snapshot_and_acknowledges(tmp_path) -> None:
-    from vllm_worker_testlib import FakeWorker
+    from helpers.vllm_worker import FakeWorker
 
     from frlab.rollout.vllm.snapshot import write_snapshot
 

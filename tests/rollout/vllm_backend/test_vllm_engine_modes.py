@@ -1,5 +1,5 @@
 """The vLLM engine's resubmit updates against a fake vLLM that labels token versions
-(vllm_testlib.LabellingAsyncLLM): a request the update aborts goes on from prompt + its tokens
+(helpers.async_llm.LabellingAsyncLLM): a request the update aborts goes on from prompt + its tokens
 with the rest of its budget and its seed moved on, and one aborted right after its stop token
 ends there, as the remote engine's requests do (frlab.rollout.weight_modes.continue_after_abort).
 """
@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from vllm_testlib import CompletionOutput, FakeAsyncLLM, LabellingAsyncLLM
+from helpers.async_llm import CompletionOutput, FakeAsyncLLM, LabellingAsyncLLM
 
 from frlab.defaults import make_vllm_engine, sampling_params
 from frlab.rollout.engine import GenerationResult, SamplingParams

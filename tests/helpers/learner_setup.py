@@ -16,12 +16,12 @@ from typing import Any
 import lightning as L
 import torch
 import torch.nn.functional as F
-from helpers.models import policy_of
 from lightning.pytorch.loggers import Logger
 from torch.utils.data import DataLoader, IterableDataset
 
 from frlab.data.batch import RolloutBatch, Trajectory, collate
 from frlab.model.policy import tiny_config
+from helpers.models import policy_of
 
 VOCAB = 96
 DELTA = 2e-3

@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-LOOP_FILE = "tests/objective/loop_testlib.py"
+LOOP_FILE = "tests/helpers/objective_loops.py"
 EPS = 1e-6
 
 

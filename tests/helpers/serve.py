@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
 from helpers.models import policy_of
-from ports_testlib import free_port as free_port  # re-exported
+from helpers.ports import free_port as free_port  # re-exported
 
 TINY_QWEN2 = {
     "model_type": "qwen2",

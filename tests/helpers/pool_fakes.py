@@ -11,13 +11,13 @@ import time
 from collections import Counter
 
 import pytest
-from helpers.pool import pool_settings
 
 from envs.base import Env, StepResult
 from frlab.defaults import agent_loop_config, sampling_params
 from frlab.model.toy_tokenizer import build_toy_tokenizer
 from frlab.rollout.engine import Engine, EngineError, GenerationResult, SamplingParams
 from frlab.rollout.pool import RolloutPool
+from helpers.pool import pool_settings
 
 TOKENIZER = build_toy_tokenizer()
 LETTERS = [TOKENIZER.convert_tokens_to_ids(c) for c in "abcdefgh"]

@@ -22,9 +22,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pausing_vllm_testlib import VOCAB, Held, PausingVllmServer
-
 from frlab.rollout.remote import generate as gen
+from helpers.pausing_vllm import VOCAB, Held, PausingVllmServer
 
 
 class LabellingVllmServer(PausingVllmServer):

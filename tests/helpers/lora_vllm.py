@@ -18,11 +18,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from nccl_testlib import Refused
-from pausing_vllm_testlib import PausingVllmServer
 from safetensors import safe_open
 
 from frlab.rollout.remote import protocol as proto
+from helpers.nccl import Refused
+from helpers.pausing_vllm import PausingVllmServer
 
 BASE = "fake"
 LOAD, UNLOAD = "/v1/load_lora_adapter", "/v1/unload_lora_adapter"

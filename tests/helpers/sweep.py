@@ -64,8 +64,8 @@ class SweepJob:
 
 @functools.cache
 def _records(name: str) -> tuple[dict[str, Any], ...]:
-    here = str(Path(__file__).resolve().parent)
-    path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
+    tests = str(Path(__file__).resolve().parents[1])  # the jobs import helpers.sweep.RecordJob
+    path = os.pathsep.join(p for p in (tests, os.environ.get("PYTHONPATH")) if p)
     env = {**os.environ, **ENV, "PYTHONPATH": path}
     with tempfile.TemporaryDirectory() as tmp:
         sweep_dir = Path(tmp) / "sweep"

@@ -39,15 +39,15 @@ from typing import Any, ClassVar
 
 import pytest
 import torch
-from vllm_worker_testlib import (  # noqa: F401 (FakeModel, FakeWorker re-exported)
+
+from frlab.rollout.remote import protocol as proto
+from helpers.vllm_worker import (  # noqa: F401 (FakeModel, FakeWorker re-exported)
     FakeModel,
     FakeWorker,
     fake_worker,
     vllm_router_answer,
     vllm_server_info,
 )
-
-from frlab.rollout.remote import protocol as proto
 
 WIRE: dict[int, list[tuple[str, torch.Tensor]]] = {}
 EVENTS: list[tuple[str, str, Any]] = []

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from scratch_testlib import scratch_copy as copy_repo
+from helpers.scratch import scratch_copy as copy_repo
 
 REPO = Path(__file__).resolve().parents[2]
 GUIDE = REPO / "docs" / "extending.md"
@@ -22,13 +22,14 @@ COPIED = (
     "experiments/experiment",
     "experiments/sweep",
     "tests/conftest.py",
+    "tests/helpers",
     "tests/objective",
     "tests/generated",
     "docs/config-keys.md",
     "README.md",
     "pyproject.toml",
 )
-LOOP_FILE = "tests/objective/loop_testlib.py"
+LOOP_FILE = "tests/helpers/objective_loops.py"
 
 
 def section() -> str:

@@ -7,7 +7,7 @@ import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def scratch_copy(tmp_path: Path, copied: Iterable[str], skip: Iterable[str] = ()) -> Path:

@@ -2,7 +2,7 @@
 0.28/0.29 does (rules read from its sources; tests/vllm_contract checks `msgspec_transport`
 against vLLM's own serialiser).
 
-- `msgspec_transport(value)` (tests/vllm_worker_testlib.py): what `collective_rpc`
+- `msgspec_transport(value)` (tests/helpers/vllm_worker.py): what `collective_rpc`
   arguments look like in the engine-core process.
 - `FakeAsyncLLM`: `from_engine_args`, `generate` (a scripted stream), `collective_rpc` by
   method name through that transport to two workers carrying frlab's worker extension (with
@@ -21,9 +21,8 @@ import threading
 from types import SimpleNamespace
 from typing import Any, ClassVar
 
-from vllm_worker_testlib import FakeWorker, msgspec_transport  # noqa: F401 (re-exported)
-
 from frlab.rollout.vllm.worker_extension import WORKER_EXTENSION_CLS
+from helpers.vllm_worker import FakeWorker, msgspec_transport  # noqa: F401 (re-exported)
 
 
 def completion(tokens: list[int], reason: str | None) -> SimpleNamespace:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 COMMAND_DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 LINKED_DOCS = [*COMMAND_DOCS, *sorted((ROOT / "experiments").glob("**/README.md"))]
 FENCE = re.compile(r"^\s*(```+|~~~+)\s*([\w+-]*)")

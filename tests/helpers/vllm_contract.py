@@ -99,16 +99,3 @@ def router_app(client: Any, *routers: str, vllm_config: Any = None) -> Any:
     app.state.engine_client = client
     app.state.vllm_config = vllm_config
     return app
-
-
-def remote_testlib(name: str) -> Any:
-    """A helper module of tests/rollout/remote (the CPU fakes these tests check), imported."""
-    import importlib
-    import sys
-
-    folder = str(Path(__file__).resolve().parents[1] / "rollout" / "remote")
-    sys.path.insert(0, folder)
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path.remove(folder)

@@ -1,7 +1,7 @@
 """Test-only ASGI middleware for the `vllm_cpu` tier: `GET /frlab_test_routes` answers the
 running server's own route table (every route and mount of the app vLLM built, read from
 `scope["app"]`, which Starlette sets before its middleware run). A test adds it with
-`vllm serve --middleware route_table_testlib.RouteTable` (tests/vllm_cpu on the server's
+`vllm serve --middleware helpers.route_table.RouteTable` (tests/ on the server's
 PYTHONPATH); the launch recipe adds frlab's guard after it, so the guard, the outermost
 middleware, refuses this route too without the fleet's secret."""
 

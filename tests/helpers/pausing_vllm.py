@@ -1,6 +1,6 @@
 """A vLLM-like server whose completions take time and that honours vLLM's dev-mode pause.
 
-`PausingVllmServer` extends `FakeVllmServer` (nccl_testlib: admission, snapshot loads through
+`PausingVllmServer` extends `FakeVllmServer` (helpers.nccl: admission, snapshot loads through
 frlab's worker extension, vLLM's router rules) with what a resubmit weight update uses, as
 vLLM 0.32 does it (read from `vllm/entrypoints/rl/online/api_router.py`, `AsyncLLM.
 pause_generation`, `EngineCore.pause_scheduler`, `OutputProcessor.abort_requests`, and the
@@ -25,9 +25,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from nccl_testlib import FakeVllmServer
-
 from frlab.rollout.remote import protocol as proto
+from helpers.nccl import FakeVllmServer
 
 VOCAB = 64
 

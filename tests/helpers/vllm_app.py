@@ -17,8 +17,8 @@ import time
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from ports_testlib import free_port as free_port  # re-exported
-from vllm_worker_testlib import FakeWorker
+from helpers.ports import free_port as free_port  # re-exported
+from helpers.vllm_worker import FakeWorker
 
 EXTENSION = "frlab.rollout.vllm.worker_extension.WeightUpdateExtension"
 SERVE_FLAGS = [

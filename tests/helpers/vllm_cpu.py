@@ -20,7 +20,8 @@ from typing import Any
 
 import torch
 import yaml
-from ports_testlib import free_port as free_port  # re-exported
+
+from helpers.ports import free_port as free_port  # re-exported
 
 REPO = Path(__file__).resolve().parents[2]
 REPORT: list[str] = []
