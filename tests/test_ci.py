@@ -129,3 +129,34 @@ def test_a_missing_vllm_skips_the_cpu_tier_or_fails_it_when_required() -> None:
         cmd, env=required, cwd=ROOT, capture_output=True, text=True, timeout=300
     )
     assert failed.returncode != 0 and "FRLAB_REQUIRE_VLLM_CPU=1 but" in failed.stdout
+
+
+def _ci_function(name: str) -> str:
+    """One shell function of `.ci/run`, as written there."""
+    ci = (ROOT / ".ci" / "run").read_text()
+    match = re.search(rf"^{name}\(\) {{.*?^}}$", ci, flags=re.M | re.S)
+    assert match, name
+    return match.group(0)
+
+
+def test_ci_waits_for_a_background_job_with_a_deadline() -> None:
+    """`await PID SECONDS WHAT`: the job's own exit status when it ends in time; past the
+    deadline the job is stopped and the status is 124, so no background wait can hang CI."""
+    import subprocess
+    import time
+
+    script = (
+        _ci_function("await")
+        + "\n"
+        + (
+            "(exit 3) & await $! 30 quick; echo quick=$?\n"
+            "(sleep 60) & job=$!; await $job 1 slow; echo slow=$?\n"
+            "sleep 0.5; kill -0 $job 2> /dev/null && echo alive || echo stopped\n"
+        )
+    )
+    start = time.monotonic()
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+    lines = done.stdout.splitlines()
+    assert "quick=3" in lines and "slow=124" in lines and lines[-1] == "stopped", done.stdout
+    assert "CI: slow still running after 1 s: stopped" in lines
+    assert time.monotonic() - start < 30
