@@ -273,8 +273,8 @@ def _arguments(node: Any) -> Any:
     drop = not_args(cls) if cls is not None else ()
     if not drop:
         return node
-    values = OmegaConf.to_container(node, resolve=True)
-    return OmegaConf.create({k: v for k, v in values.items() if k not in drop})  # type: ignore[union-attr]
+    values: dict[str, Any] = OmegaConf.to_container(node, resolve=True)  # type: ignore[assignment]
+    return OmegaConf.create({k: v for k, v in values.items() if k not in drop})
 
 
 def locate(target: str) -> Any:

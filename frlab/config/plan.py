@@ -13,7 +13,7 @@ kernels, its memory line and the `auto` values chosen for its device.)
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -266,9 +266,9 @@ def _changed_env(env: Mapping[str, Any]) -> dict[str, Any]:
 def _env_values(cfg: DictConfig) -> dict[str, Any]:
     """The env node's values, resolved, without the keys that follow another key by
     interpolation (as for the sections); {} where they do not resolve (a dry run goes on)."""
-    raw: dict[str, Any] = OmegaConf.to_container(cfg.env, resolve=False)  # type: ignore[assignment]
+    raw = cast(dict[str, Any], OmegaConf.to_container(cfg.env, resolve=False))
     try:
-        values: dict[str, Any] = OmegaConf.to_container(cfg.env, resolve=True)  # type: ignore[assignment]
+        values = cast(dict[str, Any], OmegaConf.to_container(cfg.env, resolve=True))
     except Exception:  # noqa: BLE001 - an interpolation only the run resolves
         return {}
     return {k: v for k, v in values.items() if not str(raw.get(k)).startswith("${")}
@@ -278,7 +278,9 @@ def _describe_eval(node: DictConfig | None) -> str:
     """The evaluation in one line (frlab.evaluation.checks.describe), or `none`."""
     from frlab.evaluation.checks import describe
 
-    return "none" if node is None else describe(OmegaConf.to_container(node, resolve=True))  # type: ignore[arg-type]
+    if node is None:
+        return "none"
+    return describe(cast(dict[str, Any], OmegaConf.to_container(node, resolve=True)))
 
 
 def _number(value: Any) -> str:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 from frlab.evaluation.periodic import (
     EVAL_SEED_SALT,
@@ -137,7 +137,7 @@ class EpisodeEvaluation(PeriodicEvaluation):
         if env_factory is None:
             raise ValueError("EpisodeEvaluation.from_config needs the run's env_factory")
         if OmegaConf.is_config(benchmarks):
-            benchmarks = OmegaConf.to_container(benchmarks, resolve=True)  # type: ignore[assignment]
+            benchmarks = cast(dict, OmegaConf.to_container(benchmarks, resolve=True))
         factories = {
             name: env_factory(OmegaConf.merge(env, changes or {}))
             for name, changes in benchmark_specs(benchmarks).items()

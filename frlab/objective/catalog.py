@@ -34,7 +34,8 @@ def kind_title(kind: str) -> str:
 
 def components() -> list[tuple[str, type[Component]]]:
     """(kind, class) of every registered component, kinds in slot order, then registration."""
-    return [(kind, cls) for kind, reg in KINDS.items() for cls in reg.in_order()]  # type: ignore[attr-defined]
+    registries: dict[str, Any] = KINDS
+    return [(kind, cls) for kind, reg in registries.items() for cls in reg.in_order()]
 
 
 def default_params() -> dict[str, dict[str, Any]]:

@@ -93,8 +93,9 @@ class Hyperparameter:
 def _scalar(value: object) -> object:
     """A 0-d torch tensor (e.g. `delta=torch.tensor(3e-3)`) as its Python number."""
     if type(value).__module__ == "torch" and getattr(value, "dim", None) is not None:
-        if value.dim() == 0 and not (value.is_complex() or str(value.dtype) == "torch.bool"):  # type: ignore[attr-defined]
-            return value.item()  # type: ignore[attr-defined]
+        tensor: Any = value
+        if tensor.dim() == 0 and not (tensor.is_complex() or str(tensor.dtype) == "torch.bool"):
+            return tensor.item()
     return value
 
 

@@ -158,7 +158,9 @@ class ProgressBar(TQDMProgressBar):
             bar_format=self.BAR_FORMAT,
         )
 
-    def get_metrics(self, trainer: Any, pl_module: Any) -> dict[str, int | str]:  # type: ignore[override]
+    def get_metrics(  # type: ignore[override]
+        self, trainer: Any, pl_module: Any
+    ) -> dict[str, int | str]:
         return short_metrics(dict(trainer.callback_metrics), trainer.global_step)
 
     def on_train_epoch_start(self, trainer: Any, *_: Any) -> None:
