@@ -64,8 +64,10 @@ class SweepJob:
 
 @functools.cache
 def _records(name: str) -> tuple[dict[str, Any], ...]:
-    tests = str(Path(__file__).resolve().parents[1])  # the jobs import helpers.sweep.RecordJob
-    path = os.pathsep.join(p for p in (tests, os.environ.get("PYTHONPATH")) if p)
+    # the jobs import helpers.sweep.RecordJob: tests/ goes on the path AFTER the repository,
+    # whose `envs` package a test folder of the same name must not shadow
+    root, tests = (str(Path(__file__).resolve().parents[i]) for i in (2, 1))
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH"), tests) if p)
     env = {**os.environ, **ENV, "PYTHONPATH": path}
     with tempfile.TemporaryDirectory() as tmp:
         sweep_dir = Path(tmp) / "sweep"

@@ -78,12 +78,11 @@ def test_moe_experts_are_adapted_and_routers_never() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("engine_kind", ["torch", "torch_process"])
 def test_an_adapter_only_push_lands_and_matches_the_learners_log_probs(engine_kind: str) -> None:
-    from frlab.rollout.torch.engine import TorchEngine
-    from frlab.rollout.torch.process import ProcessTorchEngine
+    from frlab.defaults import process_engine, torch_engine
 
     learner = policy()
-    cls = TorchEngine if engine_kind == "torch" else ProcessTorchEngine
-    engine = cls(learner, max_batch_size=2)
+    build = torch_engine if engine_kind == "torch" else process_engine
+    engine = build(learner, max_batch_size=2)
     if engine_kind == "torch":
         assert engine.packed_prefill  # a PeftModel passes position ids on: packing stays exact
     engine.start()

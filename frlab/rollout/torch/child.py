@@ -112,6 +112,7 @@ def child_main(
                 step,
                 version,
                 modes,
+                device=settings["device"],
                 seed=settings["seed"],
                 max_batch_size=settings["max_batch_size"],
                 record_routing=settings["record_routing"],

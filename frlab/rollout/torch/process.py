@@ -109,6 +109,7 @@ class ProcessTorchEngine(Engine):
         self._model = private_copy(model, "cpu").share_memory()
         self.vocab_size = int(self._model.get_input_embeddings().weight.shape[0])
         self._settings = {
+            "device": "cpu",  # checked above: this engine serves on the CPU only
             "seed": int(seed),
             "max_batch_size": int(max_batch_size),
             "record_routing": bool(record_routing),
