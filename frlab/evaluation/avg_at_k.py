@@ -157,9 +157,11 @@ class AvgAtKEvaluation(PeriodicEvaluation):
         super().__init__(every_n_steps, "AvgAtKEvaluation", at_start)
         self.k = positive_int("k", k)
         self.limit = None if limit is None else positive_int("limit", limit)
-        self.max_new_tokens = positive_int("max_new_tokens", max_new_tokens)
         self.sampling = SamplingParams(
-            temperature=temperature, top_p=top_p, top_k=0, max_new_tokens=max_new_tokens
+            temperature=temperature,
+            top_p=top_p,
+            top_k=0,
+            max_new_tokens=positive_int("max_new_tokens", max_new_tokens),
         )
         self.sampling.validate(off_policy_correction=False)
         self.benchmark_specs = dict(benchmarks)
