@@ -12,6 +12,9 @@ Two workers: those commands run on WORKERS pytest-xdist processes, each test mod
 worker (`--dist loadscope`: a module's fixtures are built once), when pytest-xdist is installed
 (the `test` extra has it) and no `-n` is given; `-n 0` runs serially. A tier command
 (`-m vllm_cpu`, `-m vllm_contract`) stays serial: its real engines and servers need the cores.
+Modules start longest first (LONGEST_FIRST, then by their number of tests, as xdist orders
+them by default): a module that takes a third of the run must not start last and leave one
+worker idle while it ends.
 
 - `vllm_contract`: frlab's adapters against vLLM's Python code (scripts/vllm_contract_env.sh,
   FRLAB_REQUIRE_VLLM_CONTRACT=1);
@@ -29,6 +32,19 @@ from collections.abc import Iterator
 import pytest
 
 WORKERS = 2
+# The modules that took longest in the slow command (minutes on the 2-core machine, measured
+# with --durations): started first, longest first. The order changes wall time, never results.
+LONGEST_FIRST = (
+    "tests/test_smollm2_arith_cpu.py",  # 14-21: a real pretrained model learns
+    "tests/rollout/remote/test_fleet_secret.py",  # 1.5-7
+    "tests/test_main.py",  # 4-6
+    "tests/learner/test_learner_fsdp.py",  # 3-4
+    "tests/rollout/remote/test_fleet_outages.py",  # 2-4
+    "tests/reliability/test_sync_reproducibility.py",  # 3-3.5
+    "tests/config/test_presets.py",  # 2-3.5
+    "tests/reliability/test_crash_resume.py",  # 3
+    "tests/rollout/test_extending_engine.py",  # 3
+)
 CONTRACT_ENV = "bash scripts/vllm_contract_env.sh"
 CPU_ENV = "bash scripts/vllm_cpu_env.sh"
 
@@ -44,6 +60,21 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
     if config.option.numprocesses is None and not tier:
         config.option.numprocesses = WORKERS
         config.option.dist = "loadscope"
+        config.option.loadscopereorder = False  # pytest_collection_modifyitems orders them
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Modules in the order they start on the workers: LONGEST_FIRST, then the rest by their
+    number of tests (most first); each module's tests keep their order. Deterministic, so every
+    worker collects the same order (xdist checks)."""
+    module_of = {id(item): item.nodeid.split("::")[0] for item in items}
+    sizes: dict[str, int] = {}
+    for item in items:
+        sizes[module_of[id(item)]] = sizes.get(module_of[id(item)], 0) + 1
+    first = {module: rank for rank, module in enumerate(LONGEST_FIRST)}
+    starts = sorted(sizes, key=lambda m: (first.get(m, len(first)), -sizes[m]))
+    rank = {module: i for i, module in enumerate(starts)}
+    items.sort(key=lambda item: rank[module_of[id(item)]])
 
 
 def vllm_contract_missing() -> str | None:

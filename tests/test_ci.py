@@ -103,7 +103,28 @@ def test_ci_runs_the_readmes_vllm_cpu_commands_with_the_tier_required() -> None:
         assert re.search(rf"^{re.escape(command)}\s*$", text, flags=re.M), command
         assert re.search(rf"^\s*{re.escape(command)}( |$)", ci, flags=re.M), command
     assert ci.index(CPU_BUILD) < ci.index(CPU_TEST)
-    assert "skipped" in ci[ci.index(CPU_TEST) :]  # CI refuses a run of the tier with skips
+    tier = _ci_function("cpu_tier")
+    assert CPU_TEST in tier and re.search(r'^\s*checked "[^"]+" "[^"]+" "\$rc"$', tier, re.M)
+
+
+@pytest.mark.parametrize(
+    ("summary", "skips", "ok"),
+    [
+        ("30 passed in 60.0s", "", True),
+        ("28 passed, 2 skipped in 60.0s", "", False),  # the CPU tier: a skip is a failure
+        ("34 passed, 10 skipped in 60.0s", "skips", True),  # a contract release: allowed
+        ("1 skipped in 1.0s", "skips", False),  # no test ran
+    ],
+)
+def test_ci_checks_a_tiers_summary(tmp_path: Path, summary: str, skips: str, ok: bool) -> None:
+    """`checked NAME LOG RC [SKIPS]`: a tier passes only when its log shows passed tests and,
+    unless SKIPS is given, no skipped one."""
+    import subprocess
+
+    (tmp_path / "log").write_text(f"....\n{summary}\n")
+    script = f'{_ci_function("checked")}\nchecked tier "{tmp_path / "log"}" 0 {skips}'
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30)
+    assert (done.returncode == 0) == ok, done.stdout
 
 
 @pytest.mark.slow
@@ -141,22 +162,28 @@ def _ci_function(name: str) -> str:
 
 def test_ci_waits_for_a_background_job_with_a_deadline() -> None:
     """`await PID SECONDS WHAT`: the job's own exit status when it ends in time; past the
-    deadline the job is stopped and the status is 124, so no background wait can hang CI."""
+    deadline the job is stopped, with every process of its group (the servers a tier starts),
+    and the status is 124, so no background wait can hang CI or leave a server behind."""
     import subprocess
     import time
 
-    script = (
-        _ci_function("await")
-        + "\n"
-        + (
-            "(exit 3) & await $! 30 quick; echo quick=$?\n"
-            "(sleep 60) & job=$!; await $job 1 slow; echo slow=$?\n"
-            "sleep 0.5; kill -0 $job 2> /dev/null && echo alive || echo stopped\n"
+    script = "\n".join(
+        (
+            _ci_function("stop"),
+            _ci_function("await"),
+            "(exit 3) & await $! 30 quick; echo quick=$?",
+            "set -m; (set +m; sleep 61 & sleep 60) & job=$!; set +m",
+            "sleep 0.5; await $job 1 slow; echo slow=$?",
+            "sleep 0.5; kill -0 $job 2> /dev/null && echo alive || echo stopped",
+            # a process of the job's group that still runs (a zombie has ended)
+            "ps -eo pgid=,stat= | awk -v g=$job '$1 == g && $2 !~ /^Z/' | grep -q . "
+            "&& echo group-alive || echo group-stopped",
         )
     )
     start = time.monotonic()
     done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
     lines = done.stdout.splitlines()
-    assert "quick=3" in lines and "slow=124" in lines and lines[-1] == "stopped", done.stdout
+    assert "quick=3" in lines and "slow=124" in lines, done.stdout
+    assert lines[-2:] == ["stopped", "group-stopped"], done.stdout
     assert "CI: slow still running after 1 s: stopped" in lines
     assert time.monotonic() - start < 30

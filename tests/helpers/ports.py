@@ -7,7 +7,10 @@ wrong server. Ports here come from below the ephemeral range (which starts at 32
 Linux by default), from a block per xdist worker, walked in order and each checked free before
 use, so the workers never pick one port. A pytest run that a test starts from a worker takes
 one of the worker's three blocks by its pid: it may share its parent's block, where the
-free check is the only guard.
+free check is the only guard. A process outside any worker (a tier command such as
+`-m vllm_cpu`, which CI runs beside the slow tests, or `-n 0`) takes the last three blocks,
+which no worker of the two-worker commands uses: the free check cannot see a port that a
+slow-starting server of another run has picked and not yet bound.
 """
 
 from __future__ import annotations
@@ -18,13 +21,15 @@ import socket
 
 LOW, HIGH = 20_000, 32_000  # below the kernel's ephemeral ports (32768-60999 by default)
 BLOCKS = 12  # per-process blocks of (HIGH - LOW) // BLOCKS ports
+OUTSIDE = BLOCKS // 3 - 1  # the blocks of a process outside any xdist worker: the last three
 
 
 def _block() -> range:
-    """This process's ports: one of three blocks per xdist worker ("gw3": 3), by the pid (a
-    pytest run that a test starts from a worker inherits the worker's name)."""
+    """This process's ports: one of three blocks per xdist worker ("gw1": 1), by the pid (a
+    pytest run that a test starts from a worker inherits the worker's name); outside any
+    worker, one of the last three."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    index = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else 0
+    index = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else OUTSIDE
     size = (HIGH - LOW) // BLOCKS
     first = LOW + ((index * 3 + os.getpid() % 3) % BLOCKS) * size
     return range(first, first + size)

@@ -85,7 +85,7 @@ def engine_on(port: int, tmp_path: Path, mode: str, weights: Any) -> RemoteEngin
         snapshot_dir=str(tmp_path / "snaps"),
         request_timeout_s=30.0,
         probe_interval_s=0.2,
-        startup_timeout_s=3.0,
+        startup_timeout_s=30.0,  # a deadline for a loaded machine: a refusal comes at once
         weight_update=mode,
         initial_weights=weights,
     )
