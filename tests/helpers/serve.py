@@ -20,18 +20,9 @@ import httpx
 
 from helpers.models import policy_of
 from helpers.ports import free_port as free_port  # re-exported
+from helpers.tiny import tiny_qwen2_config
 
-TINY_QWEN2 = {
-    "model_type": "qwen2",
-    "vocab_size": 64,
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 128,
-    "tie_word_embeddings": True,
-}
+TINY_QWEN2 = tiny_qwen2_config()
 
 
 def save_tiny_model(path: Path, seed: int = 0, config: dict[str, Any] | None = None) -> Any:

@@ -9,17 +9,10 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
+from helpers.tiny import tiny_qwen2_config
+
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
-TINY = {
-    "vocab_size": 64,
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 128,
-    "tie_word_embeddings": True,
-}
+TINY = tiny_qwen2_config()
 
 
 def tiny_model(path: Path) -> Path:

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.tiny import tiny_qwen2_config
 
 from frlab.config.preflight import locate_engine
 from frlab.model.memory_plan import (
@@ -23,16 +24,7 @@ from frlab.model.memory_plan import (
 )
 
 REPO = Path(__file__).resolve().parents[2]
-TINY = {
-    "model_type": "qwen2",
-    "vocab_size": 64,
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "tie_word_embeddings": True,
-}
+TINY = tiny_qwen2_config()
 LORA = {"rank": 4, "alpha": 8.0, "dropout": 0.0, "target_modules": ["all-linear"], "adapter": None}
 GIB = 2**30
 

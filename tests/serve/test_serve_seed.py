@@ -10,22 +10,13 @@ import httpx
 import pytest
 from helpers.models import policy_of
 from helpers.ports import free_port
+from helpers.tiny import tiny_qwen2_config
 
 from frlab.defaults import torch_engine
 from frlab.rollout.remote.protocol import request_seed, sampling_from_request
 from frlab.serve.server import ServeState, serve
 
-CONFIG = {
-    "model_type": "qwen2",
-    "vocab_size": 64,
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 128,
-    "tie_word_embeddings": True,
-}
+CONFIG = tiny_qwen2_config()
 
 
 @pytest.fixture

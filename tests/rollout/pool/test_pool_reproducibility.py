@@ -10,6 +10,7 @@ import time
 import pytest
 import torch
 from helpers.models import policy_of
+from helpers.tiny import tiny_qwen2_config
 
 from envs.toy.multi import KeyParityEnv
 from frlab.config.schema import RolloutConfig
@@ -34,17 +35,7 @@ class JitteryKeyParityEnv(KeyParityEnv):
 
 
 def policy():
-    config = {
-        "model_type": "qwen2",
-        "vocab_size": 64,
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "max_position_embeddings": 256,
-        "tie_word_embeddings": True,
-    }
+    config = tiny_qwen2_config(max_position_embeddings=256)
     return policy_of(config=config, seed=0)
 
 
