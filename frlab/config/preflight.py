@@ -4,7 +4,7 @@ Loads no model and imports no `transformers`. Every key meets its one declaratio
 (frlab.config.schema): types and unknown keys by OmegaConf (`structured`, `+`-added keys too),
 ranges and choices by `check_values`, booleans on bool keys in the job's overrides. Then the
 rules between keys (FlashREINFORCE paper, Sec. 3), each asked of its owner where it has one
-(ValueErrors whose text starts with the key): the model loads or is random-initialised and the
+(a ConfigError naming the key): the model loads or is random-initialised and the
 context leaves room for the prompt (frlab.model.hub), the batch splits over ranks,
 micro-batches and whole groups (frlab.data.batch), the lr schedule spans the run
 (frlab.learner.optim), the engine class checks its own settings (`Engine.check_config`:

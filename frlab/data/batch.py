@@ -156,7 +156,7 @@ class RolloutBatch:
 
 def world_size(trainer: Mapping[str, Any]) -> int:
     """Learner ranks: `trainer.devices` (an int, a list of ids, or auto: 1) x `num_nodes`;
-    ValueError, its text starting with the key, for anything else."""
+    ConfigError(`trainer.devices`) for anything else."""
     devices = trainer.get("devices", 1)
     if isinstance(devices, list | tuple):
         n = len(devices)
@@ -177,7 +177,7 @@ def world_size(trainer: Mapping[str, Any]) -> int:
 
 def per_rank_batch(batch_size: int, world: int) -> int:
     """Each of `world` ranks' share of a global batch of `batch_size` trajectories
-    (`data.batch_size`, the B of the objective's normalisation); ValueError unless it is whole."""
+    (`data.batch_size`, the B of the objective's normalisation); ConfigError unless whole."""
     if world < 1 or batch_size % world:
         raise ConfigError(
             "data.batch_size",
@@ -189,7 +189,7 @@ def per_rank_batch(batch_size: int, world: int) -> int:
 
 def check_batch(data: Mapping[str, Any], rollout: Mapping[str, Any], world: int) -> None:
     """The batch splits into whole micro-batches and whole groups of `samples_per_prompt` on
-    every one of `world` ranks (ValueError, its text starting with the key)."""
+    every one of `world` ranks (ConfigError naming the key)."""
     b, micro, g = data["batch_size"], data["micro_batch_size"], rollout["samples_per_prompt"]
     per_rank = per_rank_batch(b, world)
     if per_rank % micro:

@@ -78,8 +78,7 @@ def source_problem(source: str) -> str | None:
 
 def check_model(model: Mapping[str, Any], rollout: Mapping[str, Any]) -> None:
     """The `model` node loads a checkpoint or builds a random-init architecture (one of the
-    two), and the context leaves room for the prompt (ValueError, its text starting with the
-    key)."""
+    two), and the context leaves room for the prompt (ConfigError naming the key)."""
     source, config = model["name_or_path"], model["config"]
     if source is None and config is None:
         raise ConfigError("model.name_or_path", "set a hub id / local folder, or model.config")

@@ -239,12 +239,11 @@ class Engine(abc.ABC):
     def check_config(
         cls, config: Mapping[str, Any], world: int, options: Mapping[str, str]
     ) -> None:
-        """Raise ValueError, its text starting with the config key, for what of the resolved
-        `model`, `rollout` and `trainer` sections (`config`) this engine cannot honour with
-        `world` learner ranks, from what the class declares: MoE routing records, the device it
-        samples on, the learner it serves beside (what this machine has), LoRA policies, the
-        weight-update mode, a
-        fleet block, then `check_settings`. `options`: the rollout/engine options (name ->
+        """Raise ConfigError(key, reason) for what of the resolved `model`, `rollout` and
+        `trainer` sections (`config`) this engine cannot honour with `world` learner ranks,
+        from what the class declares: MoE routing records, the device it samples on, the
+        learner it serves beside (what this machine has), LoRA policies, the weight-update
+        mode, a fleet block, then `check_settings`. `options`: the rollout/engine options (name ->
         `_target_`), to name this one and, in a refusal, those that would do."""
         rollout, model = config["rollout"], config["model"]
         name = next(
@@ -262,7 +261,9 @@ class Engine(abc.ABC):
         cls._check_device(name, rollout)
         try:
             cls.check_learner(str(config["trainer"]["accelerator"]))
-        except ValueError as exc:
+        except ConfigError:
+            raise  # keyed by the engine (trainer.accelerator, ...)
+        except ValueError as exc:  # an engine's plain refusal: the engine is the key
             raise ConfigError("rollout.engine", f"{name!r}: {exc}") from exc
         modes, label = cls.weight_updates(), name
         if cls._check_lora(name, model) and hasattr(cls, "lora_weight_updates"):
@@ -318,14 +319,15 @@ class Engine(abc.ABC):
 
     @classmethod
     def check_settings(cls, rollout: Mapping[str, Any], world: int) -> None:
-        """Raise ValueError, its text starting with the config key, for a `rollout` setting
-        this engine cannot honour with `world` learner ranks (preflight asks before anything
-        is built); by default every setting is fine."""
+        """Raise ConfigError(key, reason) for a `rollout` setting this engine cannot honour
+        with `world` learner ranks (preflight asks before anything is built); by default every
+        setting is fine."""
         return None
 
     @classmethod
     def check_learner(cls, accelerator: str) -> None:
-        """Raise ValueError when the engine cannot serve beside a learner on `accelerator`
+        """Raise ConfigError (its own key), or a ValueError that preflight keys as
+        `rollout.engine`, when the engine cannot serve beside a learner on `accelerator`
         (`trainer.accelerator`); every placement is fine unless the engine says otherwise."""
         return None
 

@@ -391,6 +391,37 @@ def test_lora_needs_an_engine_that_serves_it_and_valid_settings() -> None:
     fails(["model.lora.rank=8", "model.lora.dropout=1.0"], "model.lora.dropout")
 
 
+def test_an_engines_learner_refusal_keeps_its_key_and_a_plain_one_names_the_engine() -> None:
+    """`check_learner` raising ConfigError reaches the user with the engine's key (vLLM without
+    its CPU build beside a CPU learner: `trainer.accelerator`); a plain ValueError (an
+    out-of-tree engine's) is keyed `rollout.engine`, naming the option."""
+    from frlab.errors import ConfigError
+    from frlab.rollout.engine import Engine
+
+    class Keyed(Engine):
+        @classmethod
+        def check_learner(cls, accelerator: str) -> None:
+            raise ConfigError("trainer.accelerator", f"{accelerator!r} needs a GPU")
+
+    class Plain(Engine):
+        @classmethod
+        def check_learner(cls, accelerator: str) -> None:
+            raise ValueError("no learner on this machine")
+
+    config = {
+        "rollout": {"engine": {"_target_": "mine.Engine"}},
+        "model": {},
+        "trainer": {"accelerator": "cpu"},
+    }
+    with pytest.raises(ConfigError) as keyed:
+        Keyed.check_config(config, 1, {"mine": "mine.Engine"})
+    assert (keyed.value.key, keyed.value.reason) == ("trainer.accelerator", "'cpu' needs a GPU")
+    with pytest.raises(ConfigError) as plain:
+        Plain.check_config(config, 1, {"mine": "mine.Engine"})
+    assert plain.value.key == "rollout.engine"
+    assert plain.value.reason == "'mine': no learner on this machine"
+
+
 def test_compile_with_routing_replay_is_refused_naming_both_keys() -> None:
     fails(
         ["model.compile=true", "model.routing_replay=true"],

@@ -58,7 +58,7 @@ def adapter_name(version: int) -> str:
 def check_lora_settings(
     lora: Mapping[str, Any] | None, weight_update: str | None, weight_sync: str
 ) -> None:
-    """ValueError naming the key a LoRA fleet cannot honour."""
+    """ConfigError naming the key a LoRA fleet cannot honour."""
     if lora is None:
         return
     if weight_update not in LORA_WEIGHT_UPDATES:

@@ -97,7 +97,7 @@ class VLLMEngine(WeightsSide, Engine):
 
     @classmethod
     def check_settings(cls, rollout: Mapping[str, Any], world: int) -> None:
-        """The `rollout.vllm_engine_args` a config may set (ValueError naming the key)."""
+        """The `rollout.vllm_engine_args` a config may set (ConfigError naming the key)."""
         check_user_engine_args(rollout.get("vllm_engine_args") or {})
 
     @classmethod
