@@ -1,32 +1,50 @@
-"""The test servers' loopback ports (tests/helpers/ports.py): the two workers of the test
-commands and a process outside any worker (a tier command run beside them) never share a
-block, and every block lies below the kernel's ephemeral range."""
+"""The test servers' loopback ports (tests/helpers/ports.py): every test process claims a
+block that no other living process holds (the two xdist workers, a pytest run a test starts,
+the vLLM tiers CI runs beside them), a killed process's block is free again, and every block
+lies below the kernel's ephemeral range."""
 
 from __future__ import annotations
 
-import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from helpers import ports
 
-
-def blocks(monkeypatch: pytest.MonkeyPatch, worker: str | None) -> set[range]:
-    """Every block a process named `worker` can take (its pid picks one of three)."""
-    if worker is None:
-        monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
-    else:
-        monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
-    taken = set()
-    for pid in range(3):
-        monkeypatch.setattr(os, "getpid", lambda pid=pid: pid)
-        taken.add(ports._block())
-    return taken
+HOLDER = """
+import sys, time
+from pathlib import Path
+sys.path.insert(0, {helpers!r})
+from ports import claim_block
+print(claim_block(Path({locks!r})), flush=True)
+time.sleep(60)
+"""
 
 
-def test_workers_and_a_process_outside_them_take_disjoint_blocks(monkeypatch) -> None:
-    named = {name: blocks(monkeypatch, name) for name in ("gw0", "gw1", None)}
-    every = [block for taken in named.values() for block in taken]
-    assert all(len(taken) == 3 for taken in named.values())
-    assert len(set(every)) == 9
-    numbers = [port for block in every for port in block]
+def test_a_block_is_held_by_one_living_process_and_freed_when_it_dies(tmp_path: Path) -> None:
+    locks = tmp_path / "locks"
+    code = HOLDER.format(helpers=str(Path(ports.__file__).parent), locks=str(locks))
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    held = len(ports._held)
+    try:
+        theirs = int(holder.stdout.readline())
+        mine = [ports.claim_block(locks) for _ in range(ports.BLOCKS - 1)]
+        assert sorted([theirs, *mine]) == list(range(ports.BLOCKS))
+        with pytest.raises(RuntimeError, match="held by other test processes"):
+            ports.claim_block(locks)
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(timeout=30)
+        assert ports.claim_block(locks) == theirs  # the kernel let the lock go
+    finally:
+        holder.kill()
+        for handle in ports._held[held:]:
+            handle.close()
+        del ports._held[held:]
+
+
+def test_blocks_are_disjoint_and_below_the_ephemeral_range() -> None:
+    numbers = [port for i in range(ports.BLOCKS) for port in ports._block_range(i)]
     assert len(numbers) == len(set(numbers)) and max(numbers) < 32768
+    assert len(ports._block_range(0)) >= 100  # room for the servers of a module

@@ -129,8 +129,8 @@ def test_the_remote_engine_gets_in_with_the_secret_only(guarded, tmp_path: Path)
     engine = remote_engine(
         [server.url],
         snapshot_dir=str(tmp_path / "a"),
-        request_timeout_s=30,
-        startup_timeout_s=30,
+        request_timeout_s=120,  # deadlines for a loaded machine (CI runs tiers side by side)
+        startup_timeout_s=120,
         initial_weights=WEIGHTS,
         secret_file=str(wrong),
     )
@@ -139,8 +139,8 @@ def test_the_remote_engine_gets_in_with_the_secret_only(guarded, tmp_path: Path)
     engine = remote_engine(
         [server.url],
         snapshot_dir=str(tmp_path / "b"),
-        request_timeout_s=30,
-        startup_timeout_s=30,
+        request_timeout_s=120,  # deadlines for a loaded machine (CI runs tiers side by side)
+        startup_timeout_s=120,
         initial_weights=WEIGHTS,
         secret_file=str(secret_file),
     )
