@@ -252,7 +252,7 @@ def test_vllm_beside_a_cpu_learner_asks_the_installed_vllm() -> None:
 
     if importlib.util.find_spec("vllm") is not None:
         pytest.skip("vLLM is installed here (tests/vllm_cpu covers its CPU build)")
-    fails(["rollout/engine=vllm"], "rollout.engine", "vLLM's CPU build", "vllm_cpu_env.sh")
+    fails(["rollout/engine=vllm"], "trainer.accelerator", "vLLM's CPU build", "vllm_cpu_env.sh")
 
 
 def test_the_process_engine_is_cpu_only_and_records_routing() -> None:
