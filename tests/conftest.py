@@ -23,6 +23,7 @@ worker idle while it ends.
 
 from __future__ import annotations
 
+import collections
 import functools
 import importlib.util
 import os
@@ -67,14 +68,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Modules in the order they start on the workers: LONGEST_FIRST, then the rest by their
     number of tests (most first); each module's tests keep their order. Deterministic, so every
     worker collects the same order (xdist checks)."""
-    module_of = {id(item): item.nodeid.split("::")[0] for item in items}
-    sizes: dict[str, int] = {}
-    for item in items:
-        sizes[module_of[id(item)]] = sizes.get(module_of[id(item)], 0) + 1
+    sizes = collections.Counter(item.nodeid.split("::")[0] for item in items)
     first = {module: rank for rank, module in enumerate(LONGEST_FIRST)}
     starts = sorted(sizes, key=lambda m: (first.get(m, len(first)), -sizes[m]))
     rank = {module: i for i, module in enumerate(starts)}
-    items.sort(key=lambda item: rank[module_of[id(item)]])
+    items.sort(key=lambda item: rank[item.nodeid.split("::")[0]])
 
 
 def vllm_contract_missing() -> str | None:

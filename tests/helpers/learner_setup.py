@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from frlab.data.batch import RolloutBatch, Trajectory, collate
 from frlab.model.policy import tiny_config
 from helpers.models import policy_of
+from helpers.tiny import tiny_qwen2_config
 
 VOCAB = 96
 DELTA = 2e-3
@@ -29,16 +30,7 @@ NOISE_SCALES = (0.0, 0.05, 1.0, 3.0)
 
 MODEL_CFG: dict[str, Any] = {
     "name_or_path": None,
-    "config": {
-        "model_type": "qwen2",
-        "vocab_size": VOCAB,
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "max_position_embeddings": 128,
-    },
+    "config": tiny_qwen2_config(vocab_size=VOCAB, tie_word_embeddings=False),
     "tokenizer": "toy",
     "dtype": "float32",
     "gradient_checkpointing": False,

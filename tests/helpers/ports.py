@@ -62,7 +62,7 @@ def _ports() -> Iterator[int]:
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that is free now, from this process's own block."""
     ports = _ports()
-    size = (HIGH - LOW) // BLOCKS
+    size = len(_block_range(0))
     for _ in range(size):
         port = next(ports)
         with socket.socket() as s:
